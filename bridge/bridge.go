@@ -1,0 +1,57 @@
+// Package bridge joins delay sources (Kafka topics, JetStream streams) and
+// target publishers to the durable engine of package shard.
+//
+// A Source hands batches of raw messages to a Handler; the Pipeline handler
+// parses each message with package codec and ingests the whole batch (tasks,
+// cancels, dead letters and the partition high-water offsets) into the engine
+// in one synced commit. The Source commits or acks the batch only after
+// Handle returned nil. Due tasks leave the engine through a shard.Sink; the
+// Sinks router splits a fire batch by transport.
+package bridge
+
+import (
+	"context"
+
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/shard"
+)
+
+// Source reads one transport's delay sources and hands batches to a Handler.
+//
+// Ack contract: a message is committed (Kafka) or acked (JetStream) only
+// after Handle returned nil for the batch that holds it. When Handle returns
+// an error the source neither commits nor skips: it retries the same batch
+// with backoff until Handle succeeds or ctx ends. Run returns nil when ctx is
+// cancelled, after the batch in flight was handled or abandoned unacked.
+type Source interface {
+	Run(ctx context.Context, h Handler) error
+	Close() error
+}
+
+// Handler takes batches from sources.
+type Handler interface {
+	// Handle makes the batch durable; it returns only when it is.
+	Handle(ctx context.Context, b *Batch) error
+	// Checkpoint returns the highest offset stored for a checkpoint key, so
+	// a source can seek past messages already held after a crash.
+	Checkpoint(key string) (offset int64, ok bool, err error)
+}
+
+// Item is a source message and the rules of the configured source it came from.
+type Item struct {
+	Msg   codec.Message
+	Rules *codec.Rules
+}
+
+// Batch is what a source hands over at once: messages in source order and
+// the high-water offsets to store with them.
+type Batch struct {
+	Items       []Item
+	Checkpoints []shard.Checkpoint
+}
+
+// Healther is implemented by sources and sinks that can report their own
+// health for /readyz; nil means healthy.
+type Healther interface {
+	Health() error
+}

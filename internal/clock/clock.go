@@ -1,0 +1,144 @@
+// Package clock lets time be injected. Production code takes a Clock; tests
+// pass a Fake and move it by hand, so no test sleeps on the wall clock.
+package clock
+
+import (
+	"sync"
+	"time"
+)
+
+// Clock is the source of wall time and timers.
+type Clock interface {
+	Now() time.Time
+	NewTimer(d time.Duration) Timer
+}
+
+// Timer is the subset of *time.Timer the engine uses.
+type Timer interface {
+	C() <-chan time.Time
+	Stop() bool
+	Reset(d time.Duration) bool
+}
+
+// Real is the system clock.
+type Real struct{}
+
+// Now returns time.Now().
+func (Real) Now() time.Time { return time.Now() }
+
+// NewTimer returns a system timer.
+func (Real) NewTimer(d time.Duration) Timer { return realTimer{time.NewTimer(d)} }
+
+type realTimer struct{ t *time.Timer }
+
+func (r realTimer) C() <-chan time.Time        { return r.t.C }
+func (r realTimer) Stop() bool                 { return r.t.Stop() }
+func (r realTimer) Reset(d time.Duration) bool { return r.t.Reset(d) }
+
+// Fake is a manually driven clock. Timers fire when Advance or Set moves the
+// time to or past their deadline. Safe for concurrent use.
+type Fake struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []*fakeTimer
+}
+
+// NewFake returns a Fake clock set to t.
+func NewFake(t time.Time) *Fake { return &Fake{now: t} }
+
+// Now returns the fake time.
+func (f *Fake) Now() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.now
+}
+
+// Advance moves the clock forward by d and fires due timers.
+func (f *Fake) Advance(d time.Duration) {
+	f.mu.Lock()
+	f.now = f.now.Add(d)
+	f.fireLocked()
+	f.mu.Unlock()
+}
+
+// Set moves the clock to t, forward or back (a wall-clock step), and fires
+// due timers.
+func (f *Fake) Set(t time.Time) {
+	f.mu.Lock()
+	f.now = t
+	f.fireLocked()
+	f.mu.Unlock()
+}
+
+// Timers returns the number of armed timers, so a test can wait until the
+// code under test is parked on one.
+func (f *Fake) Timers() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, t := range f.timers {
+		if t.armed {
+			n++
+		}
+	}
+	return n
+}
+
+func (f *Fake) fireLocked() {
+	kept := f.timers[:0]
+	for _, t := range f.timers {
+		if !t.armed {
+			continue
+		}
+		if !t.at.After(f.now) {
+			t.armed = false
+			select {
+			case t.c <- f.now:
+			default:
+			}
+			continue
+		}
+		kept = append(kept, t)
+	}
+	for i := len(kept); i < len(f.timers); i++ {
+		f.timers[i] = nil
+	}
+	f.timers = kept
+}
+
+// NewTimer returns a timer that fires when the fake time reaches now+d.
+func (f *Fake) NewTimer(d time.Duration) Timer {
+	t := &fakeTimer{f: f, c: make(chan time.Time, 1)}
+	t.Reset(d)
+	return t
+}
+
+type fakeTimer struct {
+	f     *Fake
+	c     chan time.Time
+	at    time.Time
+	armed bool
+}
+
+func (t *fakeTimer) C() <-chan time.Time { return t.c }
+
+func (t *fakeTimer) Stop() bool {
+	t.f.mu.Lock()
+	defer t.f.mu.Unlock()
+	was := t.armed
+	t.armed = false
+	return was
+}
+
+func (t *fakeTimer) Reset(d time.Duration) bool {
+	t.f.mu.Lock()
+	defer t.f.mu.Unlock()
+	was := t.armed
+	t.at = t.f.now.Add(d)
+	if !t.armed {
+		t.f.timers = append(t.f.timers, t)
+	}
+	t.armed = true
+	t.f.fireLocked()
+	return was
+}

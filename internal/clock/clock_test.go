@@ -1,0 +1,72 @@
+package clock
+
+import (
+	"testing"
+	"time"
+)
+
+func TestFakeTimers(t *testing.T) {
+	start := time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name    string
+		after   time.Duration
+		advance time.Duration
+		fired   bool
+	}{
+		{"before deadline", 10 * time.Second, 9 * time.Second, false},
+		{"at deadline", 10 * time.Second, 10 * time.Second, true},
+		{"past deadline", 10 * time.Second, time.Hour, true},
+		{"zero duration", 0, 0, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := NewFake(start)
+			tm := f.NewTimer(tc.after)
+			f.Advance(tc.advance)
+			select {
+			case <-tm.C():
+				if !tc.fired {
+					t.Fatal("timer fired early")
+				}
+			default:
+				if tc.fired {
+					t.Fatal("timer did not fire")
+				}
+			}
+		})
+	}
+}
+
+func TestFakeStopResetStepBack(t *testing.T) {
+	start := time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
+	f := NewFake(start)
+	tm := f.NewTimer(time.Minute)
+	if f.Timers() != 1 {
+		t.Fatalf("armed timers = %d, want 1", f.Timers())
+	}
+	if !tm.Stop() {
+		t.Fatal("Stop of armed timer returned false")
+	}
+	f.Advance(2 * time.Minute)
+	select {
+	case <-tm.C():
+		t.Fatal("stopped timer fired")
+	default:
+	}
+	tm.Reset(time.Minute)
+	f.Set(start) // the wall clock steps back: nothing fires
+	select {
+	case <-tm.C():
+		t.Fatal("timer fired after a step back")
+	default:
+	}
+	f.Set(start.Add(4 * time.Minute))
+	select {
+	case <-tm.C():
+	default:
+		t.Fatal("timer did not fire after the clock passed its deadline")
+	}
+	if got := f.Now(); !got.Equal(start.Add(4 * time.Minute)) {
+		t.Fatalf("Now = %v", got)
+	}
+}

@@ -1,0 +1,100 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/clock"
+	"github.com/delaybridge/delaybridge/metrics"
+)
+
+// Errors callers branch on.
+var (
+	// ErrClosed is returned by calls on a closed engine.
+	ErrClosed = errors.New("shard: engine closed")
+	// ErrStoreFailed wraps the sticky store write error: after one failed
+	// synced commit the store refuses every write until reopened.
+	ErrStoreFailed = errors.New("shard: store failed")
+	// ErrNotFound is returned by Lookup and Cancel for an unknown task.
+	ErrNotFound = errors.New("shard: task not found")
+)
+
+// Sink delivers due tasks. Deliver returns after the broker acknowledged
+// (or refused) every task of the batch: a nil slice means all were
+// acknowledged, otherwise errs[i] is the error for batch[i] (nil = acked).
+// The engine deletes a task only after its delivery was acknowledged.
+// Deliver must not keep the slice or the tasks after it returns.
+type Sink interface {
+	Deliver(ctx context.Context, batch []*codec.Task) (errs []error)
+}
+
+// Checkpoint is the high-water offset of a source partition, stored in the
+// same synced commit as the tasks that message produced. Key is chosen by
+// the source adapter (e.g. "kafka|topic|3", "nats|DELAY|delaybridge").
+type Checkpoint struct {
+	Key    string
+	Offset int64
+}
+
+// RetryPolicy is the backoff for fire-time publish failures.
+type RetryPolicy struct {
+	Initial     time.Duration // first backoff; default 500ms
+	Max         time.Duration // cap; default 5m
+	Multiplier  float64       // default 2
+	Jitter      float64       // +-fraction of each backoff; default 0.2
+	MaxAttempts int           // then dead-letter publish-failed; default 10
+}
+
+// Options configure an Engine. Zero values take the documented defaults.
+type Options struct {
+	Dir    string // Pebble directory; required
+	FS     vfs.FS // nil: the OS file system (tests inject errors here)
+	Shards int    // default 8
+	// Horizon bounds memory: the wheels hold only tasks due before
+	// now+Horizon, the rest stays on disk until the loader reaches it.
+	Horizon         time.Duration // default 10m
+	FireBatch       int           // max tasks per Deliver call; default 512
+	Retry           RetryPolicy
+	CancelRetention time.Duration    // default 24h
+	Clock           clock.Clock      // default clock.Real{}
+	Logger          *zap.Logger      // default zap.NewNop()
+	Metrics         *metrics.Metrics // default: unregistered instruments
+}
+
+// TaskInfo is what Lookup reports of a pending task.
+type TaskInfo struct {
+	Source   string    `json:"source"`
+	ID       string    `json:"id"`
+	Due      time.Time `json:"due"`       // scheduled due (delay-due)
+	NextFire time.Time `json:"next_fire"` // differs from Due after failed publishes
+	Target   string    `json:"target"`    // "kafka:NAME" or "nats:SUBJECT"
+	Origin   string    `json:"origin"`
+	Attempts uint32    `json:"attempts"`
+	Shard    int       `json:"shard"`
+}
+
+// ShardStats describes one shard.
+type ShardStats struct {
+	Shard   int   `json:"shard"`
+	Pending int64 `json:"pending"`
+	InWheel int   `json:"in_wheel"`
+	// NextDue is the earliest next fire time in the shard, zero if none.
+	NextDue time.Time `json:"next_due,omitzero"`
+	// OldestOverdue is the earliest fire time that has passed without the
+	// task being delivered yet, zero if none.
+	OldestOverdue time.Time `json:"oldest_overdue,omitzero"`
+}
+
+// Stats describes the engine.
+type Stats struct {
+	Shards        []ShardStats `json:"shards"`
+	Pending       int64        `json:"pending"`
+	NextDue       time.Time    `json:"next_due,omitzero"`
+	OldestOverdue time.Time    `json:"oldest_overdue,omitzero"`
+	Horizon       time.Time    `json:"horizon"`
+}
