@@ -1,0 +1,144 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/metrics"
+	"github.com/delaybridge/delaybridge/shard"
+)
+
+// Engine is what the pipeline needs of the durable engine (*shard.Engine).
+type Engine interface {
+	Ingest(ctx context.Context, tasks []codec.Task, cps []shard.Checkpoint) error
+	Checkpoint(key string) (offset int64, ok bool, err error)
+}
+
+// Pipeline is the Handler every source feeds: it parses a batch and makes it
+// durable in one engine commit. It is safe for concurrent use by several
+// sources (the engine serialises what must be serialised).
+type Pipeline struct {
+	eng Engine
+	log *zap.Logger
+	m   *metrics.Metrics
+	// tasks recycles the per-batch task slices: Ingest does not keep them.
+	tasks sync.Pool
+}
+
+// NewPipeline returns a Pipeline ingesting into eng.
+func NewPipeline(eng Engine, log *zap.Logger, m *metrics.Metrics) *Pipeline {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if m == nil {
+		m = metrics.New(nil)
+	}
+	return &Pipeline{eng: eng, log: log, m: m}
+}
+
+// Handle parses every message of b and ingests the result durably. Messages
+// that cannot be scheduled become dead letters in the same commit, so one bad
+// message never stalls its partition and the offset commit covers it.
+func (p *Pipeline) Handle(ctx context.Context, b *Batch) error {
+	if len(b.Items) == 0 && len(b.Checkpoints) == 0 {
+		return nil
+	}
+	var tasks []codec.Task
+	if v, ok := p.tasks.Get().(*[]codec.Task); ok {
+		tasks = (*v)[:0]
+	}
+	for i := range b.Items {
+		it := &b.Items[i]
+		if it.Rules == nil {
+			return fmt.Errorf("bridge: message %s has no source rules", it.Msg.Origin())
+		}
+		tasks = append(tasks, codec.Parse(&it.Msg, it.Rules))
+	}
+	if err := p.eng.Ingest(ctx, tasks, b.Checkpoints); err != nil {
+		return fmt.Errorf("bridge: ingest batch of %d: %w", len(tasks), err)
+	}
+	for i := range tasks {
+		t := &tasks[i]
+		p.m.Ingested.WithLabelValues(t.Source).Inc()
+		if t.Kind == codec.KindDeadLetter {
+			p.log.Warn("dead-lettered message",
+				zap.String("code", string(t.Code)),
+				zap.String("detail", t.Detail),
+				zap.String("origin", t.Origin),
+				zap.String("dlq", t.Transport.String()+":"+t.Target))
+		}
+	}
+	clear(tasks) // drop payload references before pooling
+	tasks = tasks[:0]
+	p.tasks.Put(&tasks)
+	return nil
+}
+
+// Checkpoint returns the stored high-water offset for a source partition.
+func (p *Pipeline) Checkpoint(key string) (int64, bool, error) {
+	return p.eng.Checkpoint(key)
+}
+
+// ErrNoTransport is returned for a task aimed at a transport the bridge has
+// no publisher for (e.g. "nats:x" on a Kafka-only bridge whose config changed
+// after the task was stored). The engine retries it and finally dead-letters
+// it, so the task is not lost.
+var ErrNoTransport = errors.New("bridge: no publisher for transport")
+
+// Sinks routes a fire batch to the publisher of each task's transport. It
+// keeps the batch order within a transport and publishes to both transports
+// concurrently.
+type Sinks struct {
+	Kafka shard.Sink
+	NATS  shard.Sink
+}
+
+// Deliver implements shard.Sink.
+func (s Sinks) Deliver(ctx context.Context, batch []*codec.Task) []error {
+	var kb, nb []*codec.Task
+	var ki, ni []int
+	var errs []error
+	fail := func(i int, err error) {
+		if errs == nil {
+			errs = make([]error, len(batch))
+		}
+		errs[i] = err
+	}
+	for i, t := range batch {
+		switch {
+		case t.Transport == codec.TransportKafka && s.Kafka != nil:
+			kb, ki = append(kb, t), append(ki, i)
+		case t.Transport == codec.TransportNATS && s.NATS != nil:
+			nb, ni = append(nb, t), append(ni, i)
+		default:
+			fail(i, fmt.Errorf("%w %s (target %s)", ErrNoTransport, t.Transport, t.Target))
+		}
+	}
+	var kerrs, nerrs []error
+	var wg sync.WaitGroup
+	if len(kb) > 0 && len(nb) > 0 {
+		wg.Go(func() { kerrs = s.Kafka.Deliver(ctx, kb) })
+		nerrs = s.NATS.Deliver(ctx, nb)
+		wg.Wait()
+	} else if len(kb) > 0 {
+		kerrs = s.Kafka.Deliver(ctx, kb)
+	} else if len(nb) > 0 {
+		nerrs = s.NATS.Deliver(ctx, nb)
+	}
+	for j, err := range kerrs {
+		if err != nil {
+			fail(ki[j], err)
+		}
+	}
+	for j, err := range nerrs {
+		if err != nil {
+			fail(ni[j], err)
+		}
+	}
+	return errs
+}
