@@ -1,0 +1,372 @@
+package codec
+
+import (
+	"bytes"
+	"strconv"
+	"strings"
+)
+
+// hdr classifies the header names the bridge reads or writes.
+type hdr uint8
+
+const (
+	hdrOther hdr = iota
+	hdrAt
+	hdrAfter
+	hdrTarget
+	hdrKey
+	hdrID
+	hdrCancel
+	hdrOrigin
+	hdrDue
+	hdrError
+	hdrErrorDetail
+	hdrNatsMsgID
+	hdrCount
+)
+
+var hdrNames = [hdrCount]string{
+	hdrAt:          HeaderAt,
+	hdrAfter:       HeaderAfter,
+	hdrTarget:      HeaderTarget,
+	hdrKey:         HeaderKey,
+	hdrID:          HeaderID,
+	hdrCancel:      HeaderCancel,
+	hdrOrigin:      HeaderOrigin,
+	hdrDue:         HeaderDue,
+	hdrError:       HeaderError,
+	hdrErrorDetail: HeaderErrorDetail,
+	hdrNatsMsgID:   HeaderNatsMsgID,
+}
+
+// classify matches a header name case-insensitively. Most headers of real
+// traffic are application headers, so the length test rejects them before
+// any case folding.
+func classify(k string) hdr {
+	if len(k) < len(HeaderAt) || len(k) > len(HeaderErrorDetail) {
+		return hdrOther
+	}
+	for c := hdrAt; c < hdrCount; c++ {
+		if n := hdrNames[c]; len(n) == len(k) && strings.EqualFold(n, k) {
+			return c
+		}
+	}
+	return hdrOther
+}
+
+// isControl reports whether a header is one of the six control headers of
+// CONTRACT §1, which are never delivered.
+func (c hdr) isControl() bool { return c >= hdrAt && c <= hdrCancel }
+
+var noRules Rules
+
+// Parse turns a source message into the Task the engine stores. It never
+// fails: a message that cannot be scheduled becomes a KindDeadLetter task
+// for r.DLQ carrying a §3 code and a human detail.
+//
+// Header names match case-insensitively. When a control header repeats, the
+// last one wins, as Kafka consumers conventionally read repeated record
+// headers. A control header that is present counts even when its value is
+// empty: an empty delay-at is a bad-due, not a missing one, because the
+// publisher clearly meant to set it. Surrounding whitespace of control
+// values is ignored, except in delay-id and delay-key, which are opaque.
+//
+// Cancels are checked first: delay-cancel "true" (any case) makes a cancel
+// and the rest of the message is ignored; "false" or an empty value means no
+// cancel; any other value is a bad-due dead letter, since the publisher's
+// intent is unknown. A Kafka tombstone is a cancel of its delay-id header or
+// else of its key; a tombstone with neither is a missing-due dead letter.
+//
+// The id of a task is the delay-id header when non-empty; otherwise the
+// source key (Kafka), the Nats-Msg-Id header (NATS), and finally the origin.
+//
+// A schedule is delivered with every source header except the six control
+// headers, plus delay-id, delay-origin and delay-due (CONTRACT §2). As an
+// extension, source headers named delay-origin or delay-due are dropped
+// rather than duplicated, and the source's Nats-Msg-Id is dropped so that a
+// JetStream target does not de-duplicate distinct deliveries of one
+// publisher message id.
+//
+// A dead letter keeps the message unchanged, including its control headers,
+// and adds delay-error, delay-error-detail and delay-origin; stale source
+// copies of those three headers are dropped so that no reader sees two
+// (NATS Header.Get returns the first value, Kafka readers usually the last).
+//
+// The task aliases m's Key, Value and header values; it must be encoded
+// (AppendTask) or copied before m's buffers are reused. r may be nil.
+func Parse(m *Message, r *Rules) Task {
+	if r == nil {
+		r = &noRules
+	}
+	// last[c] is 1 + the index of the last header of class c, 0 if absent.
+	var last [hdrCount]int
+	for i := range m.Headers {
+		if c := classify(m.Headers[i].Key); c != hdrOther {
+			last[c] = i + 1
+		}
+	}
+	value := func(c hdr) ([]byte, bool) {
+		if last[c] == 0 {
+			return nil, false
+		}
+		return m.Headers[last[c]-1].Value, true
+	}
+	p := parser{m: m, r: r, stamp: m.Time.UnixMilli(), origin: m.Origin()}
+
+	if v, ok := value(hdrCancel); ok {
+		switch v = bytes.TrimSpace(v); {
+		case bytes.EqualFold(v, []byte("true")):
+			return p.cancel(p.id(&last))
+		case len(v) == 0 || bytes.EqualFold(v, []byte("false")):
+		default:
+			return p.deadLetter(CodeBadDue, "delay-cancel must be true or false, got "+short(string(v)))
+		}
+	}
+	if m.Tombstone {
+		if v, ok := value(hdrID); ok && len(v) > 0 {
+			return p.cancel(string(v))
+		}
+		if len(m.Key) > 0 {
+			return p.cancel(string(m.Key))
+		}
+		return p.deadLetter(CodeMissingDue, "a tombstone without a key or delay-id cancels nothing and schedules nothing")
+	}
+
+	if r.MaxBytes > 0 {
+		if n := messageSize(m); n > r.MaxBytes {
+			return p.deadLetter(CodeTooLarge, "message of "+strconv.Itoa(n)+" bytes (key, value and headers) exceeds the limit of "+strconv.Itoa(r.MaxBytes))
+		}
+	}
+
+	at, hasAt := value(hdrAt)
+	after, hasAfter := value(hdrAfter)
+	var due int64
+	switch {
+	case hasAt && hasAfter:
+		return p.deadLetter(CodeAmbiguousDue, "both delay-at and delay-after are set; set exactly one")
+	case hasAt:
+		ms, err := atMs(string(bytes.TrimSpace(at)))
+		if err != nil {
+			return p.deadLetter(CodeBadDue, "delay-at "+err.Error())
+		}
+		due = ms
+	case hasAfter:
+		d, err := delayMs(string(bytes.TrimSpace(after)))
+		if err != nil {
+			return p.deadLetter(CodeBadDue, "delay-after "+err.Error())
+		}
+		ms, ok := addMs(p.stamp, d)
+		if !ok {
+			return p.deadLetter(CodeBadDue, "delay-after "+short(string(after))+" overflows the due time")
+		}
+		due = ms
+	default:
+		return p.deadLetter(CodeMissingDue, "neither delay-at nor delay-after is set")
+	}
+	if due < MinDue || due > MaxDue {
+		return p.deadLetter(CodeBadDue, "due time "+strconv.FormatInt(due, 10)+" ms lies outside 1970-01-01..9999-12-31 UTC")
+	}
+	if r.MaxDelay > 0 {
+		// On overflow the limit lies beyond any representable due.
+		if limit, ok := addMs(p.stamp, r.MaxDelay.Milliseconds()); ok && due > limit {
+			return p.deadLetter(CodeDelayTooLong, "due "+FormatDue(due)+" is more than max_delay "+r.MaxDelay.String()+" after the message time "+FormatDue(p.stamp))
+		}
+	}
+
+	rawTarget, hasTarget := value(hdrTarget)
+	var target string
+	if hasTarget {
+		target = string(bytes.TrimSpace(rawTarget))
+	} else {
+		if r.DefaultTarget == "" {
+			return p.deadLetter(CodeMissingTarget, "delay-target is not set and the source has no default target")
+		}
+		target = r.DefaultTarget
+	}
+	tr, name, err := ParseTarget(target, m.Transport)
+	if err != nil {
+		return p.deadLetter(CodeBadTarget, "delay-target "+strings.TrimPrefix(err.Error(), ErrBadTarget.Error()+": "))
+	}
+	if tr != m.Transport && (r.Transports == nil || !r.Transports(tr)) {
+		return p.deadLetter(CodeBadTarget, "delay-target "+short(target)+" names transport "+tr.String()+", which is not configured")
+	}
+	if r.Allow != nil && !r.Allow(tr, name) {
+		return p.deadLetter(CodeTargetNotAllowed, "delay-target "+short(target)+" is not matched by targets.allow")
+	}
+
+	id := p.id(&last)
+	key := m.Key
+	if v, ok := value(hdrKey); ok {
+		key = v
+	}
+
+	// One buffer backs the three added header values: one allocation
+	// instead of three on the hot path.
+	buf := make([]byte, 0, len(id)+len(p.origin)+len(dueLayout)+2)
+	buf = append(buf, id...)
+	buf = append(buf, p.origin...)
+	buf = appendDue(buf, due)
+	idEnd, originEnd := len(id), len(id)+len(p.origin)
+
+	hs := make([]Header, 0, len(m.Headers)+3)
+	for _, h := range m.Headers {
+		switch c := classify(h.Key); {
+		case c.isControl(), c == hdrOrigin, c == hdrDue, c == hdrNatsMsgID:
+			continue
+		}
+		hs = append(hs, h)
+	}
+	hs = append(hs,
+		Header{Key: HeaderID, Value: buf[:idEnd:idEnd]},
+		Header{Key: HeaderOrigin, Value: buf[idEnd:originEnd:originEnd]},
+		Header{Key: HeaderDue, Value: buf[originEnd:len(buf):len(buf)]},
+	)
+
+	return Task{
+		Kind:         KindSchedule,
+		ID:           id,
+		Source:       m.Source,
+		Origin:       p.origin,
+		Stamp:        p.stamp,
+		Partition:    m.Partition,
+		Offset:       m.Offset,
+		Due:          due,
+		Transport:    tr,
+		Target:       name,
+		Key:          key,
+		Value:        m.Value,
+		Headers:      hs,
+		DLQTransport: m.Transport,
+		DLQ:          r.DLQ,
+	}
+}
+
+// parser carries what every outcome of Parse shares.
+type parser struct {
+	m      *Message
+	r      *Rules
+	stamp  int64
+	origin string
+}
+
+// id picks the task id: delay-id, then the Kafka key or the NATS
+// Nats-Msg-Id, then the origin, which is unique. Empty values are skipped:
+// an empty id would make unrelated messages replace each other.
+func (p *parser) id(last *[hdrCount]int) string {
+	if i := last[hdrID]; i > 0 && len(p.m.Headers[i-1].Value) > 0 {
+		return string(p.m.Headers[i-1].Value)
+	}
+	switch p.m.Transport {
+	case TransportKafka:
+		if len(p.m.Key) > 0 {
+			return string(p.m.Key)
+		}
+	case TransportNATS:
+		if i := last[hdrNatsMsgID]; i > 0 && len(p.m.Headers[i-1].Value) > 0 {
+			return string(p.m.Headers[i-1].Value)
+		}
+	}
+	return p.origin
+}
+
+func (p *parser) cancel(id string) Task {
+	return Task{
+		Kind:         KindCancel,
+		ID:           id,
+		Source:       p.m.Source,
+		Origin:       p.origin,
+		Stamp:        p.stamp,
+		Partition:    p.m.Partition,
+		Offset:       p.m.Offset,
+		Due:          p.stamp,
+		Transport:    p.m.Transport,
+		DLQTransport: p.m.Transport,
+		DLQ:          p.r.DLQ,
+	}
+}
+
+func (p *parser) deadLetter(code Code, detail string) Task {
+	hs := make([]Header, 0, len(p.m.Headers)+3)
+	for _, h := range p.m.Headers {
+		switch classify(h.Key) {
+		case hdrOrigin, hdrError, hdrErrorDetail:
+			continue
+		}
+		hs = append(hs, h)
+	}
+	hs = append(hs,
+		Header{Key: HeaderError, Value: []byte(code)},
+		Header{Key: HeaderErrorDetail, Value: []byte(detail)},
+		Header{Key: HeaderOrigin, Value: []byte(p.origin)},
+	)
+	return Task{
+		Kind:         KindDeadLetter,
+		ID:           p.origin,
+		Source:       p.m.Source,
+		Origin:       p.origin,
+		Stamp:        p.stamp,
+		Partition:    p.m.Partition,
+		Offset:       p.m.Offset,
+		Due:          p.stamp,
+		Transport:    p.m.Transport,
+		Target:       p.r.DLQ,
+		Key:          p.m.Key,
+		Value:        p.m.Value,
+		Headers:      hs,
+		DLQTransport: p.m.Transport,
+		DLQ:          p.r.DLQ,
+		Code:         code,
+		Detail:       detail,
+	}
+}
+
+// DeadLetter turns a task whose delivery failed for good into a dead letter
+// bound for its source's dead-letter destination (t.DLQTransport, t.DLQ).
+// Key, value and the headers as they would have been delivered are kept;
+// delay-error and delay-error-detail are set (replacing any earlier copies)
+// and delay-origin is added only if missing. ID stays t.ID for logs and the
+// admin API; a dead letter is never indexed by id. Due stays the scheduled
+// due, which has passed, so the dead letter goes out at once. Attempts start
+// again at 0 for the DLQ write. t is not modified.
+func DeadLetter(t *Task, code Code, detail string) Task {
+	hs := make([]Header, 0, len(t.Headers)+3)
+	hasOrigin := false
+	for _, h := range t.Headers {
+		switch classify(h.Key) {
+		case hdrError, hdrErrorDetail:
+			continue
+		case hdrOrigin:
+			if hasOrigin {
+				continue
+			}
+			hasOrigin = true
+		}
+		hs = append(hs, h)
+	}
+	hs = append(hs,
+		Header{Key: HeaderError, Value: []byte(code)},
+		Header{Key: HeaderErrorDetail, Value: []byte(detail)},
+	)
+	if !hasOrigin {
+		hs = append(hs, Header{Key: HeaderOrigin, Value: []byte(t.Origin)})
+	}
+	d := *t
+	d.Kind = KindDeadLetter
+	d.Transport = t.DLQTransport
+	d.Target = t.DLQ
+	d.Headers = hs
+	d.Attempts = 0
+	d.Code = code
+	d.Detail = detail
+	return d
+}
+
+// messageSize is what MaxBytes bounds: key, value and every header name and
+// value.
+func messageSize(m *Message) int {
+	n := len(m.Key) + len(m.Value)
+	for _, h := range m.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
+}
