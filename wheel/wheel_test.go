@@ -1,0 +1,652 @@
+package wheel
+
+import (
+	"container/heap"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"testing"
+)
+
+const (
+	msSecond = int64(1000)
+	msMinute = 60 * msSecond
+	msHour   = 60 * msMinute
+	msDay    = 24 * msHour
+)
+
+type fired struct {
+	due int64
+	seq uint64
+}
+
+func collect(w *Wheel, now int64) []fired {
+	var out []fired
+	w.Advance(now, func(due int64, seq uint64) { out = append(out, fired{due, seq}) })
+	return out
+}
+
+// t0 is an arbitrary realistic Unix-ms time that is not aligned to any level.
+const t0 = int64(1_763_771_234_567)
+
+func TestWheelTable(t *testing.T) {
+	type add struct {
+		due int64
+		seq uint64
+	}
+	type step struct {
+		adds    []add
+		remove  []int // indexes into all adds so far; removal expected to succeed
+		advance int64
+		want    []fired
+	}
+	tests := []struct {
+		name  string
+		start int64
+		steps []step
+	}{
+		{
+			name:  "due in the past fires on next advance, in due order",
+			start: t0,
+			steps: []step{
+				{adds: []add{{t0 - 5, 1}, {t0 - 10, 2}, {t0 - 5, 3}}, advance: t0,
+					want: []fired{{t0 - 10, 2}, {t0 - 5, 1}, {t0 - 5, 3}}},
+			},
+		},
+		{
+			name:  "due equal to now fires without moving time",
+			start: t0,
+			steps: []step{
+				{adds: []add{{t0, 1}}, advance: t0, want: []fired{{t0, 1}}},
+			},
+		},
+		{
+			name:  "not early: due one ms ahead",
+			start: t0,
+			steps: []step{
+				{adds: []add{{t0 + 1, 1}}, advance: t0},
+				{advance: t0 + 1, want: []fired{{t0 + 1, 1}}},
+			},
+		},
+		{
+			name:  "exact level boundaries from an aligned start",
+			start: 0,
+			steps: []step{
+				{adds: []add{{64, 1}, {63, 2}, {4096, 3}, {4095, 4}, {1 << 18, 5}, {1<<18 - 1, 6}, {1 << 24, 7}}, advance: 63,
+					want: []fired{{63, 2}}},
+				{advance: 64, want: []fired{{64, 1}}},
+				{advance: 1 << 24, want: []fired{{4095, 4}, {4096, 3}, {1<<18 - 1, 6}, {1 << 18, 5}, {1 << 24, 7}}},
+			},
+		},
+		{
+			name:  "boundaries crossed from an unaligned start",
+			start: 4095,
+			steps: []step{
+				{adds: []add{{4096, 1}, {4096 + 64, 2}, {8191, 3}, {8192, 4}}, advance: 4096, want: []fired{{4096, 1}}},
+				{advance: 8192, want: []fired{{4096 + 64, 2}, {8191, 3}, {8192, 4}}},
+			},
+		},
+		{
+			name:  "400 and 500 days, one jump",
+			start: t0,
+			steps: []step{
+				{adds: []add{{t0 + 500*msDay, 1}, {t0 + 400*msDay, 2}, {t0 + 400*msDay + 1, 3}}, advance: t0 + 400*msDay - 1},
+				{advance: t0 + 400*msDay, want: []fired{{t0 + 400*msDay, 2}}},
+				{advance: t0 + 600*msDay, want: []fired{{t0 + 400*msDay + 1, 3}, {t0 + 500*msDay, 1}}},
+			},
+		},
+		{
+			name:  "clock step back fires nothing early",
+			start: t0,
+			steps: []step{
+				{adds: []add{{t0 + 10, 1}, {t0 + 20, 2}}, advance: t0 + 10, want: []fired{{t0 + 10, 1}}},
+				{advance: t0 - 1000},
+				{adds: []add{{t0 + 5, 3}}, advance: t0 + 4},
+				{advance: t0 + 15, want: []fired{{t0 + 5, 3}}},
+				{advance: t0 + 20, want: []fired{{t0 + 20, 2}}},
+			},
+		},
+		{
+			name:  "remove then advance",
+			start: t0,
+			steps: []step{
+				{adds: []add{{t0 + 1, 1}, {t0 + 1, 2}, {t0 + msHour, 3}}, remove: []int{0, 2}, advance: t0 + 2*msHour,
+					want: []fired{{t0 + 1, 2}}},
+			},
+		},
+		{
+			name:  "FIFO for equal due across cascaded and direct adds",
+			start: 0,
+			steps: []step{
+				{adds: []add{{10000, 1}}, advance: 9000},
+				{adds: []add{{10000, 2}}, advance: 9990},
+				{adds: []add{{10000, 3}}, advance: 9999},
+				{adds: []add{{10000, 4}}, advance: 10000,
+					want: []fired{{10000, 1}, {10000, 2}, {10000, 3}, {10000, 4}}},
+			},
+		},
+		{
+			name:  "extreme dues",
+			start: t0,
+			steps: []step{
+				{adds: []add{{math.MaxInt64, 1}, {math.MinInt64, 2}, {math.MaxInt64 - 1, 3}}, advance: t0,
+					want: []fired{{math.MinInt64, 2}}},
+				{advance: math.MaxInt64, want: []fired{{math.MaxInt64 - 1, 3}, {math.MaxInt64, 1}}},
+			},
+		},
+		{
+			name:  "negative times",
+			start: -5000,
+			steps: []step{
+				{adds: []add{{-1, 1}, {1, 2}, {0, 3}}, advance: 0, want: []fired{{-1, 1}, {0, 3}}},
+				{advance: 1, want: []fired{{1, 2}}},
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w := New(tc.start)
+			var handles []Handle
+			for i, st := range tc.steps {
+				for _, a := range st.adds {
+					handles = append(handles, w.Add(a.due, a.seq))
+				}
+				for _, r := range st.remove {
+					if !w.Remove(handles[r]) {
+						t.Fatalf("step %d: Remove(add #%d) = false", i, r)
+					}
+					if w.Remove(handles[r]) {
+						t.Fatalf("step %d: second Remove(add #%d) = true", i, r)
+					}
+				}
+				got := collect(w, st.advance)
+				if !slices.Equal(got, st.want) {
+					t.Fatalf("step %d: Advance(%d) = %v, want %v", i, st.advance, got, st.want)
+				}
+			}
+		})
+	}
+}
+
+func TestStaleHandle(t *testing.T) {
+	w := New(t0)
+	h := w.Add(t0+5, 1)
+	collect(w, t0+5)
+	if w.Remove(h) {
+		t.Fatal("Remove of a fired entry returned true")
+	}
+	// The slab slot is reused by the next Add; the old handle must not
+	// reach the new entry.
+	h2 := w.Add(t0+10, 2)
+	if uint32(h2) != uint32(h) {
+		t.Fatalf("slot not reused: %x vs %x", h2, h)
+	}
+	if w.Remove(h) {
+		t.Fatal("stale handle removed a reused slot")
+	}
+	if w.Len() != 1 {
+		t.Fatalf("Len = %d, want 1", w.Len())
+	}
+	for _, bad := range []Handle{0, 1, Handle(math.MaxUint64), Handle(uint64(1)<<32 | 5), h2 + 1<<32} {
+		if w.Remove(bad) {
+			t.Fatalf("Remove(%x) = true", bad)
+		}
+	}
+	if !w.Remove(h2) {
+		t.Fatal("Remove of a live handle failed")
+	}
+	if w.Len() != 0 {
+		t.Fatalf("Len = %d, want 0", w.Len())
+	}
+}
+
+func TestAdvanceNContinues(t *testing.T) {
+	w := New(0)
+	var want []fired
+	seq := uint64(0)
+	// A burst in one ms, entries in coarser levels and the ready list.
+	for _, due := range []int64{-3, 0, 7, 7, 7, 7, 7, 100, 5000, 5000, 1 << 20} {
+		seq++
+		w.Add(due, seq)
+		want = append(want, fired{due, seq})
+	}
+	for _, max := range []int{1, 2, 3, 100} {
+		t.Run(fmt.Sprint("max=", max), func(t *testing.T) {
+			w := New(0)
+			for _, f := range want {
+				w.Add(f.due, f.seq)
+			}
+			var got []fired
+			calls := 0
+			for {
+				n := 0
+				more := w.AdvanceN(1<<20, max, func(due int64, seq uint64) {
+					got = append(got, fired{due, seq})
+					n++
+				})
+				calls++
+				if n > max {
+					t.Fatalf("yielded %d > max %d", n, max)
+				}
+				if !more {
+					break
+				}
+				if n != max {
+					t.Fatalf("more=true after %d < max %d", n, max)
+				}
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("got %v, want %v", got, want)
+			}
+			if w.Len() != 0 {
+				t.Fatalf("Len = %d", w.Len())
+			}
+			if calls != (len(want)+max-1)/max {
+				t.Fatalf("calls = %d", calls)
+			}
+		})
+	}
+	// max <= 0 only reports.
+	w2 := New(0)
+	w2.Add(5, 1)
+	if !w2.AdvanceN(5, 0, func(int64, uint64) { t.Fatal("yielded with max 0") }) {
+		t.Fatal("AdvanceN(max 0) = false with a due entry")
+	}
+	if w2.AdvanceN(4, -1, func(int64, uint64) { t.Fatal("yielded with max -1") }) {
+		t.Fatal("AdvanceN(4, max -1) = true with nothing due")
+	}
+}
+
+func TestNext(t *testing.T) {
+	w := New(t0)
+	if _, ok := w.Next(); ok {
+		t.Fatal("Next on empty wheel: ok")
+	}
+	w.Add(t0+3*msHour+17, 1)
+	at, ok := w.Next()
+	if !ok || at > t0+3*msHour+17 || at <= t0 {
+		t.Fatalf("Next = %d, %v", at, ok)
+	}
+	// Follow Next like the shard does: it must reach the entry exactly,
+	// never overshoot, in a handful of steps (one per level), not per ms.
+	steps := 0
+	for w.Len() > 0 {
+		at, _ = w.Next()
+		got := collect(w, at)
+		steps++
+		if len(got) > 0 && got[0].due != at {
+			t.Fatalf("fired %d at %d", got[0].due, at)
+		}
+		if steps > numLevels+1 {
+			t.Fatalf("too many Next steps: %d", steps)
+		}
+	}
+	w.Add(t0, 2) // in the past now
+	if at, _ = w.Next(); at != t0 {
+		t.Fatalf("Next with a ready entry = %d, want %d", at, t0)
+	}
+}
+
+func TestReentrantFn(t *testing.T) {
+	w := New(0)
+	h3 := Handle(0)
+	w.Add(1, 1)
+	w.Add(2, 2)
+	h3 = w.Add(3, 3)
+	w.Add(4, 4)
+	var got []fired
+	w.Advance(10, func(due int64, seq uint64) {
+		got = append(got, fired{due, seq})
+		switch seq {
+		case 1:
+			w.Add(2, 10)  // same due as a pending entry: after it
+			w.Add(0, 11)  // in the past: next
+			w.Add(20, 12) // not due in this call
+		case 2:
+			w.Remove(h3)
+		}
+		w.Advance(100, func(int64, uint64) { t.Fatal("nested Advance yielded") })
+	})
+	want := []fired{{1, 1}, {0, 11}, {2, 2}, {2, 10}, {4, 4}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	if w.Len() != 1 {
+		t.Fatalf("Len = %d, want 1", w.Len())
+	}
+}
+
+func TestNow(t *testing.T) {
+	w := New(t0)
+	if w.Now() != t0 {
+		t.Fatal(w.Now())
+	}
+	w.Advance(t0+100, func(int64, uint64) {})
+	w.Advance(t0+50, func(int64, uint64) {})
+	if w.Now() != t0+100 {
+		t.Fatalf("Now = %d after step back", w.Now())
+	}
+}
+
+// ---- property test against a min-heap reference ----
+
+type refItem struct {
+	due   int64
+	order uint64 // insertion order
+	seq   uint64
+	h     Handle
+	index int
+}
+
+type refHeap []*refItem
+
+func (h refHeap) Len() int { return len(h) }
+func (h refHeap) Less(i, j int) bool {
+	if h[i].due != h[j].due {
+		return h[i].due < h[j].due
+	}
+	return h[i].order < h[j].order
+}
+func (h refHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i]; h[i].index = i; h[j].index = j }
+func (h *refHeap) Push(x any)   { it := x.(*refItem); it.index = len(*h); *h = append(*h, it) }
+func (h *refHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	*h = old[:len(old)-1]
+	it.index = -1
+	return it
+}
+func (h refHeap) peek() *refItem      { return h[0] }
+func (h *refHeap) remove(it *refItem) { heap.Remove(h, it.index) }
+
+type model struct {
+	t     *testing.T
+	rng   *rand.Rand
+	w     *Wheel
+	ref   refHeap
+	live  []*refItem // for picking random removals (swap-delete)
+	dead  []Handle
+	order uint64
+	clock int64 // the test's clock: highest time passed in
+
+	fired, capped, maxLen int // coverage counters, checked at the end
+}
+
+func (m *model) add(due int64) {
+	m.order++
+	seq := m.order*7 + 3 // distinct from order, so a mix-up would show
+	h := m.w.Add(due, seq)
+	it := &refItem{due: due, order: m.order, seq: seq, h: h}
+	heap.Push(&m.ref, it)
+	m.live = append(m.live, it)
+}
+
+func (m *model) randomDue() int64 {
+	r := m.rng
+	switch p := r.IntN(100); {
+	case p < 45: // near
+		return m.clock + r.Int64N(301)
+	case p < 70: // mid: seconds to hours
+		return m.clock + msSecond + r.Int64N(6*msHour)
+	case p < 85: // far: days up to 500
+		return m.clock + msDay + r.Int64N(500*msDay)
+	case p < 95: // past or now
+		return m.clock - r.Int64N(2000)
+	default: // reuse a pending due exactly, to exercise FIFO across levels
+		if len(m.live) > 0 {
+			return m.live[r.IntN(len(m.live))].due
+		}
+		return m.clock
+	}
+}
+
+func (m *model) removeRandom() {
+	if len(m.live) == 0 {
+		return
+	}
+	k := m.rng.IntN(len(m.live))
+	it := m.live[k]
+	if it.index < 0 {
+		// Already yielded; the handle must be stale.
+		if m.w.Remove(it.h) {
+			m.t.Fatalf("Remove of a yielded entry succeeded")
+		}
+	} else {
+		if !m.w.Remove(it.h) {
+			m.t.Fatalf("Remove(%x) of pending entry due %d failed", it.h, it.due)
+		}
+		m.ref.remove(it)
+		m.dead = append(m.dead, it.h)
+	}
+	m.live[k] = m.live[len(m.live)-1]
+	m.live = m.live[:len(m.live)-1]
+}
+
+func (m *model) advance(now int64, max int) {
+	var got, want []fired
+	fn := func(due int64, seq uint64) {
+		got = append(got, fired{due, seq})
+		// The reference pops in lockstep so adds from fn are ordered alike.
+		it := heap.Pop(&m.ref).(*refItem)
+		want = append(want, fired{it.due, it.seq})
+		// Occasionally add from inside fn, as a shard rescheduling a
+		// failed publish would. The reference sees it at the same point.
+		if m.rng.IntN(50) == 0 {
+			due := now - m.rng.Int64N(3)
+			if m.rng.IntN(2) == 0 {
+				due = now + 1 + m.rng.Int64N(100)
+			}
+			m.add(due)
+		}
+	}
+	more := m.w.AdvanceN(now, max, fn)
+	m.fired += len(got)
+	if more {
+		m.capped++
+	}
+	if now > m.clock {
+		m.clock = now
+	}
+	if !slices.Equal(got, want) {
+		m.t.Fatalf("AdvanceN(%d, %d):\n got %v\nwant %v", now, max, got, want)
+	}
+	for _, f := range got {
+		if f.due > now {
+			m.t.Fatalf("fired early: due %d > now %d", f.due, now)
+		}
+	}
+	wantMore := len(m.ref) > 0 && m.ref.peek().due <= now
+	if more != wantMore {
+		m.t.Fatalf("AdvanceN(%d, %d) more = %v, want %v", now, max, more, wantMore)
+	}
+	if max == math.MaxInt && wantMore {
+		m.t.Fatalf("Advance left due entries")
+	}
+}
+
+func (m *model) check() {
+	m.maxLen = maxInt(m.maxLen, m.w.Len())
+	if m.w.Len() != len(m.ref) {
+		m.t.Fatalf("Len = %d, want %d", m.w.Len(), len(m.ref))
+	}
+	if m.w.Now() != m.clock {
+		m.t.Fatalf("Now = %d, want %d", m.w.Now(), m.clock)
+	}
+	at, ok := m.w.Next()
+	if ok != (len(m.ref) > 0) {
+		m.t.Fatalf("Next ok = %v with %d pending", ok, len(m.ref))
+	}
+	if ok && at > m.ref.peek().due {
+		m.t.Fatalf("Next = %d after earliest due %d", at, m.ref.peek().due)
+	}
+	if len(m.dead) > 0 {
+		if m.w.Remove(m.dead[m.rng.IntN(len(m.dead))]) {
+			m.t.Fatalf("stale handle removed an entry")
+		}
+	}
+}
+
+func TestPropertyAgainstHeap(t *testing.T) {
+	for seed := uint64(1); seed <= 8; seed++ {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, seed*0x9e3779b97f4a7c15))
+			start := t0 + rng.Int64N(msDay)
+			m := &model{t: t, rng: rng, w: New(start), clock: start}
+			for step := 0; step < 4000; step++ {
+				switch p := rng.IntN(100); {
+				case p < 40:
+					for n := rng.IntN(8); n >= 0; n-- {
+						m.add(m.randomDue())
+					}
+				case p < 45: // burst in one ms
+					due := m.clock + rng.Int64N(50)
+					for n := 50 + rng.IntN(200); n > 0; n-- {
+						m.add(due)
+					}
+				case p < 55:
+					for n := rng.IntN(4); n >= 0; n-- {
+						m.removeRandom()
+					}
+				case p < 80: // small steps, sometimes capped
+					max := math.MaxInt
+					if rng.IntN(3) == 0 {
+						max = rng.IntN(20)
+					}
+					m.advance(m.clock+rng.Int64N(300), max)
+				case p < 88: // minutes to hours
+					m.advance(m.clock+rng.Int64N(3*msHour), math.MaxInt)
+				case p < 92: // jump of days
+					m.advance(m.clock+rng.Int64N(60*msDay), math.MaxInt)
+				case p < 96: // clock stepped back
+					m.advance(m.clock-rng.Int64N(5*msSecond), math.MaxInt)
+				default: // follow Next exactly, as the shard does
+					if at, ok := m.w.Next(); ok && at >= m.clock {
+						m.advance(at, math.MaxInt)
+					}
+				}
+				m.check()
+			}
+			// Drain: everything left fires in order.
+			m.advance(math.MaxInt64, math.MaxInt)
+			m.check()
+			// Guard against a generator that silently stopped exercising
+			// the interesting paths.
+			if m.fired < 10000 || m.capped < 50 || m.maxLen < 500 {
+				t.Fatalf("weak run: fired %d, capped %d, max Len %d", m.fired, m.capped, m.maxLen)
+			}
+			t.Logf("fired %d, capped %d, max Len %d", m.fired, m.capped, m.maxLen)
+			if m.w.Len() != 0 {
+				t.Fatalf("Len = %d after draining", m.w.Len())
+			}
+		})
+	}
+}
+
+func maxInt(a, b int) int {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// ---- benchmarks ----
+
+// dueTable returns n pseudo-random delays: mostly seconds to an hour, as a
+// shard's horizon holds, with some near and some beyond.
+func dueTable(n int) []int64 {
+	rng := rand.New(rand.NewPCG(1, 2))
+	d := make([]int64, n)
+	for i := range d {
+		switch p := rng.IntN(10); {
+		case p < 3:
+			d[i] = rng.Int64N(1000)
+		case p < 9:
+			d[i] = rng.Int64N(msHour)
+		default:
+			d[i] = rng.Int64N(30 * msDay)
+		}
+	}
+	return d
+}
+
+func BenchmarkWheelAdd(b *testing.B) {
+	delays := dueTable(1 << 16)
+	w := New(t0)
+	w.Grow(b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		w.Add(t0+delays[i&(1<<16-1)], uint64(i))
+	}
+}
+
+// BenchmarkWheelAddRemove is the steady state of a shard whose tasks are
+// cancelled or replaced: the slab is recycled through the free list.
+func BenchmarkWheelAddRemove(b *testing.B) {
+	delays := dueTable(1 << 16)
+	w := New(t0)
+	const pending = 1 << 16
+	hs := make([]Handle, pending)
+	for i := range hs {
+		hs[i] = w.Add(t0+delays[i], uint64(i))
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		k := i & (pending - 1)
+		w.Remove(hs[k])
+		hs[k] = w.Add(t0+delays[(i*7)&(1<<16-1)], uint64(i))
+	}
+}
+
+// BenchmarkWheelAdvance measures the cost per yielded entry, including the
+// cascades of the entries that started in coarser levels.
+func BenchmarkWheelAdvance(b *testing.B) {
+	delays := dueTable(1 << 16)
+	w := New(t0)
+	w.Grow(b.N)
+	for i := 0; i < b.N; i++ {
+		w.Add(t0+delays[i&(1<<16-1)], uint64(i))
+	}
+	var sum uint64
+	b.ReportAllocs()
+	b.ResetTimer()
+	// Tick every 10 ms for the first hour, as a shard would, then jump.
+	now := t0
+	for now < t0+msHour {
+		now += 10
+		w.Advance(now, func(due int64, seq uint64) { sum += seq })
+	}
+	w.Advance(t0+31*msDay, func(due int64, seq uint64) { sum += seq })
+	b.StopTimer()
+	if w.Len() != 0 {
+		b.Fatalf("Len = %d", w.Len())
+	}
+}
+
+// BenchmarkWheelMemory10M reports the heap bytes per pending entry with ten
+// million entries, grown by Add alone (no Grow), as a loader would.
+func BenchmarkWheelMemory10M(b *testing.B) {
+	if testing.Short() {
+		b.Skip("10 M entries")
+	}
+	const n = 10_000_000
+	delays := dueTable(1 << 16)
+	var perEntry float64
+	for i := 0; i < b.N; i++ {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		w := New(t0)
+		for j := 0; j < n; j++ {
+			w.Add(t0+delays[j&(1<<16-1)], uint64(j))
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		perEntry = float64(after.HeapAlloc-before.HeapAlloc) / n
+		runtime.KeepAlive(w)
+	}
+	b.ReportMetric(perEntry, "B/entry")
+}
