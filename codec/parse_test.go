@@ -1,0 +1,679 @@
+package codec
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// now is the broker timestamp of every test message: 2026-11-22T15:04:05.123Z.
+var now = time.Date(2026, 11, 22, 15, 4, 5, 123_000_000, time.UTC)
+
+var nowMs = now.UnixMilli()
+
+func h(k, v string) Header { return Header{Key: k, Value: []byte(v)} }
+
+func kafkaMsg(hs ...Header) *Message {
+	return &Message{
+		Transport: TransportKafka,
+		Source:    "delay",
+		Partition: 3,
+		Offset:    42,
+		Key:       []byte("order-1"),
+		Value:     []byte("payload"),
+		Headers:   hs,
+		Time:      now,
+	}
+}
+
+func natsMsg(hs ...Header) *Message {
+	return &Message{
+		Transport: TransportNATS,
+		Source:    "DELAY",
+		Offset:    7,
+		Value:     []byte("payload"),
+		Headers:   hs,
+		Time:      now,
+	}
+}
+
+func both(t Transport) bool { return t == TransportKafka || t == TransportNATS }
+
+func mustMs(s string) int64 {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		panic(err)
+	}
+	return t.UnixMilli()
+}
+
+func TestParseDue(t *testing.T) {
+	day := int64(24 * time.Hour / time.Millisecond)
+	tests := []struct {
+		name  string
+		hs    []Header
+		rules Rules
+		due   int64 // when code is empty
+		code  Code
+	}{
+		// delay-at, RFC 3339
+		{name: "at utc", hs: []Header{h("delay-at", "2026-11-22T16:00:00Z")}, due: mustMs("2026-11-22T16:00:00Z")},
+		{name: "at millis", hs: []Header{h("delay-at", "2026-11-22T16:00:00.123Z")}, due: mustMs("2026-11-22T16:00:00.123Z")},
+		{name: "at nanos truncated", hs: []Header{h("delay-at", "2026-11-22T16:00:00.123999999Z")}, due: mustMs("2026-11-22T16:00:00.123Z")},
+		{name: "at offset", hs: []Header{h("delay-at", "2026-11-22T18:00:00+02:00")}, due: mustMs("2026-11-22T16:00:00Z")},
+		{name: "at negative offset", hs: []Header{h("delay-at", "2026-11-22T11:30:00-04:30")}, due: mustMs("2026-11-22T16:00:00Z")},
+		{name: "at in the past fires", hs: []Header{h("delay-at", "2020-01-01T00:00:00Z")}, due: mustMs("2020-01-01T00:00:00Z")},
+		{name: "at epoch", hs: []Header{h("delay-at", "1970-01-01T00:00:00Z")}, due: 0},
+		{name: "at year 9999", hs: []Header{h("delay-at", "9999-12-31T23:59:59.999Z")}, due: MaxDue},
+		{name: "at whitespace trimmed", hs: []Header{h("delay-at", " 2026-11-22T16:00:00Z\t")}, due: mustMs("2026-11-22T16:00:00Z")},
+		{name: "at before 1970", hs: []Header{h("delay-at", "1969-12-31T23:59:59.999Z")}, code: CodeBadDue},
+		{name: "at offset pushes past 9999", hs: []Header{h("delay-at", "9999-12-31T23:59:59Z-01:00")}, code: CodeBadDue},
+		{name: "at without offset", hs: []Header{h("delay-at", "2026-11-22T16:00:00")}, code: CodeBadDue},
+		{name: "at date only", hs: []Header{h("delay-at", "2026-11-22")}, code: CodeBadDue},
+		{name: "at garbage", hs: []Header{h("delay-at", "tomorrow")}, code: CodeBadDue},
+		{name: "at empty", hs: []Header{h("delay-at", "")}, code: CodeBadDue},
+		// delay-at, Unix ms
+		{name: "at unix ms", hs: []Header{h("delay-at", "1795000000000")}, due: 1795000000000},
+		{name: "at unix ms zero", hs: []Header{h("delay-at", "0")}, due: 0},
+		{name: "at unix ms max", hs: []Header{h("delay-at", "253402300799999")}, due: MaxDue},
+		{name: "at unix ms past 9999", hs: []Header{h("delay-at", "253402300800000")}, code: CodeBadDue},
+		{name: "at unix ms negative", hs: []Header{h("delay-at", "-1")}, code: CodeBadDue},
+		{name: "at unix ms overflow", hs: []Header{h("delay-at", "99999999999999999999")}, code: CodeBadDue},
+		{name: "at unix ms int64 max", hs: []Header{h("delay-at", "9223372036854775807")}, code: CodeBadDue},
+		{name: "at unix seconds with fraction", hs: []Header{h("delay-at", "1795000000.5")}, code: CodeBadDue},
+		// delay-after, Go durations
+		{name: "after 90s", hs: []Header{h("delay-after", "90s")}, due: nowMs + 90_000},
+		{name: "after 1h30m", hs: []Header{h("delay-after", "1h30m")}, due: nowMs + 5_400_000},
+		{name: "after 500ms", hs: []Header{h("delay-after", "500ms")}, due: nowMs + 500},
+		{name: "after sub-ms truncated", hs: []Header{h("delay-after", "1999us")}, due: nowMs + 1},
+		{name: "after zero", hs: []Header{h("delay-after", "0s")}, due: nowMs},
+		{name: "after negative", hs: []Header{h("delay-after", "-5s")}, code: CodeBadDue},
+		{name: "after unknown unit", hs: []Header{h("delay-after", "5x")}, code: CodeBadDue},
+		{name: "after empty", hs: []Header{h("delay-after", "")}, code: CodeBadDue},
+		{name: "after whitespace trimmed", hs: []Header{h("delay-after", " 90s ")}, due: nowMs + 90_000},
+		// delay-after, days
+		{name: "after 3d", hs: []Header{h("delay-after", "3d")}, due: nowMs + 3*day},
+		{name: "after 2d12h", hs: []Header{h("delay-after", "2d12h")}, due: nowMs + 2*day + day/2},
+		{name: "after 1d1h1m1s1ms", hs: []Header{h("delay-after", "1d1h1m1s1ms")}, due: nowMs + day + 3_661_001},
+		{name: "after 0d", hs: []Header{h("delay-after", "0d")}, due: nowMs},
+		{name: "after negative days", hs: []Header{h("delay-after", "-3d")}, code: CodeBadDue},
+		{name: "after days then negative", hs: []Header{h("delay-after", "2d-5h")}, code: CodeBadDue},
+		{name: "after fractional days", hs: []Header{h("delay-after", "1.5d")}, code: CodeBadDue},
+		{name: "after bare d", hs: []Header{h("delay-after", "d")}, code: CodeBadDue},
+		{name: "after days then junk", hs: []Header{h("delay-after", "2dx")}, code: CodeBadDue},
+		{name: "after huge days", hs: []Header{h("delay-after", "99999999999d")}, code: CodeBadDue},
+		{name: "after int64 days", hs: []Header{h("delay-after", "9223372036854775807d")}, code: CodeBadDue},
+		{name: "after too many days", hs: []Header{h("delay-after", "99999999999999999999d")}, code: CodeBadDue},
+		{name: "after past year 9999", hs: []Header{h("delay-after", "3000000d")}, code: CodeBadDue},
+		{name: "after 7000 years ok without max", hs: []Header{h("delay-after", "2000000d")}, due: nowMs + 2_000_000*day},
+		// delay-after, integer ms
+		{name: "after ms", hs: []Header{h("delay-after", "1500")}, due: nowMs + 1500},
+		{name: "after ms zero", hs: []Header{h("delay-after", "0")}, due: nowMs},
+		{name: "after ms overflow", hs: []Header{h("delay-after", "9223372036854775807")}, code: CodeBadDue},
+		{name: "after ms beyond int64", hs: []Header{h("delay-after", "99999999999999999999")}, code: CodeBadDue},
+		// presence
+		{name: "neither", hs: []Header{h("x", "y")}, code: CodeMissingDue},
+		{name: "both", hs: []Header{h("delay-at", "0"), h("delay-after", "1s")}, code: CodeAmbiguousDue},
+		{name: "both even when one is empty", hs: []Header{h("delay-at", ""), h("delay-after", "1s")}, code: CodeAmbiguousDue},
+		{name: "repeated: last wins", hs: []Header{h("delay-after", "garbage"), h("delay-after", "1s")}, due: nowMs + 1000},
+		{name: "repeated: last wins even if bad", hs: []Header{h("delay-after", "1s"), h("delay-after", "garbage")}, code: CodeBadDue},
+		// case-insensitive names
+		{name: "upper case name", hs: []Header{h("DELAY-AFTER", "1s")}, due: nowMs + 1000},
+		{name: "mixed case name", hs: []Header{h("Delay-At", "1795000000000")}, due: 1795000000000},
+		{name: "mixed case both", hs: []Header{h("Delay-At", "0"), h("DELAY-after", "1s")}, code: CodeAmbiguousDue},
+		// max_delay
+		{name: "max delay ok", rules: Rules{MaxDelay: 365 * 24 * time.Hour}, hs: []Header{h("delay-after", "365d")}, due: nowMs + 365*day},
+		{name: "max delay exceeded", rules: Rules{MaxDelay: 365 * 24 * time.Hour}, hs: []Header{h("delay-after", "365d1ms")}, code: CodeDelayTooLong},
+		{name: "max delay at", rules: Rules{MaxDelay: time.Hour}, hs: []Header{h("delay-at", "2026-11-22T16:04:05.124Z")}, code: CodeDelayTooLong},
+		{name: "max delay at past ok", rules: Rules{MaxDelay: time.Hour}, hs: []Header{h("delay-at", "2000-01-01T00:00:00Z")}, due: mustMs("2000-01-01T00:00:00Z")},
+		{name: "bad due beats max delay", rules: Rules{MaxDelay: time.Hour}, hs: []Header{h("delay-after", "99999999999d")}, code: CodeBadDue},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := tt.rules
+			r.DefaultTarget = "orders"
+			r.DLQ = "delay.dlq"
+			got := Parse(kafkaMsg(tt.hs...), &r)
+			if tt.code != "" {
+				wantDeadLetter(t, got, tt.code)
+				return
+			}
+			if got.Kind != KindSchedule {
+				t.Fatalf("kind %v (%s: %s), want schedule", got.Kind, got.Code, got.Detail)
+			}
+			if got.Due != tt.due {
+				t.Fatalf("due %d (%s), want %d (%s)", got.Due, FormatDue(got.Due), tt.due, FormatDue(tt.due))
+			}
+			if v := header(got.Headers, HeaderDue); v != FormatDue(tt.due) {
+				t.Fatalf("delay-due %q, want %q", v, FormatDue(tt.due))
+			}
+		})
+	}
+}
+
+func TestParseZeroTime(t *testing.T) {
+	// An adapter that forgot the broker time must not produce a due in year 1.
+	m := kafkaMsg(h("delay-after", "1s"), h("delay-target", "orders"))
+	m.Time = time.Time{}
+	wantDeadLetter(t, Parse(m, nil), CodeBadDue)
+	m.Headers = []Header{h("delay-at", "2026-11-22T16:00:00Z"), h("delay-target", "orders")}
+	if got := Parse(m, &Rules{MaxDelay: time.Hour}); got.Kind != KindSchedule {
+		// The due is years after time zero, so a max_delay bound applies.
+		if got.Code != CodeDelayTooLong {
+			t.Fatalf("got %v %s", got.Kind, got.Code)
+		}
+	}
+}
+
+func TestParseTargetRules(t *testing.T) {
+	onlyKafka := func(t Transport) bool { return t == TransportKafka }
+	tests := []struct {
+		name   string
+		msg    *Message
+		rules  Rules
+		code   Code
+		tr     Transport
+		target string
+	}{
+		{name: "bare kafka", msg: kafkaMsg(h("delay-target", "orders")), tr: TransportKafka, target: "orders"},
+		{name: "bare nats", msg: natsMsg(h("delay-target", "orders.created")), tr: TransportNATS, target: "orders.created"},
+		{name: "own prefix without transports", msg: kafkaMsg(h("delay-target", "kafka:orders")), tr: TransportKafka, target: "orders"},
+		{name: "cross to nats", msg: kafkaMsg(h("delay-target", "nats:orders.created")), rules: Rules{Transports: both}, tr: TransportNATS, target: "orders.created"},
+		{name: "cross to kafka", msg: natsMsg(h("delay-target", "kafka:orders")), rules: Rules{Transports: both}, tr: TransportKafka, target: "orders"},
+		{name: "cross not configured (nil)", msg: kafkaMsg(h("delay-target", "nats:orders")), code: CodeBadTarget},
+		{name: "cross not configured", msg: natsMsg(h("delay-target", "kafka:orders")), rules: Rules{Transports: func(t Transport) bool { return t == TransportNATS }}, code: CodeBadTarget},
+		{name: "own always available", msg: kafkaMsg(h("delay-target", "orders")), rules: Rules{Transports: func(Transport) bool { return false }}, tr: TransportKafka, target: "orders"},
+		{name: "nats subject with colon via prefix", msg: natsMsg(h("delay-target", "nats:a:b.c")), tr: TransportNATS, target: "a:b.c"},
+		{name: "unknown prefix", msg: kafkaMsg(h("delay-target", "foo:bar")), code: CodeBadTarget},
+		{name: "unknown prefix on nats", msg: natsMsg(h("delay-target", "foo:bar")), code: CodeBadTarget},
+		{name: "prefix is case-sensitive", msg: kafkaMsg(h("delay-target", "Kafka:orders")), code: CodeBadTarget},
+		{name: "whitespace trimmed", msg: kafkaMsg(h("delay-target", " orders ")), tr: TransportKafka, target: "orders"},
+		{name: "empty header", msg: kafkaMsg(h("delay-target", "")), rules: Rules{DefaultTarget: "orders"}, code: CodeBadTarget},
+		{name: "default target", msg: kafkaMsg(), rules: Rules{DefaultTarget: "orders"}, tr: TransportKafka, target: "orders"},
+		{name: "default target crossing", msg: kafkaMsg(), rules: Rules{DefaultTarget: "nats:a.b", Transports: both}, tr: TransportNATS, target: "a.b"},
+		{name: "header beats default", msg: kafkaMsg(h("delay-target", "mine")), rules: Rules{DefaultTarget: "orders"}, tr: TransportKafka, target: "mine"},
+		{name: "missing", msg: kafkaMsg(), code: CodeMissingTarget},
+		{name: "bad default", msg: kafkaMsg(), rules: Rules{DefaultTarget: "a b"}, code: CodeBadTarget},
+		{name: "kafka illegal char", msg: kafkaMsg(h("delay-target", "or ders")), code: CodeBadTarget},
+		{name: "kafka slash", msg: kafkaMsg(h("delay-target", "a/b")), code: CodeBadTarget},
+		{name: "kafka dot", msg: kafkaMsg(h("delay-target", ".")), code: CodeBadTarget},
+		{name: "kafka dotdot", msg: kafkaMsg(h("delay-target", "..")), code: CodeBadTarget},
+		{name: "kafka dots ok", msg: kafkaMsg(h("delay-target", "...")), tr: TransportKafka, target: "..."},
+		{name: "kafka 249", msg: kafkaMsg(h("delay-target", strings.Repeat("a", 249))), tr: TransportKafka, target: strings.Repeat("a", 249)},
+		{name: "kafka 250", msg: kafkaMsg(h("delay-target", strings.Repeat("a", 250))), code: CodeBadTarget},
+		{name: "kafka prefix empty", msg: kafkaMsg(h("delay-target", "kafka:")), code: CodeBadTarget},
+		{name: "kafka unicode", msg: kafkaMsg(h("delay-target", "ordérs")), code: CodeBadTarget},
+		{name: "nats empty token", msg: natsMsg(h("delay-target", "a..b")), code: CodeBadTarget},
+		{name: "nats leading dot", msg: natsMsg(h("delay-target", ".a")), code: CodeBadTarget},
+		{name: "nats trailing dot", msg: natsMsg(h("delay-target", "a.")), code: CodeBadTarget},
+		{name: "nats star", msg: natsMsg(h("delay-target", "a.*")), code: CodeBadTarget},
+		{name: "nats gt", msg: natsMsg(h("delay-target", "a.>")), code: CodeBadTarget},
+		{name: "nats lone gt", msg: natsMsg(h("delay-target", ">")), code: CodeBadTarget},
+		{name: "nats star inside token is literal", msg: natsMsg(h("delay-target", "a.b*c")), tr: TransportNATS, target: "a.b*c"},
+		{name: "nats space", msg: natsMsg(h("delay-target", "a b")), code: CodeBadTarget},
+		{name: "nats tab", msg: natsMsg(h("delay-target", "a\tb")), code: CodeBadTarget},
+		{name: "nats control", msg: natsMsg(h("delay-target", "a\x00b")), code: CodeBadTarget},
+		{name: "nats prefix empty", msg: natsMsg(h("delay-target", "nats:")), code: CodeBadTarget},
+		{name: "allow refuses", msg: kafkaMsg(h("delay-target", "secret")), rules: Rules{Allow: func(_ Transport, n string) bool { return n != "secret" }}, code: CodeTargetNotAllowed},
+		{name: "allow accepts", msg: kafkaMsg(h("delay-target", "public")), rules: Rules{Allow: func(_ Transport, n string) bool { return n != "secret" }}, tr: TransportKafka, target: "public"},
+		{name: "allow sees resolved transport and name", msg: kafkaMsg(h("delay-target", "nats:a.b")), rules: Rules{Transports: both, Allow: func(t Transport, n string) bool { return t == TransportNATS && n == "a.b" }}, tr: TransportNATS, target: "a.b"},
+		{name: "bad target beats allow", msg: kafkaMsg(h("delay-target", "nats:a.b")), rules: Rules{Transports: onlyKafka, Allow: func(Transport, string) bool { return false }}, code: CodeBadTarget},
+		{name: "repeated: last wins", msg: kafkaMsg(h("delay-target", "first"), h("DELAY-TARGET", "second")), tr: TransportKafka, target: "second"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.msg.Headers = append(tt.msg.Headers, h("delay-after", "1s"))
+			r := tt.rules
+			r.DLQ = "dlq"
+			got := Parse(tt.msg, &r)
+			if tt.code != "" {
+				wantDeadLetter(t, got, tt.code)
+				return
+			}
+			if got.Kind != KindSchedule || got.Transport != tt.tr || got.Target != tt.target {
+				t.Fatalf("got %v %v %q (%s: %s), want schedule %v %q", got.Kind, got.Transport, got.Target, got.Code, got.Detail, tt.tr, tt.target)
+			}
+		})
+	}
+}
+
+func TestParseTooLarge(t *testing.T) {
+	m := kafkaMsg(h("delay-after", "1s"), h("delay-target", "orders"))
+	// key 7 + value 7 + "delay-after" 11 + "1s" 2 + "delay-target" 12 + "orders" 6
+	size := 7 + 7 + 11 + 2 + 12 + 6
+	if got := Parse(m, &Rules{MaxBytes: size}); got.Kind != KindSchedule {
+		t.Fatalf("at the limit: %v %s %s", got.Kind, got.Code, got.Detail)
+	}
+	wantDeadLetter(t, Parse(m, &Rules{MaxBytes: size - 1}), CodeTooLarge)
+	// A cancel carries no payload, so the bound does not apply.
+	m.Headers = append(m.Headers, h("delay-cancel", "true"))
+	if got := Parse(m, &Rules{MaxBytes: 1}); got.Kind != KindCancel {
+		t.Fatalf("cancel: %v %s", got.Kind, got.Code)
+	}
+}
+
+func TestParseCancel(t *testing.T) {
+	tests := []struct {
+		name string
+		msg  *Message
+		kind Kind
+		id   string
+		code Code
+	}{
+		{name: "true", msg: kafkaMsg(h("delay-cancel", "true")), kind: KindCancel, id: "order-1"},
+		{name: "TRUE with spaces", msg: kafkaMsg(h("Delay-Cancel", " TRUE ")), kind: KindCancel, id: "order-1"},
+		{name: "cancel ignores due and target", msg: kafkaMsg(h("delay-cancel", "true"), h("delay-at", "x"), h("delay-after", "y"), h("delay-target", "a b")), kind: KindCancel, id: "order-1"},
+		{name: "cancel by delay-id", msg: kafkaMsg(h("delay-id", "job-9"), h("delay-cancel", "true")), kind: KindCancel, id: "job-9"},
+		{name: "nats cancel by msg id", msg: natsMsg(h("Nats-Msg-Id", "m-1"), h("delay-cancel", "true")), kind: KindCancel, id: "m-1"},
+		{name: "false schedules", msg: kafkaMsg(h("delay-cancel", "false"), h("delay-after", "1s")), kind: KindSchedule, id: "order-1"},
+		{name: "False schedules", msg: kafkaMsg(h("delay-cancel", "False"), h("delay-after", "1s")), kind: KindSchedule, id: "order-1"},
+		{name: "empty schedules", msg: kafkaMsg(h("delay-cancel", ""), h("delay-after", "1s")), kind: KindSchedule, id: "order-1"},
+		{name: "other value", msg: kafkaMsg(h("delay-cancel", "yes"), h("delay-after", "1s")), code: CodeBadDue},
+		{name: "one", msg: kafkaMsg(h("delay-cancel", "1")), code: CodeBadDue},
+		{name: "repeated: last wins", msg: kafkaMsg(h("delay-cancel", "true"), h("delay-cancel", "false"), h("delay-after", "1s")), kind: KindSchedule, id: "order-1"},
+		{name: "tombstone with key", msg: tombstone(kafkaMsg(), "k1"), kind: KindCancel, id: "k1"},
+		{name: "tombstone with delay-id", msg: tombstone(kafkaMsg(h("delay-id", "job-9")), "k1"), kind: KindCancel, id: "job-9"},
+		{name: "tombstone without key, with delay-id", msg: tombstone(kafkaMsg(h("delay-id", "job-9")), ""), kind: KindCancel, id: "job-9"},
+		{name: "tombstone with schedule headers still cancels", msg: tombstone(kafkaMsg(h("delay-after", "1s")), "k1"), kind: KindCancel, id: "k1"},
+		{name: "tombstone without key", msg: tombstone(kafkaMsg(h("delay-after", "1s")), ""), code: CodeMissingDue},
+		{name: "cancel without any id uses origin", msg: func() *Message { m := kafkaMsg(h("delay-cancel", "true")); m.Key = nil; return m }(), kind: KindCancel, id: "kafka:delay/3@42"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Parse(tt.msg, &Rules{DefaultTarget: "orders", DLQ: "dlq"})
+			if tt.code != "" {
+				wantDeadLetter(t, got, tt.code)
+				return
+			}
+			if got.Kind != tt.kind || got.ID != tt.id {
+				t.Fatalf("got %v id %q (%s %s), want %v id %q", got.Kind, got.ID, got.Code, got.Detail, tt.kind, tt.id)
+			}
+			if got.Kind != KindCancel {
+				return
+			}
+			want := Task{
+				Kind: KindCancel, ID: tt.id, Source: tt.msg.Source, Origin: tt.msg.Origin(),
+				Stamp: nowMs, Partition: tt.msg.Partition, Offset: tt.msg.Offset, Due: nowMs,
+				Transport: tt.msg.Transport, DLQTransport: tt.msg.Transport, DLQ: "dlq",
+			}
+			if !equalTask(got, want) {
+				t.Fatalf("got  %+v\nwant %+v", got, want)
+			}
+		})
+	}
+}
+
+func tombstone(m *Message, key string) *Message {
+	m.Tombstone = true
+	m.Value = nil
+	m.Key = nil
+	if key != "" {
+		m.Key = []byte(key)
+	}
+	return m
+}
+
+func TestParseID(t *testing.T) {
+	noKey := func(m *Message) *Message { m.Key = nil; return m }
+	emptyKey := func(m *Message) *Message { m.Key = []byte{}; return m }
+	tests := []struct {
+		name string
+		msg  *Message
+		id   string
+	}{
+		{name: "kafka key", msg: kafkaMsg(), id: "order-1"},
+		{name: "kafka delay-id beats key", msg: kafkaMsg(h("delay-id", "job-9")), id: "job-9"},
+		{name: "kafka delay-id case-insensitive", msg: kafkaMsg(h("DELAY-ID", "job-9")), id: "job-9"},
+		{name: "kafka empty delay-id ignored", msg: kafkaMsg(h("delay-id", "")), id: "order-1"},
+		{name: "kafka no key", msg: noKey(kafkaMsg()), id: "kafka:delay/3@42"},
+		{name: "kafka empty key", msg: emptyKey(kafkaMsg()), id: "kafka:delay/3@42"},
+		{name: "kafka ignores Nats-Msg-Id", msg: noKey(kafkaMsg(h("Nats-Msg-Id", "m-1"))), id: "kafka:delay/3@42"},
+		{name: "nats msg id", msg: natsMsg(h("Nats-Msg-Id", "m-1")), id: "m-1"},
+		{name: "nats msg id case-insensitive", msg: natsMsg(h("nats-msg-id", "m-1")), id: "m-1"},
+		{name: "nats delay-id beats msg id", msg: natsMsg(h("Nats-Msg-Id", "m-1"), h("delay-id", "job-9")), id: "job-9"},
+		{name: "nats none", msg: natsMsg(), id: "nats:DELAY#7"},
+		{name: "nats ignores key", msg: func() *Message { m := natsMsg(); m.Key = []byte("k"); return m }(), id: "nats:DELAY#7"},
+		{name: "repeated delay-id: last wins", msg: kafkaMsg(h("delay-id", "a"), h("delay-id", "b")), id: "b"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.msg.Headers = append(tt.msg.Headers, h("delay-after", "1s"))
+			got := Parse(tt.msg, &Rules{DefaultTarget: "orders"})
+			if got.Kind != KindSchedule || got.ID != tt.id {
+				t.Fatalf("got %v id %q (%s), want id %q", got.Kind, got.ID, got.Detail, tt.id)
+			}
+			if v := header(got.Headers, HeaderID); v != tt.id {
+				t.Fatalf("delay-id header %q, want %q", v, tt.id)
+			}
+		})
+	}
+}
+
+// TestParseSchedule pins a whole schedule task, with the delivered headers
+// of CONTRACT §2 in order.
+func TestParseSchedule(t *testing.T) {
+	m := kafkaMsg(
+		h("trace", "t1"),
+		h("Delay-After", "90s"),
+		h("DELAY-TARGET", "orders"),
+		h("delay-key", "new-key"),
+		h("Delay-Id", "job-9"),
+		h("delay-cancel", "false"),
+		h("delay-origin", "stale"),
+		h("DELAY-DUE", "stale"),
+		h("Nats-Msg-Id", "m-1"),
+		h("trace", "t2"),
+		Header{Key: "null", Value: nil},
+		h("delay-error", "kept: not a header the schedule sets"),
+	)
+	got := Parse(m, &Rules{DLQ: "delay.dlq", DefaultTarget: "unused"})
+	due := nowMs + 90_000
+	want := Task{
+		Kind: KindSchedule, ID: "job-9", Source: "delay", Origin: "kafka:delay/3@42",
+		Stamp: nowMs, Partition: 3, Offset: 42, Due: due,
+		Transport: TransportKafka, Target: "orders",
+		Key: []byte("new-key"), Value: []byte("payload"),
+		Headers: []Header{
+			h("trace", "t1"),
+			h("trace", "t2"),
+			{Key: "null", Value: nil},
+			h("delay-error", "kept: not a header the schedule sets"),
+			h("delay-id", "job-9"),
+			h("delay-origin", "kafka:delay/3@42"),
+			h("delay-due", "2026-11-22T15:05:35.123Z"),
+		},
+		DLQTransport: TransportKafka, DLQ: "delay.dlq",
+	}
+	if !equalTask(got, want) {
+		t.Fatalf("got  %s\nwant %s", dump(got), dump(want))
+	}
+
+	// delay-key present but empty delivers an empty key; absent keeps the
+	// source key.
+	m = kafkaMsg(h("delay-after", "1s"), h("delay-key", ""))
+	if got := Parse(m, &Rules{DefaultTarget: "o"}); got.Key == nil || len(got.Key) != 0 {
+		t.Fatalf("empty delay-key: key %q", got.Key)
+	}
+	m = kafkaMsg(h("delay-after", "1s"))
+	if got := Parse(m, &Rules{DefaultTarget: "o"}); string(got.Key) != "order-1" {
+		t.Fatalf("source key: %q", got.Key)
+	}
+
+	// A NATS schedule: no key, Nats-Msg-Id dropped from delivery.
+	m = natsMsg(h("Nats-Msg-Id", "m-1"), h("delay-at", "2026-11-22T16:00:00Z"), h("delay-target", "kafka:orders"), h("app", "1"))
+	got = Parse(m, &Rules{DLQ: "dlq.delay", Transports: both})
+	want = Task{
+		Kind: KindSchedule, ID: "m-1", Source: "DELAY", Origin: "nats:DELAY#7",
+		Stamp: nowMs, Offset: 7, Due: mustMs("2026-11-22T16:00:00Z"),
+		Transport: TransportKafka, Target: "orders", Value: []byte("payload"),
+		Headers: []Header{
+			h("app", "1"),
+			h("delay-id", "m-1"),
+			h("delay-origin", "nats:DELAY#7"),
+			h("delay-due", "2026-11-22T16:00:00.000Z"),
+		},
+		DLQTransport: TransportNATS, DLQ: "dlq.delay",
+	}
+	if !equalTask(got, want) {
+		t.Fatalf("got  %s\nwant %s", dump(got), dump(want))
+	}
+}
+
+// TestParseDoesNotModifyMessage: Parse reads the message; the added header
+// values must not be written into the source's buffers.
+func TestParseDoesNotModifyMessage(t *testing.T) {
+	hs := make([]Header, 0, 16)
+	hs = append(hs, h("delay-after", "1s"), h("delay-target", "o"), h("x", "y"))
+	m := kafkaMsg(hs...)
+	before := dump(Task{Headers: slices.Clone(m.Headers), Key: slices.Clone(m.Key), Value: slices.Clone(m.Value)})
+	for _, r := range []*Rules{nil, {MaxBytes: 1}} {
+		Parse(m, r)
+		if after := dump(Task{Headers: m.Headers, Key: m.Key, Value: m.Value}); after != before {
+			t.Fatalf("message changed:\n%s\n%s", before, after)
+		}
+	}
+}
+
+// TestParseDeadLetter pins a whole dead letter (CONTRACT §3).
+func TestParseDeadLetter(t *testing.T) {
+	m := kafkaMsg(
+		h("trace", "t1"),
+		h("Delay-At", "0"),
+		h("delay-after", "1s"),
+		h("delay-target", "orders"),
+		h("delay-origin", "stale"),
+		h("DELAY-ERROR", "stale"),
+		h("delay-error-detail", "stale"),
+		h("Nats-Msg-Id", "kept"),
+	)
+	got := Parse(m, &Rules{DLQ: "delay.dlq"})
+	detail := "both delay-at and delay-after are set; set exactly one"
+	want := Task{
+		Kind: KindDeadLetter, ID: "kafka:delay/3@42", Source: "delay", Origin: "kafka:delay/3@42",
+		Stamp: nowMs, Partition: 3, Offset: 42, Due: nowMs,
+		Transport: TransportKafka, Target: "delay.dlq",
+		Key: []byte("order-1"), Value: []byte("payload"),
+		Headers: []Header{
+			h("trace", "t1"),
+			h("Delay-At", "0"),
+			h("delay-after", "1s"),
+			h("delay-target", "orders"),
+			h("Nats-Msg-Id", "kept"),
+			h("delay-error", "ambiguous-due"),
+			h("delay-error-detail", detail),
+			h("delay-origin", "kafka:delay/3@42"),
+		},
+		DLQTransport: TransportKafka, DLQ: "delay.dlq",
+		Code: CodeAmbiguousDue, Detail: detail,
+	}
+	if !equalTask(got, want) {
+		t.Fatalf("got  %s\nwant %s", dump(got), dump(want))
+	}
+
+	// A NATS dead letter goes to the NATS DLQ, keeps the tombstone-free
+	// value as is (nil stays nil).
+	n := natsMsg(h("delay-after", "1s"))
+	n.Value = nil
+	got = Parse(n, &Rules{DLQ: "dlq.delay"})
+	if got.Kind != KindDeadLetter || got.Transport != TransportNATS || got.Target != "dlq.delay" || got.Value != nil || got.ID != "nats:DELAY#7" {
+		t.Fatalf("nats dead letter: %s", dump(got))
+	}
+}
+
+func TestParseDetails(t *testing.T) {
+	// Details are sentences naming the header and the value, cut short.
+	long := strings.Repeat("x", 10_000)
+	tests := []struct {
+		hs   []Header
+		want string
+	}{
+		{[]Header{h("delay-after", "-5s")}, `delay-after "-5s" is negative`},
+		{[]Header{h("delay-at", "soon")}, `delay-at "soon" is neither RFC 3339 with an offset nor Unix milliseconds`},
+		{[]Header{h("delay-after", long)}, `delay-after "` + strings.Repeat("x", 64) + `"... is not a duration, days or milliseconds`},
+		{[]Header{h("delay-after", "1s"), h("delay-target", "foo:bar")}, `delay-target "foo:bar": unknown transport prefix "foo" (want kafka: or nats:)`},
+		{[]Header{h("delay-after", "1s"), h("delay-target", "nats:x")}, `delay-target "nats:x" names transport nats, which is not configured`},
+		{[]Header{h("delay-cancel", "maybe")}, `delay-cancel must be true or false, got "maybe"`},
+	}
+	for _, tt := range tests {
+		got := Parse(kafkaMsg(tt.hs...), nil)
+		if got.Detail != tt.want {
+			t.Errorf("detail %q\n      want %q", got.Detail, tt.want)
+		}
+	}
+}
+
+func TestDeadLetter(t *testing.T) {
+	m := kafkaMsg(h("delay-after", "1s"), h("delay-target", "nats:orders.x"), h("app", "1"), h("delay-error", "stale"))
+	task := Parse(m, &Rules{DLQ: "delay.dlq", Transports: both})
+	task.Attempts = 10
+	orig := dump(task)
+	got := DeadLetter(&task, CodePublishFailed, "publish to nats:orders.x failed 10 times: no responders")
+	if dump(task) != orig {
+		t.Fatal("DeadLetter modified its input")
+	}
+	want := task
+	want.Kind = KindDeadLetter
+	want.Transport = TransportKafka
+	want.Target = "delay.dlq"
+	want.Attempts = 0
+	want.Code = CodePublishFailed
+	want.Detail = "publish to nats:orders.x failed 10 times: no responders"
+	want.Headers = []Header{
+		h("app", "1"),
+		h("delay-id", "order-1"),
+		h("delay-origin", "kafka:delay/3@42"),
+		h("delay-due", FormatDue(nowMs+1000)),
+		h("delay-error", "publish-failed"),
+		h("delay-error-detail", want.Detail),
+	}
+	if !equalTask(got, want) {
+		t.Fatalf("got  %s\nwant %s", dump(got), dump(want))
+	}
+
+	// A task without delay-origin (e.g. built by hand) gets one.
+	bare := Task{Kind: KindSchedule, ID: "x", Origin: "nats:S#1", DLQTransport: TransportNATS, DLQ: "dlq"}
+	got = DeadLetter(&bare, CodePublishFailed, "d")
+	if header(got.Headers, HeaderOrigin) != "nats:S#1" || got.Transport != TransportNATS || got.Target != "dlq" {
+		t.Fatalf("bare: %s", dump(got))
+	}
+}
+
+func TestParseDelay(t *testing.T) {
+	tests := []struct {
+		in   string
+		want time.Duration
+		err  bool
+	}{
+		{in: "365d", want: 365 * 24 * time.Hour},
+		{in: "2d12h", want: 60 * time.Hour},
+		{in: "90s", want: 90 * time.Second},
+		{in: "1h30m", want: 90 * time.Minute},
+		{in: "500us", want: 500 * time.Microsecond},
+		{in: "1500", want: 1500 * time.Millisecond},
+		{in: "0", want: 0},
+		{in: "106751d", want: 106751 * 24 * time.Hour},
+		{in: "106752d", err: true},
+		{in: "106751d23h59m59s", err: true},
+		{in: "9223372036854775807", err: true},
+		{in: "99999999999999999999d", err: true},
+		{in: "-1s", err: true},
+		{in: "-1d", err: true},
+		{in: "", err: true},
+		{in: "d", err: true},
+		{in: "1w", err: true},
+		{in: "1d-1h", err: true},
+	}
+	for _, tt := range tests {
+		got, err := ParseDelay(tt.in)
+		if tt.err {
+			if err == nil || !errors.Is(err, ErrBadDelay) {
+				t.Errorf("ParseDelay(%q) = %v, %v; want an ErrBadDelay", tt.in, got, err)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("ParseDelay(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
+		}
+	}
+}
+
+func TestParseTargetFunc(t *testing.T) {
+	tr, name, err := ParseTarget("nats:a.b", TransportKafka)
+	if err != nil || tr != TransportNATS || name != "a.b" {
+		t.Fatalf("got %v %q %v", tr, name, err)
+	}
+	if _, _, err := ParseTarget("a b", TransportKafka); !errors.Is(err, ErrBadTarget) {
+		t.Fatalf("err %v, want ErrBadTarget", err)
+	}
+	if _, _, err := ParseTarget("x", 0); !errors.Is(err, ErrBadTarget) {
+		t.Fatalf("unknown own transport: err %v", err)
+	}
+}
+
+func TestFormatDue(t *testing.T) {
+	for ms, want := range map[int64]string{
+		0:                                  "1970-01-01T00:00:00.000Z",
+		mustMs("2026-11-22T15:04:05.123Z"): "2026-11-22T15:04:05.123Z",
+		MaxDue:                             "9999-12-31T23:59:59.999Z",
+		1:                                  "1970-01-01T00:00:00.001Z",
+	} {
+		if got := FormatDue(ms); got != want {
+			t.Errorf("FormatDue(%d) = %q, want %q", ms, got, want)
+		}
+	}
+}
+
+func TestCodesComplete(t *testing.T) {
+	seen := map[Code]bool{}
+	for _, c := range Codes {
+		if seen[c] {
+			t.Fatalf("duplicate code %s", c)
+		}
+		seen[c] = true
+	}
+	if len(Codes) != 9 {
+		t.Fatalf("%d codes, CONTRACT §3 has 9", len(Codes))
+	}
+}
+
+func wantDeadLetter(t *testing.T, got Task, code Code) {
+	t.Helper()
+	if got.Kind != KindDeadLetter || got.Code != code {
+		t.Fatalf("got %v code %q (%s), want dead letter %q", got.Kind, got.Code, got.Detail, code)
+	}
+	if got.Detail == "" {
+		t.Fatal("dead letter without detail")
+	}
+	if v := header(got.Headers, HeaderError); v != string(code) {
+		t.Fatalf("delay-error %q, want %q", v, code)
+	}
+	if v := header(got.Headers, HeaderErrorDetail); v != got.Detail {
+		t.Fatalf("delay-error-detail %q, want %q", v, got.Detail)
+	}
+	if v := header(got.Headers, HeaderOrigin); v != got.Origin || v == "" {
+		t.Fatalf("delay-origin %q, want %q", v, got.Origin)
+	}
+}
+
+// header returns the value of the only header named k, or a marker when
+// there are none or several.
+func header(hs []Header, k string) string {
+	v, n := "", 0
+	for _, h := range hs {
+		if h.Key == k {
+			v, n = string(h.Value), n+1
+		}
+	}
+	if n != 1 {
+		return fmt.Sprintf("<%d headers %q>", n, k)
+	}
+	return v
+}
+
+// equalTask compares tasks field by field, telling nil from empty slices.
+func equalTask(a, b Task) bool { return dump(a) == dump(b) }
+
+func dump(t Task) string {
+	q := func(b []byte) string {
+		if b == nil {
+			return "nil"
+		}
+		return fmt.Sprintf("%q", b)
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "{%v id=%q src=%q origin=%q stamp=%d p=%d off=%d due=%d to=%v:%q key=%s value=%s attempts=%d dlq=%v:%q code=%q detail=%q headers=",
+		t.Kind, t.ID, t.Source, t.Origin, t.Stamp, t.Partition, t.Offset, t.Due, t.Transport, t.Target,
+		q(t.Key), q(t.Value), t.Attempts, t.DLQTransport, t.DLQ, t.Code, t.Detail)
+	if t.Headers == nil {
+		sb.WriteString("nil")
+	}
+	for _, h := range t.Headers {
+		fmt.Fprintf(&sb, "[%q=%s]", h.Key, q(h.Value))
+	}
+	sb.WriteString("}")
+	return sb.String()
+}
+
