@@ -676,4 +676,3 @@ func dump(t Task) string {
 	sb.WriteString("}")
 	return sb.String()
 }
-
