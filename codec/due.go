@@ -33,8 +33,40 @@ func FormatDue(ms int64) string {
 	return string(appendDue(nil, ms))
 }
 
+// appendDue is FormatDue without the allocation. It writes the digits by
+// hand because time.AppendFormat interprets the layout on every call, which
+// was the largest single cost of Parse.
 func appendDue(dst []byte, ms int64) []byte {
-	return time.UnixMilli(ms).UTC().AppendFormat(dst, dueLayout)
+	t := time.UnixMilli(ms).UTC()
+	year, month, day := t.Date()
+	if year < 0 || year > 9999 {
+		return t.AppendFormat(dst, dueLayout)
+	}
+	hour, minute, sec := t.Clock()
+	dst = appendDigits(dst, year, 4)
+	dst = append(dst, '-')
+	dst = appendDigits(dst, int(month), 2)
+	dst = append(dst, '-')
+	dst = appendDigits(dst, day, 2)
+	dst = append(dst, 'T')
+	dst = appendDigits(dst, hour, 2)
+	dst = append(dst, ':')
+	dst = appendDigits(dst, minute, 2)
+	dst = append(dst, ':')
+	dst = appendDigits(dst, sec, 2)
+	dst = append(dst, '.')
+	dst = appendDigits(dst, t.Nanosecond()/1e6, 3)
+	return append(dst, 'Z')
+}
+
+// appendDigits writes a non-negative v in exactly width decimal digits.
+func appendDigits(dst []byte, v, width int) []byte {
+	var buf [4]byte
+	for i := width - 1; i >= 0; i-- {
+		buf[i] = byte('0' + v%10)
+		v /= 10
+	}
+	return append(dst, buf[:width]...)
 }
 
 // ParseDelay parses a relative delay as delay-after and the configuration
@@ -145,6 +177,87 @@ func splitDelay(s string) (n int64, rest time.Duration, isDays, isMs bool, err e
 		return 0, 0, false, false, badDelay("%s is negative", short(s))
 	}
 	return 0, d, false, false, nil
+}
+
+// fastDelayMs parses the common delay-after forms (integer milliseconds,
+// days, and Go durations made of integers and ASCII units) straight from
+// the header bytes. ok is false for anything else, including every error,
+// and the caller then takes the general path, which must convert the value
+// to a string: time.ParseDuration keeps its argument alive, so that string
+// would be one heap allocation per message.
+func fastDelayMs(b []byte) (ms int64, ok bool) {
+	digits := 0
+	for digits < len(b) && b[digits] >= '0' && b[digits] <= '9' {
+		digits++
+	}
+	if digits == 0 || digits > 18 { // 18 digits cannot overflow int64
+		return 0, false
+	}
+	n := int64(0)
+	for _, c := range b[:digits] {
+		n = n*10 + int64(c-'0')
+	}
+	switch {
+	case digits == len(b):
+		return n, true
+	case b[digits] == 'd':
+		rest, ok := fastDuration(b[digits+1:])
+		if !ok || n > (math.MaxInt64-rest.Milliseconds())/msPerDay {
+			return 0, false
+		}
+		return n*msPerDay + rest.Milliseconds(), true
+	}
+	d, ok := fastDuration(b)
+	if !ok || len(b) == 0 {
+		return 0, false
+	}
+	return d.Milliseconds(), true
+}
+
+// fastDuration parses a Go duration of integer components with ASCII units
+// ("1h30m", "500ms"); empty input is 0. It agrees with time.ParseDuration
+// wherever it returns ok, which FuzzFastDelay checks.
+func fastDuration(b []byte) (time.Duration, bool) {
+	var total uint64
+	for len(b) > 0 {
+		digits := 0
+		for digits < len(b) && b[digits] >= '0' && b[digits] <= '9' {
+			digits++
+		}
+		if digits == 0 || digits > 18 {
+			return 0, false
+		}
+		v := uint64(0)
+		for _, c := range b[:digits] {
+			v = v*10 + uint64(c-'0')
+		}
+		b = b[digits:]
+		var unit uint64
+		switch {
+		case len(b) >= 2 && b[0] == 'n' && b[1] == 's':
+			unit, b = uint64(time.Nanosecond), b[2:]
+		case len(b) >= 2 && b[0] == 'u' && b[1] == 's':
+			unit, b = uint64(time.Microsecond), b[2:]
+		case len(b) >= 2 && b[0] == 'm' && b[1] == 's':
+			unit, b = uint64(time.Millisecond), b[2:]
+		case len(b) >= 1 && b[0] == 's':
+			unit, b = uint64(time.Second), b[1:]
+		case len(b) >= 1 && b[0] == 'm':
+			unit, b = uint64(time.Minute), b[1:]
+		case len(b) >= 1 && b[0] == 'h':
+			unit, b = uint64(time.Hour), b[1:]
+		default:
+			return 0, false
+		}
+		if v > math.MaxInt64/unit {
+			return 0, false
+		}
+		total += v * unit
+		if total > math.MaxInt64 {
+			return 0, false
+		}
+	}
+	return time.Duration(total), true
 }
 
 // atMs parses a delay-at value: integer Unix milliseconds or RFC 3339 with

@@ -151,9 +151,13 @@ func Parse(m *Message, r *Rules) Task {
 		}
 		due = ms
 	case hasAfter:
-		d, err := delayMs(string(bytes.TrimSpace(after)))
-		if err != nil {
-			return p.deadLetter(CodeBadDue, "delay-after "+err.Error())
+		v := bytes.TrimSpace(after)
+		d, ok := fastDelayMs(v)
+		if !ok {
+			var err error
+			if d, err = delayMs(string(v)); err != nil {
+				return p.deadLetter(CodeBadDue, "delay-after "+err.Error())
+			}
 		}
 		ms, ok := addMs(p.stamp, d)
 		if !ok {
