@@ -1,0 +1,30 @@
+# The one entry point for checks; .ci/run calls `make check`, as the README says.
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+GO_FILES = $(shell git ls-files '*.go')
+
+.PHONY: check fmt vet staticcheck test test-long bench
+
+check: fmt vet staticcheck test
+
+fmt:
+	@out=$$(gofmt -l $(GO_FILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	go vet ./...
+
+staticcheck:
+	go run $(STATICCHECK) ./...
+
+# Core packages run under the race detector; broker end-to-end tests run
+# without it to keep CI inside its time budget.
+RACE_PKGS := ./codec/... ./wheel/... ./shard/... ./internal/... ./bridge/ ./bridge/kafka/... ./bridge/nats/... ./config/... ./admin/...
+test:
+	go test -race -timeout 15m $(RACE_PKGS)
+	go test -timeout 15m $$(go list ./... | grep -v -E '/(codec|wheel|shard|internal/clock|config|admin|bridge/kafka|bridge/nats)$$' | grep -v -E '/bridge$$')
+
+# Long fault and load runs (20+ kill rounds, 10 M task capacity, 1 M recovery).
+test-long:
+	DELAYBRIDGE_LONG=1 go test -timeout 60m ./...
+
+bench:
+	go test -run '^$$' -bench . -benchmem ./...
