@@ -1,0 +1,397 @@
+// Package kafka is the Kafka adapter of the bridge, built on
+// github.com/segmentio/kafka-go.
+//
+// The Source joins a consumer group with kafka-go's ConsumerGroup and
+// Generation API and runs one worker per assigned partition. A worker seeks
+// to max(committed offset, stored checkpoint + 1), fetches record batches
+// with the low-level Client.Fetch (the only kafka-go read path that tells a
+// null value from an empty one, which tombstone cancels need), hands each
+// batch to the bridge Handler and commits offset+1 only after Handle
+// returned nil and only while the generation that owns the partition is
+// alive. A failed Handle is retried with backoff, never skipped. The
+// checkpoint stored with the tasks makes ingest exactly-once into the store
+// even when the process dies between the store commit and the offset
+// commit.
+//
+// The Sink publishes a fire batch with one Writer.WriteMessages call,
+// acks=all, the Java client's murmur2 key partitioning, and no topic
+// auto-creation, so a missing target is a per-task publish error that the
+// engine retries and eventually dead-letters.
+package kafka
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	fsasl "github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/metrics"
+)
+
+// Errors callers branch on. Connection errors wrap one of these and the
+// kafka-go or crypto/tls cause.
+var (
+	// ErrConfig is wrapped by every configuration error.
+	ErrConfig = errors.New("kafka: invalid config")
+	// ErrAuth means the brokers refused the SASL credentials or mechanism.
+	// Retrying does not help; Run returns it instead of looping.
+	ErrAuth = errors.New("kafka: authentication failed")
+	// ErrTLS means the TLS handshake failed (unknown CA, wrong host name,
+	// refused client certificate, or a broker that does not speak TLS).
+	ErrTLS = errors.New("kafka: tls handshake failed")
+	// ErrUnreachable means no broker answered.
+	ErrUnreachable = errors.New("kafka: no broker reachable")
+	// ErrTooLarge is the per-task error for a record larger than the
+	// writer's batch limit.
+	ErrTooLarge = errors.New("kafka: record too large")
+	// ErrNoTopic is the per-task error for a task without a target topic.
+	ErrNoTopic = errors.New("kafka: task has no target topic")
+	// ErrRunning is returned by a second concurrent Run.
+	ErrRunning = errors.New("kafka: source already running")
+	// ErrClosed is returned by Run after Close.
+	ErrClosed = errors.New("kafka: closed")
+)
+
+// SourceConfig is one delay topic.
+type SourceConfig struct {
+	Topic string
+	Rules *codec.Rules
+}
+
+// Config configures a Source and a Sink. Zero values take the documented
+// defaults; Brokers is always required, Group and Sources for a Source.
+type Config struct {
+	Brokers  []string
+	Group    string // consumer group id
+	ClientID string // default "delaybridge"
+	Sources  []SourceConfig
+
+	TLS  *tls.Config    // nil: plaintext
+	SASL sasl.Mechanism // nil: no SASL
+
+	// Source knobs.
+	MaxBatch      int           // messages per Handle call; default 512
+	FetchMaxBytes int           // per fetch request; default 4 MiB
+	MaxWait       time.Duration // broker long-poll wait for an empty partition; default 500ms
+	// Linger is how long a worker waits for more records when a fetch
+	// returned fewer than MaxBatch, so trickling traffic still makes
+	// batches (one fsync each). Default 5ms; negative disables it.
+	Linger            time.Duration
+	HeartbeatInterval time.Duration // default 1s
+	SessionTimeout    time.Duration // default 30s
+	RebalanceTimeout  time.Duration // default 30s
+	JoinBackoff       time.Duration // wait after a failed join; default 1s
+	RetryMin          time.Duration // first backoff after a failed Handle or fetch; default 100ms
+	RetryMax          time.Duration // backoff cap; default 10s
+
+	// Sink knobs.
+	BatchTimeout  time.Duration // producer linger; default 1ms (kafka-go's 1s default would delay every fire)
+	BatchBytes    int64         // largest produce batch and record; default 1 MiB (broker message.max.bytes)
+	WriteAttempts int           // kafka-go internal attempts per produce batch; default 3
+	WriteTimeout  time.Duration // per produce request; default 10s
+
+	DialTimeout time.Duration // default 10s
+	MetadataTTL time.Duration // producer metadata cache; default 6s
+
+	Logger  *zap.Logger      // default zap.NewNop()
+	Metrics *metrics.Metrics // default: unregistered instruments
+}
+
+func (c *Config) setDefaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if c.ClientID == "" {
+		c.ClientID = "delaybridge"
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = 512
+	}
+	if c.FetchMaxBytes <= 0 {
+		c.FetchMaxBytes = 4 << 20
+	}
+	def(&c.MaxWait, 500*time.Millisecond)
+	def(&c.Linger, 5*time.Millisecond)
+	def(&c.HeartbeatInterval, time.Second)
+	def(&c.SessionTimeout, 30*time.Second)
+	def(&c.RebalanceTimeout, 30*time.Second)
+	def(&c.JoinBackoff, time.Second)
+	def(&c.RetryMin, 100*time.Millisecond)
+	def(&c.RetryMax, 10*time.Second)
+	def(&c.BatchTimeout, time.Millisecond)
+	if c.BatchBytes <= 0 {
+		c.BatchBytes = 1 << 20
+	}
+	if c.WriteAttempts <= 0 {
+		c.WriteAttempts = 3
+	}
+	def(&c.WriteTimeout, 10*time.Second)
+	def(&c.DialTimeout, 10*time.Second)
+	def(&c.MetadataTTL, 6*time.Second)
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.Metrics == nil {
+		c.Metrics = metrics.New(nil)
+	}
+}
+
+func (c *Config) validate(source bool) error {
+	if len(c.Brokers) == 0 {
+		return fmt.Errorf("%w: brokers: at least one broker address is required", ErrConfig)
+	}
+	for _, b := range c.Brokers {
+		if _, _, err := net.SplitHostPort(b); err != nil {
+			return fmt.Errorf("%w: brokers: %q is not host:port: %v", ErrConfig, b, err)
+		}
+	}
+	if c.RetryMax < c.RetryMin {
+		return fmt.Errorf("%w: retry max %s is below retry min %s", ErrConfig, c.RetryMax, c.RetryMin)
+	}
+	if !source {
+		return nil
+	}
+	if c.Group == "" {
+		return fmt.Errorf("%w: group: a consumer group id is required", ErrConfig)
+	}
+	if len(c.Sources) == 0 {
+		return fmt.Errorf("%w: sources: at least one topic is required", ErrConfig)
+	}
+	seen := make(map[string]bool, len(c.Sources))
+	for i, s := range c.Sources {
+		if s.Topic == "" {
+			return fmt.Errorf("%w: sources[%d]: topic is empty", ErrConfig, i)
+		}
+		if seen[s.Topic] {
+			return fmt.Errorf("%w: sources[%d]: topic %q listed twice", ErrConfig, i, s.Topic)
+		}
+		seen[s.Topic] = true
+	}
+	return nil
+}
+
+func (c *Config) dialer() *kafkago.Dialer {
+	return &kafkago.Dialer{
+		ClientID:      c.ClientID,
+		Timeout:       c.DialTimeout,
+		DualStack:     true,
+		TLS:           c.TLS,
+		SASLMechanism: c.SASL,
+	}
+}
+
+func (c *Config) transport() *kafkago.Transport {
+	return &kafkago.Transport{
+		ClientID:    c.ClientID,
+		DialTimeout: c.DialTimeout,
+		IdleTimeout: 5 * time.Minute,
+		MetadataTTL: c.MetadataTTL,
+		TLS:         c.TLS,
+		SASL:        c.SASL,
+	}
+}
+
+// TLSConfig builds a client TLS configuration from PEM files. caFile
+// (optional) replaces the system roots; certFile and keyFile (both or
+// neither) are the client certificate for mutual TLS; serverName overrides
+// the name checked in the broker certificate; insecure skips verification
+// and is meant for development only.
+func TLSConfig(caFile, certFile, keyFile, serverName string, insecure bool) (*tls.Config, error) {
+	cfg := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         serverName,
+		InsecureSkipVerify: insecure, //nolint:gosec // explicit operator choice
+	}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: tls ca file: %w", ErrConfig, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%w: tls ca file %s: no PEM certificate found", ErrConfig, caFile)
+		}
+		cfg.RootCAs = pool
+	}
+	switch {
+	case certFile != "" && keyFile != "":
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: tls client certificate: %w", ErrConfig, err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	case certFile != "" || keyFile != "":
+		return nil, fmt.Errorf("%w: tls: cert file and key file must be given together", ErrConfig)
+	}
+	return cfg, nil
+}
+
+// SASLMechanism builds a SASL mechanism: PLAIN, SCRAM-SHA-256 or
+// SCRAM-SHA-512 (case-insensitive). An empty mechanism means no SASL and
+// returns nil. Error messages never contain the password.
+func SASLMechanism(mechanism, user, pass string) (sasl.Mechanism, error) {
+	if mechanism == "" {
+		return nil, nil
+	}
+	if user == "" {
+		return nil, fmt.Errorf("%w: sasl %s: user is empty", ErrConfig, mechanism)
+	}
+	switch strings.ToUpper(mechanism) {
+	case "PLAIN":
+		return plain.Mechanism{Username: user, Password: pass}, nil
+	case "SCRAM-SHA-256":
+		return scramMechanism{scram.Auth{User: user, Pass: pass}.AsSha256Mechanism()}, nil
+	case "SCRAM-SHA-512":
+		return scramMechanism{scram.Auth{User: user, Pass: pass}.AsSha512Mechanism()}, nil
+	}
+	return nil, fmt.Errorf("%w: sasl mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", ErrConfig, mechanism)
+}
+
+// scramMechanism adapts franz-go's SCRAM client to kafka-go's
+// sasl.Mechanism. kafka-go's own sasl/scram package needs
+// github.com/xdg-go/scram, which is not a dependency of this module;
+// franz-go already is (kfake), and its SCRAM client uses only the standard
+// library. The two interfaces have the same shape: a client-first message,
+// then one call per server challenge until done.
+type scramMechanism struct{ m fsasl.Mechanism }
+
+func (s scramMechanism) Name() string { return s.m.Name() }
+
+func (s scramMechanism) Start(ctx context.Context) (sasl.StateMachine, []byte, error) {
+	host := ""
+	if md := sasl.MetadataFromContext(ctx); md != nil {
+		host = net.JoinHostPort(md.Host, fmt.Sprint(md.Port))
+	}
+	sess, first, err := s.m.Authenticate(ctx, host)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: start: %w", s.m.Name(), err)
+	}
+	return scramSession{sess}, first, nil
+}
+
+type scramSession struct{ s fsasl.Session }
+
+func (s scramSession) Next(_ context.Context, challenge []byte) (bool, []byte, error) {
+	return s.s.Challenge(challenge)
+}
+
+// check dials the brokers in order until one answers, authenticates, and
+// reads the partitions of topics (all topics when none are given). It
+// classifies the failure as ErrAuth, ErrTLS or ErrUnreachable.
+func check(ctx context.Context, c *Config, topics []string) error {
+	d := c.dialer()
+	var errs []error
+	for _, addr := range c.Brokers {
+		conn, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			errs = append(errs, classify(fmt.Errorf("dial %s: %w", addr, err)))
+			if ctx.Err() != nil {
+				break
+			}
+			continue
+		}
+		if dl, ok := ctx.Deadline(); ok {
+			_ = conn.SetDeadline(dl)
+		} else {
+			_ = conn.SetDeadline(time.Now().Add(c.DialTimeout))
+		}
+		_, err = conn.ReadPartitions(topics...)
+		_ = conn.Close()
+		if err != nil {
+			return classify(fmt.Errorf("kafka: read metadata from %s: %w", addr, err))
+		}
+		return nil
+	}
+	err := errors.Join(errs...)
+	if errors.Is(err, ErrAuth) || errors.Is(err, ErrTLS) {
+		return fmt.Errorf("kafka: connect: %w", err)
+	}
+	return fmt.Errorf("%w: %w", ErrUnreachable, err)
+}
+
+// classify wraps err with ErrAuth or ErrTLS when it is one of those
+// permanent failures.
+func classify(err error) error {
+	if err == nil || errors.Is(err, ErrAuth) || errors.Is(err, ErrTLS) {
+		return err
+	}
+	if fatal := fatalKind(err); fatal != nil {
+		return fmt.Errorf("%w: %w", fatal, err)
+	}
+	return err
+}
+
+func fatalKind(err error) error {
+	switch {
+	case errors.Is(err, kafkago.SASLAuthenticationFailed),
+		errors.Is(err, kafkago.UnsupportedSASLMechanism),
+		errors.Is(err, kafkago.IllegalSASLState),
+		errors.Is(err, kafkago.TopicAuthorizationFailed),
+		errors.Is(err, kafkago.GroupAuthorizationFailed),
+		errors.Is(err, kafkago.ClusterAuthorizationFailed):
+		return ErrAuth
+	}
+	var (
+		unknownCA  x509.UnknownAuthorityError
+		hostname   x509.HostnameError
+		invalid    x509.CertificateInvalidError
+		verify     *tls.CertificateVerificationError
+		header     tls.RecordHeaderError
+		alert      tls.AlertError
+		echReject  *tls.ECHRejectionError
+		sysRootErr x509.SystemRootsError
+	)
+	switch {
+	case errors.As(err, &unknownCA), errors.As(err, &hostname), errors.As(err, &invalid),
+		errors.As(err, &verify), errors.As(err, &header), errors.As(err, &alert),
+		errors.As(err, &echReject), errors.As(err, &sysRootErr):
+		return ErrTLS
+	}
+	return nil
+}
+
+// zapLogger adapts a zap logger to kafka-go's Printf-style Logger.
+func zapLogger(l *zap.Logger, level func(*zap.Logger, string)) kafkago.Logger {
+	return kafkago.LoggerFunc(func(format string, args ...any) {
+		level(l, fmt.Sprintf(format, args...))
+	})
+}
+
+func logDebug(l *zap.Logger, msg string) { l.Debug(msg) }
+func logWarn(l *zap.Logger, msg string)  { l.Warn(msg) }
+
+// backoff doubles d up to max.
+func backoff(d, maxD time.Duration) time.Duration {
+	d *= 2
+	if d > maxD || d <= 0 {
+		return maxD
+	}
+	return d
+}
+
+// sleep waits d or until ctx ends; it reports whether the wait completed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

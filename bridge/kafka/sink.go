@@ -1,0 +1,209 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/metrics"
+	"github.com/delaybridge/delaybridge/shard"
+)
+
+// Sink publishes fired tasks to Kafka topics. It implements shard.Sink.
+type Sink struct {
+	cfg       Config
+	w         *kafkago.Writer
+	transport *kafkago.Transport
+	log       *zap.Logger
+	m         *metrics.Metrics
+}
+
+var _ shard.Sink = (*Sink)(nil)
+
+// NewSink validates cfg and builds a Sink. It does no I/O; Check connects.
+func NewSink(cfg Config) (*Sink, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(false); err != nil {
+		return nil, err
+	}
+	s := &Sink{
+		cfg:       cfg,
+		transport: cfg.transport(),
+		log:       cfg.Logger.With(zap.String("component", "kafka-sink")),
+		m:         cfg.Metrics,
+	}
+	s.w = newWriter(&cfg, s.transport, s.log)
+	return s, nil
+}
+
+// newWriter is the producer shared by the Sink and RawPipe.
+func newWriter(cfg *Config, t *kafkago.Transport, log *zap.Logger) *kafkago.Writer {
+	return &kafkago.Writer{
+		Addr: kafkago.TCP(cfg.Brokers...),
+		// Java's default partitioner for keyed records (murmur2 of the
+		// key). Records without a key go to a random partition: keeping
+		// them on one (Consistent) would make a hot partition.
+		Balancer:               &kafkago.Murmur2Balancer{},
+		MaxAttempts:            cfg.WriteAttempts,
+		WriteBackoffMin:        10 * time.Millisecond,
+		WriteBackoffMax:        250 * time.Millisecond,
+		BatchSize:              cfg.MaxBatch,
+		BatchBytes:             cfg.BatchBytes,
+		BatchTimeout:           cfg.BatchTimeout,
+		WriteTimeout:           cfg.WriteTimeout,
+		ReadTimeout:            cfg.WriteTimeout,
+		RequiredAcks:           kafkago.RequireAll,
+		AllowAutoTopicCreation: false,
+		Transport:              t,
+		ErrorLogger:            zapLogger(log, logDebug),
+	}
+}
+
+// Check connects to the brokers and authenticates (see Source.Check).
+func (s *Sink) Check(ctx context.Context) error {
+	return check(ctx, &s.cfg, nil)
+}
+
+// Close flushes and closes the producer.
+func (s *Sink) Close() error {
+	err := s.w.Close()
+	s.transport.CloseIdleConnections()
+	if err != nil {
+		return fmt.Errorf("kafka: close writer: %w", err)
+	}
+	return nil
+}
+
+// Deliver publishes the batch with one WriteMessages call (acks=all) and
+// returns nil when every record was acknowledged, otherwise the error of
+// each task. A task whose topic does not exist fails alone: kafka-go fails
+// a whole call on a metadata error, so the batch is then split by topic.
+//
+// kafka-go keeps writing a batch in the background after ctx ends, so a
+// cancelled Deliver may still publish (at-least-once, as the contract
+// allows).
+func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
+	if len(batch) == 0 {
+		return nil
+	}
+	start := time.Now()
+	msgs := make([]kafkago.Message, len(batch))
+	errs := make([]error, len(batch))
+	idx := make([]int, 0, len(batch))
+	for i, t := range batch {
+		msgs[i] = toKafkaMessage(t, start)
+		switch {
+		case t.Target == "":
+			errs[i] = ErrNoTopic
+		case int64(recordSize(&msgs[i])) > s.cfg.BatchBytes:
+			errs[i] = fmt.Errorf("%w: %d bytes to %q, limit %d: %w", ErrTooLarge,
+				recordSize(&msgs[i]), t.Target, s.cfg.BatchBytes, kafkago.MessageSizeTooLarge)
+		default:
+			idx = append(idx, i)
+		}
+	}
+	s.write(ctx, msgs, idx, errs, true)
+	s.m.PublishSeconds.WithLabelValues(codec.TransportKafka.String()).Observe(time.Since(start).Seconds())
+	for _, err := range errs {
+		if err != nil {
+			return errs
+		}
+	}
+	return nil
+}
+
+// write sends msgs[idx] in one call and records per-message errors.
+func (s *Sink) write(ctx context.Context, msgs []kafkago.Message, idx []int, errs []error, split bool) {
+	if len(idx) == 0 {
+		return
+	}
+	sub := make([]kafkago.Message, len(idx))
+	for j, i := range idx {
+		sub[j] = msgs[i]
+	}
+	err := s.w.WriteMessages(ctx, sub...)
+	if err == nil {
+		return
+	}
+	var werrs kafkago.WriteErrors
+	if errors.As(err, &werrs) && len(werrs) == len(idx) {
+		for j, e := range werrs {
+			if e != nil {
+				errs[idx[j]] = publishError(msgs[idx[j]].Topic, e)
+			}
+		}
+		return
+	}
+	// A whole-call failure: a metadata error for one topic (missing
+	// topic), a cancelled ctx, or no broker. Retry topic by topic so only
+	// the tasks of a bad topic fail.
+	byTopic := make(map[string][]int)
+	var order []string
+	for _, i := range idx {
+		t := msgs[i].Topic
+		if _, ok := byTopic[t]; !ok {
+			order = append(order, t)
+		}
+		byTopic[t] = append(byTopic[t], i)
+	}
+	if !split || len(order) == 1 || ctx.Err() != nil {
+		for _, i := range idx {
+			errs[i] = publishError(msgs[i].Topic, err)
+		}
+		return
+	}
+	for _, t := range order {
+		s.write(ctx, msgs, byTopic[t], errs, false)
+	}
+}
+
+func publishError(topic string, err error) error {
+	return fmt.Errorf("kafka: publish to %q: %w", topic, classify(err))
+}
+
+func toKafkaMessage(t *codec.Task, now time.Time) kafkago.Message {
+	var headers []kafkago.Header
+	if len(t.Headers) > 0 {
+		headers = make([]kafkago.Header, len(t.Headers))
+		for i, h := range t.Headers {
+			headers[i] = kafkago.Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	return kafkago.Message{
+		Topic:   t.Target,
+		Key:     t.Key,
+		Value:   t.Value,
+		Headers: headers,
+		Time:    now,
+	}
+}
+
+// recordSize is kafka-go's size estimate of a message (Message.totalSize,
+// unexported), which WriteMessages compares with BatchBytes. Checking it
+// first keeps one oversized task from failing the whole call with
+// MessageTooLargeError.
+func recordSize(m *kafkago.Message) int {
+	n := 4 + 1 + 1 + 4 + len(m.Key) + 4 + len(m.Value) + 8
+	n += varintLen(int64(len(m.Headers)))
+	for _, h := range m.Headers {
+		n += varintLen(int64(len(h.Key))) + len(h.Key)
+		n += varintLen(int64(len(h.Value))) + len(h.Value)
+	}
+	return n
+}
+
+// varintLen is the length of a zig-zag varint.
+func varintLen(v int64) int {
+	u := uint64((v << 1) ^ (v >> 63))
+	n := 1
+	for u >= 0x80 {
+		u >>= 7
+		n++
+	}
+	return n
+}

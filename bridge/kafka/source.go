@@ -1,0 +1,567 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/bridge"
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/shard"
+)
+
+// Source consumes the configured delay topics as a member of a consumer
+// group. It implements bridge.Source and bridge.Healther.
+type Source struct {
+	cfg    Config
+	topics []string
+	rules  map[string]*codec.Rules
+	log    *zap.Logger
+
+	transport *kafkago.Transport
+	client    *kafkago.Client
+
+	mu      sync.Mutex
+	health  map[string]error // "group" or a checkpoint key -> last error
+	running bool
+
+	closeOnce sync.Once
+	closed    chan struct{}
+	runDone   chan struct{} // closed when the running Run returns
+}
+
+var (
+	_ bridge.Source   = (*Source)(nil)
+	_ bridge.Healther = (*Source)(nil)
+)
+
+// NewSource validates cfg and builds a Source. It does no I/O; Check and Run
+// connect.
+func NewSource(cfg Config) (*Source, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(true); err != nil {
+		return nil, err
+	}
+	s := &Source{
+		cfg:    cfg,
+		rules:  make(map[string]*codec.Rules, len(cfg.Sources)),
+		log:    cfg.Logger.With(zap.String("component", "kafka-source"), zap.String("group", cfg.Group)),
+		health: make(map[string]error),
+		closed: make(chan struct{}),
+	}
+	for _, sc := range cfg.Sources {
+		s.topics = append(s.topics, sc.Topic)
+		s.rules[sc.Topic] = sc.Rules
+	}
+	s.transport = cfg.transport()
+	s.client = &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: s.transport}
+	return s, nil
+}
+
+// CheckpointKey is the store checkpoint key of a topic partition.
+func CheckpointKey(topic string, partition int) string {
+	return "kafka|" + topic + "|" + strconv.Itoa(partition)
+}
+
+// Check connects to the brokers, authenticates and reads the metadata of
+// the source topics. Wrong credentials wrap ErrAuth, TLS failures ErrTLS,
+// no answering broker ErrUnreachable.
+func (s *Source) Check(ctx context.Context) error {
+	return check(ctx, &s.cfg, s.topics)
+}
+
+// Health reports why the source cannot make progress (group join failing,
+// fetches failing), or nil.
+func (s *Source) Health() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys := make([]string, 0, len(s.health))
+	for k := range s.health {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var errs []error
+	for _, k := range keys {
+		errs = append(errs, s.health[k])
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Source) setHealth(key string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil {
+		delete(s.health, key)
+		return
+	}
+	s.health[key] = err
+}
+
+// Close stops Run and waits for it to return. It is safe to call more than
+// once and without Run.
+func (s *Source) Close() error {
+	s.closeOnce.Do(func() { close(s.closed) })
+	s.mu.Lock()
+	done := s.runDone
+	s.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+	s.transport.CloseIdleConnections()
+	return nil
+}
+
+// Run consumes until ctx is cancelled or Close is called, then leaves the
+// group and returns nil. It returns an error at once when the configuration
+// is refused by the brokers (ErrAuth, ErrTLS); an unreachable broker is
+// retried and reported by Health.
+func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
+	s.mu.Lock()
+	if s.running {
+		s.mu.Unlock()
+		return ErrRunning
+	}
+	select {
+	case <-s.closed:
+		s.mu.Unlock()
+		return ErrClosed
+	default:
+	}
+	s.running = true
+	s.runDone = make(chan struct{})
+	done := s.runDone
+	s.mu.Unlock()
+	defer close(done)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.closed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+
+	if err := s.Check(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, ErrAuth) || errors.Is(err, ErrTLS) {
+			return err
+		}
+		s.setHealth("group", err)
+		s.log.Warn("kafka brokers not ready; retrying", zap.Error(err))
+	}
+
+	cg, err := kafkago.NewConsumerGroup(kafkago.ConsumerGroupConfig{
+		ID:                    s.cfg.Group,
+		Brokers:               s.cfg.Brokers,
+		Dialer:                s.cfg.dialer(),
+		Topics:                s.topics,
+		HeartbeatInterval:     s.cfg.HeartbeatInterval,
+		SessionTimeout:        s.cfg.SessionTimeout,
+		RebalanceTimeout:      s.cfg.RebalanceTimeout,
+		JoinGroupBackoff:      s.cfg.JoinBackoff,
+		WatchPartitionChanges: true,
+		StartOffset:           kafkago.FirstOffset,
+		Timeout:               s.cfg.DialTimeout,
+		Logger:                zapLogger(s.log, logDebug),
+		ErrorLogger:           zapLogger(s.log, logWarn),
+	})
+	if err != nil {
+		return fmt.Errorf("%w: consumer group: %w", ErrConfig, err)
+	}
+	// Close ends the current generation, waits for the partition workers
+	// (they watch ctx) and leaves the group.
+	defer func() { _ = cg.Close() }()
+
+	for {
+		gen, err := cg.Next(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			err = classify(err)
+			s.setHealth("group", fmt.Errorf("kafka: join group %q: %w", s.cfg.Group, err))
+			for _, t := range s.topics {
+				s.cfg.Metrics.SourceErrors.WithLabelValues(t).Inc()
+			}
+			s.log.Warn("join group failed; retrying", zap.Error(err))
+			continue
+		}
+		s.setHealth("group", nil)
+		s.log.Info("joined group", zap.Int32("generation", gen.ID),
+			zap.String("member", gen.MemberID), zap.Any("assignments", assignmentsOf(gen)))
+		for topic, parts := range gen.Assignments {
+			for _, pa := range parts {
+				gen.Start(func(gctx context.Context) {
+					s.runPartition(ctx, gctx, gen, h, topic, pa)
+				})
+			}
+		}
+	}
+}
+
+func assignmentsOf(gen *kafkago.Generation) map[string][]int {
+	out := make(map[string][]int, len(gen.Assignments))
+	for t, ps := range gen.Assignments {
+		for _, p := range ps {
+			out[t] = append(out[t], p.ID)
+		}
+		slices.Sort(out[t])
+	}
+	return out
+}
+
+// fetched is a batch ready for the handler, with the offset to commit after
+// it was handled.
+type fetched struct {
+	batch *bridge.Batch
+	next  int64 // last offset + 1
+}
+
+// runPartition owns one partition for one generation. It returns when the
+// generation ends or ctx is cancelled; in kafka-go, a returning Start
+// function ends the generation, so it never returns for any other reason.
+func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation, h bridge.Handler, topic string, pa kafkago.PartitionAssignment) {
+	key := CheckpointKey(topic, pa.ID)
+	log := s.log.With(zap.String("topic", topic), zap.Int("partition", pa.ID), zap.Int32("generation", gen.ID))
+
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(gctx, cancel)
+	defer stop()
+
+	start, ok := s.startOffset(wctx, h, key, pa.Offset, log)
+	if !ok {
+		return
+	}
+	log.Debug("partition assigned", zap.Int64("committed", pa.Offset), zap.Int64("start", start))
+
+	out := make(chan fetched, 1)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(out)
+		s.fetchLoop(wctx, topic, pa.ID, start, out, log)
+	}()
+	defer func() {
+		cancel()
+		wg.Wait()
+		s.setHealth(key, nil)
+	}()
+
+	for f := range out {
+		if !s.handle(wctx, h, f.batch, log) {
+			return // ctx or generation ended before the batch was stored
+		}
+		// The batch is durable. Commit only while this generation owns the
+		// partition: after it ended the partition may belong to another
+		// member, and the stored checkpoint covers us if it comes back.
+		if gctx.Err() != nil {
+			return
+		}
+		if err := gen.CommitOffsets(map[string]map[int]int64{topic: {pa.ID: f.next}}); err != nil {
+			s.cfg.Metrics.SourceErrors.WithLabelValues(topic).Inc()
+			if gctx.Err() != nil || errors.Is(err, kafkago.RebalanceInProgress) ||
+				errors.Is(err, kafkago.IllegalGeneration) || errors.Is(err, kafkago.UnknownMemberId) {
+				log.Info("generation ended; offset not committed", zap.Int64("offset", f.next), zap.Error(err))
+				return
+			}
+			// The next commit covers this one; the checkpoint covers a crash.
+			log.Warn("offset commit failed", zap.Int64("offset", f.next), zap.Error(err))
+		}
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// startOffset is max(committed, stored checkpoint + 1). A failing
+// Checkpoint is retried: starting without it could ingest twice.
+func (s *Source) startOffset(ctx context.Context, h bridge.Handler, key string, committed int64, log *zap.Logger) (int64, bool) {
+	wait := s.cfg.RetryMin
+	for {
+		stored, ok, err := h.Checkpoint(key)
+		if err == nil {
+			if ok && stored+1 > committed {
+				return stored + 1, true
+			}
+			return committed, true
+		}
+		log.Warn("read checkpoint failed; retrying", zap.Error(err))
+		s.setHealth(key, fmt.Errorf("kafka: checkpoint %s: %w", key, err))
+		if !sleep(ctx, wait) {
+			return 0, false
+		}
+		wait = backoff(wait, s.cfg.RetryMax)
+	}
+}
+
+// handle calls Handle until it succeeds; false means ctx ended first.
+func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, log *zap.Logger) bool {
+	wait := s.cfg.RetryMin
+	for {
+		err := h.Handle(ctx, b)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		cp := b.Checkpoints[0]
+		s.cfg.Metrics.SourceErrors.WithLabelValues(b.Items[0].Msg.Source).Inc()
+		log.Warn("handle failed; retrying the same batch", zap.Int("messages", len(b.Items)),
+			zap.Int64("last_offset", cp.Offset), zap.Duration("backoff", wait), zap.Error(err))
+		if !sleep(ctx, wait) {
+			return false
+		}
+		wait = backoff(wait, s.cfg.RetryMax)
+	}
+}
+
+// fetchLoop reads the partition from offset and sends batches of at most
+// MaxBatch messages to out until ctx ends. It runs one batch ahead of the
+// handler, so fetching overlaps the store commit. When it has caught up
+// with the log it lingers once for more records, so trickling traffic still
+// makes batches (one fsync each) instead of one message per batch.
+func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, offset int64, out chan<- fetched, log *zap.Logger) {
+	key := CheckpointKey(topic, partition)
+	rules := s.rules[topic]
+	lag := s.cfg.Metrics.SourceLag.WithLabelValues(topic, strconv.Itoa(partition))
+	wait := s.cfg.RetryMin
+	var pending []bridge.Item
+	for ctx.Err() == nil {
+		lingered := len(pending) > 0
+		maxWait := s.cfg.MaxWait
+		if lingered {
+			maxWait = s.cfg.Linger
+		}
+		var hw int64
+		var err error
+		pending, offset, hw, err = s.fetch(ctx, topic, partition, offset, maxWait, rules, pending)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil && errors.Is(err, kafkago.OffsetOutOfRange) && len(pending) == 0:
+			if reset, rerr := s.resetOffset(ctx, topic, partition, offset, log); rerr == nil {
+				offset = reset
+				continue
+			}
+			fallthrough
+		case err != nil:
+			s.setHealth(key, fmt.Errorf("kafka: fetch %s/%d: %w", topic, partition, classify(err)))
+			s.cfg.Metrics.SourceErrors.WithLabelValues(topic).Inc()
+			log.Warn("fetch failed; retrying", zap.Int64("offset", offset), zap.Duration("backoff", wait), zap.Error(err))
+			if len(pending) > 0 {
+				break // hand over what we have, then retry
+			}
+			if !sleep(ctx, wait) {
+				return
+			}
+			wait = backoff(wait, s.cfg.RetryMax)
+			continue
+		default:
+			wait = s.cfg.RetryMin
+			s.setHealth(key, nil)
+			if hw >= 0 && offset >= 0 {
+				lag.Set(float64(max(hw-offset, 0)))
+			}
+		}
+		if len(pending) == 0 {
+			continue
+		}
+		caughtUp := err == nil && hw >= 0 && offset >= hw
+		if !lingered && caughtUp && s.cfg.Linger > 0 && len(pending) < s.cfg.MaxBatch {
+			continue
+		}
+		for len(pending) > 0 {
+			n := min(len(pending), s.cfg.MaxBatch)
+			items := pending[:n:n]
+			pending = pending[n:]
+			last := items[n-1].Msg.Offset
+			f := fetched{
+				batch: &bridge.Batch{Items: items, Checkpoints: []shard.Checkpoint{{Key: key, Offset: last}}},
+				next:  last + 1,
+			}
+			select {
+			case out <- f:
+			case <-ctx.Done():
+				return
+			}
+		}
+		pending = nil
+	}
+}
+
+// fetch reads one fetch response into items. It returns the next offset to
+// fetch and the high watermark (-1 when unknown).
+func (s *Source) fetch(ctx context.Context, topic string, partition int, offset int64, maxWait time.Duration,
+	rules *codec.Rules, items []bridge.Item) ([]bridge.Item, int64, int64, error) {
+	return fetchItems(ctx, s.client, &s.cfg, topic, partition, offset, maxWait, rules, items)
+}
+
+func fetchItems(ctx context.Context, client *kafkago.Client, cfg *Config, topic string, partition int, offset int64,
+	maxWait time.Duration, rules *codec.Rules, items []bridge.Item) ([]bridge.Item, int64, int64, error) {
+	// Bound the round trip: kafka-go's transport has no read timeout of
+	// its own, and a silent broker must not hang the partition.
+	ctx, cancel := context.WithTimeout(ctx, 2*maxWait+cfg.DialTimeout)
+	defer cancel()
+	resp, err := client.Fetch(ctx, &kafkago.FetchRequest{
+		Topic:          topic,
+		Partition:      partition,
+		Offset:         offset,
+		MinBytes:       1,
+		MaxBytes:       int64(cfg.FetchMaxBytes),
+		MaxWait:        maxWait,
+		IsolationLevel: kafkago.ReadCommitted,
+	})
+	if err != nil {
+		return items, offset, -1, err
+	}
+	if resp.Error != nil {
+		return items, offset, -1, resp.Error
+	}
+	items, next, err := decodeRecords(resp.Records, topic, partition, offset, rules, items)
+	if err != nil {
+		return items, next, -1, fmt.Errorf("decode fetch response: %w", err)
+	}
+	return items, next, resp.HighWatermark, nil
+}
+
+// decodeRecords appends the records at or after offset. Control batches
+// (transaction markers) are skipped but move the offset past them, or a
+// partition ending in a marker would be fetched forever.
+func decodeRecords(rr kafkago.RecordReader, topic string, partition int, offset int64, rules *codec.Rules, items []bridge.Item) ([]bridge.Item, int64, error) {
+	readers := []kafkago.RecordReader{rr}
+	if st, ok := rr.(*protocol.RecordStream); ok {
+		readers = st.Records
+	}
+	next, before := offset, len(items)
+	for _, r := range readers {
+		_, control := r.(*protocol.ControlBatch)
+		for {
+			rec, err := r.ReadRecord()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				if len(items) > before {
+					return items, next, nil // the rest is fetched again
+				}
+				return items, next, err
+			}
+			if rec.Offset < offset {
+				closeBytes(rec)
+				continue
+			}
+			if rec.Offset >= next {
+				next = rec.Offset + 1
+			}
+			if control {
+				closeBytes(rec)
+				continue
+			}
+			msg, err := toMessage(rec, topic, partition)
+			if err != nil {
+				return items, rec.Offset, err
+			}
+			items = append(items, bridge.Item{Msg: msg, Rules: rules})
+		}
+	}
+	return items, next, nil
+}
+
+func closeBytes(rec *kafkago.Record) {
+	if rec.Key != nil {
+		_ = rec.Key.Close()
+	}
+	if rec.Value != nil {
+		_ = rec.Value.Close()
+	}
+}
+
+// toMessage converts a fetched record. A null value (length -1 on the wire)
+// arrives as a nil Bytes and becomes a tombstone; an empty value stays an
+// empty, non-nil slice.
+func toMessage(rec *kafkago.Record, topic string, partition int) (codec.Message, error) {
+	defer closeBytes(rec)
+	key, err := kafkago.ReadAll(rec.Key)
+	if err != nil {
+		return codec.Message{}, fmt.Errorf("read key at offset %d: %w", rec.Offset, err)
+	}
+	value, err := kafkago.ReadAll(rec.Value)
+	if err != nil {
+		return codec.Message{}, fmt.Errorf("read value at offset %d: %w", rec.Offset, err)
+	}
+	var headers []codec.Header
+	if len(rec.Headers) > 0 {
+		headers = make([]codec.Header, len(rec.Headers))
+		for i, hd := range rec.Headers {
+			headers[i] = codec.Header{Key: hd.Key, Value: hd.Value}
+		}
+	}
+	return codec.Message{
+		Transport: codec.TransportKafka,
+		Source:    topic,
+		Partition: int32(partition),
+		Offset:    rec.Offset,
+		Key:       key,
+		Value:     value,
+		Tombstone: rec.Value == nil,
+		Headers:   headers,
+		Time:      rec.Time,
+	}, nil
+}
+
+// resetOffset moves an out-of-range offset to the nearest end of the log:
+// below the log start (retention deleted the data) to the first offset,
+// past the end (topic recreated) to the last.
+func (s *Source) resetOffset(ctx context.Context, topic string, partition int, offset int64, log *zap.Logger) (int64, error) {
+	resp, err := s.client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{
+		Topics: map[string][]kafkago.OffsetRequest{topic: {
+			kafkago.FirstOffsetOf(partition), kafkago.LastOffsetOf(partition),
+		}},
+	})
+	if err != nil {
+		return offset, fmt.Errorf("list offsets: %w", err)
+	}
+	first, last := int64(-1), int64(-1)
+	for _, p := range resp.Topics[topic] {
+		if p.Partition != partition {
+			continue
+		}
+		if p.Error != nil {
+			return offset, fmt.Errorf("list offsets: %w", p.Error)
+		}
+		if p.FirstOffset >= 0 {
+			first = p.FirstOffset
+		}
+		if p.LastOffset >= 0 {
+			last = p.LastOffset
+		}
+	}
+	reset := offset
+	switch {
+	case first >= 0 && offset < first:
+		reset = first
+	case last >= 0 && offset > last:
+		reset = last
+	default:
+		return offset, fmt.Errorf("offset %d not out of range [%d, %d]", offset, first, last)
+	}
+	log.Error("fetch offset out of range; resetting", zap.Int64("offset", offset),
+		zap.Int64("log_start", first), zap.Int64("log_end", last), zap.Int64("reset_to", reset))
+	return reset, nil
+}

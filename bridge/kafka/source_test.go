@@ -1,0 +1,257 @@
+package kafka
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/delaybridge/delaybridge/bridge"
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+func TestSourceConvertsAndCommits(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(2, "delay"))
+	cl := producer(t, c)
+	before := time.Now().Add(-time.Second)
+	produce(t, cl,
+		&kgo.Record{Topic: "delay", Partition: 0, Key: []byte("a"), Value: []byte("one"),
+			Headers: []kgo.RecordHeader{{Key: "delay-after", Value: []byte("1s")}, {Key: "x", Value: []byte("1")}, {Key: "x", Value: []byte("2")}}},
+		&kgo.Record{Topic: "delay", Partition: 0, Key: []byte("b"), Value: nil},      // tombstone
+		&kgo.Record{Topic: "delay", Partition: 0, Key: []byte("c"), Value: []byte{}}, // empty, not a tombstone
+		&kgo.Record{Topic: "delay", Partition: 1, Key: nil, Value: []byte("two")},
+	)
+	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
+	rules := cfg.Sources[0].Rules
+	s, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newMemHandler()
+	stop := runSource(t, s, h)
+	waitFor(t, "4 messages", func() bool { return h.count() == 4 })
+	waitFor(t, "commits", func() bool {
+		cm := committed(c, "g", "delay")
+		return cm[0] == 3 && cm[1] == 1
+	})
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+
+	got := map[string]codec.Message{}
+	for _, m := range h.snapshot() {
+		got[fmt.Sprintf("%d@%d", m.Partition, m.Offset)] = m
+	}
+	type want struct {
+		key, value []byte
+		tombstone  bool
+		headers    []codec.Header
+	}
+	for pos, w := range map[string]want{
+		"0@0": {key: []byte("a"), value: []byte("one"), headers: []codec.Header{{Key: "delay-after", Value: []byte("1s")}, {Key: "x", Value: []byte("1")}, {Key: "x", Value: []byte("2")}}},
+		"0@1": {key: []byte("b"), value: nil, tombstone: true},
+		"0@2": {key: []byte("c"), value: []byte{}},
+		"1@0": {key: nil, value: []byte("two")},
+	} {
+		m, ok := got[pos]
+		if !ok {
+			t.Fatalf("%s not handled", pos)
+		}
+		if m.Transport != codec.TransportKafka || m.Source != "delay" {
+			t.Errorf("%s: transport %v source %q", pos, m.Transport, m.Source)
+		}
+		if !bytes.Equal(m.Key, w.key) || (m.Key == nil) != (w.key == nil) {
+			t.Errorf("%s: key %q, want %q", pos, m.Key, w.key)
+		}
+		if !bytes.Equal(m.Value, w.value) || (m.Value == nil) != (w.value == nil) {
+			t.Errorf("%s: value %q (nil %v), want %q (nil %v)", pos, m.Value, m.Value == nil, w.value, w.value == nil)
+		}
+		if m.Tombstone != w.tombstone {
+			t.Errorf("%s: tombstone %v, want %v", pos, m.Tombstone, w.tombstone)
+		}
+		if !slices.EqualFunc(m.Headers, w.headers, func(a, b codec.Header) bool { return a.Key == b.Key && bytes.Equal(a.Value, b.Value) }) {
+			t.Errorf("%s: headers %v, want %v", pos, m.Headers, w.headers)
+		}
+		if m.Time.Before(before) || m.Time.After(time.Now()) {
+			t.Errorf("%s: time %v is not the broker timestamp", pos, m.Time)
+		}
+	}
+	for i, r := range h.rules {
+		if r != rules {
+			t.Errorf("item %d: rules %p, want the source's %p", i, r, rules)
+		}
+	}
+	for _, b := range h.batches {
+		last := b.Items[len(b.Items)-1].Msg
+		if len(b.Checkpoints) != 1 || b.Checkpoints[0].Key != CheckpointKey("delay", int(last.Partition)) || b.Checkpoints[0].Offset != last.Offset {
+			t.Errorf("batch checkpoints %v, want last offset %d of its partition", b.Checkpoints, last.Offset)
+		}
+	}
+}
+
+// A failing Handle is retried with the same batch and nothing is committed:
+// a new member of the group gets the same messages again.
+func TestSourceHandleErrorRetriesWithoutCommit(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	produceN(t, producer(t, c), "delay", 1, 0, 5)
+	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
+
+	failing := newMemHandler()
+	var seen [][]int64
+	failing.setFail(func(b *bridge.Batch) error {
+		var offs []int64
+		for _, it := range b.Items {
+			offs = append(offs, it.Msg.Offset)
+		}
+		seen = append(seen, offs)
+		return errors.New("store down")
+	})
+	s1, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop1 := runSource(t, s1, failing)
+	waitFor(t, "3 attempts", func() bool {
+		failing.mu.Lock()
+		defer failing.mu.Unlock()
+		return failing.attempts >= 3
+	})
+	if err := stop1(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	failing.mu.Lock()
+	for i, offs := range seen {
+		if !slices.Equal(offs, []int64{0, 1, 2, 3, 4}) {
+			t.Errorf("attempt %d got offsets %v, want the same batch 0..4", i, offs)
+		}
+	}
+	failing.mu.Unlock()
+	if cm := committed(c, "g", "delay"); len(cm) != 0 {
+		t.Fatalf("committed %v while Handle failed", cm)
+	}
+
+	// A fresh member (fresh store) starts from the beginning.
+	good := newMemHandler()
+	s2, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop2 := runSource(t, s2, good)
+	waitFor(t, "5 messages", func() bool { return good.count() == 5 })
+	waitFor(t, "commit 5", func() bool { return committed(c, "g", "delay")[0] == 5 })
+	if err := stop2(); err != nil {
+		t.Fatal(err)
+	}
+	if offs := good.offsets("delay")[0]; !slices.Equal(offs, []int64{0, 1, 2, 3, 4}) {
+		t.Fatalf("offsets %v", offs)
+	}
+}
+
+// A failure in the middle of a run: the failed batch comes back until it
+// is stored, and the committed offset never passes the stored one.
+func TestSourceRecoversAfterHandleErrors(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	cl := producer(t, c)
+	produceN(t, cl, "delay", 1, 0, 3)
+	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
+	s, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newMemHandler()
+	stop := runSource(t, s, h)
+	waitFor(t, "3 messages", func() bool { return h.count() == 3 })
+	waitFor(t, "commit 3", func() bool { return committed(c, "g", "delay")[0] == 3 })
+
+	fails := 0
+	h.setFail(func(*bridge.Batch) error {
+		if fails < 3 {
+			fails++
+			if cm := committed(c, "g", "delay")[0]; cm != 3 {
+				t.Errorf("committed %d while the batch after offset 2 is unstored", cm)
+			}
+			return errors.New("transient")
+		}
+		return nil
+	})
+	produceN(t, cl, "delay", 1, 3, 4)
+	waitFor(t, "7 messages", func() bool { return h.count() == 7 })
+	waitFor(t, "commit 7", func() bool { return committed(c, "g", "delay")[0] == 7 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if offs := h.offsets("delay")[0]; !slices.Equal(offs, []int64{0, 1, 2, 3, 4, 5, 6}) {
+		t.Fatalf("offsets %v: want each exactly once", offs)
+	}
+}
+
+// The start offset is max(committed, stored checkpoint + 1).
+func TestSourceCheckpointSeek(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		commitTo   int64 // committed before the run (0 = none)
+		checkpoint int64 // stored checkpoint (-1 = none)
+		wantFirst  int64
+	}{
+		{name: "no commit, no checkpoint", commitTo: 0, checkpoint: -1, wantFirst: 0},
+		{name: "checkpoint ahead of no commit", commitTo: 0, checkpoint: 4, wantFirst: 5},
+		{name: "checkpoint ahead of commit", commitTo: 3, checkpoint: 6, wantFirst: 7},
+		{name: "commit ahead of checkpoint", commitTo: 6, checkpoint: 2, wantFirst: 6},
+		{name: "checkpoint at commit-1", commitTo: 5, checkpoint: 4, wantFirst: 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, kfake.SeedTopics(1, "delay"))
+			cl := producer(t, c)
+			produceN(t, cl, "delay", 1, 0, 10)
+			if tc.commitTo > 0 {
+				commitOffset(t, c, "g", "delay", 0, tc.commitTo)
+			}
+			h := newMemHandler()
+			if tc.checkpoint >= 0 {
+				h.cps[CheckpointKey("delay", 0)] = tc.checkpoint
+			}
+			s, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runSource(t, s, h)
+			want := int(10 - tc.wantFirst)
+			waitFor(t, "messages", func() bool { return h.count() == want })
+			waitFor(t, "commit 10", func() bool { return committed(c, "g", "delay")[0] == 10 })
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			offs := h.offsets("delay")[0]
+			if len(offs) != want || offs[0] != tc.wantFirst {
+				t.Fatalf("offsets %v, want %d..9", offs, tc.wantFirst)
+			}
+		})
+	}
+}
+
+// commitOffset commits an offset for an empty group with a standalone
+// OffsetCommit (generation -1), as an earlier run would have left it.
+func commitOffset(t *testing.T, c *kfake.Cluster, group, topic string, partition int32, offset int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl := &kafkago.Client{Addr: kafkago.TCP(c.ListenAddrs()...)}
+	resp, err := cl.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{
+		GroupID: group, GenerationID: -1,
+		Topics: map[string][]kafkago.OffsetCommit{topic: {{Partition: int(partition), Offset: offset}}},
+	})
+	if err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	if err := resp.Topics[topic][0].Error; err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	waitFor(t, "commit visible", func() bool { return committed(c, group, topic)[partition] == offset })
+}
