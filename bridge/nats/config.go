@@ -1,0 +1,306 @@
+// Package nats is the NATS JetStream adapter of the bridge: a Source that
+// reads the delay subjects through one durable pull consumer, and a Sink that
+// delivers due tasks with JetStream publishes acknowledged by PubAck.
+//
+// The Source acks a message only after the Handler made its batch durable,
+// and it keeps the stream sequence of the last batch as the checkpoint
+// "nats|STREAM|CONSUMER": after a crash, messages at or below the stored
+// checkpoint are acked without being handed over again, so ingest is
+// exactly-once into the store although JetStream redelivers.
+//
+// The Sink publishes a fire batch asynchronously with a bounded window and
+// waits for every PubAck. Each delivery carries Nats-Msg-Id = "<delay-id>|<delay-due>"
+// so that a target stream drops the duplicate when a task is re-published
+// after a crash (within the stream's duplicate window). A target subject that
+// no stream listens on is delivered with a core NATS publish instead: best
+// effort, without a broker acknowledgement, counted in
+// delaybridge_best_effort_deliveries_total.
+package nats
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/metrics"
+)
+
+// Errors callers branch on. They are wrapped with context; test with errors.Is.
+var (
+	// ErrConfig reports an invalid Config.
+	ErrConfig = errors.New("nats: invalid config")
+	// ErrAuth reports that the server refused the credentials at connect.
+	// The error also wraps the nats.go error (natsgo.ErrAuthorization, ...).
+	ErrAuth = errors.New("nats: authentication refused")
+	// ErrNoStream reports that the delay stream does not exist and Create
+	// is off.
+	ErrNoStream = errors.New("nats: delay stream not found")
+	// ErrNoConsumer reports that the durable consumer does not exist and
+	// Create is off.
+	ErrNoConsumer = errors.New("nats: durable consumer not found")
+	// ErrDisconnected is what Health reports while the connection is down.
+	ErrDisconnected = errors.New("nats: disconnected")
+	// ErrWrongTransport is returned by Sink.Deliver for a task that is not
+	// aimed at NATS.
+	ErrWrongTransport = errors.New("nats: task transport is not nats")
+	// ErrPublishTimeout is returned for a delivery whose PubAck did not
+	// arrive within Config.PublishTimeout.
+	ErrPublishTimeout = errors.New("nats: publish ack timeout")
+)
+
+// SourceConfig is one delay source: a subject filter on the delay stream.
+type SourceConfig struct {
+	// Subject is a NATS subject filter; it may contain * and >.
+	Subject string
+	// Rules apply to the messages whose subject matches Subject. When
+	// filters overlap, the first matching source wins.
+	Rules *codec.Rules
+}
+
+// Config configures the connection, the Source and the Sink. Zero values
+// take the defaults written next to each field.
+type Config struct {
+	URL  string // server URL(s), comma separated; default nats://127.0.0.1:4222
+	Name string // connection name shown by the server; default "delaybridge"
+
+	Stream   string // JetStream stream holding the delay subjects (Source)
+	Consumer string // durable pull consumer name (Source)
+	// Create creates the stream (or adds missing subjects to it) and
+	// creates or updates the consumer. Without it both must exist.
+	Create  bool
+	Sources []SourceConfig
+
+	// Authentication: at most one of User/Password, Token, CredsFile
+	// (JWT + nkey seed) and NkeyFile (nkey seed file).
+	User      string
+	Password  string
+	Token     string
+	CredsFile string
+	NkeyFile  string
+	TLS       *tls.Config // nil: plain TCP unless the URL says tls://
+
+	BatchSize int // max messages per Handle call; default 256
+	// Linger is how long the Source waits for more messages to fill a batch
+	// once it has one; default 2ms. It bounds the added ingest latency.
+	Linger        time.Duration
+	MaxAckPending int           // consumer max ack pending; default 20000
+	AckWait       time.Duration // consumer ack wait; default 30s (kept alive while a batch is handled)
+
+	PublishWindow  int           // publishes in flight per Deliver call; default 512
+	PublishTimeout time.Duration // max wait for the PubAcks of a Deliver call; default 10s
+	// NoStreamTTL is how long a target subject found without a stream is
+	// delivered with core NATS before JetStream is tried again; default 30s.
+	NoStreamTTL time.Duration
+
+	ConnectTimeout time.Duration // default 5s
+	ReconnectWait  time.Duration // default 1s
+
+	Logger  *zap.Logger      // default zap.NewNop()
+	Metrics *metrics.Metrics // default: unregistered instruments
+}
+
+func (c *Config) setDefaults() {
+	if c.URL == "" {
+		c.URL = natsgo.DefaultURL
+	}
+	if c.Name == "" {
+		c.Name = "delaybridge"
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 256
+	}
+	if c.Linger <= 0 {
+		c.Linger = 2 * time.Millisecond
+	}
+	if c.MaxAckPending <= 0 {
+		c.MaxAckPending = 20000
+	}
+	if c.AckWait <= 0 {
+		c.AckWait = 30 * time.Second
+	}
+	if c.PublishWindow <= 0 {
+		c.PublishWindow = 512
+	}
+	if c.PublishTimeout <= 0 {
+		c.PublishTimeout = 10 * time.Second
+	}
+	if c.NoStreamTTL <= 0 {
+		c.NoStreamTTL = 30 * time.Second
+	}
+	if c.ConnectTimeout <= 0 {
+		c.ConnectTimeout = 5 * time.Second
+	}
+	if c.ReconnectWait <= 0 {
+		c.ReconnectWait = time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.Metrics == nil {
+		c.Metrics = metrics.New(nil)
+	}
+}
+
+// validateSource checks what the Source needs beyond the connection.
+func (c *Config) validateSource() error {
+	if c.Stream == "" {
+		return fmt.Errorf("%w: stream is required", ErrConfig)
+	}
+	if strings.ContainsAny(c.Stream, ".*> \t") {
+		return fmt.Errorf("%w: stream %q: must not contain '.', '*', '>' or spaces", ErrConfig, c.Stream)
+	}
+	if c.Consumer == "" {
+		return fmt.Errorf("%w: consumer is required", ErrConfig)
+	}
+	if strings.ContainsAny(c.Consumer, ".*> \t") {
+		return fmt.Errorf("%w: consumer %q: must not contain '.', '*', '>' or spaces", ErrConfig, c.Consumer)
+	}
+	if len(c.Sources) == 0 {
+		return fmt.Errorf("%w: at least one source subject is required", ErrConfig)
+	}
+	for i, s := range c.Sources {
+		if !validFilter(s.Subject) {
+			return fmt.Errorf("%w: sources[%d].subject %q is not a valid subject filter", ErrConfig, i, s.Subject)
+		}
+	}
+	return nil
+}
+
+// options builds the nats.go connect options. Secrets go into the options
+// only, never into a log line or an error.
+func (c *Config) options() ([]natsgo.Option, error) {
+	methods := 0
+	if c.User != "" || c.Password != "" {
+		methods++
+		if c.User == "" {
+			return nil, fmt.Errorf("%w: password set without user", ErrConfig)
+		}
+	}
+	for _, set := range []bool{c.Token != "", c.CredsFile != "", c.NkeyFile != ""} {
+		if set {
+			methods++
+		}
+	}
+	if methods > 1 {
+		return nil, fmt.Errorf("%w: set only one of user/password, token, creds file and nkey file", ErrConfig)
+	}
+
+	log := c.Logger
+	opts := []natsgo.Option{
+		natsgo.Name(c.Name),
+		natsgo.Timeout(c.ConnectTimeout),
+		// After a successful start the bridge never gives up on its broker.
+		natsgo.MaxReconnects(-1),
+		natsgo.ReconnectWait(c.ReconnectWait),
+		// A credential rotated on the server must not end the connection
+		// for good: keep trying and keep saying why in the log.
+		natsgo.IgnoreAuthErrorAbort(),
+		natsgo.DisconnectErrHandler(func(nc *natsgo.Conn, err error) {
+			log.Warn("nats: disconnected", zap.String("server", redactURL(nc.ConnectedUrl())), zap.Error(err))
+		}),
+		natsgo.ReconnectHandler(func(nc *natsgo.Conn) {
+			log.Info("nats: reconnected", zap.String("server", redactURL(nc.ConnectedUrl())))
+		}),
+		natsgo.ReconnectErrHandler(func(_ *natsgo.Conn, err error) {
+			log.Warn("nats: reconnect attempt failed", zap.Error(err))
+		}),
+		natsgo.ClosedHandler(func(nc *natsgo.Conn) {
+			if err := nc.LastError(); err != nil {
+				log.Warn("nats: connection closed", zap.Error(err))
+				return
+			}
+			log.Info("nats: connection closed")
+		}),
+		natsgo.ErrorHandler(func(_ *natsgo.Conn, sub *natsgo.Subscription, err error) {
+			f := []zap.Field{zap.Error(err)}
+			if sub != nil {
+				f = append(f, zap.String("subject", sub.Subject))
+			}
+			log.Warn("nats: async error", f...)
+		}),
+	}
+	switch {
+	case c.User != "":
+		opts = append(opts, natsgo.UserInfo(c.User, c.Password))
+	case c.Token != "":
+		opts = append(opts, natsgo.Token(c.Token))
+	case c.CredsFile != "":
+		if _, err := os.Stat(c.CredsFile); err != nil {
+			return nil, fmt.Errorf("%w: creds file: %w", ErrConfig, err)
+		}
+		opts = append(opts, natsgo.UserCredentials(c.CredsFile))
+	case c.NkeyFile != "":
+		opt, err := natsgo.NkeyOptionFromSeed(c.NkeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: nkey file %s: %w", ErrConfig, c.NkeyFile, err)
+		}
+		opts = append(opts, opt)
+	}
+	if c.TLS != nil {
+		opts = append(opts, natsgo.Secure(c.TLS))
+	}
+	return opts, nil
+}
+
+// Connect opens the connection the Source and the Sink share. It fails at
+// once on an unreachable server or refused credentials (ErrAuth); after a
+// successful start it reconnects forever, logging each change.
+func Connect(cfg Config) (*natsgo.Conn, error) {
+	cfg.setDefaults()
+	opts, err := cfg.options()
+	if err != nil {
+		return nil, err
+	}
+	nc, err := natsgo.Connect(cfg.URL, opts...)
+	if err != nil {
+		if isAuthError(err) {
+			return nil, fmt.Errorf("%w: connect to %s: %w", ErrAuth, redactURL(cfg.URL), err)
+		}
+		return nil, fmt.Errorf("nats: connect to %s: %w", redactURL(cfg.URL), err)
+	}
+	cfg.Logger.Info("nats: connected", zap.String("server", redactURL(nc.ConnectedUrl())),
+		zap.String("server_id", nc.ConnectedServerId()))
+	return nc, nil
+}
+
+func isAuthError(err error) bool {
+	return errors.Is(err, natsgo.ErrAuthorization) || errors.Is(err, natsgo.ErrAuthExpired) ||
+		errors.Is(err, natsgo.ErrAuthRevoked) || errors.Is(err, natsgo.ErrAccountAuthExpired)
+}
+
+// redactURL drops user info from each URL of a comma separated list.
+func redactURL(s string) string {
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		u, err := url.Parse(p)
+		if err != nil || u.User == nil {
+			if err != nil && strings.Contains(p, "@") {
+				p = "[unparsable url]"
+			}
+			parts[i] = p
+			continue
+		}
+		u.User = nil
+		parts[i] = u.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+// connErr is the health of a connection: nil when connected.
+func connErr(nc *natsgo.Conn) error {
+	switch st := nc.Status(); st {
+	case natsgo.CONNECTED:
+		return nil
+	default:
+		return fmt.Errorf("%w: connection %s", ErrDisconnected, strings.ToLower(st.String()))
+	}
+}

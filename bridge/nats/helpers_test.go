@@ -1,0 +1,219 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/delaybridge/delaybridge/bridge"
+	"github.com/delaybridge/delaybridge/metrics"
+)
+
+// jsOptions are the options of an in-process JetStream server on a free port.
+func jsOptions(t testing.TB) *server.Options {
+	return &server.Options{
+		Host:      "127.0.0.1",
+		Port:      -1,
+		JetStream: true,
+		StoreDir:  t.TempDir(),
+		NoLog:     true,
+		NoSigs:    true,
+	}
+}
+
+// startServer starts a server and shuts it down at the end of the test.
+func startServer(t testing.TB, opts *server.Options) *server.Server {
+	t.Helper()
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatalf("new server: %v", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	return s
+}
+
+// restartServer shuts s down and starts a new server on the same port and
+// store directory.
+func restartServer(t testing.TB, s *server.Server, opts *server.Options) *server.Server {
+	t.Helper()
+	port := s.Addr().(*net.TCPAddr).Port
+	s.Shutdown()
+	s.WaitForShutdown()
+	o := opts.Clone()
+	o.Port = port
+	return startServer(t, o)
+}
+
+func serverURL(s *server.Server) string { return s.ClientURL() }
+
+// testConfig is a Config for tests: quick reconnects, a test logger and
+// fresh metrics.
+func testConfig(t testing.TB, url string) Config {
+	return Config{
+		URL:           url,
+		Stream:        "DELAY",
+		Consumer:      "bridge",
+		Sources:       []SourceConfig{{Subject: "delay.>"}},
+		ReconnectWait: 20 * time.Millisecond,
+		Logger:        zaptest.NewLogger(t),
+		Metrics:       metrics.New(prometheus.NewRegistry()),
+	}
+}
+
+func connect(t testing.TB, cfg Config) *natsgo.Conn {
+	t.Helper()
+	nc, err := Connect(cfg)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func newJS(t testing.TB, nc *natsgo.Conn) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// eventually polls cond until it holds or 15 s passed (broker effects).
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+var errHandle = errors.New("test: handle failed")
+
+// recorder is a bridge.Handler that keeps what it was handed and a
+// checkpoint store, and can be told to fail.
+type recorder struct {
+	mu      sync.Mutex
+	items   []bridge.Item
+	batches []bridge.Batch
+	cps     map[string]int64
+	fail    bool
+	calls   int
+}
+
+func newRecorder() *recorder { return &recorder{cps: map[string]int64{}} }
+
+func (r *recorder) Handle(_ context.Context, b *bridge.Batch) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls++
+	if r.fail {
+		return errHandle
+	}
+	r.items = append(r.items, slices.Clone(b.Items)...)
+	r.batches = append(r.batches, bridge.Batch{Items: slices.Clone(b.Items), Checkpoints: slices.Clone(b.Checkpoints)})
+	for _, c := range b.Checkpoints {
+		r.cps[c.Key] = max(r.cps[c.Key], c.Offset)
+	}
+	return nil
+}
+
+func (r *recorder) Checkpoint(key string) (int64, bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	off, ok := r.cps[key]
+	return off, ok, nil
+}
+
+func (r *recorder) setFail(f bool) {
+	r.mu.Lock()
+	r.fail = f
+	r.mu.Unlock()
+}
+
+func (r *recorder) numCalls() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.calls
+}
+
+func (r *recorder) seqs() []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]int64, len(r.items))
+	for i, it := range r.items {
+		out[i] = it.Msg.Offset
+	}
+	return out
+}
+
+// runSource runs src.Run in the background; the returned stop cancels it
+// and returns Run's result.
+func runSource(t testing.TB, src *Source, h bridge.Handler) (stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx, h) }()
+	var once sync.Once
+	var res error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case res = <-done:
+			case <-time.After(15 * time.Second):
+				t.Error("Run did not return after cancel")
+			}
+		})
+		return res
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+func consumerInfo(t testing.TB, js jetstream.JetStream, stream, name string) *jetstream.ConsumerInfo {
+	t.Helper()
+	c, err := js.Consumer(context.Background(), stream, name)
+	if err != nil {
+		t.Fatalf("consumer: %v", err)
+	}
+	info, err := c.Info(context.Background())
+	if err != nil {
+		t.Fatalf("consumer info: %v", err)
+	}
+	return info
+}
+
+func publish(t testing.TB, js jetstream.JetStream, subject string, data string, h natsgo.Header) *jetstream.PubAck {
+	t.Helper()
+	ack, err := js.PublishMsg(context.Background(), &natsgo.Msg{Subject: subject, Data: []byte(data), Header: h})
+	if err != nil {
+		t.Fatalf("publish %s: %v", subject, err)
+	}
+	return ack
+}

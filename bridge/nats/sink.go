@@ -1,0 +1,256 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/shard"
+)
+
+// dueLayout is delay-due's format: RFC 3339, milliseconds, UTC.
+const dueLayout = "2006-01-02T15:04:05.000Z07:00"
+
+// Sink delivers due tasks to NATS subjects. It implements shard.Sink and
+// bridge.Healther; Deliver may be called from several shards at once.
+//
+// A delivery is a JetStream publish acknowledged by a PubAck. Its
+// Nats-Msg-Id header is "<task id>|<delay-due>" (an extension of the
+// contract): when a task is delivered again after a crash, before its
+// deletion from the store was durable, a target stream with a duplicate
+// window drops the copy. The source message's own Nats-Msg-Id and other
+// JetStream publish directives (Nats-Expected-*, Nats-TTL, Nats-Rollup,
+// Nats-Schedule*, Nats-Batch-*, Nats-Incr) are not forwarded: they were
+// meant for the publish to the delay stream and would make the delivery
+// fail or change meaning.
+//
+// A target subject with no stream behind it answers "no responders". The
+// Sink then confirms with the JetStream API that no stream captures the
+// subject, remembers that for Config.NoStreamTTL and delivers there with a
+// core NATS publish followed by one flush: best effort (a subscriber that
+// is not listening misses it), counted in BestEffort. After the TTL
+// JetStream is tried again, so a stream created later gets acknowledged
+// deliveries. (A core publish on a subject a stream captures is still
+// stored by that stream, only without an acknowledgement.)
+type Sink struct {
+	nc      *natsgo.Conn
+	js      jetstream.JetStream
+	cfg     Config
+	log     *zap.Logger
+	pubOpts []jetstream.PublishOpt
+
+	mu       sync.Mutex
+	noStream map[string]time.Time // subject -> core NATS until
+	now      func() time.Time
+}
+
+var _ shard.Sink = (*Sink)(nil)
+
+// NewSink returns a Sink publishing on nc.
+func NewSink(nc *natsgo.Conn, cfg Config) (*Sink, error) {
+	cfg.setDefaults()
+	// The window bounds each Deliver call; the library-wide cap only has to
+	// be out of the way of several shards delivering at once.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(1<<16))
+	if err != nil {
+		return nil, fmt.Errorf("nats sink: jetstream context: %w", err)
+	}
+	return &Sink{
+		nc:  nc,
+		js:  js,
+		cfg: cfg,
+		log: cfg.Logger,
+		// No retries on "no responders": the Sink checks itself whether a
+		// stream exists, instead of waiting 2x250ms for every such subject.
+		pubOpts:  []jetstream.PublishOpt{jetstream.WithRetryAttempts(0), jetstream.WithStallWait(cfg.PublishTimeout)},
+		noStream: make(map[string]time.Time),
+		now:      time.Now,
+	}, nil
+}
+
+// Health is nil while the connection is up.
+func (s *Sink) Health() error { return connErr(s.nc) }
+
+// DeliveryID is the Nats-Msg-Id of a delivery: the task id (its origin when
+// it has none, as dead letters may) and its delay-due, so a redelivery of
+// the same firing is a duplicate and a later firing of the same id is not.
+func DeliveryID(t *codec.Task) string {
+	id := t.ID
+	if id == "" {
+		id = t.Origin
+	}
+	for _, h := range t.Headers {
+		if strings.EqualFold(h.Key, codec.HeaderDue) {
+			return id + "|" + string(h.Value)
+		}
+	}
+	return id + "|" + time.UnixMilli(t.Due).UTC().Format(dueLayout)
+}
+
+func (s *Sink) isNoStream(subject string, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	until, ok := s.noStream[subject]
+	if ok && now.After(until) {
+		delete(s.noStream, subject)
+		return false
+	}
+	return ok
+}
+
+// confirmNoStream asks JetStream whether a stream captures subject. True
+// means core NATS is the only way there, and is remembered for NoStreamTTL.
+func (s *Sink) confirmNoStream(ctx context.Context, subject string) (bool, error) {
+	_, err := s.js.StreamNameBySubject(ctx, subject)
+	switch {
+	case err == nil:
+		return false, nil
+	case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrJetStreamNotEnabled),
+		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount), errors.Is(err, natsgo.ErrNoResponders):
+		s.mu.Lock()
+		s.noStream[subject] = s.now().Add(s.cfg.NoStreamTTL)
+		s.mu.Unlock()
+		s.log.Info("nats sink: no stream captures target subject; delivering with core NATS (best effort)",
+			zap.String("subject", subject), zap.Duration("recheck_after", s.cfg.NoStreamTTL))
+		return true, nil
+	default:
+		return false, err
+	}
+}
+
+// Deliver publishes the batch: JetStream async publishes with at most
+// PublishWindow in flight, then waits for every PubAck (at most
+// PublishTimeout). errs[i] is nil when batch[i] was acknowledged (or, for
+// a subject without a stream, published and flushed).
+func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
+	if len(batch) == 0 {
+		return nil
+	}
+	start := time.Now()
+	errs := make([]error, len(batch))
+	failed := false
+	fail := func(i int, err error) {
+		errs[i] = err
+		failed = true
+	}
+	if err := connErr(s.nc); err != nil {
+		for i := range batch {
+			fail(i, err)
+		}
+		return errs
+	}
+	dctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
+	defer cancel()
+
+	msgs := make([]*natsgo.Msg, len(batch))
+	futs := make([]jetstream.PubAckFuture, len(batch))
+	var core []int                       // delivered with core NATS
+	var noResp []int                     // JetStream had no responders
+	window := make([]int, 0, len(batch)) // published, in order; window[head:] in flight
+	head := 0
+	now := s.now()
+
+	wait := func(i int) {
+		f := futs[i]
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			if errors.Is(err, jetstream.ErrNoStreamResponse) {
+				noResp = append(noResp, i)
+				return
+			}
+			fail(i, fmt.Errorf("nats sink: publish to %q: %w", batch[i].Target, err))
+		case <-dctx.Done():
+			fail(i, s.ctxErr(ctx, batch[i].Target))
+		}
+	}
+
+	for i, t := range batch {
+		if t.Transport != codec.TransportNATS {
+			fail(i, fmt.Errorf("%w: %s to %q", ErrWrongTransport, t.Transport, t.Target))
+			continue
+		}
+		msgs[i] = &natsgo.Msg{Subject: t.Target, Data: t.Value, Header: headersOut(t.Headers, DeliveryID(t))}
+		if s.isNoStream(t.Target, now) {
+			core = append(core, i)
+			continue
+		}
+		if len(window)-head >= s.cfg.PublishWindow {
+			wait(window[head])
+			head++
+		}
+		f, err := s.js.PublishMsgAsync(msgs[i], s.pubOpts...)
+		if err != nil {
+			fail(i, fmt.Errorf("nats sink: publish to %q: %w", t.Target, err))
+			continue
+		}
+		futs[i] = f
+		window = append(window, i)
+	}
+	for _, i := range window[head:] {
+		wait(i)
+	}
+
+	// "No responders": fall back to core NATS only where JetStream confirms
+	// there is no stream; otherwise (e.g. a stream leader election) it is an
+	// error the engine retries.
+	checked := map[string]bool{}
+	for _, i := range noResp {
+		subj := batch[i].Target
+		none, seen := checked[subj]
+		if !seen {
+			var err error
+			none, err = s.confirmNoStream(dctx, subj)
+			if err != nil {
+				s.log.Warn("nats sink: stream lookup failed", zap.String("subject", subj), zap.Error(err))
+			}
+			checked[subj] = none
+		}
+		if none {
+			core = append(core, i)
+		} else {
+			fail(i, fmt.Errorf("nats sink: publish to %q: %w", subj, jetstream.ErrNoStreamResponse))
+		}
+	}
+
+	if len(core) > 0 {
+		var sent []int
+		for _, i := range core {
+			if err := s.nc.PublishMsg(msgs[i]); err != nil {
+				fail(i, fmt.Errorf("nats sink: core publish to %q: %w", batch[i].Target, err))
+				continue
+			}
+			sent = append(sent, i)
+		}
+		if len(sent) > 0 {
+			if err := s.nc.FlushWithContext(dctx); err != nil {
+				for _, i := range sent {
+					fail(i, fmt.Errorf("nats sink: core publish to %q: flush: %w", batch[i].Target, err))
+				}
+			} else {
+				s.cfg.Metrics.BestEffort.WithLabelValues(codec.TransportNATS.String()).Add(float64(len(sent)))
+			}
+		}
+	}
+
+	s.cfg.Metrics.PublishSeconds.WithLabelValues(codec.TransportNATS.String()).Observe(time.Since(start).Seconds())
+	if !failed {
+		return nil
+	}
+	return errs
+}
+
+func (s *Sink) ctxErr(ctx context.Context, target string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("nats sink: publish to %q: %w", target, err)
+	}
+	return fmt.Errorf("%w: publish to %q after %s", ErrPublishTimeout, target, s.cfg.PublishTimeout)
+}

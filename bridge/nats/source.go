@@ -1,0 +1,534 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/bridge"
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/shard"
+)
+
+// How often, at most, the source asks the server for the consumer's ack
+// floor while a barrier holds its checkpoint back (see floorState).
+const barrierCheckEvery = 500 * time.Millisecond
+
+// Source reads the delay subjects of one stream through a durable pull
+// consumer. It implements bridge.Source and bridge.Healther.
+//
+// Messages are consumed with the Messages iterator, which keeps pull
+// requests outstanding so the next batch is already buffered while the
+// handler makes the current one durable. A batch is the first message
+// available plus whatever else arrives within Config.Linger, up to
+// Config.BatchSize.
+//
+// Acks are explicit, one per message, fire-and-forget (msg.Ack publishes
+// without waiting for a reply): they pipeline on the connection, so a batch
+// costs no round trip. An ack lost on the way is harmless: the message is
+// redelivered after AckWait and skipped by the checkpoint (or, at worst,
+// ingested twice, which the engine treats as a replace of itself). AckAll
+// with one synchronous ack would also work, but it acks everything below
+// the last sequence, including redeliveries that arrive out of order and
+// have not been handled yet.
+type Source struct {
+	nc  *natsgo.Conn
+	js  jetstream.JetStream
+	cfg Config
+	log *zap.Logger
+	key string
+
+	consumer atomic.Pointer[consumerRef]
+	consErr  atomic.Pointer[error]
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	running chan struct{}
+	closed  bool
+}
+
+type consumerRef struct{ c jetstream.Consumer }
+
+var _ bridge.Source = (*Source)(nil)
+var _ bridge.Healther = (*Source)(nil)
+
+// NewSource checks (or with cfg.Create, creates) the delay stream and the
+// durable consumer. Without Create a missing stream or consumer is an error
+// wrapping ErrNoStream or ErrNoConsumer that names it.
+func NewSource(nc *natsgo.Conn, cfg Config) (*Source, error) {
+	cfg.setDefaults()
+	if err := cfg.validateSource(); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("nats source: jetstream context: %w", err)
+	}
+	s := &Source{
+		nc:  nc,
+		js:  js,
+		cfg: cfg,
+		log: cfg.Logger.With(zap.String("stream", cfg.Stream), zap.String("consumer", cfg.Consumer)),
+		key: CheckpointKey(cfg.Stream, cfg.Consumer),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*cfg.ConnectTimeout)
+	defer cancel()
+	if err := s.ensure(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// CheckpointKey is the shard.Checkpoint key of a stream's consumer.
+func CheckpointKey(stream, consumer string) string {
+	return "nats|" + stream + "|" + consumer
+}
+
+func (s *Source) subjects() []string {
+	out := make([]string, len(s.cfg.Sources))
+	for i, src := range s.cfg.Sources {
+		out[i] = src.Subject
+	}
+	return out
+}
+
+// ensure looks up (or creates) the stream and the consumer and keeps the
+// consumer handle for Run.
+func (s *Source) ensure(ctx context.Context) error {
+	subjects := s.subjects()
+	stream, err := s.js.Stream(ctx, s.cfg.Stream)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound) && s.cfg.Create:
+		// A work queue: once a message is acked the bridge's store holds
+		// it, the stream has no reason to keep it.
+		_, err = s.js.CreateStream(ctx, jetstream.StreamConfig{
+			Name:        s.cfg.Stream,
+			Description: "delaybridge delay subjects",
+			Subjects:    subjects,
+			Retention:   jetstream.WorkQueuePolicy,
+			Storage:     jetstream.FileStorage,
+		})
+		if err != nil {
+			return fmt.Errorf("nats source: create stream %q with subjects %v: %w", s.cfg.Stream, subjects, err)
+		}
+		s.log.Info("nats source: created stream", zap.Strings("subjects", subjects))
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return fmt.Errorf("%w: stream %q (create it with subjects %v, or set create): %w",
+			ErrNoStream, s.cfg.Stream, subjects, err)
+	case err != nil:
+		return fmt.Errorf("nats source: look up stream %q: %w", s.cfg.Stream, err)
+	default:
+		cfg := stream.CachedInfo().Config
+		var missing []string
+		for _, sub := range subjects {
+			if !slices.ContainsFunc(cfg.Subjects, func(f string) bool { return filterCovers(f, sub) }) {
+				missing = append(missing, sub)
+			}
+		}
+		if len(missing) > 0 && !s.cfg.Create {
+			s.log.Warn("nats source: stream does not capture some source subjects; messages published there are not stored",
+				zap.Strings("missing", missing), zap.Strings("stream_subjects", cfg.Subjects))
+		}
+		if len(missing) > 0 && s.cfg.Create {
+			cfg.Subjects = append(slices.Clone(cfg.Subjects), missing...)
+			if _, err := s.js.UpdateStream(ctx, cfg); err != nil {
+				return fmt.Errorf("nats source: add subjects %v to stream %q: %w", missing, s.cfg.Stream, err)
+			}
+			s.log.Info("nats source: added subjects to stream", zap.Strings("subjects", missing))
+		}
+	}
+
+	var cons jetstream.Consumer
+	if s.cfg.Create {
+		cons, err = s.js.CreateOrUpdateConsumer(ctx, s.cfg.Stream, jetstream.ConsumerConfig{
+			Durable:        s.cfg.Consumer,
+			Description:    "delaybridge",
+			DeliverPolicy:  jetstream.DeliverAllPolicy,
+			AckPolicy:      jetstream.AckExplicitPolicy,
+			AckWait:        s.cfg.AckWait,
+			MaxDeliver:     -1, // never give up on a message: nothing is dropped
+			MaxAckPending:  s.cfg.MaxAckPending,
+			FilterSubjects: subjects,
+		})
+		if err != nil {
+			return fmt.Errorf("nats source: create consumer %q on stream %q: %w", s.cfg.Consumer, s.cfg.Stream, err)
+		}
+	} else {
+		cons, err = s.js.Consumer(ctx, s.cfg.Stream, s.cfg.Consumer)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("%w: consumer %q on stream %q (create it or set create): %w",
+				ErrNoConsumer, s.cfg.Consumer, s.cfg.Stream, err)
+		}
+		if err != nil {
+			return fmt.Errorf("nats source: look up consumer %q on stream %q: %w", s.cfg.Consumer, s.cfg.Stream, err)
+		}
+		cc := cons.CachedInfo().Config
+		if cc.AckPolicy != jetstream.AckExplicitPolicy {
+			return fmt.Errorf("%w: consumer %q on stream %q has ack policy %s, need explicit",
+				ErrConfig, s.cfg.Consumer, s.cfg.Stream, cc.AckPolicy)
+		}
+		if cc.DeliverSubject != "" {
+			return fmt.Errorf("%w: consumer %q on stream %q is a push consumer, need pull",
+				ErrConfig, s.cfg.Consumer, s.cfg.Stream)
+		}
+		if cc.MaxDeliver > 0 {
+			s.log.Warn("nats source: consumer has max_deliver set; a message failing that often is dropped by the server",
+				zap.Int("max_deliver", cc.MaxDeliver))
+		}
+	}
+	s.consumer.Store(&consumerRef{cons})
+	s.consErr.Store(nil)
+	return nil
+}
+
+// Health is nil while connected and the consumer exists.
+func (s *Source) Health() error {
+	if err := connErr(s.nc); err != nil {
+		return err
+	}
+	if p := s.consErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (s *Source) setConsErr(err error) { s.consErr.Store(&err) }
+
+// Close stops a running Run and waits until it returned. It does not close
+// the connection, which the caller owns.
+func (s *Source) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	cancel, running := s.cancel, s.running
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-running
+	}
+	return nil
+}
+
+// floorState is what Run knows about which stream sequences are held.
+//
+// The checkpoint handed to the handler is a floor: every message of the
+// consumer with a stream sequence at or below it is durably handled or
+// acked. A plain "highest sequence handled" would not do: JetStream
+// redelivers unacked messages after AckWait, behind newer first deliveries,
+// so a message abandoned by a crash can arrive after higher sequences were
+// handled, and skipping it would lose it.
+//
+// First deliveries come in stream order and every delivery, first or not,
+// gets the next consumer sequence. So while the consumer sequences the
+// source sees are contiguous, everything up to the highest handled sequence
+// is handled. Where that is not known (messages delivered before this
+// iterator started and not yet acked; a gap in consumer sequences, meaning
+// a delivery was lost in transit or went to another client), a barrier
+// holds the floor back until the server's ack floor has passed the barrier.
+type floorState struct {
+	floor      int64  // proven floor; messages at or below it are skipped
+	maxHandled int64  // highest stream sequence durably handled
+	barrier    int64  // 0: none; else the floor waits for ack floor >= barrier
+	lastDseq   uint64 // last consumer (delivery) sequence seen
+	maxSeen    int64  // highest stream sequence seen
+	lastCheck  time.Time
+}
+
+// Run consumes until ctx ends or Close is called, then returns nil. It
+// returns an error only when the connection was closed under it.
+func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	if s.running != nil {
+		s.mu.Unlock()
+		return errors.New("nats source: Run already running")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	s.cancel, s.running = cancel, make(chan struct{})
+	running := s.running
+	s.mu.Unlock()
+	defer func() {
+		cancel()
+		s.mu.Lock()
+		s.cancel, s.running = nil, nil
+		s.mu.Unlock()
+		close(running)
+	}()
+
+	st := &floorState{}
+	bo := backoff{min: 100 * time.Millisecond, max: 10 * time.Second}
+	for {
+		off, ok, err := h.Checkpoint(s.key)
+		if err == nil {
+			if ok {
+				st.floor = off
+			}
+			break
+		}
+		s.log.Warn("nats source: read checkpoint failed; retrying", zap.Error(err))
+		if !sleepCtx(ctx, bo.next()) {
+			return nil
+		}
+	}
+	bo.reset()
+	for ctx.Err() == nil {
+		if s.nc.IsClosed() {
+			return errors.New("nats source: connection closed")
+		}
+		err := s.consume(ctx, h, st, &bo)
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.cfg.Metrics.SourceErrors.WithLabelValues(s.cfg.Stream).Inc()
+		if isConsumerGone(err) {
+			s.setConsErr(fmt.Errorf("%w: %q on stream %q: %w", ErrNoConsumer, s.cfg.Consumer, s.cfg.Stream, err))
+		}
+		s.log.Warn("nats source: consuming stopped; restarting", zap.Error(err))
+		if !sleepCtx(ctx, bo.next()) {
+			return nil
+		}
+		if isConsumerGone(err) {
+			if err := s.ensure(ctx); err != nil {
+				s.setConsErr(err)
+				s.log.Warn("nats source: consumer unavailable", zap.Error(err))
+			}
+		}
+	}
+	return nil
+}
+
+func isConsumerGone(err error) bool {
+	return errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
+		errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, ErrNoConsumer) || errors.Is(err, ErrNoStream)
+}
+
+// consume runs one Messages iterator until it fails or ctx ends.
+func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, bo *backoff) error {
+	ref := s.consumer.Load()
+	if ref == nil {
+		return ErrNoConsumer
+	}
+	cons := ref.c
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("nats source: consumer info: %w", err)
+	}
+	s.consErr.Store(nil)
+	st.floor = max(st.floor, int64(info.AckFloor.Stream))
+	st.lastDseq = info.Delivered.Consumer
+	st.maxSeen = max(st.maxSeen, int64(info.Delivered.Stream))
+	if info.AckFloor.Stream < info.Delivered.Stream {
+		// Delivered before us and not all acked: those come back as
+		// redeliveries, in no particular order relative to new messages.
+		st.barrier = max(st.barrier, int64(info.Delivered.Stream))
+	}
+	it, err := cons.Messages(
+		jetstream.PullMaxMessages(2*s.cfg.BatchSize),
+		jetstream.PullExpiry(10*time.Second),
+		jetstream.WithMessagesErrOnMissingHeartbeat(true),
+	)
+	if err != nil {
+		return fmt.Errorf("nats source: start pulling: %w", err)
+	}
+	defer it.Stop()
+
+	batch := make([]jetstream.Msg, 0, s.cfg.BatchSize)
+	items := make([]bridge.Item, 0, s.cfg.BatchSize)
+	for {
+		batch = batch[:0]
+		nextErr := s.collect(ctx, it, &batch)
+		if len(batch) > 0 {
+			if err := s.process(ctx, h, cons, st, batch, items[:0]); err != nil {
+				return err
+			}
+			bo.reset()
+		}
+		if nextErr == nil {
+			continue
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if errors.Is(nextErr, jetstream.ErrNoHeartbeat) {
+			// Quiet or broken? Ask the server whether the consumer is there.
+			if _, err := cons.Info(ctx); err != nil {
+				return fmt.Errorf("nats source: no heartbeat, consumer info: %w", err)
+			}
+			continue
+		}
+		return fmt.Errorf("nats source: next message: %w", nextErr)
+	}
+}
+
+// collect appends to batch the next message (waiting for it) and whatever
+// follows within Linger, up to BatchSize. The error is the one that ended
+// the wait for the first message, or a terminal one seen while lingering.
+func (s *Source) collect(ctx context.Context, it jetstream.MessagesContext, batch *[]jetstream.Msg) error {
+	m, err := it.Next(jetstream.NextContext(ctx))
+	if err != nil {
+		return err
+	}
+	*batch = append(*batch, m)
+	if len(*batch) >= s.cfg.BatchSize {
+		return nil
+	}
+	lctx, cancel := context.WithTimeout(ctx, s.cfg.Linger)
+	defer cancel()
+	for len(*batch) < s.cfg.BatchSize {
+		m, err := it.Next(jetstream.NextContext(lctx))
+		if err != nil {
+			if lctx.Err() != nil && ctx.Err() == nil {
+				return nil // linger over
+			}
+			return err
+		}
+		*batch = append(*batch, m)
+	}
+	return nil
+}
+
+// process hands the batch to the handler (retrying until it succeeds or
+// ctx ends) and acks it.
+func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.Consumer, st *floorState, batch []jetstream.Msg, items []bridge.Item) error {
+	var high int64
+	var pending uint64 = 0
+	for _, m := range batch {
+		md, err := m.Metadata()
+		if err != nil {
+			// Not a JetStream delivery; nothing to ack, nothing to store.
+			s.log.Error("nats source: message without jetstream metadata; ignored", zap.String("subject", m.Subject()), zap.Error(err))
+			continue
+		}
+		seq := int64(md.Sequence.Stream)
+		dseq := md.Sequence.Consumer
+		if st.lastDseq != 0 && dseq != st.lastDseq+1 {
+			st.barrier = max(st.barrier, st.maxSeen, seq)
+		}
+		st.lastDseq = max(st.lastDseq, dseq)
+		st.maxSeen = max(st.maxSeen, seq)
+		pending = md.NumPending
+		if seq <= st.floor {
+			continue // held before a crash; acked below without handing over
+		}
+		rules, ok := rulesFor(s.cfg.Sources, m.Subject())
+		if !ok {
+			s.log.Warn("nats source: subject matches no configured source; handed over without rules",
+				zap.String("subject", m.Subject()))
+		}
+		items = append(items, bridge.Item{
+			Msg: codec.Message{
+				Transport: codec.TransportNATS,
+				Source:    s.cfg.Stream,
+				Partition: 0,
+				Offset:    seq,
+				Value:     m.Data(),
+				Headers:   headersIn(m.Headers()),
+				Time:      md.Timestamp,
+			},
+			Rules: rules,
+		})
+		high = max(high, seq)
+	}
+	s.cfg.Metrics.SourceLag.WithLabelValues(s.cfg.Stream, "0").Set(float64(pending))
+
+	if len(items) > 0 {
+		cp := st.floor
+		if st.barrier == 0 {
+			cp = max(cp, st.maxHandled, high)
+		}
+		b := &bridge.Batch{Items: items, Checkpoints: []shard.Checkpoint{{Key: s.key, Offset: cp}}}
+		if err := s.handle(ctx, h, b, batch); err != nil {
+			// Abandoned at shutdown: ask for redelivery now rather than
+			// after AckWait.
+			for _, m := range batch {
+				_ = m.Nak()
+			}
+			return err
+		}
+		st.maxHandled = max(st.maxHandled, high)
+		st.floor = cp
+	}
+	for _, m := range batch {
+		if err := m.Ack(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+			// Redelivered later and skipped or re-ingested; never lost.
+			s.log.Debug("nats source: ack failed", zap.Error(err))
+		}
+	}
+	if st.barrier != 0 && time.Since(st.lastCheck) >= barrierCheckEvery {
+		st.lastCheck = time.Now()
+		info, err := cons.Info(ctx)
+		if err == nil && int64(info.AckFloor.Stream) >= st.barrier {
+			// Everything up to the barrier is acked; past it the consumer
+			// sequences were contiguous, so all seen messages are handled.
+			st.floor = max(st.floor, int64(info.AckFloor.Stream), st.maxHandled)
+			st.barrier = 0
+		}
+	}
+	return nil
+}
+
+// handle calls h.Handle until it succeeds or ctx ends. Between attempts it
+// tells the server the batch is still in progress, so the messages are not
+// redelivered while the handler is failing.
+func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, batch []jetstream.Msg) error {
+	bo := backoff{min: 100 * time.Millisecond, max: 10 * time.Second}
+	for {
+		err := h.Handle(ctx, b)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		s.cfg.Metrics.SourceErrors.WithLabelValues(s.cfg.Stream).Inc()
+		d := bo.next()
+		s.log.Warn("nats source: handle batch failed; not acked, retrying",
+			zap.Int("messages", len(b.Items)), zap.Duration("backoff", d), zap.Error(err))
+		for _, m := range batch {
+			_ = m.InProgress()
+		}
+		if !sleepCtx(ctx, d) {
+			return ctx.Err()
+		}
+	}
+}
+
+// backoff is exponential with +-20% jitter.
+type backoff struct {
+	min, max, cur time.Duration
+}
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(2*b.cur, b.max)
+	}
+	j := 0.8 + 0.4*rand.Float64()
+	return time.Duration(float64(b.cur) * j)
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+// sleepCtx waits d or until ctx ends; false means ctx ended.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

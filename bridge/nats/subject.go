@@ -1,0 +1,151 @@
+package nats
+
+import (
+	"slices"
+	"strings"
+
+	natsgo "github.com/nats-io/nats.go"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+// validFilter reports whether f is a NATS subject filter: non-empty dot
+// separated tokens without spaces, '*' only as a whole token and '>' only as
+// the whole last token.
+func validFilter(f string) bool {
+	if f == "" || strings.ContainsAny(f, " \t\r\n") {
+		return false
+	}
+	toks := strings.Split(f, ".")
+	for i, t := range toks {
+		switch {
+		case t == "":
+			return false
+		case t == ">":
+			if i != len(toks)-1 {
+				return false
+			}
+		case strings.ContainsAny(t, "*>") && t != "*":
+			return false
+		}
+	}
+	return true
+}
+
+// subjectMatch reports whether the literal subject matches filter: '*'
+// matches exactly one token, '>' one or more trailing tokens.
+func subjectMatch(filter, subject string) bool {
+	for {
+		ft, frest, fmore := strings.Cut(filter, ".")
+		st, srest, smore := strings.Cut(subject, ".")
+		if st == "" {
+			return false
+		}
+		switch ft {
+		case ">":
+			return !fmore
+		case "*":
+		default:
+			if ft != st {
+				return false
+			}
+		}
+		if !fmore || !smore {
+			return fmore == smore
+		}
+		filter, subject = frest, srest
+	}
+}
+
+// rulesFor returns the rules of the first source whose filter matches subject.
+func rulesFor(sources []SourceConfig, subject string) (*codec.Rules, bool) {
+	for i := range sources {
+		if subjectMatch(sources[i].Subject, subject) {
+			return sources[i].Rules, true
+		}
+	}
+	return nil, false
+}
+
+// headersIn converts NATS headers to codec headers. A key with several
+// values becomes repeated entries in value order. NATS keeps headers in a
+// map, so the order of distinct keys on the wire is not known; keys are
+// sorted to make the result deterministic.
+func headersIn(h natsgo.Header) []codec.Header {
+	if len(h) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(h))
+	n := 0
+	for k, vs := range h {
+		keys = append(keys, k)
+		n += len(vs)
+	}
+	slices.Sort(keys)
+	out := make([]codec.Header, 0, n)
+	for _, k := range keys {
+		for _, v := range h[k] {
+			out = append(out, codec.Header{Key: k, Value: []byte(v)})
+		}
+	}
+	return out
+}
+
+// publishDirective reports whether a header instructs JetStream about the
+// publish itself (optimistic concurrency, rollups, TTLs, schedules, atomic
+// batches, counters). Such headers addressed the publish to the delay
+// stream; forwarded to the target they would make the delivery fail or
+// change its meaning, so the Sink drops them. Nats-Msg-Id is replaced by
+// the delivery id.
+func publishDirective(key string) bool {
+	if len(key) < 5 || !strings.EqualFold(key[:5], "nats-") {
+		return false
+	}
+	k := strings.ToLower(key[5:])
+	switch {
+	case k == "msg-id", strings.HasPrefix(k, "expected-"), k == "rollup", k == "ttl",
+		strings.HasPrefix(k, "schedule"), strings.HasPrefix(k, "batch-"), k == "incr",
+		k == "required-api-level":
+		return true
+	}
+	return false
+}
+
+// headersOut converts task headers to a NATS header, keeping repeated keys
+// and their order, dropping JetStream publish directives and setting
+// Nats-Msg-Id to msgID.
+func headersOut(hs []codec.Header, msgID string) natsgo.Header {
+	h := make(natsgo.Header, len(hs)+1)
+	for _, x := range hs {
+		if publishDirective(x.Key) {
+			continue
+		}
+		h[x.Key] = append(h[x.Key], string(x.Value))
+	}
+	h[codec.HeaderNatsMsgID] = []string{msgID}
+	return h
+}
+
+// filterCovers reports whether every subject matched by filter sub is also
+// matched by filter super.
+func filterCovers(super, sub string) bool {
+	for {
+		pt, prest, pmore := strings.Cut(super, ".")
+		bt, brest, bmore := strings.Cut(sub, ".")
+		switch {
+		case bt == "":
+			return false
+		case pt == ">":
+			return true
+		case bt == ">":
+			return false
+		case pt == "*":
+		case pt != bt:
+			return false
+		}
+		if !pmore || !bmore {
+			return pmore == bmore
+		}
+		super, sub = prest, brest
+	}
+}
