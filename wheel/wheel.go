@@ -5,7 +5,7 @@
 // the clock. Its owner passes the time in (Advance, AdvanceN) and decides when
 // to call again (Next). A Wheel is not safe for concurrent use.
 //
-// # Layout
+// # Placement
 //
 // Times are mapped to unsigned 64-bit keys (sign bit flipped, so key order is
 // time order over the whole int64 range). The wheel has 11 levels of 64 slots;
@@ -13,90 +13,133 @@
 // is 64 ms, level 2 about 4 s, level 3 about 4.4 min, level 4 about 4.7 h,
 // level 5 about 12.4 days, level 6 about 2.2 years, and levels 7..10 cover the
 // rest of the int64 range. Because the levels span every bit of the key there
-// is no overflow list: a due time of 500 days or math.MaxInt64 is placed like
+// is no overflow list: a due 500 days ahead, or math.MaxInt64, is placed like
 // any other, never clamped.
 //
 // An entry with due key d is placed, relative to the wheel's current key c, at
 // the level of the highest bit in which d and c differ, in the slot given by
-// d's digit at that level (Linux's and Kafka's placement). Two invariants
+// d's digit at that level (the Linux and Kafka placement). Two invariants
 // follow and everything else rests on them:
 //
-//   - every pending entry in level L shares all digits above L with c and has
-//     a digit at L greater than c's, so the lowest occupied slot of the lowest
+//   - every entry in level L shares all digits above L with c and has a digit
+//     at L greater than c's, so the lowest occupied slot of the lowest
 //     occupied level is always the next bucket in time, found with two
-//     TrailingZeros calls on the occupancy bitmaps (no idle ticking);
+//     TrailingZeros calls on occupancy bitmaps: no idle ticking, and a jump of
+//     days costs O(non-empty buckets + levels), not O(elapsed ms);
 //   - an entry's level is always the level of the highest differing bit of its
 //     due and c, because c can only enter an entry's slot by stopping at that
-//     slot's start and cascading it. Entries with the same due are therefore
-//     always in the same bucket, and buckets are FIFO, so equal-due entries
-//     keep their Add order even when some were cascaded from a coarser level
-//     and others were added later straight into a finer one.
+//     slot's start and cascading it. So entries with the same due are always
+//     in the same bucket, and buckets are FIFO: equal-due entries keep their
+//     Add order even when some were cascaded from a coarser level and others
+//     were added later straight into a finer one.
 //
-// Entries due at or before the current key live in a ready list sorted by due
-// (stable, so FIFO for equal due). Advance drains the ready list, then jumps
-// the current key to the start of the next non-empty bucket, moving a level-0
-// bucket into the ready list in O(1) or cascading a coarser bucket one or more
-// levels down, until the next bucket starts after the target time. A jump of
-// days costs O(non-empty buckets + levels), not O(elapsed ms).
+// Entries due exactly at c wait in the "now" queue (a level-0 bucket becomes
+// that queue when c reaches it, in O(1)); entries due before c, which only
+// Add with a due in the past produces, wait in a small list sorted by due.
 //
 // # Memory
 //
-// Entries live in one slab ([]entry, 32 bytes each, no pointers, so the GC
-// never scans it) linked into circular doubly-linked lists by int32 index.
-// Every list (ready list and the 704 buckets) has a sentinel entry at a fixed
-// low index, which makes Remove O(1) without storing a bucket id per entry and
-// lets a whole level-0 bucket be spliced into the ready list in O(1). Freed
-// entries are recycled through a free list, so a wheel in steady state does not
-// allocate.
+// Entries live in one slab ([]entry, 24 bytes, no pointers, so the GC never
+// scans it). Buckets are FIFO queues of int32 slab indexes stored in shared,
+// recycled 64-index chunks. Storing indexes in arrays rather than threading a
+// linked list through the entries matters for speed: cascading or firing a
+// bucket reads entries whose addresses are all known up front, so the CPU
+// overlaps the cache misses instead of chasing one pointer at a time.
+//
+// Remove is O(1) and lazy: it marks the entry dead and makes its handle stale
+// at once; the slab slot is recycled when the wheel next reaches the bucket
+// holding its index. A cancelled entry therefore keeps its 28 bytes until its
+// bucket is cascaded or fired.
 package wheel
 
 import (
 	"math"
 	"math/bits"
+	"slices"
 )
 
 const (
-	slotBits  = 6
-	numSlots  = 1 << slotBits // 64: one uint64 occupancy word per level
-	slotMask  = numSlots - 1
-	numLevels = (64 + slotBits - 1) / slotBits // 11: levels cover all 64 key bits
+	slotBits   = 6
+	numSlots   = 1 << slotBits // 64: one uint64 occupancy word per level
+	slotMask   = numSlots - 1
+	numLevels  = (64 + slotBits - 1) / slotBits // 11: levels cover all 64 key bits
+	numBuckets = numLevels * numSlots
 
-	readyList = 0                              // sentinel index of the ready list
-	firstSlot = 1                              // sentinel index of bucket (0, 0)
-	numSent   = firstSlot + numLevels*numSlots // sentinels at the start of the slab
-	freeMark  = -1                             // prev of a free entry
-	noEntry   = -1                             // end of the free list
+	chunkSize = 64 // indexes per chunk: 260 bytes, so ~700 part-filled chunks stay small
 
-	// maxEntries keeps every index representable as a positive int32.
-	maxEntries = math.MaxInt32
+	// Entry states, kept in entry.link. Values >= noLink are free entries,
+	// where link is the next free index.
+	linkLive = -2
+	linkDead = -3
+	noLink   = -1
+
+	// compactMin keeps small wheels from sweeping for a handful of removes.
+	compactMin = 1024
+
+	// maxSlab keeps every slab index a positive int32.
+	maxSlab = math.MaxInt32
 )
 
 // Handle identifies an entry returned by Add. It stays valid until the entry
-// is yielded or removed; after that Remove reports false, even if the slab
+// is yielded or removed; after that Remove reports false, even once the slab
 // slot has been reused, because the handle carries the slot's generation.
 // The zero Handle is never valid.
 type Handle uint64
 
-// entry is one pending task or a list sentinel. No pointers: the slab is a
-// single noscan allocation however many millions of entries it holds.
+// entry is one task's identity: what to yield and how to recognise its
+// handle. The due time is not here but in the queue item that points at the
+// entry, so cascading a bucket never touches the slab. No pointers: the slab
+// is a single noscan allocation however many millions of entries it holds.
 type entry struct {
-	due  int64
 	seq  uint64
-	next int32
-	prev int32 // freeMark while the entry is on the free list
 	gen  uint32
+	link int32 // linkLive, linkDead, or the next free index
 }
+
+// chunk is a piece of a FIFO queue of (due, slab index) items, stored as two
+// arrays so an item takes 12 bytes rather than a padded 16.
+type chunk struct {
+	due  [chunkSize]int64
+	idx  [chunkSize]int32
+	next int32
+}
+
+// item is a queued entry outside chunks (the late list).
+type item struct {
+	due int64
+	idx int32
+}
+
+// queue is a FIFO of slab indexes: a linked list of chunks, read from
+// (head, off) and appended at (tail, fill). head == noLink means empty.
+type queue struct {
+	head, tail int32
+	off, fill  int32
+}
+
+var emptyQueue = queue{head: noLink, tail: noLink}
 
 // Wheel is a hierarchical timing wheel. See the package documentation.
 type Wheel struct {
 	slab      []entry
-	free      int32 // head of the free list, linked through next
+	freeEnt   int32
+	chunks    []chunk
+	freeChunk int32
+
+	buckets [numBuckets]queue
+	occ     [numLevels]uint64 // bit s of occ[L]: bucket (L, s) is non-empty
+	levels  uint16            // bit L: occ[L] != 0
+
+	cur    uint64 // key of the time up to which buckets have been taken
+	nowQ   queue  // entries due exactly at cur, FIFO
+	late   []item // entries due before cur, sorted by due (stable)
+	lateAt int    // read position in late
+
 	count     int
-	cur       uint64 // key of the time up to which buckets have been processed
-	now       int64  // highest time passed to New/Advance, for Now
-	occ       [numLevels]uint64
-	levels    uint16 // bit L set when occ[L] != 0
-	inAdvance bool
+	dead      int   // removed entries whose items are still queued
+	sweepMin  int   // compactMin; a field so tests can force sweeps
+	now       int64 // highest time passed to New/Advance, for Now
+	advancing bool
 }
 
 // key maps a time to an unsigned key with the same order.
@@ -108,37 +151,34 @@ func unkey(k uint64) int64 { return int64(k ^ (1 << 63)) }
 // New returns an empty wheel whose current time is now (Unix milliseconds).
 func New(now int64) *Wheel {
 	w := &Wheel{
-		slab: make([]entry, numSent),
-		free: noEntry,
-		cur:  key(now),
-		now:  now,
+		freeEnt:   noLink,
+		freeChunk: noLink,
+		cur:       key(now),
+		nowQ:      emptyQueue,
+		now:       now,
+		sweepMin:  compactMin,
 	}
-	for i := range w.slab {
-		w.slab[i].next = int32(i)
-		w.slab[i].prev = int32(i)
+	for i := range w.buckets {
+		w.buckets[i] = emptyQueue
 	}
 	return w
 }
 
-// Grow makes room for n more entries without further allocation, so that a
-// loader that knows how many tasks it is about to add pays for one slab growth
-// instead of several.
+// Grow makes room for n more entries without further allocation, so a loader
+// that knows how many tasks it is about to add pays for one growth instead of
+// several, and a benchmark can measure the steady state.
 func (w *Wheel) Grow(n int) {
 	if n <= 0 {
 		return
 	}
-	need := len(w.slab) + n
-	if need > maxEntries {
-		need = maxEntries
-	}
-	if need > cap(w.slab) {
-		s := make([]entry, len(w.slab), need)
-		copy(s, w.slab)
-		w.slab = s
-	}
+	n = min(n, maxSlab-len(w.slab))
+	w.slab = slices.Grow(w.slab, n)
+	// Every entry's index sits in one chunk, plus one part-filled chunk per
+	// queue at most.
+	w.chunks = slices.Grow(w.chunks, n/chunkSize+numBuckets+2)
 }
 
-// Len returns the number of pending entries.
+// Len returns the number of pending entries (removed ones are not counted).
 func (w *Wheel) Len() int { return w.count }
 
 // Now returns the latest time passed to New, Advance or AdvanceN. A clock
@@ -149,42 +189,58 @@ func (w *Wheel) Now() int64 { return w.now }
 // the wheel's current time is yielded by the next Advance whose now reaches
 // it. Any int64 due is accepted; there is no horizon limit.
 func (w *Wheel) Add(due int64, seq uint64) Handle {
-	i := w.alloc()
+	i := w.allocEntry()
 	e := &w.slab[i]
-	e.due = due
 	e.seq = seq
-	gen := e.gen
+	e.link = linkLive
 	w.count++
-	w.place(i, key(due))
-	return Handle(uint64(gen)<<32 | uint64(uint32(i)))
+	w.place(due, i)
+	return Handle(uint64(e.gen)<<32 | uint64(uint32(i)))
 }
 
 // Remove cancels the entry behind h in O(1). It returns false if h is zero,
 // forged, or stale (the entry was already yielded or removed).
 func (w *Wheel) Remove(h Handle) bool {
 	i := uint64(h) & math.MaxUint32
-	if i < numSent || i >= uint64(len(w.slab)) {
+	if i >= uint64(len(w.slab)) {
 		return false
 	}
 	e := &w.slab[i]
-	if e.prev == freeMark || e.gen != uint32(h>>32) {
+	if e.link != linkLive || e.gen != uint32(h>>32) {
 		return false
 	}
-	w.unlink(int32(i))
-	w.release(int32(i))
+	// The item stays queued; whoever dequeues it recycles the slot. If
+	// removed entries come to outnumber live ones, sweep them out, so a
+	// cancel-heavy wheel stays within twice its live size; the sweep is
+	// O(queued items) once per that many Removes, O(1) amortised.
+	e.link = linkDead
+	e.gen = nextGen(e.gen)
+	w.count--
+	w.dead++
+	if w.dead > w.count && w.dead >= w.sweepMin && !w.advancing {
+		w.compact()
+	}
 	return true
 }
 
 // Next returns a time t no later than the earliest pending due, such that an
-// Advance to any time before t yields nothing. It is exact for entries in the
-// ready list and level 0, and the bucket start for coarser levels (Advance
-// to that time cascades the bucket, after which Next is finer). ok is false
-// when the wheel is empty. O(1).
+// Advance to any time before t yields nothing. It is exact for entries due
+// at or before the wheel's time and for level 0 (the next 64 ms or so), and a
+// bucket start for coarser levels: an Advance to that time cascades the
+// bucket, after which Next is finer. It can be early after a Remove. ok is
+// false when the wheel is empty. O(1).
 func (w *Wheel) Next() (at int64, ok bool) {
-	if h := w.slab[readyList].next; h != readyList {
-		return w.slab[h].due, true
+	if w.count == 0 {
+		return 0, false
+	}
+	if w.lateAt < len(w.late) {
+		return w.late[w.lateAt].due, true
+	}
+	if !w.nowQ.empty() {
+		return unkey(w.cur), true
 	}
 	if w.levels == 0 {
+		// Unreachable while count > 0; kept so Next never lies.
 		return 0, false
 	}
 	l := uint(bits.TrailingZeros16(w.levels))
@@ -192,57 +248,73 @@ func (w *Wheel) Next() (at int64, ok bool) {
 }
 
 // Advance yields, through fn, every pending entry with due <= now in (due,
-// Add order) order: ascending due, FIFO among equal dues. Each entry is
-// removed before fn sees it, so its handle is already stale inside fn. A now
-// earlier than a previous one (clock stepped back) fires nothing that is not
-// due by that now: the wheel never fires early.
+// Add order) order: ascending due, FIFO among equal dues. Each entry leaves
+// the wheel before fn sees it, so its handle is already stale inside fn. A now
+// earlier than a previous one (clock stepped back) yields only what is due by
+// that now: the wheel never fires early.
 //
 // fn may call Add and Remove; an entry it adds with due <= now is yielded by
-// the same call. fn must not call Advance or AdvanceN (such a call does
-// nothing).
+// the same call, in order. fn must not call Advance or AdvanceN (such a call
+// does nothing and returns false).
 func (w *Wheel) Advance(now int64, fn func(due int64, seq uint64)) {
 	w.AdvanceN(now, math.MaxInt, fn)
 }
 
 // AdvanceN is Advance yielding at most max entries. It returns more = true
-// when entries with due <= now remain; the next call continues exactly where
+// exactly when entries with due <= now remain; the next call continues where
 // this one stopped, so a caller can bound its fire batch without breaking the
 // order. max <= 0 yields nothing and only reports whether entries are due.
 func (w *Wheel) AdvanceN(now int64, max int, fn func(due int64, seq uint64)) (more bool) {
-	if w.inAdvance {
+	if w.advancing {
 		return false
 	}
-	w.inAdvance = true
-	defer func() { w.inAdvance = false }()
+	w.advancing = true
+	defer func() { w.advancing = false }()
 	if now > w.now {
 		w.now = now
 	}
 	target := key(now)
 	n := 0
 	for {
-		for {
-			h := w.slab[readyList].next
-			if h == readyList {
-				break
+		// Entries due before cur come first; they only exist after an Add
+		// in the past, so this list is usually empty.
+		for w.lateAt < len(w.late) {
+			it := w.late[w.lateAt]
+			if w.slab[it.idx].link == linkDead {
+				w.lateAt++
+				w.reap(it.idx)
+				continue
 			}
-			if key(w.slab[h].due) > target {
-				// Only after a clock step back: every ready entry is due
-				// after now, and every bucket is later still.
+			if key(it.due) > target {
+				// Clock stepped back: the rest of the wheel is later still.
 				return false
 			}
 			if n >= max {
 				return true
 			}
-			due, seq := w.slab[h].due, w.slab[h].seq
-			w.unlink(h)
-			w.release(h)
+			w.lateAt++
 			n++
-			fn(due, seq)
+			w.fire(it.due, it.idx, fn)
 		}
-		if w.levels == 0 || target <= w.cur {
-			if target > w.cur {
-				w.cur = target
+		w.late, w.lateAt = w.late[:0], 0
+
+		if !w.nowQ.empty() {
+			if w.cur > target {
+				return false
 			}
+			if w.drainNow(&n, max, fn) {
+				return true
+			}
+			if w.lateAt < len(w.late) {
+				continue // fn added an entry due in the past
+			}
+		}
+
+		if target <= w.cur {
+			return false
+		}
+		if w.levels == 0 {
+			w.cur = target
 			return false
 		}
 		l := uint(bits.TrailingZeros16(w.levels))
@@ -259,6 +331,50 @@ func (w *Wheel) AdvanceN(now int64, max int, fn func(due int64, seq uint64)) (mo
 	}
 }
 
+// drainNow yields live entries from the now queue until it is empty, max is
+// reached (returns true: a live entry is still due), or fn added an entry due
+// before cur (which must come first).
+func (w *Wheel) drainNow(n *int, max int, fn func(due int64, seq uint64)) (stopped bool) {
+	q := &w.nowQ
+	for !q.empty() {
+		if q.off == chunkSize {
+			// Not empty, so head is not the tail: move to the next chunk.
+			q.head = w.popChunk(q.head)
+			q.off = 0
+			continue
+		}
+		c := &w.chunks[q.head]
+		due, i := c.due[q.off], c.idx[q.off]
+		if w.slab[i].link == linkDead {
+			q.off++
+			w.reap(i)
+			continue
+		}
+		if *n >= max {
+			return true
+		}
+		q.off++
+		*n++
+		w.fire(due, i, fn)
+		if w.lateAt < len(w.late) {
+			return false
+		}
+	}
+	w.resetQueue(q)
+	return false
+}
+
+// fire recycles entry i and then hands it to fn, so that fn sees a wheel in
+// which the entry is gone and may reuse its slot.
+func (w *Wheel) fire(due int64, i int32, fn func(due int64, seq uint64)) {
+	e := &w.slab[i]
+	seq := e.seq
+	e.gen = nextGen(e.gen)
+	w.count--
+	w.freeEntry(i)
+	fn(due, seq)
+}
+
 // bucketStart returns the key at which the lowest occupied slot of level l
 // begins: cur's digits above l, the slot's digit at l, zeros below.
 func (w *Wheel) bucketStart(l uint) uint64 {
@@ -269,109 +385,225 @@ func (w *Wheel) bucketStart(l uint) uint64 {
 }
 
 // expire empties the bucket of level l that starts at w.cur (the caller just
-// moved cur there). Level 0 holds a single due time, so the whole list is
-// spliced into the (empty) ready list; a coarser bucket is re-placed entry by
-// entry, in list order so equal dues stay FIFO.
+// moved cur there, with the late list and now queue drained). A level-0
+// bucket holds only entries due at cur, so it becomes the now queue in O(1);
+// a coarser bucket is re-placed item by item, in order so equal dues stay
+// FIFO. Cascading reads only the chunks, never the slab, so removed entries
+// are carried along and recycled when they come due.
 func (w *Wheel) expire(l uint) {
-	slot := int32(w.cur>>(l*slotBits)) & slotMask
-	s := firstSlot + int32(l)*numSlots + slot
-	w.occ[l] &^= 1 << uint(slot)
+	slot := uint(w.cur>>(l*slotBits)) & slotMask
+	b := &w.buckets[l*numSlots+slot]
+	w.occ[l] &^= 1 << slot
 	if w.occ[l] == 0 {
 		w.levels &^= 1 << l
 	}
-	sl := w.slab
-	first, last := sl[s].next, sl[s].prev
-	sl[s].next, sl[s].prev = s, s
-	if l == 0 && sl[readyList].next == readyList {
-		sl[readyList].next, sl[readyList].prev = first, last
-		sl[first].prev = readyList
-		sl[last].next = readyList
+	q := *b
+	*b = emptyQueue
+	if l == 0 {
+		w.resetQueue(&w.nowQ)
+		w.nowQ = q
 		return
 	}
-	for i := first; i != s; {
-		nx := sl[i].next
-		w.place(i, key(sl[i].due))
-		i = nx
+	for c := q.head; c != noLink; {
+		end := int32(chunkSize)
+		if c == q.tail {
+			end = q.fill
+		}
+		// Copy the items out: place may append to w.chunks and move it.
+		ch := w.chunks[c]
+		for j, due := range ch.due[:end] {
+			w.place(due, ch.idx[j])
+		}
+		c = w.popChunk(c)
 	}
 }
 
-// place links entry i, due key k, at the tail of its list: the ready list
-// (kept sorted by due) when k <= cur, else the bucket chosen by the highest
-// bit in which k and cur differ.
-func (w *Wheel) place(i int32, k uint64) {
-	sl := w.slab
-	if k <= w.cur {
-		// Walk back from the tail past later dues. Ready entries normally
-		// arrive in due order (a bucket at a time, or a loader scanning the
-		// store in key order), so this is O(1) in practice; an adversarial
-		// mix of past dues makes it linear in the ready list.
-		p := sl[readyList].prev
-		for p != readyList && key(sl[p].due) > k {
-			p = sl[p].prev
-		}
-		w.linkAfter(i, p)
+// place queues entry i due at due: in the late list when it is before cur,
+// the now queue when it is at cur, else the bucket chosen by the highest bit
+// in which its key and cur differ.
+func (w *Wheel) place(due int64, i int32) {
+	switch k := key(due); {
+	case k > w.cur:
+		l := uint(bits.Len64(k^w.cur)-1) / slotBits
+		slot := uint(k>>(l*slotBits)) & slotMask
+		w.occ[l] |= 1 << slot
+		w.levels |= 1 << l
+		w.push(&w.buckets[l*numSlots+slot], due, i)
+	case k == w.cur:
+		w.push(&w.nowQ, due, i)
+	default:
+		w.addLate(due, i)
+	}
+}
+
+// addLate inserts i into the late list after every entry due at or before
+// due. Past dues normally arrive in order (a loader scanning the store by
+// key), so this is an append; an adversarial mix costs a binary search and a
+// copy.
+func (w *Wheel) addLate(due int64, i int32) {
+	if w.lateAt == len(w.late) {
+		w.late, w.lateAt = w.late[:0], 0
+	}
+	pending := w.late[w.lateAt:]
+	if len(pending) == 0 || pending[len(pending)-1].due <= due {
+		w.late = append(w.late, item{due, i})
 		return
 	}
-	l := uint(bits.Len64(k^w.cur)-1) / slotBits
-	slot := int32(k>>(l*slotBits)) & slotMask
-	s := firstSlot + int32(l)*numSlots + slot
-	w.occ[l] |= 1 << uint(slot)
-	w.levels |= 1 << l
-	w.linkAfter(i, sl[s].prev)
-}
-
-// linkAfter inserts i after p in p's circular list.
-func (w *Wheel) linkAfter(i, p int32) {
-	sl := w.slab
-	n := sl[p].next
-	sl[i].prev, sl[i].next = p, n
-	sl[p].next = i
-	sl[n].prev = i
-}
-
-// unlink removes i from its list and clears the occupancy bit if that emptied
-// a bucket. A neighbour that is a sentinel pointing at itself on both sides
-// is the only way to see an emptied list: no per-entry bucket id is needed.
-func (w *Wheel) unlink(i int32) {
-	sl := w.slab
-	p, n := sl[i].prev, sl[i].next
-	sl[p].next = n
-	sl[n].prev = p
-	if p == n && p >= firstSlot && p < numSent {
-		b := p - firstSlot
-		l := uint(b / numSlots)
-		w.occ[l] &^= 1 << uint(b%numSlots)
-		if w.occ[l] == 0 {
-			w.levels &^= 1 << l
+	at, _ := slices.BinarySearchFunc(pending, due, func(it item, due int64) int {
+		if it.due <= due {
+			return -1
 		}
-	}
+		return 1
+	})
+	w.late = slices.Insert(w.late, w.lateAt+at, item{due, i})
 }
 
-// alloc returns a free slab index, growing the slab if the free list is empty.
-func (w *Wheel) alloc() int32 {
-	if i := w.free; i != noEntry {
-		w.free = w.slab[i].next
+func (q *queue) empty() bool {
+	return q.head == noLink || (q.head == q.tail && q.off == q.fill)
+}
+
+// push appends i to q, taking a chunk from the free list when the tail is full.
+func (w *Wheel) push(q *queue, due int64, i int32) {
+	if q.head == noLink {
+		c := w.allocChunk()
+		*q = queue{head: c, tail: c}
+	} else if q.fill == chunkSize {
+		c := w.allocChunk()
+		w.chunks[q.tail].next = c
+		q.tail, q.fill = c, 0
+	}
+	c := &w.chunks[q.tail]
+	c.due[q.fill] = due
+	c.idx[q.fill] = i
+	q.fill++
+}
+
+// resetQueue returns q's chunks to the free list. Only called on a queue
+// whose entries have all been consumed.
+func (w *Wheel) resetQueue(q *queue) {
+	for c := q.head; c != noLink; {
+		c = w.popChunk(c)
+	}
+	*q = emptyQueue
+}
+
+// popChunk frees chunk c and returns the one after it.
+func (w *Wheel) popChunk(c int32) int32 {
+	next := w.chunks[c].next
+	w.chunks[c].next = w.freeChunk
+	w.freeChunk = c
+	return next
+}
+
+func (w *Wheel) allocChunk() int32 {
+	if c := w.freeChunk; c != noLink {
+		w.freeChunk = w.chunks[c].next
+		w.chunks[c].next = noLink
+		return c
+	}
+	w.chunks = append(w.chunks, chunk{next: noLink})
+	return int32(len(w.chunks) - 1)
+}
+
+func (w *Wheel) allocEntry() int32 {
+	if i := w.freeEnt; i != noLink {
+		w.freeEnt = w.slab[i].link
 		return i
 	}
-	if len(w.slab) >= maxEntries {
-		// 2^31 entries is 64 GiB of slab; a process cannot get here without
-		// running out of memory first, but fail loudly rather than corrupt.
+	if len(w.slab) >= maxSlab {
+		// 2^31 entries is 48 GiB of slab; a process runs out of memory long
+		// before. Fail loudly rather than corrupt indexes.
 		panic("wheel: more than 2^31-1 entries")
 	}
 	w.slab = append(w.slab, entry{gen: 1})
 	return int32(len(w.slab) - 1)
 }
 
-// release puts i on the free list and bumps its generation so that handles
-// to it go stale.
-func (w *Wheel) release(i int32) {
-	e := &w.slab[i]
-	e.gen++
-	if e.gen == 0 {
-		e.gen = 1
+// reap recycles removed entry i once its queued item has been consumed.
+func (w *Wheel) reap(i int32) {
+	w.dead--
+	w.freeEntry(i)
+}
+
+// compact drops the items of removed entries from every queue, keeping the
+// order of the rest, and recycles their slots and emptied chunks.
+func (w *Wheel) compact() {
+	kept := w.late[:w.lateAt]
+	for _, it := range w.late[w.lateAt:] {
+		if w.slab[it.idx].link == linkDead {
+			w.reap(it.idx)
+			continue
+		}
+		kept = append(kept, it)
 	}
-	e.prev = freeMark
-	e.next = w.free
-	w.free = i
-	w.count--
+	w.late = kept
+	w.compactQueue(&w.nowQ)
+	for l := range numLevels {
+		for occ := w.occ[l]; occ != 0; occ &= occ - 1 {
+			s := uint(bits.TrailingZeros64(occ))
+			q := &w.buckets[uint(l)*numSlots+s]
+			w.compactQueue(q)
+			if q.head == noLink {
+				w.occ[l] &^= 1 << s
+			}
+		}
+		if w.occ[l] == 0 {
+			w.levels &^= 1 << uint(l)
+		}
+	}
+}
+
+// compactQueue filters q in place: a write cursor follows the read cursor
+// through the same chunks, and the chunks left over at the end are freed.
+func (w *Wheel) compactQueue(q *queue) {
+	if q.head == noLink {
+		return
+	}
+	rc, ro := q.head, q.off
+	wc, wo := q.head, q.off
+	for {
+		end := int32(chunkSize)
+		if rc == q.tail {
+			end = q.fill
+		}
+		for ; ro < end; ro++ {
+			due, i := w.chunks[rc].due[ro], w.chunks[rc].idx[ro]
+			if w.slab[i].link == linkDead {
+				w.reap(i)
+				continue
+			}
+			if wo == chunkSize {
+				wc, wo = w.chunks[wc].next, 0
+			}
+			w.chunks[wc].due[wo], w.chunks[wc].idx[wo] = due, i
+			wo++
+		}
+		if rc == q.tail {
+			break
+		}
+		rc, ro = w.chunks[rc].next, 0
+	}
+	for c := w.chunks[wc].next; c != noLink; {
+		c = w.popChunk(c)
+	}
+	w.chunks[wc].next = noLink
+	q.tail, q.fill = wc, wo
+	if q.empty() {
+		w.resetQueue(q)
+	}
+}
+
+// freeEntry recycles slot i. Its generation was already bumped when it was
+// fired or removed, so old handles are stale.
+func (w *Wheel) freeEntry(i int32) {
+	w.slab[i].link = w.freeEnt
+	w.freeEnt = i
+}
+
+// nextGen skips 0 so that the zero Handle never matches.
+func nextGen(g uint32) uint32 {
+	if g++; g == 0 {
+		g = 1
+	}
+	return g
 }

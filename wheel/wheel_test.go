@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -466,6 +467,104 @@ func (m *model) advance(now int64, max int) {
 	}
 }
 
+// checkInvariants verifies the wheel's internal bookkeeping: every slab slot
+// is live, dead or free exactly once; occupancy bits match non-empty
+// buckets; every queued item sits where placement by highest differing bit
+// puts it; the late list is sorted and before cur.
+func checkInvariants(t *testing.T, w *Wheel) {
+	t.Helper()
+	queued := make([]int, len(w.slab))
+	live, dead := 0, 0
+	visit := func(what string, q *queue, check func(due int64)) {
+		if q.head == noLink {
+			return
+		}
+		c, off := q.head, q.off
+		for {
+			end := int32(chunkSize)
+			if c == q.tail {
+				end = q.fill
+			}
+			for ; off < end; off++ {
+				due, i := w.chunks[c].due[off], w.chunks[c].idx[off]
+				queued[i]++
+				switch w.slab[i].link {
+				case linkLive:
+					live++
+				case linkDead:
+					dead++
+				default:
+					t.Fatalf("%s: queued slot %d is free", what, i)
+				}
+				check(due)
+			}
+			if c == q.tail {
+				break
+			}
+			c, off = w.chunks[c].next, 0
+		}
+	}
+	for l := range numLevels {
+		for s := range numSlots {
+			q := &w.buckets[l*numSlots+s]
+			if (w.occ[l]>>s&1 == 1) != !q.empty() {
+				t.Fatalf("bucket (%d,%d): occupancy bit %v, empty %v", l, s, w.occ[l]>>s&1, q.empty())
+			}
+			visit(fmt.Sprintf("bucket (%d,%d)", l, s), q, func(due int64) {
+				k := key(due)
+				if k <= w.cur {
+					t.Fatalf("bucket (%d,%d): due %d not after cur %d", l, s, due, unkey(w.cur))
+				}
+				gl := (bits.Len64(k^w.cur) - 1) / slotBits
+				gs := int(k>>(uint(gl)*slotBits)) & slotMask
+				if gl != l || gs != s {
+					t.Fatalf("due %d in bucket (%d,%d), belongs in (%d,%d)", due, l, s, gl, gs)
+				}
+			})
+		}
+		if (w.levels>>l&1 == 1) != (w.occ[l] != 0) {
+			t.Fatalf("level bit %d wrong", l)
+		}
+	}
+	visit("now queue", &w.nowQ, func(due int64) {
+		if key(due) != w.cur {
+			t.Fatalf("now queue: due %d, cur %d", due, unkey(w.cur))
+		}
+	})
+	prev := int64(math.MinInt64)
+	for _, it := range w.late[w.lateAt:] {
+		if it.due < prev || key(it.due) >= w.cur {
+			t.Fatalf("late list: due %d after %d, cur %d", it.due, prev, unkey(w.cur))
+		}
+		prev = it.due
+		queued[it.idx]++
+		switch w.slab[it.idx].link {
+		case linkLive:
+			live++
+		case linkDead:
+			dead++
+		default:
+			t.Fatalf("late: slot %d is free", it.idx)
+		}
+	}
+	free := 0
+	for i := w.freeEnt; i != noLink; i = w.slab[i].link {
+		free++
+		queued[i]++
+		if free > len(w.slab) {
+			t.Fatal("free list cycles")
+		}
+	}
+	for i, n := range queued {
+		if n != 1 {
+			t.Fatalf("slot %d referenced %d times", i, n)
+		}
+	}
+	if live != w.count || dead != w.dead {
+		t.Fatalf("live %d dead %d, counters say %d and %d", live, dead, w.count, w.dead)
+	}
+}
+
 func (m *model) check() {
 	m.maxLen = maxInt(m.maxLen, m.w.Len())
 	if m.w.Len() != len(m.ref) {
@@ -494,6 +593,9 @@ func TestPropertyAgainstHeap(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, seed*0x9e3779b97f4a7c15))
 			start := t0 + rng.Int64N(msDay)
 			m := &model{t: t, rng: rng, w: New(start), clock: start}
+			if seed%2 == 0 {
+				m.w.sweepMin = 1 // sweep removed entries as often as allowed
+			}
 			for step := 0; step < 4000; step++ {
 				switch p := rng.IntN(100); {
 				case p < 40:
@@ -505,8 +607,12 @@ func TestPropertyAgainstHeap(t *testing.T) {
 					for n := 50 + rng.IntN(200); n > 0; n-- {
 						m.add(due)
 					}
-				case p < 55:
+				case p < 54:
 					for n := rng.IntN(4); n >= 0; n-- {
+						m.removeRandom()
+					}
+				case p < 55: // cancel storm: most of what is pending
+					for n := len(m.live) * 3 / 4; n >= 0; n-- {
 						m.removeRandom()
 					}
 				case p < 80: // small steps, sometimes capped
@@ -527,6 +633,9 @@ func TestPropertyAgainstHeap(t *testing.T) {
 					}
 				}
 				m.check()
+				if step%50 == 0 {
+					checkInvariants(t, m.w)
+				}
 			}
 			// Drain: everything left fires in order.
 			m.advance(math.MaxInt64, math.MaxInt)
