@@ -1,0 +1,212 @@
+{{/* Chart name, truncated to the 63 characters DNS labels allow. */}}
+{{- define "delaybridge.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name. */}}
+{{- define "delaybridge.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "delaybridge.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "delaybridge.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "delaybridge.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "delaybridge.labels" -}}
+helm.sh/chart: {{ include "delaybridge.chart" . }}
+{{ include "delaybridge.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: broker
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "delaybridge.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "delaybridge.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "delaybridge.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Where each credential is mounted. The keys are the names under
+.Values.secrets; the paths are relative to /etc/delaybridge/secrets.
+*/}}
+{{- define "delaybridge.secretPaths" -}}
+adminToken: admin/token
+kafkaSaslPassword: kafka/sasl-password
+kafkaTlsCa: kafka/tls/ca.crt
+kafkaTlsCert: kafka/tls/tls.crt
+kafkaTlsKey: kafka/tls/tls.key
+natsPassword: nats/password
+natsToken: nats/token
+natsCreds: nats/nats.creds
+natsTlsCa: nats/tls/ca.crt
+natsTlsCert: nats/tls/tls.crt
+natsTlsKey: nats/tls/tls.key
+{{- end }}
+
+{{/*
+Absolute path of a mounted credential, or "" when its Secret is not set.
+Call with (list $ "natsCreds").
+*/}}
+{{- define "delaybridge.secretFile" -}}
+{{- $root := index . 0 }}
+{{- $name := index . 1 }}
+{{- $ref := index $root.Values.secrets $name }}
+{{- if $ref.secretName }}
+{{- $paths := include "delaybridge.secretPaths" $root | fromYaml }}
+{{- printf "/etc/delaybridge/secrets/%s" (index $paths $name) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Checks that need more than the JSON schema. The admin decision comes first:
+it is the one a default install always hits.
+*/}}
+{{- define "delaybridge.validate" -}}
+{{- $c := .Values.config }}
+{{- if and (not .Values.secrets.adminToken.secretName) (not $c.admin.allow_insecure_listen) }}
+{{- fail "delaybridge: the admin API listens on 0.0.0.0:8080 in the pod and needs an explicit auth decision: set secrets.adminToken.secretName (an existing Secret holding the bearer token, key secrets.adminToken.key), or set config.admin.allow_insecure_listen=true to serve it without a token" }}
+{{- end }}
+{{- if and (not $c.kafka.enabled) (not $c.nats.enabled) }}
+{{- fail "delaybridge: enable at least one transport: config.kafka.enabled or config.nats.enabled" }}
+{{- end }}
+{{- if $c.kafka.enabled }}
+{{- if not $c.kafka.brokers }}
+{{- fail "delaybridge: config.kafka.brokers is empty" }}
+{{- end }}
+{{- if not $c.kafka.sources }}
+{{- fail "delaybridge: config.kafka.sources is empty" }}
+{{- end }}
+{{- if and $c.kafka.sasl.mechanism (not .Values.secrets.kafkaSaslPassword.secretName) }}
+{{- fail "delaybridge: config.kafka.sasl.mechanism is set but secrets.kafkaSaslPassword.secretName is empty" }}
+{{- end }}
+{{- if and .Values.secrets.kafkaSaslPassword.secretName (not $c.kafka.sasl.mechanism) }}
+{{- fail "delaybridge: secrets.kafkaSaslPassword is set but config.kafka.sasl.mechanism is empty" }}
+{{- end }}
+{{- if and (or .Values.secrets.kafkaTlsCa.secretName .Values.secrets.kafkaTlsCert.secretName .Values.secrets.kafkaTlsKey.secretName) (not $c.kafka.tls.enabled) }}
+{{- fail "delaybridge: secrets.kafkaTls* are set but config.kafka.tls.enabled is false" }}
+{{- end }}
+{{- if ne (empty .Values.secrets.kafkaTlsCert.secretName) (empty .Values.secrets.kafkaTlsKey.secretName) }}
+{{- fail "delaybridge: secrets.kafkaTlsCert and secrets.kafkaTlsKey go together (client certificate and its key)" }}
+{{- end }}
+{{- end }}
+{{- if $c.nats.enabled }}
+{{- if not $c.nats.url }}
+{{- fail "delaybridge: config.nats.url is empty" }}
+{{- end }}
+{{- if not $c.nats.sources }}
+{{- fail "delaybridge: config.nats.sources is empty" }}
+{{- end }}
+{{- if and $c.nats.user (not .Values.secrets.natsPassword.secretName) }}
+{{- fail "delaybridge: config.nats.user is set but secrets.natsPassword.secretName is empty" }}
+{{- end }}
+{{- $auth := 0 }}
+{{- if .Values.secrets.natsPassword.secretName }}{{ $auth = add1 $auth }}{{ end }}
+{{- if .Values.secrets.natsToken.secretName }}{{ $auth = add1 $auth }}{{ end }}
+{{- if .Values.secrets.natsCreds.secretName }}{{ $auth = add1 $auth }}{{ end }}
+{{- if gt $auth 1 }}
+{{- fail "delaybridge: choose one NATS auth method: secrets.natsPassword, secrets.natsToken or secrets.natsCreds" }}
+{{- end }}
+{{- if and (or .Values.secrets.natsTlsCa.secretName .Values.secrets.natsTlsCert.secretName .Values.secrets.natsTlsKey.secretName) (not $c.nats.tls.enabled) }}
+{{- fail "delaybridge: secrets.natsTls* are set but config.nats.tls.enabled is false" }}
+{{- end }}
+{{- if ne (empty .Values.secrets.natsTlsCert.secretName) (empty .Values.secrets.natsTlsKey.secretName) }}
+{{- fail "delaybridge: secrets.natsTlsCert and secrets.natsTlsKey go together (client certificate and its key)" }}
+{{- end }}
+{{- end }}
+{{- $st := toString (default "" $c.shutdown_timeout) }}
+{{- if regexMatch "^[0-9]+s$" $st }}
+{{- if ge (atoi (trimSuffix "s" $st)) (int .Values.terminationGracePeriodSeconds) }}
+{{- fail (printf "delaybridge: config.shutdown_timeout (%s) must be below terminationGracePeriodSeconds (%d), with a margin, or Kubernetes kills the bridge mid-shutdown" $st (int .Values.terminationGracePeriodSeconds)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The bridge's config.yaml: the user's config with the chart-only keys
+(enabled flags) removed and the chart-owned keys (data_dir, admin.listen,
+*_file paths) filled in. Never holds a secret value.
+*/}}
+{{- define "delaybridge.config" -}}
+{{- $c := deepCopy .Values.config }}
+{{- $_ := set $c "data_dir" "/var/lib/delaybridge" }}
+{{- $admin := dict "listen" (printf "0.0.0.0:%d" (int .Values.service.port)) }}
+{{- with include "delaybridge.secretFile" (list . "adminToken") }}
+{{- $_ := set $admin "token_file" . }}
+{{- end }}
+{{- if $c.admin.allow_insecure_listen }}
+{{- $_ := set $admin "allow_insecure_listen" true }}
+{{- end }}
+{{- $_ := set $c "admin" $admin }}
+{{- if $c.kafka.enabled }}
+{{- $k := omit $c.kafka "enabled" "tls" "sasl" }}
+{{- if not $k.client_id }}{{ $k = omit $k "client_id" }}{{ end }}
+{{- if $c.kafka.tls.enabled }}
+{{- $tls := dict "enabled" true }}
+{{- with $c.kafka.tls.server_name }}{{ $_ := set $tls "server_name" . }}{{ end }}
+{{- if $c.kafka.tls.insecure_skip_verify }}{{ $_ := set $tls "insecure_skip_verify" true }}{{ end }}
+{{- with include "delaybridge.secretFile" (list . "kafkaTlsCa") }}{{ $_ := set $tls "ca_file" . }}{{ end }}
+{{- with include "delaybridge.secretFile" (list . "kafkaTlsCert") }}{{ $_ := set $tls "cert_file" . }}{{ end }}
+{{- with include "delaybridge.secretFile" (list . "kafkaTlsKey") }}{{ $_ := set $tls "key_file" . }}{{ end }}
+{{- $_ := set $k "tls" $tls }}
+{{- end }}
+{{- if $c.kafka.sasl.mechanism }}
+{{- $sasl := dict "mechanism" $c.kafka.sasl.mechanism "username" $c.kafka.sasl.username }}
+{{- $_ := set $sasl "password_file" (include "delaybridge.secretFile" (list . "kafkaSaslPassword")) }}
+{{- $_ := set $k "sasl" $sasl }}
+{{- end }}
+{{- $_ := set $c "kafka" $k }}
+{{- else }}
+{{- $c = omit $c "kafka" }}
+{{- end }}
+{{- if $c.nats.enabled }}
+{{- $n := omit $c.nats "enabled" "tls" "user" "create" }}
+{{- if $c.nats.create }}{{ $_ := set $n "create" true }}{{ end }}
+{{- if $c.nats.tls.enabled }}
+{{- $tls := dict "enabled" true }}
+{{- with $c.nats.tls.server_name }}{{ $_ := set $tls "server_name" . }}{{ end }}
+{{- if $c.nats.tls.insecure_skip_verify }}{{ $_ := set $tls "insecure_skip_verify" true }}{{ end }}
+{{- with include "delaybridge.secretFile" (list . "natsTlsCa") }}{{ $_ := set $tls "ca_file" . }}{{ end }}
+{{- with include "delaybridge.secretFile" (list . "natsTlsCert") }}{{ $_ := set $tls "cert_file" . }}{{ end }}
+{{- with include "delaybridge.secretFile" (list . "natsTlsKey") }}{{ $_ := set $tls "key_file" . }}{{ end }}
+{{- $_ := set $n "tls" $tls }}
+{{- end }}
+{{- if $c.nats.user }}
+{{- $_ := set $n "user" $c.nats.user }}
+{{- $_ := set $n "password_file" (include "delaybridge.secretFile" (list . "natsPassword")) }}
+{{- end }}
+{{- with include "delaybridge.secretFile" (list . "natsToken") }}{{ $_ := set $n "token_file" . }}{{ end }}
+{{- with include "delaybridge.secretFile" (list . "natsCreds") }}{{ $_ := set $n "creds_file" . }}{{ end }}
+{{- $_ := set $c "nats" $n }}
+{{- else }}
+{{- $c = omit $c "nats" }}
+{{- end }}
+{{- toYaml $c }}
+{{- end }}
