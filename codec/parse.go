@@ -98,25 +98,18 @@ func Parse(m *Message, r *Rules) Task {
 	if r == nil {
 		r = &noRules
 	}
-	// last[c] is 1 + the index of the last header of class c, 0 if absent.
-	var last [hdrCount]int
+	p := parser{m: m, r: r, stamp: m.Time.UnixMilli()}
 	for i := range m.Headers {
 		if c := classify(m.Headers[i].Key); c != hdrOther {
-			last[c] = i + 1
+			p.last[c] = i + 1
 		}
 	}
-	value := func(c hdr) ([]byte, bool) {
-		if last[c] == 0 {
-			return nil, false
-		}
-		return m.Headers[last[c]-1].Value, true
-	}
-	p := parser{m: m, r: r, stamp: m.Time.UnixMilli(), origin: m.Origin()}
+	value := p.value
 
 	if v, ok := value(hdrCancel); ok {
 		switch v = bytes.TrimSpace(v); {
 		case bytes.EqualFold(v, []byte("true")):
-			return p.cancel(p.id(&last))
+			return p.cancel(p.id())
 		case len(v) == 0 || bytes.EqualFold(v, []byte("false")):
 		default:
 			return p.deadLetter(CodeBadDue, "delay-cancel must be true or false, got "+short(string(v)))
@@ -177,41 +170,68 @@ func Parse(m *Message, r *Rules) Task {
 		}
 	}
 
+	// The target is resolved from the header bytes: a target named in the
+	// header costs no allocation of its own (see below).
 	rawTarget, hasTarget := value(hdrTarget)
-	var target string
+	rawTarget = bytes.TrimSpace(rawTarget)
+	targetText := func() string {
+		if hasTarget {
+			return string(rawTarget)
+		}
+		return r.DefaultTarget
+	}
+	var (
+		tr    Transport
+		nameB []byte // the target name when it comes from the header
+		name  string // the target name when it is the default target
+		err   error
+	)
 	if hasTarget {
-		target = string(bytes.TrimSpace(rawTarget))
+		tr, nameB, err = parseTarget(rawTarget, m.Transport)
 	} else {
 		if r.DefaultTarget == "" {
 			return p.deadLetter(CodeMissingTarget, "delay-target is not set and the source has no default target")
 		}
-		target = r.DefaultTarget
+		tr, name, err = parseTarget(r.DefaultTarget, m.Transport)
 	}
-	tr, name, err := ParseTarget(target, m.Transport)
 	if err != nil {
-		return p.deadLetter(CodeBadTarget, "delay-target "+strings.TrimPrefix(err.Error(), ErrBadTarget.Error()+": "))
+		return p.deadLetter(CodeBadTarget, "delay-target "+err.Error())
 	}
 	if tr != m.Transport && (r.Transports == nil || !r.Transports(tr)) {
-		return p.deadLetter(CodeBadTarget, "delay-target "+short(target)+" names transport "+tr.String()+", which is not configured")
-	}
-	if r.Allow != nil && !r.Allow(tr, name) {
-		return p.deadLetter(CodeTargetNotAllowed, "delay-target "+short(target)+" is not matched by targets.allow")
+		return p.deadLetter(CodeBadTarget, "delay-target "+short(targetText())+" names transport "+tr.String()+", which is not configured")
 	}
 
-	id := p.id(&last)
+	// Allocation budget of a schedule: one byte buffer holds the added
+	// header values (id, origin, due) followed by the target name, one
+	// string copy of it backs Task.ID, Origin and Target, and one slice
+	// holds the headers. Everything else aliases the message.
+	idB, idIsOrigin := p.idBytes()
+	buf := make([]byte, 0, len(idB)+originSize(m)+len(dueLayout)+len(nameB))
+	buf = append(buf, idB...)
+	idEnd := len(buf)
+	buf = m.appendOrigin(buf)
+	originEnd := len(buf)
+	buf = appendDue(buf, due)
+	dueEnd := len(buf)
+	buf = append(buf, nameB...)
+	all := string(buf)
+	origin := all[idEnd:originEnd]
+	id, idVal := all[:idEnd], buf[:idEnd:idEnd]
+	if idIsOrigin {
+		id, idVal = origin, buf[idEnd:originEnd:originEnd]
+	}
+	if hasTarget {
+		name = all[dueEnd:]
+	}
+	p.origin = origin
+	if r.Allow != nil && !r.Allow(tr, name) {
+		return p.deadLetter(CodeTargetNotAllowed, "delay-target "+short(targetText())+" is not matched by targets.allow")
+	}
+
 	key := m.Key
 	if v, ok := value(hdrKey); ok {
 		key = v
 	}
-
-	// One buffer backs the three added header values: one allocation
-	// instead of three on the hot path.
-	buf := make([]byte, 0, len(id)+len(p.origin)+len(dueLayout)+2)
-	buf = append(buf, id...)
-	buf = append(buf, p.origin...)
-	buf = appendDue(buf, due)
-	idEnd, originEnd := len(id), len(id)+len(p.origin)
-
 	hs := make([]Header, 0, len(m.Headers)+3)
 	for _, h := range m.Headers {
 		switch c := classify(h.Key); {
@@ -221,16 +241,16 @@ func Parse(m *Message, r *Rules) Task {
 		hs = append(hs, h)
 	}
 	hs = append(hs,
-		Header{Key: HeaderID, Value: buf[:idEnd:idEnd]},
+		Header{Key: HeaderID, Value: idVal},
 		Header{Key: HeaderOrigin, Value: buf[idEnd:originEnd:originEnd]},
-		Header{Key: HeaderDue, Value: buf[originEnd:len(buf):len(buf)]},
+		Header{Key: HeaderDue, Value: buf[originEnd:dueEnd:dueEnd]},
 	)
 
 	return Task{
 		Kind:         KindSchedule,
 		ID:           id,
 		Source:       m.Source,
-		Origin:       p.origin,
+		Origin:       origin,
 		Stamp:        p.stamp,
 		Partition:    m.Partition,
 		Offset:       m.Offset,
@@ -247,30 +267,57 @@ func Parse(m *Message, r *Rules) Task {
 
 // parser carries what every outcome of Parse shares.
 type parser struct {
-	m      *Message
-	r      *Rules
+	m *Message
+	r *Rules
+	// last[c] is 1 + the index of the last header of class c, 0 if
+	// absent. Kept in the struct, not behind a pointer, so it stays on
+	// the stack.
+	last   [hdrCount]int
 	stamp  int64
-	origin string
+	origin string // set on first use: the schedule path builds its own
 }
 
-// id picks the task id: delay-id, then the Kafka key or the NATS
-// Nats-Msg-Id, then the origin, which is unique. Empty values are skipped:
-// an empty id would make unrelated messages replace each other.
-func (p *parser) id(last *[hdrCount]int) string {
-	if i := last[hdrID]; i > 0 && len(p.m.Headers[i-1].Value) > 0 {
-		return string(p.m.Headers[i-1].Value)
+// value returns the last header of class c.
+func (p *parser) value(c hdr) ([]byte, bool) {
+	if p.last[c] == 0 {
+		return nil, false
+	}
+	return p.m.Headers[p.last[c]-1].Value, true
+}
+
+func (p *parser) orig() string {
+	if p.origin == "" {
+		p.origin = p.m.Origin()
+	}
+	return p.origin
+}
+
+// idBytes picks the task id: delay-id, then the Kafka key or the NATS
+// Nats-Msg-Id, then the origin (reported by useOrigin), which is unique.
+// Empty values are skipped: an empty id would make unrelated messages
+// replace each other.
+func (p *parser) idBytes() (id []byte, useOrigin bool) {
+	if i := p.last[hdrID]; i > 0 && len(p.m.Headers[i-1].Value) > 0 {
+		return p.m.Headers[i-1].Value, false
 	}
 	switch p.m.Transport {
 	case TransportKafka:
 		if len(p.m.Key) > 0 {
-			return string(p.m.Key)
+			return p.m.Key, false
 		}
 	case TransportNATS:
-		if i := last[hdrNatsMsgID]; i > 0 && len(p.m.Headers[i-1].Value) > 0 {
-			return string(p.m.Headers[i-1].Value)
+		if i := p.last[hdrNatsMsgID]; i > 0 && len(p.m.Headers[i-1].Value) > 0 {
+			return p.m.Headers[i-1].Value, false
 		}
 	}
-	return p.origin
+	return nil, true
+}
+
+func (p *parser) id() string {
+	if id, useOrigin := p.idBytes(); !useOrigin {
+		return string(id)
+	}
+	return p.orig()
 }
 
 func (p *parser) cancel(id string) Task {
@@ -278,7 +325,7 @@ func (p *parser) cancel(id string) Task {
 		Kind:         KindCancel,
 		ID:           id,
 		Source:       p.m.Source,
-		Origin:       p.origin,
+		Origin:       p.orig(),
 		Stamp:        p.stamp,
 		Partition:    p.m.Partition,
 		Offset:       p.m.Offset,
@@ -301,13 +348,13 @@ func (p *parser) deadLetter(code Code, detail string) Task {
 	hs = append(hs,
 		Header{Key: HeaderError, Value: []byte(code)},
 		Header{Key: HeaderErrorDetail, Value: []byte(detail)},
-		Header{Key: HeaderOrigin, Value: []byte(p.origin)},
+		Header{Key: HeaderOrigin, Value: []byte(p.orig())},
 	)
 	return Task{
 		Kind:         KindDeadLetter,
-		ID:           p.origin,
+		ID:           p.orig(),
 		Source:       p.m.Source,
-		Origin:       p.origin,
+		Origin:       p.orig(),
 		Stamp:        p.stamp,
 		Partition:    p.m.Partition,
 		Offset:       p.m.Offset,

@@ -676,3 +676,29 @@ func dump(t Task) string {
 	sb.WriteString("}")
 	return sb.String()
 }
+
+func TestAppendOrigin(t *testing.T) {
+	for _, m := range []*Message{
+		kafkaMsg(), natsMsg(),
+		{Transport: TransportKafka, Source: "t", Partition: -2147483648, Offset: -9223372036854775808},
+		{Transport: TransportNATS, Source: strings.Repeat("s", 300), Offset: 9223372036854775807},
+	} {
+		got := string(m.appendOrigin(nil))
+		if got != m.Origin() || len(got) > originSize(m) {
+			t.Errorf("appendOrigin %q, Origin %q, bound %d", got, m.Origin(), originSize(m))
+		}
+	}
+}
+
+// TestParseAllocs pins the hot path's allocation budget (see Parse).
+func TestParseAllocs(t *testing.T) {
+	m := kafkaMsg(h("traceparent", "x"), h("delay-after", "90s"), h("delay-target", "orders"))
+	r := &Rules{DLQ: "d", MaxDelay: time.Hour, Allow: func(Transport, string) bool { return true }}
+	if n := testing.AllocsPerRun(100, func() { Parse(m, r) }); n > 3 {
+		t.Errorf("Parse of a schedule: %v allocations, want 3", n)
+	}
+	m = kafkaMsg(h("delay-after", "90s"), h("delay-cancel", "true"))
+	if n := testing.AllocsPerRun(100, func() { Parse(m, r) }); n > 1 {
+		t.Errorf("Parse of a cancel: %v allocations, want 1", n)
+	}
+}

@@ -3,7 +3,6 @@ package codec
 import (
 	"errors"
 	"fmt"
-	"strings"
 )
 
 // ErrBadTarget is wrapped by ParseTarget errors.
@@ -24,17 +23,33 @@ const maxTopicLen = 249
 // '.'-separated tokens without whitespace or control characters and without
 // the wildcard tokens "*" and ">".
 func ParseTarget(s string, own Transport) (Transport, string, error) {
+	t, name, err := parseTarget(s, own)
+	if err != nil {
+		return 0, "", fmt.Errorf("codec: target %w", err)
+	}
+	return t, name, nil
+}
+
+// parseTarget is ParseTarget for header bytes as well as strings, so Parse
+// validates a target without first copying it into a string. Its errors
+// read as a phrase after the header name and match ErrBadTarget.
+func parseTarget[S ~string | ~[]byte](s S, own Transport) (Transport, S, error) {
+	var zero S
 	t, name := own, s
-	if i := strings.IndexByte(s, ':'); i >= 0 {
-		switch prefix := s[:i]; prefix {
-		case "kafka":
+	for i := 0; i < len(s); i++ {
+		if s[i] != ':' {
+			continue
+		}
+		switch {
+		case string(s[:i]) == "kafka":
 			t = TransportKafka
-		case "nats":
+		case string(s[:i]) == "nats":
 			t = TransportNATS
 		default:
-			return 0, "", fmt.Errorf("%w: %s: unknown transport prefix %s (want kafka: or nats:)", ErrBadTarget, short(s), short(prefix))
+			return 0, zero, &targetError{fmt.Sprintf("%s: unknown transport prefix %s (want kafka: or nats:)", short(string(s)), short(string(s[:i])))}
 		}
 		name = s[i+1:]
+		break
 	}
 	var err error
 	switch t {
@@ -46,18 +61,25 @@ func ParseTarget(s string, own Transport) (Transport, string, error) {
 		err = fmt.Errorf("unknown transport %v", t)
 	}
 	if err != nil {
-		return 0, "", fmt.Errorf("%w: %s: %v", ErrBadTarget, short(s), err)
+		return 0, zero, &targetError{short(string(s)) + ": " + err.Error()}
 	}
 	return t, name, nil
 }
 
-func checkTopic(name string) error {
+// targetError is a target validation failure; errors.Is matches
+// ErrBadTarget.
+type targetError struct{ msg string }
+
+func (e *targetError) Error() string { return e.msg }
+func (e *targetError) Unwrap() error { return ErrBadTarget }
+
+func checkTopic[S ~string | ~[]byte](name S) error {
 	switch {
-	case name == "":
+	case len(name) == 0:
 		return errors.New("empty Kafka topic")
 	case len(name) > maxTopicLen:
 		return fmt.Errorf("Kafka topic longer than %d characters", maxTopicLen)
-	case name == "." || name == "..":
+	case string(name) == "." || string(name) == "..":
 		return errors.New(`Kafka topic cannot be "." or ".."`)
 	}
 	for i := 0; i < len(name); i++ {
@@ -69,8 +91,8 @@ func checkTopic(name string) error {
 	return nil
 }
 
-func checkSubject(name string) error {
-	if name == "" {
+func checkSubject[S ~string | ~[]byte](name S) error {
+	if len(name) == 0 {
 		return errors.New("empty NATS subject")
 	}
 	start := 0
@@ -81,11 +103,11 @@ func checkSubject(name string) error {
 			}
 			continue
 		}
-		switch tok := name[start:i]; tok {
-		case "":
+		switch tok := name[start:i]; {
+		case len(tok) == 0:
 			return errors.New("NATS subject has an empty token")
-		case "*", ">":
-			return fmt.Errorf("NATS subject has wildcard %q; a publish subject must be literal", tok)
+		case len(tok) == 1 && (tok[0] == '*' || tok[0] == '>'):
+			return fmt.Errorf("NATS subject has wildcard %q; a publish subject must be literal", tok[0])
 		}
 		start = i + 1
 	}

@@ -193,3 +193,26 @@ type Task struct {
 	Code   Code
 	Detail string
 }
+
+// originSize bounds len(m.Origin()): the longest prefix and two integers.
+func originSize(m *Message) int {
+	return len("kafka:") + len(m.Source) + len("/@") + 11 + 20
+}
+
+// appendOrigin appends Origin() to dst without allocating a string.
+func (m *Message) appendOrigin(dst []byte) []byte {
+	switch m.Transport {
+	case TransportNATS:
+		dst = append(dst, "nats:"...)
+		dst = append(dst, m.Source...)
+		dst = append(dst, '#')
+		return strconv.AppendInt(dst, m.Offset, 10)
+	default:
+		dst = append(dst, "kafka:"...)
+		dst = append(dst, m.Source...)
+		dst = append(dst, '/')
+		dst = strconv.AppendInt(dst, int64(m.Partition), 10)
+		dst = append(dst, '@')
+		return strconv.AppendInt(dst, m.Offset, 10)
+	}
+}
