@@ -95,20 +95,23 @@ type memHandler struct {
 	cps      map[string]int64
 	attempts int
 	// fail, when set, decides per Handle call whether it fails.
-	fail func(b *bridge.Batch) error
+	fail func(ctx context.Context, b *bridge.Batch) error
 }
 
 func newMemHandler() *memHandler { return &memHandler{cps: make(map[string]int64)} }
 
-func (h *memHandler) Handle(_ context.Context, b *bridge.Batch) error {
+func (h *memHandler) Handle(ctx context.Context, b *bridge.Batch) error {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	h.attempts++
-	if h.fail != nil {
-		if err := h.fail(b); err != nil {
+	fail := h.fail
+	h.mu.Unlock()
+	if fail != nil {
+		if err := fail(ctx, b); err != nil {
 			return err
 		}
 	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.batches = append(h.batches, b)
 	for _, it := range b.Items {
 		h.msgs = append(h.msgs, it.Msg)
@@ -129,7 +132,7 @@ func (h *memHandler) Checkpoint(key string) (int64, bool, error) {
 	return o, ok, nil
 }
 
-func (h *memHandler) setFail(f func(*bridge.Batch) error) {
+func (h *memHandler) setFail(f func(context.Context, *bridge.Batch) error) {
 	h.mu.Lock()
 	h.fail = f
 	h.mu.Unlock()

@@ -247,6 +247,14 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 		return
 	}
 	log.Debug("partition assigned", zap.Int64("committed", pa.Offset), zap.Int64("start", start))
+	if start > pa.Offset && start >= 0 && gctx.Err() == nil {
+		// The store is ahead of the group (we died or lost the generation
+		// between store commit and offset commit): catch the group up now,
+		// or the next owner without this store would read it all again.
+		if err := gen.CommitOffsets(map[string]map[int]int64{topic: {pa.ID: start}}); err != nil {
+			log.Warn("commit of the stored checkpoint failed", zap.Int64("offset", start), zap.Error(err))
+		}
+	}
 
 	out := make(chan fetched, 1)
 	var wg sync.WaitGroup

@@ -105,7 +105,7 @@ func TestSourceHandleErrorRetriesWithoutCommit(t *testing.T) {
 
 	failing := newMemHandler()
 	var seen [][]int64
-	failing.setFail(func(b *bridge.Batch) error {
+	failing.setFail(func(_ context.Context, b *bridge.Batch) error {
 		var offs []int64
 		for _, it := range b.Items {
 			offs = append(offs, it.Msg.Offset)
@@ -171,7 +171,7 @@ func TestSourceRecoversAfterHandleErrors(t *testing.T) {
 	waitFor(t, "commit 3", func() bool { return committed(c, "g", "delay")[0] == 3 })
 
 	fails := 0
-	h.setFail(func(*bridge.Batch) error {
+	h.setFail(func(context.Context, *bridge.Batch) error {
 		if fails < 3 {
 			fails++
 			if cm := committed(c, "g", "delay")[0]; cm != 3 {

@@ -1,0 +1,265 @@
+package kafka
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/metrics"
+)
+
+// javaMurmur2 are Apache Kafka's own UtilsTest.testMurmur2 vectors: what
+// Utils.murmur2 returns in Java, as a signed int.
+var javaMurmur2 = []struct {
+	key  string
+	hash int32
+}{
+	{"21", -973932308},
+	{"foobar", -790332482},
+	{"a-little-bit-long-string", -985981536},
+	{"a-little-bit-longer-string", -1486304829},
+	{"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971},
+	{"abc", 479470107},
+}
+
+// javaPartition is the Java default partitioner for a keyed record:
+// Utils.toPositive(Utils.murmur2(key)) % numPartitions.
+func javaPartition(hash int32, n int) int { return int(uint32(hash)&0x7fffffff) % n }
+
+func TestSinkBalancerMatchesJava(t *testing.T) {
+	s, err := NewSink(Config{Brokers: []string{"127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, n := range []int{1, 3, 8, 12} {
+		parts := make([]int, n)
+		for i := range parts {
+			parts[i] = i
+		}
+		for _, v := range javaMurmur2 {
+			got := s.w.Balancer.Balance(kafkago.Message{Key: []byte(v.key)}, parts...)
+			if want := javaPartition(v.hash, n); got != want {
+				t.Errorf("key %q over %d partitions: got %d, Java %d", v.key, n, got, want)
+			}
+		}
+	}
+	// Pinned partitions for 8 partitions, computed by hand from the Java
+	// hashes so a change to javaPartition cannot hide a regression.
+	for key, want := range map[string]int{"21": 4, "foobar": 6, "abc": 3} {
+		if got := s.w.Balancer.Balance(kafkago.Message{Key: []byte(key)}, 0, 1, 2, 3, 4, 5, 6, 7); got != want {
+			t.Errorf("key %q: partition %d, want %d", key, got, want)
+		}
+	}
+}
+
+func consumeAll(t *testing.T, c *kfake.Cluster, topic string, n int) []*kgo.Record {
+	t.Helper()
+	cl := producer(t, c, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(100*time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out []*kgo.Record
+	for len(out) < n {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("consumed %d of %d from %s", len(out), n, topic)
+		}
+		fs.EachRecord(func(r *kgo.Record) { out = append(out, r) })
+	}
+	return out
+}
+
+func task(target, key, value string, headers ...codec.Header) *codec.Task {
+	t := &codec.Task{Kind: codec.KindSchedule, Transport: codec.TransportKafka, Target: target, Value: []byte(value), Headers: headers}
+	if key != "" {
+		t.Key = []byte(key)
+	}
+	return t
+}
+
+func TestSinkDeliversExactly(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(8, "out"), kfake.SeedTopics(1, "other"))
+	m := metrics.New(nil)
+	cfg := testConfig(t, c.ListenAddrs(), "")
+	cfg.Metrics = m
+	s, err := NewSink(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var batch []*codec.Task
+	for _, v := range javaMurmur2 {
+		batch = append(batch, task("out", v.key, "value-"+v.key,
+			codec.Header{Key: "delay-id", Value: []byte(v.key)},
+			codec.Header{Key: "dup", Value: []byte("1")}, codec.Header{Key: "dup", Value: []byte("2")},
+			codec.Header{Key: "empty", Value: []byte{}}))
+	}
+	batch = append(batch, task("other", "", "no key"))
+	if errs := s.Deliver(context.Background(), batch); errs != nil {
+		t.Fatalf("Deliver: %v", errs)
+	}
+
+	recs := consumeAll(t, c, "out", len(javaMurmur2))
+	byKey := map[string]*kgo.Record{}
+	for _, r := range recs {
+		byKey[string(r.Key)] = r
+	}
+	for _, v := range javaMurmur2 {
+		r := byKey[v.key]
+		if r == nil {
+			t.Fatalf("key %q not delivered", v.key)
+		}
+		if string(r.Value) != "value-"+v.key {
+			t.Errorf("key %q: value %q", v.key, r.Value)
+		}
+		if want := javaPartition(v.hash, 8); int(r.Partition) != want {
+			t.Errorf("key %q: partition %d, Java puts it on %d", v.key, r.Partition, want)
+		}
+		want := []kgo.RecordHeader{{Key: "delay-id", Value: []byte(v.key)}, {Key: "dup", Value: []byte("1")}, {Key: "dup", Value: []byte("2")}, {Key: "empty", Value: []byte{}}}
+		if !slices.EqualFunc(r.Headers, want, func(a, b kgo.RecordHeader) bool { return a.Key == b.Key && bytes.Equal(a.Value, b.Value) }) {
+			t.Errorf("key %q: headers %v, want %v", v.key, r.Headers, want)
+		}
+	}
+	other := consumeAll(t, c, "other", 1)
+	if other[0].Key != nil || string(other[0].Value) != "no key" {
+		t.Errorf("other: key %q value %q", other[0].Key, other[0].Value)
+	}
+	if time.Since(other[0].Timestamp) > time.Minute || time.Since(other[0].Timestamp) < 0 {
+		t.Errorf("record timestamp %v is not the publish time", other[0].Timestamp)
+	}
+	if n := testutilCount(t, m); n != 1 {
+		t.Errorf("publish_seconds observations %d, want 1", n)
+	}
+}
+
+func testutilCount(t *testing.T, m *metrics.Metrics) uint64 {
+	t.Helper()
+	h, err := m.PublishSeconds.GetMetricWithLabelValues("kafka")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pb dto.Metric
+	if err := h.(prometheus.Metric).Write(&pb); err != nil {
+		t.Fatal(err)
+	}
+	return pb.GetHistogram().GetSampleCount()
+}
+
+// A task for a topic that does not exist fails alone, with an error the
+// engine retries (and dead-letters as publish-failed once exhausted); the
+// others of the batch are delivered.
+func TestSinkMissingTopicFailsPerTask(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(2, "out"))
+	s, err := NewSink(testConfig(t, c.ListenAddrs(), ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	batch := []*codec.Task{task("out", "a", "1"), task("missing", "b", "2"), task("out", "c", "3"), task("", "d", "4")}
+	for attempt := range 2 { // the engine's retry gets the same answer
+		errs := s.Deliver(context.Background(), batch)
+		if len(errs) != len(batch) {
+			t.Fatalf("attempt %d: errs %v", attempt, errs)
+		}
+		if errs[0] != nil || errs[2] != nil {
+			t.Errorf("attempt %d: tasks to an existing topic failed: %v %v", attempt, errs[0], errs[2])
+		}
+		if !errors.Is(errs[1], kafkago.UnknownTopicOrPartition) {
+			t.Errorf("attempt %d: missing topic: %v, want UnknownTopicOrPartition", attempt, errs[1])
+		}
+		if !errors.Is(errs[3], ErrNoTopic) {
+			t.Errorf("attempt %d: empty target: %v, want ErrNoTopic", attempt, errs[3])
+		}
+	}
+	if c.TopicInfo("missing") != nil {
+		t.Fatal("the sink created the missing topic")
+	}
+	recs := consumeAll(t, c, "out", 4)
+	if len(recs) != 4 {
+		t.Fatalf("got %d records", len(recs))
+	}
+}
+
+// Produce errors from the broker come back per task; after the fault is
+// removed the same tasks are delivered.
+func TestSinkProduceFaultThenRecovery(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "out"), kfake.SeedTopics(1, "fine"))
+	cfg := testConfig(t, c.ListenAddrs(), "")
+	cfg.WriteAttempts = 2
+	s, err := NewSink(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fault := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "out", Err: kerr.NotEnoughReplicas, Count: -1})
+	batch := []*codec.Task{task("out", "a", "1"), task("fine", "b", "2"), task("out", "c", "3")}
+	errs := s.Deliver(context.Background(), batch)
+	if len(errs) != 3 || !errors.Is(errs[0], kafkago.NotEnoughReplicas) || errs[1] != nil || !errors.Is(errs[2], kafkago.NotEnoughReplicas) {
+		t.Fatalf("errs %v: want NotEnoughReplicas for topic out only", errs)
+	}
+	if hits := fault.Hits(); hits < cfg.WriteAttempts {
+		t.Errorf("fault hit %d times, want the writer's %d attempts", hits, cfg.WriteAttempts)
+	}
+	fault.Remove()
+	if errs := s.Deliver(context.Background(), []*codec.Task{batch[0], batch[2]}); errs != nil {
+		t.Fatalf("after recovery: %v", errs)
+	}
+	recs := consumeAll(t, c, "out", 2)
+	if string(recs[0].Value) != "1" || string(recs[1].Value) != "3" {
+		t.Fatalf("delivered %q %q", recs[0].Value, recs[1].Value)
+	}
+}
+
+func TestSinkTooLargeFailsAlone(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "out"))
+	cfg := testConfig(t, c.ListenAddrs(), "")
+	cfg.BatchBytes = 1000
+	s, err := NewSink(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	big := string(bytes.Repeat([]byte("x"), 1000))
+	errs := s.Deliver(context.Background(), []*codec.Task{task("out", "a", "small"), task("out", "b", big)})
+	if len(errs) != 2 || errs[0] != nil || !errors.Is(errs[1], ErrTooLarge) || !errors.Is(errs[1], kafkago.MessageSizeTooLarge) {
+		t.Fatalf("errs %v", errs)
+	}
+	consumeAll(t, c, "out", 1)
+}
+
+func TestRecordSizeMatchesKafkaGo(t *testing.T) {
+	// kafka-go refuses a message whose size exceeds BatchBytes with
+	// MessageTooLargeError; recordSize must agree with it at the edge.
+	for _, m := range []kafkago.Message{
+		{Topic: "t", Value: []byte("v")},
+		{Topic: "t", Key: []byte("key"), Value: bytes.Repeat([]byte("v"), 300), Headers: []kafkago.Header{{Key: "h", Value: []byte("x")}}},
+		{Topic: "t", Headers: []kafkago.Header{{Key: string(bytes.Repeat([]byte("h"), 200)), Value: bytes.Repeat([]byte("x"), 70)}}},
+	} {
+		size := recordSize(&m)
+		for _, limit := range []int{size - 1, size} {
+			w := &kafkago.Writer{Addr: kafkago.TCP("127.0.0.1:1"), BatchBytes: int64(limit)}
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			err := w.WriteMessages(ctx, m)
+			cancel()
+			_ = w.Close()
+			var tooLarge kafkago.MessageTooLargeError
+			if got := errors.As(err, &tooLarge); got != (limit < size) {
+				t.Errorf("size %d, limit %d: kafka-go too large = %v (err %v)", size, limit, got, err)
+			}
+		}
+	}
+}
+
