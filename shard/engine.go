@@ -1,56 +1,696 @@
+// Package shard is the durable heart of delaybridge: one Pebble store split
+// into N shards, each with a timing wheel and one fire loop.
+//
+// A task is routed by xxhash(source, id) so every message with the same id
+// lands in the same shard, where one mutex orders ingest, replace, cancel,
+// firing and the horizon loader. Ingest writes a whole source batch in one
+// synced commit and only then puts the tasks in the wheel; the wheel holds
+// only (fire, seq) pairs of tasks due before the shard's horizon, the rest
+// stays on disk until the loader reaches it. A fire loop reads due
+// envelopes, hands them to the Sink and deletes them in one synced commit
+// after the broker acknowledged them; failures are rescheduled with backoff
+// and finally dead-lettered.
 package shard
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/clock"
+	"github.com/delaybridge/delaybridge/metrics"
+	"github.com/delaybridge/delaybridge/wheel"
 )
 
-// Engine is the durable delay engine: one Pebble store, N shards, each with
-// a timing wheel and a fire loop.
+// ErrInvalidTask is returned by Ingest for a task the engine cannot store
+// (an unknown kind); nothing of the batch is written.
+var ErrInvalidTask = errors.New("shard: invalid task")
+
+// ErrRunning is returned by Run when it is already running and by Close
+// while Run is active.
+var ErrRunning = errors.New("shard: engine running")
+
+// Engine is the durable delay engine.
 type Engine struct {
-	opts Options
+	opts   Options
+	log    *zap.Logger
+	m      *metrics.Metrics
+	clk    clock.Clock
+	db     *pebble.DB
+	shards []*shard
+
+	seq atomic.Uint64 // last allocated store sequence
+
+	errMu    sync.Mutex
+	storeErr error // sticky: first failed write
+
+	closeMu sync.RWMutex
+	closed  bool
+	running atomic.Bool
+
+	commitIngest, commitFire, commitRetry, commitCancel prometheus.Observer
 }
 
-var errNotImplemented = errors.New("shard: not implemented yet")
+// shard is one slice of the keyspace with its wheel and fire loop. mu
+// guards everything below it and every index entry routed to the shard.
+type shard struct {
+	e     *Engine
+	id    int
+	label string
 
-// Open opens the store at opts.Dir and recovers pending tasks. The engine is
-// ready when Open returns.
+	mu         sync.Mutex
+	w          *wheel.Wheel
+	horizonEnd int64 // ms; the wheel holds every stored task with fire < horizonEnd
+	pending    int64
+	nextSweep  int64
+	dlqErr     error // last failed dead-letter delivery, nil after one succeeds
+
+	// Fire-loop parking, so Ingest can wake the loop for an earlier due and
+	// tests can tell when the loop is idle.
+	parked    bool
+	wakeAt    int64     // ms the parked loop wakes for
+	parkUntil time.Time // clock time the loop's timer fires
+	notify    chan struct{}
+
+	rng *rand.Rand // jitter; used by the fire loop only
+
+	pendingG, inWheelG prometheus.Gauge
+}
+
+func (o *Options) setDefaults() {
+	if o.Shards <= 0 {
+		o.Shards = 8
+	}
+	if o.Horizon <= 0 {
+		o.Horizon = 10 * time.Minute
+	}
+	if o.Horizon < 2*time.Millisecond {
+		o.Horizon = 2 * time.Millisecond
+	}
+	if o.FireBatch <= 0 {
+		o.FireBatch = 512
+	}
+	if o.CancelRetention <= 0 {
+		o.CancelRetention = 24 * time.Hour
+	}
+	r := &o.Retry
+	if r.Initial <= 0 {
+		r.Initial = 500 * time.Millisecond
+	}
+	if r.Max <= 0 {
+		r.Max = 5 * time.Minute
+	}
+	if r.Max < r.Initial {
+		r.Max = r.Initial
+	}
+	if r.Multiplier < 1 {
+		r.Multiplier = 2
+	}
+	if r.Jitter == 0 {
+		r.Jitter = 0.2
+	} else if r.Jitter < 0 { // negative: no jitter (tests)
+		r.Jitter = 0
+	}
+	if r.Jitter > 1 {
+		r.Jitter = 1
+	}
+	if r.MaxAttempts <= 0 {
+		r.MaxAttempts = 10
+	}
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.New(nil)
+	}
+}
+
+// maxShards keeps the shard number in the u16 of the keys.
+const maxShards = 1 << 16
+
+// Open opens the store at opts.Dir and recovers: the pending counts and the
+// sequence are read back, and each shard's wheel is filled with the stored
+// tasks due before now+Horizon (overdue ones fire as soon as Run starts).
+// The engine is ready when Open returns.
 func Open(opts Options) (*Engine, error) {
-	return nil, errNotImplemented
+	if opts.Dir == "" {
+		return nil, errors.New("shard: open: Options.Dir is required")
+	}
+	if opts.Shards > maxShards {
+		return nil, fmt.Errorf("shard: open: %d shards, at most %d", opts.Shards, maxShards)
+	}
+	opts.setDefaults()
+	db, err := openPebble(opts.Dir, opts.FS, opts.Logger)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{
+		opts: opts,
+		log:  opts.Logger,
+		m:    opts.Metrics,
+		clk:  opts.Clock,
+		db:   db,
+	}
+	e.commitIngest = e.m.StoreCommit.WithLabelValues("ingest")
+	e.commitFire = e.m.StoreCommit.WithLabelValues("fire")
+	e.commitRetry = e.m.StoreCommit.WithLabelValues("retry")
+	e.commitCancel = e.m.StoreCommit.WithLabelValues("cancel")
+	if err := e.recover(); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return e, nil
 }
 
-// Ingest durably stores a batch of tasks and checkpoints in one synced commit.
+func (e *Engine) recover() error {
+	n := e.opts.Shards
+	v, found, err := getCopy(e.db, shardsKey)
+	if err != nil {
+		return fmt.Errorf("shard: recover: read shard count: %w", err)
+	}
+	if found {
+		if len(v) != 2 {
+			return fmt.Errorf("shard: recover: corrupt shard count")
+		}
+		if stored := int(uint16(v[0])<<8 | uint16(v[1])); stored != n && !(stored == 0 && n == maxShards) {
+			return fmt.Errorf("shard: recover: store has %d shards, options ask for %d: changing the shard count is not supported", stored, n)
+		}
+	} else if err := e.db.Set(shardsKey, []byte{byte(n >> 8), byte(n)}, pebble.Sync); err != nil {
+		return fmt.Errorf("shard: recover: write shard count: %w", err)
+	}
+	v, found, err = getCopy(e.db, seqKey)
+	if err != nil {
+		return fmt.Errorf("shard: recover: read sequence: %w", err)
+	}
+	if found && len(v) == 8 {
+		e.seq.Store(uint64(v[0])<<56 | uint64(v[1])<<48 | uint64(v[2])<<40 | uint64(v[3])<<32 |
+			uint64(v[4])<<24 | uint64(v[5])<<16 | uint64(v[6])<<8 | uint64(v[7]))
+	}
+	now := e.nowMs()
+	e.shards = make([]*shard, n)
+	for i := range e.shards {
+		s := &shard{
+			e:      e,
+			id:     i,
+			label:  strconv.Itoa(i),
+			w:      wheel.New(now),
+			notify: make(chan struct{}, 1),
+			rng:    rand.New(rand.NewPCG(uint64(now), uint64(i))),
+		}
+		s.pendingG = e.m.Pending.WithLabelValues(s.label)
+		s.inWheelG = e.m.InWheel.WithLabelValues(s.label)
+		v, found, err := getCopy(e.db, countKey(i))
+		if err != nil {
+			return fmt.Errorf("shard: recover: read pending count of shard %d: %w", i, err)
+		}
+		if found && len(v) == 8 {
+			s.pending = int64(uint64(v[0])<<56 | uint64(v[1])<<48 | uint64(v[2])<<40 | uint64(v[3])<<32 |
+				uint64(v[4])<<24 | uint64(v[5])<<16 | uint64(v[6])<<8 | uint64(v[7]))
+		}
+		s.horizonEnd = 0
+		if err := s.loadLocked(now); err != nil {
+			return fmt.Errorf("shard: recover: %w", err)
+		}
+		s.pendingG.Set(float64(s.pending))
+		e.shards[i] = s
+	}
+	return nil
+}
+
+func (e *Engine) nowMs() int64 { return e.clk.Now().UnixMilli() }
+
+func (e *Engine) horizonMs() int64 { return e.opts.Horizon.Milliseconds() }
+
+// shardOf routes a (source, id) to its shard.
+func (e *Engine) shardOf(source, id string) int {
+	var d xxhash.Digest
+	d.Reset()
+	d.WriteString(source)
+	d.Write([]byte{0})
+	d.WriteString(id)
+	return int(d.Sum64() % uint64(len(e.shards)))
+}
+
+// failed returns the sticky store error, if any.
+func (e *Engine) failed() error {
+	e.errMu.Lock()
+	defer e.errMu.Unlock()
+	return e.storeErr
+}
+
+// fail records a failed write. Every later write is refused: after a failed
+// fsync the state of the WAL is unknown, so only a reopen (which replays the
+// valid prefix) is safe.
+func (e *Engine) fail(op string, err error) error {
+	e.m.StoreErrors.Inc()
+	e.errMu.Lock()
+	if e.storeErr == nil {
+		e.storeErr = fmt.Errorf("%w: %s: %w", ErrStoreFailed, op, err)
+		e.log.Error("store write failed; refusing further writes until restart", zap.String("op", op), zap.Error(err))
+	}
+	e.errMu.Unlock()
+	return fmt.Errorf("%w: %s: %w", ErrStoreFailed, op, err)
+}
+
+func (e *Engine) commit(b *pebble.Batch, op string, obs prometheus.Observer) error {
+	if err := e.failed(); err != nil {
+		return err
+	}
+	start := time.Now()
+	err := b.Commit(pebble.Sync)
+	obs.Observe(time.Since(start).Seconds())
+	if err != nil {
+		return e.fail(op, err)
+	}
+	return nil
+}
+
+// ingestOp is a wheel insertion decided under the shard lock and applied
+// after the commit succeeded.
+type ingestOp struct {
+	shard int
+	fire  int64
+	seq   uint64
+}
+
+// Ingest stores a batch of tasks (schedules, cancels, dead letters) and the
+// checkpoints in ONE synced commit, processing the tasks in order. It
+// returns only when the batch is durable; then the tasks are in the wheels.
 func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoint) error {
-	return errNotImplemented
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("shard: ingest: %w", err)
+	}
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	if e.closed {
+		return ErrClosed
+	}
+	if err := e.failed(); err != nil {
+		return err
+	}
+	if len(tasks) == 0 && len(cps) == 0 {
+		return nil
+	}
+	route := make([]int, len(tasks))
+	touched := make([]bool, len(e.shards))
+	for i := range tasks {
+		t := &tasks[i]
+		switch t.Kind {
+		case codec.KindSchedule, codec.KindCancel:
+			route[i] = e.shardOf(t.Source, t.ID)
+		case codec.KindDeadLetter:
+			route[i] = e.shardOf(t.Source, t.Origin)
+		default:
+			return fmt.Errorf("%w: task %d (%s/%s): kind %v", ErrInvalidTask, i, t.Source, t.ID, t.Kind)
+		}
+		touched[route[i]] = true
+	}
+	// Lock in ascending order so concurrent batches cannot deadlock.
+	for i, ok := range touched {
+		if ok {
+			e.shards[i].mu.Lock()
+		}
+	}
+	defer func() {
+		for i, ok := range touched {
+			if ok {
+				e.shards[i].mu.Unlock()
+			}
+		}
+	}()
+
+	b := e.db.NewBatch()
+	defer b.Close()
+	now := e.nowMs()
+	var (
+		ops     []ingestOp
+		delta   = make([]int64, len(e.shards))
+		overlay map[string]indexEntry // index entries written earlier in this batch
+		maxSeq  uint64
+		key     []byte
+		val     []byte
+		stats   ingestStats
+	)
+	if len(tasks) > 1 {
+		overlay = make(map[string]indexEntry)
+	}
+	for i := range tasks {
+		t := &tasks[i]
+		sh := route[i]
+		if t.Kind == codec.KindDeadLetter {
+			seq := e.seq.Add(1)
+			maxSeq = seq
+			key = appendTaskKey(key[:0], sh, now, seq)
+			val = codec.AppendTask(val[:0], t)
+			b.Set(key, val, nil)
+			delta[sh]++
+			ops = append(ops, ingestOp{sh, now, seq})
+			continue
+		}
+		ik := appendIndexKey(nil, t.Source, t.ID)
+		var ex indexEntry
+		found := false
+		if prev, ok := overlay[string(ik)]; ok {
+			ex, found = prev, true
+		} else {
+			var err error
+			found, err = getIndex(e.db, ik, &ex)
+			if err != nil {
+				return fmt.Errorf("shard: ingest: %w", err)
+			}
+		}
+		if found && ex.Cancel && ex.Expiry <= now {
+			found = false // expired marker: forgotten
+		}
+		in := order{Stamp: t.Stamp, Partition: t.Partition, Offset: t.Offset}
+		if found && !in.newerThan(ex.Order) {
+			if t.Kind == codec.KindSchedule {
+				why := "older"
+				if ex.Cancel {
+					why = "cancelled"
+				}
+				stats.dropped = append(stats.dropped, [2]string{t.Source, why})
+			}
+			continue
+		}
+		hadTask := found && !ex.Cancel
+		if hadTask {
+			b.Delete(appendTaskKey(key[:0], sh, ex.Fire, ex.Seq), nil)
+			delta[sh]--
+		}
+		var ne indexEntry
+		if t.Kind == codec.KindSchedule {
+			seq := e.seq.Add(1)
+			maxSeq = seq
+			fire := max(t.Due, 0)
+			key = appendTaskKey(key[:0], sh, fire, seq)
+			val = codec.AppendTask(val[:0], t)
+			b.Set(key, val, nil)
+			delta[sh]++
+			ops = append(ops, ingestOp{sh, fire, seq})
+			ne = indexEntry{Shard: sh, Fire: fire, Seq: seq, Order: in}
+			if hadTask {
+				stats.replaced = append(stats.replaced, t.Source)
+			}
+			if t.Due <= now {
+				stats.overdue++
+			}
+		} else {
+			expiry := now + e.opts.CancelRetention.Milliseconds()
+			ne = indexEntry{Cancel: true, Shard: sh, Order: in, Expiry: expiry}
+			b.Set(appendExpiryKey(key[:0], sh, expiry, t.Source, t.ID), nil, nil)
+			if hadTask {
+				stats.cancelled = append(stats.cancelled, t.Source)
+			}
+		}
+		val = appendIndexEntry(val[:0], &ne)
+		b.Set(ik, val, nil)
+		if overlay != nil {
+			overlay[string(ik)] = ne
+		}
+	}
+	if maxSeq != 0 {
+		b.Merge(seqKey, u64(maxSeq), nil)
+	}
+	for sh, d := range delta {
+		if d != 0 {
+			b.Merge(countKey(sh), u64(uint64(d)), nil)
+		}
+	}
+	for _, cp := range cps {
+		b.Set(offsetKey(cp.Key), u64(uint64(cp.Offset)), nil)
+	}
+	if err := e.commit(b, "ingest", e.commitIngest); err != nil {
+		return fmt.Errorf("shard: ingest %d tasks: %w", len(tasks), err)
+	}
+
+	// Durable: now the wheels may see the tasks.
+	for _, op := range ops {
+		s := e.shards[op.shard]
+		if op.fire < s.horizonEnd {
+			s.w.Add(op.fire, op.seq)
+			if s.parked && op.fire < s.wakeAt {
+				s.parked = false
+				select {
+				case s.notify <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}
+	for sh, ok := range touched {
+		if ok {
+			s := e.shards[sh]
+			s.pending += delta[sh]
+			s.pendingG.Set(float64(s.pending))
+			s.inWheelG.Set(float64(s.w.Len()))
+		}
+	}
+	for i := range tasks {
+		e.m.Ingested.WithLabelValues(tasks[i].Source).Inc()
+	}
+	stats.report(e.m)
+	return nil
 }
 
-// Checkpoint returns the stored offset of a checkpoint key.
+type ingestStats struct {
+	dropped   [][2]string
+	replaced  []string
+	cancelled []string
+	overdue   int
+}
+
+func (s *ingestStats) report(m *metrics.Metrics) {
+	for _, d := range s.dropped {
+		m.Dropped.WithLabelValues(d[0], d[1]).Inc()
+	}
+	for _, src := range s.replaced {
+		m.Replaced.WithLabelValues(src).Inc()
+	}
+	for _, src := range s.cancelled {
+		m.Cancelled.WithLabelValues(src).Inc()
+	}
+	if s.overdue > 0 {
+		m.Overdue.Add(float64(s.overdue))
+	}
+}
+
+// Checkpoint returns the offset stored for key by Ingest.
 func (e *Engine) Checkpoint(key string) (offset int64, ok bool, err error) {
-	return 0, false, errNotImplemented
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	if e.closed {
+		return 0, false, ErrClosed
+	}
+	v, found, err := getCopy(e.db, offsetKey(key))
+	if err != nil {
+		return 0, false, fmt.Errorf("shard: checkpoint %q: %w", key, err)
+	}
+	if !found {
+		return 0, false, nil
+	}
+	if len(v) != 8 {
+		return 0, false, fmt.Errorf("shard: checkpoint %q: corrupt value of %d bytes", key, len(v))
+	}
+	var x uint64
+	for _, c := range v {
+		x = x<<8 | uint64(c)
+	}
+	return int64(x), true, nil
 }
 
-// Run runs the fire loops and the horizon loader until ctx is done.
-func (e *Engine) Run(ctx context.Context, sink Sink) error {
-	return errNotImplemented
-}
-
-// Lookup reports a pending task.
+// Lookup reports the pending task (source, id); ErrNotFound if none.
 func (e *Engine) Lookup(source, id string) (TaskInfo, error) {
-	return TaskInfo{}, ErrNotFound
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	if e.closed {
+		return TaskInfo{}, ErrClosed
+	}
+	s := e.shards[e.shardOf(source, id)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ex indexEntry
+	found, err := getIndex(e.db, appendIndexKey(nil, source, id), &ex)
+	if err != nil {
+		return TaskInfo{}, fmt.Errorf("shard: lookup: %w", err)
+	}
+	if !found || ex.Cancel {
+		return TaskInfo{}, ErrNotFound
+	}
+	v, ok, err := getCopy(e.db, appendTaskKey(nil, s.id, ex.Fire, ex.Seq))
+	if err != nil {
+		return TaskInfo{}, fmt.Errorf("shard: lookup: read task: %w", err)
+	}
+	if !ok {
+		return TaskInfo{}, fmt.Errorf("shard: lookup %s/%s: index points to a missing task", source, id)
+	}
+	var t codec.Task
+	if err := codec.DecodeTask(v, &t); err != nil {
+		return TaskInfo{}, fmt.Errorf("shard: lookup %s/%s: %w", source, id, err)
+	}
+	target := t.Transport.String() + ":" + t.Target
+	return TaskInfo{
+		Source:   source,
+		ID:       id,
+		Due:      time.UnixMilli(t.Due).UTC(),
+		NextFire: time.UnixMilli(ex.Fire).UTC(),
+		Target:   target,
+		Origin:   t.Origin,
+		Attempts: t.Attempts,
+		Shard:    s.id,
+	}, nil
 }
 
-// Cancel removes a pending task (admin cancel).
+// Cancel removes the pending task (source, id) like a delay-cancel stamped
+// with the current clock, so an older schedule arriving later is dropped.
+// ErrNotFound if no task is pending.
 func (e *Engine) Cancel(source, id string) error {
-	return errNotImplemented
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	if e.closed {
+		return ErrClosed
+	}
+	if err := e.failed(); err != nil {
+		return err
+	}
+	s := e.shards[e.shardOf(source, id)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ik := appendIndexKey(nil, source, id)
+	var ex indexEntry
+	found, err := getIndex(e.db, ik, &ex)
+	if err != nil {
+		return fmt.Errorf("shard: cancel: %w", err)
+	}
+	if !found || ex.Cancel {
+		return ErrNotFound
+	}
+	now := e.nowMs()
+	expiry := now + e.opts.CancelRetention.Milliseconds()
+	// Partition -1 matches no source partition, so the stamp decides.
+	marker := indexEntry{Cancel: true, Shard: s.id, Order: order{Stamp: now, Partition: -1, Offset: -1}, Expiry: expiry}
+	b := e.db.NewBatch()
+	defer b.Close()
+	b.Delete(appendTaskKey(nil, s.id, ex.Fire, ex.Seq), nil)
+	b.Set(ik, appendIndexEntry(nil, &marker), nil)
+	b.Set(appendExpiryKey(nil, s.id, expiry, source, id), nil, nil)
+	b.Merge(countKey(s.id), u64(math.MaxUint64), nil) // -1
+	if err := e.commit(b, "cancel", e.commitCancel); err != nil {
+		return fmt.Errorf("shard: cancel %s/%s: %w", source, id, err)
+	}
+	s.pending--
+	s.pendingG.Set(float64(s.pending))
+	e.m.Cancelled.WithLabelValues(source).Inc()
+	return nil
 }
 
 // Stats describes the engine.
-func (e *Engine) Stats() Stats { return Stats{} }
+func (e *Engine) Stats() Stats {
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	var st Stats
+	if e.closed {
+		return st
+	}
+	now := e.nowMs()
+	horizon := int64(math.MaxInt64)
+	for _, s := range e.shards {
+		s.mu.Lock()
+		ss := ShardStats{Shard: s.id, Pending: s.pending, InWheel: s.w.Len()}
+		next, ok := s.w.Next()
+		if !ok && s.pending > 0 {
+			next, ok = s.firstStoredLocked(s.horizonEnd)
+		}
+		horizon = min(horizon, s.horizonEnd)
+		s.mu.Unlock()
+		if ok {
+			ss.NextDue = time.UnixMilli(next).UTC()
+			if next <= now {
+				ss.OldestOverdue = ss.NextDue
+			}
+		}
+		st.Pending += ss.Pending
+		if !ss.NextDue.IsZero() && (st.NextDue.IsZero() || ss.NextDue.Before(st.NextDue)) {
+			st.NextDue = ss.NextDue
+		}
+		if !ss.OldestOverdue.IsZero() && (st.OldestOverdue.IsZero() || ss.OldestOverdue.Before(st.OldestOverdue)) {
+			st.OldestOverdue = ss.OldestOverdue
+		}
+		st.Shards = append(st.Shards, ss)
+	}
+	if horizon != math.MaxInt64 {
+		st.Horizon = time.UnixMilli(horizon).UTC()
+	}
+	return st
+}
 
-// Err is nil when the engine is healthy.
-func (e *Engine) Err() error { return nil }
+// firstStoredLocked returns the fire time of the first stored task at or
+// after from.
+func (s *shard) firstStoredLocked(from int64) (int64, bool) {
+	it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, from), UpperBound: taskBound(s.id+1, 0)})
+	if err != nil {
+		return 0, false
+	}
+	defer it.Close()
+	if !it.First() {
+		return 0, false
+	}
+	_, fire, _, ok := parseTaskKey(it.Key())
+	return fire, ok
+}
 
-// Close syncs and closes the store.
-func (e *Engine) Close() error { return nil }
+// Err is nil when the engine is healthy. It reports the sticky store error,
+// or a failing dead-letter destination until a dead letter is delivered.
+func (e *Engine) Err() error {
+	if err := e.failed(); err != nil {
+		return err
+	}
+	for _, s := range e.shards {
+		s.mu.Lock()
+		err := s.dlqErr
+		s.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("shard %d: dead-letter delivery failing: %w", s.id, err)
+		}
+	}
+	return nil
+}
+
+// Close syncs and closes the store. Call it after Run returned.
+func (e *Engine) Close() error {
+	if e.running.Load() {
+		return fmt.Errorf("shard: close: %w", ErrRunning)
+	}
+	e.closeMu.Lock()
+	defer e.closeMu.Unlock()
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	var errs []error
+	if e.failed() == nil {
+		// Every commit was synced; flushing shortens the next recovery.
+		if err := e.db.Flush(); err != nil {
+			errs = append(errs, fmt.Errorf("shard: close: flush: %w", err))
+		}
+	}
+	if err := e.db.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("shard: close: %w", err))
+	}
+	return errors.Join(errs...)
+}

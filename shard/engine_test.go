@@ -1,0 +1,615 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+func TestFiresAtDueNotBefore(t *testing.T) {
+	cases := []struct {
+		name   string
+		due    time.Duration // relative to t0
+		atOnce bool          // overdue or due now: fires without moving the clock
+	}{
+		{"overdue", -5 * time.Second, true},
+		{"due-now", 0, true},
+		{"1ms", time.Millisecond, false},
+		{"1.5s", 1500 * time.Millisecond, false},
+		{"3m", 3*time.Minute + 7*time.Millisecond, false},
+		{"beyond-horizon", 25 * time.Minute, false},
+		{"days", 50*time.Hour + 3*time.Millisecond, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			h.run()
+			h.ingest([]codec.Task{sched("a", t0.Add(tc.due), 1)})
+			if tc.atOnce {
+				if got := h.sink.acked(); !slices.Equal(got, []string{"a"}) {
+					t.Fatalf("overdue task: delivered %v, want [a]", got)
+				}
+				h.checkPending()
+				return
+			}
+			// Walk the clock to 1 ms before due in a few steps.
+			before := t0.Add(tc.due - time.Millisecond)
+			for step := tc.due / 4; h.clk.Now().Add(step).Before(before); {
+				h.advance(step)
+			}
+			h.set(before)
+			if got := h.sink.acked(); len(got) != 0 {
+				t.Fatalf("fired %v 1 ms before due", got)
+			}
+			h.advance(time.Millisecond)
+			got := h.sink.all()
+			if len(got) != 1 || got[0].ID != "a" || !got[0].At.Equal(t0.Add(tc.due)) {
+				t.Fatalf("deliveries %+v, want a at %v", got, t0.Add(tc.due))
+			}
+			h.checkPending()
+		})
+	}
+}
+
+func TestEqualDueFiresInIngestOrder(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Shards = 1; o.FireBatch = 7 })
+	h.run()
+	due := t0.Add(time.Minute)
+	var want []string
+	n := int64(0)
+	for b := 0; b < 5; b++ {
+		var batch []codec.Task
+		for i := 0; i < 20; i++ {
+			n++
+			id := fmt.Sprintf("t%03d", n)
+			batch = append(batch, sched(id, due, n))
+			want = append(want, id)
+		}
+		h.ingest(batch)
+	}
+	// A sequence of replaces of one id at the same due: the last one fires,
+	// after everything ingested before it.
+	for i := 0; i < 3; i++ {
+		n++
+		h.ingest([]codec.Task{sched("same", due, n)})
+	}
+	want = append(want, "same")
+	h.advance(time.Minute)
+	if got := h.sink.acked(); !slices.Equal(got, want) {
+		t.Fatalf("order:\n got %v\nwant %v", got, want)
+	}
+	if v := h.sink.all()[len(want)-1].Value; v != fmt.Sprintf("same#%d", n) {
+		t.Fatalf("replaced task delivered value %q, want the last one", v)
+	}
+	h.checkPending()
+}
+
+func TestReplace(t *testing.T) {
+	due1, due2 := t0.Add(time.Minute), t0.Add(2*time.Minute)
+	cases := []struct {
+		name      string
+		first     codec.Task
+		second    codec.Task
+		wantValue string // value that fires
+	}{
+		{"same-partition-later-offset-wins", at(0, 10, 5, sched("x", due1, 1)), at(0, 11, 1, sched("x", due2, 2)), "x#2"},
+		{"same-partition-earlier-offset-dropped", at(0, 10, 1, sched("x", due1, 1)), at(0, 9, 50, sched("x", due2, 2)), "x#1"},
+		{"same-partition-same-offset-dropped", at(0, 10, 1, sched("x", due1, 1)), at(0, 10, 50, sched("x", due2, 2)), "x#1"},
+		{"cross-partition-later-stamp-wins", at(0, 10, 5, sched("x", due1, 1)), at(1, 2, 6, sched("x", due2, 2)), "x#2"},
+		{"cross-partition-earlier-stamp-dropped", at(0, 10, 5, sched("x", due1, 1)), at(1, 99, 4, sched("x", due2, 2)), "x#1"},
+		{"cross-partition-tie-keeps-existing", at(0, 10, 5, sched("x", due1, 1)), at(1, 99, 5, sched("x", due2, 2)), "x#1"},
+	}
+	for _, tc := range cases {
+		for _, oneBatch := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/one-batch=%v", tc.name, oneBatch), func(t *testing.T) {
+				h := newHarness(t, nil)
+				h.run()
+				if oneBatch {
+					h.ingest([]codec.Task{tc.first, tc.second})
+				} else {
+					h.ingest([]codec.Task{tc.first})
+					h.ingest([]codec.Task{tc.second})
+				}
+				info, err := h.e.Lookup("src", "x")
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantDue := due1
+				if tc.wantValue == "x#2" {
+					wantDue = due2
+				}
+				if !info.Due.Equal(wantDue) {
+					t.Fatalf("Lookup due %v, want %v", info.Due, wantDue)
+				}
+				h.checkPending()
+				h.advance(3 * time.Minute)
+				got := h.sink.all()
+				if len(got) != 1 || got[0].Value != tc.wantValue {
+					t.Fatalf("deliveries %+v, want one %s", got, tc.wantValue)
+				}
+				h.checkPending()
+			})
+		}
+	}
+}
+
+func TestCancel(t *testing.T) {
+	due := t0.Add(time.Hour)
+	type step struct {
+		task    codec.Task
+		advance time.Duration // before ingesting
+	}
+	cases := []struct {
+		name    string
+		steps   []step
+		oneBtch bool
+		fires   string // value that fires, "" none
+	}{
+		{"cancel-after-schedule", []step{{task: sched("x", due, 1)}, {task: cancelTask("x", 2)}}, false, ""},
+		{"schedule-then-cancel-one-batch", []step{{task: sched("x", due, 1)}, {task: cancelTask("x", 2)}}, true, ""},
+		{"older-cancel-ignored", []step{{task: sched("x", due, 5)}, {task: cancelTask("x", 4)}}, false, "x#5"},
+		{"cancel-before-schedule-drops-it", []step{{task: cancelTask("x", 5)}, {task: sched("x", due, 4)}}, false, ""},
+		{"cancel-before-schedule-cross-partition", []step{{task: at(1, 1, 5, cancelTask("x", 5))}, {task: at(0, 100, 4, sched("x", due, 4))}}, false, ""},
+		{"newer-schedule-after-cancel", []step{{task: cancelTask("x", 5)}, {task: sched("x", due, 6)}}, false, "x#6"},
+		{"cancel-marker-expires", []step{{task: cancelTask("x", 5)}, {task: sched("x", due, 4), advance: 24*time.Hour + time.Millisecond}}, false, "x#4"},
+		{"cancel-marker-alive-before-expiry", []step{{task: cancelTask("x", 5)}, {task: sched("x", due, 4), advance: 24*time.Hour - time.Millisecond}}, false, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			h.run()
+			if tc.oneBtch {
+				var b []codec.Task
+				for _, s := range tc.steps {
+					b = append(b, s.task)
+				}
+				h.ingest(b)
+			} else {
+				for _, s := range tc.steps {
+					if s.advance > 0 {
+						h.advance(s.advance)
+					}
+					h.ingest([]codec.Task{s.task})
+				}
+			}
+			_, err := h.e.Lookup("src", "x")
+			if tc.fires == "" && !errors.Is(err, ErrNotFound) {
+				t.Fatalf("Lookup after cancel: %v, want ErrNotFound", err)
+			}
+			h.checkPending()
+			h.set(due.Add(time.Hour))
+			var got []string
+			for _, d := range h.sink.all() {
+				got = append(got, d.Value)
+			}
+			want := []string{}
+			if tc.fires != "" {
+				want = []string{tc.fires}
+			}
+			if !slices.Equal(got, want) && !(len(got) == 0 && len(want) == 0) {
+				t.Fatalf("fired %v, want %v", got, want)
+			}
+			h.checkPending()
+		})
+	}
+}
+
+func TestCancelMarkersAreSwept(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.CancelRetention = time.Hour })
+	h.run()
+	h.ingest([]codec.Task{cancelTask("x", 1), cancelTask("y", 2)})
+	countMarkers := func() int {
+		n := 0
+		for _, id := range []string{"x", "y"} {
+			var ex indexEntry
+			if found, _ := getIndex(h.e.db, appendIndexKey(nil, "src", id), &ex); found {
+				n++
+			}
+		}
+		return n
+	}
+	if n := countMarkers(); n != 2 {
+		t.Fatalf("%d markers, want 2", n)
+	}
+	for i := 0; i < 30; i++ {
+		h.advance(5 * time.Minute)
+	}
+	if n := countMarkers(); n != 0 {
+		t.Fatalf("%d markers left after retention, want 0", n)
+	}
+}
+
+func TestAdminCancelAndLookup(t *testing.T) {
+	h := newHarness(t, nil)
+	h.run()
+	due := t0.Add(time.Hour)
+	h.ingest([]codec.Task{sched("x", due, 1), sched("y", due, 2)})
+	info, err := h.e.Lookup("src", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.ID != "x" || info.Source != "src" || !info.Due.Equal(due) || !info.NextFire.Equal(due) ||
+		info.Target != "kafka:out" || info.Origin != "kafka:src/0@1" || info.Attempts != 0 {
+		t.Fatalf("Lookup = %+v", info)
+	}
+	for _, tc := range []struct {
+		source, id string
+		want       error
+	}{
+		{"src", "x", nil},
+		{"src", "x", ErrNotFound}, // already cancelled
+		{"src", "nope", ErrNotFound},
+		{"other", "y", ErrNotFound}, // ids are scoped to their source
+	} {
+		if err := h.e.Cancel(tc.source, tc.id); !errors.Is(err, tc.want) {
+			t.Fatalf("Cancel(%s,%s) = %v, want %v", tc.source, tc.id, err, tc.want)
+		}
+	}
+	if _, err := h.e.Lookup("src", "x"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Lookup after Cancel: %v", err)
+	}
+	// An admin cancel is stamped with the clock: an older schedule is dropped,
+	// a newer one accepted.
+	h.ingest([]codec.Task{at(3, 1, -10, sched("x", due, 3))})
+	if _, err := h.e.Lookup("src", "x"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("older schedule after admin cancel accepted: %v", err)
+	}
+	h.ingest([]codec.Task{at(3, 2, 10, sched("x", due, 4))})
+	if _, err := h.e.Lookup("src", "x"); err != nil {
+		t.Fatalf("newer schedule after admin cancel: %v", err)
+	}
+	h.checkPending()
+	h.set(due)
+	if got := h.sink.acked(); len(got) != 2 {
+		t.Fatalf("fired %v, want x and y", got)
+	}
+	h.checkPending()
+}
+
+func TestDeadLettersDeliveredAtOnce(t *testing.T) {
+	h := newHarness(t, nil)
+	h.run()
+	dl := codec.Task{Kind: codec.KindDeadLetter, ID: "bad", Source: "src", Origin: "kafka:src/0@7",
+		Transport: codec.TransportKafka, Target: "dlq", Code: codec.CodeBadDue, Detail: "nope"}
+	h.ingest([]codec.Task{dl, sched("ok", t0.Add(time.Second), 8), dl})
+	got := h.sink.all()
+	if len(got) != 2 || got[0].Kind != codec.KindDeadLetter || got[0].Target != "dlq" || got[0].Code != codec.CodeBadDue {
+		t.Fatalf("deliveries %+v, want two dead letters", got)
+	}
+	if _, err := h.e.Lookup("src", "bad"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("dead letter indexed: %v", err)
+	}
+	h.checkPending()
+}
+
+func TestCheckpointsDurableAcrossReopen(t *testing.T) {
+	h := newHarness(t, nil)
+	if _, ok, err := h.e.Checkpoint("kafka|t|0"); ok || err != nil {
+		t.Fatalf("fresh checkpoint: ok=%v err=%v", ok, err)
+	}
+	h.ingest([]codec.Task{sched("a", t0.Add(time.Hour), 1)}, Checkpoint{"kafka|t|0", 41}, Checkpoint{"nats|S|c", 7})
+	h.ingest(nil, Checkpoint{"kafka|t|0", 42})
+	h.reopen()
+	for _, tc := range []struct {
+		key  string
+		want int64
+		ok   bool
+	}{{"kafka|t|0", 42, true}, {"nats|S|c", 7, true}, {"kafka|t|1", 0, false}} {
+		got, ok, err := h.e.Checkpoint(tc.key)
+		if err != nil || ok != tc.ok || got != tc.want {
+			t.Fatalf("Checkpoint(%s) = %d,%v,%v want %d,%v", tc.key, got, ok, err, tc.want, tc.ok)
+		}
+	}
+	if _, err := h.e.Lookup("src", "a"); err != nil {
+		t.Fatalf("task ingested with the checkpoint: %v", err)
+	}
+}
+
+func TestHorizonLoadsFarFutureTasks(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Horizon = 10 * time.Minute })
+	h.run()
+	dues := []time.Duration{time.Minute, 9 * time.Minute, 10 * time.Minute, 11 * time.Minute, time.Hour + 1,
+		25 * time.Hour, 7*24*time.Hour + 123*time.Millisecond, 30 * 24 * time.Hour}
+	var batch []codec.Task
+	for i, d := range dues {
+		batch = append(batch, sched(fmt.Sprintf("d%d", i), t0.Add(d), int64(i+1)))
+	}
+	h.ingest(batch)
+	if st := h.e.Stats(); st.Pending != int64(len(dues)) {
+		t.Fatalf("pending %d", st.Pending)
+	}
+	inWheel := 0
+	for _, s := range h.e.Stats().Shards {
+		inWheel += s.InWheel
+	}
+	if inWheel != 2 {
+		t.Fatalf("%d tasks in the wheels, want 2 (the rest is beyond the horizon)", inWheel)
+	}
+	// Walk 31 days in 20-minute steps (twice the horizon, so the loader
+	// also jumps); each task fires at the first step
+	// at or after its due, exactly once.
+	step := 20 * time.Minute
+	for h.clk.Now().Before(t0.Add(31 * 24 * time.Hour)) {
+		h.advance(step)
+		maxWheel := 0
+		for _, s := range h.e.Stats().Shards {
+			maxWheel = max(maxWheel, s.InWheel)
+		}
+		if maxWheel > 2 {
+			t.Fatalf("at %v: %d entries in a wheel", h.clk.Now(), maxWheel)
+		}
+	}
+	got := h.sink.all()
+	if len(got) != len(dues) {
+		t.Fatalf("%d deliveries, want %d: %+v", len(got), len(dues), got)
+	}
+	for _, d := range got {
+		var i int
+		fmt.Sscanf(d.ID, "d%d", &i)
+		due := t0.Add(dues[i])
+		if d.At.Before(due) || d.At.Sub(due) >= step {
+			t.Fatalf("%s due %v fired at %v", d.ID, due, d.At)
+		}
+	}
+	h.checkPending()
+}
+
+// TestHorizonBoundaryProperty ingests tasks due around the moving horizon
+// end while the clock moves in small random steps, and checks every task
+// fires exactly once and never early.
+func TestHorizonBoundaryProperty(t *testing.T) {
+	for seed := uint64(1); seed <= 4; seed++ {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			const horizon = time.Second
+			h := newHarness(t, func(o *Options) { o.Horizon = horizon; o.Shards = 3; o.FireBatch = 5 })
+			h.run()
+			rng := rand.New(rand.NewPCG(seed, 99))
+			dues := map[string]time.Time{}
+			n := int64(0)
+			for round := 0; round < 150; round++ {
+				var batch []codec.Task
+				for k := rng.IntN(6); k > 0; k-- {
+					n++
+					id := fmt.Sprint("p", n)
+					// Around now+horizon/2 (where the loader moves) and
+					// now+horizon (the current end), +-50 ms.
+					base := horizon
+					if rng.IntN(2) == 0 {
+						base = horizon / 2
+					}
+					due := h.clk.Now().Add(base + time.Duration(rng.IntN(101)-50)*time.Millisecond)
+					dues[id] = due
+					batch = append(batch, sched(id, due, n))
+				}
+				if len(batch) > 0 {
+					h.ingest(batch)
+				}
+				h.advance(time.Duration(1+rng.IntN(40)) * time.Millisecond)
+			}
+			h.advance(2 * horizon)
+			seen := map[string]int{}
+			for _, d := range h.sink.all() {
+				seen[d.ID]++
+				if d.At.Before(dues[d.ID]) {
+					t.Fatalf("%s due %v fired early at %v", d.ID, dues[d.ID], d.At)
+				}
+			}
+			for id := range dues {
+				if seen[id] != 1 {
+					t.Fatalf("%s fired %d times", id, seen[id])
+				}
+			}
+			if len(seen) != len(dues) {
+				t.Fatalf("fired %d distinct, ingested %d", len(seen), len(dues))
+			}
+			h.checkPending()
+		})
+	}
+}
+
+func TestRetryBackoffThenDeadLetter(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Retry = RetryPolicy{Initial: 100 * time.Millisecond, Max: 300 * time.Millisecond, Multiplier: 2, Jitter: -1, MaxAttempts: 4}
+	})
+	h.sink.setFail(func(t *codec.Task) error {
+		if t.Target == "out" {
+			return errors.New("broker says no")
+		}
+		return nil
+	})
+	h.run()
+	h.ingest([]codec.Task{sched("x", t0, 1)})
+	// Attempts at 0, +100, +300 (100+200), +600 (capped 300), then DLQ at once.
+	for _, d := range []time.Duration{99, 1, 199, 1, 299, 1} {
+		h.advance(d * time.Millisecond)
+	}
+	got := h.sink.all()
+	wantAt := []time.Duration{0, 100, 300, 600, 600}
+	if len(got) != len(wantAt) {
+		t.Fatalf("deliveries %+v", got)
+	}
+	for i, d := range got {
+		if !d.At.Equal(t0.Add(wantAt[i] * time.Millisecond)) {
+			t.Fatalf("delivery %d at %v, want +%v", i, d.At.Sub(t0), wantAt[i]*time.Millisecond)
+		}
+		if i < 4 && (d.Err == nil || d.Attempts != uint32(i)) {
+			t.Fatalf("delivery %d: %+v", i, d)
+		}
+	}
+	dl := got[4]
+	if dl.Kind != codec.KindDeadLetter || dl.Target != "dlq" || dl.Code != codec.CodePublishFailed || dl.Err != nil {
+		t.Fatalf("dead letter %+v", dl)
+	}
+	if _, err := h.e.Lookup("src", "x"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("dead-lettered task still indexed: %v", err)
+	}
+	h.checkPending()
+}
+
+func TestFailingDeadLetterQueue(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Retry = RetryPolicy{Initial: 100 * time.Millisecond, Max: time.Second, Jitter: -1, MaxAttempts: 1}
+	})
+	dlqDown := true
+	h.sink.setFail(func(t *codec.Task) error {
+		if t.Target == "out" || dlqDown {
+			return errors.New("unavailable")
+		}
+		return nil
+	})
+	h.run()
+	h.ingest([]codec.Task{sched("x", t0, 1)})
+	if err := h.e.Err(); err == nil || !strings.Contains(err.Error(), "dead-letter") {
+		t.Fatalf("Err() = %v while the DLQ fails", err)
+	}
+	// Retried forever with capped backoff: 100, 200, 400, 800, 1000, 1000...
+	for i := 0; i < 20; i++ {
+		h.advance(time.Second)
+	}
+	if n := h.e.Stats().Pending; n != 1 {
+		t.Fatalf("dead letter dropped: pending %d", n)
+	}
+	h.sink.setFail(func(t *codec.Task) error {
+		if t.Target == "out" {
+			return errors.New("unavailable")
+		}
+		return nil
+	})
+	h.advance(time.Second)
+	if err := h.e.Err(); err != nil {
+		t.Fatalf("Err() = %v after the DLQ recovered", err)
+	}
+	if n := h.e.Stats().Pending; n != 0 {
+		t.Fatalf("pending %d after the DLQ recovered", n)
+	}
+	h.checkPending()
+}
+
+func TestRecoveryAfterReopen(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Horizon = time.Minute })
+	dues := map[string]time.Duration{"a": time.Second, "b": 30 * time.Second, "c": 10 * time.Minute, "d": 48 * time.Hour}
+	var batch []codec.Task
+	n := int64(0)
+	for _, id := range []string{"a", "b", "c", "d"} {
+		n++
+		batch = append(batch, sched(id, t0.Add(dues[id]), n))
+	}
+	h.ingest(batch)
+	h.ingest([]codec.Task{cancelTask("zz", 10)})
+	seqBefore := h.e.seq.Load()
+	h.close()
+	// Down for 20 minutes: a, b and c are overdue on restart.
+	h.clk.Advance(20 * time.Minute)
+	h.open()
+	if st := h.e.Stats(); st.Pending != 4 {
+		t.Fatalf("recovered pending %d, want 4", st.Pending)
+	}
+	if h.e.seq.Load() < seqBefore {
+		t.Fatalf("sequence went back: %d < %d", h.e.seq.Load(), seqBefore)
+	}
+	h.checkPending()
+	h.run()
+	if got := h.sink.acked(); !slices.Equal(got, []string{"a", "b", "c"}) && len(got) != 3 {
+		t.Fatalf("after recovery fired %v, want a b c at once", got)
+	}
+	// The cancel marker survived too.
+	h.ingest([]codec.Task{sched("zz", t0.Add(time.Hour), 9)})
+	if _, err := h.e.Lookup("src", "zz"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("cancel marker lost in recovery: %v", err)
+	}
+	h.set(t0.Add(48 * time.Hour))
+	if got := h.sink.acked(); len(got) != 4 {
+		t.Fatalf("fired %v", got)
+	}
+	h.checkPending()
+}
+
+func TestShardCountChangeRefused(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Shards = 4 })
+	h.close()
+	o := h.opts
+	o.Shards = 5
+	if _, err := Open(o); err == nil || !strings.Contains(err.Error(), "shard count") {
+		t.Fatalf("Open with another shard count: %v", err)
+	}
+}
+
+func TestClockStepBackNeverFiresEarly(t *testing.T) {
+	h := newHarness(t, nil)
+	h.run()
+	h.ingest([]codec.Task{sched("a", t0.Add(10*time.Second), 1)})
+	h.advance(9 * time.Second)
+	h.set(t0.Add(-time.Hour)) // NTP step back
+	h.ingest([]codec.Task{sched("b", t0.Add(5*time.Second), 2)})
+	h.advance(time.Hour + 4*time.Second) // t0+4s
+	if got := h.sink.acked(); len(got) != 0 {
+		t.Fatalf("fired %v before due after a clock step back", got)
+	}
+	h.advance(time.Second) // t0+5s: b is due, but the wheel's time is t0+9s; it may only be late
+	h.advance(5 * time.Second)
+	for _, d := range h.sink.all() {
+		due := map[string]time.Time{"a": t0.Add(10 * time.Second), "b": t0.Add(5 * time.Second)}[d.ID]
+		if d.At.Before(due) {
+			t.Fatalf("%s fired at %v before due %v", d.ID, d.At, due)
+		}
+	}
+	if got := h.sink.acked(); len(got) != 2 {
+		t.Fatalf("fired %v, want a and b", got)
+	}
+}
+
+func TestIngestRejectsUnknownKind(t *testing.T) {
+	h := newHarness(t, nil)
+	err := h.e.Ingest(context.Background(), []codec.Task{sched("a", t0, 1), {Kind: 9}}, nil)
+	if !errors.Is(err, ErrInvalidTask) {
+		t.Fatalf("Ingest = %v, want ErrInvalidTask", err)
+	}
+	if n := countTaskKeys(t, h.e); n != 0 {
+		t.Fatalf("partial batch stored: %d tasks", n)
+	}
+}
+
+func TestStats(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Shards = 2 })
+	h.ingest([]codec.Task{sched("a", t0.Add(-time.Second), 1), sched("b", t0.Add(time.Hour), 2)})
+	st := h.e.Stats()
+	if st.Pending != 2 || len(st.Shards) != 2 {
+		t.Fatalf("%+v", st)
+	}
+	if !st.NextDue.Equal(t0.Add(-time.Second)) || !st.OldestOverdue.Equal(t0.Add(-time.Second)) {
+		t.Fatalf("next %v oldest overdue %v", st.NextDue, st.OldestOverdue)
+	}
+	if !st.Horizon.Equal(t0.Add(10 * time.Minute)) {
+		t.Fatalf("horizon %v", st.Horizon)
+	}
+	h.run()
+	st = h.e.Stats()
+	if st.Pending != 1 || !st.NextDue.Equal(t0.Add(time.Hour)) || !st.OldestOverdue.IsZero() {
+		t.Fatalf("after firing: %+v", st)
+	}
+}
+
+func TestClosedEngine(t *testing.T) {
+	h := newHarness(t, nil)
+	h.close()
+	e, err := Open(h.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Ingest(context.Background(), []codec.Task{sched("a", t0, 1)}, nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Ingest after Close: %v", err)
+	}
+	if _, err := e.Lookup("src", "a"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Lookup after Close: %v", err)
+	}
+}

@@ -1,0 +1,457 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+// Run runs one fire loop per shard (each also moves its shard's horizon and
+// sweeps expired cancel markers) until ctx is done. It returns after every
+// in-flight batch finished: acknowledged deliveries are deleted, the rest
+// stay in the store for redelivery.
+func (e *Engine) Run(ctx context.Context, sink Sink) error {
+	if sink == nil {
+		return errors.New("shard: run: nil sink")
+	}
+	if !e.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("shard: run: %w", ErrRunning)
+	}
+	defer e.running.Store(false)
+	e.closeMu.RLock()
+	closed := e.closed
+	e.closeMu.RUnlock()
+	if closed {
+		return ErrClosed
+	}
+	var wg sync.WaitGroup
+	for _, s := range e.shards {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.loop(ctx, sink)
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+// fireItem is one task taken from the wheel for delivery.
+type fireItem struct {
+	fire int64
+	seq  uint64
+	task *codec.Task
+}
+
+func (s *shard) loop(ctx context.Context, sink Sink) {
+	timer := s.e.clk.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		if ctx.Err() != nil {
+			return
+		}
+		if s.e.failed() != nil {
+			// After a failed write nothing may be deleted; stop firing and
+			// let the operator restart (Err reports why).
+			<-ctx.Done()
+			return
+		}
+		now := s.e.nowMs()
+		s.mu.Lock()
+		err := s.housekeepLocked(now)
+		var items []fireItem
+		if err == nil {
+			items, err = s.collectLocked(now)
+		}
+		if err != nil {
+			s.mu.Unlock()
+			s.e.log.Error("fire loop: store read failed", zap.Int("shard", s.id), zap.Error(err))
+			s.park(ctx, timer, now+1000) // retry in a second
+			continue
+		}
+		if len(items) == 0 {
+			wake := s.horizonEnd - s.e.horizonMs()/2
+			if at, ok := s.w.Next(); ok && at < wake {
+				wake = at
+			}
+			s.mu.Unlock()
+			s.park(ctx, timer, wake)
+			continue
+		}
+		s.mu.Unlock()
+		s.deliver(ctx, sink, items)
+	}
+}
+
+// park waits until the clock reaches wake (ms), an ingest adds an earlier
+// task, or ctx is done.
+func (s *shard) park(ctx context.Context, timer interface {
+	C() <-chan time.Time
+	Stop() bool
+	Reset(time.Duration) bool
+}, wake int64) {
+	s.mu.Lock()
+	now := s.e.clk.Now()
+	d := time.Duration(wake-now.UnixMilli()) * time.Millisecond
+	if d < time.Millisecond {
+		// The wheel says something is due but yielded nothing (its time is
+		// ahead of a wall clock that stepped back): wait, never fire early.
+		d = time.Millisecond
+	}
+	timer.Reset(d)
+	s.parked = true
+	s.wakeAt = wake
+	s.parkUntil = now.Add(d)
+	select {
+	case <-s.notify: // stale wake-up from before this park
+	default:
+	}
+	s.mu.Unlock()
+	select {
+	case <-ctx.Done():
+	case <-timer.C():
+	case <-s.notify:
+	}
+	s.mu.Lock()
+	s.parked = false
+	s.wakeAt = math.MinInt64
+	s.mu.Unlock()
+	if !timer.Stop() {
+		select {
+		case <-timer.C():
+		default:
+		}
+	}
+}
+
+// housekeepLocked moves the horizon and sweeps expired cancel markers.
+func (s *shard) housekeepLocked(now int64) error {
+	if now+s.e.horizonMs()/2 > s.horizonEnd {
+		if err := s.loadLocked(now); err != nil {
+			return err
+		}
+	}
+	if now >= s.nextSweep {
+		if err := s.sweepLocked(now); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loadLocked moves the horizon to now+Horizon, putting the stored tasks of
+// [old horizonEnd, new horizonEnd) in the wheel. Ingest puts a task in the
+// wheel only when it is due before horizonEnd, under the same lock, so each
+// stored task enters the wheel exactly once.
+func (s *shard) loadLocked(now int64) error {
+	end := now + s.e.horizonMs()
+	if end <= s.horizonEnd {
+		return nil
+	}
+	it, err := s.e.db.NewIter(&pebble.IterOptions{
+		LowerBound: taskBound(s.id, s.horizonEnd),
+		UpperBound: taskBound(s.id, end),
+	})
+	if err != nil {
+		return fmt.Errorf("load shard %d: %w", s.id, err)
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		if _, fire, seq, ok := parseTaskKey(it.Key()); ok {
+			s.w.Add(fire, seq)
+		}
+	}
+	err = it.Close()
+	if err != nil {
+		return fmt.Errorf("load shard %d: %w", s.id, err)
+	}
+	s.horizonEnd = end
+	s.inWheelG.Set(float64(s.w.Len()))
+	return nil
+}
+
+const sweepBatch = 1024
+
+// sweepLocked deletes cancel markers whose retention has passed.
+func (s *shard) sweepLocked(now int64) error {
+	e := s.e
+	it, err := e.db.NewIter(&pebble.IterOptions{
+		LowerBound: expiryBound(s.id, 0),
+		UpperBound: expiryBound(s.id, now+1),
+	})
+	if err != nil {
+		return fmt.Errorf("sweep shard %d: %w", s.id, err)
+	}
+	b := e.db.NewBatch()
+	defer b.Close()
+	n := 0
+	for ok := it.First(); ok && n < sweepBatch; ok = it.Next() {
+		expiry, ik, ok := parseExpiryKey(it.Key())
+		b.Delete(it.Key(), nil)
+		n++
+		if !ok {
+			continue
+		}
+		var ex indexEntry
+		found, err := getIndex(e.db, ik, &ex)
+		if err != nil {
+			it.Close()
+			return fmt.Errorf("sweep shard %d: %w", s.id, err)
+		}
+		if found && ex.Cancel && ex.Expiry == expiry {
+			b.Delete(ik, nil)
+		}
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("sweep shard %d: %w", s.id, err)
+	}
+	if n == sweepBatch {
+		s.nextSweep = now // more to do on the next round
+	} else {
+		s.nextSweep = now + min(e.opts.CancelRetention.Milliseconds(), time.Minute.Milliseconds())
+	}
+	if n == 0 {
+		return nil
+	}
+	// Markers are advisory after expiry, so this commit need not be synced.
+	if err := b.Commit(pebble.NoSync); err != nil {
+		return e.fail("sweep", err)
+	}
+	return nil
+}
+
+// collectLocked takes up to FireBatch due entries from the wheel and reads
+// their envelopes. An entry whose key is gone was replaced or cancelled
+// after it entered the wheel (lazy deletion): skip it.
+func (s *shard) collectLocked(now int64) ([]fireItem, error) {
+	if now < s.w.Now() {
+		return nil, nil // the wall clock stepped back: nothing can be due
+	}
+	var due []fireItem
+	s.w.AdvanceN(now, s.e.opts.FireBatch, func(fire int64, seq uint64) {
+		due = append(due, fireItem{fire: fire, seq: seq})
+	})
+	if len(due) == 0 {
+		return nil, nil
+	}
+	items := due[:0]
+	var key []byte
+	var firstErr error
+	for _, it := range due {
+		key = appendTaskKey(key[:0], s.id, it.fire, it.seq)
+		v, ok, err := getCopy(s.e.db, key)
+		if err != nil {
+			// Put it back so it is not lost from memory; retried next round.
+			s.w.Add(it.fire, it.seq)
+			if firstErr == nil {
+				firstErr = fmt.Errorf("read task: %w", err)
+			}
+			continue
+		}
+		if !ok {
+			continue
+		}
+		t := new(codec.Task)
+		if err := codec.DecodeTask(v, t); err != nil {
+			// A corrupt envelope cannot be delivered or dead-lettered as
+			// is; leave it in the store and say so.
+			s.e.log.Error("fire: undecodable task left in store", zap.Int("shard", s.id),
+				zap.Int64("fire_ms", it.fire), zap.Uint64("seq", it.seq), zap.Error(err))
+			continue
+		}
+		it.task = t
+		items = append(items, it)
+	}
+	s.inWheelG.Set(float64(s.w.Len()))
+	return items, firstErr
+}
+
+// deliver hands a batch to the sink and records the outcome in one synced
+// commit: acknowledged tasks are deleted, failed ones rescheduled with
+// backoff or dead-lettered.
+func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) {
+	e := s.e
+	batch := make([]*codec.Task, len(items))
+	for i := range items {
+		batch[i] = items[i].task
+	}
+	start := time.Now()
+	errs := sink.Deliver(ctx, batch)
+	ackAt := e.clk.Now()
+	for i := range batch {
+		e.m.PublishSeconds.WithLabelValues(batch[i].Transport.String()).Observe(time.Since(start).Seconds())
+		break
+	}
+	var lenErr error
+	if errs != nil && len(errs) != len(items) {
+		lenErr = fmt.Errorf("sink returned %d results for %d tasks", len(errs), len(items))
+	}
+	stopping := ctx.Err() != nil
+	now := ackAt.UnixMilli()
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := e.db.NewBatch()
+	defer b.Close()
+	var (
+		key, val  []byte
+		delta     int64
+		readds    []fireItem
+		acked     []int
+		retried   []int
+		dlqErr    error
+		dlqOK     bool
+		anyRetry  bool
+		idxBuf    []byte
+		ackFailed bool
+	)
+	for i := range items {
+		it := &items[i]
+		t := it.task
+		var derr error
+		switch {
+		case lenErr != nil:
+			derr = lenErr
+		case errs != nil:
+			derr = errs[i]
+		}
+		indexed := t.Kind != codec.KindDeadLetter
+		if indexed {
+			idxBuf = appendIndexKey(idxBuf[:0], t.Source, t.ID)
+			var ex indexEntry
+			found, err := getIndex(e.db, idxBuf, &ex)
+			if err != nil {
+				e.log.Error("fire: read index", zap.Error(err))
+				ackFailed = true
+				readds = append(readds, *it)
+				continue
+			}
+			if !found || ex.Cancel || ex.Fire != it.fire || ex.Seq != it.seq {
+				// Replaced or cancelled while in flight: the newer message
+				// already deleted this task.
+				continue
+			}
+		}
+		oldKey := appendTaskKey(key[:0], s.id, it.fire, it.seq)
+		if derr == nil {
+			b.Delete(oldKey, nil)
+			if indexed {
+				b.Delete(idxBuf, nil)
+			}
+			delta--
+			acked = append(acked, i)
+			if t.Kind == codec.KindDeadLetter {
+				dlqOK = true
+			}
+			continue
+		}
+		if stopping {
+			// Shutting down: not an attempt; leave it for redelivery.
+			readds = append(readds, *it)
+			continue
+		}
+		b.Delete(oldKey, nil)
+		anyRetry = true
+		t.Attempts++
+		if indexed && int(t.Attempts) >= e.opts.Retry.MaxAttempts {
+			detail := fmt.Sprintf("publish to %s:%s failed after %d attempts: %v", t.Transport, t.Target, t.Attempts, derr)
+			dl := codec.DeadLetter(t, codec.CodePublishFailed, detail)
+			b.Delete(idxBuf, nil)
+			val = codec.AppendTask(val[:0], &dl)
+			b.Set(appendTaskKey(nil, s.id, now, it.seq), val, nil)
+			readds = append(readds, fireItem{fire: now, seq: it.seq})
+			e.log.Warn("task dead-lettered after failed publishes", zap.String("source", t.Source),
+				zap.String("id", t.ID), zap.Uint32("attempts", t.Attempts), zap.Error(derr))
+			continue
+		}
+		fire := now + s.backoff(t.Attempts).Milliseconds()
+		val = codec.AppendTask(val[:0], t)
+		b.Set(appendTaskKey(nil, s.id, fire, it.seq), val, nil)
+		if indexed {
+			ne := indexEntry{Shard: s.id, Fire: fire, Seq: it.seq, Order: order{Stamp: t.Stamp, Partition: t.Partition, Offset: t.Offset}}
+			var ex indexEntry
+			if found, _ := getIndex(e.db, idxBuf, &ex); found {
+				ne.Order = ex.Order
+			}
+			b.Set(idxBuf, appendIndexEntry(nil, &ne), nil)
+		} else {
+			dlqErr = derr
+		}
+		readds = append(readds, fireItem{fire: fire, seq: it.seq})
+		retried = append(retried, i)
+	}
+	if delta != 0 {
+		b.Merge(countKey(s.id), u64(uint64(delta)), nil)
+	}
+	op, obs := "fire", e.commitFire
+	if anyRetry {
+		op, obs = "retry", e.commitRetry
+	}
+	if !b.Empty() {
+		if err := e.commit(b, op, obs); err != nil {
+			// Nothing of this round is recorded; the tasks stay stored and
+			// are delivered again after a restart.
+			e.log.Error("fire: commit failed", zap.Int("shard", s.id), zap.Error(err))
+			return
+		}
+	}
+	for _, it := range readds {
+		if it.fire < s.horizonEnd {
+			s.w.Add(it.fire, it.seq)
+		}
+	}
+	s.pending += delta
+	s.pendingG.Set(float64(s.pending))
+	s.inWheelG.Set(float64(s.w.Len()))
+	for _, i := range acked {
+		t := items[i].task
+		kind := "task"
+		if t.Kind == codec.KindDeadLetter {
+			kind = "dlq"
+			e.m.DeadLettered.WithLabelValues(string(t.Code)).Inc()
+		}
+		tr := t.Transport.String()
+		e.m.Fired.WithLabelValues(tr, kind).Inc()
+		e.m.FireLateness.WithLabelValues(tr).Observe(float64(now-items[i].fire) / 1000)
+	}
+	for _, i := range retried {
+		e.m.PublishRetries.WithLabelValues(items[i].task.Transport.String()).Inc()
+	}
+	switch {
+	case dlqOK:
+		if s.dlqErr != nil {
+			e.log.Info("dead-letter delivery recovered", zap.Int("shard", s.id))
+		}
+		s.dlqErr = nil
+	case dlqErr != nil:
+		if s.dlqErr == nil {
+			e.log.Error("dead-letter delivery failing; retrying with backoff, nothing is dropped",
+				zap.Int("shard", s.id), zap.Error(dlqErr))
+		}
+		s.dlqErr = dlqErr
+	}
+	if ackFailed {
+		e.log.Warn("fire: some outcomes not recorded; tasks will be delivered again", zap.Int("shard", s.id))
+	}
+}
+
+// backoff is the delay before attempt n+1 after n failed publishes:
+// Initial*Multiplier^(n-1), capped at Max, with +-Jitter.
+func (s *shard) backoff(attempts uint32) time.Duration {
+	r := s.e.opts.Retry
+	d := float64(r.Initial) * math.Pow(r.Multiplier, float64(min(attempts, 64))-1)
+	if d > float64(r.Max) || math.IsInf(d, 0) || math.IsNaN(d) {
+		d = float64(r.Max)
+	}
+	if r.Jitter > 0 {
+		d *= 1 + r.Jitter*(2*s.rng.Float64()-1)
+	}
+	return max(time.Duration(d), time.Millisecond)
+}

@@ -1,0 +1,264 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/clock"
+)
+
+// t0 is the fake clock's start: a whole second, so ms arithmetic reads well.
+var t0 = time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
+
+func ms(t time.Time) int64 { return t.UnixMilli() }
+
+type harness struct {
+	t      testing.TB
+	clk    *clock.Fake
+	opts   Options
+	e      *Engine
+	sink   *recSink
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// newHarness opens an engine on a temp dir with a fake clock; mod adjusts
+// the options.
+func newHarness(t testing.TB, mod func(*Options)) *harness {
+	t.Helper()
+	clk := clock.NewFake(t0)
+	opts := Options{
+		Dir:    t.TempDir(),
+		Shards: 4,
+		Clock:  clk,
+		Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
+	}
+	if mod != nil {
+		mod(&opts)
+	}
+	h := &harness{t: t, clk: clk, opts: opts, sink: newRecSink(clk)}
+	h.open()
+	t.Cleanup(h.close)
+	return h
+}
+
+func (h *harness) open() {
+	h.t.Helper()
+	e, err := Open(h.opts)
+	if err != nil {
+		h.t.Fatalf("Open: %v", err)
+	}
+	h.e = e
+}
+
+func (h *harness) run() {
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	h.done = make(chan error, 1)
+	e := h.e
+	go func() { h.done <- e.Run(ctx, h.sink) }()
+	h.settle()
+}
+
+func (h *harness) stop() {
+	if h.cancel == nil {
+		return
+	}
+	h.cancel()
+	if err := <-h.done; err != nil {
+		h.t.Errorf("Run: %v", err)
+	}
+	h.cancel = nil
+}
+
+func (h *harness) close() {
+	h.stop()
+	if h.e != nil {
+		if err := h.e.Close(); err != nil && !errors.Is(err, ErrStoreFailed) {
+			h.t.Errorf("Close: %v", err)
+		}
+		h.e = nil
+	}
+}
+
+func (h *harness) reopen() {
+	h.t.Helper()
+	h.close()
+	h.open()
+}
+
+// settle waits until every fire loop is parked on a timer that has not
+// fired yet: after it, nothing happens until the clock moves or a task is
+// ingested. The deadline only turns a hang into a failure.
+func (h *harness) settle() {
+	h.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !h.e.settled() {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("fire loops did not settle")
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+func (e *Engine) settled() bool {
+	now := e.clk.Now()
+	for _, s := range e.shards {
+		s.mu.Lock()
+		ok := s.parked && now.Before(s.parkUntil) && len(s.notify) == 0
+		s.mu.Unlock()
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func (h *harness) advance(d time.Duration) {
+	h.t.Helper()
+	h.clk.Advance(d)
+	h.settle()
+}
+
+func (h *harness) set(at time.Time) {
+	h.t.Helper()
+	h.clk.Set(at)
+	h.settle()
+}
+
+func (h *harness) ingest(tasks []codec.Task, cps ...Checkpoint) {
+	h.t.Helper()
+	if err := h.e.Ingest(context.Background(), tasks, cps); err != nil {
+		h.t.Fatalf("Ingest: %v", err)
+	}
+	if h.cancel != nil {
+		h.settle()
+	}
+}
+
+// checkPending asserts the in-memory pending count matches the t keys.
+func (h *harness) checkPending() {
+	h.t.Helper()
+	n := countTaskKeys(h.t, h.e)
+	if got := h.e.Stats().Pending; got != n {
+		h.t.Fatalf("Stats().Pending = %d, store holds %d tasks", got, n)
+	}
+}
+
+func countTaskKeys(t testing.TB, e *Engine) int64 {
+	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixTask}, UpperBound: []byte{prefixTask + 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer it.Close()
+	var n int64
+	for ok := it.First(); ok; ok = it.Next() {
+		n++
+	}
+	return n
+}
+
+// delivery is one Deliver outcome seen by recSink.
+type delivery struct {
+	ID       string
+	Kind     codec.Kind
+	Target   string
+	Value    string
+	Code     codec.Code
+	Attempts uint32
+	At       time.Time // clock time of the delivery
+	Err      error
+}
+
+// recSink records deliveries; fail decides per task whether it fails.
+type recSink struct {
+	clk  clock.Clock
+	mu   sync.Mutex
+	log  []delivery
+	fail func(t *codec.Task) error
+}
+
+func newRecSink(clk clock.Clock) *recSink { return &recSink{clk: clk} }
+
+func (s *recSink) Deliver(_ context.Context, batch []*codec.Task) []error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for i, t := range batch {
+		var err error
+		if s.fail != nil {
+			err = s.fail(t)
+		}
+		if err != nil && errs == nil {
+			errs = make([]error, len(batch))
+		}
+		if errs != nil {
+			errs[i] = err
+		}
+		s.log = append(s.log, delivery{ID: t.ID, Kind: t.Kind, Target: t.Target, Value: string(t.Value),
+			Code: t.Code, Attempts: t.Attempts, At: s.clk.Now(), Err: err})
+	}
+	return errs
+}
+
+func (s *recSink) setFail(f func(t *codec.Task) error) {
+	s.mu.Lock()
+	s.fail = f
+	s.mu.Unlock()
+}
+
+// acked returns the ids of acknowledged deliveries in order.
+func (s *recSink) acked() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ids []string
+	for _, d := range s.log {
+		if d.Err == nil {
+			ids = append(ids, d.ID)
+		}
+	}
+	return ids
+}
+
+func (s *recSink) all() []delivery {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]delivery(nil), s.log...)
+}
+
+func (s *recSink) reset() {
+	s.mu.Lock()
+	s.log = nil
+	s.mu.Unlock()
+}
+
+// sched builds a schedule on partition 0 whose offset and stamp are n.
+func sched(id string, due time.Time, n int64) codec.Task {
+	return codec.Task{
+		Kind: codec.KindSchedule, ID: id, Source: "src", Origin: fmt.Sprintf("kafka:src/0@%d", n),
+		Stamp: ms(t0) + n, Partition: 0, Offset: n, Due: ms(due),
+		Transport: codec.TransportKafka, Target: "out", Value: []byte(fmt.Sprintf("%s#%d", id, n)),
+		DLQTransport: codec.TransportKafka, DLQ: "dlq",
+	}
+}
+
+func cancelTask(id string, n int64) codec.Task {
+	return codec.Task{
+		Kind: codec.KindCancel, ID: id, Source: "src", Origin: fmt.Sprintf("kafka:src/0@%d", n),
+		Stamp: ms(t0) + n, Partition: 0, Offset: n, Transport: codec.TransportKafka,
+	}
+}
+
+func at(p int32, off, stamp int64, t codec.Task) codec.Task {
+	t.Partition, t.Offset, t.Stamp = p, off, ms(t0)+stamp
+	return t
+}

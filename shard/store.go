@@ -1,0 +1,294 @@
+package shard
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"go.uber.org/zap"
+)
+
+// Key layout. Every integer is big-endian so byte order is numeric order and
+// a range scan over t keys of one shard walks the tasks in (fire, seq) order.
+//
+//	t|shard u16|fire_ms u64|seq u64   -> task envelope (codec.AppendTask)
+//	i|source 0x00 id                  -> indexEntry (pending task or cancel marker)
+//	x|shard u16|expiry_ms u64|source 0x00 id -> "" (cancel-marker expiry queue)
+//	o|checkpoint key                  -> offset i64
+//	c|shard u16                       -> pending count i64 (merge: sum)
+//	m                                 -> last sequence u64 (merge: max)
+//	n                                 -> shard count u16 (fixed at creation)
+//
+// The pending counters and the sequence are merge operands, so concurrent
+// batches never read-modify-write them and recovery reads N+1 keys instead
+// of counting every stored task.
+const (
+	prefixTask   = 't'
+	prefixIndex  = 'i'
+	prefixExpiry = 'x'
+	prefixOffset = 'o'
+	prefixCount  = 'c'
+	prefixSeq    = 'm'
+	prefixShards = 'n'
+)
+
+const taskKeyLen = 1 + 2 + 8 + 8
+
+var (
+	seqKey    = []byte{prefixSeq}
+	shardsKey = []byte{prefixShards}
+)
+
+func fireU64(fire int64) uint64 {
+	if fire < 0 {
+		return 0
+	}
+	return uint64(fire)
+}
+
+func appendTaskKey(dst []byte, shard int, fire int64, seq uint64) []byte {
+	dst = append(dst, prefixTask)
+	dst = binary.BigEndian.AppendUint16(dst, uint16(shard))
+	dst = binary.BigEndian.AppendUint64(dst, fireU64(fire))
+	return binary.BigEndian.AppendUint64(dst, seq)
+}
+
+// taskBound is the smallest t key of shard at fire (inclusive lower bound,
+// or exclusive upper bound when used as UpperBound).
+func taskBound(shard int, fire int64) []byte {
+	b := make([]byte, 0, 11)
+	b = append(b, prefixTask)
+	b = binary.BigEndian.AppendUint16(b, uint16(shard))
+	return binary.BigEndian.AppendUint64(b, fireU64(fire))
+}
+
+func parseTaskKey(k []byte) (shard int, fire int64, seq uint64, ok bool) {
+	if len(k) != taskKeyLen || k[0] != prefixTask {
+		return 0, 0, 0, false
+	}
+	return int(binary.BigEndian.Uint16(k[1:3])), int64(binary.BigEndian.Uint64(k[3:11])), binary.BigEndian.Uint64(k[11:19]), true
+}
+
+func appendIndexKey(dst []byte, source, id string) []byte {
+	dst = append(dst, prefixIndex)
+	dst = append(dst, source...)
+	dst = append(dst, 0)
+	return append(dst, id...)
+}
+
+func appendExpiryKey(dst []byte, shard int, expiry int64, source, id string) []byte {
+	dst = append(dst, prefixExpiry)
+	dst = binary.BigEndian.AppendUint16(dst, uint16(shard))
+	dst = binary.BigEndian.AppendUint64(dst, fireU64(expiry))
+	dst = append(dst, source...)
+	dst = append(dst, 0)
+	return append(dst, id...)
+}
+
+func expiryBound(shard int, expiry int64) []byte {
+	b := []byte{prefixExpiry}
+	b = binary.BigEndian.AppendUint16(b, uint16(shard))
+	return binary.BigEndian.AppendUint64(b, fireU64(expiry))
+}
+
+// parseExpiryKey returns the expiry and the index key the entry refers to.
+func parseExpiryKey(k []byte) (expiry int64, indexKey []byte, ok bool) {
+	if len(k) < 11 || k[0] != prefixExpiry {
+		return 0, nil, false
+	}
+	ik := make([]byte, 0, 1+len(k)-11)
+	ik = append(ik, prefixIndex)
+	ik = append(ik, k[11:]...)
+	return int64(binary.BigEndian.Uint64(k[3:11])), ik, true
+}
+
+func offsetKey(key string) []byte {
+	return append([]byte{prefixOffset}, key...)
+}
+
+func countKey(shard int) []byte {
+	return binary.BigEndian.AppendUint16([]byte{prefixCount}, uint16(shard))
+}
+
+func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
+
+// order is the replace/cancel stamp of CONTRACT §1.
+type order struct {
+	Stamp     int64
+	Partition int32
+	Offset    int64
+}
+
+// newerThan reports whether a message at o supersedes one at old: on the
+// same partition the larger offset wins, across partitions the later broker
+// timestamp; a tie keeps the existing one.
+func (o order) newerThan(old order) bool {
+	if o.Partition == old.Partition {
+		return o.Offset > old.Offset
+	}
+	return o.Stamp > old.Stamp
+}
+
+// indexEntry is the value of an i key: either the position of the pending
+// task with that id, or a cancel marker remembered until Expiry.
+type indexEntry struct {
+	Cancel bool
+	Shard  int
+	Fire   int64
+	Seq    uint64
+	Order  order
+	Expiry int64 // cancel markers only
+}
+
+const (
+	indexVersion    = 1
+	indexEntryLen   = 1 + 1 + 2 + 8 + 8 + 8 + 4 + 8 + 8
+	indexKindTask   = 1
+	indexKindCancel = 2
+)
+
+var errBadIndex = errors.New("shard: corrupt index entry")
+
+func appendIndexEntry(dst []byte, e *indexEntry) []byte {
+	kind := byte(indexKindTask)
+	if e.Cancel {
+		kind = indexKindCancel
+	}
+	dst = append(dst, indexVersion, kind)
+	dst = binary.BigEndian.AppendUint16(dst, uint16(e.Shard))
+	dst = binary.BigEndian.AppendUint64(dst, uint64(e.Fire))
+	dst = binary.BigEndian.AppendUint64(dst, e.Seq)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(e.Order.Stamp))
+	dst = binary.BigEndian.AppendUint32(dst, uint32(e.Order.Partition))
+	dst = binary.BigEndian.AppendUint64(dst, uint64(e.Order.Offset))
+	return binary.BigEndian.AppendUint64(dst, uint64(e.Expiry))
+}
+
+func decodeIndexEntry(b []byte, e *indexEntry) error {
+	if len(b) != indexEntryLen || b[0] != indexVersion || (b[1] != indexKindTask && b[1] != indexKindCancel) {
+		return errBadIndex
+	}
+	*e = indexEntry{
+		Cancel: b[1] == indexKindCancel,
+		Shard:  int(binary.BigEndian.Uint16(b[2:4])),
+		Fire:   int64(binary.BigEndian.Uint64(b[4:12])),
+		Seq:    binary.BigEndian.Uint64(b[12:20]),
+		Order: order{
+			Stamp:     int64(binary.BigEndian.Uint64(b[20:28])),
+			Partition: int32(binary.BigEndian.Uint32(b[28:32])),
+			Offset:    int64(binary.BigEndian.Uint64(b[32:40])),
+		},
+		Expiry: int64(binary.BigEndian.Uint64(b[40:48])),
+	}
+	return nil
+}
+
+// getIndex reads an index entry; found is false when there is none.
+func getIndex(db *pebble.DB, key []byte, e *indexEntry) (found bool, err error) {
+	v, closer, err := db.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("store: get index: %w", err)
+	}
+	err = decodeIndexEntry(v, e)
+	closer.Close()
+	if err != nil {
+		return false, fmt.Errorf("store: index %q: %w", key, err)
+	}
+	return true, nil
+}
+
+// getCopy reads a value and copies it out of Pebble's buffer.
+func getCopy(db *pebble.DB, key []byte) ([]byte, bool, error) {
+	v, closer, err := db.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	out := append([]byte(nil), v...)
+	closer.Close()
+	return out, true, nil
+}
+
+// merger combines the counter (c: signed sum) and sequence (m: max) merge
+// operands. Both operations are associative and commutative, so partial
+// merges during compaction are correct too.
+var merger = &pebble.Merger{
+	Name: "delaybridge.counters.v1",
+	Merge: func(key, value []byte) (pebble.ValueMerger, error) {
+		if len(key) == 0 || (key[0] != prefixCount && key[0] != prefixSeq) {
+			return nil, fmt.Errorf("store: merge on unexpected key %q", key)
+		}
+		m := &valueMerger{max: key[0] == prefixSeq}
+		if err := m.MergeNewer(value); err != nil {
+			return nil, err
+		}
+		return m, nil
+	},
+}
+
+type valueMerger struct {
+	max bool
+	v   uint64
+}
+
+func (m *valueMerger) add(b []byte) error {
+	if len(b) != 8 {
+		return fmt.Errorf("store: merge operand of %d bytes", len(b))
+	}
+	x := binary.BigEndian.Uint64(b)
+	if m.max {
+		m.v = max(m.v, x)
+	} else {
+		m.v += x // two's complement: adding uint64(-1) subtracts
+	}
+	return nil
+}
+
+func (m *valueMerger) MergeNewer(b []byte) error { return m.add(b) }
+func (m *valueMerger) MergeOlder(b []byte) error { return m.add(b) }
+func (m *valueMerger) Finish(bool) ([]byte, io.Closer, error) {
+	return u64(m.v), nil, nil
+}
+
+// pebbleLogger routes Pebble's log through zap.
+type pebbleLogger struct{ l *zap.SugaredLogger }
+
+func (p pebbleLogger) Infof(format string, args ...interface{})  { p.l.Debugf(format, args...) }
+func (p pebbleLogger) Errorf(format string, args ...interface{}) { p.l.Errorf(format, args...) }
+func (p pebbleLogger) Fatalf(format string, args ...interface{}) { p.l.Fatalf(format, args...) }
+
+func openPebble(dir string, fs vfs.FS, log *zap.Logger) (*pebble.DB, error) {
+	if fs == nil {
+		fs = vfs.Default
+	}
+	cache := pebble.NewCache(64 << 20)
+	defer cache.Unref()
+	po := &pebble.Options{
+		FS:                          fs,
+		Cache:                       cache,
+		Merger:                      merger,
+		MemTableSize:                64 << 20,
+		MemTableStopWritesThreshold: 4,
+		L0CompactionThreshold:       4,
+		L0StopWritesThreshold:       24,
+		Logger:                      pebbleLogger{log.Named("pebble").Sugar()},
+	}
+	for i := range po.Levels {
+		// Ingest looks up the index of every new id; most are misses.
+		po.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	}
+	db, err := pebble.Open(dir, po)
+	if err != nil {
+		return nil, fmt.Errorf("store: open %s: %w", dir, err)
+	}
+	return db, nil
+}
