@@ -194,11 +194,17 @@ func Parse(m *Message, r *Rules) Task {
 		}
 		tr, name, err = parseTarget(r.DefaultTarget, m.Transport)
 	}
+	// Details name where the target came from, so an operator can tell a
+	// publisher's mistake from a configuration one.
+	what := "delay-target "
+	if !hasTarget {
+		what = "default target "
+	}
 	if err != nil {
-		return p.deadLetter(CodeBadTarget, "delay-target "+err.Error())
+		return p.deadLetter(CodeBadTarget, what+err.Error())
 	}
 	if tr != m.Transport && (r.Transports == nil || !r.Transports(tr)) {
-		return p.deadLetter(CodeBadTarget, "delay-target "+short(targetText())+" names transport "+tr.String()+", which is not configured")
+		return p.deadLetter(CodeBadTarget, what+short(targetText())+" names transport "+tr.String()+", which is not configured")
 	}
 
 	// Allocation budget of a schedule: one byte buffer holds the added
@@ -225,7 +231,7 @@ func Parse(m *Message, r *Rules) Task {
 	}
 	p.origin = origin
 	if r.Allow != nil && !r.Allow(tr, name) {
-		return p.deadLetter(CodeTargetNotAllowed, "delay-target "+short(targetText())+" is not matched by targets.allow")
+		return p.deadLetter(CodeTargetNotAllowed, what+short(targetText())+" is not matched by targets.allow")
 	}
 
 	key := m.Key
