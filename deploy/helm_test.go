@@ -28,6 +28,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
 	"github.com/delaybridge/delaybridge/metrics"
@@ -234,7 +235,10 @@ type prometheusRule struct {
 }
 
 // strictDecode turns YAML into JSON (refusing duplicate keys) and decodes it
-// into v refusing unknown fields, so a misspelt field fails.
+// into v refusing unknown fields, so a misspelt field fails. encoding/json
+// matches field names case-insensitively (readOnlyRootFileSystem would pass),
+// so a second, case-sensitive pass with sigs.k8s.io/json, the decoder the API
+// server uses, refuses a wrongly capitalised field too.
 func strictDecode(doc []byte, v any) error {
 	js, err := yaml.YAMLToJSONStrict(doc)
 	if err != nil {
@@ -248,7 +252,12 @@ func strictDecode(doc []byte, v any) error {
 	if dec.More() {
 		return errors.New("trailing data after the object")
 	}
-	return nil
+	fresh := reflect.New(reflect.TypeOf(v).Elem()).Interface()
+	strictErrs, err := sigsjson.UnmarshalStrict(js, fresh, sigsjson.DisallowUnknownFields, sigsjson.DisallowDuplicateFields)
+	if err != nil {
+		return err
+	}
+	return errors.Join(strictErrs...)
 }
 
 func decodeAll(t *testing.T, rendered string) manifests {

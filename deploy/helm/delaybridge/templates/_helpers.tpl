@@ -107,6 +107,12 @@ it is the one a default install always hits.
 {{- if and $c.kafka.sasl.mechanism (not .Values.secrets.kafkaSaslPassword.secretName) }}
 {{- fail "delaybridge: config.kafka.sasl.mechanism is set but secrets.kafkaSaslPassword.secretName is empty" }}
 {{- end }}
+{{- if and $c.kafka.sasl.mechanism (not $c.kafka.sasl.username) }}
+{{- fail "delaybridge: config.kafka.sasl.mechanism is set but config.kafka.sasl.username is empty" }}
+{{- end }}
+{{- if and $c.kafka.sasl.username (not $c.kafka.sasl.mechanism) }}
+{{- fail "delaybridge: config.kafka.sasl.username is set but config.kafka.sasl.mechanism is empty" }}
+{{- end }}
 {{- if and .Values.secrets.kafkaSaslPassword.secretName (not $c.kafka.sasl.mechanism) }}
 {{- fail "delaybridge: secrets.kafkaSaslPassword is set but config.kafka.sasl.mechanism is empty" }}
 {{- end }}
@@ -127,6 +133,9 @@ it is the one a default install always hits.
 {{- if and $c.nats.user (not .Values.secrets.natsPassword.secretName) }}
 {{- fail "delaybridge: config.nats.user is set but secrets.natsPassword.secretName is empty" }}
 {{- end }}
+{{- if and .Values.secrets.natsPassword.secretName (not $c.nats.user) }}
+{{- fail "delaybridge: secrets.natsPassword is set but config.nats.user is empty" }}
+{{- end }}
 {{- $auth := 0 }}
 {{- if .Values.secrets.natsPassword.secretName }}{{ $auth = add1 $auth }}{{ end }}
 {{- if .Values.secrets.natsToken.secretName }}{{ $auth = add1 $auth }}{{ end }}
@@ -139,6 +148,14 @@ it is the one a default install always hits.
 {{- end }}
 {{- if ne (empty .Values.secrets.natsTlsCert.secretName) (empty .Values.secrets.natsTlsKey.secretName) }}
 {{- fail "delaybridge: secrets.natsTlsCert and secrets.natsTlsKey go together (client certificate and its key)" }}
+{{- end }}
+{{- end }}
+{{- range $name, $ref := .Values.secrets }}
+{{- if and $ref.secretName (hasPrefix "kafka" $name) (not $c.kafka.enabled) }}
+{{- fail (printf "delaybridge: secrets.%s is set but config.kafka.enabled is false" $name) }}
+{{- end }}
+{{- if and $ref.secretName (hasPrefix "nats" $name) (not $c.nats.enabled) }}
+{{- fail (printf "delaybridge: secrets.%s is set but config.nats.enabled is false" $name) }}
 {{- end }}
 {{- end }}
 {{- $st := toString (default "" $c.shutdown_timeout) }}
