@@ -1,0 +1,421 @@
+// Package config is delaybridge's operator configuration: the YAML schema of
+// CONTRACT §5 plus extensions, defaults, DELAYBRIDGE_* environment overrides,
+// secrets read from files, and Validate, whose errors name the offending key
+// path ("kafka.sources[0].dlq: required") so an operator can fix everything
+// in one pass.
+//
+// The YAML is decoded by a small schema-driven walker over yaml.v3 nodes
+// rather than by yaml.v3's struct decoder: it refuses unknown and duplicate
+// keys like KnownFields(true) does, but also names the key path and line of
+// every type error, and it shares the scalar parsing with the environment
+// overrides so a value means the same in both places.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	"gopkg.in/yaml.v3"
+)
+
+// Config is the whole configuration. Durations accept days ("365d").
+// Zero-valued blocks Kafka and NATS mean the transport is disabled.
+type Config struct {
+	// DataDir holds the durable store. Required.
+	DataDir string `yaml:"data_dir"`
+	// Shards is the number of engine shards, 1..1024. Default 8.
+	Shards int `yaml:"shards"`
+	// Horizon bounds memory: tasks due later stay on disk. Default 10m.
+	Horizon Duration `yaml:"horizon"`
+	// MaxDelay bounds how far in the future a task may be due; 0 = no
+	// bound. Default 365d.
+	MaxDelay Duration `yaml:"max_delay"`
+	// MaxMessageBytes bounds key + value + headers of a source message.
+	// Default 1 MiB.
+	MaxMessageBytes int `yaml:"max_message_bytes"`
+	// CancelRetention is how long a cancel that arrived before its schedule
+	// is remembered. Default 24h.
+	CancelRetention Duration `yaml:"cancel_retention"`
+	// FireBatch is the largest number of tasks published at once. Default 512.
+	FireBatch int `yaml:"fire_batch"`
+	// Retry is the backoff for fire-time publish failures.
+	Retry Retry `yaml:"retry"`
+	// ShutdownTimeout bounds the graceful stop. Default 10s.
+	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
+	Log             Log      `yaml:"log"`
+	Kafka           *Kafka   `yaml:"kafka,omitempty"`
+	NATS            *NATS    `yaml:"nats,omitempty"`
+	Targets         Targets  `yaml:"targets"`
+	Admin           Admin    `yaml:"admin"`
+}
+
+// Retry is the publish retry policy.
+type Retry struct {
+	Initial     Duration `yaml:"initial"`      // default 500ms
+	Max         Duration `yaml:"max"`          // default 5m
+	Multiplier  float64  `yaml:"multiplier"`   // >= 1; default 2
+	Jitter      float64  `yaml:"jitter"`       // [0, 1); default 0.2
+	MaxAttempts int      `yaml:"max_attempts"` // >= 1; default 10
+}
+
+// Log configures the process logger.
+type Log struct {
+	Level  string `yaml:"level"`  // debug|info|warn|error; default info
+	Format string `yaml:"format"` // json|console; default json
+}
+
+// TLS configures a client TLS connection. The files are paths; they are
+// checked for readability by Validate and loaded by the transport adapter.
+type TLS struct {
+	Enabled            bool   `yaml:"enabled"`
+	CAFile             string `yaml:"ca_file"`
+	CertFile           string `yaml:"cert_file"`
+	KeyFile            string `yaml:"key_file"`
+	ServerName         string `yaml:"server_name"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+}
+
+// SASL configures Kafka authentication.
+type SASL struct {
+	// Mechanism is "", "PLAIN", "SCRAM-SHA-256" or "SCRAM-SHA-512".
+	Mechanism string `yaml:"mechanism"`
+	Username  string `yaml:"username"`
+	Password  Secret `yaml:"password"`
+	// PasswordFile is read by Load into Password.
+	PasswordFile string `yaml:"password_file"`
+}
+
+// Kafka is the Kafka transport; nil disables it.
+type Kafka struct {
+	Brokers  []string      `yaml:"brokers"`   // required
+	Group    string        `yaml:"group"`     // default "delaybridge"
+	ClientID string        `yaml:"client_id"` // default "delaybridge"
+	TLS      TLS           `yaml:"tls"`
+	SASL     SASL          `yaml:"sasl"`
+	Sources  []KafkaSource `yaml:"sources"` // at least one
+}
+
+// KafkaSource is one delay topic.
+type KafkaSource struct {
+	Topic string `yaml:"topic"`
+	// DLQ is the dead-letter topic. Required.
+	DLQ string `yaml:"dlq"`
+	// DefaultTarget is used when a message names no delay-target.
+	DefaultTarget string `yaml:"default_target"`
+}
+
+// NATS is the NATS JetStream transport; nil disables it.
+type NATS struct {
+	URL      string `yaml:"url"`      // default nats://localhost:4222; comma-separated list allowed
+	Stream   string `yaml:"stream"`   // default "DELAY"
+	Consumer string `yaml:"consumer"` // durable name; default "delaybridge"
+	// Create makes the bridge create the stream and consumer if missing.
+	Create bool `yaml:"create"`
+	TLS    TLS  `yaml:"tls"`
+	// At most one of user/password, token and creds_file.
+	User         string       `yaml:"user"`
+	Password     Secret       `yaml:"password"`
+	PasswordFile string       `yaml:"password_file"` // read by Load into Password
+	Token        Secret       `yaml:"token"`
+	TokenFile    string       `yaml:"token_file"` // read by Load into Token
+	CredsFile    string       `yaml:"creds_file"` // a NATS .creds file, passed to the client
+	Sources      []NATSSource `yaml:"sources"`    // at least one
+}
+
+// NATSSource is one delay subject (filter) of the stream.
+type NATSSource struct {
+	Subject string `yaml:"subject"`
+	// DLQ is the dead-letter subject. Required, and no source subject may
+	// match it: dead letters would be read back as delay messages.
+	DLQ           string `yaml:"dlq"`
+	DefaultTarget string `yaml:"default_target"`
+}
+
+// Targets restricts where publishers may send.
+type Targets struct {
+	// Allow lists glob patterns; see AllowTarget. Default ["*"]; empty
+	// denies every target.
+	Allow []string `yaml:"allow"`
+}
+
+// Admin is the admin HTTP server.
+type Admin struct {
+	Listen    string `yaml:"listen"` // default 127.0.0.1:8080
+	Token     Secret `yaml:"token"`
+	TokenFile string `yaml:"token_file"` // read by Load into Token
+	// AllowInsecureListen permits a non-loopback listen without a token.
+	AllowInsecureListen bool `yaml:"allow_insecure_listen"`
+}
+
+// Secret is a string that does not print: String, GoString, MarshalText and
+// MarshalYAML return "REDACTED" when it is set, so a Config can be logged or
+// dumped without leaking it. Use Value for the secret itself.
+type Secret string
+
+const redacted = "REDACTED"
+
+// Value returns the secret.
+func (s Secret) Value() string { return string(s) }
+
+func (s Secret) String() string {
+	if s == "" {
+		return ""
+	}
+	return redacted
+}
+
+// GoString keeps %#v from printing the secret.
+func (s Secret) GoString() string { return fmt.Sprintf("%q", s.String()) }
+
+// MarshalText implements encoding.TextMarshaler with the redacted form.
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// MarshalYAML writes the redacted form.
+func (s Secret) MarshalYAML() (any, error) { return s.String(), nil }
+
+// Defaults. Exported so docs and the Helm chart can quote them.
+const (
+	DefaultShards          = 8
+	DefaultHorizon         = 10 * time.Minute
+	DefaultMaxDelay        = 365 * 24 * time.Hour
+	DefaultMaxMessageBytes = 1 << 20
+	DefaultCancelRetention = 24 * time.Hour
+	DefaultFireBatch       = 512
+	DefaultShutdownTimeout = 10 * time.Second
+	DefaultAdminListen     = "127.0.0.1:8080"
+	DefaultKafkaGroup      = "delaybridge"
+	DefaultKafkaClientID   = "delaybridge"
+	DefaultNATSURL         = "nats://localhost:4222"
+	DefaultNATSStream      = "DELAY"
+	DefaultNATSConsumer    = "delaybridge"
+)
+
+// Default returns a Config holding every default and no transport.
+func Default() *Config {
+	return &Config{
+		Shards:          DefaultShards,
+		Horizon:         Duration(DefaultHorizon),
+		MaxDelay:        Duration(DefaultMaxDelay),
+		MaxMessageBytes: DefaultMaxMessageBytes,
+		CancelRetention: Duration(DefaultCancelRetention),
+		FireBatch:       DefaultFireBatch,
+		Retry: Retry{
+			Initial:     Duration(500 * time.Millisecond),
+			Max:         Duration(5 * time.Minute),
+			Multiplier:  2,
+			Jitter:      0.2,
+			MaxAttempts: 10,
+		},
+		ShutdownTimeout: Duration(DefaultShutdownTimeout),
+		Log:             Log{Level: "info", Format: "json"},
+		Targets:         Targets{Allow: []string{"*"}},
+		Admin:           Admin{Listen: DefaultAdminListen},
+	}
+}
+
+// fillBlockDefaults gives enabled transport blocks their defaults. Top-level
+// defaults are in place before decoding (Default), so an explicit zero in
+// YAML or the environment (jitter: 0) is kept; the blocks are allocated by
+// the decoder, so their defaults are filled afterwards, and only for string
+// keys whose empty value has no meaning.
+func (c *Config) fillBlockDefaults() {
+	if k := c.Kafka; k != nil {
+		if k.Group == "" {
+			k.Group = DefaultKafkaGroup
+		}
+		if k.ClientID == "" {
+			k.ClientID = DefaultKafkaClientID
+		}
+	}
+	if n := c.NATS; n != nil {
+		if n.URL == "" {
+			n.URL = DefaultNATSURL
+		}
+		if n.Stream == "" {
+			n.Stream = DefaultNATSStream
+		}
+		if n.Consumer == "" {
+			n.Consumer = DefaultNATSConsumer
+		}
+	}
+}
+
+// Load reads the YAML file at path, applies defaults and the DELAYBRIDGE_*
+// variables of environ (os.Environ() form), reads the *_file secrets and
+// validates the result. Every DELAYBRIDGE_ variable must name a key: a
+// caller that uses other DELAYBRIDGE_ variables for itself must drop them
+// from environ first.
+func Load(path string, environ []string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: read %w", err)
+	}
+	c, err := LoadBytes(data, environ)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// LoadBytes is Load on YAML held in memory.
+func LoadBytes(data []byte, environ []string) (*Config, error) {
+	c := Default()
+	// YAML and environment problems are reported together.
+	if err := errors.Join(decodeYAML(data, c), applyEnv(c, environ)); err != nil {
+		return nil, err
+	}
+	c.fillBlockDefaults()
+	if err := c.readSecrets(); err != nil {
+		return nil, err
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// readSecrets moves the contents of the *_file keys into their secrets. A
+// key set both inline and by file is refused: which one wins would be a
+// guess.
+func (c *Config) readSecrets() error {
+	var errs []error
+	read := func(key string, file string, dst *Secret) {
+		if file == "" {
+			return
+		}
+		if *dst != "" {
+			errs = append(errs, fmt.Errorf("%s_file: conflicts with %s; set only one", key, key))
+			return
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s_file: %w", key, err))
+			return
+		}
+		// Files written by editors and "echo" end in a newline that is
+		// not part of the secret.
+		b = bytes.TrimRight(b, "\r\n")
+		if len(b) == 0 {
+			errs = append(errs, fmt.Errorf("%s_file: %s is empty", key, file))
+			return
+		}
+		*dst = Secret(b)
+	}
+	if k := c.Kafka; k != nil {
+		read("kafka.sasl.password", k.SASL.PasswordFile, &k.SASL.Password)
+	}
+	if n := c.NATS; n != nil {
+		read("nats.password", n.PasswordFile, &n.Password)
+		read("nats.token", n.TokenFile, &n.Token)
+	}
+	read("admin.token", c.Admin.TokenFile, &c.Admin.Token)
+	return errors.Join(errs...)
+}
+
+// Redacted returns a deep copy with every secret replaced by "REDACTED".
+func (c *Config) Redacted() *Config {
+	r := *c
+	r.Targets.Allow = append([]string(nil), c.Targets.Allow...)
+	red := func(s Secret) Secret {
+		if s == "" {
+			return ""
+		}
+		return redacted
+	}
+	if c.Kafka != nil {
+		k := *c.Kafka
+		k.Brokers = append([]string(nil), k.Brokers...)
+		k.Sources = append([]KafkaSource(nil), k.Sources...)
+		k.SASL.Password = red(k.SASL.Password)
+		r.Kafka = &k
+	}
+	if c.NATS != nil {
+		n := *c.NATS
+		n.Sources = append([]NATSSource(nil), n.Sources...)
+		n.Password = red(n.Password)
+		n.Token = red(n.Token)
+		r.NATS = &n
+	}
+	r.Admin.Token = red(r.Admin.Token)
+	return &r
+}
+
+// String renders the configuration as YAML with secrets redacted.
+func (c Config) String() string {
+	b, err := yaml.Marshal(c.Redacted())
+	if err != nil {
+		return "config: " + err.Error()
+	}
+	return string(b)
+}
+
+// MarshalLogObject lets zap.Object("config", c) (and zap.Any) log the
+// configuration with YAML key names and secrets redacted.
+func (c *Config) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	return logStruct(enc, reflect.ValueOf(c.Redacted()).Elem())
+}
+
+func logStruct(enc zapcore.ObjectEncoder, v reflect.Value) error {
+	t := v.Type()
+	for i := range t.NumField() {
+		name := yamlName(t.Field(i))
+		if name == "" {
+			continue
+		}
+		if err := logValue(enc, name, v.Field(i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func logValue(enc zapcore.ObjectEncoder, key string, f reflect.Value) error {
+	switch x := f.Interface().(type) {
+	case Duration:
+		enc.AddString(key, x.String())
+		return nil
+	case Secret:
+		enc.AddString(key, x.String())
+		return nil
+	}
+	switch f.Kind() {
+	case reflect.String:
+		enc.AddString(key, f.String())
+	case reflect.Bool:
+		enc.AddBool(key, f.Bool())
+	case reflect.Int:
+		enc.AddInt(key, int(f.Int()))
+	case reflect.Float64:
+		enc.AddFloat64(key, f.Float())
+	case reflect.Pointer:
+		if !f.IsNil() {
+			return logValue(enc, key, f.Elem())
+		}
+	case reflect.Struct:
+		return enc.AddObject(key, zapcore.ObjectMarshalerFunc(func(e zapcore.ObjectEncoder) error {
+			return logStruct(e, f)
+		}))
+	case reflect.Slice:
+		return enc.AddArray(key, zapcore.ArrayMarshalerFunc(func(a zapcore.ArrayEncoder) error {
+			for j := range f.Len() {
+				el := f.Index(j)
+				if el.Kind() == reflect.Struct {
+					if err := a.AppendObject(zapcore.ObjectMarshalerFunc(func(e zapcore.ObjectEncoder) error {
+						return logStruct(e, el)
+					})); err != nil {
+						return err
+					}
+					continue
+				}
+				a.AppendString(fmt.Sprint(el.Interface()))
+			}
+			return nil
+		}))
+	}
+	return nil
+}

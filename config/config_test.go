@@ -1,0 +1,397 @@
+package config
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// validYAML is a complete configuration that passes Validate.
+const validYAML = `
+data_dir: /var/lib/delaybridge
+kafka:
+  brokers: ["localhost:9092"]
+  group: delaybridge
+  sources:
+    - topic: delay
+      dlq: delay.dlq
+      default_target: ""
+nats:
+  url: nats://localhost:4222
+  stream: DELAY
+  consumer: delaybridge
+  sources:
+    - subject: "delay.>"
+      dlq: dlq.delay
+targets:
+  allow: ["*"]
+max_delay: 365d
+admin:
+  listen: 127.0.0.1:8080
+`
+
+func mustLoad(t *testing.T, yml string, env ...string) *Config {
+	t.Helper()
+	c, err := LoadBytes([]byte(yml), env)
+	if err != nil {
+		t.Fatalf("LoadBytes: %v", err)
+	}
+	return c
+}
+
+func TestLoadContractExample(t *testing.T) {
+	c := mustLoad(t, validYAML)
+	want := Default()
+	want.DataDir = "/var/lib/delaybridge"
+	want.Kafka = &Kafka{
+		Brokers: []string{"localhost:9092"}, Group: "delaybridge", ClientID: "delaybridge",
+		Sources: []KafkaSource{{Topic: "delay", DLQ: "delay.dlq"}},
+	}
+	want.NATS = &NATS{
+		URL: "nats://localhost:4222", Stream: "DELAY", Consumer: "delaybridge",
+		Sources: []NATSSource{{Subject: "delay.>", DLQ: "dlq.delay"}},
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Fatalf("got\n%s\nwant\n%s", c, want)
+	}
+}
+
+func TestLoadFullSchema(t *testing.T) {
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(ca, []byte("pem"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	yml := fmt.Sprintf(`
+data_dir: /data
+shards: 16
+horizon: 1h
+max_delay: 30d
+max_message_bytes: 2048
+cancel_retention: 2d
+fire_batch: 100
+retry: {initial: 1s, max: 1m, multiplier: 1.5, jitter: 0, max_attempts: 3}
+shutdown_timeout: 30s
+log: {level: debug, format: console}
+kafka:
+  brokers: ["a:9092", "b:9092"]
+  group: g
+  client_id: cid
+  tls: {enabled: true, ca_file: %q, server_name: kafka.local, insecure_skip_verify: true}
+  sasl: {mechanism: SCRAM-SHA-512, username: u, password: p}
+  sources:
+    - {topic: delay, dlq: delay.dlq, default_target: "nats:events.x"}
+nats:
+  url: tls://n1:4222,tls://n2:4222
+  stream: S
+  consumer: C
+  create: true
+  tls: {enabled: true}
+  token: tok
+  sources:
+    - {subject: "delay.>", dlq: dlq.delay, default_target: "kafka:orders"}
+targets:
+  allow: ["kafka:orders", "nats:events.>"]
+admin:
+  listen: 0.0.0.0:9090
+  token: admintok
+`, ca)
+	c := mustLoad(t, yml)
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"shards", c.Shards, 16},
+		{"horizon", c.Horizon.Std(), time.Hour},
+		{"max_delay", c.MaxDelay.Std(), 30 * 24 * time.Hour},
+		{"max_message_bytes", c.MaxMessageBytes, 2048},
+		{"cancel_retention", c.CancelRetention.Std(), 48 * time.Hour},
+		{"fire_batch", c.FireBatch, 100},
+		{"retry", c.Retry, Retry{Initial: Duration(time.Second), Max: Duration(time.Minute), Multiplier: 1.5, Jitter: 0, MaxAttempts: 3}},
+		{"shutdown_timeout", c.ShutdownTimeout.Std(), 30 * time.Second},
+		{"log", c.Log, Log{Level: "debug", Format: "console"}},
+		{"kafka.brokers", c.Kafka.Brokers, []string{"a:9092", "b:9092"}},
+		{"kafka.group", c.Kafka.Group, "g"},
+		{"kafka.client_id", c.Kafka.ClientID, "cid"},
+		{"kafka.tls", c.Kafka.TLS, TLS{Enabled: true, CAFile: ca, ServerName: "kafka.local", InsecureSkipVerify: true}},
+		{"kafka.sasl", c.Kafka.SASL, SASL{Mechanism: "SCRAM-SHA-512", Username: "u", Password: "p"}},
+		{"kafka.sources", c.Kafka.Sources, []KafkaSource{{Topic: "delay", DLQ: "delay.dlq", DefaultTarget: "nats:events.x"}}},
+		{"nats.url", c.NATS.URL, "tls://n1:4222,tls://n2:4222"},
+		{"nats.stream", c.NATS.Stream, "S"},
+		{"nats.consumer", c.NATS.Consumer, "C"},
+		{"nats.create", c.NATS.Create, true},
+		{"nats.token", c.NATS.Token.Value(), "tok"},
+		{"nats.sources", c.NATS.Sources, []NATSSource{{Subject: "delay.>", DLQ: "dlq.delay", DefaultTarget: "kafka:orders"}}},
+		{"targets.allow", c.Targets.Allow, []string{"kafka:orders", "nats:events.>"}},
+		{"admin", c.Admin, Admin{Listen: "0.0.0.0:9090", Token: "admintok"}},
+	}
+	for _, ck := range checks {
+		if !reflect.DeepEqual(ck.got, ck.want) {
+			t.Errorf("%s = %#v, want %#v", ck.name, ck.got, ck.want)
+		}
+	}
+}
+
+func TestLoadDefaults(t *testing.T) {
+	c := mustLoad(t, "data_dir: /d\nkafka: {brokers: [k:9092], sources: [{topic: t, dlq: t.dlq}]}\n")
+	if c.NATS != nil {
+		t.Fatal("nats enabled without a nats block")
+	}
+	if c.Kafka.Group != DefaultKafkaGroup || c.Kafka.ClientID != DefaultKafkaClientID {
+		t.Fatalf("kafka defaults: %+v", c.Kafka)
+	}
+	d := Default()
+	if c.Shards != d.Shards || c.Horizon != d.Horizon || c.MaxDelay != d.MaxDelay || c.Retry != d.Retry ||
+		c.Admin.Listen != DefaultAdminListen || !reflect.DeepEqual(c.Targets.Allow, []string{"*"}) {
+		t.Fatalf("defaults not applied:\n%s", c)
+	}
+	n := mustLoad(t, "data_dir: /d\nnats: {sources: [{subject: a.>, dlq: b}]}\n").NATS
+	if n.URL != DefaultNATSURL || n.Stream != DefaultNATSStream || n.Consumer != DefaultNATSConsumer {
+		t.Fatalf("nats defaults: %+v", n)
+	}
+}
+
+// An explicit zero must not be replaced by the default.
+func TestLoadExplicitZeroKept(t *testing.T) {
+	c := mustLoad(t, validYAML+"retry: {jitter: 0}\ncancel_retention: 0s\n")
+	if c.Retry.Jitter != 0 || c.CancelRetention != 0 {
+		t.Fatalf("jitter %v cancel_retention %v, want 0", c.Retry.Jitter, c.CancelRetention)
+	}
+	if c.Retry.Multiplier != 2 {
+		t.Fatalf("other retry keys lost their defaults: %+v", c.Retry)
+	}
+	c = mustLoad(t, strings.Replace(validYAML, "max_delay: 365d", "max_delay: 0", 1))
+	if c.MaxDelay != 0 {
+		t.Fatal("max_delay: 0 not kept")
+	}
+}
+
+func TestLoadEmptyAllowDeniesAll(t *testing.T) {
+	c := mustLoad(t, strings.Replace(validYAML, `allow: ["*"]`, "allow: []", 1))
+	if len(c.Targets.Allow) != 0 || c.AllowTarget(1, "x") {
+		t.Fatalf("allow %q should deny", c.Targets.Allow)
+	}
+}
+
+func TestLoadYAMLErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		yml  string
+		want []string // substrings of the error
+	}{
+		{"unknown top-level key", validYAML + "bogus: 1\n", []string{"line 22: bogus: unknown key"}},
+		{"unknown nested key", strings.Replace(validYAML, "group: delaybridge", "gruop: delaybridge", 1), []string{"line 5: kafka.gruop: unknown key"}},
+		{"unknown key in list item", strings.Replace(validYAML, "dlq: delay.dlq", "dlq: delay.dlq\n      topik: x", 1), []string{"kafka.sources[0].topik: unknown key"}},
+		{"duplicate key", validYAML + "shards: 2\nshards: 3\n", []string{"shards: duplicate key"}},
+		{"bad int", validYAML + "shards: many\n", []string{`line 22: shards: invalid integer "many"`}},
+		{"bad bool", strings.Replace(validYAML, "stream: DELAY", "create: maybe", 1), []string{`nats.create: invalid boolean "maybe"`}},
+		{"bad duration", validYAML + "horizon: 10\n", []string{"horizon:", `invalid duration "10"`}},
+		{"bad float", validYAML + "retry: {jitter: lots}\n", []string{"retry.jitter: invalid number"}},
+		{"mapping for scalar", strings.Replace(validYAML, "data_dir: /var/lib/delaybridge", "data_dir: {a: 1}", 1), []string{"data_dir: want a single value, got a mapping"}},
+		{"scalar for list", strings.Replace(validYAML, `brokers: ["localhost:9092"]`, "brokers: localhost:9092", 1), []string{"kafka.brokers: want a list"}},
+		{"scalar for block", validYAML + "log: verbose\n", []string{"log: want a mapping of keys"}},
+		{"two documents", validYAML + "---\nshards: 1\n", []string{"second document"}},
+		{"syntax error", "data_dir: [\n", []string{"yaml:"}},
+		{"all errors at once", validYAML + "a: 1\nb: 2\n", []string{"a: unknown key", "b: unknown key"}},
+		{"top level list", "- 1\n", []string{"(top level): want a mapping"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := LoadBytes([]byte(tt.yml), nil)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestLoadYAMLAnchorsAndMerge(t *testing.T) {
+	yml := `
+data_dir: /d
+x-src: &src {dlq: delay.dlq}
+`
+	if _, err := LoadBytes([]byte(yml), nil); err == nil || !strings.Contains(err.Error(), "x-src: unknown key") {
+		t.Fatalf("extension key accepted: %v", err)
+	}
+	yml = `
+data_dir: /d
+kafka:
+  brokers: &b ["k:9092"]
+  sources:
+    - &s {topic: one, dlq: one.dlq}
+    - {<<: *s, topic: two}
+nats: {sources: [{subject: "a.>", dlq: b}]}
+`
+	c := mustLoad(t, yml)
+	want := []KafkaSource{{Topic: "one", DLQ: "one.dlq"}, {Topic: "two", DLQ: "one.dlq"}}
+	if !reflect.DeepEqual(c.Kafka.Sources, want) {
+		t.Fatalf("sources %+v, want %+v", c.Kafka.Sources, want)
+	}
+}
+
+func TestLoadAliasBomb(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("data_dir: /d\nl0: &l0 {shards: 1}\n")
+	// Each level merges the previous one ten times: 10^12 visits if
+	// expanded naively.
+	for i := 1; i <= 12; i++ {
+		fmt.Fprintf(&b, "l%d: &l%d {<<: [", i, i)
+		for j := range 10 {
+			if j > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "*l%d", i-1)
+		}
+		b.WriteString("]}\n")
+	}
+	done := make(chan error, 1)
+	go func() { _, err := LoadBytes([]byte(b.String()), nil); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("no error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("alias expansion not bounded")
+	}
+}
+
+func TestLoadFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(p, []byte(validYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(p, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(filepath.Join(t.TempDir(), "missing.yaml"), nil)
+	if err == nil || !strings.Contains(err.Error(), "missing.yaml") {
+		t.Fatalf("missing file: %v", err)
+	}
+	if err := os.WriteFile(p, []byte(validYAML+"bogus: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err = Load(p, nil); err == nil || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "bogus") {
+		t.Fatalf("error should name file and key: %v", err)
+	}
+}
+
+func writeSecret(t *testing.T, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestSecretsFromFiles(t *testing.T) {
+	kp := writeSecret(t, "kafka-pass\n")
+	np := writeSecret(t, "nats-pass")
+	at := writeSecret(t, "admin-token\r\n")
+	yml := validYAML
+	env := []string{
+		"DELAYBRIDGE_KAFKA_SASL_MECHANISM=PLAIN",
+		"DELAYBRIDGE_KAFKA_SASL_USERNAME=u",
+		"DELAYBRIDGE_KAFKA_SASL_PASSWORD_FILE=" + kp,
+		"DELAYBRIDGE_NATS_USER=nu",
+		"DELAYBRIDGE_NATS_PASSWORD_FILE=" + np,
+		"DELAYBRIDGE_ADMIN_TOKEN_FILE=" + at,
+	}
+	c := mustLoad(t, yml, env...)
+	if got := c.Kafka.SASL.Password.Value(); got != "kafka-pass" {
+		t.Errorf("kafka password %q", got)
+	}
+	if got := c.NATS.Password.Value(); got != "nats-pass" {
+		t.Errorf("nats password %q", got)
+	}
+	if got := c.Admin.Token.Value(); got != "admin-token" {
+		t.Errorf("admin token %q", got)
+	}
+	tf := writeSecret(t, "nats-token")
+	c = mustLoad(t, validYAML, "DELAYBRIDGE_NATS_TOKEN_FILE="+tf)
+	if c.NATS.Token.Value() != "nats-token" {
+		t.Errorf("nats token %q", c.NATS.Token.Value())
+	}
+
+	errTests := []struct {
+		name string
+		env  []string
+		want string
+	}{
+		{"missing file", []string{"DELAYBRIDGE_ADMIN_TOKEN_FILE=/nonexistent/tok"}, "admin.token_file:"},
+		{"empty file", []string{"DELAYBRIDGE_ADMIN_TOKEN_FILE=" + writeSecret(t, "\n")}, "admin.token_file: "},
+		{"both inline and file", []string{"DELAYBRIDGE_ADMIN_TOKEN=x", "DELAYBRIDGE_ADMIN_TOKEN_FILE=" + at}, "admin.token_file: conflicts with admin.token"},
+		{"nats token both", []string{"DELAYBRIDGE_NATS_TOKEN=x", "DELAYBRIDGE_NATS_TOKEN_FILE=" + at}, "nats.token_file: conflicts"},
+	}
+	for _, tt := range errTests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := LoadBytes([]byte(validYAML), tt.env)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestRedaction(t *testing.T) {
+	c := mustLoad(t, validYAML,
+		"DELAYBRIDGE_KAFKA_SASL_MECHANISM=PLAIN", "DELAYBRIDGE_KAFKA_SASL_USERNAME=u",
+		"DELAYBRIDGE_KAFKA_SASL_PASSWORD=s3cr3t-kafka",
+		"DELAYBRIDGE_NATS_TOKEN=s3cr3t-nats",
+		"DELAYBRIDGE_ADMIN_TOKEN=s3cr3t-admin")
+	secrets := []string{"s3cr3t-kafka", "s3cr3t-nats", "s3cr3t-admin"}
+
+	core, logs := observer.New(zapcore.DebugLevel)
+	zap.New(core).Info("config", zap.Object("config", c), zap.Any("any", c))
+	enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
+	buf, err := enc.EncodeEntry(logs.All()[0].Entry, logs.All()[0].Context)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forms := map[string]string{
+		"String":     c.String(),
+		"%v":         fmt.Sprintf("%v", c),
+		"%+v value":  fmt.Sprintf("%+v", *c),
+		"%+v kafka":  fmt.Sprintf("%+v", *c.Kafka),
+		"%#v kafka":  fmt.Sprintf("%#v", *c.Kafka),
+		"%s secret":  fmt.Sprintf("%s", c.Admin.Token),
+		"zap json":   buf.String(),
+		"Redacted()": fmt.Sprintf("%s %s %s", c.Redacted().Kafka.SASL.Password.Value(), c.Redacted().NATS.Token.Value(), c.Redacted().Admin.Token.Value()),
+	}
+	for name, s := range forms {
+		for _, sec := range secrets {
+			if strings.Contains(s, sec) {
+				t.Errorf("%s leaks %q:\n%s", name, sec, s)
+			}
+		}
+	}
+	if !strings.Contains(forms["zap json"], `"password":"REDACTED"`) || !strings.Contains(forms["zap json"], `"data_dir":"/var/lib/delaybridge"`) {
+		t.Errorf("zap form lacks keys: %s", forms["zap json"])
+	}
+	if !strings.Contains(forms["String"], "token: REDACTED") {
+		t.Errorf("String lacks redacted token:\n%s", forms["String"])
+	}
+	// Redacted is a copy: the original keeps its secrets.
+	if c.Admin.Token.Value() != "s3cr3t-admin" || c.Kafka.SASL.Password.Value() != "s3cr3t-kafka" {
+		t.Fatal("Redacted modified the original")
+	}
+	r := c.Redacted()
+	r.Kafka.Sources[0].Topic = "changed"
+	if c.Kafka.Sources[0].Topic == "changed" {
+		t.Fatal("Redacted shares slices with the original")
+	}
+}

@@ -1,0 +1,304 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"reflect"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+var (
+	durationType = reflect.TypeFor[Duration]()
+	secretType   = reflect.TypeFor[Secret]()
+)
+
+// maxListLen bounds lists and list indexes (YAML and environment), so a
+// typo like DELAYBRIDGE_KAFKA_SOURCES_99999999_TOPIC cannot allocate memory
+// without bound.
+const maxListLen = 1024
+
+// yamlName is the key of a struct field: its yaml tag up to the comma.
+func yamlName(f reflect.StructField) string {
+	if !f.IsExported() {
+		return ""
+	}
+	name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+	if name == "-" {
+		return ""
+	}
+	return name
+}
+
+// decodeYAML decodes one YAML document onto c, which holds the defaults.
+// Errors of all keys are collected and joined.
+func decodeYAML(data []byte, c *Config) (err error) {
+	// yaml.v3 recovers its own panics; this guard is for the ones it has
+	// not been taught about yet, so that bad input is an error, never a
+	// crash of the caller.
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("yaml: parser failed: %v", r)
+		}
+	}()
+	dec := yaml.NewDecoder(strings.NewReader(string(data)))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil // empty file: defaults and environment only
+		}
+		return fmt.Errorf("yaml: %w", err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		if err != nil {
+			return fmt.Errorf("yaml: %w", err)
+		}
+		return fmt.Errorf("yaml: line %d: a second document; the configuration is one document", extra.Line)
+	}
+	d := &decoder{budget: 10000 + 10*len(data)}
+	root := &doc
+	if root.Kind == yaml.DocumentNode {
+		if len(root.Content) == 0 {
+			return nil
+		}
+		root = root.Content[0]
+	}
+	d.value(root, reflect.ValueOf(c).Elem(), "")
+	return errors.Join(d.errs...)
+}
+
+type decoder struct {
+	errs []error
+	// budget bounds the nodes visited: aliases and merge keys can make a
+	// small document expand exponentially ("billion laughs").
+	budget int
+	depth  int
+}
+
+// over reports (once) that the document expands beyond the budget or nests
+// too deep.
+func (d *decoder) over(n *yaml.Node, path string) bool {
+	d.budget--
+	if d.budget >= 0 && d.depth <= 64 {
+		return false
+	}
+	if d.budget > -1<<30 { // report once
+		d.fail(n, path, "document expands too far through aliases or merge keys")
+		d.budget = -1 << 30
+	}
+	return true
+}
+
+func (d *decoder) fail(n *yaml.Node, path, format string, args ...any) {
+	if path == "" {
+		path = "(top level)"
+	}
+	d.errs = append(d.errs, fmt.Errorf("line %d: %s: %s", n.Line, path, fmt.Sprintf(format, args...)))
+}
+
+func isNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.Tag == "!!null"
+}
+
+// value decodes n into v. A null leaves v as it was (a default stays, a
+// block stays disabled); aliases are followed.
+func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
+	for depth := 0; n.Kind == yaml.AliasNode; depth++ {
+		if n.Alias == nil || depth > 16 {
+			d.fail(n, path, "unresolvable alias")
+			return
+		}
+		n = n.Alias
+	}
+	if isNull(n) || d.over(n, path) {
+		return
+	}
+	d.depth++
+	defer func() { d.depth-- }()
+	switch {
+	case v.Kind() == reflect.Pointer:
+		if v.IsNil() {
+			v.Set(reflect.New(v.Type().Elem()))
+		}
+		d.value(n, v.Elem(), path)
+	case v.Kind() == reflect.Struct:
+		d.mapping(n, v, path)
+	case v.Kind() == reflect.Slice:
+		d.sequence(n, v, path)
+	default:
+		if n.Kind != yaml.ScalarNode {
+			d.fail(n, path, "want a single value, got %s", kindName(n))
+			return
+		}
+		if err := setScalar(v, n.Value); err != nil {
+			d.fail(n, path, "%v", err)
+		}
+	}
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		return fmt.Sprintf("the value %q", n.Value)
+	}
+	return "a YAML node of another kind"
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+func (d *decoder) mapping(n *yaml.Node, v reflect.Value, path string) {
+	if n.Kind != yaml.MappingNode {
+		d.fail(n, path, "want a mapping of keys, got %s", kindName(n))
+		return
+	}
+	t := v.Type()
+	seen := map[string]bool{}
+	// Merge keys (<<: *base) apply first so that explicit keys win, as in
+	// YAML 1.1.
+	var merges, plain [][2]*yaml.Node
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, val := n.Content[i], n.Content[i+1]
+		if k.Kind == yaml.ScalarNode && k.Tag == "!!merge" {
+			merges = append(merges, [2]*yaml.Node{k, val})
+		} else {
+			plain = append(plain, [2]*yaml.Node{k, val})
+		}
+	}
+	for _, m := range merges {
+		src := m[1]
+		for depth := 0; src.Kind == yaml.AliasNode && src.Alias != nil && depth <= 16; depth++ {
+			src = src.Alias
+		}
+		switch src.Kind {
+		case yaml.MappingNode:
+			d.value(src, v, path)
+		case yaml.SequenceNode:
+			for _, s := range src.Content {
+				d.value(s, v, path)
+			}
+		default:
+			d.fail(m[0], path, "merge key needs a mapping")
+		}
+	}
+	for _, kv := range plain {
+		k, val := kv[0], kv[1]
+		if k.Kind != yaml.ScalarNode {
+			d.fail(k, path, "keys must be plain names")
+			continue
+		}
+		key := k.Value
+		fp := join(path, key)
+		if seen[key] {
+			d.fail(k, fp, "duplicate key")
+			continue
+		}
+		seen[key] = true
+		idx := fieldIndex(t, key)
+		if idx < 0 {
+			d.fail(k, fp, "unknown key")
+			continue
+		}
+		d.value(val, v.Field(idx), fp)
+	}
+}
+
+func fieldIndex(t reflect.Type, key string) int {
+	for i := range t.NumField() {
+		if yamlName(t.Field(i)) == key {
+			return i
+		}
+	}
+	return -1
+}
+
+// sequence replaces the list in v with the items of n.
+func (d *decoder) sequence(n *yaml.Node, v reflect.Value, path string) {
+	if n.Kind != yaml.SequenceNode {
+		d.fail(n, path, "want a list, got %s", kindName(n))
+		return
+	}
+	if len(n.Content) > maxListLen {
+		d.fail(n, path, "more than %d items", maxListLen)
+		return
+	}
+	s := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
+	for i, item := range n.Content {
+		d.value(item, s.Index(i), fmt.Sprintf("%s[%d]", path, i))
+	}
+	v.Set(s)
+}
+
+// setScalar parses text into v by v's type. It is the one place a value is
+// interpreted, for YAML and environment alike.
+func setScalar(v reflect.Value, text string) error {
+	switch v.Type() {
+	case durationType:
+		d, err := ParseDuration(text)
+		if err != nil {
+			return err
+		}
+		v.SetInt(int64(d))
+		return nil
+	case secretType:
+		v.SetString(text)
+		return nil
+	}
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString(text)
+	case reflect.Bool:
+		b, err := strconv.ParseBool(strings.TrimSpace(text))
+		if err != nil {
+			return fmt.Errorf("invalid boolean %q: want true or false", text)
+		}
+		v.SetBool(b)
+	case reflect.Int:
+		i, err := strconv.ParseInt(strings.TrimSpace(text), 10, 0)
+		if err != nil {
+			return fmt.Errorf("invalid integer %q", text)
+		}
+		v.SetInt(i)
+	case reflect.Float64:
+		f, err := strconv.ParseFloat(strings.TrimSpace(text), 64)
+		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+			return fmt.Errorf("invalid number %q", text)
+		}
+		v.SetFloat(f)
+	case reflect.Slice:
+		if v.Type().Elem().Kind() != reflect.String {
+			return errors.New("a list of blocks cannot be set from one value; set its items by index")
+		}
+		// Lists in one value (environment) are comma-separated; blanks
+		// are dropped so "a, b," is [a b] and "" is the empty list.
+		var items []string
+		for _, p := range strings.Split(text, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				items = append(items, p)
+			}
+		}
+		if len(items) > maxListLen {
+			return fmt.Errorf("more than %d items", maxListLen)
+		}
+		if items == nil {
+			items = []string{}
+		}
+		v.Set(reflect.ValueOf(items).Convert(v.Type()))
+	default:
+		return fmt.Errorf("cannot be set from a single value")
+	}
+	return nil
+}

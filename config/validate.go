@@ -1,0 +1,446 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+)
+
+// Validate checks the whole configuration and returns every problem at once
+// (errors.Join), each naming its key path: "kafka.sources[0].dlq: required".
+// It reads no secrets; it opens TLS and credentials files to check that they
+// are readable.
+func (c *Config) Validate() error {
+	v := &validator{}
+	c.validate(v)
+	return errors.Join(v.errs...)
+}
+
+type validator struct {
+	errs []error
+}
+
+func (v *validator) add(key, format string, args ...any) {
+	v.errs = append(v.errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+}
+
+func (c *Config) validate(v *validator) {
+	if strings.TrimSpace(c.DataDir) == "" {
+		v.add("data_dir", "required")
+	}
+	if c.Shards < 1 || c.Shards > 1024 {
+		v.add("shards", "must be between 1 and 1024, got %d", c.Shards)
+	}
+	if c.Horizon.Std() < time.Second {
+		v.add("horizon", "must be at least 1s, got %s", c.Horizon)
+	}
+	if c.MaxDelay < 0 {
+		v.add("max_delay", "must not be negative (0 means no bound), got %s", c.MaxDelay)
+	}
+	if c.MaxMessageBytes < 1 {
+		v.add("max_message_bytes", "must be positive, got %d", c.MaxMessageBytes)
+	}
+	if c.CancelRetention < 0 {
+		v.add("cancel_retention", "must not be negative, got %s", c.CancelRetention)
+	}
+	if c.FireBatch < 1 || c.FireBatch > 1<<16 {
+		v.add("fire_batch", "must be between 1 and 65536, got %d", c.FireBatch)
+	}
+	c.Retry.validate(v)
+	if c.ShutdownTimeout <= 0 {
+		v.add("shutdown_timeout", "must be positive, got %s", c.ShutdownTimeout)
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		v.add("log.level", "must be one of debug, info, warn, error; got %q", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "json", "console":
+	default:
+		v.add("log.format", "must be json or console; got %q", c.Log.Format)
+	}
+	if c.Kafka == nil && c.NATS == nil {
+		v.add("kafka, nats", "at least one transport must be configured")
+	}
+	if c.Kafka != nil {
+		c.validateKafka(v, c.Kafka)
+	}
+	if c.NATS != nil {
+		c.validateNATS(v, c.NATS)
+	}
+	for i, p := range c.Targets.Allow {
+		if err := checkPattern(p); err != nil {
+			v.add(fmt.Sprintf("targets.allow[%d]", i), "%v", err)
+		}
+	}
+	if c.Admin.Listen == "" {
+		v.add("admin.listen", "required")
+	} else if err := CheckListen(c.Admin.Listen, c.Admin.Token.Value(), c.Admin.AllowInsecureListen); err != nil {
+		v.errs = append(v.errs, err)
+	}
+}
+
+func (r *Retry) validate(v *validator) {
+	if r.Initial <= 0 {
+		v.add("retry.initial", "must be positive, got %s", r.Initial)
+	}
+	if r.Max < r.Initial {
+		v.add("retry.max", "must be at least retry.initial (%s), got %s", r.Initial, r.Max)
+	}
+	if !(r.Multiplier >= 1) { // also catches NaN
+		v.add("retry.multiplier", "must be at least 1, got %g", r.Multiplier)
+	}
+	if !(r.Jitter >= 0 && r.Jitter < 1) {
+		v.add("retry.jitter", "must be in [0, 1), got %g", r.Jitter)
+	}
+	if r.MaxAttempts < 1 {
+		v.add("retry.max_attempts", "must be at least 1, got %d", r.MaxAttempts)
+	}
+}
+
+// SASL mechanisms the Kafka adapter supports.
+var saslMechanisms = []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}
+
+func (c *Config) validateKafka(v *validator, k *Kafka) {
+	if len(k.Brokers) == 0 {
+		v.add("kafka.brokers", "required: at least one host:port")
+	}
+	for i, b := range k.Brokers {
+		if err := checkHostPort(b, false); err != nil {
+			v.add(fmt.Sprintf("kafka.brokers[%d]", i), "%v", err)
+		}
+	}
+	if k.Group == "" {
+		v.add("kafka.group", "required")
+	}
+	validateTLS(v, "kafka.tls", &k.TLS)
+	s := &k.SASL
+	switch {
+	case s.Mechanism == "":
+		if s.Username != "" || s.Password != "" || s.PasswordFile != "" {
+			v.add("kafka.sasl.mechanism", "required when kafka.sasl credentials are set (one of %s)", strings.Join(saslMechanisms, ", "))
+		}
+	case !contains(saslMechanisms, s.Mechanism):
+		v.add("kafka.sasl.mechanism", "must be one of %s; got %q", strings.Join(saslMechanisms, ", "), s.Mechanism)
+	default:
+		if s.Username == "" {
+			v.add("kafka.sasl.username", "required with mechanism %s", s.Mechanism)
+		}
+		if s.Password == "" && s.PasswordFile == "" {
+			v.add("kafka.sasl.password", "required with mechanism %s (or kafka.sasl.password_file)", s.Mechanism)
+		}
+	}
+	if len(k.Sources) == 0 {
+		v.add("kafka.sources", "required: at least one delay topic")
+	}
+	topics := map[string]string{}
+	for i, src := range k.Sources {
+		key := fmt.Sprintf("kafka.sources[%d]", i)
+		if src.Topic == "" {
+			v.add(key+".topic", "required")
+		} else if err := checkKafkaTopic(src.Topic); err != nil {
+			v.add(key+".topic", "%v", err)
+		} else if prev, dup := topics[src.Topic]; dup {
+			v.add(key+".topic", "%q is already %s", src.Topic, prev)
+		} else {
+			topics[src.Topic] = key + ".topic"
+		}
+		if src.DLQ == "" {
+			v.add(key+".dlq", "required")
+		} else if err := checkKafkaTopic(src.DLQ); err != nil {
+			v.add(key+".dlq", "%v", err)
+		}
+		c.checkDefaultTarget(v, key+".default_target", src.DefaultTarget, "kafka")
+	}
+	// A DLQ that is also a delay topic would read dead letters back in.
+	for i, src := range k.Sources {
+		if prev, ok := topics[src.DLQ]; ok {
+			v.add(fmt.Sprintf("kafka.sources[%d].dlq", i), "%q is a delay topic (%s): dead letters would loop", src.DLQ, prev)
+		}
+	}
+}
+
+func (c *Config) validateNATS(v *validator, n *NATS) {
+	if n.URL == "" {
+		v.add("nats.url", "required")
+	}
+	for u := range strings.SplitSeq(n.URL, ",") {
+		if n.URL == "" {
+			break
+		}
+		u = strings.TrimSpace(u)
+		p, err := url.Parse(u)
+		if err != nil || p.Host == "" {
+			v.add("nats.url", "%q is not a URL like nats://host:4222", u)
+			continue
+		}
+		switch p.Scheme {
+		case "nats", "tls", "ws", "wss":
+		default:
+			v.add("nats.url", "%q: scheme must be nats, tls, ws or wss", u)
+		}
+	}
+	if n.Stream == "" {
+		v.add("nats.stream", "required")
+	} else if err := checkNATSName(n.Stream); err != nil {
+		v.add("nats.stream", "%v", err)
+	}
+	if n.Consumer == "" {
+		v.add("nats.consumer", "required")
+	} else if err := checkNATSName(n.Consumer); err != nil {
+		v.add("nats.consumer", "%v", err)
+	}
+	validateTLS(v, "nats.tls", &n.TLS)
+	hasPass := n.Password != "" || n.PasswordFile != ""
+	hasToken := n.Token != "" || n.TokenFile != ""
+	methods := 0
+	for _, b := range []bool{n.User != "" || hasPass, hasToken, n.CredsFile != ""} {
+		if b {
+			methods++
+		}
+	}
+	if methods > 1 {
+		v.add("nats", "set only one of user/password, token and creds_file")
+	}
+	if n.User != "" && !hasPass {
+		v.add("nats.password", "required with nats.user (or nats.password_file)")
+	}
+	if n.User == "" && hasPass {
+		v.add("nats.user", "required with nats.password")
+	}
+	checkReadable(v, "nats.creds_file", n.CredsFile)
+	if len(n.Sources) == 0 {
+		v.add("nats.sources", "required: at least one delay subject")
+	}
+	subjects := map[string]bool{}
+	for i, src := range n.Sources {
+		key := fmt.Sprintf("nats.sources[%d]", i)
+		if src.Subject == "" {
+			v.add(key+".subject", "required")
+		} else if err := checkSubject(src.Subject, true); err != nil {
+			v.add(key+".subject", "%v", err)
+		} else if subjects[src.Subject] {
+			v.add(key+".subject", "%q is listed twice", src.Subject)
+		} else {
+			subjects[src.Subject] = true
+		}
+		if src.DLQ == "" {
+			v.add(key+".dlq", "required")
+		} else if err := checkSubject(src.DLQ, false); err != nil {
+			v.add(key+".dlq", "%v", err)
+		} else {
+			for j, other := range n.Sources {
+				if checkSubject(other.Subject, true) == nil && SubjectMatches(other.Subject, src.DLQ) {
+					v.add(key+".dlq", "%q is matched by nats.sources[%d].subject %q: dead letters would loop", src.DLQ, j, other.Subject)
+				}
+			}
+		}
+		c.checkDefaultTarget(v, key+".default_target", src.DefaultTarget, "nats")
+	}
+}
+
+// checkDefaultTarget checks a source's default target: its syntax, that a
+// transport it crosses to is configured, and that targets.allow lets it
+// through (otherwise every message without delay-target would dead-letter).
+func (c *Config) checkDefaultTarget(v *validator, key, target, own string) {
+	if target == "" {
+		return
+	}
+	transport, name := own, target
+	if t, rest, ok := strings.Cut(target, ":"); ok && (t == "kafka" || t == "nats") {
+		transport, name = t, rest
+	}
+	var err error
+	switch transport {
+	case "kafka":
+		if c.Kafka == nil {
+			v.add(key, "%q names Kafka, which is not configured", target)
+			return
+		}
+		err = checkKafkaTopic(name)
+	case "nats":
+		if c.NATS == nil {
+			v.add(key, "%q names NATS, which is not configured", target)
+			return
+		}
+		err = checkSubject(name, false)
+	}
+	if err != nil {
+		v.add(key, "%v", err)
+		return
+	}
+	if !c.AllowTarget(transportOf(transport), name) {
+		v.add(key, "%q is not allowed by targets.allow", target)
+	}
+}
+
+func validateTLS(v *validator, key string, t *TLS) {
+	files := []struct{ name, path string }{
+		{"ca_file", t.CAFile}, {"cert_file", t.CertFile}, {"key_file", t.KeyFile},
+	}
+	if !t.Enabled {
+		for _, f := range files {
+			if f.path != "" {
+				v.add(key+"."+f.name, "set but %s.enabled is false", key)
+			}
+		}
+		return
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		v.add(key, "cert_file and key_file go together")
+	}
+	for _, f := range files {
+		checkReadable(v, key+"."+f.name, f.path)
+	}
+}
+
+func checkReadable(v *validator, key, path string) {
+	if path == "" {
+		return
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		v.add(key, "not readable: %v", err)
+		return
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.IsDir() {
+		v.add(key, "%s is a directory", path)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// checkHostPort checks "host:port"; an empty host is allowed only when
+// emptyHost (a listen address).
+func checkHostPort(s string, emptyHost bool) error {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port", s)
+	}
+	if host == "" && !emptyHost {
+		return fmt.Errorf("%q has no host", s)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 0 || p > 65535 {
+		return fmt.Errorf("%q: port must be a number 0..65535", s)
+	}
+	return nil
+}
+
+// checkKafkaTopic applies Kafka's topic name rules: 1..249 characters of
+// [a-zA-Z0-9._-], not "." or "..".
+func checkKafkaTopic(s string) error {
+	if s == "" {
+		return errors.New("empty topic name")
+	}
+	if len(s) > 249 {
+		return fmt.Errorf("topic %q is longer than 249 characters", s[:32]+"...")
+	}
+	if s == "." || s == ".." {
+		return fmt.Errorf("topic %q is not allowed", s)
+	}
+	for _, r := range s {
+		if !(r < unicode.MaxASCII && (r == '.' || r == '_' || r == '-' || unicode.IsLetter(r) || unicode.IsDigit(r))) {
+			return fmt.Errorf("topic %q: only letters, digits, '.', '_' and '-' are allowed", s)
+		}
+	}
+	return nil
+}
+
+// checkNATSName checks a stream or consumer name: no white space, dots,
+// wildcards or path separators.
+func checkNATSName(s string) error {
+	if strings.ContainsAny(s, " \t\r\n.*>/\\") {
+		return fmt.Errorf("%q: may not contain white space, '.', '*', '>', '/' or '\\'", s)
+	}
+	if len(s) > 255 {
+		return fmt.Errorf("%q... is longer than 255 characters", s[:32])
+	}
+	return nil
+}
+
+// checkSubject checks a NATS subject: dot-separated non-empty tokens without
+// white space; with wildcards, "*" is a whole token and ">" the whole last one.
+func checkSubject(s string, wildcards bool) error {
+	if s == "" {
+		return errors.New("empty subject")
+	}
+	if strings.ContainsAny(s, " \t\r\n") {
+		return fmt.Errorf("subject %q contains white space", s)
+	}
+	toks := strings.Split(s, ".")
+	for i, t := range toks {
+		switch {
+		case t == "":
+			return fmt.Errorf("subject %q has an empty token", s)
+		case t == "*" || t == ">":
+			if !wildcards {
+				return fmt.Errorf("subject %q: wildcards are not allowed here", s)
+			}
+			if t == ">" && i != len(toks)-1 {
+				return fmt.Errorf("subject %q: '>' must be the last token", s)
+			}
+		case strings.ContainsAny(t, "*>"):
+			return fmt.Errorf("subject %q: '*' and '>' must be whole tokens", s)
+		}
+	}
+	return nil
+}
+
+// SubjectMatches reports whether the NATS subject filter (with "*" and ">"
+// wildcards) matches the literal subject.
+func SubjectMatches(filter, subject string) bool {
+	f := strings.Split(filter, ".")
+	s := strings.Split(subject, ".")
+	for i, ft := range f {
+		if ft == ">" {
+			return len(s) > i
+		}
+		if i >= len(s) || (ft != "*" && ft != s[i]) {
+			return false
+		}
+	}
+	return len(f) == len(s)
+}
+
+// CheckListen refuses an admin listen address that is reachable from other
+// hosts (an empty or unspecified host, a non-loopback IP, any host name
+// other than "localhost") when token is empty, unless allowInsecure. The
+// admin API can cancel tasks, so exposing it unauthenticated must be a
+// deliberate choice.
+func CheckListen(listen, token string, allowInsecure bool) error {
+	if err := checkHostPort(listen, true); err != nil {
+		return fmt.Errorf("admin.listen: %w", err)
+	}
+	if token != "" || allowInsecure || isLoopback(listen) {
+		return nil
+	}
+	return fmt.Errorf("admin.listen: %q is reachable from other hosts and admin.token is empty: set admin.token (or admin.token_file), listen on 127.0.0.1, or set admin.allow_insecure_listen: true", listen)
+}
+
+func isLoopback(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

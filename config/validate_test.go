@@ -1,0 +1,233 @@
+package config
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestValidate(t *testing.T) {
+	dir := t.TempDir()
+	readable := filepath.Join(dir, "ok.pem")
+	if err := os.WriteFile(readable, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing.pem")
+
+	tests := []struct {
+		name   string
+		mutate func(c *Config)
+		want   string // "" = valid; else a substring naming the key
+	}{
+		{"valid", func(c *Config) {}, ""},
+		{"data_dir required", func(c *Config) { c.DataDir = "" }, "data_dir: required"},
+		{"shards zero", func(c *Config) { c.Shards = 0 }, "shards: must be between 1 and 1024"},
+		{"shards too many", func(c *Config) { c.Shards = 1025 }, "shards: must be between 1 and 1024"},
+		{"shards max ok", func(c *Config) { c.Shards = 1024 }, ""},
+		{"horizon short", func(c *Config) { c.Horizon = Duration(999 * time.Millisecond) }, "horizon: must be at least 1s"},
+		{"max_delay negative", func(c *Config) { c.MaxDelay = -1 }, "max_delay: must not be negative"},
+		{"max_delay zero ok", func(c *Config) { c.MaxDelay = 0 }, ""},
+		{"max_message_bytes", func(c *Config) { c.MaxMessageBytes = 0 }, "max_message_bytes: must be positive"},
+		{"cancel_retention", func(c *Config) { c.CancelRetention = -1 }, "cancel_retention: must not be negative"},
+		{"fire_batch", func(c *Config) { c.FireBatch = 0 }, "fire_batch: must be between"},
+		{"retry.initial", func(c *Config) { c.Retry.Initial = 0 }, "retry.initial: must be positive"},
+		{"retry.max below initial", func(c *Config) { c.Retry.Max = Duration(time.Millisecond) }, "retry.max: must be at least retry.initial"},
+		{"retry.multiplier", func(c *Config) { c.Retry.Multiplier = 0.5 }, "retry.multiplier: must be at least 1"},
+		{"retry.multiplier NaN", func(c *Config) { c.Retry.Multiplier = math.NaN() }, "retry.multiplier"},
+		{"retry.multiplier 1 ok", func(c *Config) { c.Retry.Multiplier = 1 }, ""},
+		{"retry.jitter negative", func(c *Config) { c.Retry.Jitter = -0.1 }, "retry.jitter: must be in [0, 1)"},
+		{"retry.jitter one", func(c *Config) { c.Retry.Jitter = 1 }, "retry.jitter: must be in [0, 1)"},
+		{"retry.jitter zero ok", func(c *Config) { c.Retry.Jitter = 0 }, ""},
+		{"retry.max_attempts", func(c *Config) { c.Retry.MaxAttempts = 0 }, "retry.max_attempts: must be at least 1"},
+		{"shutdown_timeout", func(c *Config) { c.ShutdownTimeout = 0 }, "shutdown_timeout: must be positive"},
+		{"log.level", func(c *Config) { c.Log.Level = "loud" }, `log.level: must be one of debug, info, warn, error; got "loud"`},
+		{"log.format", func(c *Config) { c.Log.Format = "xml" }, "log.format: must be json or console"},
+		{"no transport", func(c *Config) { c.Kafka, c.NATS = nil, nil }, "kafka, nats: at least one transport"},
+		{"kafka only ok", func(c *Config) { c.NATS = nil }, ""},
+		{"nats only ok", func(c *Config) { c.Kafka = nil }, ""},
+
+		// kafka
+		{"kafka.brokers required", func(c *Config) { c.Kafka.Brokers = nil }, "kafka.brokers: required"},
+		{"kafka.brokers host:port", func(c *Config) { c.Kafka.Brokers = []string{"a:1", "nohost"} }, `kafka.brokers[1]: "nohost" is not host:port`},
+		{"kafka.brokers port", func(c *Config) { c.Kafka.Brokers = []string{"a:http"} }, "kafka.brokers[0]: \"a:http\": port must be"},
+		{"kafka.brokers empty host", func(c *Config) { c.Kafka.Brokers = []string{":9092"} }, "kafka.brokers[0]: \":9092\" has no host"},
+		{"kafka.group required", func(c *Config) { c.Kafka.Group = "" }, "kafka.group: required"},
+		{"kafka.sources required", func(c *Config) { c.Kafka.Sources = nil }, "kafka.sources: required"},
+		{"kafka topic required", func(c *Config) { c.Kafka.Sources[0].Topic = "" }, "kafka.sources[0].topic: required"},
+		{"kafka topic chars", func(c *Config) { c.Kafka.Sources[0].Topic = "de lay" }, "kafka.sources[0].topic: topic \"de lay\": only letters"},
+		{"kafka topic non-ascii", func(c *Config) { c.Kafka.Sources[0].Topic = "délai" }, "kafka.sources[0].topic: topic"},
+		{"kafka topic dot", func(c *Config) { c.Kafka.Sources[0].Topic = ".." }, "kafka.sources[0].topic: topic \"..\" is not allowed"},
+		{"kafka topic long", func(c *Config) { c.Kafka.Sources[0].Topic = strings.Repeat("a", 250) }, "kafka.sources[0].topic: topic"},
+		{"kafka topic 249 ok", func(c *Config) { c.Kafka.Sources[0].Topic = strings.Repeat("a", 249) }, ""},
+		{"kafka topic dup", func(c *Config) {
+			c.Kafka.Sources = append(c.Kafka.Sources, KafkaSource{Topic: "delay", DLQ: "x"})
+		}, `kafka.sources[1].topic: "delay" is already kafka.sources[0].topic`},
+		{"kafka dlq required", func(c *Config) { c.Kafka.Sources[0].DLQ = "" }, "kafka.sources[0].dlq: required"},
+		{"kafka dlq legal", func(c *Config) { c.Kafka.Sources[0].DLQ = "a/b" }, "kafka.sources[0].dlq: topic"},
+		{"kafka dlq loops", func(c *Config) { c.Kafka.Sources[0].DLQ = "delay" }, "kafka.sources[0].dlq: \"delay\" is a delay topic"},
+		{"kafka default target ok", func(c *Config) { c.Kafka.Sources[0].DefaultTarget = "orders" }, ""},
+		{"kafka default target cross ok", func(c *Config) { c.Kafka.Sources[0].DefaultTarget = "nats:orders.x" }, ""},
+		{"kafka default target bad", func(c *Config) { c.Kafka.Sources[0].DefaultTarget = "or ders" }, "kafka.sources[0].default_target: topic"},
+		{"kafka default target unconfigured transport", func(c *Config) {
+			c.NATS = nil
+			c.Kafka.Sources[0].DefaultTarget = "nats:x"
+		}, `kafka.sources[0].default_target: "nats:x" names NATS, which is not configured`},
+		{"kafka default target not allowed", func(c *Config) {
+			c.Targets.Allow = []string{"nats:*"}
+			c.Kafka.Sources[0].DefaultTarget = "orders"
+		}, `kafka.sources[0].default_target: "orders" is not allowed by targets.allow`},
+		{"sasl mechanism set", func(c *Config) { c.Kafka.SASL.Mechanism = "GSSAPI" }, `kafka.sasl.mechanism: must be one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512; got "GSSAPI"`},
+		{"sasl username needs mechanism", func(c *Config) { c.Kafka.SASL.Username = "u" }, "kafka.sasl.mechanism: required when"},
+		{"sasl password required", func(c *Config) { c.Kafka.SASL = SASL{Mechanism: "PLAIN", Username: "u"} }, "kafka.sasl.password: required with mechanism PLAIN"},
+		{"sasl username required", func(c *Config) { c.Kafka.SASL = SASL{Mechanism: "SCRAM-SHA-256", Password: "p"} }, "kafka.sasl.username: required"},
+		{"sasl ok", func(c *Config) { c.Kafka.SASL = SASL{Mechanism: "SCRAM-SHA-512", Username: "u", Password: "p"} }, ""},
+		{"tls file unreadable", func(c *Config) { c.Kafka.TLS = TLS{Enabled: true, CAFile: missing} }, "kafka.tls.ca_file: not readable"},
+		{"tls file is dir", func(c *Config) { c.Kafka.TLS = TLS{Enabled: true, CAFile: dir} }, "kafka.tls.ca_file: " + dir + " is a directory"},
+		{"tls cert without key", func(c *Config) { c.Kafka.TLS = TLS{Enabled: true, CertFile: readable} }, "kafka.tls: cert_file and key_file go together"},
+		{"tls key unreadable", func(c *Config) { c.NATS.TLS = TLS{Enabled: true, CertFile: readable, KeyFile: missing} }, "nats.tls.key_file: not readable"},
+		{"tls files while disabled", func(c *Config) { c.NATS.TLS = TLS{CAFile: readable} }, "nats.tls.ca_file: set but nats.tls.enabled is false"},
+		{"tls ok", func(c *Config) {
+			c.Kafka.TLS = TLS{Enabled: true, CAFile: readable, CertFile: readable, KeyFile: readable}
+		}, ""},
+
+		// nats
+		{"nats.url required", func(c *Config) { c.NATS.URL = "" }, "nats.url: required"},
+		{"nats.url scheme", func(c *Config) { c.NATS.URL = "http://x:4222" }, "nats.url: \"http://x:4222\": scheme must be"},
+		{"nats.url garbage", func(c *Config) { c.NATS.URL = "nats://a:1, ::" }, "nats.url: \"::\" is not a URL"},
+		{"nats.url list ok", func(c *Config) { c.NATS.URL = "nats://a:1, tls://b:2" }, ""},
+		{"nats.stream required", func(c *Config) { c.NATS.Stream = "" }, "nats.stream: required"},
+		{"nats.stream chars", func(c *Config) { c.NATS.Stream = "a.b" }, "nats.stream: \"a.b\": may not contain"},
+		{"nats.consumer required", func(c *Config) { c.NATS.Consumer = "" }, "nats.consumer: required"},
+		{"nats.consumer chars", func(c *Config) { c.NATS.Consumer = "a b" }, "nats.consumer:"},
+		{"nats.sources required", func(c *Config) { c.NATS.Sources = nil }, "nats.sources: required"},
+		{"nats subject required", func(c *Config) { c.NATS.Sources[0].Subject = "" }, "nats.sources[0].subject: required"},
+		{"nats subject empty token", func(c *Config) { c.NATS.Sources[0].Subject = "a..b" }, "nats.sources[0].subject: subject \"a..b\" has an empty token"},
+		{"nats subject > not last", func(c *Config) { c.NATS.Sources[0].Subject = "a.>.b" }, "nats.sources[0].subject: subject \"a.>.b\": '>' must be the last token"},
+		{"nats subject partial wildcard", func(c *Config) { c.NATS.Sources[0].Subject = "a.b*" }, "nats.sources[0].subject:"},
+		{"nats subject dup", func(c *Config) {
+			c.NATS.Sources = append(c.NATS.Sources, NATSSource{Subject: "delay.>", DLQ: "x.y"})
+		}, `nats.sources[1].subject: "delay.>" is listed twice`},
+		{"nats dlq required", func(c *Config) { c.NATS.Sources[0].DLQ = "" }, "nats.sources[0].dlq: required"},
+		{"nats dlq wildcard", func(c *Config) { c.NATS.Sources[0].DLQ = "dlq.*" }, "nats.sources[0].dlq: subject \"dlq.*\": wildcards are not allowed"},
+		{"nats dlq matched by own subject", func(c *Config) { c.NATS.Sources[0].DLQ = "delay.dlq" }, `nats.sources[0].dlq: "delay.dlq" is matched by nats.sources[0].subject "delay.>": dead letters would loop`},
+		{"nats dlq matched by other subject", func(c *Config) {
+			c.NATS.Sources = append(c.NATS.Sources, NATSSource{Subject: "dlq.*", DLQ: "other.dlq"})
+		}, `nats.sources[0].dlq: "dlq.delay" is matched by nats.sources[1].subject "dlq.*"`},
+		{"nats dlq sibling ok", func(c *Config) { c.NATS.Sources[0].DLQ = "delay" }, ""},
+		{"nats default target", func(c *Config) { c.NATS.Sources[0].DefaultTarget = "a.*" }, "nats.sources[0].default_target: subject \"a.*\": wildcards"},
+		{"nats default target cross", func(c *Config) { c.NATS.Sources[0].DefaultTarget = "kafka:bad topic" }, "nats.sources[0].default_target: topic"},
+		{"nats user without password", func(c *Config) { c.NATS.User = "u" }, "nats.password: required with nats.user"},
+		{"nats password without user", func(c *Config) { c.NATS.Password = "p" }, "nats.user: required with nats.password"},
+		{"nats two auth methods", func(c *Config) { c.NATS.Token = "t"; c.NATS.CredsFile = readable }, "nats: set only one of user/password, token and creds_file"},
+		{"nats creds unreadable", func(c *Config) { c.NATS.CredsFile = missing }, "nats.creds_file: not readable"},
+		{"nats user/pass ok", func(c *Config) { c.NATS.User = "u"; c.NATS.Password = "p" }, ""},
+
+		// targets
+		{"targets bad class", func(c *Config) { c.Targets.Allow = []string{"*", "orders.[a-"} }, "targets.allow[1]: bad pattern \"orders.[a-\""},
+		{"targets empty token", func(c *Config) { c.Targets.Allow = []string{"a..b"} }, "targets.allow[0]: bad pattern"},
+		{"targets > middle", func(c *Config) { c.Targets.Allow = []string{"a.>.b"} }, "targets.allow[0]: bad pattern \"a.>.b\": \">\" must be the whole last token"},
+		{"targets empty name", func(c *Config) { c.Targets.Allow = []string{"kafka:"} }, "targets.allow[0]: bad pattern \"kafka:\": empty name pattern"},
+		{"targets trailing backslash", func(c *Config) { c.Targets.Allow = []string{`a\`} }, "targets.allow[0]: bad pattern"},
+		{"targets stray ]", func(c *Config) { c.Targets.Allow = []string{"a]"} }, "targets.allow[0]: bad pattern"},
+		{"targets empty ok", func(c *Config) { c.Targets.Allow = nil }, ""},
+
+		// admin
+		{"admin.listen required", func(c *Config) { c.Admin.Listen = "" }, "admin.listen: required"},
+		{"admin.listen syntax", func(c *Config) { c.Admin.Listen = "8080" }, "admin.listen: \"8080\" is not host:port"},
+		{"admin any address without token", func(c *Config) { c.Admin.Listen = ":8080" }, "admin.listen: \":8080\" is reachable from other hosts"},
+		{"admin 0.0.0.0 without token", func(c *Config) { c.Admin.Listen = "0.0.0.0:8080" }, "admin.listen:"},
+		{"admin with token ok", func(c *Config) { c.Admin.Listen = "0.0.0.0:8080"; c.Admin.Token = "t" }, ""},
+		{"admin insecure allowed", func(c *Config) { c.Admin.Listen = ":8080"; c.Admin.AllowInsecureListen = true }, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := mustLoad(t, validYAML)
+			tt.mutate(c)
+			err := c.Validate()
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("no error, want %q", tt.want)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %q does not contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestValidateReportsAll(t *testing.T) {
+	c := &Config{}
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("zero config valid")
+	}
+	for _, key := range []string{"data_dir:", "shards:", "horizon:", "max_message_bytes:", "fire_batch:",
+		"retry.initial:", "retry.multiplier:", "retry.max_attempts:", "shutdown_timeout:", "log.level:",
+		"log.format:", "kafka, nats:", "admin.listen:"} {
+		if !strings.Contains(err.Error(), key) {
+			t.Errorf("missing %q in\n%v", key, err)
+		}
+	}
+}
+
+func TestCheckListen(t *testing.T) {
+	tests := []struct {
+		listen, token string
+		insecure      bool
+		ok            bool
+	}{
+		{"127.0.0.1:8080", "", false, true},
+		{"127.1.2.3:8080", "", false, true},
+		{"[::1]:8080", "", false, true},
+		{"localhost:8080", "", false, true},
+		{"LOCALHOST:0", "", false, true},
+		{":8080", "", false, false},
+		{"0.0.0.0:8080", "", false, false},
+		{"[::]:8080", "", false, false},
+		{"10.0.0.5:8080", "", false, false},
+		{"admin.example.com:8080", "", false, false},
+		{"0.0.0.0:8080", "tok", false, true},
+		{"0.0.0.0:8080", "", true, true},
+		{"no-port", "tok", false, false},
+		{"127.0.0.1:99999", "", false, false},
+	}
+	for _, tt := range tests {
+		err := CheckListen(tt.listen, tt.token, tt.insecure)
+		if (err == nil) != tt.ok {
+			t.Errorf("CheckListen(%q, %q, %v) = %v, want ok=%v", tt.listen, tt.token, tt.insecure, err, tt.ok)
+		}
+		if err != nil && !strings.HasPrefix(err.Error(), "admin.listen: ") {
+			t.Errorf("error %q does not name admin.listen", err)
+		}
+	}
+}
+
+func TestSubjectMatches(t *testing.T) {
+	tests := []struct {
+		filter, subject string
+		want            bool
+	}{
+		{"delay.>", "delay.a", true},
+		{"delay.>", "delay.a.b", true},
+		{"delay.>", "delay", false},
+		{"delay.*", "delay.a", true},
+		{"delay.*", "delay.a.b", false},
+		{"*.dlq", "x.dlq", true},
+		{">", "anything.at.all", true},
+		{"a.b", "a.b", true},
+		{"a.b", "a.c", false},
+	}
+	for _, tt := range tests {
+		if got := SubjectMatches(tt.filter, tt.subject); got != tt.want {
+			t.Errorf("SubjectMatches(%q, %q) = %v", tt.filter, tt.subject, got)
+		}
+	}
+}
