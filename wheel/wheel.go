@@ -39,17 +39,22 @@
 //
 // # Memory
 //
-// Entries live in one slab ([]entry, 24 bytes, no pointers, so the GC never
-// scans it). Buckets are FIFO queues of int32 slab indexes stored in shared,
-// recycled 64-index chunks. Storing indexes in arrays rather than threading a
-// linked list through the entries matters for speed: cascading or firing a
-// bucket reads entries whose addresses are all known up front, so the CPU
-// overlaps the cache misses instead of chasing one pointer at a time.
+// Each entry costs 28 bytes and no pointers, so the GC never scans them: a
+// 16-byte slab record (seq, generation, state) addressed by an int32 index,
+// and a 12-byte (due, index) item in its bucket. Buckets are FIFO queues of
+// items in 64-item chunks drawn from one shared, recycled pool. Keeping the
+// due in the queue rather than in a linked list threaded through the slab
+// matters for speed: cascading a bucket streams through its chunks and never
+// touches the slab, and firing one loads the slab records whose indexes are
+// all known up front, so the CPU overlaps those cache misses instead of
+// chasing one pointer at a time. The slab and the chunk pool keep their peak
+// size; freed records and chunks are reused, not returned to the GC.
 //
-// Remove is O(1) and lazy: it marks the entry dead and makes its handle stale
-// at once; the slab slot is recycled when the wheel next reaches the bucket
-// holding its index. A cancelled entry therefore keeps its 28 bytes until its
-// bucket is cascaded or fired.
+// Remove is O(1) and lazy: it marks the record dead and makes its handle
+// stale at once; the record is recycled when its item is next dequeued, or
+// by a sweep of all queues that runs once removed entries outnumber live
+// ones, so a cancel-heavy wheel stays within about twice its live size at
+// an amortised O(1) cost per Remove.
 package wheel
 
 import (
@@ -65,7 +70,10 @@ const (
 	numLevels  = (64 + slotBits - 1) / slotBits // 11: levels cover all 64 key bits
 	numBuckets = numLevels * numSlots
 
-	chunkSize = 64 // indexes per chunk: 260 bytes, so ~700 part-filled chunks stay small
+	// chunkSize items per chunk (776 bytes): small enough that the few
+	// hundred part-filled tails of a sparse wheel cost little, large enough
+	// that following chunk links is rare.
+	chunkSize = 64
 
 	// Entry states, kept in entry.link. Values >= noLink are free entries,
 	// where link is the next free index.
@@ -73,8 +81,11 @@ const (
 	linkDead = -3
 	noLink   = -1
 
-	// compactMin keeps small wheels from sweeping for a handful of removes.
+	// compactMin keeps small wheels from sweeping for a handful of Removes.
 	compactMin = 1024
+
+	// lateKeep is the late-list capacity kept once the list is drained.
+	lateKeep = 4096
 
 	// maxSlab keeps every slab index a positive int32.
 	maxSlab = math.MaxInt32
@@ -110,7 +121,7 @@ type item struct {
 	idx int32
 }
 
-// queue is a FIFO of slab indexes: a linked list of chunks, read from
+// queue is a FIFO of items: a linked list of chunks, read from
 // (head, off) and appended at (tail, fill). head == noLink means empty.
 type queue struct {
 	head, tail int32
@@ -140,6 +151,7 @@ type Wheel struct {
 	sweepMin  int   // compactMin; a field so tests can force sweeps
 	now       int64 // highest time passed to New/Advance, for Now
 	advancing bool
+	sink      int32 // keeps touch's loads from being optimised away
 }
 
 // key maps a time to an unsigned key with the same order.
@@ -297,6 +309,9 @@ func (w *Wheel) AdvanceN(now int64, max int, fn func(due int64, seq uint64)) (mo
 			w.fire(it.due, it.idx, fn)
 		}
 		w.late, w.lateAt = w.late[:0], 0
+		if cap(w.late) > lateKeep {
+			w.late = nil // a restart backlog was drained; let the GC have it
+		}
 
 		if !w.nowQ.empty() {
 			if w.cur > target {
@@ -344,6 +359,9 @@ func (w *Wheel) drainNow(n *int, max int, fn func(due int64, seq uint64)) (stopp
 			continue
 		}
 		c := &w.chunks[q.head]
+		if q.off == 0 {
+			w.touch(c, q)
+		}
 		due, i := c.due[q.off], c.idx[q.off]
 		if w.slab[i].link == linkDead {
 			q.off++
@@ -362,6 +380,22 @@ func (w *Wheel) drainNow(n *int, max int, fn func(due int64, seq uint64)) (stopp
 	}
 	w.resetQueue(q)
 	return false
+}
+
+// touch loads the slab entries of chunk c before they are fired. The loads
+// are independent, so the CPU overlaps their cache misses; firing then finds
+// the entries in cache instead of waiting on one miss at a time (Go has no
+// prefetch intrinsic; this is the portable equivalent).
+func (w *Wheel) touch(c *chunk, q *queue) {
+	end := int32(chunkSize)
+	if q.head == q.tail {
+		end = q.fill
+	}
+	var x int32
+	for _, i := range c.idx[:end] {
+		x |= w.slab[i].link
+	}
+	w.sink = x
 }
 
 // fire recycles entry i and then hands it to fn, so that fn sees a wheel in
@@ -511,8 +545,8 @@ func (w *Wheel) allocEntry() int32 {
 		return i
 	}
 	if len(w.slab) >= maxSlab {
-		// 2^31 entries is 48 GiB of slab; a process runs out of memory long
-		// before. Fail loudly rather than corrupt indexes.
+		// 2^31 entries would need some 60 GiB; a process runs out of memory
+		// long before. Fail loudly rather than corrupt indexes.
 		panic("wheel: more than 2^31-1 entries")
 	}
 	w.slab = append(w.slab, entry{gen: 1})

@@ -2,6 +2,7 @@ package wheel
 
 import (
 	"container/heap"
+	"flag"
 	"fmt"
 	"math"
 	"math/bits"
@@ -393,8 +394,13 @@ func (m *model) randomDue() int64 {
 		return m.clock + msSecond + r.Int64N(6*msHour)
 	case p < 85: // far: days up to 500
 		return m.clock + msDay + r.Int64N(500*msDay)
-	case p < 95: // past or now
+	case p < 94: // past or now
 		return m.clock - r.Int64N(2000)
+	case p < 95: // the ends of the int64 range
+		if r.IntN(2) == 0 {
+			return math.MaxInt64 - r.Int64N(3)
+		}
+		return math.MinInt64 + r.Int64N(3)
 	default: // reuse a pending due exactly, to exercise FIFO across levels
 		if len(m.live) > 0 {
 			return m.live[r.IntN(len(m.live))].due
@@ -587,8 +593,11 @@ func (m *model) check() {
 	}
 }
 
+// propSeeds can be raised for a longer soak: go test ./wheel -args -seeds=1000
+var propSeeds = flag.Uint64("seeds", 8, "number of seeds for TestPropertyAgainstHeap")
+
 func TestPropertyAgainstHeap(t *testing.T) {
-	for seed := uint64(1); seed <= 8; seed++ {
+	for seed := uint64(1); seed <= *propSeeds; seed++ {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, seed*0x9e3779b97f4a7c15))
 			start := t0 + rng.Int64N(msDay)
@@ -642,7 +651,7 @@ func TestPropertyAgainstHeap(t *testing.T) {
 			m.check()
 			// Guard against a generator that silently stopped exercising
 			// the interesting paths.
-			if m.fired < 10000 || m.capped < 50 || m.maxLen < 500 {
+			if m.fired < 10000 || m.capped < 50 || m.maxLen < 300 {
 				t.Fatalf("weak run: fired %d, capped %d, max Len %d", m.fired, m.capped, m.maxLen)
 			}
 			t.Logf("fired %d, capped %d, max Len %d", m.fired, m.capped, m.maxLen)
@@ -680,15 +689,25 @@ func dueTable(n int) []int64 {
 	return d
 }
 
+// startCPU returns a func that reports CPU time per op as "cpu-ns/op".
+func startCPU(b *testing.B) func() {
+	c0 := cpuTime()
+	return func() {
+		b.ReportMetric(float64(cpuTime()-c0)/float64(b.N), "cpu-ns/op")
+	}
+}
+
 func BenchmarkWheelAdd(b *testing.B) {
 	delays := dueTable(1 << 16)
 	w := New(t0)
 	w.Grow(b.N)
 	b.ReportAllocs()
 	b.ResetTimer()
+	stopCPU := startCPU(b)
 	for i := 0; i < b.N; i++ {
 		w.Add(t0+delays[i&(1<<16-1)], uint64(i))
 	}
+	stopCPU()
 }
 
 // BenchmarkWheelAddRemove is the steady state of a shard whose tasks are
@@ -703,15 +722,19 @@ func BenchmarkWheelAddRemove(b *testing.B) {
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
+	stopCPU := startCPU(b)
 	for i := 0; i < b.N; i++ {
 		k := i & (pending - 1)
 		w.Remove(hs[k])
 		hs[k] = w.Add(t0+delays[(i*7)&(1<<16-1)], uint64(i))
 	}
+	stopCPU()
 }
 
 // BenchmarkWheelAdvance measures the cost per yielded entry, including the
-// cascades of the entries that started in coarser levels.
+// cascades of entries that started in coarser levels. It follows Next as the
+// shard's fire loop does, so the number of Advance calls grows with the
+// non-empty buckets, not with elapsed milliseconds.
 func BenchmarkWheelAdvance(b *testing.B) {
 	delays := dueTable(1 << 16)
 	w := New(t0)
@@ -720,19 +743,76 @@ func BenchmarkWheelAdvance(b *testing.B) {
 		w.Add(t0+delays[i&(1<<16-1)], uint64(i))
 	}
 	var sum uint64
+	fn := func(due int64, seq uint64) { sum += seq }
 	b.ReportAllocs()
 	b.ResetTimer()
-	// Tick every 10 ms for the first hour, as a shard would, then jump.
-	now := t0
-	for now < t0+msHour {
-		now += 10
-		w.Advance(now, func(due int64, seq uint64) { sum += seq })
+	stopCPU := startCPU(b)
+	for w.Len() > 0 {
+		at, _ := w.Next()
+		w.Advance(at, fn)
 	}
-	w.Advance(t0+31*msDay, func(due int64, seq uint64) { sum += seq })
+	stopCPU()
+	b.StopTimer()
+	if want := uint64(b.N) * uint64(b.N-1) / 2; sum != want {
+		b.Fatalf("sum of seqs %d, want %d", sum, want)
+	}
+}
+
+// BenchmarkWheelFire is the yield path alone: every entry in level 0, so
+// nothing cascades.
+func BenchmarkWheelFire(b *testing.B) {
+	w := New(0)
+	w.Grow(b.N)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := 0; i < b.N; i++ {
+		w.Add(1+rng.Int64N(63), uint64(i))
+	}
+	var sum uint64
+	b.ReportAllocs()
+	b.ResetTimer()
+	stopCPU := startCPU(b)
+	w.Advance(63, func(due int64, seq uint64) { sum += seq })
+	stopCPU()
 	b.StopTimer()
 	if w.Len() != 0 {
 		b.Fatalf("Len = %d", w.Len())
 	}
+}
+
+// BenchmarkWheelSteady is a shard in steady state: 16 tasks arrive per ms
+// with delays up to a minute (about half a million pending), and the wheel
+// is advanced every ms. One op is one task's whole life: Add, cascades and
+// fire.
+func BenchmarkWheelSteady(b *testing.B) {
+	const perMs = 16
+	rng := rand.New(rand.NewPCG(5, 6))
+	delays := make([]int64, 1<<16)
+	for i := range delays {
+		delays[i] = rng.Int64N(msMinute)
+	}
+	w := New(t0)
+	now := t0
+	var sum uint64
+	fn := func(due int64, seq uint64) { sum += seq }
+	op := func(i int) {
+		w.Add(now+delays[i&(1<<16-1)], uint64(i))
+		if i%perMs == perMs-1 {
+			now++
+			w.Advance(now, fn)
+		}
+	}
+	for i := 0; i < perMs*int(msMinute); i++ { // warm up to the steady population
+		op(i)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	stopCPU := startCPU(b)
+	for i := 0; i < b.N; i++ {
+		op(i)
+	}
+	stopCPU()
+	b.StopTimer()
+	b.ReportMetric(float64(w.Len()), "pending")
 }
 
 // BenchmarkWheelMemory10M reports the heap bytes per pending entry with ten
