@@ -204,6 +204,9 @@ func (c *Config) options() ([]natsgo.Option, error) {
 		// for good: keep trying and keep saying why in the log.
 		natsgo.IgnoreAuthErrorAbort(),
 		natsgo.DisconnectErrHandler(func(nc *natsgo.Conn, err error) {
+			if err == nil && nc.IsClosed() {
+				return // closed by its owner; the closed handler says so
+			}
 			log.Warn("nats: disconnected", zap.String("server", redactURL(nc.ConnectedUrl())), zap.Error(err))
 		}),
 		natsgo.ReconnectHandler(func(nc *natsgo.Conn) {

@@ -32,14 +32,19 @@ const dueLayout = "2006-01-02T15:04:05.000Z07:00"
 // meant for the publish to the delay stream and would make the delivery
 // fail or change meaning.
 //
-// A target subject with no stream behind it answers "no responders". The
-// Sink then confirms with the JetStream API that no stream captures the
-// subject, remembers that for Config.NoStreamTTL and delivers there with a
-// core NATS publish followed by one flush: best effort (a subscriber that
-// is not listening misses it), counted in BestEffort. After the TTL
-// JetStream is tried again, so a stream created later gets acknowledged
-// deliveries. (A core publish on a subject a stream captures is still
-// stored by that stream, only without an acknowledgement.)
+// A target subject that no stream captures is delivered with a core NATS
+// publish followed by one flush: best effort (a subscriber that is not
+// listening misses it), counted in BestEffort. Whether a stream captures a
+// subject is read from the account's stream list, fetched at most once per
+// Config.NoStreamTTL, so neither a failed JetStream round trip per delivery
+// nor a wait for a PubAck that never comes (core subscribers on the subject
+// would swallow the request) is paid. A stream created later is used once
+// the list is read again; a JetStream publish that meets "no responders"
+// (the stream was deleted) or times out makes the next Deliver re-read the
+// list. (A core publish on a subject a stream captures is still stored by
+// that stream, only without an acknowledgement.) Streams reached through
+// another account's import are not in the list: such targets get core
+// NATS too.
 type Sink struct {
 	nc      *natsgo.Conn
 	js      jetstream.JetStream
@@ -47,9 +52,11 @@ type Sink struct {
 	log     *zap.Logger
 	pubOpts []jetstream.PublishOpt
 
-	mu       sync.Mutex
-	noStream map[string]time.Time // subject -> core NATS until
-	now      func() time.Time
+	mu        sync.Mutex
+	filters   []string // subject filters of the account's streams
+	listed    bool
+	listUntil time.Time
+	now       func() time.Time
 }
 
 var _ shard.Sink = (*Sink)(nil)
@@ -70,9 +77,8 @@ func NewSink(nc *natsgo.Conn, cfg Config) (*Sink, error) {
 		log: cfg.Logger,
 		// No retries on "no responders": the Sink checks itself whether a
 		// stream exists, instead of waiting 2x250ms for every such subject.
-		pubOpts:  []jetstream.PublishOpt{jetstream.WithRetryAttempts(0), jetstream.WithStallWait(cfg.PublishTimeout)},
-		noStream: make(map[string]time.Time),
-		now:      time.Now,
+		pubOpts: []jetstream.PublishOpt{jetstream.WithRetryAttempts(0), jetstream.WithStallWait(cfg.PublishTimeout)},
+		now:     time.Now,
 	}, nil
 }
 
@@ -95,35 +101,47 @@ func DeliveryID(t *codec.Task) string {
 	return id + "|" + time.UnixMilli(t.Due).UTC().Format(dueLayout)
 }
 
-func (s *Sink) isNoStream(subject string, now time.Time) bool {
+// streamFilters returns the subject filters of the account's streams,
+// listed at most once per NoStreamTTL. known is false when the list could
+// not be read; the caller then tries JetStream and reads "no responders".
+func (s *Sink) streamFilters(ctx context.Context) (filters []string, known bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	until, ok := s.noStream[subject]
-	if ok && now.After(until) {
-		delete(s.noStream, subject)
-		return false
+	now := s.now()
+	if s.listed && now.Before(s.listUntil) {
+		return s.filters, true
 	}
-	return ok
+	var out []string
+	l := s.js.ListStreams(ctx)
+	for info := range l.Info() {
+		out = append(out, info.Config.Subjects...)
+	}
+	if err := l.Err(); err != nil {
+		if !errors.Is(err, jetstream.ErrJetStreamNotEnabled) && !errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
+			s.log.Warn("nats sink: list streams failed", zap.Error(err))
+			return nil, false
+		}
+		out = nil // no JetStream: every target is core NATS
+	}
+	s.filters, s.listed, s.listUntil = out, true, now.Add(s.cfg.NoStreamTTL)
+	return out, true
 }
 
-// confirmNoStream asks JetStream whether a stream captures subject. True
-// means core NATS is the only way there, and is remembered for NoStreamTTL.
-func (s *Sink) confirmNoStream(ctx context.Context, subject string) (bool, error) {
-	_, err := s.js.StreamNameBySubject(ctx, subject)
-	switch {
-	case err == nil:
-		return false, nil
-	case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrJetStreamNotEnabled),
-		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount), errors.Is(err, natsgo.ErrNoResponders):
-		s.mu.Lock()
-		s.noStream[subject] = s.now().Add(s.cfg.NoStreamTTL)
-		s.mu.Unlock()
-		s.log.Info("nats sink: no stream captures target subject; delivering with core NATS (best effort)",
-			zap.String("subject", subject), zap.Duration("recheck_after", s.cfg.NoStreamTTL))
-		return true, nil
-	default:
-		return false, err
+// forgetStreams makes the next Deliver list the streams again.
+func (s *Sink) forgetStreams() {
+	s.mu.Lock()
+	s.listed = false
+	s.mu.Unlock()
+}
+
+// noStream reports whether no stream captures subject, per filters.
+func noStream(filters []string, subject string) bool {
+	for _, f := range filters {
+		if subjectMatch(f, subject) {
+			return false
+		}
 	}
+	return true
 }
 
 // Deliver publishes the batch: JetStream async publishes with at most
@@ -136,7 +154,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	}
 	start := time.Now()
 	errs := make([]error, len(batch))
-	failed := false
+	failed, timedOut := false, false
 	fail := func(i int, err error) {
 		errs[i] = err
 		failed = true
@@ -156,7 +174,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	var noResp []int                     // JetStream had no responders
 	window := make([]int, 0, len(batch)) // published, in order; window[head:] in flight
 	head := 0
-	now := s.now()
+	filters, known := s.streamFilters(dctx)
 
 	wait := func(i int) {
 		f := futs[i]
@@ -169,6 +187,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 			}
 			fail(i, fmt.Errorf("nats sink: publish to %q: %w", batch[i].Target, err))
 		case <-dctx.Done():
+			timedOut = true
 			fail(i, s.ctxErr(ctx, batch[i].Target))
 		}
 	}
@@ -179,7 +198,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 			continue
 		}
 		msgs[i] = &natsgo.Msg{Subject: t.Target, Data: t.Value, Header: headersOut(t.Headers, DeliveryID(t))}
-		if s.isNoStream(t.Target, now) {
+		if known && noStream(filters, t.Target) {
 			core = append(core, i)
 			continue
 		}
@@ -199,25 +218,22 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		wait(i)
 	}
 
-	// "No responders": fall back to core NATS only where JetStream confirms
-	// there is no stream; otherwise (e.g. a stream leader election) it is an
-	// error the engine retries.
-	checked := map[string]bool{}
-	for _, i := range noResp {
-		subj := batch[i].Target
-		none, seen := checked[subj]
-		if !seen {
-			var err error
-			none, err = s.confirmNoStream(dctx, subj)
-			if err != nil {
-				s.log.Warn("nats sink: stream lookup failed", zap.String("subject", subj), zap.Error(err))
+	if timedOut {
+		s.forgetStreams()
+	}
+	// "No responders": the stream went away (or the list was unknown). Fall
+	// back to core NATS only where a fresh list confirms there is no stream;
+	// otherwise (e.g. a stream leader election) it is an error the engine
+	// retries.
+	if len(noResp) > 0 {
+		s.forgetStreams()
+		filters, known := s.streamFilters(dctx)
+		for _, i := range noResp {
+			if known && noStream(filters, batch[i].Target) {
+				core = append(core, i)
+				continue
 			}
-			checked[subj] = none
-		}
-		if none {
-			core = append(core, i)
-		} else {
-			fail(i, fmt.Errorf("nats sink: publish to %q: %w", subj, jetstream.ErrNoStreamResponse))
+			fail(i, fmt.Errorf("nats sink: publish to %q: %w", batch[i].Target, jetstream.ErrNoStreamResponse))
 		}
 	}
 

@@ -93,12 +93,13 @@ func CheckpointKey(stream, consumer string) string {
 	return "nats|" + stream + "|" + consumer
 }
 
+// subjects are the source filters without those another one covers.
 func (s *Source) subjects() []string {
 	out := make([]string, len(s.cfg.Sources))
 	for i, src := range s.cfg.Sources {
 		out[i] = src.Subject
 	}
-	return out
+	return coveringFilters(out)
 }
 
 // ensure looks up (or creates) the stream and the consumer and keeps the
@@ -350,6 +351,18 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 		nextErr := s.collect(ctx, it, &batch)
 		if len(batch) > 0 {
 			if err := s.process(ctx, h, cons, st, batch, items[:0]); err != nil {
+				var ab *abandonedError
+				if errors.As(err, &ab) {
+					// Shutting down with a batch not held: ask for
+					// redelivery now rather than after AckWait. Unsubscribe
+					// first, or the server would hand the messages straight
+					// back to this iterator's outstanding pull request.
+					stopIterator(it)
+					for _, m := range ab.batch {
+						_ = m.Nak()
+					}
+					return ab.err
+				}
 				return err
 			}
 			bo.reset()
@@ -368,6 +381,32 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 			continue
 		}
 		return fmt.Errorf("nats source: next message: %w", nextErr)
+	}
+}
+
+// abandonedError carries a batch given up unhandled (ctx ended).
+type abandonedError struct {
+	err   error
+	batch []jetstream.Msg
+}
+
+func (e *abandonedError) Error() string { return "nats source: batch abandoned: " + e.err.Error() }
+func (e *abandonedError) Unwrap() error { return e.err }
+
+// stopIterator stops it and waits (briefly) until its subscription is gone.
+func stopIterator(it jetstream.MessagesContext) {
+	it.Stop()
+	c, ok := it.(interface{ Closed() <-chan struct{} })
+	if !ok {
+		return
+	}
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
+		select {
+		case <-c.Closed():
+			return
+		default:
+			time.Sleep(time.Millisecond)
+		}
 	}
 }
 
@@ -449,12 +488,7 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		}
 		b := &bridge.Batch{Items: items, Checkpoints: []shard.Checkpoint{{Key: s.key, Offset: cp}}}
 		if err := s.handle(ctx, h, b, batch); err != nil {
-			// Abandoned at shutdown: ask for redelivery now rather than
-			// after AckWait.
-			for _, m := range batch {
-				_ = m.Nak()
-			}
-			return err
+			return &abandonedError{err: err, batch: batch}
 		}
 		st.maxHandled = max(st.maxHandled, high)
 		st.floor = cp

@@ -149,3 +149,27 @@ func filterCovers(super, sub string) bool {
 		super, sub = prest, brest
 	}
 }
+
+// coveringFilters drops the filters another one in the list already
+// covers (and duplicates), keeping order: JetStream refuses overlapping
+// subjects in a stream and overlapping filters in a consumer.
+func coveringFilters(filters []string) []string {
+	out := make([]string, 0, len(filters))
+	for i, f := range filters {
+		covered := false
+		for j, g := range filters {
+			if i == j {
+				continue
+			}
+			// Of two equal filters keep the first.
+			if filterCovers(g, f) && (!filterCovers(f, g) || j < i) {
+				covered = true
+				break
+			}
+		}
+		if !covered {
+			out = append(out, f)
+		}
+	}
+	return out
+}

@@ -73,6 +73,24 @@ func TestFilterCovers(t *testing.T) {
 	}
 }
 
+func TestCoveringFilters(t *testing.T) {
+	tests := []struct {
+		in, want []string
+	}{
+		{[]string{"delay.>"}, []string{"delay.>"}},
+		{[]string{"delay.special.>", "delay.>"}, []string{"delay.>"}},
+		{[]string{"a.*", "a.b", "c"}, []string{"a.*", "c"}},
+		{[]string{"a.b", "a.b"}, []string{"a.b"}},
+		{[]string{"a.*", "a.>", "a.*"}, []string{"a.>"}},
+		{[]string{"a.*.c", "a.b.*"}, []string{"a.*.c", "a.b.*"}},
+	}
+	for _, tt := range tests {
+		if got := coveringFilters(tt.in); !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("coveringFilters(%v) = %v, want %v", tt.in, got, tt.want)
+		}
+	}
+}
+
 func TestValidFilter(t *testing.T) {
 	tests := map[string]bool{
 		"delay": true, "delay.>": true, "delay.*.x": true, ">": true, "*": true,

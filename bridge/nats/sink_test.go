@@ -1,0 +1,215 @@
+package nats
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"reflect"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+func task(id, target, value string, due int64, hs ...codec.Header) *codec.Task {
+	return &codec.Task{
+		Kind: codec.KindSchedule, ID: id, Source: "DELAY", Origin: "nats:DELAY#1", Due: due,
+		Transport: codec.TransportNATS, Target: target, Value: []byte(value), Headers: hs,
+	}
+}
+
+func hdr(k, v string) codec.Header { return codec.Header{Key: k, Value: []byte(v)} }
+
+func newSink(t *testing.T, nc *natsgo.Conn, cfg Config) *Sink {
+	t.Helper()
+	s, err := NewSink(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestSinkDeliver: every task is stored by the target stream when Deliver
+// returns (it waited for the PubAcks), headers keep repeated keys, and a
+// second delivery of the same firing is dropped as a duplicate.
+func TestSinkDeliver(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	cfg.PublishWindow = 16 // several windows per batch
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	stream, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := newSink(t, nc, cfg)
+	if sink.Health() != nil {
+		t.Fatalf("health = %v", sink.Health())
+	}
+
+	const n = 500
+	batch := make([]*codec.Task, n)
+	for i := range batch {
+		batch[i] = task(fmt.Sprintf("id-%d", i), "out.orders", fmt.Sprint(i), 1795359845123,
+			hdr("x-multi", "a"), hdr("delay-id", fmt.Sprintf("id-%d", i)), hdr("x-multi", "b"),
+			hdr("delay-due", "2026-11-22T15:04:05.123Z"),
+			hdr("Nats-Msg-Id", "source-id"), hdr("Nats-Expected-Last-Sequence", "99"))
+	}
+	if errs := sink.Deliver(ctxT(t), batch); errs != nil {
+		t.Fatalf("deliver: %v", errors.Join(errs...))
+	}
+	// No polling: Deliver returned after the PubAcks, so the stream has them.
+	info, err := stream.Info(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != n {
+		t.Fatalf("stream holds %d messages, want %d", info.State.Msgs, n)
+	}
+	m, err := stream.GetMsg(ctxT(t), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(m.Data) != "0" {
+		t.Errorf("data = %q", m.Data)
+	}
+	if got := m.Header.Values("x-multi"); !reflect.DeepEqual(got, []string{"a", "b"}) {
+		t.Errorf("x-multi = %v", got)
+	}
+	if got := m.Header.Get("Nats-Msg-Id"); got != "id-0|2026-11-22T15:04:05.123Z" {
+		t.Errorf("Nats-Msg-Id = %q", got)
+	}
+	if m.Header.Get("Nats-Expected-Last-Sequence") != "" {
+		t.Error("publish directive forwarded")
+	}
+
+	// A crash before the store deleted the tasks: the same firings again.
+	if errs := sink.Deliver(ctxT(t), batch[:10]); errs != nil {
+		t.Fatalf("redeliver: %v", errors.Join(errs...))
+	}
+	info, _ = stream.Info(ctxT(t))
+	if info.State.Msgs != n {
+		t.Errorf("duplicates stored: %d messages", info.State.Msgs)
+	}
+}
+
+// TestSinkPerTaskErrors: one refused or misdirected task fails alone.
+func TestSinkPerTaskErrors(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 512}); err != nil {
+		t.Fatal(err)
+	}
+	sink := newSink(t, nc, cfg)
+	kafka := task("k", "topic", "v", 0)
+	kafka.Transport = codec.TransportKafka
+	batch := []*codec.Task{
+		task("a", "small.x", "ok", 0),
+		task("b", "small.x", string(bytes.Repeat([]byte("x"), 4096)), 0),
+		kafka,
+		task("c", "small.x", "ok", 0),
+	}
+	errs := sink.Deliver(ctxT(t), batch)
+	if len(errs) != 4 || errs[0] != nil || errs[1] == nil || !errors.Is(errs[2], ErrWrongTransport) || errs[3] != nil {
+		t.Fatalf("errs = %v", errs)
+	}
+}
+
+// TestSinkCoreFallback: a subject without a stream is delivered with core
+// NATS (a subscriber gets it, BestEffort counts it); the finding is cached
+// and re-checked after NoStreamTTL.
+func TestSinkCoreFallback(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	sink := newSink(t, nc, cfg)
+	now := time.Unix(1000, 0)
+	sink.now = func() time.Time { return now }
+
+	subNC := connect(t, testConfig(t, serverURL(s)))
+	sub, err := subNC.SubscribeSync("plain.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := subNC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	best := cfg.Metrics.BestEffort.WithLabelValues("nats")
+
+	if errs := sink.Deliver(ctxT(t), []*codec.Task{task("a", "plain.x", "v1", 0, hdr("x-h", "1"), hdr("x-h", "2"))}); errs != nil {
+		t.Fatalf("deliver: %v", errs)
+	}
+	m, err := sub.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(m.Data) != "v1" || !reflect.DeepEqual(m.Header.Values("x-h"), []string{"1", "2"}) || m.Header.Get("Nats-Msg-Id") == "" {
+		t.Errorf("core message = %q %v", m.Data, m.Header)
+	}
+	if got := counterValue(t, best); got != 1 {
+		t.Errorf("best effort = %v, want 1", got)
+	}
+
+	// Cached: goes to core NATS directly. A stream created meanwhile still
+	// captures core publishes, only without an acknowledgement.
+	stream, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "PLAIN", Subjects: []string{"plain.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs := sink.Deliver(ctxT(t), []*codec.Task{task("b", "plain.x", "v2", 0)}); errs != nil {
+		t.Fatalf("deliver: %v", errs)
+	}
+	if got := counterValue(t, best); got != 2 {
+		t.Errorf("best effort = %v, want 2", got)
+	}
+
+	// After the TTL JetStream is tried again and acknowledges.
+	now = now.Add(sink.cfg.NoStreamTTL + time.Second)
+	if errs := sink.Deliver(ctxT(t), []*codec.Task{task("c", "plain.x", "v3", 0)}); errs != nil {
+		t.Fatalf("deliver: %v", errs)
+	}
+	if got := counterValue(t, best); got != 2 {
+		t.Errorf("best effort = %v after the stream appeared, want 2", got)
+	}
+	eventually(t, "v2 and v3 in the stream", func() bool {
+		info, err := stream.Info(ctxT(t))
+		return err == nil && info.State.Msgs == 2
+	})
+}
+
+// TestSinkDisconnected: while the connection is down every task fails at
+// once (the engine retries with backoff) and Health says why.
+func TestSinkDisconnected(t *testing.T) {
+	opts := jsOptions(t)
+	s := startServer(t, opts)
+	cfg := testConfig(t, serverURL(s))
+	nc := connect(t, cfg)
+	sink := newSink(t, nc, cfg)
+	s.Shutdown()
+	s.WaitForShutdown()
+	eventually(t, "unhealthy", func() bool { return sink.Health() != nil })
+	if !errors.Is(sink.Health(), ErrDisconnected) {
+		t.Errorf("health = %v", sink.Health())
+	}
+	errs := sink.Deliver(ctxT(t), []*codec.Task{task("a", "out.x", "v", 0)})
+	if len(errs) != 1 || !errors.Is(errs[0], ErrDisconnected) {
+		t.Errorf("errs = %v", errs)
+	}
+}

@@ -1,0 +1,354 @@
+package nats
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+func TestNewSourceStreamAndConsumer(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+
+	_, err := NewSource(nc, cfg)
+	if !errors.Is(err, ErrNoStream) || !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Fatalf("missing stream: err = %v, want ErrNoStream", err)
+	}
+	if want := `"DELAY"`; err == nil || !bytes.Contains([]byte(err.Error()), []byte(want)) {
+		t.Errorf("error %q does not name the stream", err)
+	}
+
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "DELAY", Subjects: []string{"delay.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = NewSource(nc, cfg)
+	if !errors.Is(err, ErrNoConsumer) {
+		t.Fatalf("missing consumer: err = %v, want ErrNoConsumer", err)
+	}
+
+	// A consumer with the wrong ack policy is refused rather than used.
+	if _, err := js.CreateOrUpdateConsumer(ctxT(t), "DELAY", jetstream.ConsumerConfig{Durable: "bridge", AckPolicy: jetstream.AckNonePolicy}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err = NewSource(nc, cfg); !errors.Is(err, ErrConfig) {
+		t.Fatalf("ack none consumer: err = %v, want ErrConfig", err)
+	}
+	if err := js.DeleteConsumer(ctxT(t), "DELAY", "bridge"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Create: the consumer is made; an extra subject is added to the stream.
+	cfg.Create = true
+	cfg.Sources = append(cfg.Sources, SourceConfig{Subject: "later.*"})
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if src.Health() != nil {
+		t.Errorf("health = %v", src.Health())
+	}
+	st, err := js.Stream(ctxT(t), "DELAY")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.CachedInfo().Config.Subjects; !reflect.DeepEqual(got, []string{"delay.>", "later.*"}) {
+		t.Errorf("stream subjects = %v", got)
+	}
+	ci := consumerInfo(t, js, "DELAY", "bridge")
+	if ci.Config.AckPolicy != jetstream.AckExplicitPolicy || ci.Config.MaxAckPending != 20000 ||
+		!reflect.DeepEqual(ci.Config.FilterSubjects, []string{"delay.>", "later.*"}) || ci.Config.MaxDeliver != -1 {
+		t.Errorf("consumer config = %+v", ci.Config)
+	}
+
+	// Create on a fresh server makes the stream too.
+	s2 := startServer(t, jsOptions(t))
+	cfg2 := testConfig(t, serverURL(s2))
+	cfg2.Create = true
+	nc2 := connect(t, cfg2)
+	if _, err := NewSource(nc2, cfg2); err != nil {
+		t.Fatalf("create stream: %v", err)
+	}
+	st2, err := newJS(t, nc2).Stream(ctxT(t), "DELAY")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := st2.CachedInfo().Config; c.Retention != jetstream.WorkQueuePolicy || !reflect.DeepEqual(c.Subjects, []string{"delay.>"}) {
+		t.Errorf("created stream config = %+v", c)
+	}
+}
+
+// TestSourceMessages pins the conversion of a JetStream message: origin,
+// stored time, headers (multi-valued), value and the rules of the first
+// matching source.
+func TestSourceMessages(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	special, general := &codec.Rules{DLQ: "dlq.special"}, &codec.Rules{DLQ: "dlq.general"}
+	cfg.Sources = []SourceConfig{{Subject: "delay.special.>", Rules: special}, {Subject: "delay.>", Rules: general}}
+	cfg.Create = true
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	// A limits stream keeps acked messages, so the stored time can be read back.
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "DELAY", Subjects: []string{"delay.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	h := natsgo.Header{}
+	h.Add("delay-after", "1h")
+	h.Add("x-multi", "one")
+	h.Add("x-multi", "two")
+	h.Add("Nats-Msg-Id", "order-1")
+	ack1 := publish(t, js, "delay.special.orders", "v1", h)
+	ack2 := publish(t, js, "delay.other", "v2", nil)
+
+	rec := newRecorder()
+	stop := runSource(t, src, rec)
+	eventually(t, "two messages", func() bool { return len(rec.seqs()) == 2 })
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+
+	stream, _ := js.Stream(ctxT(t), "DELAY")
+	raw1, err := stream.GetMsg(ctxT(t), ack1.Sequence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	it1, it2 := rec.items[0], rec.items[1]
+	want1 := codec.Message{
+		Transport: codec.TransportNATS, Source: "DELAY", Partition: 0, Offset: int64(ack1.Sequence),
+		Value: []byte("v1"),
+		Headers: []codec.Header{
+			{Key: "Nats-Msg-Id", Value: []byte("order-1")},
+			{Key: "delay-after", Value: []byte("1h")},
+			{Key: "x-multi", Value: []byte("one")},
+			{Key: "x-multi", Value: []byte("two")},
+		},
+		Time: raw1.Time,
+	}
+	if !it1.Msg.Time.Equal(raw1.Time) {
+		t.Errorf("time = %v, want stored time %v", it1.Msg.Time, raw1.Time)
+	}
+	it1.Msg.Time = raw1.Time
+	if !reflect.DeepEqual(it1.Msg, want1) {
+		t.Errorf("message 1 =\n%+v\nwant\n%+v", it1.Msg, want1)
+	}
+	if it1.Msg.Key != nil {
+		t.Error("NATS messages have no key")
+	}
+	if it1.Rules != special || it2.Rules != general {
+		t.Errorf("rules = %v, %v; want special, general", it1.Rules, it2.Rules)
+	}
+	if it2.Msg.Offset != int64(ack2.Sequence) || it2.Msg.Headers != nil || string(it2.Msg.Value) != "v2" {
+		t.Errorf("message 2 = %+v", it2.Msg)
+	}
+	if got := it1.Msg.Origin(); got != fmt.Sprintf("nats:DELAY#%d", ack1.Sequence) {
+		t.Errorf("origin = %q", got)
+	}
+	last := rec.batches[len(rec.batches)-1].Checkpoints
+	if len(last) != 1 || last[0].Key != "nats|DELAY|bridge" || last[0].Offset != int64(ack2.Sequence) {
+		t.Errorf("checkpoints = %+v", last)
+	}
+}
+
+// TestSourceAckAfterHandle: while the handler fails nothing is acked and
+// the batch is handed over again; once it succeeds the batch is acked.
+// A source stopped while failing leaves the messages for the next run.
+func TestSourceAckAfterHandle(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	cfg.Create = true
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		publish(t, js, "delay.x", fmt.Sprint(i), nil)
+	}
+
+	rec := newRecorder()
+	rec.setFail(true)
+	stop := runSource(t, src, rec)
+	eventually(t, "two failed attempts", func() bool { return rec.numCalls() >= 2 })
+	ci := consumerInfo(t, js, "DELAY", "bridge")
+	if ci.AckFloor.Stream != 0 || ci.NumAckPending != 3 {
+		t.Fatalf("acked while the handler fails: ack floor %d, pending %d", ci.AckFloor.Stream, ci.NumAckPending)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if n := len(rec.seqs()); n != 0 {
+		t.Fatalf("recorded %d items from failed batches", n)
+	}
+	ci = consumerInfo(t, js, "DELAY", "bridge")
+	if ci.AckFloor.Stream != 0 {
+		t.Fatalf("ack floor %d after an abandoned batch", ci.AckFloor.Stream)
+	}
+
+	// A new source (a restarted bridge) gets the messages again.
+	src2, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.setFail(false)
+	runSource(t, src2, rec)
+	eventually(t, "redelivered batch handled", func() bool { return len(rec.seqs()) == 3 })
+	eventually(t, "acked", func() bool { return consumerInfo(t, js, "DELAY", "bridge").AckFloor.Stream == 3 })
+	// Redelivery after a nak is in no particular order.
+	if got := slices.Sorted(slices.Values(rec.seqs())); !reflect.DeepEqual(got, []int64{1, 2, 3}) {
+		t.Errorf("seqs = %v", got)
+	}
+	assertFloors(t, rec)
+}
+
+// TestSourceRetriesUntilHandled: a failing handler is retried on the same
+// batch without stopping the source; the batch is acked after success.
+func TestSourceRetriesUntilHandled(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	cfg.Create = true
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(t, js, "delay.x", "a", nil)
+	rec := newRecorder()
+	rec.setFail(true)
+	runSource(t, src, rec)
+	eventually(t, "a failed attempt", func() bool { return rec.numCalls() >= 1 })
+	rec.setFail(false)
+	eventually(t, "handled", func() bool { return len(rec.seqs()) == 1 })
+	eventually(t, "acked", func() bool { return consumerInfo(t, js, "DELAY", "bridge").AckFloor.Stream == 1 })
+}
+
+// crashedConsumer plays a bridge that received messages and died before
+// acking them: it pulls n messages on the durable consumer and drops them.
+func crashedConsumer(t *testing.T, js jetstream.JetStream, n int, nak bool) {
+	t.Helper()
+	c, err := js.Consumer(ctxT(t), "DELAY", "bridge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for m := range b.Messages() {
+		got++
+		if nak {
+			if err := m.Nak(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if got != n {
+		t.Fatalf("crashed consumer got %d of %d messages: %v", got, n, b.Error())
+	}
+}
+
+// TestSourceCheckpointSkip: messages 1..3 were made durable by a bridge
+// that crashed before acking them (checkpoint 3). On restart they are acked
+// without being handed over again; 4 and 5 are handled.
+func TestSourceCheckpointSkip(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	cfg.Create = true
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		publish(t, js, "delay.x", fmt.Sprint(i), nil)
+	}
+	crashedConsumer(t, js, 5, true)
+
+	rec := newRecorder()
+	rec.cps["nats|DELAY|bridge"] = 3
+	runSource(t, src, rec)
+	eventually(t, "all acked", func() bool { return consumerInfo(t, js, "DELAY", "bridge").AckFloor.Stream == 5 })
+	if got := rec.seqs(); !reflect.DeepEqual(got, []int64{4, 5}) {
+		t.Fatalf("handled %v, want [4 5]", got)
+	}
+	// Messages delivered to the crashed run were not all acked when 4 and 5
+	// were handled, so the checkpoint could not claim past 3 yet.
+	for _, b := range rec.batches {
+		if b.Checkpoints[0].Offset > 5 || b.Checkpoints[0].Offset < 3 {
+			t.Errorf("checkpoint %d", b.Checkpoints[0].Offset)
+		}
+	}
+}
+
+// TestSourceRedeliveryBehindNewMessages: a crashed bridge took 1..3 and
+// handled nothing. They come back only after AckWait, behind 4..5. The
+// checkpoint handed over with 4..5 must not claim 1..3, or a second crash
+// would skip them for good.
+func TestSourceRedeliveryBehindNewMessages(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	cfg.Create = true
+	cfg.AckWait = 500 * time.Millisecond
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		publish(t, js, "delay.x", fmt.Sprint(i), nil)
+	}
+	crashedConsumer(t, js, 3, false)
+	for i := 3; i < 5; i++ {
+		publish(t, js, "delay.x", fmt.Sprint(i), nil)
+	}
+
+	rec := newRecorder()
+	runSource(t, src, rec)
+	eventually(t, "all handled", func() bool { return len(rec.seqs()) == 5 })
+	got := rec.seqs()
+	if !reflect.DeepEqual(slices.Sorted(slices.Values(got)), []int64{1, 2, 3, 4, 5}) {
+		t.Fatalf("handled %v", got)
+	}
+	assertFloors(t, rec)
+	eventually(t, "all acked", func() bool { return consumerInfo(t, js, "DELAY", "bridge").AckFloor.Stream == 5 })
+}
+
+// assertFloors checks that each checkpoint handed over is a floor: every
+// sequence at or below it was handled in that batch or before (all stream
+// sequences in these tests are delay messages).
+func assertFloors(t *testing.T, rec *recorder) {
+	t.Helper()
+	held := map[int64]bool{}
+	for i, b := range rec.batches {
+		for _, it := range b.Items {
+			held[it.Msg.Offset] = true
+		}
+		cp := b.Checkpoints[0].Offset
+		for seq := int64(1); seq <= cp; seq++ {
+			if !held[seq] {
+				t.Errorf("batch %d: checkpoint %d claims sequence %d, which was not handled yet", i, cp, seq)
+				break
+			}
+		}
+	}
+}
