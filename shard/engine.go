@@ -190,7 +190,7 @@ func (e *Engine) recover() error {
 		if stored := int(uint16(v[0])<<8 | uint16(v[1])); stored != n && !(stored == 0 && n == maxShards) {
 			return fmt.Errorf("shard: recover: store has %d shards, options ask for %d: changing the shard count is not supported", stored, n)
 		}
-	} else if err := e.db.Set(shardsKey, []byte{byte(n >> 8), byte(n)}, pebble.Sync); err != nil {
+	} else if err := safeCall(func() error { return e.db.Set(shardsKey, []byte{byte(n >> 8), byte(n)}, pebble.Sync) }); err != nil {
 		return fmt.Errorf("shard: recover: write shard count: %w", err)
 	}
 	v, found, err = getCopy(e.db, seqKey)
@@ -272,7 +272,7 @@ func (e *Engine) commit(b *pebble.Batch, op string, obs prometheus.Observer) err
 		return err
 	}
 	start := time.Now()
-	err := b.Commit(pebble.Sync)
+	err := safeCall(func() error { return b.Commit(pebble.Sync) })
 	obs.Observe(time.Since(start).Seconds())
 	if err != nil {
 		return e.fail(op, err)
@@ -685,11 +685,15 @@ func (e *Engine) Close() error {
 	var errs []error
 	if e.failed() == nil {
 		// Every commit was synced; flushing shortens the next recovery.
-		if err := e.db.Flush(); err != nil {
+		if err := safeCall(e.db.Flush); err != nil {
 			errs = append(errs, fmt.Errorf("shard: close: flush: %w", err))
 		}
 	}
-	if err := e.db.Close(); err != nil {
+	if err := safeCall(e.db.Close); err != nil {
+		if ferr := e.failed(); ferr != nil {
+			// Expected: Pebble reports the WAL error again.
+			err = errors.Join(ferr, err)
+		}
 		errs = append(errs, fmt.Errorf("shard: close: %w", err))
 	}
 	return errors.Join(errs...)

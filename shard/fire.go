@@ -221,7 +221,7 @@ func (s *shard) sweepLocked(now int64) error {
 		return nil
 	}
 	// Markers are advisory after expiry, so this commit need not be synced.
-	if err := b.Commit(pebble.NoSync); err != nil {
+	if err := safeCall(func() error { return b.Commit(pebble.NoSync) }); err != nil {
 		return e.fail("sweep", err)
 	}
 	return nil

@@ -264,7 +264,34 @@ type pebbleLogger struct{ l *zap.SugaredLogger }
 
 func (p pebbleLogger) Infof(format string, args ...interface{})  { p.l.Debugf(format, args...) }
 func (p pebbleLogger) Errorf(format string, args ...interface{}) { p.l.Errorf(format, args...) }
-func (p pebbleLogger) Fatalf(format string, args ...interface{}) { p.l.Fatalf(format, args...) }
+
+// Fatalf must not return: Pebble calls it when a commit failed and would
+// otherwise report the commit as successful. It panics with pebbleFatal,
+// which safeCall turns back into an error on the committing goroutine, so a
+// failed WAL write becomes the engine's sticky store error instead of a
+// silent acknowledgement. On Pebble's background goroutines the panic ends
+// the process, as Pebble's own default logger would.
+func (p pebbleLogger) Fatalf(format string, args ...interface{}) {
+	msg := fmt.Sprintf(format, args...)
+	p.l.Error(msg)
+	panic(pebbleFatal{msg})
+}
+
+type pebbleFatal struct{ msg string }
+
+// safeCall runs a Pebble write and converts Pebble's fatal panic to an error.
+func safeCall(f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			f, ok := r.(pebbleFatal)
+			if !ok {
+				panic(r)
+			}
+			err = errors.New(f.msg)
+		}
+	}()
+	return f()
+}
 
 func openPebble(dir string, fs vfs.FS, log *zap.Logger) (*pebble.DB, error) {
 	if fs == nil {
