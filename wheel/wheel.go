@@ -280,6 +280,9 @@ func (w *Wheel) AdvanceN(now int64, max int, fn func(due int64, seq uint64)) (mo
 	if w.advancing {
 		return false
 	}
+	if fn == nil {
+		fn = func(int64, uint64) {} // discard rather than panic
+	}
 	w.advancing = true
 	defer func() { w.advancing = false }()
 	if now > w.now {

@@ -599,67 +599,86 @@ var propSeeds = flag.Uint64("seeds", 8, "number of seeds for TestPropertyAgainst
 func TestPropertyAgainstHeap(t *testing.T) {
 	for seed := uint64(1); seed <= *propSeeds; seed++ {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
-			rng := rand.New(rand.NewPCG(seed, seed*0x9e3779b97f4a7c15))
-			start := t0 + rng.Int64N(msDay)
-			m := &model{t: t, rng: rng, w: New(start), clock: start}
-			if seed%2 == 0 {
-				m.w.sweepMin = 1 // sweep removed entries as often as allowed
-			}
-			for step := 0; step < 4000; step++ {
-				switch p := rng.IntN(100); {
-				case p < 40:
-					for n := rng.IntN(8); n >= 0; n-- {
-						m.add(m.randomDue())
-					}
-				case p < 45: // burst in one ms
-					due := m.clock + rng.Int64N(50)
-					for n := 50 + rng.IntN(200); n > 0; n-- {
-						m.add(due)
-					}
-				case p < 54:
-					for n := rng.IntN(4); n >= 0; n-- {
-						m.removeRandom()
-					}
-				case p < 55: // cancel storm: most of what is pending
-					for n := len(m.live) * 3 / 4; n >= 0; n-- {
-						m.removeRandom()
-					}
-				case p < 80: // small steps, sometimes capped
-					max := math.MaxInt
-					if rng.IntN(3) == 0 {
-						max = rng.IntN(20)
-					}
-					m.advance(m.clock+rng.Int64N(300), max)
-				case p < 88: // minutes to hours
-					m.advance(m.clock+rng.Int64N(3*msHour), math.MaxInt)
-				case p < 92: // jump of days
-					m.advance(m.clock+rng.Int64N(60*msDay), math.MaxInt)
-				case p < 96: // clock stepped back
-					m.advance(m.clock-rng.Int64N(5*msSecond), math.MaxInt)
-				default: // follow Next exactly, as the shard does
-					if at, ok := m.w.Next(); ok && at >= m.clock {
-						m.advance(at, math.MaxInt)
-					}
-				}
-				m.check()
-				if step%50 == 0 {
-					checkInvariants(t, m.w)
-				}
-			}
-			// Drain: everything left fires in order.
-			m.advance(math.MaxInt64, math.MaxInt)
-			m.check()
+			// Even seeds sweep removed entries as often as allowed.
+			m := runModel(t, seed, seed*0x9e3779b97f4a7c15, 4000, seed%2 == 0)
 			// Guard against a generator that silently stopped exercising
 			// the interesting paths.
 			if m.fired < 10000 || m.capped < 50 || m.maxLen < 300 {
 				t.Fatalf("weak run: fired %d, capped %d, max Len %d", m.fired, m.capped, m.maxLen)
 			}
 			t.Logf("fired %d, capped %d, max Len %d", m.fired, m.capped, m.maxLen)
-			if m.w.Len() != 0 {
-				t.Fatalf("Len = %d after draining", m.w.Len())
-			}
 		})
 	}
+}
+
+// FuzzAgainstHeap lets the fuzzer pick the random stream of the model run;
+// without -fuzz it replays the seed corpus.
+func FuzzAgainstHeap(f *testing.F) {
+	f.Add(uint64(1), uint64(2), uint16(300), false)
+	f.Add(uint64(7), uint64(0), uint16(1000), true)
+	f.Fuzz(func(t *testing.T, s1, s2 uint64, steps uint16, sweep bool) {
+		runModel(t, s1, s2, int(steps%2000), sweep)
+	})
+}
+
+// runModel drives a wheel and the heap reference with the same random
+// operations and fails t at the first difference.
+func runModel(t *testing.T, s1, s2 uint64, steps int, sweep bool) *model {
+	rng := rand.New(rand.NewPCG(s1, s2))
+	start := t0 + rng.Int64N(msDay)
+	m := &model{t: t, rng: rng, w: New(start), clock: start}
+	if sweep {
+		m.w.sweepMin = 1
+	}
+	for step := 0; step < steps; step++ {
+		switch p := rng.IntN(100); {
+		case p < 40:
+			for n := rng.IntN(8); n >= 0; n-- {
+				m.add(m.randomDue())
+			}
+		case p < 45: // burst in one ms
+			due := m.clock + rng.Int64N(50)
+			for n := 50 + rng.IntN(200); n > 0; n-- {
+				m.add(due)
+			}
+		case p < 54:
+			for n := rng.IntN(4); n >= 0; n-- {
+				m.removeRandom()
+			}
+		case p < 55: // cancel storm: most of what is pending
+			for n := len(m.live) * 3 / 4; n >= 0; n-- {
+				m.removeRandom()
+			}
+		case p < 80: // small steps, sometimes capped
+			max := math.MaxInt
+			if rng.IntN(3) == 0 {
+				max = rng.IntN(20)
+			}
+			m.advance(m.clock+rng.Int64N(300), max)
+		case p < 88: // minutes to hours
+			m.advance(m.clock+rng.Int64N(3*msHour), math.MaxInt)
+		case p < 92: // jump of days
+			m.advance(m.clock+rng.Int64N(60*msDay), math.MaxInt)
+		case p < 96: // clock stepped back
+			m.advance(m.clock-rng.Int64N(5*msSecond), math.MaxInt)
+		default: // follow Next exactly, as the shard does
+			if at, ok := m.w.Next(); ok && at >= m.clock {
+				m.advance(at, math.MaxInt)
+			}
+		}
+		m.check()
+		if step%50 == 0 {
+			checkInvariants(t, m.w)
+		}
+	}
+	// Drain: everything left fires in order.
+	m.advance(math.MaxInt64, math.MaxInt)
+	m.check()
+	checkInvariants(t, m.w)
+	if m.w.Len() != 0 {
+		t.Fatalf("Len = %d after draining", m.w.Len())
+	}
+	return m
 }
 
 func maxInt(a, b int) int {
