@@ -1058,3 +1058,58 @@ func TestGrafanaDashboard(t *testing.T) {
 		t.Logf("metrics not on the dashboard: %v", missing)
 	}
 }
+
+// renderNotes renders NOTES.txt, which `helm template` leaves out: a copy
+// of the chart gets a ConfigMap template holding `tpl` of the notes.
+func renderNotes(t *testing.T, extra ...string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "delaybridge")
+	if err := os.CopyFS(dir, os.DirFS(chartDir)); err != nil {
+		t.Fatal(err)
+	}
+	notes, err := os.ReadFile(filepath.Join(dir, "templates", "NOTES.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "files", "NOTES.txt"), notes, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	wrapper := "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n  NOTES.txt: {{ tpl (.Files.Get \"files/NOTES.txt\") . | quote }}\n"
+	if err := os.WriteFile(filepath.Join(dir, "templates", "zz-notes.yaml"), []byte(wrapper), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"template", releaseName, dir, "--namespace", namespace, "--show-only", "templates/zz-notes.yaml"}, extra...)
+	out, stderr, err := helm(t, args...)
+	if err != nil {
+		t.Fatalf("render NOTES.txt: %v\n%s", err, stderr)
+	}
+	var cm corev1.ConfigMap
+	if err := strictDecode([]byte(out), &cm); err != nil {
+		t.Fatal(err)
+	}
+	return cm.Data["NOTES.txt"]
+}
+
+func TestHelmNotes(t *testing.T) {
+	all := renderNotes(t, "-f", filepath.Join(chartDir, "ci", "all-features-values.yaml"))
+	for _, want := range []string{
+		"single-instance per consumer group",
+		"kcat -P -b kafka:9092 -t delay", "-H delay-after=30s", "-H delay-at=", "-H delay-target=orders.expire",
+		"nats --server nats://nats:4222 pub delay.reminder", "-H delay-after:15m", "-H delay-at:", "-H delay-target:reminders.send",
+		"port-forward svc/db-delaybridge 8080:http", "/v1/stats", "Authorization: Bearer",
+	} {
+		if !strings.Contains(all, want) {
+			t.Errorf("NOTES.txt (all features) does not contain %q:\n%s", want, all)
+		}
+	}
+	if strings.Contains(all, "WARNING") {
+		t.Errorf("NOTES.txt warns although targets are allowed and a token is set:\n%s", all)
+	}
+	insecure := renderNotes(t, "--set", "config.admin.allow_insecure_listen=true", "--set", "config.nats.enabled=true",
+		"--set", "config.nats.sources[0].subject=delay.>", "--set", "config.nats.sources[0].dlq=dlq.delay")
+	for _, want := range []string{"config.targets.allow is empty, so NO delay-target is allowed", "is served without a"} {
+		if !strings.Contains(insecure, want) {
+			t.Errorf("NOTES.txt does not warn %q:\n%s", want, insecure)
+		}
+	}
+}
