@@ -1,0 +1,335 @@
+// Package admin serves delaybridge's operator HTTP API (CONTRACT §7):
+// liveness and readiness probes, Prometheus metrics, and task lookup, cancel
+// and engine statistics. Handlers are thin: each calls one typed method of
+// the engine and only encodes its result, so the same data is available to
+// Go callers and tests without HTTP.
+//
+// Routes:
+//
+//	GET    /healthz                  200 "ok" while the process serves (liveness)
+//	GET    /readyz                   200 "ok" when Options.Ready returns nil, else 503 and the reason
+//	GET    /metrics                  Prometheus exposition of Options.Gatherer
+//	GET    /v1/tasks/{source}/{id}   JSON shard.TaskInfo; 404 if no task is pending
+//	DELETE /v1/tasks/{source}/{id}   204 after cancelling; 404 if no task is pending
+//	GET    /v1/stats                 JSON shard.Stats
+//
+// {source} is the delay topic (Kafka) or stream (NATS) the task came from.
+// {id} is the task id; ids containing "/" may be sent escaped ("a%2Fb") or
+// raw ("a/b"): everything after the source segment is the id. Ids with
+// segments such as "." or ".." must be escaped.
+//
+// When Options.Token is set, /metrics and /v1/* require
+// "Authorization: Bearer <token>"; the probes stay open for the kubelet.
+// Errors are JSON objects {"error": "..."}; a wrong method is 405 with Allow.
+package admin
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/config"
+	"github.com/delaybridge/delaybridge/shard"
+)
+
+// Engine is what the API reads and changes; *shard.Engine implements it.
+type Engine interface {
+	// Lookup returns the pending task (source, id), or shard.ErrNotFound.
+	Lookup(source, id string) (shard.TaskInfo, error)
+	// Cancel removes the pending task (source, id), or returns
+	// shard.ErrNotFound.
+	Cancel(source, id string) error
+	Stats() shard.Stats
+}
+
+// Options configure the handler.
+type Options struct {
+	// Engine serves /v1/*. Nil: those routes answer 503.
+	Engine Engine
+	// Ready reports readiness for /readyz: nil means ready, an error is
+	// the reason shown to the probe. Nil func: always ready.
+	Ready func() error
+	// Gatherer is exposed on /metrics. Nil: prometheus.DefaultGatherer.
+	Gatherer prometheus.Gatherer
+	// Token, when set, is the bearer token /metrics and /v1/* require.
+	Token string
+	// Logger; nil: no logging.
+	Logger *zap.Logger
+}
+
+// NewHandler returns the admin API handler.
+func NewHandler(o Options) http.Handler {
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.Gatherer == nil {
+		o.Gatherer = prometheus.DefaultGatherer
+	}
+	s := &server{o: o, log: o.Logger}
+	if o.Token != "" {
+		sum := sha256.Sum256([]byte(o.Token))
+		s.tokenSum = &sum
+	}
+
+	mux := http.NewServeMux()
+	route := func(path string, auth bool, methods map[string]http.HandlerFunc) {
+		allow := make([]string, 0, len(methods))
+		for m, h := range methods {
+			var hh http.Handler = h
+			if auth {
+				hh = s.authorize(hh)
+			}
+			mux.Handle(m+" "+path, hh)
+			allow = append(allow, m)
+		}
+		if _, ok := methods[http.MethodGet]; ok {
+			allow = append(allow, http.MethodHead) // GET patterns serve HEAD too
+		}
+		slices.Sort(allow)
+		// The pattern without a method catches every other method, so
+		// the 405 is JSON like every other error.
+		var notAllowed http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed; use %s", r.Method, strings.Join(allow, ", ")))
+		})
+		if auth {
+			notAllowed = s.authorize(notAllowed)
+		}
+		mux.Handle(path, notAllowed)
+	}
+	route("/healthz", false, map[string]http.HandlerFunc{http.MethodGet: s.healthz})
+	route("/readyz", false, map[string]http.HandlerFunc{http.MethodGet: s.readyz})
+	metricsH := promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{
+		ErrorLog:      zap.NewStdLog(o.Logger.Named("metrics")),
+		ErrorHandling: promhttp.ContinueOnError,
+	})
+	route("/metrics", true, map[string]http.HandlerFunc{http.MethodGet: metricsH.ServeHTTP})
+	route("/v1/tasks/{source}/{id...}", true, map[string]http.HandlerFunc{
+		http.MethodGet:    s.getTask,
+		http.MethodDelete: s.deleteTask,
+	})
+	route("/v1/stats", true, map[string]http.HandlerFunc{http.MethodGet: s.stats})
+	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)
+	}))
+	return mux
+}
+
+type server struct {
+	o        Options
+	log      *zap.Logger
+	tokenSum *[sha256.Size]byte
+}
+
+// authorize requires the bearer token when one is configured. Both sides
+// are hashed before the constant-time compare so that neither the content
+// nor the length of the token leaks through timing.
+func (s *server) authorize(next http.Handler) http.Handler {
+	if s.tokenSum == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="delaybridge"`)
+			writeError(w, http.StatusUnauthorized, "missing bearer token")
+			return
+		}
+		sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
+		if subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="delaybridge", error="invalid_token"`)
+			writeError(w, http.StatusUnauthorized, "invalid bearer token")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *server) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeText(w, http.StatusOK, "ok")
+}
+
+func (s *server) readyz(w http.ResponseWriter, _ *http.Request) {
+	if s.o.Ready != nil {
+		if err := s.o.Ready(); err != nil {
+			writeText(w, http.StatusServiceUnavailable, "not ready: "+err.Error())
+			return
+		}
+	}
+	writeText(w, http.StatusOK, "ok")
+}
+
+// taskKey reads {source} and {id}; false after writing a 400.
+func taskKey(w http.ResponseWriter, r *http.Request) (source, id string, ok bool) {
+	source, id = r.PathValue("source"), r.PathValue("id")
+	if source == "" || id == "" {
+		writeError(w, http.StatusBadRequest, "want /v1/tasks/{source}/{id} with a non-empty source and id")
+		return "", "", false
+	}
+	return source, id, true
+}
+
+func (s *server) getTask(w http.ResponseWriter, r *http.Request) {
+	source, id, ok := taskKey(w, r)
+	if !ok || !s.haveEngine(w) {
+		return
+	}
+	info, err := s.o.Engine.Lookup(source, id)
+	if err != nil {
+		s.engineError(w, "lookup", source, id, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, info)
+}
+
+func (s *server) deleteTask(w http.ResponseWriter, r *http.Request) {
+	source, id, ok := taskKey(w, r)
+	if !ok || !s.haveEngine(w) {
+		return
+	}
+	if err := s.o.Engine.Cancel(source, id); err != nil {
+		s.engineError(w, "cancel", source, id, err)
+		return
+	}
+	// Cancelling is an operator action on someone's data: keep a trace.
+	s.log.Info("admin: task cancelled", zap.String("source", source), zap.String("id", id),
+		zap.String("remote", r.RemoteAddr))
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *server) stats(w http.ResponseWriter, _ *http.Request) {
+	if !s.haveEngine(w) {
+		return
+	}
+	writeJSON(w, http.StatusOK, s.o.Engine.Stats())
+}
+
+func (s *server) haveEngine(w http.ResponseWriter) bool {
+	if s.o.Engine == nil {
+		writeError(w, http.StatusServiceUnavailable, "engine not started")
+		return false
+	}
+	return true
+}
+
+func (s *server) engineError(w http.ResponseWriter, op, source, id string, err error) {
+	switch {
+	case errors.Is(err, shard.ErrNotFound):
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no pending task %q in source %q", id, source))
+	case errors.Is(err, shard.ErrClosed), errors.Is(err, shard.ErrStoreFailed):
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+	default:
+		s.log.Error("admin: engine call failed", zap.String("op", op), zap.String("source", source),
+			zap.String("id", id), zap.Error(err))
+		writeError(w, http.StatusInternalServerError, err.Error())
+	}
+}
+
+func writeText(w http.ResponseWriter, code int, msg string) {
+	h := w.Header()
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_, _ = w.Write([]byte(msg))
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		code = http.StatusInternalServerError
+		b, _ = json.Marshal(errorBody{Error: "encode response: " + err.Error()})
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, errorBody{Error: msg})
+}
+
+// CheckListen refuses a listen address reachable from other hosts without a
+// token unless allowInsecure; see config.CheckListen, which holds the rule
+// so that config.Validate applies it too.
+func CheckListen(listen, token string, allowInsecure bool) error {
+	return config.CheckListen(listen, token, allowInsecure)
+}
+
+// Timeouts of the admin server. Slow clients cannot hold connections open
+// forever; /metrics of a large registry still has time to render.
+const (
+	readHeaderTimeout = 5 * time.Second
+	readTimeout       = 15 * time.Second
+	writeTimeout      = 60 * time.Second
+	idleTimeout       = 120 * time.Second
+	shutdownTimeout   = 5 * time.Second
+)
+
+// Serve listens on listen and serves h until ctx ends, then shuts down
+// gracefully: in-flight requests get up to 5 s to finish. It returns nil
+// after a shutdown caused by ctx, or the listen/serve error.
+func Serve(ctx context.Context, listen string, h http.Handler, logger *zap.Logger) error {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", listen)
+	if err != nil {
+		return fmt.Errorf("admin: listen %s: %w", listen, err)
+	}
+	return ServeListener(ctx, ln, h, logger)
+}
+
+// ServeListener is Serve on a listener the caller opened (tests, socket
+// activation). It closes ln.
+func ServeListener(ctx context.Context, ln net.Listener, h http.Handler, logger *zap.Logger) error {
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          zap.NewStdLog(logger.Named("http")),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	logger.Info("admin: serving", zap.String("addr", ln.Addr().String()))
+	select {
+	case err := <-errc:
+		return fmt.Errorf("admin: serve %s: %w", ln.Addr(), err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	if err != nil {
+		logger.Warn("admin: graceful shutdown incomplete; closing connections", zap.Error(err))
+		_ = srv.Close()
+	}
+	if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
+		return fmt.Errorf("admin: serve %s: %w", ln.Addr(), serr)
+	}
+	logger.Info("admin: stopped")
+	return nil
+}

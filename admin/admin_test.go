@@ -1,0 +1,462 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/clock"
+	"github.com/delaybridge/delaybridge/metrics"
+	"github.com/delaybridge/delaybridge/shard"
+)
+
+var t0 = time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
+
+const source = "delay"
+
+// fixture is a real engine (shard.Open on a temp dir, fake clock, not
+// running, so nothing fires) holding two pending tasks, behind the handler.
+type fixture struct {
+	e   *shard.Engine
+	reg *prometheus.Registry
+	srv *httptest.Server
+}
+
+func newFixture(t *testing.T, token string, ready func() error) *fixture {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	e, err := shard.Open(shard.Options{
+		Dir:     t.TempDir(),
+		Shards:  4,
+		Clock:   clock.NewFake(t0),
+		Logger:  zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+		Metrics: metrics.New(reg),
+	})
+	if err != nil {
+		t.Fatalf("shard.Open: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := e.Close(); err != nil {
+			t.Errorf("engine close: %v", err)
+		}
+	})
+	tasks := []codec.Task{task("order-1", 1, time.Hour), task("tenant/42", 2, 2*time.Hour)}
+	if err := e.Ingest(context.Background(), tasks, nil); err != nil {
+		t.Fatalf("Ingest: %v", err)
+	}
+	h := NewHandler(Options{Engine: e, Ready: ready, Gatherer: reg, Token: token,
+		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))})
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return &fixture{e: e, reg: reg, srv: srv}
+}
+
+func task(id string, off int64, in time.Duration) codec.Task {
+	return codec.Task{
+		Kind: codec.KindSchedule, ID: id, Source: source, Origin: "kafka:delay/0@" + string(rune('0'+off)),
+		Stamp: t0.UnixMilli(), Partition: 0, Offset: off, Due: t0.Add(in).UnixMilli(),
+		Transport: codec.TransportKafka, Target: "orders", Value: []byte("v"),
+		DLQTransport: codec.TransportKafka, DLQ: "delay.dlq",
+	}
+}
+
+type resp struct {
+	code int
+	hdr  http.Header
+	body string
+}
+
+func do(t *testing.T, method, url, token string) resp {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", token)
+	}
+	r, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp{r.StatusCode, r.Header, string(b)}
+}
+
+// jsonError decodes {"error": "..."} and fails if the body is not that.
+func jsonError(t *testing.T, r resp) string {
+	t.Helper()
+	if ct := r.hdr.Get("Content-Type"); ct != "application/json" {
+		t.Fatalf("error Content-Type %q, body %q", ct, r.body)
+	}
+	var e struct {
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(r.body), &e); err != nil || e.Error == "" {
+		t.Fatalf("body %q is not a JSON error: %v", r.body, err)
+	}
+	return e.Error
+}
+
+func TestAuth(t *testing.T) {
+	const token = "s3cret"
+	f := newFixture(t, token, nil)
+	tests := []struct {
+		name, method, path, auth string
+		want                     int
+		challenge                bool
+	}{
+		{"healthz open", "GET", "/healthz", "", 200, false},
+		{"readyz open", "GET", "/readyz", "", 200, false},
+		{"metrics missing", "GET", "/metrics", "", 401, true},
+		{"stats missing", "GET", "/v1/stats", "", 401, true},
+		{"task missing", "GET", "/v1/tasks/delay/order-1", "", 401, true},
+		{"cancel missing", "DELETE", "/v1/tasks/delay/order-1", "", 401, true},
+		{"stats wrong", "GET", "/v1/stats", "Bearer nope", 401, true},
+		{"stats prefix of token", "GET", "/v1/stats", "Bearer s3cre", 401, true},
+		{"stats basic scheme", "GET", "/v1/stats", "Basic " + token, 401, true},
+		{"stats no scheme", "GET", "/v1/stats", token, 401, true},
+		{"wrong method still needs auth", "POST", "/v1/stats", "", 401, true},
+		{"metrics right", "GET", "/metrics", "Bearer " + token, 200, false},
+		{"stats right", "GET", "/v1/stats", "Bearer " + token, 200, false},
+		{"scheme case-insensitive", "GET", "/v1/stats", "bearer " + token, 200, false},
+		{"task right", "GET", "/v1/tasks/delay/order-1", "Bearer " + token, 200, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := do(t, tt.method, f.srv.URL+tt.path, tt.auth)
+			if r.code != tt.want {
+				t.Fatalf("%s %s = %d %q, want %d", tt.method, tt.path, r.code, r.body, tt.want)
+			}
+			if got := r.hdr.Get("WWW-Authenticate"); tt.challenge != strings.HasPrefix(got, "Bearer ") {
+				t.Fatalf("WWW-Authenticate %q", got)
+			}
+			if r.code == 401 {
+				jsonError(t, r)
+			}
+		})
+	}
+	// Without a token everything is open.
+	open := newFixture(t, "", nil)
+	if r := do(t, "GET", open.srv.URL+"/v1/stats", ""); r.code != 200 {
+		t.Fatalf("no token configured: %d %q", r.code, r.body)
+	}
+}
+
+func TestReadyTransitions(t *testing.T) {
+	var mu sync.Mutex
+	state := errors.New("recovering store")
+	f := newFixture(t, "tok", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return state
+	})
+	set := func(err error) {
+		mu.Lock()
+		state = err
+		mu.Unlock()
+	}
+	steps := []struct {
+		state    error
+		code     int
+		contains string
+	}{
+		{errors.New("recovering store"), 503, "not ready: recovering store"},
+		{nil, 200, "ok"},
+		{errors.New("kafka: dlq delay.dlq unwritable"), 503, "not ready: kafka: dlq delay.dlq unwritable"},
+		{nil, 200, "ok"},
+	}
+	for i, s := range steps {
+		set(s.state)
+		r := do(t, "GET", f.srv.URL+"/readyz", "")
+		if r.code != s.code || !strings.Contains(r.body, s.contains) {
+			t.Fatalf("step %d: %d %q, want %d %q", i, r.code, r.body, s.code, s.contains)
+		}
+		// Liveness does not follow readiness.
+		if h := do(t, "GET", f.srv.URL+"/healthz", ""); h.code != 200 || h.body != "ok" {
+			t.Fatalf("step %d: healthz %d %q", i, h.code, h.body)
+		}
+	}
+}
+
+func TestLookup(t *testing.T) {
+	f := newFixture(t, "", nil)
+	tests := []struct {
+		name, path string
+		code       int
+		id         string
+	}{
+		{"plain id", "/v1/tasks/delay/order-1", 200, "order-1"},
+		{"escaped slash", "/v1/tasks/delay/tenant%2F42", 200, "tenant/42"},
+		{"raw slash", "/v1/tasks/delay/tenant/42", 200, "tenant/42"},
+		{"unknown id", "/v1/tasks/delay/nope", 404, ""},
+		{"other source", "/v1/tasks/other/order-1", 404, ""},
+		{"empty id", "/v1/tasks/delay/", 400, ""},
+		{"no id", "/v1/tasks/delay", 400, ""}, // the mux redirects to .../delay/
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := do(t, "GET", f.srv.URL+tt.path, "")
+			if r.code != tt.code {
+				t.Fatalf("GET %s = %d %q, want %d", tt.path, r.code, r.body, tt.code)
+			}
+			if r.code != 200 {
+				jsonError(t, r)
+				return
+			}
+			var info shard.TaskInfo
+			if err := json.Unmarshal([]byte(r.body), &info); err != nil {
+				t.Fatal(err)
+			}
+			if info.ID != tt.id || info.Source != source || info.Target != "kafka:orders" || info.Attempts != 0 {
+				t.Fatalf("info %+v", info)
+			}
+			want, err := f.e.Lookup(source, tt.id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !info.Due.Equal(want.Due) || info.Origin != want.Origin || info.Shard != want.Shard {
+				t.Fatalf("HTTP %+v, engine %+v", info, want)
+			}
+		})
+	}
+	// The CONTRACT §7 fields, by their JSON names.
+	r := do(t, "GET", f.srv.URL+"/v1/tasks/delay/order-1", "")
+	var m map[string]any
+	if err := json.Unmarshal([]byte(r.body), &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"id", "due", "target", "origin", "attempts"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("task JSON lacks %q: %s", k, r.body)
+		}
+	}
+	if m["due"] != "2026-11-22T01:00:00Z" {
+		t.Errorf("due %v", m["due"])
+	}
+}
+
+func TestCancel(t *testing.T) {
+	f := newFixture(t, "", nil)
+	for _, path := range []string{"/v1/tasks/delay/order-1", "/v1/tasks/delay/tenant%2F42"} {
+		if r := do(t, "DELETE", f.srv.URL+path, ""); r.code != 204 || r.body != "" {
+			t.Fatalf("DELETE %s = %d %q, want 204", path, r.code, r.body)
+		}
+		if r := do(t, "GET", f.srv.URL+path, ""); r.code != 404 {
+			t.Fatalf("GET after cancel %s = %d %q", path, r.code, r.body)
+		}
+		r := do(t, "DELETE", f.srv.URL+path, "")
+		if r.code != 404 {
+			t.Fatalf("second DELETE %s = %d %q", path, r.code, r.body)
+		}
+		if msg := jsonError(t, r); !strings.Contains(msg, "no pending task") {
+			t.Fatalf("error %q", msg)
+		}
+	}
+	if st := f.e.Stats(); st.Pending != 0 {
+		t.Fatalf("pending %d after cancelling both", st.Pending)
+	}
+}
+
+func TestStats(t *testing.T) {
+	f := newFixture(t, "", nil)
+	r := do(t, "GET", f.srv.URL+"/v1/stats", "")
+	if r.code != 200 || r.hdr.Get("Content-Type") != "application/json" {
+		t.Fatalf("%d %q %q", r.code, r.hdr.Get("Content-Type"), r.body)
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(r.body), &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"shards", "pending", "next_due", "horizon"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("stats JSON lacks %q: %s", k, r.body)
+		}
+	}
+	if _, ok := m["oldest_overdue"]; ok {
+		t.Errorf("oldest_overdue present with nothing overdue: %s", r.body)
+	}
+	var st shard.Stats
+	if err := json.Unmarshal([]byte(r.body), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Pending != 2 || len(st.Shards) != 4 || !st.NextDue.Equal(t0.Add(time.Hour)) {
+		t.Fatalf("stats %+v", st)
+	}
+	var sum int64
+	for _, s := range st.Shards {
+		sum += s.Pending
+	}
+	if sum != 2 {
+		t.Fatalf("per-shard pending sums to %d", sum)
+	}
+	shards := m["shards"].([]any)
+	for _, k := range []string{"shard", "pending", "in_wheel"} {
+		if _, ok := shards[0].(map[string]any)[k]; !ok {
+			t.Errorf("shard JSON lacks %q: %s", k, r.body)
+		}
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	f := newFixture(t, "tok", nil)
+	if r := do(t, "DELETE", f.srv.URL+"/v1/tasks/delay/order-1", "Bearer tok"); r.code != 204 {
+		t.Fatalf("cancel %d", r.code)
+	}
+	r := do(t, "GET", f.srv.URL+"/metrics", "Bearer tok")
+	if r.code != 200 || !strings.HasPrefix(r.hdr.Get("Content-Type"), "text/plain") {
+		t.Fatalf("%d %q", r.code, r.hdr.Get("Content-Type"))
+	}
+	for _, want := range []string{
+		`delaybridge_ingested_total{source="delay"} 2`,
+		`delaybridge_cancelled_total{source="delay"} 1`,
+		"delaybridge_pending_tasks{shard=",
+		"delaybridge_store_commit_seconds_bucket",
+	} {
+		if !strings.Contains(r.body, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+func TestMethodsAndPaths(t *testing.T) {
+	f := newFixture(t, "", nil)
+	tests := []struct {
+		method, path string
+		code         int
+		allow        string
+	}{
+		{"POST", "/v1/stats", 405, "GET, HEAD"},
+		{"PUT", "/v1/tasks/delay/order-1", 405, "DELETE, GET, HEAD"},
+		{"POST", "/healthz", 405, "GET, HEAD"},
+		{"DELETE", "/readyz", 405, "GET, HEAD"},
+		{"POST", "/metrics", 405, "GET, HEAD"},
+		{"GET", "/v2/stats", 404, ""},
+		{"GET", "/", 404, ""},
+		{"HEAD", "/healthz", 200, ""},
+	}
+	for _, tt := range tests {
+		r := do(t, tt.method, f.srv.URL+tt.path, "")
+		if r.code != tt.code {
+			t.Errorf("%s %s = %d, want %d", tt.method, tt.path, r.code, tt.code)
+			continue
+		}
+		if got := r.hdr.Get("Allow"); got != tt.allow {
+			t.Errorf("%s %s Allow %q, want %q", tt.method, tt.path, got, tt.allow)
+		}
+		if tt.code >= 400 {
+			jsonError(t, r)
+		}
+	}
+}
+
+// errEngine fails every call with err, for the error mapping.
+type errEngine struct{ err error }
+
+func (e errEngine) Lookup(string, string) (shard.TaskInfo, error) { return shard.TaskInfo{}, e.err }
+func (e errEngine) Cancel(string, string) error                   { return e.err }
+func (e errEngine) Stats() shard.Stats                            { return shard.Stats{} }
+
+func TestEngineErrors(t *testing.T) {
+	tests := []struct {
+		name   string
+		engine Engine
+		code   int
+	}{
+		{"not found wrapped", errEngine{fmtErr(shard.ErrNotFound)}, 404},
+		{"closed", errEngine{shard.ErrClosed}, 503},
+		{"store failed", errEngine{fmtErr(shard.ErrStoreFailed)}, 503},
+		{"other", errEngine{errors.New("disk on fire")}, 500},
+		{"no engine", nil, 503},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(NewHandler(Options{Engine: tt.engine, Gatherer: prometheus.NewRegistry()}))
+			defer srv.Close()
+			for _, m := range []string{"GET", "DELETE"} {
+				r := do(t, m, srv.URL+"/v1/tasks/delay/x", "")
+				if r.code != tt.code {
+					t.Fatalf("%s = %d %q, want %d", m, r.code, r.body, tt.code)
+				}
+				jsonError(t, r)
+			}
+		})
+	}
+}
+
+func fmtErr(err error) error { return errors.Join(errors.New("context"), err) }
+
+// A closed engine makes the real API answer 503, not 500.
+func TestClosedEngine(t *testing.T) {
+	f := newFixture(t, "", nil)
+	if err := f.e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if r := do(t, "GET", f.srv.URL+"/v1/tasks/delay/order-1", ""); r.code != 503 {
+		t.Fatalf("%d %q", r.code, r.body)
+	}
+}
+
+func TestServe(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	h := NewHandler(Options{Gatherer: prometheus.NewRegistry()})
+	go func() { done <- ServeListener(ctx, ln, h, zaptest.NewLogger(t)) }()
+	if r := do(t, "GET", "http://"+ln.Addr().String()+"/healthz", ""); r.code != 200 {
+		t.Fatalf("healthz %d", r.code)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("ServeListener: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no shutdown")
+	}
+	if _, err := http.Get("http://" + ln.Addr().String() + "/healthz"); err == nil {
+		t.Fatal("still serving after shutdown")
+	}
+
+	// Listen errors are returned, naming the address.
+	err = Serve(context.Background(), "127.0.0.1:notaport", h, nil)
+	if err == nil || !strings.Contains(err.Error(), "127.0.0.1:notaport") {
+		t.Fatalf("Serve on a bad address: %v", err)
+	}
+}
+
+func TestCheckListen(t *testing.T) {
+	if err := CheckListen("127.0.0.1:8080", "", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckListen(":8080", "", false); err == nil {
+		t.Fatal("open listen without token accepted")
+	}
+	if err := CheckListen(":8080", "t", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckListen("0.0.0.0:8080", "", true); err != nil {
+		t.Fatal(err)
+	}
+}
