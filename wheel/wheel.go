@@ -363,7 +363,11 @@ func (w *Wheel) drainNow(n *int, max int, fn func(due int64, seq uint64)) (stopp
 		}
 		c := &w.chunks[q.head]
 		if q.off == 0 {
-			w.touch(c, q)
+			end := int32(chunkSize)
+			if q.head == q.tail {
+				end = q.fill
+			}
+			w.touch(c.idx[:end])
 		}
 		due, i := c.due[q.off], c.idx[q.off]
 		if w.slab[i].link == linkDead {
@@ -385,17 +389,13 @@ func (w *Wheel) drainNow(n *int, max int, fn func(due int64, seq uint64)) (stopp
 	return false
 }
 
-// touch loads the slab entries of chunk c before they are fired. The loads
-// are independent, so the CPU overlaps their cache misses; firing then finds
-// the entries in cache instead of waiting on one miss at a time (Go has no
+// touch loads the slab records of a chunk's items before they are used. The loads
+// are independent, so the CPU overlaps their cache misses; firing or
+// sweeping then finds the records in cache instead of waiting on one miss at a time (Go has no
 // prefetch intrinsic; this is the portable equivalent).
-func (w *Wheel) touch(c *chunk, q *queue) {
-	end := int32(chunkSize)
-	if q.head == q.tail {
-		end = q.fill
-	}
+func (w *Wheel) touch(idx []int32) {
 	var x int32
-	for _, i := range c.idx[:end] {
+	for _, i := range idx {
 		x |= w.slab[i].link
 	}
 	w.sink = x
@@ -603,6 +603,7 @@ func (w *Wheel) compactQueue(q *queue) {
 		if rc == q.tail {
 			end = q.fill
 		}
+		w.touch(w.chunks[rc].idx[ro:end])
 		for ; ro < end; ro++ {
 			due, i := w.chunks[rc].due[ro], w.chunks[rc].idx[ro]
 			if w.slab[i].link == linkDead {

@@ -332,6 +332,31 @@ func TestNow(t *testing.T) {
 	}
 }
 
+// TestMemoryPerEntry holds the 48 bytes per pending entry budget at a size
+// that runs in well under a second; BenchmarkWheelMemory10M reports 10 M.
+func TestMemoryPerEntry(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocates about 60 MB")
+	}
+	const n = 2_000_000
+	delays := dueTable(1 << 16)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	w := New(t0)
+	for j := 0; j < n; j++ {
+		w.Add(t0+delays[j&(1<<16-1)], uint64(j))
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	perEntry := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / n
+	runtime.KeepAlive(w)
+	t.Logf("%.1f bytes per entry at %d entries", perEntry, n)
+	if perEntry > 48 {
+		t.Fatalf("%.1f bytes per entry, budget 48", perEntry)
+	}
+}
+
 // ---- property test against a min-heap reference ----
 
 type refItem struct {
@@ -730,7 +755,8 @@ func BenchmarkWheelAdd(b *testing.B) {
 }
 
 // BenchmarkWheelAddRemove is the steady state of a shard whose tasks are
-// cancelled or replaced: the slab is recycled through the free list.
+// cancelled or replaced while time stands still: 64 Ki pending, each op
+// removes one and adds one, and the sweep keeps the slab bounded.
 func BenchmarkWheelAddRemove(b *testing.B) {
 	delays := dueTable(1 << 16)
 	w := New(t0)
@@ -739,13 +765,19 @@ func BenchmarkWheelAddRemove(b *testing.B) {
 	for i := range hs {
 		hs[i] = w.Add(t0+delays[i], uint64(i))
 	}
+	churn := func(i int) {
+		k := i & (pending - 1)
+		w.Remove(hs[k])
+		hs[k] = w.Add(t0+delays[(i*7)&(1<<16-1)], uint64(i))
+	}
+	for i := 0; i < 4*pending; i++ { // grow to the swept steady state
+		churn(i)
+	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	stopCPU := startCPU(b)
 	for i := 0; i < b.N; i++ {
-		k := i & (pending - 1)
-		w.Remove(hs[k])
-		hs[k] = w.Add(t0+delays[(i*7)&(1<<16-1)], uint64(i))
+		churn(i)
 	}
 	stopCPU()
 }
