@@ -152,6 +152,7 @@ type Wheel struct {
 	now       int64 // highest time passed to New/Advance, for Now
 	advancing bool
 	sink      int32 // keeps touch's loads from being optimised away
+	expired   int   // buckets taken by expire, for tests
 }
 
 // key maps a time to an unsigned key with the same order.
@@ -428,6 +429,7 @@ func (w *Wheel) bucketStart(l uint) uint64 {
 // FIFO. Cascading reads only the chunks, never the slab, so removed entries
 // are carried along and recycled when they come due.
 func (w *Wheel) expire(l uint) {
+	w.expired++
 	slot := uint(w.cur>>(l*slotBits)) & slotMask
 	b := &w.buckets[l*numSlots+slot]
 	w.occ[l] &^= 1 << slot

@@ -205,14 +205,11 @@ func TestStaleHandle(t *testing.T) {
 }
 
 func TestAdvanceNContinues(t *testing.T) {
-	w := New(0)
+	// A burst in one ms, entries in coarser levels and in the past, in the
+	// order they must fire (Add order equals fire order here).
 	var want []fired
-	seq := uint64(0)
-	// A burst in one ms, entries in coarser levels and the ready list.
-	for _, due := range []int64{-3, 0, 7, 7, 7, 7, 7, 100, 5000, 5000, 1 << 20} {
-		seq++
-		w.Add(due, seq)
-		want = append(want, fired{due, seq})
+	for i, due := range []int64{-3, 0, 7, 7, 7, 7, 7, 100, 5000, 5000, 1 << 20} {
+		want = append(want, fired{due, uint64(i + 1)})
 	}
 	for _, max := range []int{1, 2, 3, 100} {
 		t.Run(fmt.Sprint("max=", max), func(t *testing.T) {
@@ -291,12 +288,27 @@ func TestNext(t *testing.T) {
 	}
 }
 
+// TestNoIdleTicking: one Advance across 500 days touches a bucket per
+// level per entry at most, however many milliseconds pass.
+func TestNoIdleTicking(t *testing.T) {
+	w := New(t0)
+	for _, d := range []int64{msHour, 90 * msDay, 500 * msDay} {
+		w.Add(t0+d, uint64(d))
+	}
+	got := collect(w, t0+500*msDay)
+	if len(got) != 3 {
+		t.Fatalf("fired %v", got)
+	}
+	if w.expired > 3*numLevels {
+		t.Fatalf("%d buckets expired for 3 entries", w.expired)
+	}
+}
+
 func TestReentrantFn(t *testing.T) {
 	w := New(0)
-	h3 := Handle(0)
 	w.Add(1, 1)
 	w.Add(2, 2)
-	h3 = w.Add(3, 3)
+	h3 := w.Add(3, 3)
 	w.Add(4, 4)
 	var got []fired
 	w.Advance(10, func(due int64, seq uint64) {
