@@ -366,7 +366,7 @@ func TestHelmTemplateCIValues(t *testing.T) {
 				t.Errorf("NetworkPolicy rendered: %v, want %v", got, wantNetpol)
 			}
 			for _, sm := range m.serviceMonitors {
-				checkServiceMonitor(t, sm, m)
+				checkServiceMonitor(t, sm, m, cfg)
 			}
 			for _, pr := range m.rules {
 				checkPrometheusRule(t, pr)
@@ -697,8 +697,15 @@ func checkServices(t *testing.T, m manifests) {
 	}
 }
 
-func checkServiceMonitor(t *testing.T, sm serviceMonitor, m manifests) {
+func checkServiceMonitor(t *testing.T, sm serviceMonitor, m manifests, cfg map[string]any) {
 	t.Helper()
+	// With an admin token the bridge asks for it on /metrics too.
+	if _, ok := lookup(cfg, "admin.token_file"); ok && len(sm.Spec.Endpoints) == 1 {
+		a := sm.Spec.Endpoints[0].Authorization
+		if a == nil || a.Type != "Bearer" || a.Credentials.Name == "" || a.Credentials.Key == "" {
+			t.Errorf("ServiceMonitor scrapes without the admin token (authorization %+v) but /metrics requires it", a)
+		}
+	}
 	if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != "http" || sm.Spec.Endpoints[0].Path != "/metrics" {
 		t.Errorf("ServiceMonitor endpoints %+v, want port http path /metrics", sm.Spec.Endpoints)
 	}
