@@ -104,9 +104,8 @@ func Parse(m *Message, r *Rules) Task {
 			p.last[c] = i + 1
 		}
 	}
-	value := p.value
 
-	if v, ok := value(hdrCancel); ok {
+	if v, ok := p.value(hdrCancel); ok {
 		switch v = bytes.TrimSpace(v); {
 		case bytes.EqualFold(v, []byte("true")):
 			return p.cancel(p.id())
@@ -116,7 +115,7 @@ func Parse(m *Message, r *Rules) Task {
 		}
 	}
 	if m.Tombstone {
-		if v, ok := value(hdrID); ok && len(v) > 0 {
+		if v, ok := p.value(hdrID); ok && len(v) > 0 {
 			return p.cancel(string(v))
 		}
 		if len(m.Key) > 0 {
@@ -131,8 +130,8 @@ func Parse(m *Message, r *Rules) Task {
 		}
 	}
 
-	at, hasAt := value(hdrAt)
-	after, hasAfter := value(hdrAfter)
+	at, hasAt := p.value(hdrAt)
+	after, hasAfter := p.value(hdrAfter)
 	var due int64
 	switch {
 	case hasAt && hasAfter:
@@ -172,7 +171,7 @@ func Parse(m *Message, r *Rules) Task {
 
 	// The target is resolved from the header bytes: a target named in the
 	// header costs no allocation of its own (see below).
-	rawTarget, hasTarget := value(hdrTarget)
+	rawTarget, hasTarget := p.value(hdrTarget)
 	rawTarget = bytes.TrimSpace(rawTarget)
 	targetText := func() string {
 		if hasTarget {
@@ -235,7 +234,7 @@ func Parse(m *Message, r *Rules) Task {
 	}
 
 	key := m.Key
-	if v, ok := value(hdrKey); ok {
+	if v, ok := p.value(hdrKey); ok {
 		key = v
 	}
 	hs := make([]Header, 0, len(m.Headers)+3)
