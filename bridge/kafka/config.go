@@ -362,6 +362,12 @@ func fatalKind(err error) error {
 		errors.As(err, &echReject), errors.As(err, &sysRootErr):
 		return ErrTLS
 	}
+	// An alert from the broker (e.g. "certificate required" when mutual
+	// TLS is on and we sent no client certificate) reaches us as an
+	// unexported crypto/tls type; its text is all there is to match.
+	if strings.Contains(err.Error(), "remote error: tls: ") {
+		return ErrTLS
+	}
 	return nil
 }
 

@@ -262,4 +262,3 @@ func TestRecordSizeMatchesKafkaGo(t *testing.T) {
 		}
 	}
 }
-
