@@ -263,3 +263,28 @@ func FuzzFormatDue(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseTarget: the string and byte forms agree, and an accepted target
+// written with its explicit prefix resolves to itself.
+func FuzzParseTarget(f *testing.F) {
+	for _, s := range []string{"orders", "kafka:orders", "nats:a.b", "nats:a.*", "foo:bar", "..", "a..b", "nats:a:b", ""} {
+		f.Add(s, uint8(1))
+	}
+	f.Fuzz(func(t *testing.T, s string, own uint8) {
+		tr, name, err := ParseTarget(s, Transport(own%3))
+		btr, bname, berr := parseTarget([]byte(s), Transport(own%3))
+		if (err == nil) != (berr == nil) || tr != btr || name != string(bname) {
+			t.Fatalf("string and byte forms disagree on %q: %v %q %v / %v %q %v", s, tr, name, err, btr, bname, berr)
+		}
+		if err != nil {
+			if !errors.Is(err, ErrBadTarget) {
+				t.Fatalf("error %v does not wrap ErrBadTarget", err)
+			}
+			return
+		}
+		tr2, name2, err := ParseTarget(targetString(tr, name), 0)
+		if err != nil || tr2 != tr || name2 != name {
+			t.Fatalf("%q resolved to %v:%q, which resolves to %v:%q (%v)", s, tr, name, tr2, name2, err)
+		}
+	})
+}
