@@ -207,7 +207,7 @@ func (c *Config) options() ([]natsgo.Option, error) {
 			if err == nil && nc.IsClosed() {
 				return // closed by its owner; the closed handler says so
 			}
-			log.Warn("nats: disconnected", zap.String("server", redactURL(nc.ConnectedUrl())), zap.Error(err))
+			log.Warn("nats: disconnected; reconnecting", zap.Error(err))
 		}),
 		natsgo.ReconnectHandler(func(nc *natsgo.Conn) {
 			log.Info("nats: reconnected", zap.String("server", redactURL(nc.ConnectedUrl())))
