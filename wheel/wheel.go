@@ -50,11 +50,12 @@
 // chasing one pointer at a time. The slab and the chunk pool keep their peak
 // size; freed records and chunks are reused, not returned to the GC.
 //
-// Remove is O(1) and lazy: it marks the record dead and makes its handle
-// stale at once; the record is recycled when its item is next dequeued, or
-// by a sweep of all queues that runs once removed entries outnumber live
-// ones, so a cancel-heavy wheel stays within about twice its live size at
-// an amortised O(1) cost per Remove.
+// Remove is O(1) amortised and lazy: it marks the record dead and makes its
+// handle stale at once; the record is recycled when its item is next
+// dequeued, or by a sweep cycle that starts once removed entries outnumber
+// live ones and compacts one bucket per Remove, so a cancel-heavy wheel stays
+// within about twice its live size without any call scanning the whole
+// wheel.
 package wheel
 
 import (
@@ -149,6 +150,7 @@ type Wheel struct {
 	count     int
 	dead      int   // removed entries whose items are still queued
 	sweepMin  int   // compactMin; a field so tests can force sweeps
+	sweepAt   int   // next bucket of the sweep cycle; -1: no cycle running
 	now       int64 // highest time passed to New/Advance, for Now
 	advancing bool
 	sink      int32 // keeps touch's loads from being optimised away
@@ -170,6 +172,7 @@ func New(now int64) *Wheel {
 		nowQ:      emptyQueue,
 		now:       now,
 		sweepMin:  compactMin,
+		sweepAt:   -1,
 	}
 	for i := range w.buckets {
 		w.buckets[i] = emptyQueue
@@ -222,16 +225,24 @@ func (w *Wheel) Remove(h Handle) bool {
 	if e.link != linkLive || e.gen != uint32(h>>32) {
 		return false
 	}
-	// The item stays queued; whoever dequeues it recycles the slot. If
-	// removed entries come to outnumber live ones, sweep them out, so a
-	// cancel-heavy wheel stays within twice its live size; the sweep is
-	// O(queued items) once per that many Removes, O(1) amortised.
+	// The item stays queued; whoever dequeues it recycles the slot. Once
+	// removed entries outnumber live ones a sweep cycle starts, one bucket
+	// per Remove, so a cancel-heavy wheel stays within about twice its live
+	// size, the cost is O(1) amortised, and no single call scans the whole
+	// wheel (the longest pause is one bucket's items).
 	e.link = linkDead
 	e.gen = nextGen(e.gen)
 	w.count--
 	w.dead++
-	if w.dead > w.count && w.dead >= w.sweepMin && !w.advancing {
-		w.compact()
+	if !w.advancing {
+		if w.sweepAt < 0 && w.dead > w.count && w.dead >= w.sweepMin {
+			w.sweepAt = 0
+			w.sweepLate()
+			w.compactQueue(&w.nowQ)
+		}
+		if w.sweepAt >= 0 {
+			w.sweepStep()
+		}
 	}
 	return true
 }
@@ -564,9 +575,8 @@ func (w *Wheel) reap(i int32) {
 	w.freeEntry(i)
 }
 
-// compact drops the items of removed entries from every queue, keeping the
-// order of the rest, and recycles their slots and emptied chunks.
-func (w *Wheel) compact() {
+// sweepLate drops removed entries from the late list.
+func (w *Wheel) sweepLate() {
 	kept := w.late[:w.lateAt]
 	for _, it := range w.late[w.lateAt:] {
 		if w.slab[it.idx].link == linkDead {
@@ -576,20 +586,32 @@ func (w *Wheel) compact() {
 		kept = append(kept, it)
 	}
 	w.late = kept
-	w.compactQueue(&w.nowQ)
-	for l := range numLevels {
-		for occ := w.occ[l]; occ != 0; occ &= occ - 1 {
-			s := uint(bits.TrailingZeros64(occ))
-			q := &w.buckets[uint(l)*numSlots+s]
-			w.compactQueue(q)
-			if q.head == noLink {
-				w.occ[l] &^= 1 << s
+}
+
+// sweepStep compacts the next non-empty bucket at or after w.sweepAt and
+// moves the cursor past it, ending the cycle (sweepAt = -1) after the last.
+// Items that cascade behind the cursor during a cycle wait for the next one.
+func (w *Wheel) sweepStep() {
+	for b := w.sweepAt; b < numBuckets; {
+		l, s := uint(b/numSlots), uint(b%numSlots)
+		m := w.occ[l] >> s << s
+		if m == 0 {
+			b = int(l+1) * numSlots
+			continue
+		}
+		s = uint(bits.TrailingZeros64(m))
+		q := &w.buckets[l*numSlots+s]
+		w.compactQueue(q)
+		if q.head == noLink {
+			w.occ[l] &^= 1 << s
+			if w.occ[l] == 0 {
+				w.levels &^= 1 << l
 			}
 		}
-		if w.occ[l] == 0 {
-			w.levels &^= 1 << uint(l)
-		}
+		w.sweepAt = int(l*numSlots+s) + 1
+		return
 	}
+	w.sweepAt = -1
 }
 
 // compactQueue filters q in place: a write cursor follows the read cursor

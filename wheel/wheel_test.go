@@ -288,6 +288,72 @@ func TestNext(t *testing.T) {
 	}
 }
 
+// TestRemoveBoundsMemory: with time standing still nothing is dequeued, so
+// only the sweep recycles removed entries; the slab must stay near twice
+// the live size however many replace cycles run.
+func TestRemoveBoundsMemory(t *testing.T) {
+	const live = 10_000
+	delays := dueTable(1 << 16)
+	w := New(t0)
+	hs := make([]Handle, live)
+	for i := range hs {
+		hs[i] = w.Add(t0+delays[i], uint64(i))
+	}
+	for i := 0; i < 50*live; i++ {
+		k := i % live
+		if !w.Remove(hs[k]) {
+			t.Fatalf("Remove %d failed", i)
+		}
+		hs[k] = w.Add(t0+delays[(i*7)&(1<<16-1)], uint64(i))
+	}
+	if w.Len() != live {
+		t.Fatalf("Len = %d", w.Len())
+	}
+	if limit := 2*live + numBuckets + compactMin; len(w.slab) > limit {
+		t.Fatalf("slab grew to %d records for %d live (limit %d)", len(w.slab), live, limit)
+	}
+	checkInvariants(t, w)
+	got := collect(w, math.MaxInt64)
+	if len(got) != live {
+		t.Fatalf("fired %d, want %d", len(got), live)
+	}
+}
+
+// TestSteadyStateAllocs: after Grow, or once the slab and chunk pool have
+// reached their working size, Add, Remove and Advance do not allocate.
+func TestSteadyStateAllocs(t *testing.T) {
+	w := New(t0)
+	w.Grow(1 << 12)
+	delays := dueTable(1 << 12)
+	i := 0
+	if a := testing.AllocsPerRun(1000, func() {
+		w.Add(t0+delays[i%len(delays)], uint64(i))
+		i++
+	}); a != 0 {
+		t.Fatalf("Add after Grow: %v allocs", a)
+	}
+	now := t0
+	fn := func(int64, uint64) {}
+	cycle := func() {
+		h := w.Add(now+delays[i%len(delays)], uint64(i))
+		w.Add(now+delays[(i+1)%len(delays)], uint64(i))
+		w.Remove(h)
+		i++
+		now += 100
+		w.Advance(now, fn)
+	}
+	for range 100_000 { // reach the working size
+		cycle()
+	}
+	if a := testing.AllocsPerRun(1000, cycle); a != 0 {
+		t.Fatalf("steady Add/Remove/Advance: %v allocs", a)
+	}
+	w.Advance(math.MaxInt64, nil) // nil fn: entries are discarded, no panic
+	if w.Len() != 0 {
+		t.Fatalf("Len = %d after Advance with nil fn", w.Len())
+	}
+}
+
 // TestNoIdleTicking: one Advance across 500 days touches a bucket per
 // level per entry at most, however many milliseconds pass.
 func TestNoIdleTicking(t *testing.T) {
