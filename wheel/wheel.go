@@ -214,8 +214,9 @@ func (w *Wheel) Add(due int64, seq uint64) Handle {
 	return Handle(uint64(e.gen)<<32 | uint64(uint32(i)))
 }
 
-// Remove cancels the entry behind h in O(1). It returns false if h is zero,
-// forged, or stale (the entry was already yielded or removed).
+// Remove cancels the entry behind h in O(1) amortised (see the package
+// documentation on sweeping). It returns false if h is zero, forged, or
+// stale (the entry was already yielded or removed).
 func (w *Wheel) Remove(h Handle) bool {
 	i := uint64(h) & math.MaxUint32
 	if i >= uint64(len(w.slab)) {
