@@ -689,6 +689,14 @@ func (m *model) check() {
 	if ok && at > m.ref.peek().due {
 		m.t.Fatalf("Next = %d after earliest due %d", at, m.ref.peek().due)
 	}
+	// With no removed entries lingering, Next is exact for anything due
+	// before cur or within cur's level-0 range.
+	if ok && m.w.dead == 0 {
+		d := key(m.ref.peek().due)
+		if (d <= m.w.cur || d>>slotBits == m.w.cur>>slotBits) && key(at) != d {
+			m.t.Fatalf("Next = %d, want exactly %d (cur %d)", at, unkey(d), unkey(m.w.cur))
+		}
+	}
 	if len(m.dead) > 0 {
 		if m.w.Remove(m.dead[m.rng.IntN(len(m.dead))]) {
 			m.t.Fatalf("stale handle removed an entry")
