@@ -473,3 +473,74 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A user that may read the topic but not use the group is refused at the
+// join, which Run reports instead of retrying forever.
+func TestGroupAuthorizationFailsRun(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"), kfake.EnableSASL(), kfake.EnableACLs(),
+		kfake.Superuser("PLAIN", "admin", "admin"),
+		kfake.User("PLAIN", "reader", "pw",
+			kfake.ACL{Resource: kmsg.ACLResourceTypeTopic, Name: "delay", Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: kmsg.ACLOperationAll, Allow: true},
+			kfake.ACL{Resource: kmsg.ACLResourceTypeGroup, Name: "allowed", Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: kmsg.ACLOperationAll, Allow: true},
+		))
+	mech, err := SASLMechanism("PLAIN", "reader", "pw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, c.ListenAddrs(), "forbidden", "delay")
+	cfg.SASL = mech
+	src, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Check(context.Background()); err != nil {
+		t.Fatalf("Check (topic access is allowed): %v", err)
+	}
+	runFails(t, cfg, ErrAuth)
+
+	cfg.Group = "allowed"
+	deliverAndConsume(t, cfg)
+}
+
+func TestSourceLifecycle(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
+
+	// Close without Run, then Run: refused.
+	s1, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s1.Run(context.Background(), newMemHandler()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Run after Close = %v, want ErrClosed", err)
+	}
+
+	// A second Run while one is running is refused; Close stops the first.
+	s2, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newMemHandler()
+	errc := make(chan error, 1)
+	go func() { errc <- s2.Run(context.Background(), h) }()
+	waitFor(t, "group joined", func() bool {
+		gi := c.GroupInfo("g")
+		return gi != nil && gi.State == "Stable" && len(gi.Members) == 1
+	})
+	if err := s2.Run(context.Background(), h); !errors.Is(err, ErrRunning) {
+		t.Fatalf("second Run = %v, want ErrRunning", err)
+	}
+	if err := s2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("Run after Close = %v, want nil", err)
+	}
+	waitFor(t, "member left", func() bool {
+		gi := c.GroupInfo("g")
+		return gi != nil && len(gi.Members) == 0
+	})
+}

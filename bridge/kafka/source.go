@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
+	fetchAPI "github.com/segmentio/kafka-go/protocol/fetch"
 	"go.uber.org/zap"
 
 	"github.com/delaybridge/delaybridge/bridge"
@@ -121,9 +123,10 @@ func (s *Source) Close() error {
 }
 
 // Run consumes until ctx is cancelled or Close is called, then leaves the
-// group and returns nil. It returns an error at once when the configuration
-// is refused by the brokers (ErrAuth, ErrTLS); an unreachable broker is
-// retried and reported by Health.
+// group and returns nil. It returns an error when the brokers refuse the
+// configuration before the group was first joined (ErrAuth: credentials,
+// topic or group authorization; ErrTLS); an unreachable broker, and any
+// failure after the first join, is retried and reported by Health.
 func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 	s.mu.Lock()
 	if s.running {
@@ -185,6 +188,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 	// (they watch ctx) and leaves the group.
 	defer func() { _ = cg.Close() }()
 
+	joined := false
 	for {
 		gen, err := cg.Next(ctx)
 		if ctx.Err() != nil {
@@ -192,6 +196,11 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		}
 		if err != nil {
 			err = classify(err)
+			if !joined && (errors.Is(err, ErrAuth) || errors.Is(err, ErrTLS)) {
+				// Refused before we ever got in (e.g. no ACL for the
+				// group): a configuration error, not a broker outage.
+				return fmt.Errorf("kafka: join group %q: %w", s.cfg.Group, err)
+			}
 			s.setHealth("group", fmt.Errorf("kafka: join group %q: %w", s.cfg.Group, err))
 			for _, t := range s.topics {
 				s.cfg.Metrics.SourceErrors.WithLabelValues(t).Inc()
@@ -199,6 +208,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			s.log.Warn("join group failed; retrying", zap.Error(err))
 			continue
 		}
+		joined = true
 		s.setHealth("group", nil)
 		s.log.Info("joined group", zap.Int32("generation", gen.ID),
 			zap.String("member", gen.MemberID), zap.Any("assignments", assignmentsOf(gen)))
@@ -422,43 +432,102 @@ func (s *Source) fetch(ctx context.Context, topic string, partition int, offset 
 
 func fetchItems(ctx context.Context, client *kafkago.Client, cfg *Config, topic string, partition int, offset int64,
 	maxWait time.Duration, rules *codec.Rules, items []bridge.Item) ([]bridge.Item, int64, int64, error) {
+	if offset < 0 {
+		// FirstOffset / LastOffset: resolve once, so the fetch position
+		// (and the lag) is a real offset from here on.
+		resolved, err := listOffset(ctx, client, topic, partition, offset)
+		if err != nil {
+			return items, offset, -1, err
+		}
+		offset = resolved
+	}
 	// Bound the round trip: kafka-go's transport has no read timeout of
 	// its own, and a silent broker must not hang the partition.
 	ctx, cancel := context.WithTimeout(ctx, 2*maxWait+cfg.DialTimeout)
 	defer cancel()
-	resp, err := client.Fetch(ctx, &kafkago.FetchRequest{
-		Topic:          topic,
-		Partition:      partition,
-		Offset:         offset,
+	// The raw Fetch request rather than Client.Fetch: its response keeps
+	// the aborted transactions, which Client.Fetch drops, and without them
+	// a read_committed consumer would take in records of aborted
+	// transactions.
+	m, err := client.Transport.RoundTrip(ctx, client.Addr, &fetchAPI.Request{
+		ReplicaID:      -1,
+		MaxWaitTime:    int32(maxWait.Milliseconds()),
 		MinBytes:       1,
-		MaxBytes:       int64(cfg.FetchMaxBytes),
-		MaxWait:        maxWait,
-		IsolationLevel: kafkago.ReadCommitted,
+		MaxBytes:       int32(cfg.FetchMaxBytes),
+		IsolationLevel: int8(kafkago.ReadCommitted),
+		SessionID:      -1,
+		SessionEpoch:   -1,
+		Topics: []fetchAPI.RequestTopic{{
+			Topic: topic,
+			Partitions: []fetchAPI.RequestPartition{{
+				Partition:          int32(partition),
+				CurrentLeaderEpoch: -1,
+				FetchOffset:        offset,
+				LogStartOffset:     -1,
+				PartitionMaxBytes:  int32(cfg.FetchMaxBytes),
+			}},
+		}},
 	})
 	if err != nil {
 		return items, offset, -1, err
 	}
-	if resp.Error != nil {
-		return items, offset, -1, resp.Error
+	res, ok := m.(*fetchAPI.Response)
+	if !ok || len(res.Topics) == 0 || len(res.Topics[0].Partitions) == 0 {
+		return items, offset, -1, fmt.Errorf("fetch %s/%d: empty response", topic, partition)
 	}
-	items, next, err := decodeRecords(resp.Records, topic, partition, offset, rules, items)
+	if res.ErrorCode != 0 {
+		return items, offset, -1, kafkago.Error(res.ErrorCode)
+	}
+	p := &res.Topics[0].Partitions[0]
+	if p.ErrorCode != 0 {
+		return items, offset, -1, kafkago.Error(p.ErrorCode)
+	}
+	if p.RecordSet.Records == nil {
+		return items, offset, p.HighWatermark, nil
+	}
+	aborted := slices.Clone(p.AbortedTransactions)
+	slices.SortFunc(aborted, func(a, b fetchAPI.ResponseTransaction) int { return cmp.Compare(a.FirstOffset, b.FirstOffset) })
+	items, next, err := decodeRecords(p.RecordSet.Records, topic, partition, offset, rules, aborted, items)
 	if err != nil {
 		return items, next, -1, fmt.Errorf("decode fetch response: %w", err)
 	}
-	return items, next, resp.HighWatermark, nil
+	hw := p.HighWatermark
+	if p.LastStableOffset >= 0 && p.LastStableOffset < hw {
+		hw = p.LastStableOffset // read_committed cannot read past it
+	}
+	return items, next, hw, nil
 }
 
-// decodeRecords appends the records at or after offset. Control batches
-// (transaction markers) are skipped but move the offset past them, or a
-// partition ending in a marker would be fetched forever.
-func decodeRecords(rr kafkago.RecordReader, topic string, partition int, offset int64, rules *codec.Rules, items []bridge.Item) ([]bridge.Item, int64, error) {
+// Control record types (the second int16 of a control record key).
+const controlAbort = 0
+
+// decodeRecords appends the records at or after offset. It filters like a
+// read_committed Java consumer: a transactional batch of a producer whose
+// transaction the broker lists as aborted is dropped until that producer's
+// abort marker. Control batches (commit/abort markers) are skipped but move
+// the offset past them, or a partition ending in a marker would be fetched
+// forever.
+func decodeRecords(rr kafkago.RecordReader, topic string, partition int, offset int64, rules *codec.Rules,
+	aborted []fetchAPI.ResponseTransaction, items []bridge.Item) ([]bridge.Item, int64, error) {
 	readers := []kafkago.RecordReader{rr}
 	if st, ok := rr.(*protocol.RecordStream); ok {
 		readers = st.Records
 	}
 	next, before := offset, len(items)
+	abortedPIDs := map[int64]bool{}
 	for _, r := range readers {
-		_, control := r.(*protocol.ControlBatch)
+		var skip, control bool
+		var pid int64
+		switch b := r.(type) {
+		case *protocol.RecordBatch:
+			for len(aborted) > 0 && aborted[0].FirstOffset <= b.BaseOffset {
+				abortedPIDs[aborted[0].ProducerID] = true
+				aborted = aborted[1:]
+			}
+			skip = b.Attributes.Transactional() && abortedPIDs[b.ProducerID]
+		case *protocol.ControlBatch:
+			control, pid = true, b.ProducerID
+		}
 		for {
 			rec, err := r.ReadRecord()
 			if errors.Is(err, io.EOF) {
@@ -470,14 +539,17 @@ func decodeRecords(rr kafkago.RecordReader, topic string, partition int, offset 
 				}
 				return items, next, err
 			}
-			if rec.Offset < offset {
-				closeBytes(rec)
-				continue
-			}
 			if rec.Offset >= next {
 				next = rec.Offset + 1
 			}
 			if control {
+				// An abort marker ends the producer's aborted transaction.
+				if cr, err := protocol.ReadControlRecord(rec); err == nil && cr.Type == controlAbort {
+					delete(abortedPIDs, pid)
+				}
+				continue
+			}
+			if rec.Offset < offset || skip {
 				closeBytes(rec)
 				continue
 			}
@@ -489,6 +561,31 @@ func decodeRecords(rr kafkago.RecordReader, topic string, partition int, offset 
 		}
 	}
 	return items, next, nil
+}
+
+// listOffset resolves kafkago.FirstOffset or LastOffset of a partition.
+func listOffset(ctx context.Context, client *kafkago.Client, topic string, partition int, which int64) (int64, error) {
+	req := kafkago.FirstOffsetOf(partition)
+	if which == kafkago.LastOffset {
+		req = kafkago.LastOffsetOf(partition)
+	}
+	resp, err := client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: {req}}})
+	if err != nil {
+		return which, fmt.Errorf("list offsets %s/%d: %w", topic, partition, err)
+	}
+	for _, p := range resp.Topics[topic] {
+		if p.Partition != partition {
+			continue
+		}
+		if p.Error != nil {
+			return which, fmt.Errorf("list offsets %s/%d: %w", topic, partition, p.Error)
+		}
+		if which == kafkago.LastOffset {
+			return p.LastOffset, nil
+		}
+		return p.FirstOffset, nil
+	}
+	return which, fmt.Errorf("list offsets %s/%d: partition missing from the answer", topic, partition)
 }
 
 func closeBytes(rec *kafkago.Record) {

@@ -255,3 +255,89 @@ func commitOffset(t *testing.T, c *kfake.Cluster, group, topic string, partition
 	}
 	waitFor(t, "commit visible", func() bool { return committed(c, group, topic)[partition] == offset })
 }
+
+// Records of a committed transaction are read and the commit marker (a
+// control batch) is skipped without stalling the partition.
+func TestSourceSkipsTransactionMarkers(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	txn := producer(t, c, kgo.TransactionalID("tx"))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	produce(t, txn, &kgo.Record{Topic: "delay", Value: []byte("t0")}, &kgo.Record{Topic: "delay", Value: []byte("t1")})
+	if err := txn.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	h := newMemHandler()
+	s, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runSource(t, s, h)
+	waitFor(t, "2 transactional records", func() bool { return h.count() == 2 })
+	// The marker took offset 2; a plain record after it arrives at 3.
+	produce(t, producer(t, c), &kgo.Record{Topic: "delay", Value: []byte("plain")})
+	waitFor(t, "the plain record", func() bool { return h.count() == 3 })
+	waitFor(t, "commit 4", func() bool { return committed(c, "g", "delay")[0] == 4 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range h.snapshot() {
+		got = append(got, fmt.Sprintf("%d:%s", m.Offset, m.Value))
+	}
+	if !slices.Equal(got, []string{"0:t0", "1:t1", "3:plain"}) {
+		t.Fatalf("handled %v", got)
+	}
+}
+
+// Records of an aborted transaction are not taken in (read_committed, as a
+// Java consumer filters them), while a concurrent plain producer's records
+// and a later committed transaction are.
+func TestSourceDropsAbortedTransactions(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	txn := producer(t, c, kgo.TransactionalID("tx"))
+	plain := producer(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	run := func(commit kgo.TransactionEndTry, values ...string) {
+		t.Helper()
+		if err := txn.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range values {
+			produce(t, txn, &kgo.Record{Topic: "delay", Value: []byte(v)})
+			produce(t, plain, &kgo.Record{Topic: "delay", Value: []byte("plain-" + v)})
+		}
+		if err := txn.EndTransaction(ctx, commit); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(kgo.TryAbort, "a1", "a2")
+	run(kgo.TryCommit, "c1")
+	run(kgo.TryAbort, "a3")
+	produce(t, plain, &kgo.Record{Topic: "delay", Value: []byte("last")})
+
+	h := newMemHandler()
+	s, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runSource(t, s, h)
+	waitFor(t, "the last record", func() bool {
+		return slices.ContainsFunc(h.snapshot(), func(m codec.Message) bool { return string(m.Value) == "last" })
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range h.snapshot() {
+		got = append(got, string(m.Value))
+	}
+	want := []string{"plain-a1", "plain-a2", "c1", "plain-c1", "plain-a3", "last"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("handled %q, want %q", got, want)
+	}
+}
