@@ -54,6 +54,9 @@ var (
 	ErrTLS = errors.New("kafka: tls handshake failed")
 	// ErrUnreachable means no broker answered.
 	ErrUnreachable = errors.New("kafka: no broker reachable")
+	// ErrTopicMissing means a source topic does not exist. The source
+	// waits for it (not ready) rather than joining the group without it.
+	ErrTopicMissing = errors.New("kafka: source topic does not exist")
 	// ErrTooLarge is the per-task error for a record larger than the
 	// writer's batch limit.
 	ErrTooLarge = errors.New("kafka: record too large")
@@ -310,7 +313,7 @@ func check(ctx context.Context, c *Config, topics []string) error {
 		} else {
 			_ = conn.SetDeadline(time.Now().Add(c.DialTimeout))
 		}
-		_, err = conn.ReadPartitions(topics...)
+		err = readTopics(conn, topics)
 		_ = conn.Close()
 		if err != nil {
 			return classify(fmt.Errorf("kafka: read metadata from %s: %w", addr, err))
@@ -322,6 +325,29 @@ func check(ctx context.Context, c *Config, topics []string) error {
 		return fmt.Errorf("kafka: connect: %w", err)
 	}
 	return fmt.Errorf("%w: %w", ErrUnreachable, err)
+}
+
+// readTopics reads the cluster metadata and reports the topics that do not
+// exist by name (kafka-go's ReadPartitions fails without saying which).
+func readTopics(conn *kafkago.Conn, topics []string) error {
+	if len(topics) == 0 {
+		_, err := conn.Brokers()
+		return err
+	}
+	var missing []string
+	for _, t := range topics {
+		_, err := conn.ReadPartitions(t)
+		switch {
+		case errors.Is(err, kafkago.UnknownTopicOrPartition):
+			missing = append(missing, t)
+		case err != nil:
+			return fmt.Errorf("topic %q: %w", t, err)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: %s", ErrTopicMissing, strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 // classify wraps err with ErrAuth or ErrTLS when it is one of those

@@ -440,6 +440,39 @@ func TestSourceHealthRecovers(t *testing.T) {
 	}
 }
 
+// A missing delay topic keeps the source out of the group and unhealthy,
+// naming the topic; once it exists, consumption starts.
+func TestSourceWaitsForMissingTopic(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	src, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay", "later"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Check(context.Background()); !errors.Is(err, ErrTopicMissing) || !strings.Contains(err.Error(), "later") {
+		t.Fatalf("Check = %v, want ErrTopicMissing naming the topic", err)
+	}
+	h := newMemHandler()
+	stop := runSource(t, src, h)
+	waitFor(t, "unhealthy", func() bool { return src.Health() != nil })
+	if err := src.Health(); !errors.Is(err, ErrTopicMissing) || !strings.Contains(err.Error(), "later") {
+		t.Fatalf("Health = %v, want ErrTopicMissing naming the topic", err)
+	}
+	if gi := c.GroupInfo("g"); gi != nil && len(gi.Members) > 0 {
+		t.Fatal("joined the group with a topic missing")
+	}
+	if err := c.CreateTopic("later", 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	produce(t, producer(t, c), &kgo.Record{Topic: "later", Value: []byte("x")}, &kgo.Record{Topic: "delay", Value: []byte("y")})
+	waitFor(t, "both topics consumed", func() bool { return h.count() == 2 })
+	if err := src.Health(); err != nil {
+		t.Fatalf("Health after the topic appeared: %v", err)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestConfigValidate(t *testing.T) {
 	ok := func() Config {
 		return Config{Brokers: []string{"localhost:9092"}, Group: "g", Sources: []SourceConfig{{Topic: "delay"}}}

@@ -143,7 +143,12 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 	s.runDone = make(chan struct{})
 	done := s.runDone
 	s.mu.Unlock()
-	defer close(done)
+	defer func() {
+		s.mu.Lock()
+		s.running = false
+		s.mu.Unlock()
+		close(done)
+	}()
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -155,7 +160,14 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		}
 	}()
 
-	if err := s.Check(ctx); err != nil {
+	// Join only when every source topic exists: kafka-go's group with a
+	// missing topic assigns nothing and starts a new generation in a tight
+	// loop (its partition watcher ends each one at once).
+	for wait := s.cfg.RetryMin; ; wait = backoff(wait, s.cfg.RetryMax) {
+		err := s.Check(ctx)
+		if err == nil {
+			break
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -163,8 +175,12 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			return err
 		}
 		s.setHealth("group", err)
-		s.log.Warn("kafka brokers not ready; retrying", zap.Error(err))
+		s.log.Warn("kafka source not ready; retrying", zap.Duration("backoff", wait), zap.Error(err))
+		if !sleep(ctx, wait) {
+			return nil
+		}
 	}
+	s.setHealth("group", nil)
 
 	cg, err := kafkago.NewConsumerGroup(kafkago.ConsumerGroupConfig{
 		ID:                    s.cfg.Group,
