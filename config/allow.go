@@ -206,6 +206,9 @@ func checkPattern(p string) error {
 	if name == "" {
 		return fmt.Errorf("%w %q: empty name pattern", errBadPattern, p)
 	}
+	if !utf8.ValidString(name) {
+		return fmt.Errorf("%w %q: not valid UTF-8", errBadPattern, p)
+	}
 	if strings.ContainsAny(name, " \t\r\n") {
 		return fmt.Errorf("%w %q: contains white space", errBadPattern, p)
 	}

@@ -244,11 +244,11 @@ nats: {sources: [{subject: "a.>", dlq: b}]}
 
 func TestLoadAliasBomb(t *testing.T) {
 	var b strings.Builder
-	b.WriteString("data_dir: /d\nl0: &l0 {shards: 1}\n")
-	// Each level merges the previous one ten times: 10^12 visits if
+	b.WriteString("data_dir: /d\nkafka:\n  sources:\n    - &l0 {topic: t, dlq: d}\n")
+	// Each list item merges the previous one ten times: 10^12 visits if
 	// expanded naively.
 	for i := 1; i <= 12; i++ {
-		fmt.Fprintf(&b, "l%d: &l%d {<<: [", i, i)
+		fmt.Fprintf(&b, "    - &l%d {<<: [", i)
 		for j := range 10 {
 			if j > 0 {
 				b.WriteString(", ")
@@ -261,11 +261,16 @@ func TestLoadAliasBomb(t *testing.T) {
 	go func() { _, err := LoadBytes([]byte(b.String()), nil); done <- err }()
 	select {
 	case err := <-done:
-		if err == nil {
-			t.Fatal("no error")
+		if err == nil || !strings.Contains(err.Error(), "expands too far") {
+			t.Fatalf("error %v", err)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("alias expansion not bounded")
+	}
+	for _, yml := range []string{"kafka: &x {<<: *x}\n", "retry: &x {<<: [*x, *x]}\n"} {
+		if _, err := LoadBytes([]byte(yml), nil); err == nil || !strings.Contains(err.Error(), "expands too far") {
+			t.Errorf("%q: %v", yml, err)
+		}
 	}
 }
 
