@@ -3,10 +3,11 @@
 // delivers due tasks with JetStream publishes acknowledged by PubAck.
 //
 // The Source acks a message only after the Handler made its batch durable,
-// and it keeps the stream sequence of the last batch as the checkpoint
-// "nats|STREAM|CONSUMER": after a crash, messages at or below the stored
-// checkpoint are acked without being handed over again, so ingest is
-// exactly-once into the store although JetStream redelivers.
+// and hands over with each batch a checkpoint "nats|STREAM|FILTERS": a
+// stream sequence at or below which every message is held. After a crash,
+// messages at or below the stored checkpoint are acked without being handed
+// over again, so JetStream's redeliveries of messages the store already
+// holds are not ingested twice.
 //
 // The Sink publishes a fire batch asynchronously with a bounded window and
 // waits for every PubAck. Each delivery carries Nats-Msg-Id = "<delay-id>|<delay-due>"

@@ -1,11 +1,13 @@
 package nats
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,8 +80,8 @@ func NewSource(nc *natsgo.Conn, cfg Config) (*Source, error) {
 		js:  js,
 		cfg: cfg,
 		log: cfg.Logger.With(zap.String("stream", cfg.Stream), zap.String("consumer", cfg.Consumer)),
-		key: CheckpointKey(cfg.Stream, cfg.Consumer),
 	}
+	s.key = CheckpointKey(cfg.Stream, s.subjects())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*cfg.ConnectTimeout)
 	defer cancel()
 	if err := s.ensure(ctx); err != nil {
@@ -88,9 +90,21 @@ func NewSource(nc *natsgo.Conn, cfg Config) (*Source, error) {
 	return s, nil
 }
 
-// CheckpointKey is the shard.Checkpoint key of a stream's consumer.
-func CheckpointKey(stream, consumer string) string {
-	return "nats|" + stream + "|" + consumer
+// CheckpointKey is the shard.Checkpoint key of a delay stream read with
+// the given source subject filters: "nats|STREAM|f1,f2" (filters without
+// those another covers, sorted).
+//
+// The checkpoint says which stream sequences the store holds, so it is
+// keyed by what was read (stream and filters), not by the consumer's name:
+// a durable consumer that is renamed or recreated from the start of the
+// stream skips what the store already holds instead of ingesting the whole
+// stream again. Changing the filters changes the key, because a floor
+// reached under other filters says nothing about messages on newly added
+// subjects; the new key starts empty and at worst re-ingests messages
+// still pending on the consumer.
+func CheckpointKey(stream string, subjects []string) string {
+	fs := slices.Sorted(slices.Values(coveringFilters(subjects)))
+	return "nats|" + stream + "|" + strings.Join(fs, ",")
 }
 
 // subjects are the source filters without those another one covers.
@@ -482,6 +496,11 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 	s.cfg.Metrics.SourceLag.WithLabelValues(s.cfg.Stream, "0").Set(float64(pending))
 
 	if len(items) > 0 {
+		// Redeliveries (after a nak or AckWait) need not come in stream
+		// order; within a batch the handler sees source order again.
+		if !slices.IsSortedFunc(items, byOffset) {
+			slices.SortStableFunc(items, byOffset)
+		}
 		cp := st.floor
 		if st.barrier == 0 {
 			cp = max(cp, st.maxHandled, high)
@@ -511,6 +530,8 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 	}
 	return nil
 }
+
+func byOffset(a, b bridge.Item) int { return cmp.Compare(a.Msg.Offset, b.Msg.Offset) }
 
 // handle calls h.Handle until it succeeds or ctx ends. Between attempts it
 // tells the server the batch is still in progress, so the messages are not

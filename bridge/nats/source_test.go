@@ -160,7 +160,7 @@ func TestSourceMessages(t *testing.T) {
 		t.Errorf("origin = %q", got)
 	}
 	last := rec.batches[len(rec.batches)-1].Checkpoints
-	if len(last) != 1 || last[0].Key != "nats|DELAY|bridge" || last[0].Offset != int64(ack2.Sequence) {
+	if len(last) != 1 || last[0].Key != "nats|DELAY|delay.>" || last[0].Offset != int64(ack2.Sequence) {
 		t.Errorf("checkpoints = %+v", last)
 	}
 }
@@ -284,7 +284,7 @@ func TestSourceCheckpointSkip(t *testing.T) {
 	crashedConsumer(t, js, 5, true)
 
 	rec := newRecorder()
-	rec.cps["nats|DELAY|bridge"] = 3
+	rec.cps["nats|DELAY|delay.>"] = 3
 	runSource(t, src, rec)
 	eventually(t, "all acked", func() bool { return consumerInfo(t, js, "DELAY", "bridge").AckFloor.Stream == 5 })
 	if got := rec.seqs(); !reflect.DeepEqual(got, []int64{4, 5}) {

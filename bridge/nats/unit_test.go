@@ -91,6 +91,24 @@ func TestCoveringFilters(t *testing.T) {
 	}
 }
 
+func TestCheckpointKey(t *testing.T) {
+	tests := []struct {
+		stream   string
+		subjects []string
+		want     string
+	}{
+		{"DELAY", []string{"delay.>"}, "nats|DELAY|delay.>"},
+		{"DELAY", []string{"delay.special.>", "delay.>"}, "nats|DELAY|delay.>"},
+		{"DELAY", []string{"b.*", "a.*"}, "nats|DELAY|a.*,b.*"},
+		{"DELAY", []string{"a.*", "b.*"}, "nats|DELAY|a.*,b.*"},
+	}
+	for _, tt := range tests {
+		if got := CheckpointKey(tt.stream, tt.subjects); got != tt.want {
+			t.Errorf("CheckpointKey(%q, %v) = %q, want %q", tt.stream, tt.subjects, got, tt.want)
+		}
+	}
+}
+
 func TestValidFilter(t *testing.T) {
 	tests := map[string]bool{
 		"delay": true, "delay.>": true, "delay.*.x": true, ">": true, "*": true,
