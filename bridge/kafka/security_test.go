@@ -433,8 +433,11 @@ func TestSourceHealthRecovers(t *testing.T) {
 	}
 	fault := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: "delay", Err: kerr.UnknownServerError, Count: -1})
 	waitFor(t, "unhealthy", func() bool { return src.Health() != nil })
+	produce(t, producer(t, c), &kgo.Record{Topic: "delay", Value: []byte("during the fault")})
 	fault.Remove()
 	waitFor(t, "healthy", func() bool { return src.Health() == nil })
+	waitFor(t, "the record written during the fault", func() bool { return h.count() == 2 })
+	waitFor(t, "commit 2", func() bool { return committed(c, "g", "delay")[0] == 2 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -262,3 +262,23 @@ func TestRecordSizeMatchesKafkaGo(t *testing.T) {
 		}
 	}
 }
+
+// A task with a nil value is published as a null value (a tombstone), an
+// empty value as an empty one.
+func TestSinkNullAndEmptyValues(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "out"))
+	s, err := NewSink(testConfig(t, c.ListenAddrs(), ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	null := &codec.Task{Target: "out", Key: []byte("gone"), Value: nil}
+	empty := &codec.Task{Target: "out", Key: []byte("empty"), Value: []byte{}}
+	if errs := s.Deliver(context.Background(), []*codec.Task{null, empty}); errs != nil {
+		t.Fatal(errs)
+	}
+	recs := consumeAll(t, c, "out", 2)
+	if recs[0].Value != nil || recs[1].Value == nil || len(recs[1].Value) != 0 {
+		t.Fatalf("values %#v %#v: want null then empty", recs[0].Value, recs[1].Value)
+	}
+}

@@ -10,8 +10,10 @@ import (
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
@@ -339,5 +341,30 @@ func TestSourceDropsAbortedTransactions(t *testing.T) {
 	want := []string{"plain-a1", "plain-a2", "c1", "plain-c1", "plain-a3", "last"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("handled %q, want %q", got, want)
+	}
+}
+
+// A failed offset commit (not a generation change) is logged and covered
+// by the next one; consumption goes on.
+func TestSourceCommitErrorIsCoveredByTheNext(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	cl := producer(t, c)
+	h := newMemHandler()
+	s, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fault := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Topic: "delay", Err: kerr.UnknownServerError, Count: 1})
+	stop := runSource(t, s, h)
+	produceN(t, cl, "delay", 1, 0, 3)
+	waitFor(t, "3 handled", func() bool { return h.count() == 3 })
+	waitFor(t, "the fault hit", func() bool { return fault.Hits() == 1 })
+	produceN(t, cl, "delay", 1, 3, 2)
+	waitFor(t, "commit 5", func() bool { return committed(c, "g", "delay")[0] == 5 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if offs := h.offsets("delay")[0]; !slices.Equal(offs, []int64{0, 1, 2, 3, 4}) {
+		t.Fatalf("offsets %v", offs)
 	}
 }
