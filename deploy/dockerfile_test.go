@@ -1,0 +1,97 @@
+package deploy
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestDockerfile pins what the image promises and what the chart relies on.
+// No container engine runs in CI here, so the Dockerfile is checked as text:
+// the Go version matches go.mod, the binary is static and stripped, the
+// final stage runs as 65532 with the data volume and the admin port, and the
+// -X main.version flag names a variable that exists.
+func TestDockerfile(t *testing.T) {
+	raw, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	df := string(raw)
+
+	gomod, err := os.ReadFile("../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindStringSubmatch(string(gomod))
+	if m == nil {
+		t.Fatal("no go directive in go.mod")
+	}
+	if want := "ARG GO_VERSION=" + m[1]; !strings.Contains(df, want) {
+		t.Errorf("Dockerfile builder does not use go.mod's Go %s (want %q)", m[1], want)
+	}
+	for _, want := range []string{
+		"FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS build",
+		"CGO_ENABLED=0",
+		"go build -trimpath -ldflags \"-s -w -X main.version=${VERSION}\"",
+		"./cmd/delaybridge",
+		"FROM gcr.io/distroless/static-debian12:nonroot",
+		"USER 65532:65532",
+		"EXPOSE 8080",
+		"VOLUME /var/lib/delaybridge",
+		`ENTRYPOINT ["/delaybridge"]`,
+		`CMD ["run", "--config", "/etc/delaybridge/config.yaml"]`,
+	} {
+		if !strings.Contains(df, want) {
+			t.Errorf("Dockerfile lacks %q", want)
+		}
+	}
+	// The last FROM is the runtime image: nothing after it may switch back
+	// to root.
+	last := df[strings.LastIndex(df, "\nFROM "):]
+	if regexp.MustCompile(`(?m)^USER\s+(0|root)\b`).MatchString(last) {
+		t.Error("final stage runs as root")
+	}
+
+	if _, err := os.Stat("Dockerfile.dockerignore"); err != nil {
+		t.Errorf("build-context filter: %v", err)
+	}
+
+	// main.version must exist for -X to have an effect (the linker ignores
+	// an unknown symbol silently).
+	files, _ := filepath.Glob("../cmd/delaybridge/*.go")
+	if len(files) == 0 {
+		t.Skip("cmd/delaybridge has no Go files yet; cannot check main.version")
+	}
+	found := false
+	fset := token.NewFileSet()
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		af, err := parser.ParseFile(fset, f, nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range af.Decls {
+			gd, ok := d.(*ast.GenDecl)
+			if !ok || gd.Tok != token.VAR {
+				continue
+			}
+			for _, s := range gd.Specs {
+				for _, n := range s.(*ast.ValueSpec).Names {
+					if n.Name == "version" && af.Name.Name == "main" {
+						found = true
+					}
+				}
+			}
+		}
+	}
+	if !found {
+		t.Error("package main in cmd/delaybridge has no package-level var version for -X main.version")
+	}
+}
