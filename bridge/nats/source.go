@@ -195,6 +195,19 @@ func (s *Source) ensure(ctx context.Context) error {
 			return fmt.Errorf("%w: consumer %q on stream %q is a push consumer, need pull",
 				ErrConfig, s.cfg.Consumer, s.cfg.Stream)
 		}
+		filters := cc.FilterSubjects
+		if cc.FilterSubject != "" {
+			filters = []string{cc.FilterSubject}
+		}
+		if len(filters) == 0 && stream != nil {
+			filters = stream.CachedInfo().Config.Subjects
+		}
+		for _, f := range filters {
+			if !slices.ContainsFunc(subjects, func(src string) bool { return filterCovers(src, f) }) {
+				return fmt.Errorf("%w: consumer %q on stream %q reads %q, which no configured source subject covers (sources %v)",
+					ErrConfig, s.cfg.Consumer, s.cfg.Stream, f, subjects)
+			}
+		}
 		if cc.MaxDeliver > 0 {
 			s.log.Warn("nats source: consumer has max_deliver set; a message failing that often is dropped by the server",
 				zap.Int("max_deliver", cc.MaxDeliver))
@@ -476,7 +489,10 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		}
 		rules, ok := rulesFor(s.cfg.Sources, m.Subject())
 		if !ok {
-			s.log.Warn("nats source: subject matches no configured source; handed over without rules",
+			// Only if the consumer's filter was widened after start. Taking
+			// the first source's rules (and its DLQ) beats stalling.
+			rules = s.cfg.Sources[0].Rules
+			s.log.Warn("nats source: subject matches no configured source; using the first source's rules",
 				zap.String("subject", m.Subject()))
 		}
 		items = append(items, bridge.Item{

@@ -352,3 +352,78 @@ func assertFloors(t *testing.T, rec *recorder) {
 		}
 	}
 }
+
+// TestSourceConsumerFilterNotCovered: an existing consumer that reads
+// subjects no configured source covers is refused at start, since its
+// messages would have no rules.
+func TestSourceConsumerFilterNotCovered(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	cfg.Sources = []SourceConfig{{Subject: "delay.a.>"}}
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "DELAY", Subjects: []string{"delay.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		filters []string
+		ok      bool
+	}{
+		{[]string{"delay.a.x"}, true},
+		{[]string{"delay.a.>"}, true},
+		{[]string{"delay.>"}, false},
+		{nil, false}, // the whole stream
+	} {
+		if _, err := js.CreateOrUpdateConsumer(ctxT(t), "DELAY", jetstream.ConsumerConfig{
+			Durable: "bridge", AckPolicy: jetstream.AckExplicitPolicy, FilterSubjects: tc.filters,
+		}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := NewSource(nc, cfg)
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrConfig)) {
+			t.Errorf("consumer filters %v: err = %v, want ok=%v", tc.filters, err, tc.ok)
+		}
+		if err := js.DeleteConsumer(ctxT(t), "DELAY", "bridge"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestSourceConsumerDeleted: a consumer deleted under a running source makes
+// Health report it; once it exists again the source resumes on its own.
+func TestSourceConsumerDeleted(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "DELAY", Subjects: []string{"delay.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	consumerCfg := jetstream.ConsumerConfig{Durable: "bridge", AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: "delay.>"}
+	if _, err := js.CreateOrUpdateConsumer(ctxT(t), "DELAY", consumerCfg); err != nil {
+		t.Fatal(err)
+	}
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	runSource(t, src, rec)
+	publish(t, js, "delay.x", "1", nil)
+	eventually(t, "first message", func() bool { return len(rec.seqs()) == 1 })
+
+	if err := js.DeleteConsumer(ctxT(t), "DELAY", "bridge"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "unhealthy", func() bool { return src.Health() != nil })
+	if err := src.Health(); !errors.Is(err, ErrNoConsumer) {
+		t.Errorf("health = %v, want ErrNoConsumer", err)
+	}
+	consumerCfg.DeliverPolicy = jetstream.DeliverNewPolicy
+	if _, err := js.CreateOrUpdateConsumer(ctxT(t), "DELAY", consumerCfg); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, js, "delay.x", "2", nil)
+	eventually(t, "second message after the consumer came back", func() bool { return len(rec.seqs()) == 2 })
+	eventually(t, "healthy", func() bool { return src.Health() == nil })
+}
