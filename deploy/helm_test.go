@@ -1120,3 +1120,45 @@ func TestHelmNotes(t *testing.T) {
 		}
 	}
 }
+
+// TestHelmTemplateVariants renders the less common switches and decodes them
+// strictly: no persistence, an image digest, an existing service account,
+// no memory limit.
+func TestHelmTemplateVariants(t *testing.T) {
+	base := []string{"-f", filepath.Join(chartDir, "ci", "default-values.yaml")}
+	m := decodeAll(t, render(t, append(base,
+		"--set", "persistence.enabled=false",
+		"--set", "image.digest=sha256:"+strings.Repeat("ab", 32),
+		"--set", "serviceAccount.create=false", "--set", "serviceAccount.name=existing",
+		"--set", "resources.limits=null",
+	)...))
+	if len(m.serviceAccounts) != 0 {
+		t.Error("ServiceAccount rendered with serviceAccount.create=false")
+	}
+	sts := m.statefulSets[0]
+	pod := sts.Spec.Template.Spec
+	if pod.ServiceAccountName != "existing" {
+		t.Errorf("serviceAccountName %q, want existing", pod.ServiceAccountName)
+	}
+	if len(sts.Spec.VolumeClaimTemplates) != 0 || sts.Spec.PersistentVolumeClaimRetentionPolicy != nil {
+		t.Error("volume claim template rendered with persistence.enabled=false")
+	}
+	data := false
+	for _, v := range pod.Volumes {
+		if v.Name == "data" && v.EmptyDir != nil {
+			data = true
+		}
+	}
+	if !data {
+		t.Error("no emptyDir data volume without persistence")
+	}
+	c := pod.Containers[0]
+	if !strings.HasSuffix(c.Image, "@sha256:"+strings.Repeat("ab", 32)) {
+		t.Errorf("image %q does not use the digest", c.Image)
+	}
+	for _, e := range c.Env {
+		if e.Name == "GOMEMLIMIT" {
+			t.Error("GOMEMLIMIT set without a memory limit")
+		}
+	}
+}
