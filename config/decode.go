@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -36,61 +37,76 @@ func yamlName(f reflect.StructField) string {
 
 // decodeYAML decodes one YAML document onto c, which holds the defaults.
 // Errors of all keys are collected and joined.
-func decodeYAML(data []byte, c *Config) (err error) {
+func decodeYAML(data []byte, c *Config) error {
+	root, err := parseYAML(data)
+	if err != nil || root == nil {
+		return err
+	}
+	d := &decoder{budget: 10000 + 10*len(data)}
+	d.value(root, reflect.ValueOf(c).Elem(), "")
+	return errors.Join(d.errs...)
+}
+
+// parseYAML returns the root node of the only document, nil for an empty
+// file.
+func parseYAML(data []byte) (root *yaml.Node, err error) {
 	// yaml.v3 recovers its own panics; this guard is for the ones it has
 	// not been taught about yet, so that bad input is an error, never a
-	// crash of the caller.
+	// crash of the caller. It covers only the parser: a panic of the
+	// walker below is a bug that tests must see.
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("yaml: parser failed: %v", r)
+			root, err = nil, fmt.Errorf("yaml: parser failed: %v", r)
 		}
 	}()
-	dec := yaml.NewDecoder(strings.NewReader(string(data)))
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil // empty file: defaults and environment only
+			return nil, nil // empty file: defaults and environment only
 		}
-		return fmt.Errorf("yaml: %w", err)
+		return nil, fmt.Errorf("yaml: %w", err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		if err != nil {
-			return fmt.Errorf("yaml: %w", err)
+			return nil, fmt.Errorf("yaml: %w", err)
 		}
-		return fmt.Errorf("yaml: line %d: a second document; the configuration is one document", extra.Line)
+		return nil, fmt.Errorf("yaml: line %d: a second document; the configuration is one document", extra.Line)
 	}
-	d := &decoder{budget: 10000 + 10*len(data)}
-	root := &doc
+	root = &doc
 	if root.Kind == yaml.DocumentNode {
 		if len(root.Content) == 0 {
-			return nil
+			return nil, nil
 		}
 		root = root.Content[0]
 	}
-	d.value(root, reflect.ValueOf(c).Elem(), "")
-	return errors.Join(d.errs...)
+	return root, nil
 }
 
 type decoder struct {
 	errs []error
 	// budget bounds the nodes visited: aliases and merge keys can make a
-	// small document expand exponentially ("billion laughs").
-	budget int
-	depth  int
+	// small document expand exponentially ("billion laughs"), and a merge
+	// key can name its own mapping.
+	budget    int
+	depth     int
+	exhausted bool
 }
 
-// over reports (once) that the document expands beyond the budget or nests
-// too deep.
+const maxDepth = 64
+
+// over reports whether the walk must stop, recording the reason once.
 func (d *decoder) over(n *yaml.Node, path string) bool {
+	if d.exhausted {
+		return true
+	}
 	d.budget--
-	if d.budget >= 0 && d.depth <= 64 {
+	if d.budget >= 0 && d.depth <= maxDepth {
 		return false
 	}
-	if d.budget > -1<<30 { // report once
-		d.fail(n, path, "document expands too far through aliases or merge keys")
-		d.budget = -1 << 30
-	}
+	d.exhausted = true
+	d.fail(n, path, "document expands too far through aliases or merge keys")
 	return true
 }
 
