@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -75,7 +76,9 @@ type shard struct {
 	horizonEnd int64 // ms; the wheel holds every stored task with fire < horizonEnd
 	pending    int64
 	nextSweep  int64
-	dlqErr     error // last failed dead-letter delivery, nil after one succeeds
+	queue      []*pendingBatch     // applied batches waiting for their fsync, in apply order
+	unwheeled  map[uint64]struct{} // seqs of those batches' tasks: the loader skips them
+	dlqErr     error               // last failed dead-letter delivery, nil after one succeeds
 
 	// Fire-loop parking, so Ingest can wake the loop for an earlier due and
 	// tests can tell when the loop is idle.
@@ -205,12 +208,13 @@ func (e *Engine) recover() error {
 	e.shards = make([]*shard, n)
 	for i := range e.shards {
 		s := &shard{
-			e:      e,
-			id:     i,
-			label:  strconv.Itoa(i),
-			w:      wheel.New(now),
-			notify: make(chan struct{}, 1),
-			rng:    rand.New(rand.NewPCG(uint64(now), uint64(i))),
+			e:         e,
+			id:        i,
+			label:     strconv.Itoa(i),
+			w:         wheel.New(now),
+			notify:    make(chan struct{}, 1),
+			unwheeled: make(map[uint64]struct{}),
+			rng:       rand.New(rand.NewPCG(uint64(now), uint64(i))),
 		}
 		s.pendingG = e.m.Pending.WithLabelValues(s.label)
 		s.inWheelG = e.m.InWheel.WithLabelValues(s.label)
@@ -280,12 +284,105 @@ func (e *Engine) commit(b *pebble.Batch, op string, obs prometheus.Observer) err
 	return nil
 }
 
-// ingestOp is a wheel insertion decided under the shard lock and applied
-// after the commit succeeded.
-type ingestOp struct {
-	shard int
-	fire  int64
-	seq   uint64
+func (e *Engine) lockShards(touched []bool) {
+	for i, ok := range touched {
+		if ok {
+			e.shards[i].mu.Lock()
+		}
+	}
+}
+
+func (e *Engine) unlockShards(touched []bool) {
+	for i, ok := range touched {
+		if ok {
+			e.shards[i].mu.Unlock()
+		}
+	}
+}
+
+// applyNoSyncWait applies b to the memtable and queues its WAL fsync; the
+// caller must then call b.SyncWait before the batch counts as durable.
+func (e *Engine) applyNoSyncWait(b *pebble.Batch, op string) error {
+	if err := e.failed(); err != nil {
+		return err
+	}
+	if err := safeCall(func() error { return e.db.ApplyNoSyncWait(b, pebble.Sync) }); err != nil {
+		return e.fail(op, err)
+	}
+	return nil
+}
+
+// wheelOp is a wheel insertion decided under the shard lock and carried out
+// once the batch that stored the task is durable.
+type wheelOp struct {
+	fire int64
+	seq  uint64
+}
+
+// pendingBatch is one shard's part of an applied batch whose fsync is not
+// confirmed yet. Its tasks are already visible in Pebble, so the loader
+// must skip them (unwheeled) and they enter the wheel in apply order once
+// durable.
+type pendingBatch struct {
+	ops    []wheelOp
+	delta  int64
+	synced bool
+}
+
+func (s *shard) enqueueLocked(pb *pendingBatch) {
+	s.queue = append(s.queue, pb)
+	for _, op := range pb.ops {
+		s.unwheeled[op.seq] = struct{}{}
+	}
+}
+
+// completeLocked marks pb durable and moves every durable batch at the head
+// of the queue into the wheel, so tasks enter the wheel in apply (= seq)
+// order and equal-due tasks fire in ingest order.
+func (s *shard) completeLocked(pb *pendingBatch) {
+	pb.synced = true
+	for len(s.queue) > 0 && s.queue[0].synced {
+		head := s.queue[0]
+		s.queue[0] = nil
+		s.queue = s.queue[1:]
+		for _, op := range head.ops {
+			delete(s.unwheeled, op.seq)
+			s.addLocked(op.fire, op.seq)
+		}
+		s.pending += head.delta
+	}
+	if len(s.queue) == 0 {
+		s.queue = nil
+	}
+	s.pendingG.Set(float64(s.pending))
+	s.inWheelG.Set(float64(s.w.Len()))
+}
+
+// abandonLocked drops a batch whose commit failed (the store is failed).
+func (s *shard) abandonLocked(pb *pendingBatch) {
+	for _, op := range pb.ops {
+		delete(s.unwheeled, op.seq)
+	}
+	if i := slices.Index(s.queue, pb); i >= 0 {
+		s.queue = slices.Delete(s.queue, i, i+1)
+	}
+}
+
+// addLocked puts a durable task in the wheel if it is due before the
+// horizon end (else the loader will find it) and wakes the fire loop if it
+// is parked past the task's due.
+func (s *shard) addLocked(fire int64, seq uint64) {
+	if fire >= s.horizonEnd {
+		return
+	}
+	s.w.Add(fire, seq)
+	if s.parked && fire < s.wakeAt {
+		s.parked = false
+		select {
+		case s.notify <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // Ingest stores a batch of tasks (schedules, cancels, dead letters) and the
@@ -320,25 +417,41 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 		}
 		touched[route[i]] = true
 	}
-	// Lock in ascending order so concurrent batches cannot deadlock.
-	for i, ok := range touched {
-		if ok {
-			e.shards[i].mu.Lock()
+	// Encode outside the shard locks: envelopes and index keys into two
+	// arenas, so the critical section only looks up, decides and copies.
+	envEnd := make([]int, len(tasks))
+	ikEnd := make([]int, len(tasks))
+	var envs, iks []byte
+	for i := range tasks {
+		t := &tasks[i]
+		if t.Kind != codec.KindCancel {
+			envs = codec.AppendTask(envs, t)
 		}
+		envEnd[i] = len(envs)
+		if t.Kind != codec.KindDeadLetter {
+			iks = appendIndexKey(iks, t.Source, t.ID)
+		}
+		ikEnd[i] = len(iks)
 	}
+	span := func(buf []byte, ends []int, i int) []byte {
+		if i == 0 {
+			return buf[:ends[0]:ends[0]]
+		}
+		return buf[ends[i-1]:ends[i]:ends[i]]
+	}
+	// Lock in ascending order so concurrent batches cannot deadlock.
+	e.lockShards(touched)
+	locked := true
 	defer func() {
-		for i, ok := range touched {
-			if ok {
-				e.shards[i].mu.Unlock()
-			}
+		if locked {
+			e.unlockShards(touched)
 		}
 	}()
 
 	b := e.db.NewBatch()
-	defer b.Close()
 	now := e.nowMs()
 	var (
-		ops     []ingestOp
+		ops     = make([][]wheelOp, len(e.shards))
 		delta   = make([]int64, len(e.shards))
 		overlay map[string]indexEntry // index entries written earlier in this batch
 		maxSeq  uint64
@@ -349,6 +462,8 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 	if len(tasks) > 1 {
 		overlay = make(map[string]indexEntry)
 	}
+	idx := indexReader{db: e.db}
+	defer idx.close()
 	for i := range tasks {
 		t := &tasks[i]
 		sh := route[i]
@@ -356,20 +471,19 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 			seq := e.seq.Add(1)
 			maxSeq = seq
 			key = appendTaskKey(key[:0], sh, now, seq)
-			val = codec.AppendTask(val[:0], t)
-			b.Set(key, val, nil)
+			b.Set(key, span(envs, envEnd, i), nil)
 			delta[sh]++
-			ops = append(ops, ingestOp{sh, now, seq})
+			ops[sh] = append(ops[sh], wheelOp{now, seq})
 			continue
 		}
-		ik := appendIndexKey(nil, t.Source, t.ID)
+		ik := span(iks, ikEnd, i)
 		var ex indexEntry
 		found := false
 		if prev, ok := overlay[string(ik)]; ok {
 			ex, found = prev, true
 		} else {
 			var err error
-			found, err = getIndex(e.db, ik, &ex)
+			found, err = idx.get(ik, &ex)
 			if err != nil {
 				return fmt.Errorf("shard: ingest: %w", err)
 			}
@@ -399,10 +513,9 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 			maxSeq = seq
 			fire := max(t.Due, 0)
 			key = appendTaskKey(key[:0], sh, fire, seq)
-			val = codec.AppendTask(val[:0], t)
-			b.Set(key, val, nil)
+			b.Set(key, span(envs, envEnd, i), nil)
 			delta[sh]++
-			ops = append(ops, ingestOp{sh, fire, seq})
+			ops[sh] = append(ops[sh], wheelOp{fire, seq})
 			ne = indexEntry{Shard: sh, Fire: fire, Seq: seq, Order: in}
 			if hadTask {
 				stats.replaced = append(stats.replaced, t.Source)
@@ -435,34 +548,61 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 	for _, cp := range cps {
 		b.Set(offsetKey(cp.Key), u64(uint64(cp.Offset)), nil)
 	}
-	if err := e.commit(b, "ingest", e.commitIngest); err != nil {
-		return fmt.Errorf("shard: ingest %d tasks: %w", len(tasks), err)
-	}
-
-	// Durable: now the wheels may see the tasks.
-	for _, op := range ops {
-		s := e.shards[op.shard]
-		if op.fire < s.horizonEnd {
-			s.w.Add(op.fire, op.seq)
-			if s.parked && op.fire < s.wakeAt {
-				s.parked = false
-				select {
-				case s.notify <- struct{}{}:
-				default:
-				}
-			}
-		}
-	}
+	// Apply under the shard locks (so the next batch's index reads see
+	// this one), wait for the fsync outside them (so concurrent batches
+	// share it), and only then let the wheels see the tasks.
+	pbs := make([]*pendingBatch, len(e.shards))
 	for sh, ok := range touched {
 		if ok {
-			s := e.shards[sh]
-			s.pending += delta[sh]
-			s.pendingG.Set(float64(s.pending))
-			s.inWheelG.Set(float64(s.w.Len()))
+			pbs[sh] = &pendingBatch{ops: ops[sh], delta: delta[sh]}
+			e.shards[sh].enqueueLocked(pbs[sh])
 		}
 	}
-	for i := range tasks {
-		e.m.Ingested.WithLabelValues(tasks[i].Source).Inc()
+	start := time.Now()
+	if err := e.applyNoSyncWait(b, "ingest"); err != nil {
+		for sh, pb := range pbs {
+			if pb != nil {
+				e.shards[sh].abandonLocked(pb)
+			}
+		}
+		return fmt.Errorf("shard: ingest %d tasks: %w", len(tasks), err)
+	}
+	e.unlockShards(touched)
+	locked = false
+	err := b.SyncWait()
+	e.commitIngest.Observe(time.Since(start).Seconds())
+	if err != nil {
+		err = e.fail("ingest", err)
+	} else {
+		b.Close()
+	}
+	e.lockShards(touched)
+	locked = true
+	for sh, pb := range pbs {
+		if pb == nil {
+			continue
+		}
+		if err != nil {
+			e.shards[sh].abandonLocked(pb)
+		} else {
+			e.shards[sh].completeLocked(pb)
+		}
+	}
+	e.unlockShards(touched)
+	locked = false
+	if err != nil {
+		return fmt.Errorf("shard: ingest %d tasks: %w", len(tasks), err)
+	}
+	if len(tasks) > 0 {
+		src, n := tasks[0].Source, 0
+		for i := range tasks {
+			if tasks[i].Source != src {
+				e.m.Ingested.WithLabelValues(src).Add(float64(n))
+				src, n = tasks[i].Source, 0
+			}
+			n++
+		}
+		e.m.Ingested.WithLabelValues(src).Add(float64(n))
 	}
 	stats.report(e.m)
 	return nil

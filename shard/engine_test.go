@@ -315,7 +315,7 @@ func TestCheckpointsDurableAcrossReopen(t *testing.T) {
 func TestHorizonLoadsFarFutureTasks(t *testing.T) {
 	h := newHarness(t, func(o *Options) { o.Horizon = 10 * time.Minute })
 	h.run()
-	dues := []time.Duration{time.Minute, 9 * time.Minute, 10 * time.Minute, 11 * time.Minute, time.Hour + 1,
+	dues := []time.Duration{time.Minute, 9 * time.Minute, 10 * time.Minute, 11 * time.Minute, time.Hour + time.Millisecond,
 		25 * time.Hour, 7*24*time.Hour + 123*time.Millisecond, 30 * 24 * time.Hour}
 	var batch []codec.Task
 	for i, d := range dues {

@@ -165,6 +165,9 @@ func (s *shard) loadLocked(now int64) error {
 	}
 	for ok := it.First(); ok; ok = it.Next() {
 		if _, fire, seq, ok := parseTaskKey(it.Key()); ok {
+			if _, queued := s.unwheeled[seq]; queued && len(s.unwheeled) > 0 {
+				continue // its ingest adds it once durable
+			}
 			s.w.Add(fire, seq)
 		}
 	}
@@ -285,9 +288,8 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) {
 	start := time.Now()
 	errs := sink.Deliver(ctx, batch)
 	ackAt := e.clk.Now()
-	for i := range batch {
-		e.m.PublishSeconds.WithLabelValues(batch[i].Transport.String()).Observe(time.Since(start).Seconds())
-		break
+	if len(batch) > 0 {
+		e.m.PublishSeconds.WithLabelValues(batch[0].Transport.String()).Observe(time.Since(start).Seconds())
 	}
 	var lenErr error
 	if errs != nil && len(errs) != len(items) {
@@ -300,6 +302,8 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) {
 	defer s.mu.Unlock()
 	b := e.db.NewBatch()
 	defer b.Close()
+	idx := indexReader{db: e.db}
+	defer idx.close()
 	var (
 		key, val  []byte
 		delta     int64
@@ -323,10 +327,10 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) {
 			derr = errs[i]
 		}
 		indexed := t.Kind != codec.KindDeadLetter
+		var ex indexEntry
 		if indexed {
 			idxBuf = appendIndexKey(idxBuf[:0], t.Source, t.ID)
-			var ex indexEntry
-			found, err := getIndex(e.db, idxBuf, &ex)
+			found, err := idx.get(idxBuf, &ex)
 			if err != nil {
 				e.log.Error("fire: read index", zap.Error(err))
 				ackFailed = true
@@ -375,11 +379,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) {
 		val = codec.AppendTask(val[:0], t)
 		b.Set(appendTaskKey(nil, s.id, fire, it.seq), val, nil)
 		if indexed {
-			ne := indexEntry{Shard: s.id, Fire: fire, Seq: it.seq, Order: order{Stamp: t.Stamp, Partition: t.Partition, Offset: t.Offset}}
-			var ex indexEntry
-			if found, _ := getIndex(e.db, idxBuf, &ex); found {
-				ne.Order = ex.Order
-			}
+			ne := indexEntry{Shard: s.id, Fire: fire, Seq: it.seq, Order: ex.Order}
 			b.Set(idxBuf, appendIndexEntry(nil, &ne), nil)
 		} else {
 			dlqErr = derr

@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -202,6 +203,49 @@ func getIndex(db *pebble.DB, key []byte, e *indexEntry) (found bool, err error) 
 		return false, fmt.Errorf("store: index %q: %w", key, err)
 	}
 	return true, nil
+}
+
+// indexReader looks up index entries through one iterator per batch of
+// lookups. Unlike DB.Get it consults the bloom filters of L6 too, where
+// most ids live, so the common miss (a new id) reads no data block. The
+// iterator is a snapshot: create it after taking the shard locks.
+type indexReader struct {
+	db *pebble.DB
+	it *pebble.Iterator
+}
+
+func (r *indexReader) get(key []byte, e *indexEntry) (found bool, err error) {
+	if r.it == nil {
+		r.it, err = r.db.NewIter(&pebble.IterOptions{
+			LowerBound:   []byte{prefixIndex},
+			UpperBound:   []byte{prefixIndex + 1},
+			UseL6Filters: true,
+		})
+		if err != nil {
+			return false, fmt.Errorf("store: index iterator: %w", err)
+		}
+	}
+	if !r.it.SeekPrefixGE(key) || !bytes.Equal(r.it.Key(), key) {
+		if err := r.it.Error(); err != nil {
+			return false, fmt.Errorf("store: seek index: %w", err)
+		}
+		return false, nil
+	}
+	v, err := r.it.ValueAndErr()
+	if err != nil {
+		return false, fmt.Errorf("store: read index: %w", err)
+	}
+	if err := decodeIndexEntry(v, e); err != nil {
+		return false, fmt.Errorf("store: index %q: %w", key, err)
+	}
+	return true, nil
+}
+
+func (r *indexReader) close() {
+	if r.it != nil {
+		r.it.Close()
+		r.it = nil
+	}
 }
 
 // getCopy reads a value and copies it out of Pebble's buffer.

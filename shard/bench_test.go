@@ -1,0 +1,289 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/clock"
+)
+
+const (
+	benchBatch   = 128
+	benchPayload = 1024
+	benchWriters = 16 // concurrent ingest batches, as from many source partitions
+)
+
+func benchTask(id string, due int64) codec.Task {
+	return codec.Task{
+		Kind: codec.KindSchedule, ID: id, Source: "bench", Origin: "kafka:bench/0@1",
+		Stamp: due, Offset: 1, Due: due, Transport: codec.TransportKafka, Target: "out",
+		Key: []byte(id), Value: make([]byte, benchPayload),
+		Headers:      []codec.Header{{Key: "content-type", Value: []byte("application/json")}},
+		DLQTransport: codec.TransportKafka, DLQ: "dlq",
+	}
+}
+
+func benchParallel(b *testing.B, fn func(batch int64)) {
+	var next atomic.Int64
+	b.SetParallelism((benchWriters + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			fn(next.Add(1))
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(b.N*benchBatch)/time.Since(start).Seconds(), "tasks/s")
+}
+
+// BenchmarkStoreIngest: 1 KB payloads in synced batches of 128 through
+// Engine.Ingest (index lookups, index writes, envelope, counters).
+func BenchmarkStoreIngest(b *testing.B) {
+	e, err := Open(Options{Dir: b.TempDir(), Logger: zap.NewNop()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	due := time.Now().Add(24 * time.Hour).UnixMilli()
+	ctx := context.Background()
+	benchParallel(b, func(n int64) {
+		batch := make([]codec.Task, benchBatch)
+		for i := range batch {
+			batch[i] = benchTask(fmt.Sprintf("b%d-%d", n, i), due+int64(i))
+		}
+		if err := e.Ingest(ctx, batch, []Checkpoint{{Key: "kafka|bench|0", Offset: n}}); err != nil {
+			b.Fatal(err)
+		}
+	})
+}
+
+// BenchmarkPebbleRawSyncedBatch writes the same envelopes under the same
+// t keys in synced batches of 128 straight to Pebble (same options): the
+// ceiling BenchmarkStoreIngest is compared with.
+func BenchmarkPebbleRawSyncedBatch(b *testing.B) {
+	db, err := openPebble(b.TempDir(), nil, zap.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	due := time.Now().Add(24 * time.Hour).UnixMilli()
+	var seq atomic.Uint64
+	benchParallel(b, func(n int64) {
+		batch := db.NewBatch()
+		var key, val []byte
+		for i := 0; i < benchBatch; i++ {
+			t := benchTask(fmt.Sprintf("b%d-%d", n, i), due+int64(i))
+			key = appendTaskKey(key[:0], 0, t.Due, seq.Add(1))
+			val = codec.AppendTask(val[:0], &t)
+			batch.Set(key, val, nil)
+		}
+		if err := batch.Commit(pebble.Sync); err != nil {
+			b.Fatal(err)
+		}
+		batch.Close()
+	})
+}
+
+// fillStore ingests n tasks with dues spread over span after start.
+func fillStore(b *testing.B, e *Engine, n int, start time.Time, span time.Duration) {
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	total := int64(n / benchBatch)
+	for w := 0; w < benchWriters; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			batch := make([]codec.Task, benchBatch)
+			for {
+				k := next.Add(1) - 1
+				if k >= total {
+					return
+				}
+				for i := range batch {
+					j := k*benchBatch + int64(i)
+					due := start.Add(time.Duration(j * int64(span) / int64(n))).UnixMilli()
+					batch[i] = benchTask(fmt.Sprintf("f%d", j), due)
+				}
+				if err := e.Ingest(ctx, batch, nil); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func heapAfterGC() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// BenchmarkRecovery1M: reopen with 1 M pending 1 KB tasks spread over 30
+// days (horizon 10 min) and report the seconds until Open returns.
+func BenchmarkRecovery1M(b *testing.B) {
+	benchRecovery(b, 1_000_000, 30*24*time.Hour, "spread30d")
+}
+
+// BenchmarkRecovery1MOverdue: the same 1 M tasks all overdue at reopen,
+// so every one is loaded into a wheel.
+func BenchmarkRecovery1MOverdue(b *testing.B) {
+	benchRecovery(b, 1_000_000, -time.Hour, "overdue")
+}
+
+func benchRecovery(b *testing.B, n int, span time.Duration, _ string) {
+	dir := b.TempDir()
+	now := time.Now()
+	start := now.Add(time.Minute)
+	if span < 0 {
+		start, span = now.Add(span), -span/2
+	}
+	e, err := Open(Options{Dir: dir, Logger: zap.NewNop()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	t0 := time.Now()
+	fillStore(b, e, n, start, span)
+	b.Logf("filled %d tasks in %v", n, time.Since(t0))
+	if err := e.Close(); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	var secs []float64
+	for i := 0; i < b.N; i++ {
+		t := time.Now()
+		e, err := Open(Options{Dir: dir, Logger: zap.NewNop(), Clock: clock.Real{}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		secs = append(secs, time.Since(t).Seconds())
+		st := e.Stats()
+		inWheel := 0
+		for _, s := range st.Shards {
+			inWheel += s.InWheel
+		}
+		if st.Pending != int64(n) {
+			b.Fatalf("recovered %d pending, want %d", st.Pending, n)
+		}
+		b.Logf("recovered %d pending, %d in wheels, heap %d MB", st.Pending, inWheel, heapAfterGC()>>20)
+		e.Close()
+	}
+	b.StopTimer()
+	b.ReportMetric(slices.Max(secs), "s-to-ready")
+}
+
+// BenchmarkBoundedMemory10M: 10 M pending 1 KB tasks over 30 days with a
+// 10 min horizon; reports the Go heap after loading. DELAYBRIDGE_TASKS
+// overrides the count (e.g. 2000000).
+func BenchmarkBoundedMemory10M(b *testing.B) {
+	if !longTests() {
+		b.Skip("writes ~10 GB; set DELAYBRIDGE_LONG=1")
+	}
+	n := 10_000_000
+	if s := os.Getenv("DELAYBRIDGE_TASKS"); s != "" {
+		fmt.Sscan(s, &n)
+	}
+	for i := 0; i < b.N; i++ {
+		before := heapAfterGC()
+		e, err := Open(Options{Dir: b.TempDir(), Logger: zap.NewNop(), Horizon: 10 * time.Minute})
+		if err != nil {
+			b.Fatal(err)
+		}
+		t := time.Now()
+		fillStore(b, e, n, time.Now().Add(time.Minute), 30*24*time.Hour)
+		el := time.Since(t)
+		heap := heapAfterGC()
+		inWheel := 0
+		for _, s := range e.Stats().Shards {
+			inWheel += s.InWheel
+		}
+		b.Logf("%d tasks loaded in %v (%.0f tasks/s), %d in wheels", n, el, float64(n)/el.Seconds(), inWheel)
+		b.ReportMetric(float64(heap)/(1<<20), "heap-MB")
+		b.ReportMetric(float64(heap-min(before, heap))/float64(n), "heap-bytes/task")
+		e.Close()
+	}
+}
+
+// latencySink records the lateness of each delivery against the real clock.
+type latencySink struct {
+	mu   sync.Mutex
+	late []time.Duration
+}
+
+func (s *latencySink) Deliver(_ context.Context, batch []*codec.Task) []error {
+	now := time.Now()
+	s.mu.Lock()
+	for _, t := range batch {
+		s.late = append(s.late, now.Sub(time.UnixMilli(t.Due)))
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// BenchmarkFirePrecision: ~20 k fires/s for a few seconds with the real
+// clock into an in-memory sink; reports p50/p99/max lateness (delivery
+// time minus due).
+func BenchmarkFirePrecision(b *testing.B) {
+	const rate, seconds = 20_000, 3
+	for i := 0; i < b.N; i++ {
+		e, err := Open(Options{Dir: b.TempDir(), Logger: zap.NewNop()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		sink := &latencySink{}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- e.Run(ctx, sink) }()
+		// Schedule rate*seconds tasks due from 1 s on, evenly spread; ingest
+		// them ahead of time in batches so ingest and fire overlap.
+		base := time.Now().Add(time.Second).UnixMilli()
+		total := rate * seconds
+		batch := make([]codec.Task, 0, benchBatch)
+		for j := 0; j < total; j++ {
+			due := base + int64(j)*1000/rate
+			t := benchTask(fmt.Sprintf("p%d", j), due)
+			t.Value = t.Value[:100]
+			batch = append(batch, t)
+			if len(batch) == benchBatch || j == total-1 {
+				if err := e.Ingest(ctx, batch, nil); err != nil {
+					b.Fatal(err)
+				}
+				batch = batch[:0]
+			}
+		}
+		for {
+			sink.mu.Lock()
+			n := len(sink.late)
+			sink.mu.Unlock()
+			if n >= total {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+		<-done
+		e.Close()
+		late := sink.late
+		slices.Sort(late)
+		q := func(p float64) float64 { return late[int(p*float64(len(late)-1))].Seconds() * 1000 }
+		b.ReportMetric(q(0.5), "p50-ms")
+		b.ReportMetric(q(0.99), "p99-ms")
+		b.ReportMetric(q(1), "max-ms")
+	}
+}
