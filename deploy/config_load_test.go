@@ -1,8 +1,10 @@
 package deploy
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -50,5 +52,35 @@ func TestRenderedConfigLoads(t *testing.T) {
 				t.Errorf("targets.allow empty after load")
 			}
 		})
+	}
+}
+
+// TestSchemaDurationMatchesConfig keeps the chart schema's duration pattern
+// in step with config.ParseDuration, so the schema neither refuses a value
+// the bridge takes nor lets through one it refuses at start.
+func TestSchemaDurationMatchesConfig(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s struct {
+		Definitions struct {
+			Duration struct {
+				Pattern string `json:"pattern"`
+			} `json:"duration"`
+		} `json:"definitions"`
+	}
+	if err := json.Unmarshal(raw, &s); err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile(s.Definitions.Duration.Pattern)
+	for _, v := range []string{
+		"0", "90s", "1h30m", "500ms", "1.5h", "3d", "365d", "2d12h", "1d0s", "10us", "10µs", "250ns",
+		"1h2d", "d", "3", "1 h", "3days", "1.5d", "h", "2d-1h", "1w",
+	} {
+		_, perr := config.ParseDuration(v)
+		if got, want := re.MatchString(v), perr == nil; got != want {
+			t.Errorf("%q: schema accepts=%v, config.ParseDuration accepts=%v (%v)", v, got, want, perr)
+		}
 	}
 }
