@@ -9,6 +9,27 @@
 // keys like KnownFields(true) does, but also names the key path and line of
 // every type error, and it shares the scalar parsing with the environment
 // overrides so a value means the same in both places.
+//
+// Rules an operator can rely on:
+//
+//   - Defaults are in place before the YAML is read, so an explicit zero
+//     (retry.jitter: 0, max_delay: 0) is kept. A key with a null value
+//     (kafka: ~, or "kafka:" with nothing under it) is as if omitted.
+//   - The kafka and nats blocks are pointers: omitted means the transport
+//     is disabled; present (even empty, or enabled by one environment
+//     variable) means enabled, with defaults for group, client_id, url,
+//     stream and consumer.
+//   - Environment: DELAYBRIDGE_ + the upper-case key path joined by "_"
+//     (DELAYBRIDGE_KAFKA_SASL_PASSWORD). Lists of names are comma-separated
+//     (DELAYBRIDGE_KAFKA_BROKERS=a:9092,b:9092; an empty value is the empty
+//     list); lists of blocks take an index (DELAYBRIDGE_KAFKA_SOURCES_0_DLQ),
+//     and an index past the end grows the list. Environment beats YAML.
+//     Every DELAYBRIDGE_ variable must name a key.
+//   - Durations are Go durations or whole days: "90s", "365d", "2d12h".
+//   - *_file keys (kafka.sasl.password_file, nats.password_file,
+//     nats.token_file, admin.token_file) are read at load, one trailing
+//     newline trimmed; setting both the secret and its file is refused.
+//     Secrets have type Secret, which prints as "REDACTED".
 package config
 
 import (
