@@ -68,14 +68,15 @@ func RawPipe(ctx context.Context, url, fromStream, fromSubject, toSubject string
 		}
 		return 0, fmt.Errorf("nats raw pipe: source stopped after %d of %d: %w", p.count.Load(), n, err)
 	case <-ctx.Done():
-		return 0, fmt.Errorf("nats raw pipe: %d of %d delivered: %w", p.count.Load(), n, ctx.Err())
+		err := ctx.Err()
+		if last := p.err.Load(); last != nil {
+			err = fmt.Errorf("%w (last delivery error: %w)", err, *last)
+		}
+		return 0, fmt.Errorf("nats raw pipe: %d of %d delivered: %w", p.count.Load(), n, err)
 	}
 	elapsed := time.Since(start)
 	cancel()
 	<-runErr
-	if err := p.err.Load(); err != nil {
-		return elapsed, *err
-	}
 	return elapsed, nil
 }
 
@@ -111,9 +112,10 @@ func (p *pipe) Handle(ctx context.Context, b *bridge.Batch) error {
 	}
 	if errs := p.sink.Deliver(ctx, p.ptrs); errs != nil {
 		err := errors.Join(errs...)
-		p.err.Store(&err)
+		p.err.Store(&err) // the source retries the batch; kept for the report
 		return err
 	}
+	p.err.Store(nil)
 	if p.count.Add(int64(len(p.ptrs))) >= p.n && !p.closed {
 		p.closed = true
 		close(p.done)

@@ -164,16 +164,26 @@ func (s *Source) ensure(ctx context.Context) error {
 
 	var cons jetstream.Consumer
 	if s.cfg.Create {
-		cons, err = s.js.CreateOrUpdateConsumer(ctx, s.cfg.Stream, jetstream.ConsumerConfig{
-			Durable:        s.cfg.Consumer,
-			Description:    "delaybridge",
-			DeliverPolicy:  jetstream.DeliverAllPolicy,
-			AckPolicy:      jetstream.AckExplicitPolicy,
-			AckWait:        s.cfg.AckWait,
-			MaxDeliver:     -1, // never give up on a message: nothing is dropped
-			MaxAckPending:  s.cfg.MaxAckPending,
-			FilterSubjects: subjects,
-		})
+		cc := jetstream.ConsumerConfig{
+			Durable:       s.cfg.Consumer,
+			Description:   "delaybridge",
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+		}
+		// An existing consumer keeps what cannot be updated (where it
+		// started); the rest is set to what the bridge needs.
+		if old, err := s.js.Consumer(ctx, s.cfg.Stream, s.cfg.Consumer); err == nil {
+			cc = old.CachedInfo().Config
+			if cc.AckPolicy != jetstream.AckExplicitPolicy || cc.DeliverSubject != "" {
+				return fmt.Errorf("%w: consumer %q on stream %q exists with ack policy %s (push: %v); need an explicit-ack pull consumer",
+					ErrConfig, s.cfg.Consumer, s.cfg.Stream, cc.AckPolicy, cc.DeliverSubject != "")
+			}
+		}
+		cc.AckWait = s.cfg.AckWait
+		cc.MaxDeliver = -1 // never give up on a message: nothing is dropped
+		cc.MaxAckPending = s.cfg.MaxAckPending
+		cc.FilterSubject, cc.FilterSubjects = "", subjects
+		cons, err = s.js.CreateOrUpdateConsumer(ctx, s.cfg.Stream, cc)
 		if err != nil {
 			return fmt.Errorf("nats source: create consumer %q on stream %q: %w", s.cfg.Consumer, s.cfg.Stream, err)
 		}

@@ -427,3 +427,37 @@ func TestSourceConsumerDeleted(t *testing.T) {
 	eventually(t, "second message after the consumer came back", func() bool { return len(rec.seqs()) == 2 })
 	eventually(t, "healthy", func() bool { return src.Health() == nil })
 }
+
+// TestSourceCreateKeepsExistingConsumer: with Create, an existing consumer
+// that started elsewhere keeps its start; the bridge's settings are applied.
+func TestSourceCreateKeepsExistingConsumer(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	cfg.Create = true
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "DELAY", Subjects: []string{"delay.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctxT(t), "DELAY", jetstream.ConsumerConfig{
+		Durable: "bridge", AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverNewPolicy, MaxAckPending: 10,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewSource(nc, cfg); err != nil {
+		t.Fatal(err)
+	}
+	ci := consumerInfo(t, js, "DELAY", "bridge")
+	if ci.Config.DeliverPolicy != jetstream.DeliverNewPolicy || ci.Config.MaxAckPending != 20000 ||
+		!reflect.DeepEqual(ci.Config.FilterSubjects, []string{"delay.>"}) {
+		t.Errorf("consumer config = %+v", ci.Config)
+	}
+	// An ack-none consumer cannot be updated into what the bridge needs.
+	if _, err := js.CreateOrUpdateConsumer(ctxT(t), "DELAY", jetstream.ConsumerConfig{Durable: "other", AckPolicy: jetstream.AckNonePolicy}); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Consumer = "other"
+	if _, err := NewSource(nc, cfg); !errors.Is(err, ErrConfig) {
+		t.Errorf("ack none consumer with create: err = %v, want ErrConfig", err)
+	}
+}
