@@ -230,6 +230,14 @@ func (c *Config) validateNATS(v *validator, n *NATS) {
 			v.add(key+".subject", "%q is listed twice", src.Subject)
 		} else {
 			subjects[src.Subject] = true
+			// JetStream refuses overlapping filter subjects on one
+			// consumer, and a message must belong to one source.
+			for j := range i {
+				other := n.Sources[j].Subject
+				if other != src.Subject && checkSubject(other, true) == nil && subjectsOverlap(other, src.Subject) {
+					v.add(key+".subject", "%q overlaps nats.sources[%d].subject %q", src.Subject, j, other)
+				}
+			}
 		}
 		if src.DLQ == "" {
 			v.add(key+".dlq", "required")
@@ -416,6 +424,22 @@ func SubjectMatches(filter, subject string) bool {
 		}
 	}
 	return len(f) == len(s)
+}
+
+// subjectsOverlap reports whether some subject matches both filters.
+func subjectsOverlap(a, b string) bool {
+	at, bt := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; ; i++ {
+		aEnd, bEnd := i >= len(at), i >= len(bt)
+		switch {
+		case aEnd || bEnd:
+			return aEnd && bEnd
+		case at[i] == ">" || bt[i] == ">":
+			return true
+		case at[i] != "*" && bt[i] != "*" && at[i] != bt[i]:
+			return false
+		}
+	}
 }
 
 // CheckListen refuses an admin listen address that is reachable from other

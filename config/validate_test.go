@@ -110,6 +110,12 @@ func TestValidate(t *testing.T) {
 		{"nats subject dup", func(c *Config) {
 			c.NATS.Sources = append(c.NATS.Sources, NATSSource{Subject: "delay.>", DLQ: "x.y"})
 		}, `nats.sources[1].subject: "delay.>" is listed twice`},
+		{"nats subjects overlap", func(c *Config) {
+			c.NATS.Sources = append(c.NATS.Sources, NATSSource{Subject: "delay.*.x", DLQ: "x.y"})
+		}, `nats.sources[1].subject: "delay.*.x" overlaps nats.sources[0].subject "delay.>"`},
+		{"nats subjects disjoint ok", func(c *Config) {
+			c.NATS.Sources = append(c.NATS.Sources, NATSSource{Subject: "later.*", DLQ: "x.y"})
+		}, ""},
 		{"nats dlq required", func(c *Config) { c.NATS.Sources[0].DLQ = "" }, "nats.sources[0].dlq: required"},
 		{"nats dlq wildcard", func(c *Config) { c.NATS.Sources[0].DLQ = "dlq.*" }, "nats.sources[0].dlq: subject \"dlq.*\": wildcards are not allowed"},
 		{"nats dlq matched by own subject", func(c *Config) { c.NATS.Sources[0].DLQ = "delay.dlq" }, `nats.sources[0].dlq: "delay.dlq" is matched by nats.sources[0].subject "delay.>": dead letters would loop`},
@@ -206,6 +212,33 @@ func TestCheckListen(t *testing.T) {
 		}
 		if err != nil && !strings.HasPrefix(err.Error(), "admin.listen: ") {
 			t.Errorf("error %q does not name admin.listen", err)
+		}
+	}
+}
+
+func TestSubjectsOverlap(t *testing.T) {
+	tests := []struct {
+		a, b string
+		want bool
+	}{
+		{"a.>", "a.b", true},
+		{"a.>", "a", false},
+		{"a.*", "a.b", true},
+		{"a.*", "a.b.c", false},
+		{"a.*.c", "a.b.*", true},
+		{"a.*.c", "a.b.d", false},
+		{"*.>", "x.y.z", true},
+		{">", "a", true},
+		{"a.b", "a.b", true},
+		{"a.b", "a.c", false},
+		{"a", "a.b", false},
+	}
+	for _, tt := range tests {
+		if got := subjectsOverlap(tt.a, tt.b); got != tt.want {
+			t.Errorf("subjectsOverlap(%q, %q) = %v", tt.a, tt.b, got)
+		}
+		if got := subjectsOverlap(tt.b, tt.a); got != tt.want {
+			t.Errorf("subjectsOverlap(%q, %q) = %v (reversed)", tt.b, tt.a, got)
 		}
 	}
 }
