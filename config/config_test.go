@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -367,7 +368,12 @@ func TestRedaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	js, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
 	forms := map[string]string{
+		"json":       string(js),
 		"String":     c.String(),
 		"%v":         fmt.Sprintf("%v", c),
 		"%+v value":  fmt.Sprintf("%+v", *c),

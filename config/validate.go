@@ -168,13 +168,13 @@ func (c *Config) validateKafka(v *validator, k *Kafka) {
 }
 
 func (c *Config) validateNATS(v *validator, n *NATS) {
+	var urls []string
 	if n.URL == "" {
 		v.add("nats.url", "required")
+	} else {
+		urls = strings.Split(n.URL, ",")
 	}
-	for u := range strings.SplitSeq(n.URL, ",") {
-		if n.URL == "" {
-			break
-		}
+	for _, u := range urls {
 		u = strings.TrimSpace(u)
 		p, err := url.Parse(u)
 		if err != nil || p.Host == "" {
