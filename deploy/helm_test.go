@@ -344,6 +344,20 @@ func TestHelmTemplateCIValues(t *testing.T) {
 	for _, f := range ciValues {
 		t.Run(f, func(t *testing.T) {
 			m := decodeAll(t, render(t, "-f", filepath.Join(chartDir, "ci", f)))
+			var dashboards []corev1.ConfigMap
+			m.configMaps = slices.DeleteFunc(m.configMaps, func(cm corev1.ConfigMap) bool {
+				if strings.HasSuffix(cm.Name, "-dashboard") {
+					dashboards = append(dashboards, cm)
+					return true
+				}
+				return false
+			})
+			if got := len(dashboards) == 1; got != (f == "all-features-values.yaml") {
+				t.Errorf("dashboard ConfigMap rendered: %v", got)
+			}
+			for _, cm := range dashboards {
+				checkDashboardConfigMap(t, cm)
+			}
 			if len(m.statefulSets) != 1 || len(m.configMaps) != 1 || len(m.serviceAccounts) != 1 || len(m.services) != 2 {
 				t.Fatalf("want 1 StatefulSet, 1 ConfigMap, 1 ServiceAccount, 2 Services; got %d, %d, %d, %d",
 					len(m.statefulSets), len(m.configMaps), len(m.serviceAccounts), len(m.services))
@@ -843,19 +857,23 @@ func TestHelmDefaultsDenyAllTargets(t *testing.T) {
 	}
 }
 
-// TestAlertsCopyInChart keeps the chart's copy of the alert rules (the chart
-// cannot read files outside its directory) identical to the canonical file.
-func TestAlertsCopyInChart(t *testing.T) {
-	a, err := os.ReadFile("prometheus/alerts.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(filepath.Join(chartDir, "files", "alerts.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(a, b) {
-		t.Fatal("helm/delaybridge/files/alerts.yaml differs from prometheus/alerts.yaml: cp prometheus/alerts.yaml helm/delaybridge/files/alerts.yaml")
+// TestCopiesInChart keeps the chart's copies of the alert rules and the
+// dashboard (a chart cannot read files outside its directory) identical to
+// the canonical files.
+func TestCopiesInChart(t *testing.T) {
+	for _, f := range []string{"prometheus/alerts.yaml", "grafana/delaybridge-dashboard.json"} {
+		a, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cp := filepath.Join(chartDir, "files", filepath.Base(f))
+		b, err := os.ReadFile(cp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(a, b) {
+			t.Errorf("%s differs from %s: cp %s %s", cp, f, f, cp)
+		}
 	}
 }
 
@@ -1160,5 +1178,26 @@ func TestHelmTemplateVariants(t *testing.T) {
 		if e.Name == "GOMEMLIMIT" {
 			t.Error("GOMEMLIMIT set without a memory limit")
 		}
+	}
+}
+
+func checkDashboardConfigMap(t *testing.T, cm corev1.ConfigMap) {
+	t.Helper()
+	if cm.Labels["grafana_dashboard"] != "1" || cm.Namespace != "monitoring" {
+		t.Errorf("dashboard ConfigMap %s/%s labels %v: want namespace monitoring and grafana_dashboard=1", cm.Namespace, cm.Name, cm.Labels)
+	}
+	want, err := os.ReadFile("grafana/delaybridge-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a, b any
+	if err := json.Unmarshal(want, &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(cm.Data["delaybridge-dashboard.json"]), &b); err != nil {
+		t.Fatalf("dashboard in ConfigMap is not JSON: %v", err)
+	}
+	if !reflect.DeepEqual(a, b) {
+		t.Error("dashboard in ConfigMap differs from grafana/delaybridge-dashboard.json")
 	}
 }
