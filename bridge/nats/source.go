@@ -271,6 +271,8 @@ func (s *Source) Close() error {
 // iterator started and not yet acked; a gap in consumer sequences, meaning
 // a delivery was lost in transit or went to another client), a barrier
 // holds the floor back until the server's ack floor has passed the barrier.
+//
+// floorState is pure: the Source feeds it consumer info and deliveries.
 type floorState struct {
 	floor      int64  // proven floor; messages at or below it are skipped
 	maxHandled int64  // highest stream sequence durably handled
@@ -278,6 +280,65 @@ type floorState struct {
 	lastDseq   uint64 // last consumer (delivery) sequence seen
 	maxSeen    int64  // highest stream sequence seen
 	lastCheck  time.Time
+}
+
+// start is called when an iterator starts, with the consumer's info.
+func (f *floorState) start(ackFloor, delivered int64, deliveredDseq uint64) {
+	f.floor = max(f.floor, ackFloor)
+	f.lastDseq = deliveredDseq
+	f.maxSeen = max(f.maxSeen, delivered)
+	if ackFloor < delivered {
+		// Delivered before this iterator and not all acked: those come
+		// back as redeliveries, in no particular order relative to new
+		// messages.
+		f.barrier = max(f.barrier, delivered)
+	}
+}
+
+// see registers a delivery and reports whether the message is already held.
+func (f *floorState) see(dseq uint64, seq int64) (held bool) {
+	if dseq != f.lastDseq+1 {
+		// A delivery this iterator did not see: lost in transit or taken
+		// by another client. It was of a sequence at most this high.
+		f.barrier = max(f.barrier, f.maxSeen, seq)
+	}
+	f.lastDseq = max(f.lastDseq, dseq)
+	f.maxSeen = max(f.maxSeen, seq)
+	return seq <= f.floor
+}
+
+// checkpoint is the floor that holds once a batch whose highest new
+// sequence is high is durable.
+func (f *floorState) checkpoint(high int64) int64 {
+	if f.barrier != 0 {
+		return f.floor
+	}
+	return max(f.floor, f.maxHandled, high)
+}
+
+// handled records that the batch with checkpoint cp is durable.
+func (f *floorState) handled(high, cp int64) {
+	f.maxHandled = max(f.maxHandled, high)
+	f.floor = max(f.floor, cp)
+}
+
+// wantAckFloor reports whether the server's ack floor should be read now.
+func (f *floorState) wantAckFloor(now time.Time) bool {
+	if f.barrier == 0 || now.Sub(f.lastCheck) < barrierCheckEvery {
+		return false
+	}
+	f.lastCheck = now
+	return true
+}
+
+// ackFloor feeds the server's ack floor: once it passes the barrier,
+// everything up to the barrier is acked and, the consumer sequences since
+// having been contiguous, every message seen after it is handled.
+func (f *floorState) ackFloor(af int64) {
+	if f.barrier != 0 && af >= f.barrier {
+		f.floor = max(f.floor, af, f.maxHandled)
+		f.barrier = 0
+	}
 }
 
 // Run consumes until ctx ends or Close is called, then returns nil. It
@@ -363,14 +424,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 		return fmt.Errorf("nats source: consumer info: %w", err)
 	}
 	s.consErr.Store(nil)
-	st.floor = max(st.floor, int64(info.AckFloor.Stream))
-	st.lastDseq = info.Delivered.Consumer
-	st.maxSeen = max(st.maxSeen, int64(info.Delivered.Stream))
-	if info.AckFloor.Stream < info.Delivered.Stream {
-		// Delivered before us and not all acked: those come back as
-		// redeliveries, in no particular order relative to new messages.
-		st.barrier = max(st.barrier, int64(info.Delivered.Stream))
-	}
+	st.start(int64(info.AckFloor.Stream), int64(info.Delivered.Stream), info.Delivered.Consumer)
 	it, err := cons.Messages(
 		jetstream.PullMaxMessages(2*s.cfg.BatchSize),
 		jetstream.PullExpiry(10*time.Second),
@@ -487,15 +541,9 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 			continue
 		}
 		seq := int64(md.Sequence.Stream)
-		dseq := md.Sequence.Consumer
-		if st.lastDseq != 0 && dseq != st.lastDseq+1 {
-			st.barrier = max(st.barrier, st.maxSeen, seq)
-		}
-		st.lastDseq = max(st.lastDseq, dseq)
-		st.maxSeen = max(st.maxSeen, seq)
 		pending = md.NumPending
-		if seq <= st.floor {
-			continue // held before a crash; acked below without handing over
+		if st.see(md.Sequence.Consumer, seq) {
+			continue // already held (e.g. before a crash): acked below, not handed over
 		}
 		rules, ok := rulesFor(s.cfg.Sources, m.Subject())
 		if !ok {
@@ -527,16 +575,12 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		if !slices.IsSortedFunc(items, byOffset) {
 			slices.SortStableFunc(items, byOffset)
 		}
-		cp := st.floor
-		if st.barrier == 0 {
-			cp = max(cp, st.maxHandled, high)
-		}
+		cp := st.checkpoint(high)
 		b := &bridge.Batch{Items: items, Checkpoints: []shard.Checkpoint{{Key: s.key, Offset: cp}}}
 		if err := s.handle(ctx, h, b, batch); err != nil {
 			return &abandonedError{err: err, batch: batch}
 		}
-		st.maxHandled = max(st.maxHandled, high)
-		st.floor = cp
+		st.handled(high, cp)
 	}
 	for _, m := range batch {
 		if err := m.Ack(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
@@ -544,14 +588,9 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 			s.log.Debug("nats source: ack failed", zap.Error(err))
 		}
 	}
-	if st.barrier != 0 && time.Since(st.lastCheck) >= barrierCheckEvery {
-		st.lastCheck = time.Now()
-		info, err := cons.Info(ctx)
-		if err == nil && int64(info.AckFloor.Stream) >= st.barrier {
-			// Everything up to the barrier is acked; past it the consumer
-			// sequences were contiguous, so all seen messages are handled.
-			st.floor = max(st.floor, int64(info.AckFloor.Stream), st.maxHandled)
-			st.barrier = 0
+	if st.wantAckFloor(time.Now()) {
+		if info, err := cons.Info(ctx); err == nil {
+			st.ackFloor(int64(info.AckFloor.Stream))
 		}
 	}
 	return nil

@@ -1,0 +1,133 @@
+package nats
+
+import (
+	"testing"
+	"time"
+)
+
+// TestFloorState drives the checkpoint floor through delivery sequences.
+// Steps: "start" a=ack floor, b=delivered stream seq, c=delivered
+// consumer seq (iterator start from consumer info); "see" c=consumer seq,
+// a=stream seq (a delivery; held = skipped); "batch" a=highest new stream
+// seq (checkpoint, then handled); "ackfloor" a=server ack floor.
+func TestFloorState(t *testing.T) {
+	type step struct {
+		op       string
+		a, b     int64
+		c        uint64
+		wantHeld bool  // for see
+		wantCP   int64 // for batch; and the floor after every step
+	}
+	tests := []struct {
+		name      string
+		stored    int64
+		steps     []step
+		wantFloor int64
+	}{
+		{
+			name: "fresh consumer, in order: floor follows",
+			steps: []step{
+				{op: "start", a: 0, b: 0, c: 0},
+				{op: "see", c: 1, a: 1}, {op: "see", c: 2, a: 2},
+				{op: "batch", a: 2, wantCP: 2},
+				{op: "see", c: 3, a: 5}, // gap in stream seqs (other subjects): fine
+				{op: "batch", a: 5, wantCP: 5},
+			},
+			wantFloor: 5,
+		},
+		{
+			name:   "crash after store commit: redeliveries at or below the stored floor are held",
+			stored: 3,
+			steps: []step{
+				{op: "start", a: 0, b: 5, c: 5},
+				{op: "see", c: 6, a: 1, wantHeld: true},
+				{op: "see", c: 7, a: 2, wantHeld: true},
+				{op: "see", c: 8, a: 3, wantHeld: true},
+				{op: "see", c: 9, a: 4}, {op: "see", c: 10, a: 5},
+				{op: "batch", a: 5, wantCP: 3}, // barrier 5: old deliveries not all acked yet
+				{op: "ackfloor", a: 4},         // not past the barrier
+				{op: "ackfloor", a: 5},
+				{op: "see", c: 11, a: 6},
+				{op: "batch", a: 6, wantCP: 6},
+			},
+			wantFloor: 6,
+		},
+		{
+			name: "crash before anything was held: newer messages first, the floor waits",
+			steps: []step{
+				{op: "start", a: 0, b: 3, c: 3},
+				{op: "see", c: 4, a: 4}, {op: "see", c: 5, a: 5},
+				{op: "batch", a: 5, wantCP: 0},
+				{op: "see", c: 6, a: 1}, {op: "see", c: 7, a: 2}, {op: "see", c: 8, a: 3},
+				{op: "batch", a: 3, wantCP: 0},
+				{op: "ackfloor", a: 5},
+			},
+			wantFloor: 5,
+		},
+		{
+			name: "a delivery lost in transit raises a barrier",
+			steps: []step{
+				{op: "start", a: 0, b: 0, c: 0},
+				{op: "see", c: 1, a: 1},
+				{op: "batch", a: 1, wantCP: 1},
+				{op: "see", c: 3, a: 3}, // dseq 2 (seq 2) never arrived
+				{op: "batch", a: 3, wantCP: 1},
+				{op: "see", c: 4, a: 2}, // redelivered after AckWait
+				{op: "batch", a: 2, wantCP: 1},
+				{op: "ackfloor", a: 3},
+			},
+			wantFloor: 3,
+		},
+		{
+			name: "clean restart: nothing pending, no barrier",
+			stored: 10,
+			steps: []step{
+				{op: "start", a: 10, b: 10, c: 12},
+				{op: "see", c: 13, a: 11},
+				{op: "batch", a: 11, wantCP: 11},
+			},
+			wantFloor: 11,
+		},
+		{
+			name:   "server ack floor above the stored checkpoint",
+			stored: 2,
+			steps: []step{
+				{op: "start", a: 7, b: 7, c: 7},
+				{op: "see", c: 8, a: 8},
+				{op: "batch", a: 8, wantCP: 8},
+			},
+			wantFloor: 8,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &floorState{floor: tt.stored}
+			now := time.Unix(0, 0)
+			for i, s := range tt.steps {
+				switch s.op {
+				case "start":
+					f.start(s.a, s.b, s.c)
+				case "see":
+					if held := f.see(s.c, s.a); held != s.wantHeld {
+						t.Fatalf("step %d: see(%d, %d) held = %v, want %v", i, s.c, s.a, held, s.wantHeld)
+					}
+				case "batch":
+					cp := f.checkpoint(s.a)
+					if cp != s.wantCP {
+						t.Fatalf("step %d: checkpoint = %d, want %d", i, cp, s.wantCP)
+					}
+					f.handled(s.a, cp)
+				case "ackfloor":
+					now = now.Add(barrierCheckEvery)
+					if f.barrier != 0 && !f.wantAckFloor(now) {
+						t.Fatalf("step %d: barrier set but no ack floor check wanted", i)
+					}
+					f.ackFloor(s.a)
+				}
+			}
+			if f.floor != tt.wantFloor {
+				t.Errorf("floor = %d, want %d", f.floor, tt.wantFloor)
+			}
+		})
+	}
+}
