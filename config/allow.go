@@ -243,10 +243,3 @@ func checkPattern(p string) error {
 	}
 	return nil
 }
-
-func transportOf(name string) codec.Transport {
-	if name == "nats" {
-		return codec.TransportNATS
-	}
-	return codec.TransportKafka
-}

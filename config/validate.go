@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"github.com/delaybridge/delaybridge/codec"
 	"net"
 	"net/url"
 	"os"
@@ -157,7 +158,7 @@ func (c *Config) validateKafka(v *validator, k *Kafka) {
 		} else if err := checkKafkaTopic(src.DLQ); err != nil {
 			v.add(key+".dlq", "%v", err)
 		}
-		c.checkDefaultTarget(v, key+".default_target", src.DefaultTarget, "kafka")
+		c.checkDefaultTarget(v, key+".default_target", src.DefaultTarget, codec.TransportKafka)
 	}
 	// A DLQ that is also a delay topic would read dead letters back in.
 	for i, src := range k.Sources {
@@ -250,41 +251,28 @@ func (c *Config) validateNATS(v *validator, n *NATS) {
 				}
 			}
 		}
-		c.checkDefaultTarget(v, key+".default_target", src.DefaultTarget, "nats")
+		c.checkDefaultTarget(v, key+".default_target", src.DefaultTarget, codec.TransportNATS)
 	}
 }
 
-// checkDefaultTarget checks a source's default target: its syntax, that a
-// transport it crosses to is configured, and that targets.allow lets it
-// through (otherwise every message without delay-target would dead-letter).
-func (c *Config) checkDefaultTarget(v *validator, key, target, own string) {
+// checkDefaultTarget checks a source's default target with the parser the
+// codec applies to it at run time (codec.ParseTarget), that a transport it
+// crosses to is configured, and that targets.allow lets it through:
+// otherwise every message without delay-target would be dead-lettered.
+func (c *Config) checkDefaultTarget(v *validator, key, target string, own codec.Transport) {
 	if target == "" {
 		return
 	}
-	transport, name := own, target
-	if t, rest, ok := strings.Cut(target, ":"); ok && (t == "kafka" || t == "nats") {
-		transport, name = t, rest
-	}
-	var err error
-	switch transport {
-	case "kafka":
-		if c.Kafka == nil {
-			v.add(key, "%q names Kafka, which is not configured", target)
-			return
-		}
-		err = checkKafkaTopic(name)
-	case "nats":
-		if c.NATS == nil {
-			v.add(key, "%q names NATS, which is not configured", target)
-			return
-		}
-		err = checkSubject(name, false)
-	}
+	t, name, err := codec.ParseTarget(target, own)
 	if err != nil {
 		v.add(key, "%v", err)
 		return
 	}
-	if !c.AllowTarget(transportOf(transport), name) {
+	if (t == codec.TransportKafka && c.Kafka == nil) || (t == codec.TransportNATS && c.NATS == nil) {
+		v.add(key, "%q names %s, which is not configured", target, t)
+		return
+	}
+	if !c.AllowTarget(t, name) {
 		v.add(key, "%q is not allowed by targets.allow", target)
 	}
 }
@@ -388,8 +376,10 @@ func checkSubject(s string, wildcards bool) error {
 	if s == "" {
 		return errors.New("empty subject")
 	}
-	if strings.ContainsAny(s, " \t\r\n") {
-		return fmt.Errorf("subject %q contains white space", s)
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c == 0x7f {
+			return fmt.Errorf("subject %q contains white space or a control character", s)
+		}
 	}
 	toks := strings.Split(s, ".")
 	for i, t := range toks {

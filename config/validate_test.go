@@ -70,11 +70,11 @@ func TestValidate(t *testing.T) {
 		{"kafka dlq loops", func(c *Config) { c.Kafka.Sources[0].DLQ = "delay" }, "kafka.sources[0].dlq: \"delay\" is a delay topic"},
 		{"kafka default target ok", func(c *Config) { c.Kafka.Sources[0].DefaultTarget = "orders" }, ""},
 		{"kafka default target cross ok", func(c *Config) { c.Kafka.Sources[0].DefaultTarget = "nats:orders.x" }, ""},
-		{"kafka default target bad", func(c *Config) { c.Kafka.Sources[0].DefaultTarget = "or ders" }, "kafka.sources[0].default_target: topic"},
+		{"kafka default target bad", func(c *Config) { c.Kafka.Sources[0].DefaultTarget = "or ders" }, `kafka.sources[0].default_target: codec: target "or ders": Kafka topic has illegal character`},
 		{"kafka default target unconfigured transport", func(c *Config) {
 			c.NATS = nil
 			c.Kafka.Sources[0].DefaultTarget = "nats:x"
-		}, `kafka.sources[0].default_target: "nats:x" names NATS, which is not configured`},
+		}, `kafka.sources[0].default_target: "nats:x" names nats, which is not configured`},
 		{"kafka default target not allowed", func(c *Config) {
 			c.Targets.Allow = []string{"nats:*"}
 			c.Kafka.Sources[0].DefaultTarget = "orders"
@@ -123,8 +123,10 @@ func TestValidate(t *testing.T) {
 			c.NATS.Sources = append(c.NATS.Sources, NATSSource{Subject: "dlq.*", DLQ: "other.dlq"})
 		}, `nats.sources[0].dlq: "dlq.delay" is matched by nats.sources[1].subject "dlq.*"`},
 		{"nats dlq sibling ok", func(c *Config) { c.NATS.Sources[0].DLQ = "delay" }, ""},
-		{"nats default target", func(c *Config) { c.NATS.Sources[0].DefaultTarget = "a.*" }, "nats.sources[0].default_target: subject \"a.*\": wildcards"},
-		{"nats default target cross", func(c *Config) { c.NATS.Sources[0].DefaultTarget = "kafka:bad topic" }, "nats.sources[0].default_target: topic"},
+		{"nats default target", func(c *Config) { c.NATS.Sources[0].DefaultTarget = "a.*" }, "nats.sources[0].default_target: codec: target \"a.*\": NATS subject has wildcard"},
+		{"nats default target cross", func(c *Config) { c.NATS.Sources[0].DefaultTarget = "kafka:bad topic" }, "nats.sources[0].default_target: codec: target \"kafka:bad topic\""},
+		{"default target unknown prefix", func(c *Config) { c.NATS.Sources[0].DefaultTarget = "foo:bar" }, "nats.sources[0].default_target: codec: target \"foo:bar\": unknown transport prefix"},
+		{"nats dlq control char", func(c *Config) { c.NATS.Sources[0].DLQ = "dlq\x01x" }, "nats.sources[0].dlq: subject"},
 		{"nats user without password", func(c *Config) { c.NATS.User = "u" }, "nats.password: required with nats.user"},
 		{"nats password without user", func(c *Config) { c.NATS.Password = "p" }, "nats.user: required with nats.password"},
 		{"nats two auth methods", func(c *Config) { c.NATS.Token = "t"; c.NATS.CredsFile = readable }, "nats: set only one of user/password, token and creds_file"},
