@@ -3,20 +3,47 @@
 //
 // The Source joins a consumer group with kafka-go's ConsumerGroup and
 // Generation API and runs one worker per assigned partition. A worker seeks
-// to max(committed offset, stored checkpoint + 1), fetches record batches
-// with the low-level Client.Fetch (the only kafka-go read path that tells a
-// null value from an empty one, which tombstone cancels need), hands each
+// to max(committed offset, stored checkpoint + 1) (and commits that offset
+// at once when the store is ahead), fetches record batches, hands each
 // batch to the bridge Handler and commits offset+1 only after Handle
 // returned nil and only while the generation that owns the partition is
 // alive. A failed Handle is retried with backoff, never skipped. The
 // checkpoint stored with the tasks makes ingest exactly-once into the store
 // even when the process dies between the store commit and the offset
-// commit.
+// commit. Fetching runs one batch ahead of the handler, so the next fetch
+// overlaps the store's fsync.
 //
 // The Sink publishes a fire batch with one Writer.WriteMessages call,
 // acks=all, the Java client's murmur2 key partitioning, and no topic
 // auto-creation, so a missing target is a per-task publish error that the
 // engine retries and eventually dead-letters.
+//
+// kafka-go behaviours this package works around:
+//
+//   - Reader, Conn and Batch read a null value and an empty value both as a
+//     nil slice, so a tombstone cannot be told apart. The Source sends raw
+//     Fetch requests through the Transport: protocol.Record.Value is nil
+//     only for a null value. Client.Fetch would do too, but it drops the
+//     aborted-transaction list, so aborted records would be read; the raw
+//     response keeps it and the Source filters like a read_committed Java
+//     consumer.
+//   - A ConsumerGroup subscribed to a topic that does not exist assigns
+//     nothing and starts generation after generation in a tight loop (its
+//     partition watcher ends each one at once). Run waits until every
+//     source topic exists (Health names the missing ones) before joining.
+//   - A function passed to Generation.Start that returns ends the whole
+//     generation, so partition workers return only when it ended or Run
+//     stops.
+//   - Writer.WriteMessages fails the whole call, not per message, on a
+//     metadata error (unknown topic) or on one record above BatchBytes. The
+//     Sink checks record sizes first and, on a whole-call failure, retries
+//     topic by topic so that only the bad topic's tasks fail.
+//   - The Writer keeps writing a batch after the caller's ctx ended, and
+//     retries with an uncancellable sleep; WriteAttempts and its backoff are
+//     kept small because the engine has its own retry policy.
+//   - kafka-go's sasl/scram needs github.com/xdg-go/scram, which is not a
+//     dependency of this module; SCRAM uses franz-go's client (already a
+//     dependency) behind kafka-go's sasl.Mechanism interface.
 package kafka
 
 import (

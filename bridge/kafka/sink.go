@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
+	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/metrics"
 	"github.com/delaybridge/delaybridge/shard"
@@ -21,9 +23,30 @@ type Sink struct {
 	transport *kafkago.Transport
 	log       *zap.Logger
 	m         *metrics.Metrics
+
+	mu     sync.Mutex
+	health error // last connection-level failure, nil after a success
 }
 
-var _ shard.Sink = (*Sink)(nil)
+var (
+	_ shard.Sink      = (*Sink)(nil)
+	_ bridge.Healther = (*Sink)(nil)
+)
+
+// Health reports the last connection-level publish failure (no broker,
+// authentication), or nil once a publish succeeded again. Errors of single
+// records or topics (missing topic, broker refusals) do not count.
+func (s *Sink) Health() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.health
+}
+
+func (s *Sink) setHealth(err error) {
+	s.mu.Lock()
+	s.health = err
+	s.mu.Unlock()
+}
 
 // NewSink validates cfg and builds a Sink. It does no I/O; Check connects.
 func NewSink(cfg Config) (*Sink, error) {
@@ -128,10 +151,12 @@ func (s *Sink) write(ctx context.Context, msgs []kafkago.Message, idx []int, err
 	}
 	err := s.w.WriteMessages(ctx, sub...)
 	if err == nil {
+		s.setHealth(nil)
 		return
 	}
 	var werrs kafkago.WriteErrors
 	if errors.As(err, &werrs) && len(werrs) == len(idx) {
+		s.setHealth(nil) // the brokers answered
 		for j, e := range werrs {
 			if e != nil {
 				errs[idx[j]] = publishError(msgs[idx[j]].Topic, e)
@@ -150,6 +175,10 @@ func (s *Sink) write(ctx context.Context, msgs []kafkago.Message, idx []int, err
 			order = append(order, t)
 		}
 		byTopic[t] = append(byTopic[t], i)
+	}
+	var protoErr kafkago.Error
+	if !errors.As(err, &protoErr) && ctx.Err() == nil {
+		s.setHealth(fmt.Errorf("kafka: publish: %w", classify(err)))
 	}
 	if !split || len(order) == 1 || ctx.Err() != nil {
 		for _, i := range idx {

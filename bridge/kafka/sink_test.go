@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"slices"
 	"testing"
 	"time"
@@ -280,5 +281,41 @@ func TestSinkNullAndEmptyValues(t *testing.T) {
 	recs := consumeAll(t, c, "out", 2)
 	if recs[0].Value != nil || recs[1].Value == nil || len(recs[1].Value) != 0 {
 		t.Fatalf("values %#v %#v: want null then empty", recs[0].Value, recs[1].Value)
+	}
+}
+
+func TestSinkHealth(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	cfg := testConfig(t, []string{addr}, "")
+	cfg.DialTimeout = 200 * time.Millisecond
+	s, err := NewSink(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if errs := s.Deliver(context.Background(), []*codec.Task{task("out", "k", "v")}); len(errs) != 1 || errs[0] == nil {
+		t.Fatalf("Deliver to nowhere: %v", errs)
+	}
+	if err := s.Health(); err == nil {
+		t.Fatal("Health nil with no broker")
+	}
+
+	c := newCluster(t, kfake.SeedTopics(1, "out"))
+	ok, err := NewSink(testConfig(t, c.ListenAddrs(), ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ok.Close()
+	// A missing topic is the task's problem, not the sink's.
+	if errs := ok.Deliver(context.Background(), []*codec.Task{task("missing", "k", "v")}); errs == nil {
+		t.Fatal("Deliver to a missing topic succeeded")
+	}
+	if err := ok.Health(); err != nil {
+		t.Fatalf("Health after a missing topic: %v", err)
 	}
 }

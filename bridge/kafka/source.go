@@ -200,9 +200,15 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 	if err != nil {
 		return fmt.Errorf("%w: consumer group: %w", ErrConfig, err)
 	}
-	// Close ends the current generation, waits for the partition workers
-	// (they watch ctx) and leaves the group.
-	defer func() { _ = cg.Close() }()
+	// On return, first let the partition workers (they watch ctx) commit
+	// what they stored and exit, then close the group: closing it first
+	// would end the generation under them and skip that last commit. Close
+	// leaves the group.
+	var workers sync.WaitGroup
+	defer func() {
+		workers.Wait()
+		_ = cg.Close()
+	}()
 
 	joined := false
 	for {
@@ -230,7 +236,9 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			zap.String("member", gen.MemberID), zap.Any("assignments", assignmentsOf(gen)))
 		for topic, parts := range gen.Assignments {
 			for _, pa := range parts {
+				workers.Add(1)
 				gen.Start(func(gctx context.Context) {
+					defer workers.Done()
 					s.runPartition(ctx, gctx, gen, h, topic, pa)
 				})
 			}
