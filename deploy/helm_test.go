@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -582,6 +583,20 @@ func checkStatefulSet(t *testing.T, sts appsv1.StatefulSet, configMap string, cf
 	// Resources.
 	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
 		t.Errorf("resources %+v: want cpu/memory requests and a memory limit", c.Resources)
+	}
+
+	// GOMEMLIMIT: 90% of the memory limit, below the OOM killer.
+	gomem := ""
+	for _, e := range c.Env {
+		if e.Name == "GOMEMLIMIT" {
+			gomem = e.Value
+		}
+	}
+	if limit := c.Resources.Limits.Memory().Value(); limit > 0 {
+		n, err := strconv.ParseInt(gomem, 10, 64)
+		if want := limit * 9 / 10; err != nil || n < want-1 || n > want+1 {
+			t.Errorf("GOMEMLIMIT %q, want 90%% of the %d byte limit (%d)", gomem, limit, want)
+		}
 	}
 
 	// Graceful shutdown fits in the grace period.

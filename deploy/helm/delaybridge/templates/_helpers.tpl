@@ -227,3 +227,19 @@ The bridge's config.yaml: the user's config with the chart-only keys
 {{- end }}
 {{- toYaml $c }}
 {{- end }}
+
+{{/*
+90% of resources.limits.memory in bytes, for GOMEMLIMIT: the Go GC starts
+working hard before the kernel's OOM killer does. Empty when the limit is
+not a whole number with a binary or decimal suffix (then the env var falls
+back to the full limit through resourceFieldRef).
+*/}}
+{{- define "delaybridge.goMemLimit" -}}
+{{- $m := toString .Values.resources.limits.memory }}
+{{- $units := dict "" 1 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 }}
+{{- $num := regexFind "^[0-9]+" $m }}
+{{- $unit := trimPrefix $num $m }}
+{{- if and $num (hasKey $units $unit) }}
+{{- div (mul (int64 $num) (index $units $unit) 9) 10 }}
+{{- end }}
+{{- end }}
