@@ -1,0 +1,198 @@
+package fault
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+// load publishes uniquely numbered messages to the Kafka delay topic and
+// the NATS delay subjects until stopped, with delays of 0-2 s and targets
+// on both transports (half of them crossing). A message counts as sent
+// only when the broker acknowledged it.
+type load struct {
+	b     *brokers
+	mu    sync.Mutex
+	sent  map[string]bool
+	fails atomic.Int64 // publishes the broker did not acknowledge (outages)
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+	pace  time.Duration
+}
+
+func startLoad(t *testing.T, b *brokers, pace time.Duration) *load {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &load{b: b, sent: map[string]bool{}, stop: cancel, pace: pace}
+	kcl := b.kafkaClient(kgo.MaxBufferedRecords(2000))
+	nc := b.natsConn()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.wg.Go(func() {
+		rng := rand.New(rand.NewPCG(1, 1))
+		var inflight sync.WaitGroup
+		for i := 0; ctx.Err() == nil; i++ {
+			v := "k" + strconv.Itoa(i)
+			target := kafkaTarget
+			if i%2 == 1 {
+				target = "nats:orders.fromkafka"
+			}
+			r := kafkaRecord(int32(i%3), []byte(v), []byte(v), hdr(
+				codec.HeaderAfter, strconv.Itoa(rng.IntN(2001)), codec.HeaderTarget, target))
+			inflight.Add(1)
+			kcl.Produce(context.Background(), r, func(_ *kgo.Record, err error) {
+				defer inflight.Done()
+				if err != nil {
+					l.fails.Add(1)
+					return
+				}
+				l.mark(v)
+			})
+			sleepCtx(ctx, l.pace)
+		}
+		inflight.Wait()
+		kcl.Close()
+	})
+	l.wg.Go(func() {
+		rng := rand.New(rand.NewPCG(2, 2))
+		for i := 0; ctx.Err() == nil; i++ {
+			v := "n" + strconv.Itoa(i)
+			target := "orders.fromnats"
+			if i%2 == 1 {
+				target = "kafka:" + kafkaTarget
+			}
+			m := natsMsg("delay.load", []byte(v), hdr(
+				codec.HeaderAfter, strconv.Itoa(rng.IntN(2001))+"ms", codec.HeaderTarget, target, codec.HeaderNatsMsgID, v))
+			pctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, err := js.PublishMsg(pctx, m, jetstream.WithRetryAttempts(0))
+			cancel()
+			if err != nil {
+				l.fails.Add(1)
+			} else {
+				l.mark(v)
+			}
+			sleepCtx(ctx, l.pace)
+		}
+		nc.Close()
+	})
+	return l
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+func (l *load) mark(v string) {
+	l.mu.Lock()
+	l.sent[v] = true
+	l.mu.Unlock()
+}
+
+// finish stops publishing and returns the acknowledged messages.
+func (l *load) finish() map[string]bool {
+	l.stop()
+	l.wg.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.sent
+}
+
+// tally compares what was sent with what reached the targets.
+type tally struct {
+	sent, delivered, duplicates, lost, unsent int
+}
+
+func count(sent map[string]bool, got map[string][]delivery) tally {
+	var t tally
+	t.sent = len(sent)
+	for v, ds := range got {
+		if !sent[v] {
+			t.unsent++ // published, but the publisher saw an error (ambiguous during an outage)
+		}
+		t.delivered++
+		t.duplicates += len(ds) - 1
+	}
+	for v := range sent {
+		if len(got[v]) == 0 {
+			t.lost++
+		}
+	}
+	return t
+}
+
+// drainWait is how long the end of a test waits for the backlog to reach
+// the targets. It covers the broker-side timeouts a kill -9 leaves behind:
+// the JetStream ack wait of messages delivered to the dead process (30 s)
+// and the Kafka group session of the dead member (30 s).
+const drainWait = 3 * time.Minute
+
+// TestKill9UnderLoad SIGKILLs the bridge at random moments while messages
+// keep arriving on both transports, restarts it each time, and checks at
+// the end that every acknowledged message reached its target: none lost,
+// duplicates only from deliveries in flight at a kill.
+func TestKill9UnderLoad(t *testing.T) {
+	rounds := 3
+	if long() {
+		rounds = 20
+	}
+	const fireBatch, shards = 64, 4
+	b := newBrokers(t, 0)
+	col := b.collect(t)
+	r := newRunner(t, b, bridgeConfig{fireBatch: fireBatch})
+	l := startLoad(t, b, 4*time.Millisecond)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	for round := range rounds {
+		p := r.start()
+		// Kill only once the sources run (the kill moment within the
+		// load is random); readiness over HTTP is TestBrokerOutage's job.
+		p.waitLog(90*time.Second, "delaybridge running")
+		wait := time.Duration(500+rng.IntN(2500)) * time.Millisecond
+		time.Sleep(wait) // real load runs meanwhile; the kill moment is random
+		p.kill()
+		t.Logf("round %d: killed %v after ready", round+1, wait)
+	}
+	p := r.start()
+	p.waitLog(90*time.Second, "delaybridge running")
+	time.Sleep(time.Second)
+	sent := l.finish()
+	var tl tally
+	ok := waitFor(drainWait, func() bool {
+		tl = count(sent, col.byValue(isTarget))
+		return tl.lost == 0
+	})
+	if err := p.term(); err != nil {
+		t.Errorf("final bridge: %v", err)
+	}
+	t.Logf("%d kills: sent %d (publisher errors %d), delivered %d unique, %d duplicates, %d lost, %d delivered whose publish reported an error",
+		rounds, tl.sent, l.fails.Load(), tl.delivered, tl.duplicates, tl.lost, tl.unsent)
+	if !ok || tl.lost > 0 {
+		t.Fatalf("%d acknowledged messages lost", tl.lost)
+	}
+	if limit := rounds * shards * fireBatch; tl.duplicates > limit {
+		t.Errorf("%d duplicates, more than the %d that can be in flight at %d kills (%d shards x fire_batch %d)",
+			tl.duplicates, limit, rounds, shards, fireBatch)
+	}
+	if dl := col.byValue(isDLQ); len(dl) > 0 {
+		t.Errorf("%d good messages dead-lettered", len(dl))
+		for v, ds := range dl {
+			t.Logf("dead letter %s: %s %s", v, ds[0].headers[codec.HeaderError], ds[0].headers[codec.HeaderErrorDetail])
+			break
+		}
+	}
+}
