@@ -2,8 +2,10 @@ package shard
 
 import (
 	"context"
+
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"math"
 	"sync"
 	"time"
@@ -34,14 +36,56 @@ func (e *Engine) Run(ctx context.Context, sink Sink) error {
 	}
 	var wg sync.WaitGroup
 	for _, s := range e.shards {
-		wg.Add(1)
+		wg.Add(2)
+		commits := make(chan *fireCommit, fireCommitDepth)
 		go func() {
 			defer wg.Done()
-			s.loop(ctx, sink)
+			s.commitLoop(commits)
+		}()
+		go func() {
+			defer wg.Done()
+			defer close(commits)
+			s.loop(ctx, sink, commits)
 		}()
 	}
 	wg.Wait()
 	return nil
+}
+
+// fireCommitDepth bounds the fire batches of a shard whose delete commit is
+// applied but not yet fsynced.
+const fireCommitDepth = 4
+
+// fireCommit is an applied fire-batch commit waiting for its fsync.
+type fireCommit struct {
+	b     *pebble.Batch
+	pb    *pendingBatch
+	start time.Time
+	obs   prometheus.Observer
+	op    string
+}
+
+// commitLoop waits for the fsync of each applied fire batch in order and
+// then lets its rescheduled tasks into the wheel.
+func (s *shard) commitLoop(commits <-chan *fireCommit) {
+	e := s.e
+	for c := range commits {
+		err := c.b.SyncWait()
+		c.obs.Observe(time.Since(c.start).Seconds())
+		if err != nil {
+			err = e.fail(c.op, err)
+			e.log.Error("fire: commit failed", zap.Int("shard", s.id), zap.Error(err))
+		} else {
+			c.b.Close()
+		}
+		s.mu.Lock()
+		if err != nil {
+			s.abandonLocked(c.pb)
+		} else {
+			s.completeLocked(c.pb)
+		}
+		s.mu.Unlock()
+	}
 }
 
 // fireItem is one task taken from the wheel for delivery.
@@ -51,7 +95,7 @@ type fireItem struct {
 	task *codec.Task
 }
 
-func (s *shard) loop(ctx context.Context, sink Sink) {
+func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit) {
 	timer := s.e.clk.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -87,7 +131,9 @@ func (s *shard) loop(ctx context.Context, sink Sink) {
 			continue
 		}
 		s.mu.Unlock()
-		s.deliver(ctx, sink, items)
+		if fc := s.deliver(ctx, sink, items); fc != nil {
+			commits <- fc
+		}
 	}
 }
 
@@ -279,7 +325,7 @@ func (s *shard) collectLocked(now int64) ([]fireItem, error) {
 // deliver hands a batch to the sink and records the outcome in one synced
 // commit: acknowledged tasks are deleted, failed ones rescheduled with
 // backoff or dead-lettered.
-func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) {
+func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireCommit {
 	e := s.e
 	batch := make([]*codec.Task, len(items))
 	for i := range items {
@@ -301,7 +347,12 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := e.db.NewBatch()
-	defer b.Close()
+	batch0 := b
+	defer func() {
+		if b != nil {
+			b.Close()
+		}
+	}()
 	idx := indexReader{db: e.db}
 	defer idx.close()
 	var (
@@ -394,22 +445,34 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) {
 	if anyRetry {
 		op, obs = "retry", e.commitRetry
 	}
-	if !b.Empty() {
-		if err := e.commit(b, op, obs); err != nil {
+	ops := make([]wheelOp, len(readds))
+	for i, it := range readds {
+		ops[i] = wheelOp{it.fire, it.seq}
+	}
+	var fc *fireCommit
+	if b.Empty() {
+		// Nothing changed in the store: the tasks are where they were.
+		for _, op := range ops {
+			s.addLocked(op.fire, op.seq)
+		}
+		s.inWheelG.Set(float64(s.w.Len()))
+	} else {
+		// Apply now and let the shard's committer wait for the fsync, so
+		// the next due batch is delivered meanwhile. Rescheduled tasks
+		// enter the wheel once durable.
+		pb := &pendingBatch{ops: ops, delta: delta}
+		s.enqueueLocked(pb)
+		start := time.Now()
+		if err := e.applyNoSyncWait(b, op); err != nil {
+			s.abandonLocked(pb)
 			// Nothing of this round is recorded; the tasks stay stored and
 			// are delivered again after a restart.
 			e.log.Error("fire: commit failed", zap.Int("shard", s.id), zap.Error(err))
-			return
+			return nil
 		}
+		b = nil // owned by the committer now
+		fc = &fireCommit{b: batch0, pb: pb, start: start, obs: obs, op: op}
 	}
-	for _, it := range readds {
-		if it.fire < s.horizonEnd {
-			s.w.Add(it.fire, it.seq)
-		}
-	}
-	s.pending += delta
-	s.pendingG.Set(float64(s.pending))
-	s.inWheelG.Set(float64(s.w.Len()))
 	for _, i := range acked {
 		t := items[i].task
 		kind := "task"
@@ -440,6 +503,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) {
 	if ackFailed {
 		e.log.Warn("fire: some outcomes not recorded; tasks will be delivered again", zap.Int("shard", s.id))
 	}
+	return fc
 }
 
 // backoff is the delay before attempt n+1 after n failed publishes:

@@ -114,7 +114,7 @@ func (e *Engine) settled() bool {
 	now := e.clk.Now()
 	for _, s := range e.shards {
 		s.mu.Lock()
-		ok := s.parked && now.Before(s.parkUntil) && len(s.notify) == 0
+		ok := s.parked && now.Before(s.parkUntil) && len(s.notify) == 0 && len(s.queue) == 0
 		s.mu.Unlock()
 		if !ok {
 			return false
