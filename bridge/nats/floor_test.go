@@ -79,7 +79,7 @@ func TestFloorState(t *testing.T) {
 			wantFloor: 3,
 		},
 		{
-			name: "clean restart: nothing pending, no barrier",
+			name:   "clean restart: nothing pending, no barrier",
 			stored: 10,
 			steps: []step{
 				{op: "start", a: 10, b: 10, c: 12},

@@ -3,7 +3,6 @@ package nats
 import (
 	"context"
 	"errors"
-	"net"
 	"slices"
 	"sync"
 	"testing"
@@ -47,18 +46,6 @@ func startServer(t testing.TB, opts *server.Options) *server.Server {
 		s.WaitForShutdown()
 	})
 	return s
-}
-
-// restartServer shuts s down and starts a new server on the same port and
-// store directory.
-func restartServer(t testing.TB, s *server.Server, opts *server.Options) *server.Server {
-	t.Helper()
-	port := s.Addr().(*net.TCPAddr).Port
-	s.Shutdown()
-	s.WaitForShutdown()
-	o := opts.Clone()
-	o.Port = port
-	return startServer(t, o)
 }
 
 func serverURL(s *server.Server) string { return s.ClientURL() }

@@ -103,7 +103,7 @@ func TestServerRestart(t *testing.T) {
 	}
 	o := opts.Clone()
 	o.Port = port
-	s = startServer(t, o)
+	startServer(t, o) // same port and store directory
 	eventually(t, "source and sink healthy", func() bool { return src.Health() == nil && sink.Health() == nil })
 
 	for i := half; i < 2*half; i++ {
