@@ -1,21 +1,3 @@
-// Package nats is the NATS JetStream adapter of the bridge: a Source that
-// reads the delay subjects through one durable pull consumer, and a Sink that
-// delivers due tasks with JetStream publishes acknowledged by PubAck.
-//
-// The Source acks a message only after the Handler made its batch durable,
-// and hands over with each batch a checkpoint "nats|STREAM|FILTERS": a
-// stream sequence at or below which every message is held. After a crash,
-// messages at or below the stored checkpoint are acked without being handed
-// over again, so JetStream's redeliveries of messages the store already
-// holds are not ingested twice.
-//
-// The Sink publishes a fire batch asynchronously with a bounded window and
-// waits for every PubAck. Each delivery carries Nats-Msg-Id = "<delay-id>|<delay-due>"
-// so that a target stream drops the duplicate when a task is re-published
-// after a crash (within the stream's duplicate window). A target subject that
-// no stream listens on is delivered with a core NATS publish instead: best
-// effort, without a broker acknowledgement, counted in
-// delaybridge_best_effort_deliveries_total.
 package nats
 
 import (

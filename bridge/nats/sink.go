@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/shard"
 )
@@ -20,31 +21,9 @@ import (
 const dueLayout = "2006-01-02T15:04:05.000Z07:00"
 
 // Sink delivers due tasks to NATS subjects. It implements shard.Sink and
-// bridge.Healther; Deliver may be called from several shards at once.
-//
-// A delivery is a JetStream publish acknowledged by a PubAck. Its
-// Nats-Msg-Id header is "<task id>|<delay-due>" (an extension of the
-// contract): when a task is delivered again after a crash, before its
-// deletion from the store was durable, a target stream with a duplicate
-// window drops the copy. The source message's own Nats-Msg-Id and other
-// JetStream publish directives (Nats-Expected-*, Nats-TTL, Nats-Rollup,
-// Nats-Schedule*, Nats-Batch-*, Nats-Incr) are not forwarded: they were
-// meant for the publish to the delay stream and would make the delivery
-// fail or change meaning.
-//
-// A target subject that no stream captures is delivered with a core NATS
-// publish followed by one flush: best effort (a subscriber that is not
-// listening misses it), counted in BestEffort. Whether a stream captures a
-// subject is read from the account's stream list, fetched at most once per
-// Config.NoStreamTTL, so neither a failed JetStream round trip per delivery
-// nor a wait for a PubAck that never comes (core subscribers on the subject
-// would swallow the request) is paid. A stream created later is used once
-// the list is read again; a JetStream publish that meets "no responders"
-// (the stream was deleted) or times out makes the next Deliver re-read the
-// list. (A core publish on a subject a stream captures is still stored by
-// that stream, only without an acknowledgement.) Streams reached through
-// another account's import are not in the list: such targets get core
-// NATS too.
+// bridge.Healther; Deliver may be called from several shards at once. See
+// the package documentation for the Nats-Msg-Id of deliveries, the headers
+// not forwarded, and core NATS delivery to subjects without a stream.
 type Sink struct {
 	nc      *natsgo.Conn
 	js      jetstream.JetStream
@@ -59,7 +38,10 @@ type Sink struct {
 	now       func() time.Time
 }
 
-var _ shard.Sink = (*Sink)(nil)
+var (
+	_ shard.Sink      = (*Sink)(nil)
+	_ bridge.Healther = (*Sink)(nil)
+)
 
 // NewSink returns a Sink publishing on nc.
 func NewSink(nc *natsgo.Conn, cfg Config) (*Sink, error) {
