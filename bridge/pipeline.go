@@ -9,7 +9,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/delaybridge/delaybridge/codec"
-	"github.com/delaybridge/delaybridge/metrics"
 	"github.com/delaybridge/delaybridge/shard"
 )
 
@@ -25,20 +24,16 @@ type Engine interface {
 type Pipeline struct {
 	eng Engine
 	log *zap.Logger
-	m   *metrics.Metrics
 	// tasks recycles the per-batch task slices: Ingest does not keep them.
 	tasks sync.Pool
 }
 
 // NewPipeline returns a Pipeline ingesting into eng.
-func NewPipeline(eng Engine, log *zap.Logger, m *metrics.Metrics) *Pipeline {
+func NewPipeline(eng Engine, log *zap.Logger) *Pipeline {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	if m == nil {
-		m = metrics.New(nil)
-	}
-	return &Pipeline{eng: eng, log: log, m: m}
+	return &Pipeline{eng: eng, log: log}
 }
 
 // Handle parses every message of b and ingests the result durably. Messages
@@ -62,10 +57,10 @@ func (p *Pipeline) Handle(ctx context.Context, b *Batch) error {
 	if err := p.eng.Ingest(ctx, tasks, b.Checkpoints); err != nil {
 		return fmt.Errorf("bridge: ingest batch of %d: %w", len(tasks), err)
 	}
+	// The engine counts what it took in (delaybridge_ingested_total); the
+	// pipeline only says why a message was dead-lettered.
 	for i := range tasks {
-		t := &tasks[i]
-		p.m.Ingested.WithLabelValues(t.Source).Inc()
-		if t.Kind == codec.KindDeadLetter {
+		if t := &tasks[i]; t.Kind == codec.KindDeadLetter {
 			p.log.Warn("dead-lettered message",
 				zap.String("code", string(t.Code)),
 				zap.String("detail", t.Detail),

@@ -1,0 +1,139 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/clock"
+	"github.com/delaybridge/delaybridge/shard"
+)
+
+func openEngine(t *testing.T, clk clock.Clock) *shard.Engine {
+	t.Helper()
+	eng, err := shard.Open(shard.Options{Dir: t.TempDir(), Shards: 2, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Close() })
+	return eng
+}
+
+func TestPipelineHandle(t *testing.T) {
+	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	rules := &codec.Rules{DLQ: "delay.dlq"}
+	msg := func(off int64, key string, hs ...string) Item {
+		m := codec.Message{Transport: codec.TransportKafka, Source: "delay", Offset: off, Key: []byte(key), Value: []byte("v"), Time: now}
+		for i := 0; i+1 < len(hs); i += 2 {
+			m.Headers = append(m.Headers, codec.Header{Key: hs[i], Value: []byte(hs[i+1])})
+		}
+		return Item{Msg: m, Rules: rules}
+	}
+	tests := []struct {
+		name        string
+		items       []Item
+		wantPending int64
+		wantDLQLogs []string // codes logged, in order
+		wantErr     bool
+	}{
+		{"schedules", []Item{msg(0, "a", "delay-after", "1m", "delay-target", "t"), msg(1, "b", "delay-after", "2m", "delay-target", "t")}, 2, nil, false},
+		{"replace by key", []Item{msg(0, "a", "delay-after", "1m", "delay-target", "t"), msg(1, "a", "delay-after", "2m", "delay-target", "t")}, 1, nil, false},
+		{"cancel in the same batch", []Item{msg(0, "a", "delay-after", "1m", "delay-target", "t"), msg(1, "a", "delay-cancel", "true")}, 0, nil, false},
+		{"bad input is a dead letter in the same commit", []Item{msg(0, "a", "delay-target", "t"), msg(1, "b", "delay-after", "x", "delay-target", "t")}, 2,
+			[]string{"missing-due", "bad-due"}, false},
+		{"message without rules is refused whole", []Item{msg(0, "a", "delay-after", "1m", "delay-target", "t"), {Msg: codec.Message{Source: "delay"}}}, 0, nil, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			eng := openEngine(t, clock.NewFake(now))
+			core, logs := observer.New(zap.WarnLevel)
+			p := NewPipeline(eng, zap.New(core))
+			err := p.Handle(context.Background(), &Batch{Items: tc.items, Checkpoints: []shard.Checkpoint{{Key: "kafka|delay|0", Offset: 41}}})
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("Handle error = %v, want error %v", err, tc.wantErr)
+			}
+			if got := eng.Stats().Pending; got != tc.wantPending {
+				t.Errorf("pending = %d, want %d", got, tc.wantPending)
+			}
+			var codes []string
+			for _, e := range logs.All() {
+				codes = append(codes, e.ContextMap()["code"].(string))
+			}
+			if !slices.Equal(codes, tc.wantDLQLogs) {
+				t.Errorf("dead-letter log codes %v, want %v", codes, tc.wantDLQLogs)
+			}
+			off, ok, err := p.Checkpoint("kafka|delay|0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stored := ok && off == 41; stored == tc.wantErr {
+				t.Errorf("checkpoint stored = %v (offset %d), want %v: it must be in the same commit as the batch", stored, off, !tc.wantErr)
+			}
+		})
+	}
+}
+
+// sinkFunc is an in-memory shard.Sink for routing tests.
+type sinkFunc func(ctx context.Context, batch []*codec.Task) []error
+
+func (f sinkFunc) Deliver(ctx context.Context, batch []*codec.Task) []error { return f(ctx, batch) }
+
+func TestSinksRouting(t *testing.T) {
+	errDown := errors.New("down")
+	var gotKafka, gotNATS []string
+	kafka := sinkFunc(func(_ context.Context, b []*codec.Task) []error {
+		errs := make([]error, len(b))
+		for i, t := range b {
+			gotKafka = append(gotKafka, t.Target)
+			if t.Target == "fail" {
+				errs[i] = errDown
+			}
+		}
+		return errs
+	})
+	nats := sinkFunc(func(_ context.Context, b []*codec.Task) []error {
+		for _, t := range b {
+			gotNATS = append(gotNATS, t.Target)
+		}
+		return nil
+	})
+	task := func(tr codec.Transport, target string) *codec.Task { return &codec.Task{Transport: tr, Target: target} }
+	batch := []*codec.Task{
+		task(codec.TransportKafka, "k1"), task(codec.TransportNATS, "n1"), task(codec.TransportKafka, "fail"),
+		task(codec.TransportNATS, "n2"), task(codec.TransportKafka, "k2"),
+	}
+	tests := []struct {
+		name      string
+		sinks     Sinks
+		wantErrAt map[int]error
+		wantKafka []string
+		wantNATS  []string
+	}{
+		{"both transports", Sinks{Kafka: kafka, NATS: nats}, map[int]error{2: errDown}, []string{"k1", "fail", "k2"}, []string{"n1", "n2"}},
+		{"no NATS publisher", Sinks{Kafka: kafka}, map[int]error{1: ErrNoTransport, 2: errDown, 3: ErrNoTransport}, []string{"k1", "fail", "k2"}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			gotKafka, gotNATS = nil, nil
+			errs := tc.sinks.Deliver(context.Background(), batch)
+			for i := range batch {
+				var err error
+				if errs != nil {
+					err = errs[i]
+				}
+				if want := tc.wantErrAt[i]; !errors.Is(err, want) || (want == nil) != (err == nil) {
+					t.Errorf("task %d: error %v, want %v", i, err, want)
+				}
+			}
+			if !slices.Equal(gotKafka, tc.wantKafka) || !slices.Equal(gotNATS, tc.wantNATS) {
+				t.Errorf("routed kafka %v nats %v, want %v %v (order kept per transport)", gotKafka, gotNATS, tc.wantKafka, tc.wantNATS)
+			}
+		})
+	}
+}

@@ -1,0 +1,340 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+// messages per transport in TestMixedDelays: 5 k each (10 k in all) with
+// DELAYBRIDGE_LONG=1, 1 k each in the CI form.
+func mixedCount() int {
+	if os.Getenv("DELAYBRIDGE_LONG") != "" {
+		return 5000
+	}
+	return 1000
+}
+
+// TestMixedDelays publishes messages with delays from 0 ms to 5 minutes on
+// both transports, moves the bridge clock forward in steps and checks that
+// every message arrives exactly once, on its target, never before its due
+// time.
+func TestMixedDelays(t *testing.T) {
+	e := newEnv(t, "")
+	svc, _ := e.start()
+	n := mixedCount()
+	rng := rand.New(rand.NewPCG(1, 2))
+	delays := map[string]time.Duration{}
+	for i := range n {
+		d := time.Duration(rng.IntN(300_000)) * time.Millisecond
+		if i%10 == 0 {
+			d = 0
+		}
+		kv, nv := "k"+strconv.Itoa(i), "n"+strconv.Itoa(i)
+		delays[kv], delays[nv] = d, d
+		e.publishKafka(int32(i%3), time.Time{}, []byte("key-"+strconv.Itoa(i)), []byte(kv),
+			"delay-after", strconv.FormatInt(d.Milliseconds(), 10), "delay-target", "orders")
+		e.publishNATS("delay.mixed", []byte(nv), "delay-after", d.String(), "delay-target", "orders.mixed")
+	}
+	e.advance(svc, 5*time.Minute+10*time.Second, 10*time.Second)
+	got := e.waitFor("all mixed deliveries", func(ds []delivery) bool { return len(byValue(ds, "")) >= 2*n })
+	for v, ds := range byValue(got, "") {
+		if len(ds) != 1 {
+			t.Errorf("%s delivered %d times", v, len(ds))
+		}
+		d := ds[0]
+		due, err := time.Parse(time.RFC3339Nano, d.header(codec.HeaderDue))
+		if err != nil {
+			t.Fatalf("%s: delay-due %q: %v", v, d.header(codec.HeaderDue), err)
+		}
+		if d.at.Before(due) {
+			t.Errorf("%s delivered at %v, before its due %v", v, d.at, due)
+		}
+		if _, ok := delays[v]; !ok {
+			t.Errorf("unexpected delivery %q", v)
+		}
+		wantDest := "orders"
+		if strings.HasPrefix(v, "n") {
+			wantDest = "orders.mixed"
+		}
+		if d.dest != wantDest {
+			t.Errorf("%s delivered to %s, want %s", v, d.dest, wantDest)
+		}
+	}
+	if st := svc.Engine().Stats(); st.Pending != 0 {
+		t.Errorf("pending after all fired: %d", st.Pending)
+	}
+}
+
+// TestContract pins CONTRACT §1-§3 through real brokers: headers in and
+// out, replace, cancel (header, tombstone, cancel before schedule),
+// equal-due order, cross-transport targets and every dead-letter code.
+func TestContract(t *testing.T) {
+	e := newEnv(t, "shards: 1\n") // one shard: equal-due tasks of different ids keep source order
+	svc, _ := e.start()
+	now := time.Now()
+	at := func(d time.Duration) string { return now.Add(d).UTC().Format(time.RFC3339Nano) }
+
+	// §2 headers: everything but the control headers, plus id/origin/due.
+	e.publishKafka(0, now, []byte("order-1"), []byte("headers"),
+		"Delay-After", "30s", "DELAY-TARGET", "orders", "x-app", "shop", "x-multi", "a", "x-multi", "b", "delay-key", "routed-key")
+	// Replace: the later schedule with the same id wins.
+	e.publishKafka(1, now, []byte("order-2"), []byte("replaced-old"), "delay-after", "20s", "delay-target", "orders")
+	e.publishKafka(1, now, []byte("order-2"), []byte("replaced-new"), "delay-after", "40s", "delay-target", "orders")
+	// Cancel by header, and by tombstone.
+	e.publishKafka(2, now, []byte("order-3"), []byte("cancelled"), "delay-after", "20s", "delay-target", "orders")
+	e.publishKafka(2, now, []byte("order-3"), []byte("ignored"), "delay-cancel", "true")
+	e.publishKafka(0, now, []byte("order-4"), []byte("tombstoned"), "delay-after", "20s", "delay-target", "orders")
+	e.publishKafka(0, now, []byte("order-4"), nil)
+	// A cancel on another partition with a later timestamp, read before
+	// its (older) schedule: the schedule is dropped when it arrives.
+	e.publishKafka(2, now.Add(time.Second), []byte("order-5"), []byte("x"), "delay-cancel", "true")
+	e.publishKafka(1, now, []byte("order-5"), []byte("cancelled-early"), "delay-after", "20s", "delay-target", "orders")
+	// Equal due, source order.
+	for i := range 5 {
+		e.publishKafka(0, now, []byte("same"), []byte("equal-"+strconv.Itoa(i)),
+			"delay-at", at(25*time.Second), "delay-target", "orders", "delay-id", "eq-"+strconv.Itoa(i))
+	}
+	// Cross transport both ways.
+	e.publishKafka(0, now, []byte("x1"), []byte("to-nats"), "delay-after", "10s", "delay-target", "nats:orders.cross")
+	e.publishNATS("delay.x", []byte("to-kafka"), "delay-after", "10s", "delay-target", "kafka:orders", "Nats-Msg-Id", "nx1")
+	// NATS replace and cancel by Nats-Msg-Id.
+	e.publishNATS("delay.r", []byte("nats-old"), "delay-after", "10s", "delay-target", "orders.r", "Nats-Msg-Id", "n-2")
+	e.publishNATS("delay.r", []byte("nats-new"), "delay-after", "15s", "delay-target", "orders.r", "Nats-Msg-Id", "n-2b", "delay-id", "n-2")
+	e.publishNATS("delay.r", []byte("nats-cancelled"), "delay-after", "10s", "delay-target", "orders.r", "delay-id", "n-3")
+	e.publishNATS("delay.r", []byte(""), "delay-cancel", "true", "delay-id", "n-3")
+
+	// Every §3 code reachable at ingest, on Kafka; and two on NATS.
+	bad := []struct {
+		code    codec.Code
+		headers []string
+		value   string
+	}{
+		{codec.CodeMissingDue, []string{"delay-target", "orders"}, "missing-due"},
+		{codec.CodeAmbiguousDue, []string{"delay-after", "1s", "delay-at", at(time.Second), "delay-target", "orders"}, "ambiguous-due"},
+		{codec.CodeBadDue, []string{"delay-after", "soon", "delay-target", "orders"}, "bad-due"},
+		{codec.CodeDelayTooLong, []string{"delay-after", "31d", "delay-target", "orders"}, "delay-too-long"},
+		{codec.CodeMissingTarget, []string{"delay-after", "1s"}, "missing-target"},
+		{codec.CodeBadTarget, []string{"delay-after", "1s", "delay-target", "no spaces!"}, "bad-target"},
+		{codec.CodeTargetNotAllowed, []string{"delay-after", "1s", "delay-target", "payments"}, "target-not-allowed"},
+		{codec.CodeTooLarge, []string{"delay-after", "1s", "delay-target", "orders"}, strings.Repeat("x", 70_000)},
+		{codec.CodePublishFailed, []string{"delay-after", "1s", "delay-target", "missing-topic"}, "publish-failed"},
+	}
+	for _, b := range bad {
+		e.publishKafka(1, now, []byte("bad-"+string(b.code)), []byte(b.value), b.headers...)
+	}
+	e.publishNATS("delay.bad", []byte("nats-missing-due"), "delay-target", "orders.x")
+	e.publishNATS("delay.bad", []byte("nats-not-allowed"), "delay-after", "1s", "delay-target", "secret.x")
+
+	// Ingest dead letters at once (fake clock not moved yet).
+	e.waitFor("ingest-time dead letters", func(ds []delivery) bool {
+		return countDest(ds, func(d delivery) bool { return d.dest == kafkaDLQ || d.dest == "dlq.delay" }) >= len(bad)-1+2
+	})
+	if got := countDest(e.deliveries(), func(d delivery) bool { return d.dest == kafkaOut || strings.HasPrefix(d.dest, "orders.") }); got != 0 {
+		t.Fatalf("%d deliveries to targets before any due time", got)
+	}
+	// Move past every due time and through the publish-failed retries.
+	e.advance(svc, 2*time.Minute, 5*time.Second)
+	got := e.waitFor("every delivery", func(ds []delivery) bool {
+		return countDest(ds, func(d delivery) bool { return d.dest == kafkaDLQ || d.dest == "dlq.delay" }) >= len(bad)+2 &&
+			countDest(ds, func(d delivery) bool { return d.dest == kafkaOut || strings.HasPrefix(d.dest, "orders.") }) >= 9
+	})
+	vals := byValue(got, "")
+
+	h := one(t, vals, "headers")
+	if h.key != "routed-key" {
+		t.Errorf("delivered key %q, want delay-key routed-key", h.key)
+	}
+	var names []string
+	for _, x := range h.headers {
+		names = append(names, x.Key+"="+string(x.Value))
+	}
+	wantOrigin := "kafka:delay/0@0"
+	wantHeaders := []string{"x-app=shop", "x-multi=a", "x-multi=b", "delay-id=order-1", "delay-origin=" + wantOrigin,
+		"delay-due=" + codec.FormatDue(now.Add(30*time.Second).UnixMilli())}
+	if strings.Join(names, ",") != strings.Join(wantHeaders, ",") {
+		t.Errorf("delivered headers\n got  %v\n want %v", names, wantHeaders)
+	}
+
+	one(t, vals, "replaced-new")
+	for _, v := range []string{"replaced-old", "cancelled", "tombstoned", "cancelled-early", "nats-old", "nats-cancelled", "ignored"} {
+		if len(vals[v]) != 0 {
+			t.Errorf("%s was delivered; it was replaced or cancelled", v)
+		}
+	}
+	one(t, vals, "nats-new")
+	if d := one(t, vals, "to-nats"); d.transport != "nats" || d.dest != "orders.cross" {
+		t.Errorf("to-nats went to %s %s", d.transport, d.dest)
+	}
+	if d := one(t, vals, "to-kafka"); d.transport != "kafka" || d.dest != kafkaOut || d.header(codec.HeaderID) != "nx1" {
+		t.Errorf("to-kafka went to %s %s with id %q", d.transport, d.dest, d.header(codec.HeaderID))
+	}
+	var order []string
+	for _, d := range got {
+		if strings.HasPrefix(d.value, "equal-") {
+			order = append(order, d.value)
+		}
+	}
+	if strings.Join(order, ",") != "equal-0,equal-1,equal-2,equal-3,equal-4" {
+		t.Errorf("equal-due order %v", order)
+	}
+
+	for _, b := range bad {
+		d := one(t, vals, b.value)
+		if d.dest != kafkaDLQ || d.header(codec.HeaderError) != string(b.code) || d.header(codec.HeaderErrorDetail) == "" ||
+			!strings.HasPrefix(d.header(codec.HeaderOrigin), "kafka:delay/1@") || d.key != "bad-"+string(b.code) {
+			t.Errorf("%s: dead letter to %s code %q detail %q origin %q key %q", b.code, d.dest,
+				d.header(codec.HeaderError), d.header(codec.HeaderErrorDetail), d.header(codec.HeaderOrigin), d.key)
+		}
+	}
+	if d := one(t, vals, "nats-missing-due"); d.dest != "dlq.delay" || d.header(codec.HeaderError) != string(codec.CodeMissingDue) {
+		t.Errorf("nats missing-due: %s %q", d.dest, d.header(codec.HeaderError))
+	}
+	if d := one(t, vals, "nats-not-allowed"); d.dest != "dlq.delay" || d.header(codec.HeaderError) != string(codec.CodeTargetNotAllowed) {
+		t.Errorf("nats target-not-allowed: %s %q", d.dest, d.header(codec.HeaderError))
+	}
+	// The unchanged dead letter keeps its control headers.
+	if d := one(t, vals, "bad-due"); d.header("delay-after") != "soon" {
+		t.Errorf("dead letter lost its delay-after header: %v", d.headers)
+	}
+}
+
+func one(t *testing.T, vals map[string][]delivery, v string) delivery {
+	t.Helper()
+	ds := vals[v]
+	if len(ds) != 1 {
+		t.Fatalf("%.40s delivered %d times, want once", v, len(ds))
+	}
+	return ds[0]
+}
+
+// TestRestartZeroLoss stops the bridge the SIGTERM way in the middle of
+// firing, starts a new process on the same store, and checks every message
+// arrives exactly once.
+func TestRestartZeroLoss(t *testing.T) {
+	e := newEnv(t, "")
+	svc, stop := e.start()
+	const n = 300
+	for i := range n {
+		d := strconv.Itoa(i%60) + "s"
+		e.publishKafka(int32(i%3), time.Time{}, []byte("r"+strconv.Itoa(i)), []byte("k"+strconv.Itoa(i)), "delay-after", d, "delay-target", "orders")
+		e.publishNATS("delay.r", []byte("n"+strconv.Itoa(i)), "delay-after", d, "delay-target", "orders.r")
+	}
+	e.advance(svc, 30*time.Second, 5*time.Second)
+	stop()
+	before := len(e.deliveries())
+	// Published while the bridge is down: must be picked up on restart.
+	for i := n; i < n+50; i++ {
+		e.publishKafka(int32(i%3), time.Time{}, []byte("r"+strconv.Itoa(i)), []byte("k"+strconv.Itoa(i)), "delay-after", "5s", "delay-target", "orders")
+		e.publishNATS("delay.r", []byte("n"+strconv.Itoa(i)), "delay-after", "5s", "delay-target", "orders.r")
+	}
+	svc2, _ := e.start()
+	if st := svc2.Engine().Stats(); st.Pending == 0 {
+		t.Fatal("restarted bridge recovered no pending tasks")
+	}
+	e.advance(svc2, 40*time.Second, 5*time.Second)
+	got := e.waitFor("all deliveries after restart", func(ds []delivery) bool { return len(byValue(ds, "")) >= 2*(n+50) })
+	dups := 0
+	for v, ds := range byValue(got, "") {
+		if len(ds) > 1 {
+			dups += len(ds) - 1
+			t.Logf("%s delivered %d times", v, len(ds))
+		}
+	}
+	if dups != 0 {
+		t.Errorf("%d duplicates after a graceful restart", dups)
+	}
+	t.Logf("%d delivered before the restart, %d in all", before, len(got))
+}
+
+// TestBrokerOutage injects produce failures into the Kafka broker and
+// restarts the NATS server while tasks come due: tasks wait (retried with
+// backoff), readiness reports the outage, and everything is delivered once
+// the brokers are back.
+func TestBrokerOutage(t *testing.T) {
+	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 1000}\n")
+	svc, _ := e.start()
+	var failProduce atomic.Bool
+	e.kc.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.kc.KeepControl()
+		if !failProduce.Load() {
+			return nil, nil, false
+		}
+		pr := req.(*kmsg.ProduceRequest)
+		for _, tp := range pr.Topics {
+			if tp.Topic == kafkaOut {
+				return nil, errors.New("injected produce outage"), true
+			}
+		}
+		return nil, nil, false
+	})
+	const n = 50
+	for i := range n {
+		e.publishKafka(int32(i%3), time.Time{}, []byte("o"+strconv.Itoa(i)), []byte("k"+strconv.Itoa(i)), "delay-after", "2s", "delay-target", "orders")
+		e.publishNATS("delay.o", []byte("n"+strconv.Itoa(i)), "delay-after", "2s", "delay-target", "orders.o")
+	}
+	waitIngested(t, svc, 2*n)
+
+	failProduce.Store(true)
+	e.ns.Shutdown()
+	e.clk.Advance(3 * time.Second) // all due now, both brokers refuse
+	eventually(t, "readiness to report the NATS outage", func() bool { return svc.Ready() != nil })
+	// Let several retry rounds fail.
+	for range 5 {
+		e.clk.Advance(2 * time.Second)
+		time.Sleep(50 * time.Millisecond) // give the fire loops real time to fail a round; correctness does not depend on it
+	}
+	if got := countDest(e.deliveries(), func(d delivery) bool { return d.dest == kafkaOut || d.dest == "orders.o" }); got != 0 {
+		t.Fatalf("%d delivered during the outage", got)
+	}
+	if st := svc.Engine().Stats(); st.Pending != 2*n {
+		t.Fatalf("pending during outage = %d, want %d (nothing lost, nothing dead-lettered)", st.Pending, 2*n)
+	}
+
+	failProduce.Store(false)
+	e.startNATS()
+	eventually(t, "readiness after the outage", func() bool { return svc.Ready() == nil })
+	for range 10 {
+		e.clk.Advance(2 * time.Second)
+		if countDest(e.deliveries(), func(d delivery) bool { return d.dest == kafkaOut || d.dest == "orders.o" }) >= 2*n {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	e.settle(svc)
+	t.Logf("after outage: kafka %d, nats %d, stats %+v", len(byValue(e.deliveries(), kafkaOut)), len(byValue(e.deliveries(), "orders.o")), svc.Engine().Stats())
+	got := e.waitFor("delivery after the outage", func(ds []delivery) bool {
+		return len(byValue(ds, kafkaOut))+len(byValue(ds, "orders.o")) >= 2*n
+	})
+	if dl := countDest(got, func(d delivery) bool { return d.dest == kafkaDLQ || d.dest == "dlq.delay" }); dl != 0 {
+		t.Errorf("%d dead letters; the outage must only delay delivery", dl)
+	}
+}
+
+func waitIngested(t *testing.T, svc *Service, n int64) {
+	t.Helper()
+	eventually(t, "ingest", func() bool { return svc.Engine().Stats().Pending >= n })
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s", what)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}

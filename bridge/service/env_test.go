@@ -1,0 +1,385 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/delaybridge/delaybridge/bridge/kafka"
+	"github.com/delaybridge/delaybridge/bridge/nats"
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/config"
+	"github.com/delaybridge/delaybridge/internal/clock"
+)
+
+// env is a real Kafka-protocol broker (kfake) and a real NATS server with
+// JetStream, in process, plus clients a test publishes and consumes with,
+// and an injected clock for the bridge.
+type env struct {
+	t        *testing.T
+	kc       *kfake.Cluster
+	ns       *natsserver.Server
+	natsPort int
+	natsDir  string
+	clk      *clock.Fake
+	dataDir  string
+	kcl      *kgo.Client
+	nc       *natsgo.Conn
+	extra    string // appended to the bridge config
+
+	mu   sync.Mutex
+	got  []delivery
+	seen chan struct{}
+}
+
+// delivery is a message read from a target or DLQ.
+type delivery struct {
+	transport string
+	dest      string
+	key       string
+	value     string
+	headers   []codec.Header
+	at        time.Time // the bridge's (fake) clock when it was read
+}
+
+func (d delivery) header(k string) string {
+	for _, h := range d.headers {
+		if h.Key == k {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+const (
+	kafkaDelay = "delay"
+	kafkaDLQ   = "delay.dlq"
+	kafkaOut   = "orders"
+)
+
+func newEnv(t *testing.T, extraConfig string) *env {
+	t.Helper()
+	e := &env{t: t, clk: clock.NewFake(time.Now()), dataDir: t.TempDir(), extra: extraConfig, seen: make(chan struct{}, 1)}
+	var err error
+	e.kc, err = kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, kafkaDelay, kafkaDLQ, kafkaOut))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.kc.Close)
+	e.natsPort = freePort(t)
+	e.natsDir = t.TempDir()
+	e.startNATS()
+	t.Cleanup(func() { e.ns.Shutdown() })
+
+	e.kcl, err = kgo.NewClient(
+		kgo.SeedBrokers(e.kc.ListenAddrs()...),
+		kgo.ConsumeTopics(kafkaOut, kafkaDLQ),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.kcl.Close)
+	e.nc, err = natsgo.Connect(e.ns.ClientURL(), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.nc.Close)
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for name, subj := range map[string]string{"ORDERS": "orders.>", "DLQ": "dlq.>"} {
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subj}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.consume()
+	return e
+}
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func (e *env) startNATS() {
+	ns, err := natsserver.NewServer(&natsserver.Options{
+		Host: "127.0.0.1", Port: e.natsPort, JetStream: true, StoreDir: e.natsDir, NoSigs: true, NoLog: true,
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		e.t.Fatal("nats server did not start")
+	}
+	e.ns = ns
+}
+
+// consume reads every target and DLQ of both transports into e.got.
+func (e *env) consume() {
+	ctx, cancel := context.WithCancel(context.Background())
+	e.t.Cleanup(cancel)
+	go func() {
+		for {
+			fs := e.kcl.PollFetches(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			fs.EachRecord(func(r *kgo.Record) {
+				d := delivery{transport: "kafka", dest: r.Topic, key: string(r.Key), value: string(r.Value), at: e.clk.Now()}
+				for _, h := range r.Headers {
+					d.headers = append(d.headers, codec.Header{Key: h.Key, Value: h.Value})
+				}
+				e.add(d)
+			})
+		}
+	}()
+	// NATS targets are read from their JetStream streams, so a delivery
+	// acknowledged while this test's own connection was reconnecting is
+	// still seen (a core subscription would miss it).
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, stream := range []string{"ORDERS", "DLQ"} {
+		cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		cc, err := cons.Consume(func(m jetstream.Msg) {
+			d := delivery{transport: "nats", dest: m.Subject(), value: string(m.Data()), at: e.clk.Now()}
+			for k, vs := range m.Headers() {
+				for _, v := range vs {
+					d.headers = append(d.headers, codec.Header{Key: k, Value: []byte(v)})
+				}
+			}
+			e.add(d)
+		})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		e.t.Cleanup(cc.Stop)
+	}
+}
+
+func (e *env) add(d delivery) {
+	e.mu.Lock()
+	e.got = append(e.got, d)
+	e.mu.Unlock()
+	select {
+	case e.seen <- struct{}{}:
+	default:
+	}
+}
+
+func (e *env) deliveries() []delivery {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.got)
+}
+
+// waitFor polls the deliveries until cond holds; it fails after a generous
+// real-time bound (brokers are real, so delivery is asynchronous).
+func (e *env) waitFor(what string, cond func([]delivery) bool) []delivery {
+	e.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		got := e.deliveries()
+		if cond(got) {
+			return got
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timed out waiting for %s (%d deliveries so far)", what, len(got))
+		}
+		select {
+		case <-e.seen:
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func (e *env) config() *config.Config {
+	e.t.Helper()
+	// Top-level settings a test may override through e.extra.
+	top := ""
+	for _, def := range []string{
+		"shards: 4",
+		"retry: {initial: 1s, max: 4s, multiplier: 2, jitter: 0.1, max_attempts: 3}",
+	} {
+		key, _, _ := strings.Cut(def, ":")
+		if !strings.Contains(e.extra, key+":") {
+			top += def + "\n"
+		}
+	}
+	yml := fmt.Sprintf(`
+data_dir: %q
+horizon: 1m
+max_delay: 30d
+max_message_bytes: 65536
+%s%s
+kafka:
+  brokers: [%q]
+  group: bridge
+  sources:
+    - {topic: delay, dlq: delay.dlq}
+nats:
+  url: %q
+  stream: DELAY
+  consumer: bridge
+  create: true
+  sources:
+    - {subject: "delay.>", dlq: dlq.delay}
+targets:
+  allow: ["orders*", "kafka:missing-topic", "nats:orders.>", "kafka:orders", "nats:nostream.>"]
+admin:
+  listen: "127.0.0.1:0"
+`, e.dataDir, top, e.extra, e.kc.ListenAddrs()[0], e.ns.ClientURL())
+	cfg, err := config.LoadBytes([]byte(yml), nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return cfg
+}
+
+// start runs a bridge process on e's brokers and data dir; stop shuts it
+// down the way SIGTERM does and waits for Run to return.
+func (e *env) start() (svc *Service, stop func()) {
+	e.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	log := zaptest.NewLogger(e.t, zaptest.Level(zap.WarnLevel))
+	svc, err := New(ctx, e.config(), Options{
+		Logger: log,
+		Clock:  e.clk,
+		Kafka: func(c *kafka.Config) {
+			c.HeartbeatInterval = 100 * time.Millisecond
+			c.SessionTimeout = 6 * time.Second
+			c.RebalanceTimeout = 2 * time.Second
+			c.JoinBackoff = 100 * time.Millisecond
+			c.MaxWait = 50 * time.Millisecond
+		},
+		NATS: func(c *nats.Config) { c.ReconnectWait = 50 * time.Millisecond },
+	})
+	if err != nil {
+		cancel()
+		e.t.Fatalf("start bridge: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					e.t.Errorf("bridge Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				e.t.Error("bridge did not stop within 30s")
+			}
+		})
+	}
+	e.t.Cleanup(stop)
+	return svc, stop
+}
+
+// publishKafka writes one record to the delay topic's partition with the
+// given timestamp (zero: now) and headers as key, value pairs.
+func (e *env) publishKafka(partition int32, ts time.Time, key, value []byte, headers ...string) {
+	e.t.Helper()
+	r := &kgo.Record{Topic: kafkaDelay, Partition: partition, Key: key, Value: value, Timestamp: ts}
+	for i := 0; i+1 < len(headers); i += 2 {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: headers[i], Value: []byte(headers[i+1])})
+	}
+	if err := e.kcl.ProduceSync(context.Background(), r).FirstErr(); err != nil {
+		e.t.Fatalf("produce: %v", err)
+	}
+}
+
+// publishNATS writes one message to a delay subject through JetStream.
+func (e *env) publishNATS(subject string, value []byte, headers ...string) {
+	e.t.Helper()
+	m := natsgo.NewMsg(subject)
+	m.Data = value
+	for i := 0; i+1 < len(headers); i += 2 {
+		m.Header.Add(headers[i], headers[i+1])
+	}
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := js.PublishMsg(context.Background(), m); err != nil {
+		e.t.Fatalf("publish %s: %v", subject, err)
+	}
+}
+
+// advance moves the bridge clock in steps, letting the fire loops catch up
+// with each step (the engine reports nothing overdue) before the next one.
+func (e *env) advance(svc *Service, total, step time.Duration) {
+	e.t.Helper()
+	for moved := time.Duration(0); moved < total; moved += step {
+		e.clk.Advance(step)
+		e.settle(svc)
+	}
+}
+
+// settle waits until the engine has delivered everything due at the
+// current fake time (or is retrying it with a future fire time).
+func (e *env) settle(svc *Service) {
+	e.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st := svc.Engine().Stats()
+		if st.OldestOverdue.IsZero() && (st.NextDue.IsZero() || st.NextDue.After(e.clk.Now())) {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("engine did not settle: %+v at %v", st, e.clk.Now())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func byValue(ds []delivery, dest string) map[string][]delivery {
+	out := map[string][]delivery{}
+	for _, d := range ds {
+		if dest == "" || d.dest == dest {
+			out[d.value] = append(out[d.value], d)
+		}
+	}
+	return out
+}
+
+func countDest(ds []delivery, pred func(delivery) bool) int {
+	n := 0
+	for _, d := range ds {
+		if pred(d) {
+			n++
+		}
+	}
+	return n
+}
+
+func val(i int) []byte { return []byte("v" + strconv.Itoa(i)) }

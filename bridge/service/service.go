@@ -1,0 +1,378 @@
+// Package service assembles a delaybridge process from its configuration:
+// the durable engine, the Kafka and NATS adapters, the ingest pipeline and
+// the admin HTTP server, and shuts them down in a fixed order (stop sources,
+// drain the fire loops, close publishers, sync and close the store).
+//
+// `delaybridge run`, `delaybridge dev` and the end-to-end tests all build the
+// process through New, so what the tests prove is what ships.
+package service
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/admin"
+	"github.com/delaybridge/delaybridge/bridge"
+	"github.com/delaybridge/delaybridge/bridge/kafka"
+	"github.com/delaybridge/delaybridge/bridge/nats"
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/config"
+	"github.com/delaybridge/delaybridge/internal/clock"
+	"github.com/delaybridge/delaybridge/metrics"
+	"github.com/delaybridge/delaybridge/shard"
+)
+
+// ErrNotReady is wrapped by Ready while the process cannot do its job.
+var ErrNotReady = errors.New("not ready")
+
+// Options are the process-level parts that do not come from the config file.
+type Options struct {
+	Logger *zap.Logger
+	// Registry receives the metrics; nil makes a fresh one with the Go and
+	// process collectors.
+	Registry *prometheus.Registry
+	// Clock drives the engine; nil is the system clock. Tests inject a Fake.
+	Clock clock.Clock
+	// FS is the store's file system; nil is the OS. Fault tests inject
+	// write errors here.
+	FS vfs.FS
+	// Kafka and NATS tune the adapters beyond what the config file sets
+	// (tests shorten timeouts); nil keeps the adapter defaults.
+	Kafka func(*kafka.Config)
+	NATS  func(*nats.Config)
+}
+
+// Service is one running bridge process.
+type Service struct {
+	cfg      *config.Config
+	log      *zap.Logger
+	reg      *prometheus.Registry
+	m        *metrics.Metrics
+	eng      *shard.Engine
+	pipeline *bridge.Pipeline
+	sinks    bridge.Sinks
+	sources  []bridge.Source
+	health   []bridge.Healther
+	closers  []func() error
+	nc       *natsgo.Conn
+	admin    http.Handler
+}
+
+// New opens the store (recovering pending tasks), connects to the configured
+// brokers and builds sources and publishers. A refused credential or TLS
+// handshake fails here with a clear error instead of a retry loop.
+func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	s := &Service{cfg: cfg, log: o.Logger, reg: o.Registry}
+	if s.log == nil {
+		s.log = zap.NewNop()
+	}
+	if s.reg == nil {
+		s.reg = prometheus.NewRegistry()
+		s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	s.m = metrics.New(s.reg)
+	defer func() {
+		if err != nil {
+			s.closeAll()
+		}
+	}()
+
+	start := time.Now()
+	s.eng, err = shard.Open(shard.Options{
+		Dir:       cfg.DataDir,
+		Shards:    cfg.Shards,
+		Horizon:   cfg.Horizon.Std(),
+		FireBatch: cfg.FireBatch,
+		Retry: shard.RetryPolicy{
+			Initial:     cfg.Retry.Initial.Std(),
+			Max:         cfg.Retry.Max.Std(),
+			Multiplier:  cfg.Retry.Multiplier,
+			Jitter:      cfg.Retry.Jitter,
+			MaxAttempts: cfg.Retry.MaxAttempts,
+		},
+		CancelRetention: cfg.CancelRetention.Std(),
+		Clock:           o.Clock,
+		Logger:          s.log.Named("engine"),
+		Metrics:         s.m,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open store %s: %w", cfg.DataDir, err)
+	}
+	s.closers = append(s.closers, s.eng.Close)
+	st := s.eng.Stats()
+	s.log.Info("store recovered", zap.Int64("pending", st.Pending), zap.Duration("took", time.Since(start)))
+	s.pipeline = bridge.NewPipeline(s.eng, s.log.Named("pipeline"))
+
+	if cfg.Kafka != nil {
+		if err := s.setupKafka(ctx, o); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.NATS != nil {
+		if err := s.setupNATS(o); err != nil {
+			return nil, err
+		}
+	}
+	s.admin = admin.NewHandler(admin.Options{
+		Engine:   s.eng,
+		Ready:    s.Ready,
+		Gatherer: s.reg,
+		Token:    cfg.Admin.Token.Value(),
+		Logger:   s.log.Named("admin"),
+	})
+	return s, nil
+}
+
+// rules builds the codec rules of one configured source.
+func (s *Service) rules(dlq, defaultTarget string) *codec.Rules {
+	cfg := s.cfg
+	return &codec.Rules{
+		DefaultTarget: defaultTarget,
+		DLQ:           dlq,
+		MaxDelay:      cfg.MaxDelay.Std(),
+		MaxBytes:      cfg.MaxMessageBytes,
+		Transports: func(t codec.Transport) bool {
+			return (t == codec.TransportKafka && cfg.Kafka != nil) || (t == codec.TransportNATS && cfg.NATS != nil)
+		},
+		Allow: cfg.AllowTarget,
+	}
+}
+
+func tlsConfig(t config.TLS) (*tls.Config, error) {
+	if !t.Enabled {
+		return nil, nil
+	}
+	return kafka.TLSConfig(t.CAFile, t.CertFile, t.KeyFile, t.ServerName, t.InsecureSkipVerify)
+}
+
+func (s *Service) setupKafka(ctx context.Context, o Options) error {
+	k := s.cfg.Kafka
+	kc := kafka.Config{
+		Brokers:  k.Brokers,
+		Group:    k.Group,
+		ClientID: k.ClientID,
+		Logger:   s.log.Named("kafka"),
+		Metrics:  s.m,
+	}
+	var err error
+	if kc.TLS, err = tlsConfig(k.TLS); err != nil {
+		return fmt.Errorf("kafka.tls: %w", err)
+	}
+	if k.SASL.Mechanism != "" {
+		if kc.SASL, err = kafka.SASLMechanism(k.SASL.Mechanism, k.SASL.Username, k.SASL.Password.Value()); err != nil {
+			return fmt.Errorf("kafka.sasl: %w", err)
+		}
+	}
+	for _, src := range k.Sources {
+		kc.Sources = append(kc.Sources, kafka.SourceConfig{Topic: src.Topic, Rules: s.rules(src.DLQ, src.DefaultTarget)})
+	}
+	if o.Kafka != nil {
+		o.Kafka(&kc)
+	}
+	sink, err := kafka.NewSink(kc)
+	if err != nil {
+		return fmt.Errorf("kafka sink: %w", err)
+	}
+	s.closers = append(s.closers, sink.Close)
+	if err := sink.Check(ctx); err != nil {
+		return fmt.Errorf("kafka brokers %v: %w", k.Brokers, err)
+	}
+	s.sinks.Kafka = sink
+	src, err := kafka.NewSource(kc)
+	if err != nil {
+		return fmt.Errorf("kafka source: %w", err)
+	}
+	s.closers = append(s.closers, src.Close)
+	if err := src.Check(ctx); err != nil {
+		return fmt.Errorf("kafka source topics: %w", err)
+	}
+	s.sources = append(s.sources, src)
+	s.health = append(s.health, src)
+	return nil
+}
+
+func (s *Service) setupNATS(o Options) error {
+	n := s.cfg.NATS
+	nc := nats.Config{
+		URL:       n.URL,
+		Stream:    n.Stream,
+		Consumer:  n.Consumer,
+		Create:    n.Create,
+		User:      n.User,
+		Password:  n.Password.Value(),
+		Token:     n.Token.Value(),
+		CredsFile: n.CredsFile,
+		Logger:    s.log.Named("nats"),
+		Metrics:   s.m,
+	}
+	var err error
+	if nc.TLS, err = tlsConfig(n.TLS); err != nil {
+		return fmt.Errorf("nats.tls: %w", err)
+	}
+	for _, src := range n.Sources {
+		nc.Sources = append(nc.Sources, nats.SourceConfig{Subject: src.Subject, Rules: s.rules(src.DLQ, src.DefaultTarget)})
+	}
+	if o.NATS != nil {
+		o.NATS(&nc)
+	}
+	conn, err := nats.Connect(nc)
+	if err != nil {
+		return fmt.Errorf("nats %s: %w", n.URL, err)
+	}
+	s.nc = conn
+	s.closers = append(s.closers, func() error { conn.Close(); return nil })
+	sink, err := nats.NewSink(conn, nc)
+	if err != nil {
+		return fmt.Errorf("nats sink: %w", err)
+	}
+	s.sinks.NATS = sink
+	s.health = append(s.health, sink)
+	src, err := nats.NewSource(conn, nc)
+	if err != nil {
+		return fmt.Errorf("nats source: %w", err)
+	}
+	s.closers = append(s.closers, src.Close)
+	s.sources = append(s.sources, src)
+	s.health = append(s.health, src)
+	return nil
+}
+
+// Engine returns the durable engine (admin and tests use it).
+func (s *Service) Engine() *shard.Engine { return s.eng }
+
+// Registry returns the metrics registry.
+func (s *Service) Registry() *prometheus.Registry { return s.reg }
+
+// AdminHandler returns the admin HTTP handler (/healthz, /readyz, /metrics, /v1/...).
+func (s *Service) AdminHandler() http.Handler { return s.admin }
+
+// Ready is nil when the store is healthy and every source and publisher is
+// connected; otherwise it says why.
+func (s *Service) Ready() error {
+	errs := []error{}
+	if err := s.eng.Err(); err != nil {
+		errs = append(errs, err)
+	}
+	for _, h := range s.health {
+		if err := h.Health(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		s.m.Ready.Set(0)
+		return fmt.Errorf("%w: %w", ErrNotReady, errors.Join(errs...))
+	}
+	s.m.Ready.Set(1)
+	return nil
+}
+
+// Run serves until ctx is cancelled, then shuts down in order: stop the
+// sources (the batch in flight finishes its store commit and broker
+// commit), stop the fire loops (the batch in flight is acknowledged and
+// deleted, or stays stored), close publishers and connections, sync and
+// close the store. Pending tasks stay in the store for the next start.
+// Run returns the first fatal error of a source, or nil.
+func (s *Service) Run(ctx context.Context) error {
+	srcCtx, stopSources := context.WithCancel(ctx)
+	defer stopSources()
+	engCtx, stopEngine := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopEngine()
+	adminCtx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopAdmin()
+
+	var fatal error
+	var fatalOnce sync.Once
+	setFatal := func(err error) {
+		fatalOnce.Do(func() { fatal = err; stopSources() })
+	}
+
+	engDone := make(chan struct{})
+	go func() {
+		defer close(engDone)
+		if err := s.eng.Run(engCtx, s.sinks); err != nil {
+			setFatal(fmt.Errorf("engine: %w", err))
+		}
+	}()
+	var srcWG sync.WaitGroup
+	for _, src := range s.sources {
+		srcWG.Go(func() {
+			if err := src.Run(srcCtx, s.pipeline); err != nil {
+				setFatal(fmt.Errorf("source: %w", err))
+			}
+		})
+	}
+	adminDone := make(chan struct{})
+	go func() {
+		defer close(adminDone)
+		if s.cfg.Admin.Listen == "" {
+			return
+		}
+		if err := admin.Serve(adminCtx, s.cfg.Admin.Listen, s.admin, s.log.Named("admin")); err != nil {
+			setFatal(fmt.Errorf("admin: %w", err))
+		}
+	}()
+	s.log.Info("delaybridge running", zap.Int("sources", len(s.sources)), zap.String("admin", s.cfg.Admin.Listen))
+
+	<-srcCtx.Done()
+	s.log.Info("shutting down: stopping sources")
+	deadline := time.Now().Add(s.cfg.ShutdownTimeout.Std())
+	if !waitUntil(func() { srcWG.Wait() }, deadline) {
+		s.log.Warn("sources did not stop in time; their uncommitted messages will be redelivered")
+	}
+	s.log.Info("shutting down: draining fire loops")
+	stopEngine()
+	if !waitUntil(func() { <-engDone }, deadline) {
+		s.log.Warn("fire loops did not stop in time; in-flight deliveries stay stored and may repeat")
+	}
+	stopAdmin()
+	<-adminDone
+	if err := s.closeAll(); err != nil {
+		s.log.Error("close", zap.Error(err))
+		if fatal == nil {
+			fatal = err
+		}
+	}
+	s.log.Info("stopped; pending tasks are kept in the store")
+	return fatal
+}
+
+// waitUntil runs wait and reports whether it returned before deadline.
+func waitUntil(wait func(), deadline time.Time) bool {
+	done := make(chan struct{})
+	go func() { wait(); close(done) }()
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// closeAll closes what New opened, newest first (sources before
+// connections, the store last).
+func (s *Service) closeAll() error {
+	var errs []error
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		if err := s.closers[i](); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.closers = nil
+	return errors.Join(errs...)
+}

@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"go.uber.org/zap"
+
+	natsgo "github.com/nats-io/nats.go"
+
+	"github.com/delaybridge/delaybridge/bridge/service"
+	"github.com/delaybridge/delaybridge/config"
+)
+
+// devOptions are the flags of `delaybridge dev`.
+type devOptions struct {
+	kafkaPort int
+	natsPort  int
+	admin     string
+	dataDir   string
+}
+
+// cmdDev runs the sandbox: an embedded NATS server with JetStream and an
+// in-process Kafka-protocol broker (kfake) on localhost, the bridge wired to
+// both, and copy-paste examples. It is for trying things, not production:
+// kfake keeps everything in memory and forgets it on exit.
+func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var o devOptions
+	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&o.kafkaPort, "kafka-port", 9092, "port of the in-process Kafka-protocol broker")
+	fs.IntVar(&o.natsPort, "nats-port", 4222, "port of the embedded NATS server")
+	fs.StringVar(&o.admin, "admin", "127.0.0.1:8080", "admin HTTP listen address")
+	fs.StringVar(&o.dataDir, "data-dir", "", "bridge store directory (default: a temporary directory removed on exit)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log, err := newLogger("info", "console", stderr)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+	return runDev(ctx, o, stdout, log, nil)
+}
+
+// runDev is cmdDev after flag parsing; ready (if not nil) is called with the
+// running service once the examples are printed, so tests can drive it.
+func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger, ready func(*service.Service)) error {
+	tmp, err := os.MkdirTemp("", "delaybridge-dev-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if o.dataDir == "" {
+		o.dataDir = filepath.Join(tmp, "store")
+	}
+
+	ns, err := natsserver.NewServer(&natsserver.Options{
+		Host: "127.0.0.1", Port: o.natsPort, JetStream: true,
+		StoreDir: filepath.Join(tmp, "jetstream"), NoSigs: true,
+	})
+	if err != nil {
+		return fmt.Errorf("dev: nats server: %w", err)
+	}
+	go ns.Start()
+	defer ns.Shutdown()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		return errors.New("dev: nats server did not start")
+	}
+	natsURL := ns.ClientURL()
+	if err := devNATSTargets(ctx, natsURL); err != nil {
+		return err
+	}
+
+	kc, err := kfake.NewCluster(
+		kfake.Ports(o.kafkaPort),
+		kfake.SeedTopics(3, "delay", "delay.dlq", "orders"),
+		kfake.AllowAutoTopicCreation(),
+	)
+	if err != nil {
+		return fmt.Errorf("dev: kafka broker on port %d: %w", o.kafkaPort, err)
+	}
+	defer kc.Close()
+	kafkaAddr := kc.ListenAddrs()[0]
+
+	cfg, err := config.LoadBytes([]byte(devConfig(o.dataDir, kafkaAddr, natsURL, o.admin)), nil)
+	if err != nil {
+		return fmt.Errorf("dev: config: %w", err)
+	}
+	svc, err := service.New(ctx, cfg, service.Options{Logger: log})
+	if err != nil {
+		return fmt.Errorf("dev: %w", err)
+	}
+	fmt.Fprint(stdout, devBanner(kafkaAddr, natsURL, o.admin))
+	if ready != nil {
+		ready(svc)
+	}
+	return svc.Run(ctx)
+}
+
+// devNATSTargets creates a JetStream stream for the example target subjects
+// so NATS deliveries are acknowledged (not best-effort core NATS).
+func devNATSTargets(ctx context.Context, url string) error {
+	nc, err := natsgo.Connect(url)
+	if err != nil {
+		return fmt.Errorf("dev: connect nats: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	for name, subjects := range map[string][]string{"ORDERS": {"orders.>"}, "DLQ": {"dlq.>"}} {
+		if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: subjects}); err != nil {
+			return fmt.Errorf("dev: create stream %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func devConfig(dataDir, kafkaAddr, natsURL, admin string) string {
+	return `data_dir: ` + strconv.Quote(dataDir) + `
+log: {level: info, format: console}
+kafka:
+  brokers: [` + strconv.Quote(kafkaAddr) + `]
+  group: delaybridge-dev
+  sources:
+    - {topic: delay, dlq: delay.dlq}
+nats:
+  url: ` + strconv.Quote(natsURL) + `
+  stream: DELAY
+  consumer: delaybridge
+  create: true
+  sources:
+    - {subject: "delay.>", dlq: dlq.delay}
+targets:
+  allow: ["*"]
+admin:
+  listen: ` + strconv.Quote(admin) + `
+`
+}
+
+func devBanner(kafkaAddr, natsURL, admin string) string {
+	return `
+delaybridge dev sandbox is running (Ctrl-C to stop; everything is forgotten on exit)
+
+  Kafka (in-process kfake):  ` + kafkaAddr + `   delay topic "delay", DLQ "delay.dlq", target "orders"
+  NATS (embedded, JetStream): ` + natsURL + `   delay subjects "delay.>", targets "orders.>" (stream ORDERS), DLQ "dlq.delay"
+  Admin:                      http://` + admin + `/v1/stats   /metrics   /readyz
+
+Kafka, with kcat (apt-get install kcat):
+  # watch the target
+  kcat -C -b ` + kafkaAddr + ` -t orders -f 'key=%k value=%s headers=%h\n'
+  # deliver in 10 seconds
+  echo '{"order":42,"action":"close-unpaid"}' | kcat -P -b ` + kafkaAddr + ` -t delay -k order-42 \
+      -H delay-after=10s -H delay-target=orders
+  # cancel it (same key = same task id)
+  echo '' | kcat -P -b ` + kafkaAddr + ` -t delay -k order-42 -H delay-cancel=true
+  # cross to NATS at an absolute time
+  echo 'hello' | kcat -P -b ` + kafkaAddr + ` -t delay -H delay-at=2030-01-01T09:00:00Z -H delay-target=nats:orders.reminders
+
+NATS, with the nats CLI (go install github.com/nats-io/natscli/nats@latest):
+  nats -s ` + natsURL + ` sub 'orders.>'
+  nats -s ` + natsURL + ` pub delay.orders '{"order":7}' -H delay-after:5s -H delay-target:orders.closed -H Nats-Msg-Id:order-7
+
+A message that cannot be scheduled (try one without delay-after) lands in the DLQ with a delay-error header.
+`
+}

@@ -1,0 +1,134 @@
+// Command delaybridge holds delayed messages for Kafka and NATS JetStream and
+// republishes them to their target when due.
+//
+//	delaybridge run --config FILE   the service
+//	delaybridge dev                 a sandbox with embedded brokers
+//	delaybridge version
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/delaybridge/delaybridge/bridge/service"
+	"github.com/delaybridge/delaybridge/config"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+const usage = `usage:
+  delaybridge run --config FILE   run the bridge
+  delaybridge dev [flags]         sandbox: embedded NATS + Kafka-protocol broker on localhost
+  delaybridge version             print the version
+`
+
+func realMain(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	var err error
+	switch args[0] {
+	case "run":
+		err = cmdRun(ctx, args[1:], stderr)
+	case "dev":
+		err = cmdDev(ctx, args[1:], stdout, stderr)
+	case "version", "--version", "-v":
+		fmt.Fprintln(stdout, "delaybridge", versionString())
+		return 0
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "unknown command %q\n%s", args[0], usage)
+		return 2
+	}
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "delaybridge:", err)
+		return 1
+	}
+	return 0
+}
+
+func versionString() string {
+	v := version
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				v += " (" + s.Value[:12] + ")"
+			}
+		}
+		v += " " + bi.GoVersion
+	}
+	return v
+}
+
+func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "", "YAML config file (CONTRACT §5); DELAYBRIDGE_* environment variables override it")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *path == "" {
+		return errors.New("run: --config FILE is required")
+	}
+	cfg, err := config.Load(*path, os.Environ()) // validates: every problem, each naming its key
+	if err != nil {
+		return fmt.Errorf("config %s:\n%w", *path, err)
+	}
+	log, err := newLogger(cfg.Log.Level, cfg.Log.Format, stderr)
+	if err != nil {
+		return fmt.Errorf("log: %w", err)
+	}
+	defer func() { _ = log.Sync() }()
+	log.Info("starting delaybridge", zap.String("version", versionString()), zap.Object("config", cfg.Redacted()))
+	svc, err := service.New(ctx, cfg, service.Options{Logger: log})
+	if err != nil {
+		log.Error("start failed", zap.Error(err))
+		return err
+	}
+	return svc.Run(ctx)
+}
+
+// newLogger builds the process logger: JSON for `run` (machines read it),
+// console for `dev` (people read it).
+func newLogger(level, format string, w io.Writer) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(level)
+	if err != nil {
+		return nil, err
+	}
+	encCfg := zap.NewProductionEncoderConfig()
+	encCfg.EncodeTime = zapcore.ISO8601TimeEncoder
+	var enc zapcore.Encoder
+	switch format {
+	case "", "json":
+		enc = zapcore.NewJSONEncoder(encCfg)
+	case "console":
+		encCfg.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		enc = zapcore.NewConsoleEncoder(encCfg)
+	default:
+		return nil, fmt.Errorf("unknown log format %q", format)
+	}
+	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w), lvl)), nil
+}
