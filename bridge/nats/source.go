@@ -598,10 +598,12 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 
 func byOffset(a, b bridge.Item) int { return cmp.Compare(a.Msg.Offset, b.Msg.Offset) }
 
-// handle calls h.Handle until it succeeds or ctx ends. Between attempts it
-// tells the server the batch is still in progress, so the messages are not
-// redelivered while the handler is failing.
+// handle calls h.Handle until it succeeds or ctx ends. Meanwhile the batch
+// is marked in progress every AckWait/3, so a slow or failing handler does
+// not make the server redeliver what it is still working on.
 func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, batch []jetstream.Msg) error {
+	k := startKeepAlive(batch, s.cfg.AckWait/3)
+	defer k.stop()
 	bo := backoff{min: 100 * time.Millisecond, max: 10 * time.Second}
 	for {
 		err := h.Handle(ctx, b)
@@ -615,13 +617,47 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 		d := bo.next()
 		s.log.Warn("nats source: handle batch failed; not acked, retrying",
 			zap.Int("messages", len(b.Items)), zap.Duration("backoff", d), zap.Error(err))
-		for _, m := range batch {
-			_ = m.InProgress()
-		}
 		if !sleepCtx(ctx, d) {
 			return ctx.Err()
 		}
 	}
+}
+
+// keepAlive sends "in progress" for a batch every period until stopped:
+// one timer per batch, re-armed by its own callback.
+type keepAlive struct {
+	mu      sync.Mutex
+	t       *time.Timer
+	msgs    []jetstream.Msg
+	period  time.Duration
+	stopped bool
+}
+
+func startKeepAlive(msgs []jetstream.Msg, period time.Duration) *keepAlive {
+	k := &keepAlive{msgs: msgs, period: period}
+	k.mu.Lock() // the callback waits until k.t is set
+	k.t = time.AfterFunc(period, k.fire)
+	k.mu.Unlock()
+	return k
+}
+
+func (k *keepAlive) fire() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.stopped {
+		return
+	}
+	for _, m := range k.msgs {
+		_ = m.InProgress()
+	}
+	k.t.Reset(k.period)
+}
+
+func (k *keepAlive) stop() {
+	k.mu.Lock()
+	k.stopped = true
+	k.t.Stop()
+	k.mu.Unlock()
 }
 
 // backoff is exponential with +-20% jitter.

@@ -2,16 +2,19 @@ package nats
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"reflect"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
 )
 
@@ -459,5 +462,52 @@ func TestSourceCreateKeepsExistingConsumer(t *testing.T) {
 	cfg.Consumer = "other"
 	if _, err := NewSource(nc, cfg); !errors.Is(err, ErrConfig) {
 		t.Errorf("ack none consumer with create: err = %v, want ErrConfig", err)
+	}
+}
+
+// blocker is a Handler whose first Handle blocks until released.
+type blocker struct {
+	*recorder
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (b *blocker) Handle(ctx context.Context, batch *bridge.Batch) error {
+	first := false
+	b.once.Do(func() { first = true })
+	if first {
+		close(b.entered)
+		<-b.release
+	}
+	return b.recorder.Handle(ctx, batch)
+}
+
+// TestSourceSlowHandlerKeepsBatch: a handler slower than AckWait does not
+// get its batch redelivered meanwhile; the source keeps it in progress.
+// (This test waits: it is about time passing without a redelivery.)
+func TestSourceSlowHandlerKeepsBatch(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	cfg.Create = true
+	cfg.AckWait = time.Second
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(t, js, "delay.x", "slow", nil)
+	h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
+	runSource(t, src, h)
+	<-h.entered
+	time.Sleep(5 * cfg.AckWait / 2)
+	if ci := consumerInfo(t, js, "DELAY", "bridge"); ci.NumRedelivered != 0 {
+		t.Errorf("redelivered %d while the handler was working", ci.NumRedelivered)
+	}
+	close(h.release)
+	eventually(t, "acked", func() bool { return consumerInfo(t, js, "DELAY", "bridge").AckFloor.Stream == 1 })
+	if got := h.seqs(); !reflect.DeepEqual(got, []int64{1}) {
+		t.Errorf("handled %v", got)
 	}
 }
