@@ -157,6 +157,15 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	window := make([]int, 0, len(batch)) // published, in order; window[head:] in flight
 	head := 0
 	filters, known := s.streamFilters(dctx)
+	coreSubj := map[string]bool{} // per batch: targets repeat
+	isCore := func(subject string) bool {
+		c, ok := coreSubj[subject]
+		if !ok {
+			c = noStream(filters, subject)
+			coreSubj[subject] = c
+		}
+		return c
+	}
 
 	wait := func(i int) {
 		f := futs[i]
@@ -180,7 +189,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 			continue
 		}
 		msgs[i] = &natsgo.Msg{Subject: t.Target, Data: t.Value, Header: headersOut(t.Headers, DeliveryID(t))}
-		if known && noStream(filters, t.Target) {
+		if known && isCore(t.Target) {
 			core = append(core, i)
 			continue
 		}
