@@ -3,6 +3,7 @@ package nats
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"strconv"
@@ -45,22 +46,28 @@ func (f *forward) Handle(ctx context.Context, b *bridge.Batch) error {
 	return nil
 }
 
-// publishRetry publishes with a message id until JetStream acknowledges,
-// riding out a server restart without storing duplicates.
-func publishRetry(t *testing.T, js jetstream.JetStream, subject, data string) {
-	t.Helper()
+// publishUntilAcked publishes with a message id until JetStream
+// acknowledges, riding out a server restart without storing duplicates.
+func publishUntilAcked(js jetstream.JetStream, subject, data string) error {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_, err := js.PublishMsg(ctx, &natsgo.Msg{Subject: subject, Data: []byte(data)}, jetstream.WithMsgID("pub-"+data))
 		cancel()
 		if err == nil {
-			return
+			return nil
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("publish %s: %v", data, err)
+			return fmt.Errorf("publish %s: %w", data, err)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func publishRetry(t *testing.T, js jetstream.JetStream, subject, data string) {
+	t.Helper()
+	if err := publishUntilAcked(js, subject, data); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -94,6 +101,22 @@ func TestServerRestart(t *testing.T) {
 	}
 	eventually(t, "first half forwarded", func() bool { return fwd.handled.Load() >= half })
 
+	// The second half is published while the server goes away: messages
+	// are in flight in every direction when it stops.
+	var published atomic.Int64
+	pubErr := make(chan error, 1)
+	go func() {
+		for i := half; i < 2*half; i++ {
+			if err := publishUntilAcked(pub, "delay.x", strconv.Itoa(i)); err != nil {
+				pubErr <- err
+				return
+			}
+			published.Add(1)
+		}
+		pubErr <- nil
+	}()
+	eventually(t, "second half under way", func() bool { return published.Load() >= 20 })
+
 	port := s.Addr().(*net.TCPAddr).Port
 	s.Shutdown()
 	s.WaitForShutdown()
@@ -105,10 +128,10 @@ func TestServerRestart(t *testing.T) {
 	o.Port = port
 	startServer(t, o) // same port and store directory
 	eventually(t, "source and sink healthy", func() bool { return src.Health() == nil && sink.Health() == nil })
-
-	for i := half; i < 2*half; i++ {
-		publishRetry(t, pub, "delay.x", strconv.Itoa(i))
+	if err := <-pubErr; err != nil {
+		t.Fatal(err)
 	}
+
 	out, err := newJS(t, nc).Stream(ctxT(t), "OUT")
 	if err != nil {
 		t.Fatal(err)
