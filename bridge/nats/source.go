@@ -532,7 +532,7 @@ func (s *Source) collect(ctx context.Context, it jetstream.MessagesContext, batc
 // ctx ends) and acks it.
 func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.Consumer, st *floorState, batch []jetstream.Msg, items []bridge.Item) error {
 	var high int64
-	var pending uint64 = 0
+	var pending uint64
 	for _, m := range batch {
 		md, err := m.Metadata()
 		if err != nil {
@@ -572,9 +572,12 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 	if len(items) > 0 {
 		// Redeliveries (after a nak or AckWait) need not come in stream
 		// order; within a batch the handler sees source order again.
+		// A message redelivered while its first copy waited in the buffer
+		// may be here twice: hand it over once.
 		if !slices.IsSortedFunc(items, byOffset) {
 			slices.SortStableFunc(items, byOffset)
 		}
+		items = slices.CompactFunc(items, func(a, b bridge.Item) bool { return a.Msg.Offset == b.Msg.Offset })
 		cp := st.checkpoint(high)
 		b := &bridge.Batch{Items: items, Checkpoints: []shard.Checkpoint{{Key: s.key, Offset: cp}}}
 		if err := s.handle(ctx, h, b, batch); err != nil {
