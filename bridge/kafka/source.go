@@ -9,8 +9,10 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 	fetchAPI "github.com/segmentio/kafka-go/protocol/fetch"
@@ -257,6 +259,21 @@ func assignmentsOf(gen *kafkago.Generation) map[string][]int {
 	return out
 }
 
+// lagGauge reports the messages of a partition not yet taken in: the last
+// known high watermark (from the fetcher) minus the next offset to store
+// (from the handler loop).
+type lagGauge struct {
+	g      prometheus.Gauge
+	hw     atomic.Int64
+	stored atomic.Int64
+}
+
+func (l *lagGauge) update() {
+	if hw, st := l.hw.Load(), l.stored.Load(); hw >= 0 && st >= 0 {
+		l.g.Set(float64(max(hw-st, 0)))
+	}
+}
+
 // fetched is a batch ready for the handler, with the offset to commit after
 // it was handled.
 type fetched struct {
@@ -290,13 +307,29 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 		}
 	}
 
+	for wait := s.cfg.RetryMin; start < 0; wait = backoff(wait, s.cfg.RetryMax) {
+		// No commit and no checkpoint: resolve the group's start position
+		// (the log start) to a real offset.
+		resolved, err := listOffset(wctx, s.client, topic, pa.ID, start)
+		if err == nil {
+			start = resolved
+			break
+		}
+		log.Warn("resolve start offset failed; retrying", zap.Error(err))
+		if !sleep(wctx, wait) {
+			return
+		}
+	}
+	lag := &lagGauge{g: s.cfg.Metrics.SourceLag.WithLabelValues(topic, strconv.Itoa(pa.ID))}
+	lag.hw.Store(-1)
+	lag.stored.Store(start)
 	out := make(chan fetched, 1)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		defer close(out)
-		s.fetchLoop(wctx, topic, pa.ID, start, out, log)
+		s.fetchLoop(wctx, topic, pa.ID, start, out, lag, log)
 	}()
 	defer func() {
 		cancel()
@@ -308,6 +341,8 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 		if !s.handle(wctx, h, f.batch, log) {
 			return // ctx or generation ended before the batch was stored
 		}
+		lag.stored.Store(f.next)
+		lag.update()
 		// The batch is durable. Commit only while this generation owns the
 		// partition: after it ended the partition may belong to another
 		// member, and the stored checkpoint covers us if it comes back.
@@ -378,10 +413,9 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 // handler, so fetching overlaps the store commit. When it has caught up
 // with the log it lingers once for more records, so trickling traffic still
 // makes batches (one fsync each) instead of one message per batch.
-func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, offset int64, out chan<- fetched, log *zap.Logger) {
+func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, offset int64, out chan<- fetched, lag *lagGauge, log *zap.Logger) {
 	key := CheckpointKey(topic, partition)
 	rules := s.rules[topic]
-	lag := s.cfg.Metrics.SourceLag.WithLabelValues(topic, strconv.Itoa(partition))
 	wait := s.cfg.RetryMin
 	var pending []bridge.Item
 	for ctx.Err() == nil {
@@ -417,8 +451,9 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 		default:
 			wait = s.cfg.RetryMin
 			s.setHealth(key, nil)
-			if hw >= 0 && offset >= 0 {
-				lag.Set(float64(max(hw-offset, 0)))
+			if hw >= 0 {
+				lag.hw.Store(hw)
+				lag.update()
 			}
 		}
 		if len(pending) == 0 {

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/metrics"
 )
 
 func TestSourceConvertsAndCommits(t *testing.T) {
@@ -31,6 +34,7 @@ func TestSourceConvertsAndCommits(t *testing.T) {
 		&kgo.Record{Topic: "delay", Partition: 1, Key: nil, Value: []byte("two")},
 	)
 	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
+	cfg.Metrics = metrics.New(nil)
 	rules := cfg.Sources[0].Rules
 	s, err := NewSource(cfg)
 	if err != nil {
@@ -42,6 +46,10 @@ func TestSourceConvertsAndCommits(t *testing.T) {
 	waitFor(t, "commits", func() bool {
 		cm := committed(c, "g", "delay")
 		return cm[0] == 3 && cm[1] == 1
+	})
+	waitFor(t, "lag 0", func() bool {
+		return gaugeValue(t, cfg.Metrics.SourceLag.WithLabelValues("delay", "0")) == 0 &&
+			gaugeValue(t, cfg.Metrics.SourceLag.WithLabelValues("delay", "1")) == 0
 	})
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
@@ -366,5 +374,45 @@ func TestSourceCommitErrorIsCoveredByTheNext(t *testing.T) {
 	}
 	if offs := h.offsets("delay")[0]; !slices.Equal(offs, []int64{0, 1, 2, 3, 4}) {
 		t.Fatalf("offsets %v", offs)
+	}
+}
+
+func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
+	t.Helper()
+	var pb dto.Metric
+	if err := g.Write(&pb); err != nil {
+		t.Fatal(err)
+	}
+	return pb.GetGauge().GetValue()
+}
+
+// The lag gauge counts what is in the partition and not yet taken in.
+func TestSourceLagMetric(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	produceN(t, producer(t, c), "delay", 1, 0, 10)
+	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
+	cfg.Metrics = metrics.New(nil)
+	cfg.MaxBatch = 4
+	lag := cfg.Metrics.SourceLag.WithLabelValues("delay", "0")
+	release := make(chan struct{})
+	h := newMemHandler()
+	h.setFail(func(ctx context.Context, _ *bridge.Batch) error {
+		select { // hold the first batch: the fetcher stops one batch ahead
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	s, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runSource(t, s, h)
+	waitFor(t, "lag reported", func() bool { return gaugeValue(t, lag) > 0 })
+	close(release)
+	waitFor(t, "10 handled", func() bool { return h.count() == 10 })
+	waitFor(t, "lag 0", func() bool { return gaugeValue(t, lag) == 0 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 }
