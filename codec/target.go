@@ -76,16 +76,16 @@ func (e *targetError) Unwrap() error { return ErrBadTarget }
 func checkTopic[S ~string | ~[]byte](name S) error {
 	switch {
 	case len(name) == 0:
-		return errors.New("empty Kafka topic")
+		return errors.New("empty topic name (Kafka)")
 	case len(name) > maxTopicLen:
-		return fmt.Errorf("Kafka topic longer than %d characters", maxTopicLen)
+		return fmt.Errorf("topic name longer than %d characters (Kafka)", maxTopicLen)
 	case string(name) == "." || string(name) == "..":
-		return errors.New(`Kafka topic cannot be "." or ".."`)
+		return errors.New(`topic name cannot be "." or ".." (Kafka)`)
 	}
 	for i := 0; i < len(name); i++ {
 		c := name[i]
 		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return fmt.Errorf("Kafka topic has illegal character %q (allowed: a-z A-Z 0-9 . _ -)", c)
+			return fmt.Errorf("illegal character %q in a Kafka topic (allowed: a-z A-Z 0-9 . _ -)", c)
 		}
 	}
 	return nil

@@ -70,7 +70,7 @@ func TestValidate(t *testing.T) {
 		{"kafka dlq loops", func(c *Config) { c.Kafka.Sources[0].DLQ = "delay" }, "kafka.sources[0].dlq: \"delay\" is a delay topic"},
 		{"kafka default target ok", func(c *Config) { c.Kafka.Sources[0].DefaultTarget = "orders" }, ""},
 		{"kafka default target cross ok", func(c *Config) { c.Kafka.Sources[0].DefaultTarget = "nats:orders.x" }, ""},
-		{"kafka default target bad", func(c *Config) { c.Kafka.Sources[0].DefaultTarget = "or ders" }, `kafka.sources[0].default_target: codec: target "or ders": Kafka topic has illegal character`},
+		{"kafka default target bad", func(c *Config) { c.Kafka.Sources[0].DefaultTarget = "or ders" }, `kafka.sources[0].default_target: codec: target "or ders": illegal character ' ' in a Kafka topic`},
 		{"kafka default target unconfigured transport", func(c *Config) {
 			c.NATS = nil
 			c.Kafka.Sources[0].DefaultTarget = "nats:x"

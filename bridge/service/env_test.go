@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/delaybridge/delaybridge/bridge/kafka"
@@ -268,7 +269,7 @@ admin:
 func (e *env) start() (svc *Service, stop func()) {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	log := zaptest.NewLogger(e.t, zaptest.Level(zap.WarnLevel))
+	log := zaptest.NewLogger(e.t, zaptest.Level(testLogLevel()))
 	svc, err := New(ctx, e.config(), Options{
 		Logger: log,
 		Clock:  e.clk,
@@ -382,4 +383,10 @@ func countDest(ds []delivery, pred func(delivery) bool) int {
 	return n
 }
 
-func val(i int) []byte { return []byte("v" + strconv.Itoa(i)) }
+// testLogLevel is warn unless DELAYBRIDGE_TEST_LOG names a zap level.
+func testLogLevel() zapcore.Level {
+	if l, err := zapcore.ParseLevel(os.Getenv("DELAYBRIDGE_TEST_LOG")); err == nil && os.Getenv("DELAYBRIDGE_TEST_LOG") != "" {
+		return l
+	}
+	return zap.WarnLevel
+}
