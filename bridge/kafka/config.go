@@ -41,6 +41,11 @@
 //   - The Writer keeps writing a batch after the caller's ctx ended, and
 //     retries with an uncancellable sleep; WriteAttempts and its backoff are
 //     kept small because the engine has its own retry policy.
+//   - The Transport refreshes its metadata cache only every MetadataTTL,
+//     never when a broker answers "not leader", so after a leader move
+//     every fetch and produce fails until the TTL runs out. On such errors
+//     the Source and the Sink drop the transport's connection pools, which
+//     reloads the metadata; the Sink then retries the failed records once.
 //   - kafka-go's sasl/scram needs github.com/xdg-go/scram, which is not a
 //     dependency of this module; SCRAM uses franz-go's client (already a
 //     dependency) behind kafka-go's sasl.Mechanism interface.

@@ -131,6 +131,16 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		}
 	}
 	s.write(ctx, msgs, idx, errs, true)
+	if retry := staleOnes(errs); len(retry) > 0 && ctx.Err() == nil {
+		// A leader moved. kafka-go's transport would keep its stale
+		// metadata until MetadataTTL; drop its pools so the retry (and
+		// every later publish) reloads it.
+		s.transport.CloseIdleConnections()
+		for _, i := range retry {
+			errs[i] = nil
+		}
+		s.write(ctx, msgs, retry, errs, true)
+	}
 	s.m.PublishSeconds.WithLabelValues(codec.TransportKafka.String()).Observe(time.Since(start).Seconds())
 	for _, err := range errs {
 		if err != nil {
@@ -189,6 +199,17 @@ func (s *Sink) write(ctx context.Context, msgs []kafkago.Message, idx []int, err
 	for _, t := range order {
 		s.write(ctx, msgs, byTopic[t], errs, false)
 	}
+}
+
+// staleOnes returns the indexes of errors caused by a moved leader.
+func staleOnes(errs []error) []int {
+	var out []int
+	for i, err := range errs {
+		if err != nil && staleMetadata(err) && !errors.Is(err, kafkago.UnknownTopicOrPartition) {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 func publishError(topic string, err error) error {

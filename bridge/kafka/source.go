@@ -437,6 +437,12 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 			}
 			fallthrough
 		case err != nil:
+			if staleMetadata(err) {
+				// kafka-go's transport refreshes its metadata cache only
+				// every MetadataTTL, never on a leader change; dropping
+				// its connection pools makes the next request reload it.
+				s.transport.CloseIdleConnections()
+			}
 			s.setHealth(key, fmt.Errorf("kafka: fetch %s/%d: %w", topic, partition, classify(err)))
 			s.cfg.Metrics.SourceErrors.WithLabelValues(topic).Inc()
 			log.Warn("fetch failed; retrying", zap.Int64("offset", offset), zap.Duration("backoff", wait), zap.Error(err))
@@ -480,6 +486,20 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 		}
 		pending = nil
 	}
+}
+
+// staleMetadata reports errors that mean the partition leader moved.
+func staleMetadata(err error) bool {
+	for _, e := range []error{
+		kafkago.NotLeaderForPartition, kafkago.LeaderNotAvailable, kafkago.UnknownTopicOrPartition,
+		kafkago.ReplicaNotAvailable, kafkago.FencedLeaderEpoch, kafkago.UnknownLeaderEpoch,
+		kafkago.KafkaStorageError, kafkago.BrokerNotAvailable,
+	} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // fetch reads one fetch response into items. It returns the next offset to
