@@ -11,9 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/delaybridge/delaybridge/bridge/kafka"
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/config"
 )
 
 // messages per transport in TestMixedDelays: 5 k each (10 k in all) with
@@ -312,7 +316,6 @@ func TestBrokerOutage(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	e.settle(svc)
-	t.Logf("after outage: kafka %d, nats %d, stats %+v", len(byValue(e.deliveries(), kafkaOut)), len(byValue(e.deliveries(), "orders.o")), svc.Engine().Stats())
 	got := e.waitFor("delivery after the outage", func(ds []delivery) bool {
 		return len(byValue(ds, kafkaOut))+len(byValue(ds, "orders.o")) >= 2*n
 	})
@@ -337,4 +340,89 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+}
+
+// TestStartWithBrokersDown starts the bridge while neither broker listens:
+// it must not exit (no crash loop), report not-ready with the reason, and
+// work once the brokers come up.
+func TestStartWithBrokersDown(t *testing.T) {
+	e := newEnv(t, "")
+	kafkaPort := freePort(t)
+	e.kafkaAddr = "127.0.0.1:" + strconv.Itoa(kafkaPort)
+	e.ns.Shutdown()
+	svc, stop := e.start()
+	eventually(t, "not-ready while connecting", func() bool {
+		err := svc.Ready()
+		return err != nil && strings.Contains(err.Error(), "connecting to brokers:")
+	})
+	// Bring both up: a fresh Kafka-protocol broker on the configured port
+	// and the NATS server back on its port.
+	kc, err := kfake.NewCluster(kfake.Ports(kafkaPort), kfake.SeedTopics(3, kafkaDelay, kafkaDLQ, kafkaOut))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Close)
+	e.startNATS()
+	eventually(t, "ready after the brokers came up", func() bool { return svc.Ready() == nil })
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kafkaAddr), kgo.ConsumeTopics(kafkaOut), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	rec := &kgo.Record{Topic: kafkaDelay, Key: []byte("late"), Value: []byte("after-outage"),
+		Headers: []kgo.RecordHeader{{Key: "delay-after", Value: []byte("1s")}, {Key: "delay-target", Value: []byte("orders")}}}
+	if err := cl.ProduceSync(context.Background(), rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	e.publishNATS("delay.late", []byte("nats-after-outage"), "delay-after", "1s", "delay-target", "orders.late")
+	waitIngested(t, svc, 2)
+	e.clk.Advance(2 * time.Second)
+	e.waitFor("NATS delivery after a start with brokers down", func(ds []delivery) bool { return len(byValue(ds, "orders.late")) == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for got := false; !got; {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatal("Kafka delivery after a start with brokers down did not arrive")
+		}
+		fs.EachRecord(func(r *kgo.Record) { got = got || string(r.Value) == "after-outage" })
+	}
+	stop()
+}
+
+// TestWrongPasswordFailsFast: refused credentials are an error at start,
+// not a retry loop.
+func TestWrongPasswordFailsFast(t *testing.T) {
+	kc, err := kfake.NewCluster(kfake.EnableSASL(), kfake.Superuser("PLAIN", "bridge", "right"), kfake.SeedTopics(1, kafkaDelay, kafkaDLQ))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	yml := `
+data_dir: ` + strconv.Quote(t.TempDir()) + `
+kafka:
+  brokers: [` + strconv.Quote(kc.ListenAddrs()[0]) + `]
+  sasl: {mechanism: PLAIN, username: bridge, password: wrong}
+  sources: [{topic: delay, dlq: delay.dlq}]
+admin: {listen: "127.0.0.1:0"}
+`
+	cfg, err := config.LoadBytes([]byte(yml), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := New(context.Background(), cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = svc.Run(ctx)
+	if !errors.Is(err, kafka.ErrAuth) {
+		t.Fatalf("Run = %v, want an error wrapping kafka.ErrAuth", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("Run retried until the deadline instead of failing fast")
+	}
+	t.Logf("start error: %v", err)
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -41,6 +42,9 @@ type env struct {
 	kcl      *kgo.Client
 	nc       *natsgo.Conn
 	extra    string // appended to the bridge config
+	// kafkaAddr is the broker address the bridge is configured with; by
+	// default the kfake cluster's.
+	kafkaAddr string
 
 	mu   sync.Mutex
 	got  []delivery
@@ -81,6 +85,7 @@ func newEnv(t *testing.T, extraConfig string) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.kc.Close)
+	e.kafkaAddr = e.kc.ListenAddrs()[0]
 	e.natsPort = freePort(t)
 	e.natsDir = t.TempDir()
 	e.startNATS()
@@ -256,7 +261,7 @@ targets:
   allow: ["orders*", "kafka:missing-topic", "nats:orders.>", "kafka:orders", "nats:nostream.>"]
 admin:
   listen: "127.0.0.1:0"
-`, e.dataDir, top, e.extra, e.kc.ListenAddrs()[0], e.ns.ClientURL())
+`, e.dataDir, top, e.extra, e.kafkaAddr, "nats://127.0.0.1:"+strconv.Itoa(e.natsPort))
 	cfg, err := config.LoadBytes([]byte(yml), nil)
 	if err != nil {
 		e.t.Fatal(err)

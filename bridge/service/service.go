@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -67,16 +68,22 @@ type Service struct {
 	closers  []func() error
 	nc       *natsgo.Conn
 	admin    http.Handler
+	opts     Options
+
+	// connected is false until Run has reached the brokers; connectErr is
+	// the last reason it could not, for /readyz.
+	connected  atomic.Bool
+	connectErr atomic.Pointer[error]
 }
 
-// New opens the store (recovering pending tasks), connects to the configured
-// brokers and builds sources and publishers. A refused credential or TLS
-// handshake fails here with a clear error instead of a retry loop.
+// New validates cfg and opens the store, recovering pending tasks. Brokers
+// are reached by Run, so the admin server (liveness, readiness, metrics) is
+// up while they are not.
 func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	s := &Service{cfg: cfg, log: o.Logger, reg: o.Registry}
+	s := &Service{cfg: cfg, log: o.Logger, reg: o.Registry, opts: o}
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}
@@ -116,17 +123,6 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 	st := s.eng.Stats()
 	s.log.Info("store recovered", zap.Int64("pending", st.Pending), zap.Duration("took", time.Since(start)))
 	s.pipeline = bridge.NewPipeline(s.eng, s.log.Named("pipeline"))
-
-	if cfg.Kafka != nil {
-		if err := s.setupKafka(ctx, o); err != nil {
-			return nil, err
-		}
-	}
-	if cfg.NATS != nil {
-		if err := s.setupNATS(o); err != nil {
-			return nil, err
-		}
-	}
 	s.admin = admin.NewHandler(admin.Options{
 		Engine:   s.eng,
 		Ready:    s.Ready,
@@ -135,6 +131,66 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 		Logger:   s.log.Named("admin"),
 	})
 	return s, nil
+}
+
+// connect reaches the configured brokers and builds sources and publishers.
+// A broker that does not answer is retried with backoff (readiness says
+// why) until ctx ends; a refused credential, a failed TLS handshake or a
+// configuration the broker rejects is returned at once: retrying would not
+// help and the operator must see it.
+func (s *Service) connect(ctx context.Context) error {
+	backoff := 500 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := s.connectOnce(ctx)
+		if err == nil {
+			s.connected.Store(true)
+			s.connectErr.Store(nil)
+			return nil
+		}
+		if !unreachable(err) || ctx.Err() != nil {
+			return err
+		}
+		s.connectErr.Store(&err)
+		s.log.Warn("brokers unreachable; retrying", zap.Int("attempt", attempt), zap.Duration("backoff", backoff), zap.Error(err))
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+// unreachable reports whether err only says that no broker answered.
+func unreachable(err error) bool {
+	return errors.Is(err, kafka.ErrUnreachable) || errors.Is(err, natsgo.ErrNoServers)
+}
+
+// connectOnce builds the adapters; on failure it closes what it built.
+func (s *Service) connectOnce(ctx context.Context) (err error) {
+	mark := len(s.closers)
+	defer func() {
+		if err != nil {
+			for i := len(s.closers) - 1; i >= mark; i-- {
+				_ = s.closers[i]()
+			}
+			s.closers = s.closers[:mark]
+			s.sources, s.health, s.sinks, s.nc = nil, nil, bridge.Sinks{}, nil
+		}
+	}()
+	if s.cfg.Kafka != nil {
+		if err := s.setupKafka(ctx, s.opts); err != nil {
+			return err
+		}
+	}
+	if s.cfg.NATS != nil {
+		if err := s.setupNATS(s.opts); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // rules builds the codec rules of one configured source.
@@ -264,6 +320,13 @@ func (s *Service) AdminHandler() http.Handler { return s.admin }
 // connected; otherwise it says why.
 func (s *Service) Ready() error {
 	errs := []error{}
+	if !s.connected.Load() {
+		reason := errors.New("connecting to brokers")
+		if p := s.connectErr.Load(); p != nil {
+			reason = fmt.Errorf("connecting to brokers: %w", *p)
+		}
+		errs = append(errs, reason)
+	}
 	if err := s.eng.Err(); err != nil {
 		errs = append(errs, err)
 	}
@@ -300,6 +363,29 @@ func (s *Service) Run(ctx context.Context) error {
 		fatalOnce.Do(func() { fatal = err; stopSources() })
 	}
 
+	adminDone := make(chan struct{})
+	go func() {
+		defer close(adminDone)
+		if err := admin.Serve(adminCtx, s.cfg.Admin.Listen, s.admin, s.log.Named("admin")); err != nil {
+			setFatal(fmt.Errorf("admin: %w", err))
+		}
+	}()
+	if err := s.connect(srcCtx); err != nil {
+		stopAdmin()
+		<-adminDone
+		if cerr := s.closeAll(); cerr != nil {
+			s.log.Error("close", zap.Error(cerr))
+		}
+		if fatal != nil { // the admin server could not start
+			return fatal
+		}
+		if ctx.Err() != nil {
+			s.log.Info("stopped before the brokers were reached; pending tasks are kept in the store")
+			return nil
+		}
+		return err
+	}
+
 	engDone := make(chan struct{})
 	go func() {
 		defer close(engDone)
@@ -315,16 +401,6 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		})
 	}
-	adminDone := make(chan struct{})
-	go func() {
-		defer close(adminDone)
-		if s.cfg.Admin.Listen == "" {
-			return
-		}
-		if err := admin.Serve(adminCtx, s.cfg.Admin.Listen, s.admin, s.log.Named("admin")); err != nil {
-			setFatal(fmt.Errorf("admin: %w", err))
-		}
-	}()
 	s.log.Info("delaybridge running", zap.Int("sources", len(s.sources)), zap.String("admin", s.cfg.Admin.Listen))
 
 	<-srcCtx.Done()
