@@ -75,9 +75,8 @@ func TestMixedDelays(t *testing.T) {
 			t.Errorf("%s delivered to %s, want %s", v, d.dest, wantDest)
 		}
 	}
-	if st := svc.Engine().Stats(); st.Pending != 0 {
-		t.Errorf("pending after all fired: %d", st.Pending)
-	}
+	// A consumer can see a delivery before the engine's delete commit.
+	eventually(t, "no pending tasks after every delivery", func() bool { return svc.Engine().Stats().Pending == 0 })
 }
 
 // TestContract pins CONTRACT §1-§3 through real brokers: headers in and
