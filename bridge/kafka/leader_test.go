@@ -51,3 +51,40 @@ func TestLeaderMove(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The group coordinator moving to another broker ends the generation; the
+// source rejoins and goes on without losing or re-storing a message.
+func TestCoordinatorMove(t *testing.T) {
+	c := newCluster(t, kfake.NumBrokers(3), kfake.SeedTopics(2, "delay"))
+	cl := producer(t, c)
+	h := newMemHandler()
+	s, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runSource(t, s, h)
+	produceN(t, cl, "delay", 2, 0, 10)
+	waitFor(t, "commit 5+5", func() bool {
+		cm := committed(c, "g", "delay")
+		return cm[0] == 5 && cm[1] == 5
+	})
+	before := c.CoordinatorFor("g")
+	for c.CoordinatorFor("g") == before {
+		c.RehashCoordinators()
+	}
+	produceN(t, cl, "delay", 2, 10, 10)
+	waitFor(t, "commit 10+10", func() bool {
+		cm := committed(c, "g", "delay")
+		return cm[0] == 10 && cm[1] == 10
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	for p, offs := range h.offsets("delay") {
+		for i, o := range offs {
+			if o != int64(i) {
+				t.Fatalf("partition %d: offsets %v: want 0..9 once each", p, offs)
+			}
+		}
+	}
+}

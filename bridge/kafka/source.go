@@ -351,9 +351,10 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 		}
 		if err := gen.CommitOffsets(map[string]map[int]int64{topic: {pa.ID: f.next}}); err != nil {
 			s.cfg.Metrics.SourceErrors.WithLabelValues(topic).Inc()
-			if gctx.Err() != nil || errors.Is(err, kafkago.RebalanceInProgress) ||
-				errors.Is(err, kafkago.IllegalGeneration) || errors.Is(err, kafkago.UnknownMemberId) {
-				log.Info("generation ended; offset not committed", zap.Int64("offset", f.next), zap.Error(err))
+			if gctx.Err() != nil || generationOver(err) {
+				// Returning ends the generation (kafka-go) and rejoins,
+				// through a new coordinator if it moved.
+				log.Info("generation over; offset not committed", zap.Int64("offset", f.next), zap.Error(err))
 				return
 			}
 			// The next commit covers this one; the checkpoint covers a crash.
@@ -363,6 +364,19 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 			return
 		}
 	}
+}
+
+// generationOver reports commit errors after which this member must rejoin.
+func generationOver(err error) bool {
+	for _, e := range []error{
+		kafkago.RebalanceInProgress, kafkago.IllegalGeneration, kafkago.UnknownMemberId,
+		kafkago.NotCoordinatorForGroup, kafkago.GroupCoordinatorNotAvailable, kafkago.FencedInstanceID,
+	} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // startOffset is max(committed, stored checkpoint + 1). A failing
