@@ -464,13 +464,17 @@ type delivery struct {
 // position, so a consumer redelivery is not mistaken for a duplicate
 // publish by the bridge.
 type collector struct {
+	now   func() time.Time // stamps each delivery (the bridge's clock in clock tests)
 	mu    sync.Mutex
 	byPos map[string]delivery
 }
 
-func (b *brokers) collect(t *testing.T) *collector {
+func (b *brokers) collect(t *testing.T) *collector { return b.collectAt(t, time.Now) }
+
+// collectAt is collect with deliveries stamped by now.
+func (b *brokers) collectAt(t *testing.T, now func() time.Time) *collector {
 	t.Helper()
-	c := &collector{byPos: map[string]delivery{}}
+	c := &collector{now: now, byPos: map[string]delivery{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	kcl := b.kafkaClient(kgo.ConsumeTopics(kafkaTarget, kafkaDLQ), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxBytes(64<<20), kgo.FetchMaxPartitionBytes(32<<20))
@@ -483,7 +487,7 @@ func (b *brokers) collect(t *testing.T) *collector {
 				return
 			}
 			fs.EachRecord(func(r *kgo.Record) {
-				d := delivery{transport: "kafka", dest: r.Topic, key: string(r.Key), value: string(r.Value), at: time.Now(),
+				d := delivery{transport: "kafka", dest: r.Topic, key: string(r.Key), value: string(r.Value), at: c.now(),
 					pos: fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset), headers: map[string]string{}}
 				for _, h := range r.Headers {
 					d.headers[h.Key] = string(h.Value)
@@ -513,7 +517,7 @@ func (b *brokers) collect(t *testing.T) *collector {
 			if err != nil {
 				return
 			}
-			d := delivery{transport: "nats", dest: m.Subject(), value: string(m.Data()), at: time.Now(),
+			d := delivery{transport: "nats", dest: m.Subject(), value: string(m.Data()), at: c.now(),
 				pos: fmt.Sprintf("%s#%d", md.Stream, md.Sequence.Stream), headers: map[string]string{}}
 			for k, vs := range m.Headers() {
 				if len(vs) > 0 {

@@ -147,6 +147,7 @@ const drainWait = 3 * time.Minute
 // the end that every acknowledged message reached its target: none lost,
 // duplicates only from deliveries in flight at a kill.
 func TestKill9UnderLoad(t *testing.T) {
+	t.Parallel()
 	rounds := 3
 	if long() {
 		rounds = 20
