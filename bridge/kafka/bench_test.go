@@ -103,3 +103,25 @@ func BenchmarkSourceIngest(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N)/d.Seconds(), "msgs/s")
 }
+
+func TestRawPipe(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(2, "from", "to"))
+	produceN(t, producer(t, c), "from", 2, 0, 50)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := RawPipe(ctx, c.ListenAddrs(), "from", "to", 50); err != nil {
+		t.Fatal(err)
+	}
+	recs := consumeAll(t, c, "to", 50)
+	if len(recs) != 50 {
+		t.Fatalf("copied %d", len(recs))
+	}
+	if _, err := RawPipe(ctx, c.ListenAddrs(), "nope", "to", 1); err == nil {
+		t.Fatal("RawPipe from a missing topic succeeded")
+	}
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	if _, err := RawPipe(short, c.ListenAddrs(), "from", "to", 1000); err == nil {
+		t.Fatal("RawPipe copied more messages than the topic holds")
+	}
+}

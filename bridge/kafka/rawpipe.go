@@ -2,7 +2,6 @@ package kafka
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -115,5 +114,5 @@ func RawPipe(ctx context.Context, brokers []string, from, to string, n int) (tim
 	if pipeErr != nil {
 		return elapsed, pipeErr
 	}
-	return elapsed, fmt.Errorf("kafka: rawpipe: copied %d of %d: %w", copied.Load(), n, errors.Join(ctx.Err(), context.Cause(ctx)))
+	return elapsed, fmt.Errorf("kafka: rawpipe: copied %d of %d: %w", copied.Load(), n, ctx.Err())
 }
