@@ -53,9 +53,16 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	return runDev(ctx, o, stdout, log, nil)
 }
 
+// devAddrs are where the sandbox's brokers listen.
+type devAddrs struct {
+	kafka string // host:port
+	nats  string // nats:// URL
+}
+
 // runDev is cmdDev after flag parsing; ready (if not nil) is called with the
-// running service once the examples are printed, so tests can drive it.
-func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger, ready func(*service.Service)) error {
+// service and the broker addresses once the examples are printed, so tests
+// can drive it.
+func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger, ready func(*service.Service, devAddrs)) error {
 	tmp, err := os.MkdirTemp("", "delaybridge-dev-")
 	if err != nil {
 		return err
@@ -103,7 +110,7 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger
 	}
 	fmt.Fprint(stdout, devBanner(kafkaAddr, natsURL, o.admin))
 	if ready != nil {
-		ready(svc)
+		ready(svc, devAddrs{kafka: kafkaAddr, nats: natsURL})
 	}
 	return svc.Run(ctx)
 }

@@ -93,9 +93,9 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	if *path == "" {
 		return errors.New("run: --config FILE is required")
 	}
-	cfg, err := config.Load(*path, os.Environ()) // validates: every problem, each naming its key
+	cfg, err := config.Load(*path, os.Environ()) // validates: every problem, each naming its key and the file
 	if err != nil {
-		return fmt.Errorf("config %s:\n%w", *path, err)
+		return err
 	}
 	log, err := newLogger(cfg.Log.Level, cfg.Log.Format, stderr)
 	if err != nil {

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/delaybridge/delaybridge/bridge/service"
+)
+
+func TestRealMain(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	unknownKey := write("unknown.yaml", "data_dir: /tmp/x\nkafka:\n  brokers: [localhost:9092]\n  sources: [{topic: delay, dlq: delay.dlq}]\nmax_dleay: 3d\n")
+	invalid := write("invalid.yaml", "data_dir: /tmp/x\nshards: 0\nkafka:\n  brokers: [localhost:9092]\n  sources: [{topic: delay}]\n")
+	tests := []struct {
+		name       string
+		args       []string
+		code       int
+		wantOut    string
+		wantErrOut []string
+	}{
+		{"no command", nil, 2, "", []string{"usage:"}},
+		{"unknown command", []string{"serve"}, 2, "", []string{`unknown command "serve"`}},
+		{"version", []string{"version"}, 0, "delaybridge ", nil},
+		{"help", []string{"help"}, 0, "delaybridge run --config FILE", nil},
+		{"run without config", []string{"run"}, 1, "", []string{"--config FILE is required"}},
+		{"run with missing file", []string{"run", "--config", filepath.Join(dir, "nope.yaml")}, 1, "", []string{"nope.yaml"}},
+		{"run refuses an unknown key", []string{"run", "--config", unknownKey}, 1, "", []string{"unknown.yaml", "max_dleay: unknown key"}},
+		{"run names every invalid key", []string{"run", "--config", invalid}, 1, "", []string{"shards", "kafka.sources[0].dlq"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			if code := realMain(tc.args, &out, &errOut); code != tc.code {
+				t.Fatalf("exit code %d, want %d; stderr: %s", code, tc.code, errOut.String())
+			}
+			if !strings.Contains(out.String(), tc.wantOut) {
+				t.Errorf("stdout %q does not contain %q", out.String(), tc.wantOut)
+			}
+			for _, w := range tc.wantErrOut {
+				if !strings.Contains(errOut.String(), w) {
+					t.Errorf("stderr %q does not contain %q", errOut.String(), w)
+				}
+			}
+		})
+	}
+}
+
+// TestDev runs the sandbox on free ports and sends a delayed message
+// through it with a real Kafka client.
+func TestDev(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out bytes.Buffer
+	ready := make(chan devAddrs, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- runDev(ctx, devOptions{kafkaPort: 0, natsPort: -1, admin: "127.0.0.1:0"}, &out, zaptest.NewLogger(t),
+			func(_ *service.Service, a devAddrs) { ready <- a })
+	}()
+	var addrs devAddrs
+	select {
+	case addrs = <-ready:
+	case err := <-done:
+		t.Fatalf("dev stopped: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("dev did not start")
+	}
+	for _, want := range []string{"kcat -P -b " + addrs.kafka, "nats -s " + addrs.nats, "delay-after"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("banner lacks %q", want)
+		}
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs.kafka), kgo.ConsumeTopics("orders"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	rec := &kgo.Record{Topic: "delay", Key: []byte("order-42"), Value: []byte(`{"order":42}`), Headers: []kgo.RecordHeader{
+		{Key: "delay-after", Value: []byte("50ms")}, {Key: "delay-target", Value: []byte("orders")},
+	}}
+	if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	pctx, pcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer pcancel()
+	var got *kgo.Record
+	for got == nil {
+		fs := cl.PollFetches(pctx)
+		if pctx.Err() != nil {
+			t.Fatal("the delayed message did not arrive on orders")
+		}
+		fs.EachRecord(func(r *kgo.Record) { got = r })
+	}
+	if string(got.Key) != "order-42" || string(got.Value) != `{"order":42}` {
+		t.Errorf("delivered %q=%q", got.Key, got.Value)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("dev exit: %v", err)
+	}
+}
