@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/internal/benchrun"
+)
+
+// cmdBench runs the benchmark report (internal/benchrun): brokers in
+// process, the bridge as `run` builds it, a Markdown table on stdout and
+// report.json, report.md and lateness.png in -out.
+func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	quick := fs.Bool("quick", false, "small sizes for a quick look (20 k messages, 200 k pending, 100 k at the kill)")
+	n := fs.Int("n", 0, "messages per transport for the throughput runs (default 200000; -quick 20000)")
+	paced := fs.Int("paced-n", 0, "messages per transport for the paced lateness runs (default 50000; -quick 10000)")
+	rate := fs.Int("rate", 0, "paced publish rate, msg/s (default 5000)")
+	capacity := fs.Int("capacity", 0, "pending tasks for the capacity run (default 10000000; -quick 200000)")
+	payload := fs.Int("payload", 0, "payload bytes per task in the capacity run (default 1024)")
+	recovery := fs.Int("recovery", 0, "pending tasks at the kill -9 of the recovery run (default 1000000; -quick 100000)")
+	only := fs.String("only", "", "comma-separated parts to run: throughput,lateness,capacity,recovery (default all)")
+	out := fs.String("out", "bench-out", "directory for report.json, report.md and lateness.png")
+	work := fs.String("work", "", "scratch directory for stores and broker data (default the system temp dir)")
+	child := fs.String("child", "", "internal: run one engine-level measurement in this process")
+	dir := fs.String("dir", "", "internal: the child's store directory")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *child != "" {
+		return benchrun.Child(ctx, *child, *dir, *capacity+*recovery, *payload, stdout)
+	}
+	o := benchrun.Defaults(*quick)
+	set := func(dst *int, v int) {
+		if v > 0 {
+			*dst = v
+		}
+	}
+	set(&o.N, *n)
+	set(&o.PacedN, *paced)
+	set(&o.Rate, *rate)
+	set(&o.Capacity, *capacity)
+	set(&o.Payload, *payload)
+	set(&o.Recovery, *recovery)
+	if *only != "" {
+		o.Parts = strings.Split(*only, ",")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	o.Exe, o.Out, o.WorkDir = exe, *out, *work
+	o.Command = "delaybridge bench " + strings.Join(args, " ")
+	o.Logger = zap.NewNop()
+	o.Progress = stderr
+	r, err := benchrun.Run(ctx, o)
+	if r != nil {
+		fmt.Fprint(stdout, r.Markdown())
+	}
+	return err
+}

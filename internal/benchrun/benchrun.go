@@ -1,0 +1,298 @@
+// Package benchrun is the benchmark report of `delaybridge bench`: one run
+// on one machine that measures the bridge against the raw broker pipe it is
+// built from, the lateness of deliveries at a paced rate, how many pending
+// tasks fit in bounded memory, and how long recovery takes after kill -9.
+//
+// Brokers run in process (kfake, nats-server with JetStream), the bridge is
+// bridge/service with the real clock and the shipped defaults, and every
+// message is 1 KB. Goals are reported next to the numbers, never asserted:
+// the report is a measurement, not a test.
+package benchrun
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Options configure a report.
+type Options struct {
+	N        int // messages per transport for the throughput runs
+	PacedN   int // messages per transport for the paced lateness runs
+	Rate     int // paced publish rate, msg/s
+	Delay    time.Duration
+	Capacity int      // pending tasks for the capacity run
+	Payload  int      // payload bytes per task in the capacity run
+	Recovery int      // pending tasks at the kill -9
+	Parts    []string // subset of throughput, lateness, capacity, recovery; nil = all
+	Out      string   // directory for report.json, lateness.png, report.md
+	Exe      string   // this binary, re-executed for the engine-level children
+	WorkDir  string   // scratch space (stores, broker data); removed afterwards
+	Command  string   // the command line, recorded in the report
+	Logger   *zap.Logger
+	Progress io.Writer // progress lines; nil = none
+}
+
+// Defaults are the full run; Quick is the small one for development.
+func Defaults(quick bool) Options {
+	if quick {
+		return Options{N: 20_000, PacedN: 10_000, Rate: 5000, Delay: time.Second, Capacity: 200_000, Payload: 1024, Recovery: 100_000}
+	}
+	return Options{N: 200_000, PacedN: 50_000, Rate: 5000, Delay: time.Second, Capacity: 10_000_000, Payload: 1024, Recovery: 1_000_000}
+}
+
+// Machine describes where the report was made.
+type Machine struct {
+	NumCPU    int    `json:"nproc"`
+	CPU       string `json:"cpu"`
+	GoVersion string `json:"go"`
+	OS        string `json:"os"`
+	MemTotal  string `json:"mem_total"`
+}
+
+// Report is the result of Run.
+type Report struct {
+	Command  string         `json:"command"`
+	Started  time.Time      `json:"started"`
+	Took     string         `json:"took"`
+	Machine  Machine        `json:"machine"`
+	Runs     []*Measurement `json:"runs"`
+	Capacity *Capacity      `json:"capacity,omitempty"`
+	Recovery *Recovery      `json:"recovery,omitempty"`
+	Errors   []string       `json:"errors,omitempty"`
+}
+
+func machine() Machine {
+	m := Machine{NumCPU: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "model name"); ok {
+				m.CPU = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+				m.MemTotal = strings.TrimSpace(v)
+			}
+		}
+	}
+	return m
+}
+
+func (o *Options) want(part string) bool {
+	if len(o.Parts) == 0 {
+		return true
+	}
+	for _, p := range o.Parts {
+		if p == part {
+			return true
+		}
+	}
+	return false
+}
+
+func (o *Options) progress(format string, args ...any) {
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+	}
+}
+
+// Run measures what o asks for and writes report.json and lateness.png into
+// o.Out. A part that fails is recorded in Report.Errors; the others still
+// run.
+func Run(ctx context.Context, o Options) (*Report, error) {
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.Out == "" {
+		o.Out = "."
+	}
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return nil, fmt.Errorf("benchrun: %w", err)
+	}
+	work, err := os.MkdirTemp(o.WorkDir, "delaybridge-bench-")
+	if err != nil {
+		return nil, fmt.Errorf("benchrun: %w", err)
+	}
+	defer os.RemoveAll(work)
+	r := &Report{Command: o.Command, Started: time.Now().UTC(), Machine: machine()}
+	fail := func(part string, err error) {
+		o.progress("%s: %v", part, err)
+		r.Errors = append(r.Errors, part+": "+err.Error())
+	}
+	step := 0
+	sub := func() string { step++; return filepath.Join(work, fmt.Sprint(step)) }
+
+	if o.want("throughput") {
+		for _, tr := range []string{Kafka, NATS} {
+			o.progress("%s raw pipe, %d messages", tr, o.N)
+			if run, err := rawRun(ctx, tr, o.N, sub()); err != nil {
+				fail(tr+" raw", err)
+			} else {
+				r.Runs = append(r.Runs, run)
+			}
+			o.progress("%s bridge, %d messages, delay %v", tr, o.N, o.Delay)
+			if run, err := bridgeRun(ctx, tr, o.N, 0, o.Delay, sub(), o.Logger); err != nil {
+				fail(tr+" bridge", err)
+			} else {
+				r.Runs = append(r.Runs, run)
+			}
+		}
+	}
+	if o.want("lateness") {
+		for _, tr := range []string{Kafka, NATS} {
+			o.progress("%s paced at %d msg/s, %d messages", tr, o.Rate, o.PacedN)
+			if run, err := bridgeRun(ctx, tr, o.PacedN, o.Rate, o.Delay, sub(), o.Logger); err != nil {
+				fail(tr+" paced", err)
+			} else {
+				r.Runs = append(r.Runs, run)
+			}
+		}
+	}
+	if o.want("capacity") {
+		o.progress("capacity: %d tasks over 30 days (child process)", o.Capacity)
+		if c, err := capacityRun(ctx, o.Exe, sub(), o.Capacity, o.Payload); err != nil {
+			fail("capacity", err)
+		} else {
+			r.Capacity = c
+		}
+	}
+	if o.want("recovery") {
+		o.progress("recovery: %d pending, kill -9, reopen (child processes)", o.Recovery)
+		if rc, err := recoveryRun(ctx, o.Exe, sub(), o.Recovery); err != nil {
+			fail("recovery", err)
+		} else {
+			r.Recovery = rc
+		}
+	}
+	r.Took = time.Since(r.Started).Round(time.Second).String()
+
+	if err := r.save(o.Out); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+func (r *Report) save(dir string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "report.json"), b, 0o644); err != nil {
+		return fmt.Errorf("benchrun: %w", err)
+	}
+	var ss []series
+	for _, run := range r.Runs {
+		if len(run.samples) == 0 {
+			continue
+		}
+		name := fmt.Sprintf("%s %s", run.Transport, run.Mode)
+		if run.Mode == "paced" {
+			name = fmt.Sprintf("%s paced %d/s", run.Transport, run.PublishRate)
+		}
+		ss = append(ss, series{name: name, xs: run.samples, col: palette[len(ss)%len(palette)]})
+	}
+	if len(ss) > 0 {
+		png, err := latencyCDF(ss)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "lateness.png"), png, 0o644); err != nil {
+			return fmt.Errorf("benchrun: %w", err)
+		}
+	}
+	return os.WriteFile(filepath.Join(dir, "report.md"), []byte(r.Markdown()), 0o644)
+}
+
+func (r *Report) find(tr, mode string) *Measurement {
+	for _, run := range r.Runs {
+		if run.Transport == tr && run.Mode == mode {
+			return run
+		}
+	}
+	return nil
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "**missed**"
+}
+
+// Markdown renders the report as the tables of docs/benchmarks.md.
+func (r *Report) Markdown() string {
+	var b strings.Builder
+	m := r.Machine
+	fmt.Fprintf(&b, "## delaybridge benchmark report\n\n")
+	fmt.Fprintf(&b, "- command: `%s`\n- started: %s, took %s\n- machine: %d CPUs (%s), %s, %s, memory %s\n\n",
+		r.Command, r.Started.Format(time.RFC3339), r.Took, m.NumCPU, m.CPU, m.OS, m.GoVersion, m.MemTotal)
+
+	if len(r.Runs) > 0 {
+		fmt.Fprintf(&b, "### Throughput and lateness (1 KB messages, brokers in process)\n\n")
+		fmt.Fprintf(&b, "| transport | run | n | rate msg/s | ingest msg/s | fire msg/s | lateness p50 / p99 / p999 / max ms | dups | peak RSS MB |\n")
+		fmt.Fprintf(&b, "|---|---|---:|---:|---:|---:|---|---:|---:|\n")
+		for _, run := range r.Runs {
+			what := map[string]string{"raw": "raw pipe (no delay, no store)", "bridge": fmt.Sprintf("bridge, delay %d ms, unpaced", run.DelayMs),
+				"paced": fmt.Sprintf("bridge, delay %d ms, paced %d/s", run.DelayMs, run.PublishRate)}[run.Mode]
+			lat := "-"
+			if s := run.Lateness; s != nil {
+				lat = fmt.Sprintf("%.1f / %.1f / %.1f / %.1f", s.P50, s.P99, s.P999, s.Max)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %s | %s | %s | %d | %.0f |\n", run.Transport, what, run.N, run.Rate,
+				orDash(run.IngestRate), orDash(run.FireRate), lat, run.Duplicates, run.PeakRSSMB)
+		}
+		b.WriteString("\n")
+		fmt.Fprintf(&b, "| goal | transport | value | goal | verdict |\n|---|---|---:|---:|---|\n")
+		for _, tr := range []string{Kafka, NATS} {
+			raw, br := r.find(tr, "raw"), r.find(tr, "bridge")
+			if raw != nil && br != nil {
+				ratio := br.Rate / raw.Rate
+				fmt.Fprintf(&b, "| bridge / raw pipe throughput | %s | %.2f | >= 0.5 | %s |\n", tr, ratio, verdict(ratio >= 0.5))
+			}
+			if p := r.find(tr, "paced"); p != nil && p.Lateness != nil {
+				fmt.Fprintf(&b, "| p99 lateness at %d msg/s | %s | %.1f ms | <= 50 ms | %s |\n", p.PublishRate, tr, p.Lateness.P99, verdict(p.Lateness.P99 <= 50))
+			}
+		}
+		if c := r.Capacity; c != nil {
+			fmt.Fprintf(&b, "| peak RSS with %d pending | engine | %.0f MB | < 512 MB | %s |\n", c.Tasks, c.PeakRSSMB, verdict(c.PeakRSSMB < 512))
+		}
+		b.WriteString("\n")
+	}
+	if c := r.Capacity; c != nil {
+		fmt.Fprintf(&b, "### Pending capacity (engine, child process, shipped defaults: 8 shards, 10 min horizon)\n\n")
+		fmt.Fprintf(&b, "| tasks | payload | due spread | ingest s | ingest tasks/s | in wheel | RSS after ingest MB | peak RSS MB | disk GB | clean reopen s | RSS after reopen MB |\n")
+		fmt.Fprintf(&b, "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(&b, "| %d | %d B | %d days | %.1f | %.0f | %d | %.0f | %.0f | %.2f | %.2f | %.0f |\n\n",
+			c.Tasks, c.PayloadBytes, c.SpreadDays, c.IngestSecs, c.IngestRate, c.InWheel, c.RSSMB, c.PeakRSSMB, c.DiskGB, c.ReopenSecs, c.ReopenRSSMB)
+	}
+	if rc := r.Recovery; rc != nil {
+		fmt.Fprintf(&b, "### Recovery after kill -9 (engine, child processes)\n\n")
+		fmt.Fprintf(&b, "| pending at kill | fill s | recovered pending | in wheel after open | shard.Open s | process start to open s | peak RSS MB | acknowledged tasks lost |\n")
+		fmt.Fprintf(&b, "|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(&b, "| %d | %.1f | %d | %d | %.2f | %.2f | %.0f | %d |\n\n",
+			rc.Pending, rc.KillAfterS, rc.Recovered, rc.InWheel, rc.OpenSecs, rc.ReadySecs, rc.PeakRSSMB, rc.Lost)
+	}
+	for _, e := range r.Errors {
+		fmt.Fprintf(&b, "- error: %s\n", e)
+	}
+	return b.String()
+}
+
+func orDash(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", v)
+}

@@ -1,0 +1,487 @@
+package benchrun
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/delaybridge/delaybridge/bridge/kafka"
+	"github.com/delaybridge/delaybridge/bridge/nats"
+	"github.com/delaybridge/delaybridge/codec"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+)
+
+// msgSize is the value size of every benchmark message.
+const msgSize = 1024
+
+// warmupID marks the message each bridge run sends first, so the
+// measurement starts with the consumer group joined and the connections
+// up.
+const warmupID = math.MaxUint32
+
+func value(id uint32) []byte {
+	v := make([]byte, msgSize)
+	binary.BigEndian.PutUint32(v, id)
+	for i := 4; i < len(v); i++ {
+		v[i] = byte('a' + i%26)
+	}
+	return v
+}
+
+// publisher writes n 1 KB messages to one subject/topic, paced at rate
+// msg/s (0: as fast as the broker takes them), and returns when the broker
+// acknowledged all of them.
+type publisher interface {
+	publish(ctx context.Context, first uint32, n, rate int, headers []codec.Header) error
+	close()
+}
+
+type kafkaPub struct {
+	cl    *kgo.Client
+	topic string
+}
+
+func newKafkaPub(addr, topic string) (*kafkaPub, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.MaxBufferedRecords(20000), kgo.ProducerLinger(time.Millisecond))
+	if err != nil {
+		return nil, fmt.Errorf("benchrun: kafka producer: %w", err)
+	}
+	return &kafkaPub{cl: cl, topic: topic}, nil
+}
+
+func (p *kafkaPub) publish(ctx context.Context, first uint32, n, rate int, headers []codec.Header) error {
+	var hs []kgo.RecordHeader
+	for _, h := range headers {
+		hs = append(hs, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+	}
+	var failed atomic.Pointer[error]
+	pace := newPacer(rate)
+	for i := range n {
+		if err := pace.wait(ctx, i); err != nil {
+			return err
+		}
+		id := first + uint32(i)
+		p.cl.Produce(ctx, &kgo.Record{Topic: p.topic, Key: value(id)[:4], Value: value(id), Headers: hs}, func(_ *kgo.Record, err error) {
+			if err != nil {
+				failed.CompareAndSwap(nil, &err)
+			}
+		})
+	}
+	if err := p.cl.Flush(ctx); err != nil {
+		return fmt.Errorf("benchrun: kafka flush: %w", err)
+	}
+	if e := failed.Load(); e != nil {
+		return fmt.Errorf("benchrun: kafka produce: %w", *e)
+	}
+	return nil
+}
+
+func (p *kafkaPub) close() { p.cl.Close() }
+
+type natsPub struct {
+	nc      *natsgo.Conn
+	js      jetstream.JetStream
+	subject string
+}
+
+func newNATSPub(url, subject string) (*natsPub, error) {
+	nc, err := natsgo.Connect(url)
+	if err != nil {
+		return nil, fmt.Errorf("benchrun: nats publisher: %w", err)
+	}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return &natsPub{nc: nc, js: js, subject: subject}, nil
+}
+
+func (p *natsPub) publish(ctx context.Context, first uint32, n, rate int, headers []codec.Header) error {
+	pace := newPacer(rate)
+	for i := range n {
+		if err := pace.wait(ctx, i); err != nil {
+			return err
+		}
+		m := natsgo.NewMsg(p.subject)
+		m.Data = value(first + uint32(i))
+		for _, h := range headers {
+			m.Header.Set(h.Key, string(h.Value))
+		}
+		if _, err := p.js.PublishMsgAsync(m); err != nil {
+			return fmt.Errorf("benchrun: nats publish: %w", err)
+		}
+	}
+	select {
+	case <-p.js.PublishAsyncComplete():
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (p *natsPub) close() { p.nc.Close() }
+
+func newPublisher(b *broker, dest string) (publisher, error) {
+	if b.transport == Kafka {
+		return newKafkaPub(b.addr(), dest)
+	}
+	return newNATSPub(b.addr(), dest)
+}
+
+// pacer releases message i at start + i/rate.
+type pacer struct {
+	rate  int
+	start time.Time
+}
+
+func newPacer(rate int) *pacer { return &pacer{rate: rate, start: time.Now()} }
+
+func (p *pacer) wait(ctx context.Context, i int) error {
+	if p.rate <= 0 {
+		return ctx.Err()
+	}
+	at := p.start.Add(time.Duration(int64(i) * int64(time.Second) / int64(p.rate)))
+	if d := time.Until(at); d > time.Millisecond {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// receipt is one message seen at the target.
+type receipt struct {
+	recv time.Time
+	due  int64 // delay-due, Unix ms
+}
+
+// targetReader reads the bridge's target and records when each id arrived.
+type targetReader struct {
+	mu      sync.Mutex
+	got     map[uint32]receipt
+	dups    int
+	changed chan struct{}
+	stop    func()
+}
+
+func (r *targetReader) add(id uint32, due int64) {
+	now := time.Now()
+	r.mu.Lock()
+	if _, ok := r.got[id]; ok {
+		r.dups++
+	} else {
+		r.got[id] = receipt{recv: now, due: due}
+	}
+	r.mu.Unlock()
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (r *targetReader) has(id uint32) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.got[id]
+	return ok
+}
+
+func (r *targetReader) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := len(r.got)
+	if _, ok := r.got[warmupID]; ok {
+		n--
+	}
+	return n
+}
+
+func parseDue(s string) int64 {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+func readTarget(b *broker) (*targetReader, error) {
+	r := &targetReader{got: map[uint32]receipt{}, changed: make(chan struct{}, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	switch b.transport {
+	case Kafka:
+		cl, err := kgo.NewClient(kgo.SeedBrokers(b.addr()), kgo.ConsumeTopics("orders"),
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))
+		if err != nil {
+			cancel()
+			return nil, fmt.Errorf("benchrun: kafka consumer: %w", err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for ctx.Err() == nil {
+				fs := cl.PollFetches(ctx)
+				fs.EachRecord(func(rec *kgo.Record) {
+					if len(rec.Value) < 4 {
+						return
+					}
+					var due int64
+					for _, h := range rec.Headers {
+						if h.Key == codec.HeaderDue {
+							due = parseDue(string(h.Value))
+						}
+					}
+					r.add(binary.BigEndian.Uint32(rec.Value), due)
+				})
+			}
+		}()
+		r.stop = func() { cancel(); <-done; cl.Close() }
+	case NATS:
+		nc, err := natsgo.Connect(b.addr())
+		if err != nil {
+			cancel()
+			return nil, fmt.Errorf("benchrun: nats consumer: %w", err)
+		}
+		js, err := jetstream.New(nc)
+		if err != nil {
+			cancel()
+			nc.Close()
+			return nil, err
+		}
+		cons, err := js.OrderedConsumer(ctx, "ORDERS", jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			cancel()
+			nc.Close()
+			return nil, fmt.Errorf("benchrun: nats consumer: %w", err)
+		}
+		cc, err := cons.Consume(func(m jetstream.Msg) {
+			if len(m.Data()) < 4 {
+				return
+			}
+			r.add(binary.BigEndian.Uint32(m.Data()), parseDue(m.Headers().Get(codec.HeaderDue)))
+		}, jetstream.PullMaxMessages(4096))
+		if err != nil {
+			cancel()
+			nc.Close()
+			return nil, fmt.Errorf("benchrun: nats consume: %w", err)
+		}
+		r.stop = func() { cc.Stop(); cancel(); nc.Close() }
+	default:
+		cancel()
+		return nil, fmt.Errorf("benchrun: unknown transport %q", b.transport)
+	}
+	return r, nil
+}
+
+// wait blocks until cond holds or ctx is done.
+func (r *targetReader) wait(ctx context.Context, cond func() bool) error {
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-r.changed:
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// Measurement is one throughput or lateness measurement.
+type Measurement struct {
+	Transport string `json:"transport"`
+	// Mode: "raw" (RawPipe, no delay, no store), "bridge" (as fast as the
+	// publisher goes) or "paced" (publisher paced at Rate msg/s).
+	Mode        string  `json:"mode"`
+	N           int     `json:"n"`
+	PublishRate int     `json:"publish_rate,omitempty"` // paced target, msg/s
+	DelayMs     int64   `json:"delay_ms"`
+	Seconds     float64 `json:"seconds"` // the denominator of Rate
+	// Rate: raw: n / (pipe done - first publish); bridge and paced:
+	// n / (last delivery at the target consumer - first publish - delay).
+	Rate float64 `json:"rate"`
+	// IngestRate: n / (time the bridge's ingested counter reached n - first publish).
+	IngestRate float64 `json:"ingest_rate,omitempty"`
+	// FireRate: n / (last delivery - first delivery), at the target consumer.
+	FireRate   float64  `json:"fire_rate,omitempty"`
+	Lateness   *Summary `json:"lateness_ms,omitempty"`
+	Duplicates int      `json:"duplicates"`
+	// PeakRSSMB is VmHWM of the benchmark process after the run: it
+	// includes the in-process brokers and clients, not only the bridge.
+	PeakRSSMB float64   `json:"peak_rss_mb"`
+	samples   []float64 // lateness in ms, for the chart
+}
+
+// Summary is a lateness distribution in milliseconds.
+type Summary struct {
+	P50  float64 `json:"p50"`
+	P99  float64 `json:"p99"`
+	P999 float64 `json:"p999"`
+	Max  float64 `json:"max"`
+	Mean float64 `json:"mean"`
+}
+
+func summarize(xs []float64) *Summary {
+	if len(xs) == 0 {
+		return nil
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	q := func(p float64) float64 { return s[min(len(s)-1, int(math.Ceil(p*float64(len(s))))-1)] }
+	var sum float64
+	for _, x := range s {
+		sum += x
+	}
+	return &Summary{P50: q(0.5), P99: q(0.99), P999: q(0.999), Max: s[len(s)-1], Mean: sum / float64(len(s))}
+}
+
+// rawRun measures the adapter's raw consume -> produce pipe: n messages
+// published to raw.in while the pipe copies them to raw.out.
+func rawRun(ctx context.Context, transport string, n int, dir string) (*Measurement, error) {
+	b, err := startBroker(transport, dir)
+	if err != nil {
+		return nil, err
+	}
+	defer b.close()
+	pub, err := newPublisher(b, "raw.in")
+	if err != nil {
+		return nil, err
+	}
+	defer pub.close()
+	start := time.Now()
+	pubErr := make(chan error, 1)
+	go func() { pubErr <- pub.publish(ctx, 0, n, 0, nil) }()
+	switch transport {
+	case Kafka:
+		_, err = kafka.RawPipe(ctx, []string{b.addr()}, "raw.in", "raw.out", n)
+	case NATS:
+		_, err = nats.RawPipe(ctx, b.addr(), "RAWIN", "raw.in", "raw.out", n)
+	}
+	end := time.Now()
+	if err != nil {
+		return nil, fmt.Errorf("benchrun: %s raw pipe: %w", transport, err)
+	}
+	if err := <-pubErr; err != nil {
+		return nil, err
+	}
+	secs := end.Sub(start).Seconds()
+	return &Measurement{Transport: transport, Mode: "raw", N: n, Seconds: secs, Rate: float64(n) / secs, PeakRSSMB: peakRSSMB()}, nil
+}
+
+// bridgeRun measures the whole bridge: n messages published with a delay
+// of delay to the delay source, read at the target.
+func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Duration, dir string, log *zap.Logger) (*Measurement, error) {
+	b, err := startBroker(transport, dir)
+	if err != nil {
+		return nil, err
+	}
+	defer b.close()
+	br, err := startBridge(ctx, b, dir+"/store", log)
+	if err != nil {
+		return nil, err
+	}
+	defer br.close()
+	tr, err := readTarget(b)
+	if err != nil {
+		return nil, err
+	}
+	defer tr.stop()
+	src, target := "delay", "orders"
+	if transport == NATS {
+		src, target = "delay.bench", "orders.bench"
+	}
+	pub, err := newPublisher(b, src)
+	if err != nil {
+		return nil, err
+	}
+	defer pub.close()
+
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := pub.publish(wctx, warmupID, 1, 0, []codec.Header{
+		{Key: codec.HeaderAfter, Value: []byte("0")}, {Key: codec.HeaderTarget, Value: []byte(target)}}); err != nil {
+		return nil, err
+	}
+	if err := tr.wait(wctx, func() bool { return tr.has(warmupID) }); err != nil {
+		return nil, fmt.Errorf("benchrun: %s bridge: warm-up message not delivered: %w", transport, err)
+	}
+
+	var ingestedAt atomic.Int64
+	base := br.counter("delaybridge_ingested_total")
+	pollCtx, stopPoll := context.WithCancel(ctx)
+	defer stopPoll()
+	go func() {
+		for pollCtx.Err() == nil {
+			if br.counter("delaybridge_ingested_total")-base >= float64(n) {
+				ingestedAt.Store(time.Now().UnixNano())
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+
+	start := time.Now()
+	pubErr := make(chan error, 1)
+	go func() {
+		pubErr <- pub.publish(ctx, 0, n, rate, []codec.Header{
+			{Key: codec.HeaderAfter, Value: []byte(fmt.Sprint(delay.Milliseconds()))}, {Key: codec.HeaderTarget, Value: []byte(target)}})
+	}()
+	limit := time.Duration(n/1000)*time.Second + 5*time.Minute
+	dctx, cancel2 := context.WithTimeout(ctx, limit)
+	defer cancel2()
+	werr := tr.wait(dctx, func() bool { return tr.count() >= n })
+	if err := <-pubErr; err != nil {
+		return nil, err
+	}
+	if werr != nil {
+		return nil, fmt.Errorf("benchrun: %s bridge: %d of %d delivered within %v: %w", transport, tr.count(), n, limit, werr)
+	}
+
+	tr.mu.Lock()
+	var first, last time.Time
+	lat := make([]float64, 0, n)
+	for id, rc := range tr.got {
+		if id == warmupID {
+			continue
+		}
+		if first.IsZero() || rc.recv.Before(first) {
+			first = rc.recv
+		}
+		if rc.recv.After(last) {
+			last = rc.recv
+		}
+		lat = append(lat, float64(rc.recv.UnixNano()-rc.due*int64(time.Millisecond))/1e6)
+	}
+	dups := tr.dups
+	tr.mu.Unlock()
+
+	mode := "bridge"
+	if rate > 0 {
+		mode = "paced"
+	}
+	secs := last.Sub(start).Seconds() - delay.Seconds()
+	run := &Measurement{Transport: transport, Mode: mode, N: n, PublishRate: rate, DelayMs: delay.Milliseconds(), Seconds: secs,
+		Rate: float64(n) / secs, Lateness: summarize(lat), Duplicates: dups, PeakRSSMB: peakRSSMB(), samples: lat}
+	if at := ingestedAt.Load(); at > 0 {
+		run.IngestRate = float64(n) / time.Unix(0, at).Sub(start).Seconds()
+	}
+	if d := last.Sub(first).Seconds(); d > 0 {
+		run.FireRate = float64(n) / d
+	}
+	if err := br.close(); err != nil && !errors.Is(err, context.Canceled) {
+		return run, fmt.Errorf("benchrun: %s bridge stop: %w", transport, err)
+	}
+	return run, nil
+}
