@@ -63,7 +63,7 @@ func BenchmarkStoreIngest(b *testing.B) {
 		for i := range batch {
 			batch[i] = benchTask(fmt.Sprintf("b%d-%d", n, i), due+int64(i))
 		}
-		if err := e.Ingest(ctx, batch, []Checkpoint{{Key: "kafka|bench|0", Offset: n}}); err != nil {
+		if err := e.Ingest(ctx, batch, []Checkpoint{{Key: fmt.Sprintf("kafka|bench|%d", n%benchWriters), Offset: n}}); err != nil {
 			b.Fatal(err)
 		}
 	})
@@ -114,7 +114,7 @@ func fillStore(b *testing.B, e *Engine, n int, start time.Time, span time.Durati
 				}
 				for i := range batch {
 					j := k*benchBatch + int64(i)
-					due := start.Add(time.Duration(j * int64(span) / int64(n))).UnixMilli()
+					due := start.Add(time.Duration(j) * (span / time.Duration(n))).UnixMilli()
 					batch[i] = benchTask(fmt.Sprintf("f%d", j), due)
 				}
 				if err := e.Ingest(ctx, batch, nil); err != nil {

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -54,6 +55,13 @@ type Engine struct {
 
 	seq atomic.Uint64 // last allocated store sequence
 
+	// ingestMu orders the decide-and-apply section of Ingest. Nearly every
+	// batch touches every shard, so one mutex hands over faster than a
+	// convoy through the shard locks; those are then held only briefly
+	// against the fire loops.
+	ingestMu sync.Mutex
+	cpOwner  map[string]*commitTicket // last writer of each checkpoint key; under ingestMu
+
 	errMu    sync.Mutex
 	storeErr error // sticky: first failed write
 
@@ -76,9 +84,10 @@ type shard struct {
 	horizonEnd int64 // ms; the wheel holds every stored task with fire < horizonEnd
 	pending    int64
 	nextSweep  int64
-	queue      []*pendingBatch     // applied batches waiting for their fsync, in apply order
-	unwheeled  map[uint64]struct{} // seqs of those batches' tasks: the loader skips them
-	dlqErr     error               // last failed dead-letter delivery, nil after one succeeds
+	queue      []*pendingBatch         // applied batches waiting for their fsync, in apply order
+	unwheeled  map[uint64]struct{}     // seqs of those batches' tasks: the loader skips them
+	overlay    map[string]overlayEntry // index decisions of those batches
+	dlqErr     error                   // last failed dead-letter delivery, nil after one succeeds
 
 	// Fire-loop parking, so Ingest can wake the loop for an earlier due and
 	// tests can tell when the loop is idle.
@@ -169,6 +178,7 @@ func Open(opts Options) (*Engine, error) {
 		clk:  opts.Clock,
 		db:   db,
 	}
+	e.cpOwner = make(map[string]*commitTicket)
 	e.commitIngest = e.m.StoreCommit.WithLabelValues("ingest")
 	e.commitFire = e.m.StoreCommit.WithLabelValues("fire")
 	e.commitRetry = e.m.StoreCommit.WithLabelValues("retry")
@@ -214,6 +224,7 @@ func (e *Engine) recover() error {
 			w:         wheel.New(now),
 			notify:    make(chan struct{}, 1),
 			unwheeled: make(map[uint64]struct{}),
+			overlay:   make(map[string]overlayEntry),
 			rng:       rand.New(rand.NewPCG(uint64(now), uint64(i))),
 		}
 		s.pendingG = e.m.Pending.WithLabelValues(s.label)
@@ -226,12 +237,29 @@ func (e *Engine) recover() error {
 			s.pending = int64(uint64(v[0])<<56 | uint64(v[1])<<48 | uint64(v[2])<<40 | uint64(v[3])<<32 |
 				uint64(v[4])<<24 | uint64(v[5])<<16 | uint64(v[6])<<8 | uint64(v[7]))
 		}
-		s.horizonEnd = 0
-		if err := s.loadLocked(now); err != nil {
-			return fmt.Errorf("shard: recover: %w", err)
-		}
 		s.pendingG.Set(float64(s.pending))
 		e.shards[i] = s
+	}
+	// Fill the wheels with everything due before now+Horizon (overdue
+	// included), shards in parallel: after a long outage this is the bulk
+	// of the recovery time.
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, max(runtime.GOMAXPROCS(0), 1))
+	for i, s := range e.shards {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			errs[i] = s.loadLocked(now)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("shard: recover: %w", err)
 	}
 	return nil
 }
@@ -326,6 +354,8 @@ type wheelOp struct {
 type pendingBatch struct {
 	ops    []wheelOp
 	delta  int64
+	keys   []string // overlay entries written by this batch
+	tk     *commitTicket
 	synced bool
 }
 
@@ -340,6 +370,7 @@ func (s *shard) enqueueLocked(pb *pendingBatch) {
 // of the queue into the wheel, so tasks enter the wheel in apply (= seq)
 // order and equal-due tasks fire in ingest order.
 func (s *shard) completeLocked(pb *pendingBatch) {
+	s.dropOverlayLocked(pb)
 	pb.synced = true
 	for len(s.queue) > 0 && s.queue[0].synced {
 		head := s.queue[0]
@@ -360,6 +391,7 @@ func (s *shard) completeLocked(pb *pendingBatch) {
 
 // abandonLocked drops a batch whose commit failed (the store is failed).
 func (s *shard) abandonLocked(pb *pendingBatch) {
+	s.dropOverlayLocked(pb)
 	for _, op := range pb.ops {
 		delete(s.unwheeled, op.seq)
 	}
@@ -421,7 +453,14 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 	// arenas, so the critical section only looks up, decides and copies.
 	envEnd := make([]int, len(tasks))
 	ikEnd := make([]int, len(tasks))
-	var envs, iks []byte
+	// Sized up front: codec.AppendTask grows its dst to the exact need, so
+	// appending many envelopes to a small buffer would copy quadratically.
+	envCap, ikCap := 0, 0
+	for i := range tasks {
+		envCap += envelopeBound(&tasks[i])
+		ikCap += 2 + len(tasks[i].Source) + len(tasks[i].ID)
+	}
+	envs, iks := make([]byte, 0, envCap), make([]byte, 0, ikCap)
 	for i := range tasks {
 		t := &tasks[i]
 		if t.Kind != codec.KindCancel {
@@ -439,60 +478,50 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 		}
 		return buf[ends[i-1]:ends[i]:ends[i]]
 	}
-	// Lock in ascending order so concurrent batches cannot deadlock.
+	// Decide under the locks; ingestMu first, since nearly every batch
+	// touches every shard and one mutex hands over faster than a convoy
+	// through the shard locks (ascending order keeps those deadlock-free
+	// against single-shard writers).
+	e.ingestMu.Lock()
 	e.lockShards(touched)
-	locked := true
-	defer func() {
-		if locked {
-			e.unlockShards(touched)
-		}
-	}()
-
-	b := e.db.NewBatch()
 	now := e.nowMs()
-	var (
-		ops     = make([][]wheelOp, len(e.shards))
-		delta   = make([]int64, len(e.shards))
-		overlay map[string]indexEntry // index entries written earlier in this batch
-		maxSeq  uint64
-		key     []byte
-		val     []byte
-		stats   ingestStats
-	)
-	if len(tasks) > 1 {
-		overlay = make(map[string]indexEntry)
+	tk := newTicket()
+	pbs := make([]*pendingBatch, len(e.shards))
+	for sh, ok := range touched {
+		if ok {
+			pbs[sh] = &pendingBatch{tk: tk}
+			e.shards[sh].enqueueLocked(pbs[sh])
+		}
 	}
+	acts := make([]ingestAction, len(tasks))
+	var stats ingestStats
 	idx := indexReader{db: e.db}
-	defer idx.close()
+	var maxSeq uint64
+	var derr error
 	for i := range tasks {
 		t := &tasks[i]
 		sh := route[i]
+		s, pb, a := e.shards[sh], pbs[sh], &acts[i]
 		if t.Kind == codec.KindDeadLetter {
-			seq := e.seq.Add(1)
-			maxSeq = seq
-			key = appendTaskKey(key[:0], sh, now, seq)
-			b.Set(key, span(envs, envEnd, i), nil)
-			delta[sh]++
-			ops[sh] = append(ops[sh], wheelOp{now, seq})
+			a.seq, a.fire = e.seq.Add(1), now
+			maxSeq = a.seq
+			pb.delta++
+			s.addOpLocked(pb, a.fire, a.seq)
 			continue
 		}
 		ik := span(iks, ikEnd, i)
 		var ex indexEntry
-		found := false
-		if prev, ok := overlay[string(ik)]; ok {
-			ex, found = prev, true
-		} else {
-			var err error
-			found, err = idx.get(ik, &ex)
-			if err != nil {
-				return fmt.Errorf("shard: ingest: %w", err)
-			}
+		found, err := s.lookupLocked(&idx, ik, &ex, tk)
+		if err != nil {
+			derr = fmt.Errorf("shard: ingest: %w", err)
+			break
 		}
 		if found && ex.Cancel && ex.Expiry <= now {
 			found = false // expired marker: forgotten
 		}
 		in := order{Stamp: t.Stamp, Partition: t.Partition, Offset: t.Offset}
 		if found && !in.newerThan(ex.Order) {
+			a.skip = true
 			if t.Kind == codec.KindSchedule {
 				why := "older"
 				if ex.Cancel {
@@ -502,94 +531,109 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 			}
 			continue
 		}
-		hadTask := found && !ex.Cancel
-		if hadTask {
-			b.Delete(appendTaskKey(key[:0], sh, ex.Fire, ex.Seq), nil)
-			delta[sh]--
+		if found && !ex.Cancel {
+			a.delOld, a.oldFire, a.oldSeq = true, ex.Fire, ex.Seq
+			pb.delta--
 		}
-		var ne indexEntry
 		if t.Kind == codec.KindSchedule {
-			seq := e.seq.Add(1)
-			maxSeq = seq
-			fire := max(t.Due, 0)
-			key = appendTaskKey(key[:0], sh, fire, seq)
-			b.Set(key, span(envs, envEnd, i), nil)
-			delta[sh]++
-			ops[sh] = append(ops[sh], wheelOp{fire, seq})
-			ne = indexEntry{Shard: sh, Fire: fire, Seq: seq, Order: in}
-			if hadTask {
+			a.seq, a.fire = e.seq.Add(1), max(t.Due, 0)
+			maxSeq = a.seq
+			pb.delta++
+			s.addOpLocked(pb, a.fire, a.seq)
+			a.entry = indexEntry{Shard: sh, Fire: a.fire, Seq: a.seq, Order: in}
+			if a.delOld {
 				stats.replaced = append(stats.replaced, t.Source)
 			}
 			if t.Due <= now {
 				stats.overdue++
 			}
 		} else {
-			expiry := now + e.opts.CancelRetention.Milliseconds()
-			ne = indexEntry{Cancel: true, Shard: sh, Order: in, Expiry: expiry}
-			b.Set(appendExpiryKey(key[:0], sh, expiry, t.Source, t.ID), nil, nil)
-			if hadTask {
+			a.entry = indexEntry{Cancel: true, Shard: sh, Order: in, Expiry: now + e.opts.CancelRetention.Milliseconds()}
+			if a.delOld {
 				stats.cancelled = append(stats.cancelled, t.Source)
 			}
 		}
-		val = appendIndexEntry(val[:0], &ne)
-		b.Set(ik, val, nil)
-		if overlay != nil {
-			overlay[string(ik)] = ne
-		}
+		s.setOverlayLocked(ik, a.entry, false, pb)
 	}
-	if maxSeq != 0 {
-		b.Merge(seqKey, u64(maxSeq), nil)
-	}
-	for sh, d := range delta {
-		if d != 0 {
-			b.Merge(countKey(sh), u64(uint64(d)), nil)
-		}
-	}
-	for _, cp := range cps {
-		b.Set(offsetKey(cp.Key), u64(uint64(cp.Offset)), nil)
-	}
-	// Apply under the shard locks (so the next batch's index reads see
-	// this one), wait for the fsync outside them (so concurrent batches
-	// share it), and only then let the wheels see the tasks.
-	pbs := make([]*pendingBatch, len(e.shards))
-	for sh, ok := range touched {
-		if ok {
-			pbs[sh] = &pendingBatch{ops: ops[sh], delta: delta[sh]}
-			e.shards[sh].enqueueLocked(pbs[sh])
-		}
-	}
-	start := time.Now()
-	if err := e.applyNoSyncWait(b, "ingest"); err != nil {
+	idx.close()
+	if derr != nil {
 		for sh, pb := range pbs {
 			if pb != nil {
 				e.shards[sh].abandonLocked(pb)
 			}
 		}
-		return fmt.Errorf("shard: ingest %d tasks: %w", len(tasks), err)
+		e.unlockShards(touched)
+		e.ingestMu.Unlock()
+		tk.release()
+		return derr
+	}
+	for _, cp := range cps {
+		tk.dependOn(e.cpOwner[cp.Key])
+		e.cpOwner[cp.Key] = tk
 	}
 	e.unlockShards(touched)
-	locked = false
-	err := b.SyncWait()
-	e.commitIngest.Observe(time.Since(start).Seconds())
-	if err != nil {
-		err = e.fail("ingest", err)
-	} else {
+	e.ingestMu.Unlock()
+
+	// Build and apply outside the locks, in ticket order.
+	b := e.db.NewBatchWithSize(len(envs) + len(iks) + len(tasks)*(2*taskKeyLen+indexEntryLen+32) + 256)
+	var key, val []byte
+	for i := range acts {
+		a, t, sh := &acts[i], &tasks[i], route[i]
+		if a.skip {
+			continue
+		}
+		if a.delOld {
+			b.Delete(appendTaskKey(key[:0], sh, a.oldFire, a.oldSeq), nil)
+		}
+		if a.seq != 0 {
+			b.Set(appendTaskKey(key[:0], sh, a.fire, a.seq), span(envs, envEnd, i), nil)
+		}
+		if t.Kind == codec.KindDeadLetter {
+			continue
+		}
+		if a.entry.Cancel {
+			b.Set(appendExpiryKey(key[:0], sh, a.entry.Expiry, t.Source, t.ID), nil, nil)
+		}
+		val = appendIndexEntry(val[:0], &a.entry)
+		b.Set(span(iks, ikEnd, i), val, nil)
+	}
+	if maxSeq != 0 {
+		b.Merge(seqKey, u64(maxSeq), nil)
+	}
+	for sh, pb := range pbs {
+		if pb != nil && pb.delta != 0 {
+			b.Merge(countKey(sh), u64(uint64(pb.delta)), nil)
+		}
+	}
+	for _, cp := range cps {
+		b.Set(offsetKey(cp.Key), u64(uint64(cp.Offset)), nil)
+	}
+	start := time.Now()
+	applied, err := e.applyInOrder(tk, b, "ingest")
+	if applied {
+		if err = b.SyncWait(); err != nil {
+			err = e.fail("ingest", err)
+		}
+		e.commitIngest.Observe(time.Since(start).Seconds())
+	}
+	if err == nil {
 		b.Close()
 	}
-	e.lockShards(touched)
-	locked = true
+	// Durable: the wheels may see the tasks. Each shard on its own, so no
+	// batch waits for one shard while holding another.
 	for sh, pb := range pbs {
 		if pb == nil {
 			continue
 		}
+		s := e.shards[sh]
+		s.mu.Lock()
 		if err != nil {
-			e.shards[sh].abandonLocked(pb)
+			s.abandonLocked(pb)
 		} else {
-			e.shards[sh].completeLocked(pb)
+			s.completeLocked(pb)
 		}
+		s.mu.Unlock()
 	}
-	e.unlockShards(touched)
-	locked = false
 	if err != nil {
 		return fmt.Errorf("shard: ingest %d tasks: %w", len(tasks), err)
 	}
@@ -606,6 +650,27 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 	}
 	stats.report(e.m)
 	return nil
+}
+
+// envelopeBound is at least the size codec.AppendTask writes for t.
+func envelopeBound(t *codec.Task) int {
+	n := 256 + len(t.ID) + len(t.Source) + len(t.Origin) + len(t.Target) + len(t.DLQ) + len(t.Code) + len(t.Detail) +
+		len(t.Key) + len(t.Value)
+	for _, h := range t.Headers {
+		n += 20 + len(h.Key) + len(h.Value)
+	}
+	return n
+}
+
+// ingestAction is what Ingest decided for one task.
+type ingestAction struct {
+	skip    bool       // dropped: older than what is held
+	seq     uint64     // new t key (schedule, dead letter); 0 for a cancel
+	fire    int64      //
+	delOld  bool       // delete the pending task it replaces or cancels
+	oldFire int64      //
+	oldSeq  uint64     //
+	entry   indexEntry // new index entry (schedule or cancel marker)
 }
 
 type ingestStats struct {
@@ -664,8 +729,10 @@ func (e *Engine) Lookup(source, id string) (TaskInfo, error) {
 	s := e.shards[e.shardOf(source, id)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	idx := indexReader{db: e.db}
+	defer idx.close()
 	var ex indexEntry
-	found, err := getIndex(e.db, appendIndexKey(nil, source, id), &ex)
+	found, err := s.lookupLocked(&idx, appendIndexKey(nil, source, id), &ex, nil)
 	if err != nil {
 		return TaskInfo{}, fmt.Errorf("shard: lookup: %w", err)
 	}
@@ -677,19 +744,18 @@ func (e *Engine) Lookup(source, id string) (TaskInfo, error) {
 		return TaskInfo{}, fmt.Errorf("shard: lookup: read task: %w", err)
 	}
 	if !ok {
-		return TaskInfo{}, fmt.Errorf("shard: lookup %s/%s: index points to a missing task", source, id)
+		return TaskInfo{}, ErrNotFound // its batch is not applied yet
 	}
 	var t codec.Task
 	if err := codec.DecodeTask(v, &t); err != nil {
 		return TaskInfo{}, fmt.Errorf("shard: lookup %s/%s: %w", source, id, err)
 	}
-	target := t.Transport.String() + ":" + t.Target
 	return TaskInfo{
 		Source:   source,
 		ID:       id,
 		Due:      time.UnixMilli(t.Due).UTC(),
 		NextFire: time.UnixMilli(ex.Fire).UTC(),
-		Target:   target,
+		Target:   t.Transport.String() + ":" + t.Target,
 		Origin:   t.Origin,
 		Attempts: t.Attempts,
 		Shard:    s.id,
@@ -709,32 +775,55 @@ func (e *Engine) Cancel(source, id string) error {
 		return err
 	}
 	s := e.shards[e.shardOf(source, id)]
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	ik := appendIndexKey(nil, source, id)
+	s.mu.Lock()
+	idx := indexReader{db: e.db}
+	tk := newTicket()
 	var ex indexEntry
-	found, err := getIndex(e.db, ik, &ex)
-	if err != nil {
-		return fmt.Errorf("shard: cancel: %w", err)
-	}
-	if !found || ex.Cancel {
+	found, err := s.lookupLocked(&idx, ik, &ex, tk)
+	idx.close()
+	if err != nil || !found || ex.Cancel {
+		s.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("shard: cancel: %w", err)
+		}
 		return ErrNotFound
 	}
 	now := e.nowMs()
-	expiry := now + e.opts.CancelRetention.Milliseconds()
 	// Partition -1 matches no source partition, so the stamp decides.
-	marker := indexEntry{Cancel: true, Shard: s.id, Order: order{Stamp: now, Partition: -1, Offset: -1}, Expiry: expiry}
+	marker := indexEntry{Cancel: true, Shard: s.id, Order: order{Stamp: now, Partition: -1, Offset: -1},
+		Expiry: now + e.opts.CancelRetention.Milliseconds()}
+	pb := &pendingBatch{delta: -1, tk: tk}
+	s.enqueueLocked(pb)
+	s.setOverlayLocked(ik, marker, false, pb)
+	s.mu.Unlock()
+
 	b := e.db.NewBatch()
-	defer b.Close()
 	b.Delete(appendTaskKey(nil, s.id, ex.Fire, ex.Seq), nil)
 	b.Set(ik, appendIndexEntry(nil, &marker), nil)
-	b.Set(appendExpiryKey(nil, s.id, expiry, source, id), nil, nil)
+	b.Set(appendExpiryKey(nil, s.id, marker.Expiry, source, id), nil, nil)
 	b.Merge(countKey(s.id), u64(math.MaxUint64), nil) // -1
-	if err := e.commit(b, "cancel", e.commitCancel); err != nil {
+	start := time.Now()
+	applied, err := e.applyInOrder(tk, b, "cancel")
+	if applied {
+		if err = b.SyncWait(); err != nil {
+			err = e.fail("cancel", err)
+		}
+		e.commitCancel.Observe(time.Since(start).Seconds())
+	}
+	if err == nil {
+		b.Close()
+	}
+	s.mu.Lock()
+	if err != nil {
+		s.abandonLocked(pb)
+	} else {
+		s.completeLocked(pb)
+	}
+	s.mu.Unlock()
+	if err != nil {
 		return fmt.Errorf("shard: cancel %s/%s: %w", source, id, err)
 	}
-	s.pending--
-	s.pendingG.Set(float64(s.pending))
 	e.m.Cancelled.WithLabelValues(source).Inc()
 	return nil
 }

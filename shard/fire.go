@@ -109,6 +109,9 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 			return
 		}
 		now := s.e.nowMs()
+		if err := s.sweep(now); err != nil {
+			s.e.log.Warn("cancel-marker sweep failed", zap.Int("shard", s.id), zap.Error(err))
+		}
 		s.mu.Lock()
 		err := s.housekeepLocked(now)
 		var items []fireItem
@@ -178,15 +181,10 @@ func (s *shard) park(ctx context.Context, timer interface {
 	}
 }
 
-// housekeepLocked moves the horizon and sweeps expired cancel markers.
+// housekeepLocked moves the horizon.
 func (s *shard) housekeepLocked(now int64) error {
 	if now+s.e.horizonMs()/2 > s.horizonEnd {
 		if err := s.loadLocked(now); err != nil {
-			return err
-		}
-	}
-	if now >= s.nextSweep {
-		if err := s.sweepLocked(now); err != nil {
 			return err
 		}
 	}
@@ -228,18 +226,26 @@ func (s *shard) loadLocked(now int64) error {
 
 const sweepBatch = 1024
 
-// sweepLocked deletes cancel markers whose retention has passed.
-func (s *shard) sweepLocked(now int64) error {
+// sweep deletes cancel markers whose retention has passed.
+func (s *shard) sweep(now int64) error {
 	e := s.e
+	s.mu.Lock()
+	if now < s.nextSweep {
+		s.mu.Unlock()
+		return nil
+	}
 	it, err := e.db.NewIter(&pebble.IterOptions{
 		LowerBound: expiryBound(s.id, 0),
 		UpperBound: expiryBound(s.id, now+1),
 	})
 	if err != nil {
+		s.mu.Unlock()
 		return fmt.Errorf("sweep shard %d: %w", s.id, err)
 	}
 	b := e.db.NewBatch()
-	defer b.Close()
+	idx := indexReader{db: e.db}
+	tk := newTicket()
+	pb := &pendingBatch{tk: tk}
 	n := 0
 	for ok := it.First(); ok && n < sweepBatch; ok = it.Next() {
 		expiry, ik, ok := parseExpiryKey(it.Key())
@@ -249,31 +255,51 @@ func (s *shard) sweepLocked(now int64) error {
 			continue
 		}
 		var ex indexEntry
-		found, err := getIndex(e.db, ik, &ex)
+		found, err := s.lookupLocked(&idx, ik, &ex, tk)
 		if err != nil {
-			it.Close()
-			return fmt.Errorf("sweep shard %d: %w", s.id, err)
+			break // leave the rest for the next round
 		}
 		if found && ex.Cancel && ex.Expiry == expiry {
 			b.Delete(ik, nil)
+			s.setOverlayLocked(ik, indexEntry{}, true, pb)
 		}
 	}
-	if err := it.Close(); err != nil {
-		return fmt.Errorf("sweep shard %d: %w", s.id, err)
-	}
+	idx.close()
+	err = it.Close()
 	if n == sweepBatch {
 		s.nextSweep = now // more to do on the next round
 	} else {
 		s.nextSweep = now + min(e.opts.CancelRetention.Milliseconds(), time.Minute.Milliseconds())
 	}
-	if n == 0 {
+	if err != nil || b.Empty() {
+		s.abandonLocked(pb)
+		s.mu.Unlock()
+		tk.release()
+		b.Close()
+		if err != nil {
+			return fmt.Errorf("sweep shard %d: %w", s.id, err)
+		}
 		return nil
 	}
-	// Markers are advisory after expiry, so this commit need not be synced.
-	if err := safeCall(func() error { return b.Commit(pebble.NoSync) }); err != nil {
-		return e.fail("sweep", err)
+	s.enqueueLocked(pb)
+	s.mu.Unlock()
+	applied, err := e.applyInOrder(tk, b, "sweep")
+	if applied {
+		if err = b.SyncWait(); err != nil {
+			err = e.fail("sweep", err)
+		}
 	}
-	return nil
+	if err == nil {
+		b.Close()
+	}
+	s.mu.Lock()
+	if err != nil {
+		s.abandonLocked(pb)
+	} else {
+		s.completeLocked(pb)
+	}
+	s.mu.Unlock()
+	return err
 }
 
 // collectLocked takes up to FireBatch due entries from the wheel and reads
@@ -345,26 +371,18 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	now := ackAt.UnixMilli()
 
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	b := e.db.NewBatch()
-	batch0 := b
-	defer func() {
-		if b != nil {
-			b.Close()
-		}
-	}()
 	idx := indexReader{db: e.db}
-	defer idx.close()
+	tk := newTicket()
+	pb := &pendingBatch{tk: tk}
 	var (
 		key, val  []byte
-		delta     int64
-		readds    []fireItem
+		readds    []wheelOp
 		acked     []int
 		retried   []int
 		dlqErr    error
 		dlqOK     bool
 		anyRetry  bool
-		idxBuf    []byte
 		ackFailed bool
 	)
 	for i := range items {
@@ -379,18 +397,19 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		}
 		indexed := t.Kind != codec.KindDeadLetter
 		var ex indexEntry
+		var ik []byte
 		if indexed {
-			idxBuf = appendIndexKey(idxBuf[:0], t.Source, t.ID)
-			found, err := idx.get(idxBuf, &ex)
+			ik = appendIndexKey(nil, t.Source, t.ID)
+			found, err := s.lookupLocked(&idx, ik, &ex, tk)
 			if err != nil {
 				e.log.Error("fire: read index", zap.Error(err))
 				ackFailed = true
-				readds = append(readds, *it)
+				readds = append(readds, wheelOp{it.fire, it.seq})
 				continue
 			}
 			if !found || ex.Cancel || ex.Fire != it.fire || ex.Seq != it.seq {
 				// Replaced or cancelled while in flight: the newer message
-				// already deleted this task.
+				// deleted this task.
 				continue
 			}
 		}
@@ -398,9 +417,10 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		if derr == nil {
 			b.Delete(oldKey, nil)
 			if indexed {
-				b.Delete(idxBuf, nil)
+				b.Delete(ik, nil)
+				s.setOverlayLocked(ik, indexEntry{}, true, pb)
 			}
-			delta--
+			pb.delta--
 			acked = append(acked, i)
 			if t.Kind == codec.KindDeadLetter {
 				dlqOK = true
@@ -409,7 +429,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		}
 		if stopping {
 			// Shutting down: not an attempt; leave it for redelivery.
-			readds = append(readds, *it)
+			readds = append(readds, wheelOp{it.fire, it.seq})
 			continue
 		}
 		b.Delete(oldKey, nil)
@@ -418,61 +438,68 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		if indexed && int(t.Attempts) >= e.opts.Retry.MaxAttempts {
 			detail := fmt.Sprintf("publish to %s:%s failed after %d attempts: %v", t.Transport, t.Target, t.Attempts, derr)
 			dl := codec.DeadLetter(t, codec.CodePublishFailed, detail)
-			b.Delete(idxBuf, nil)
+			b.Delete(ik, nil)
+			s.setOverlayLocked(ik, indexEntry{}, true, pb)
 			val = codec.AppendTask(val[:0], &dl)
-			b.Set(appendTaskKey(nil, s.id, now, it.seq), val, nil)
-			readds = append(readds, fireItem{fire: now, seq: it.seq})
+			b.Set(appendTaskKey(key[:0], s.id, now, it.seq), val, nil)
+			s.addOpLocked(pb, now, it.seq)
 			e.log.Warn("task dead-lettered after failed publishes", zap.String("source", t.Source),
 				zap.String("id", t.ID), zap.Uint32("attempts", t.Attempts), zap.Error(derr))
 			continue
 		}
 		fire := now + s.backoff(t.Attempts).Milliseconds()
 		val = codec.AppendTask(val[:0], t)
-		b.Set(appendTaskKey(nil, s.id, fire, it.seq), val, nil)
+		b.Set(appendTaskKey(key[:0], s.id, fire, it.seq), val, nil)
 		if indexed {
 			ne := indexEntry{Shard: s.id, Fire: fire, Seq: it.seq, Order: ex.Order}
-			b.Set(idxBuf, appendIndexEntry(nil, &ne), nil)
+			b.Set(ik, appendIndexEntry(nil, &ne), nil)
+			s.setOverlayLocked(ik, ne, false, pb)
 		} else {
 			dlqErr = derr
 		}
-		readds = append(readds, fireItem{fire: fire, seq: it.seq})
+		s.addOpLocked(pb, fire, it.seq)
 		retried = append(retried, i)
 	}
-	if delta != 0 {
-		b.Merge(countKey(s.id), u64(uint64(delta)), nil)
+	idx.close()
+	if pb.delta != 0 {
+		b.Merge(countKey(s.id), u64(uint64(pb.delta)), nil)
 	}
 	op, obs := "fire", e.commitFire
 	if anyRetry {
 		op, obs = "retry", e.commitRetry
 	}
-	ops := make([]wheelOp, len(readds))
-	for i, it := range readds {
-		ops[i] = wheelOp{it.fire, it.seq}
+	// Tasks left where they were (index read error, shutdown) go back in
+	// the wheel at once.
+	for _, op := range readds {
+		s.addLocked(op.fire, op.seq)
 	}
+	s.inWheelG.Set(float64(s.w.Len()))
 	var fc *fireCommit
 	if b.Empty() {
-		// Nothing changed in the store: the tasks are where they were.
-		for _, op := range ops {
-			s.addLocked(op.fire, op.seq)
-		}
-		s.inWheelG.Set(float64(s.w.Len()))
+		s.mu.Unlock()
+		tk.release()
+		b.Close()
 	} else {
-		// Apply now and let the shard's committer wait for the fsync, so
-		// the next due batch is delivered meanwhile. Rescheduled tasks
+		// Apply in turn and let the shard's committer wait for the fsync,
+		// so the next due batch is delivered meanwhile. Rescheduled tasks
 		// enter the wheel once durable.
-		pb := &pendingBatch{ops: ops, delta: delta}
 		s.enqueueLocked(pb)
+		s.mu.Unlock()
 		start := time.Now()
-		if err := e.applyNoSyncWait(b, op); err != nil {
+		applied, err := e.applyInOrder(tk, b, op)
+		if err != nil || !applied {
+			s.mu.Lock()
 			s.abandonLocked(pb)
+			s.mu.Unlock()
 			// Nothing of this round is recorded; the tasks stay stored and
 			// are delivered again after a restart.
 			e.log.Error("fire: commit failed", zap.Int("shard", s.id), zap.Error(err))
 			return nil
 		}
-		b = nil // owned by the committer now
-		fc = &fireCommit{b: batch0, pb: pb, start: start, obs: obs, op: op}
+		fc = &fireCommit{b: b, pb: pb, start: start, obs: obs, op: op}
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for _, i := range acked {
 		t := items[i].task
 		kind := "task"

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
@@ -341,7 +342,7 @@ func openPebble(dir string, fs vfs.FS, log *zap.Logger) (*pebble.DB, error) {
 	if fs == nil {
 		fs = vfs.Default
 	}
-	cache := pebble.NewCache(64 << 20)
+	cache := pebble.NewCache(256 << 20)
 	defer cache.Unref()
 	po := &pebble.Options{
 		FS:                          fs,
@@ -352,6 +353,19 @@ func openPebble(dir string, fs vfs.FS, log *zap.Logger) (*pebble.DB, error) {
 		L0CompactionThreshold:       4,
 		L0StopWritesThreshold:       24,
 		Logger:                      pebbleLogger{log.Named("pebble").Sugar()},
+	}
+	// Envelopes (~1 KB) go to blob files once flushed: compactions move
+	// only keys, and the recovery/horizon scans, which need only the keys,
+	// do not read the payloads.
+	po.FormatMajorVersion = pebble.FormatValueSeparation
+	po.Experimental.ValueSeparationPolicy = func() pebble.ValueSeparationPolicy {
+		return pebble.ValueSeparationPolicy{
+			Enabled:               true,
+			MinimumSize:           256,
+			MaxBlobReferenceDepth: 10,
+			RewriteMinimumAge:     10 * time.Minute,
+			TargetGarbageRatio:    0.3,
+		}
 	}
 	for i := range po.Levels {
 		// Ingest looks up the index of every new id; most are misses.

@@ -1,0 +1,121 @@
+package shard
+
+import (
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// Writers (ingest, fire commits, admin cancel, marker sweep) decide under
+// the shard locks, using the index as Pebble has it plus the overlay of
+// decisions not yet applied. They build their batch and apply it
+// (ApplyNoSyncWait) without holding any shard lock, after the batches
+// they depend on, then wait for the fsync. So the shard locks cover only
+// lookups and decisions, Pebble still receives the writes of one key in
+// the order they were decided, and concurrent batches share fsyncs.
+
+// commitTicket is one writer's batch on its way into Pebble. A batch
+// depends on the unapplied batches whose index decisions it read (the
+// overlay owners) and on the last unapplied writer of each checkpoint key
+// it sets; it applies after them and independent batches apply
+// concurrently, so Pebble sees the writes of any one key in decision order.
+type commitTicket struct {
+	applied chan struct{} // closed once applied (or abandoned)
+	deps    []*commitTicket
+	once    sync.Once
+}
+
+func newTicket() *commitTicket { return &commitTicket{applied: make(chan struct{})} }
+
+func (t *commitTicket) isApplied() bool {
+	select {
+	case <-t.applied:
+		return true
+	default:
+		return false
+	}
+}
+
+// dependOn makes t apply after o. Deps always point to earlier decisions,
+// so waiting on them cannot deadlock.
+func (t *commitTicket) dependOn(o *commitTicket) {
+	if o == nil || o == t || o.isApplied() {
+		return
+	}
+	for _, d := range t.deps {
+		if d == o {
+			return
+		}
+	}
+	t.deps = append(t.deps, o)
+}
+
+func (t *commitTicket) release() { t.once.Do(func() { close(t.applied) }) }
+
+// applyInOrder applies b (ApplyNoSyncWait) once the batches it depends on
+// are applied; an empty batch is not applied. The ticket is released in
+// every case. applied reports whether the caller must SyncWait b.
+func (e *Engine) applyInOrder(tk *commitTicket, b *pebble.Batch, op string) (applied bool, err error) {
+	defer tk.release()
+	for _, d := range tk.deps {
+		<-d.applied
+	}
+	if b.Empty() {
+		return false, nil
+	}
+	if err := e.applyNoSyncWait(b, op); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// overlayEntry is an index change decided but possibly not yet visible in
+// Pebble; owner is the batch that wrote it.
+type overlayEntry struct {
+	entry   indexEntry
+	deleted bool
+	owner   *pendingBatch
+}
+
+// lookupLocked reads the index entry of key as the shard's decisions see
+// it: the newest undurable decision, else Pebble. A writer passes its
+// ticket (nil for reads) so it applies after the decision it read.
+func (s *shard) lookupLocked(idx *indexReader, key []byte, e *indexEntry, tk *commitTicket) (bool, error) {
+	if len(s.overlay) > 0 {
+		if o, ok := s.overlay[string(key)]; ok {
+			if tk != nil {
+				tk.dependOn(o.owner.tk)
+			}
+			if o.deleted {
+				return false, nil
+			}
+			*e = o.entry
+			return true, nil
+		}
+	}
+	return idx.get(key, e)
+}
+
+func (s *shard) setOverlayLocked(key []byte, e indexEntry, deleted bool, pb *pendingBatch) {
+	k := string(key)
+	s.overlay[k] = overlayEntry{entry: e, deleted: deleted, owner: pb}
+	pb.keys = append(pb.keys, k)
+}
+
+// dropOverlayLocked forgets pb's overlay entries that no later decision
+// replaced: pb is applied (visible in Pebble) or abandoned.
+func (s *shard) dropOverlayLocked(pb *pendingBatch) {
+	for _, k := range pb.keys {
+		if o, ok := s.overlay[k]; ok && o.owner == pb {
+			delete(s.overlay, k)
+		}
+	}
+	pb.keys = nil
+}
+
+// addOpLocked records that pb stores task (fire, seq): the loader must skip
+// it until pb is durable, then it enters the wheel.
+func (s *shard) addOpLocked(pb *pendingBatch, fire int64, seq uint64) {
+	pb.ops = append(pb.ops, wheelOp{fire, seq})
+	s.unwheeled[seq] = struct{}{}
+}
