@@ -2,14 +2,17 @@
 // into N shards, each with a timing wheel and one fire loop.
 //
 // A task is routed by xxhash(source, id) so every message with the same id
-// lands in the same shard, where one mutex orders ingest, replace, cancel,
-// firing and the horizon loader. Ingest writes a whole source batch in one
-// synced commit and only then puts the tasks in the wheel; the wheel holds
-// only (fire, seq) pairs of tasks due before the shard's horizon, the rest
-// stays on disk until the loader reaches it. A fire loop reads due
-// envelopes, hands them to the Sink and deletes them in one synced commit
-// after the broker acknowledged them; failures are rescheduled with backoff
-// and finally dead-lettered.
+// lands in the same shard, whose mutex orders the decisions about that id
+// (replace, cancel, fire outcome) and the horizon loader. Ingest decides a
+// whole source batch under the shard locks, applies it to Pebble outside
+// them (after any earlier undurable decision it read) as one synced
+// commit, and only once that commit is durable puts the tasks in the
+// wheel. The wheel holds only (fire, seq) pairs of tasks due before the
+// shard's horizon; the rest stays on disk until the loader reaches it. A
+// fire loop reads due envelopes, hands them to the Sink and deletes the
+// acknowledged ones in one synced commit whose fsync overlaps the next
+// delivery; failures are rescheduled with backoff and finally
+// dead-lettered.
 package shard
 
 import (
@@ -297,19 +300,6 @@ func (e *Engine) fail(op string, err error) error {
 	}
 	e.errMu.Unlock()
 	return fmt.Errorf("%w: %s: %w", ErrStoreFailed, op, err)
-}
-
-func (e *Engine) commit(b *pebble.Batch, op string, obs prometheus.Observer) error {
-	if err := e.failed(); err != nil {
-		return err
-	}
-	start := time.Now()
-	err := safeCall(func() error { return b.Commit(pebble.Sync) })
-	obs.Observe(time.Since(start).Seconds())
-	if err != nil {
-		return e.fail(op, err)
-	}
-	return nil
 }
 
 func (e *Engine) lockShards(touched []bool) {

@@ -149,8 +149,8 @@ func (s *shard) park(ctx context.Context, timer interface {
 }, wake int64) {
 	s.mu.Lock()
 	now := s.e.clk.Now()
-	d := time.Duration(wake-now.UnixMilli()) * time.Millisecond
-	if d < time.Millisecond {
+	d := time.UnixMilli(wake).Sub(now)
+	if d <= 0 {
 		// The wheel says something is due but yielded nothing (its time is
 		// ahead of a wall clock that stepped back): wait, never fire early.
 		d = time.Millisecond
@@ -183,7 +183,7 @@ func (s *shard) park(ctx context.Context, timer interface {
 
 // housekeepLocked moves the horizon.
 func (s *shard) housekeepLocked(now int64) error {
-	if now+s.e.horizonMs()/2 > s.horizonEnd {
+	if now+s.e.horizonMs()/2 >= s.horizonEnd {
 		if err := s.loadLocked(now); err != nil {
 			return err
 		}
