@@ -311,6 +311,13 @@ func newRunner(t *testing.T, b *brokers, c bridgeConfig) *runner {
 		if t.Failed() {
 			r.dumpLog(60)
 		}
+		// FAULT_LOGS=DIR keeps each test's bridge log for diagnosis.
+		if keep := os.Getenv("FAULT_LOGS"); keep != "" {
+			if b, err := os.ReadFile(r.logPath); err == nil {
+				_ = os.MkdirAll(keep, 0o755)
+				_ = os.WriteFile(filepath.Join(keep, strings.ReplaceAll(t.Name(), "/", "_")+".log"), b, 0o644)
+			}
+		}
 	})
 	return r
 }
@@ -326,6 +333,13 @@ func (r *runner) start() *proc {
 	fmt.Fprintf(f, "{\"fault-test\":\"start %d\"}\n", r.starts)
 	from, _ := f.Seek(0, io.SeekCurrent)
 	cmd := exec.Command(r.bin, "run", "--config", r.cfgPath)
+	// The bridge refuses DELAYBRIDGE_* variables that name no config key
+	// (DELAYBRIDGE_LONG is the test's): the config file is the whole config.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "DELAYBRIDGE_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		f.Close()

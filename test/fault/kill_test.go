@@ -173,15 +173,17 @@ func TestKill9UnderLoad(t *testing.T) {
 	time.Sleep(time.Second)
 	sent := l.finish()
 	var tl tally
+	drainStart := time.Now()
 	ok := waitFor(drainWait, func() bool {
 		tl = count(sent, col.byValue(isTarget))
 		return tl.lost == 0
 	})
+	drained := time.Since(drainStart)
 	if err := p.term(); err != nil {
 		t.Errorf("final bridge: %v", err)
 	}
-	t.Logf("%d kills: sent %d (publisher errors %d), delivered %d unique, %d duplicates, %d lost, %d delivered whose publish reported an error",
-		rounds, tl.sent, l.fails.Load(), tl.delivered, tl.duplicates, tl.lost, tl.unsent)
+	t.Logf("%d kills: drained %v after the load stopped; sent %d (publisher errors %d), delivered %d unique, %d duplicates, %d lost, %d delivered whose publish reported an error",
+		rounds, drained.Round(time.Millisecond), tl.sent, l.fails.Load(), tl.delivered, tl.duplicates, tl.lost, tl.unsent)
 	if !ok || tl.lost > 0 {
 		t.Fatalf("%d acknowledged messages lost", tl.lost)
 	}
