@@ -3,6 +3,7 @@
 //
 //	delaybridge run --config FILE   the service
 //	delaybridge dev                 a sandbox with embedded brokers
+//	delaybridge bench               the benchmark report
 //	delaybridge version
 package main
 
@@ -34,6 +35,7 @@ func main() {
 const usage = `usage:
   delaybridge run --config FILE   run the bridge
   delaybridge dev [flags]         sandbox: embedded NATS + Kafka-protocol broker on localhost
+  delaybridge bench [flags]       benchmark report: raw broker pipe vs the bridge (see docs/benchmarks.md)
   delaybridge version             print the version
 `
 
@@ -50,6 +52,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		err = cmdRun(ctx, args[1:], stderr)
 	case "dev":
 		err = cmdDev(ctx, args[1:], stdout, stderr)
+	case "bench":
+		err = cmdBench(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-v":
 		fmt.Fprintln(stdout, "delaybridge", versionString())
 		return 0
