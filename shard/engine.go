@@ -306,6 +306,7 @@ func (e *Engine) lockShards(touched []bool) {
 	for i, ok := range touched {
 		if ok {
 			e.shards[i].mu.Lock()
+			e.shards[i].drainLocked()
 		}
 	}
 }
@@ -346,7 +347,7 @@ type pendingBatch struct {
 	delta  int64
 	keys   []string // overlay entries written by this batch
 	tk     *commitTicket
-	synced bool
+	synced atomic.Bool // durable; set without the shard lock
 }
 
 func (s *shard) enqueueLocked(pb *pendingBatch) {
@@ -356,16 +357,36 @@ func (s *shard) enqueueLocked(pb *pendingBatch) {
 	}
 }
 
-// completeLocked marks pb durable and moves every durable batch at the head
-// of the queue into the wheel, so tasks enter the wheel in apply (= seq)
-// order and equal-due tasks fire in ingest order.
-func (s *shard) completeLocked(pb *pendingBatch) {
-	s.dropOverlayLocked(pb)
-	pb.synced = true
-	for len(s.queue) > 0 && s.queue[0].synced {
+// markDurable records that pb's commit is durable. The durable batches at
+// the head of the queue enter the wheel in apply (= seq) order, so
+// equal-due tasks fire in ingest order. If another goroutine holds the
+// shard lock, the head is left to the next lock holder and the fire loop
+// is woken to take it (park drains after consuming stale wake-ups, so the
+// wake-up cannot be lost); no batch waits for a shard lock here.
+func (s *shard) markDurable(pb *pendingBatch) {
+	pb.synced.Store(true)
+	if s.mu.TryLock() {
+		s.drainLocked()
+		s.mu.Unlock()
+		return
+	}
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+// drainLocked moves the durable batches at the head of the queue into the
+// wheel and the pending count.
+func (s *shard) drainLocked() {
+	if len(s.queue) == 0 || !s.queue[0].synced.Load() {
+		return
+	}
+	for len(s.queue) > 0 && s.queue[0].synced.Load() {
 		head := s.queue[0]
 		s.queue[0] = nil
 		s.queue = s.queue[1:]
+		s.dropOverlayLocked(head)
 		for _, op := range head.ops {
 			delete(s.unwheeled, op.seq)
 			s.addLocked(op.fire, op.seq)
@@ -609,20 +630,19 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 	if err == nil {
 		b.Close()
 	}
-	// Durable: the wheels may see the tasks. Each shard on its own, so no
-	// batch waits for one shard while holding another.
+	// Durable: the wheels may see the tasks.
 	for sh, pb := range pbs {
 		if pb == nil {
 			continue
 		}
 		s := e.shards[sh]
-		s.mu.Lock()
 		if err != nil {
+			s.mu.Lock()
 			s.abandonLocked(pb)
+			s.mu.Unlock()
 		} else {
-			s.completeLocked(pb)
+			s.markDurable(pb)
 		}
-		s.mu.Unlock()
 	}
 	if err != nil {
 		return fmt.Errorf("shard: ingest %d tasks: %w", len(tasks), err)
@@ -719,6 +739,7 @@ func (e *Engine) Lookup(source, id string) (TaskInfo, error) {
 	s := e.shards[e.shardOf(source, id)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.drainLocked()
 	idx := indexReader{db: e.db}
 	defer idx.close()
 	var ex indexEntry
@@ -767,6 +788,7 @@ func (e *Engine) Cancel(source, id string) error {
 	s := e.shards[e.shardOf(source, id)]
 	ik := appendIndexKey(nil, source, id)
 	s.mu.Lock()
+	s.drainLocked()
 	idx := indexReader{db: e.db}
 	tk := newTicket()
 	var ex indexEntry
@@ -804,16 +826,13 @@ func (e *Engine) Cancel(source, id string) error {
 	if err == nil {
 		b.Close()
 	}
-	s.mu.Lock()
 	if err != nil {
+		s.mu.Lock()
 		s.abandonLocked(pb)
-	} else {
-		s.completeLocked(pb)
-	}
-	s.mu.Unlock()
-	if err != nil {
+		s.mu.Unlock()
 		return fmt.Errorf("shard: cancel %s/%s: %w", source, id, err)
 	}
+	s.markDurable(pb)
 	e.m.Cancelled.WithLabelValues(source).Inc()
 	return nil
 }
@@ -830,6 +849,7 @@ func (e *Engine) Stats() Stats {
 	horizon := int64(math.MaxInt64)
 	for _, s := range e.shards {
 		s.mu.Lock()
+		s.drainLocked()
 		ss := ShardStats{Shard: s.id, Pending: s.pending, InWheel: s.w.Len()}
 		next, ok := s.w.Next()
 		if !ok && s.pending > 0 {

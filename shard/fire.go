@@ -78,13 +78,13 @@ func (s *shard) commitLoop(commits <-chan *fireCommit) {
 		} else {
 			c.b.Close()
 		}
-		s.mu.Lock()
 		if err != nil {
+			s.mu.Lock()
 			s.abandonLocked(c.pb)
+			s.mu.Unlock()
 		} else {
-			s.completeLocked(c.pb)
+			s.markDurable(c.pb)
 		}
-		s.mu.Unlock()
 	}
 }
 
@@ -113,6 +113,7 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 			s.e.log.Warn("cancel-marker sweep failed", zap.Int("shard", s.id), zap.Error(err))
 		}
 		s.mu.Lock()
+		s.drainLocked()
 		err := s.housekeepLocked(now)
 		var items []fireItem
 		if err == nil {
@@ -148,7 +149,21 @@ func (s *shard) park(ctx context.Context, timer interface {
 	Reset(time.Duration) bool
 }, wake int64) {
 	s.mu.Lock()
+	// Consume a stale wake-up first, then take durable batches: a batch
+	// marked durable after this drain sends a fresh wake-up.
+	select {
+	case <-s.notify:
+	default:
+	}
+	s.drainLocked()
 	now := s.e.clk.Now()
+	if next, ok := s.w.Next(); ok && next < wake {
+		if next <= now.UnixMilli() && now.UnixMilli() >= s.w.Now() {
+			s.mu.Unlock() // the drained batches hold due tasks: fire them
+			return
+		}
+		wake = next
+	}
 	d := time.UnixMilli(wake).Sub(now)
 	if d <= 0 {
 		// The wheel says something is due but yielded nothing (its time is
@@ -159,10 +174,6 @@ func (s *shard) park(ctx context.Context, timer interface {
 	s.parked = true
 	s.wakeAt = wake
 	s.parkUntil = now.Add(d)
-	select {
-	case <-s.notify: // stale wake-up from before this park
-	default:
-	}
 	s.mu.Unlock()
 	select {
 	case <-ctx.Done():
@@ -292,14 +303,14 @@ func (s *shard) sweep(now int64) error {
 	if err == nil {
 		b.Close()
 	}
-	s.mu.Lock()
 	if err != nil {
+		s.mu.Lock()
 		s.abandonLocked(pb)
-	} else {
-		s.completeLocked(pb)
+		s.mu.Unlock()
+		return err
 	}
-	s.mu.Unlock()
-	return err
+	s.markDurable(pb)
+	return nil
 }
 
 // collectLocked takes up to FireBatch due entries from the wheel and reads
