@@ -60,6 +60,7 @@ func (e *Engine) applyInOrder(tk *commitTicket, b *pebble.Batch, op string) (app
 	for _, d := range tk.deps {
 		<-d.applied
 	}
+	tk.deps = nil // do not keep a chain of applied batches alive
 	if b.Empty() {
 		return false, nil
 	}
