@@ -131,8 +131,20 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		o.progress("%s: %v", part, err)
 		r.Errors = append(r.Errors, part+": "+err.Error())
 	}
-	step := 0
-	sub := func() string { step++; return filepath.Join(work, fmt.Sprint(step)) }
+	step, last := 0, ""
+	sub := func() string { // a fresh scratch dir per run; the previous one is removed
+		os.RemoveAll(last)
+		step++
+		last = filepath.Join(work, fmt.Sprint(step))
+		return last
+	}
+	// Save after each part, so an interrupted run keeps what it measured.
+	save := func() {
+		r.Took = time.Since(r.Started).Round(time.Second).String()
+		if err := r.save(o.Out); err != nil {
+			o.progress("save: %v", err)
+		}
+	}
 
 	if o.want("throughput") {
 		for _, tr := range []string{Kafka, NATS} {
@@ -148,6 +160,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			} else {
 				r.Runs = append(r.Runs, run)
 			}
+			save()
 		}
 	}
 	if o.want("lateness") {
@@ -158,14 +171,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			} else {
 				r.Runs = append(r.Runs, run)
 			}
-		}
-	}
-	if o.want("capacity") {
-		o.progress("capacity: %d tasks over 30 days (child process)", o.Capacity)
-		if c, err := capacityRun(ctx, o.Exe, sub(), o.Capacity, o.Payload); err != nil {
-			fail("capacity", err)
-		} else {
-			r.Capacity = c
+			save()
 		}
 	}
 	if o.want("recovery") {
@@ -174,6 +180,15 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			fail("recovery", err)
 		} else {
 			r.Recovery = rc
+		}
+	}
+	save()
+	if o.want("capacity") {
+		o.progress("capacity: %d tasks over 30 days (child process)", o.Capacity)
+		if c, err := capacityRun(ctx, o.Exe, sub(), o.Capacity, o.Payload); err != nil {
+			fail("capacity", err)
+		} else {
+			r.Capacity = c
 		}
 	}
 	r.Took = time.Since(r.Started).Round(time.Second).String()

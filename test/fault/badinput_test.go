@@ -112,7 +112,9 @@ func TestBadInput(t *testing.T) {
 	for i := range huge {
 		huge[i] = byte(rng.Uint32())
 	}
-	if err := kcl.ProduceSync(ctx, kafkaRecord(0, []byte("huge"), huge, hdr("delay-after", "0", "delay-target", "orders", "x-id", "huge-kafka"))).FirstErr(); err == nil {
+	big := b.kafkaClient(kgo.ProducerBatchMaxBytes(16 << 20)) // let the broker, not the client, refuse it
+	defer big.Close()
+	if err := big.ProduceSync(ctx, kafkaRecord(0, []byte("huge"), huge, hdr("delay-after", "0", "delay-target", "orders", "x-id", "huge-kafka"))).FirstErr(); err == nil {
 		t.Error("kafka accepted a 3 MiB record; the broker limit should refuse it")
 	} else {
 		t.Logf("kafka refused a 3 MiB record at publish: %v", err)

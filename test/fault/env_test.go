@@ -205,7 +205,9 @@ func (b *brokers) kafkaClient(opts ...kgo.Opt) *kgo.Client {
 		kgo.SeedBrokers(b.kafkaAddr()),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.RetryTimeout(2 * time.Minute),
-		kgo.ProducerBatchMaxBytes(16 << 20),
+		// Batches within the broker's message.max.bytes (1 MiB), so 1 MB
+		// records go one per batch.
+		kgo.ProducerBatchMaxBytes(1_040_000),
 	}, opts...)...)
 	if err != nil {
 		b.t.Fatal(err)
