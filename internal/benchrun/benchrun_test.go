@@ -1,0 +1,92 @@
+package benchrun
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestSummarize(t *testing.T) {
+	xs := make([]float64, 1000)
+	for i := range xs {
+		xs[i] = float64(i + 1) // 1..1000
+	}
+	s := summarize(xs)
+	if s.P50 != 500 || s.P99 != 990 || s.P999 != 999 || s.Max != 1000 || s.Mean != 500.5 {
+		t.Fatalf("summarize = %+v", s)
+	}
+	if summarize(nil) != nil {
+		t.Fatal("summary of nothing")
+	}
+}
+
+func TestChartIsPNG(t *testing.T) {
+	b, err := latencyCDF([]series{{name: "kafka paced 5000/s", xs: []float64{-0.2, 0.5, 3, 40, 900}, col: palette[0]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := img.Bounds(); r.Dx() < 100 || r.Dy() < 100 {
+		t.Fatalf("chart is %v", r)
+	}
+}
+
+// TestSmallReport runs the engine-level recovery child in process (the
+// parts that need the binary are exercised by `delaybridge bench`) and the
+// throughput runs on tiny sizes, and checks the report renders.
+func TestSmallReport(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts brokers")
+	}
+	out := t.TempDir()
+	o := Defaults(true)
+	o.N, o.PacedN, o.Rate, o.Out, o.WorkDir = 500, 500, 2000, out, t.TempDir()
+	o.Parts = []string{"throughput", "lateness"}
+	r, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Errors) > 0 {
+		t.Fatalf("errors: %v", r.Errors)
+	}
+	if len(r.Runs) != 6 {
+		t.Fatalf("%d runs, want 6", len(r.Runs))
+	}
+	md := r.Markdown()
+	for _, want := range []string{"bridge / raw pipe throughput", "p99 lateness at 2000 msg/s", "| kafka | raw pipe"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	for _, f := range []string{"report.json", "report.md", "lateness.png"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func TestCapacityChild(t *testing.T) {
+	var out bytes.Buffer
+	if err := Child(context.Background(), "capacity", t.TempDir(), 3000, 100, &out); err != nil {
+		t.Fatal(err)
+	}
+	line, ok := strings.CutPrefix(strings.TrimSpace(out.String()), "RESULT ")
+	if !ok {
+		t.Fatalf("child output %q", out.String())
+	}
+	var c Capacity
+	if err := json.Unmarshal([]byte(line), &c); err != nil {
+		t.Fatal(err)
+	}
+	if c.Tasks != 3000 || c.Pending != 3000 || c.PeakRSSMB <= 0 || c.DiskGB <= 0 {
+		t.Fatalf("capacity result %+v", c)
+	}
+}
