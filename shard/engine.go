@@ -90,6 +90,7 @@ type shard struct {
 	queue      []*pendingBatch         // applied batches waiting for their fsync, in apply order
 	unwheeled  map[uint64]struct{}     // seqs of those batches' tasks: the loader skips them
 	overlay    map[string]overlayEntry // index decisions of those batches
+	clearedTo  []byte                  // t keys before it are range-deleted
 	dlqErr     error                   // last failed dead-letter delivery, nil after one succeeds
 
 	// Fire-loop parking, so Ingest can wake the loop for an earlier due and

@@ -192,14 +192,49 @@ func (s *shard) park(ctx context.Context, timer interface {
 	}
 }
 
-// housekeepLocked moves the horizon.
+// housekeepLocked moves the horizon and, with it, clears the tombstones
+// of fired tasks.
 func (s *shard) housekeepLocked(now int64) error {
 	if now+s.e.horizonMs()/2 >= s.horizonEnd {
 		if err := s.loadLocked(now); err != nil {
 			return err
 		}
+		s.clearFiredLocked()
 	}
 	return nil
+}
+
+// clearFiredLocked covers the point tombstones that fired tasks left before
+// the shard's first stored task with one range deletion, so recovery and
+// the loader do not step over them one by one and compactions can drop
+// them. It runs only when no batch of the shard is in flight (every
+// decided batch is applied and drained, and no new one can be decided
+// while the lock is held), so the range holds nothing but tombstones; the
+// deletion is applied before the lock is released, so every later write
+// has a higher sequence number. A lost (unsynced) range deletion is
+// harmless.
+func (s *shard) clearFiredLocked() {
+	if len(s.queue) != 0 || s.e.failed() != nil {
+		return
+	}
+	it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, 0), UpperBound: taskBound(s.id+1, 0)})
+	if err != nil {
+		return
+	}
+	end := taskBound(s.id+1, 0)
+	if it.First() {
+		end = append([]byte(nil), it.Key()...)
+	}
+	it.Close()
+	if string(end) <= string(s.clearedTo) {
+		return
+	}
+	err = safeCall(func() error { return s.e.db.DeleteRange(taskBound(s.id, 0), end, pebble.NoSync) })
+	if err != nil {
+		s.e.log.Warn("clearing fired-task tombstones failed", zap.Int("shard", s.id), zap.Error(err))
+		return
+	}
+	s.clearedTo = end
 }
 
 // loadLocked moves the horizon to now+Horizon, putting the stored tasks of
