@@ -256,8 +256,8 @@ func (r *Report) Markdown() string {
 
 	if len(r.Runs) > 0 {
 		fmt.Fprintf(&b, "### Throughput and lateness (1 KB messages, brokers in process)\n\n")
-		fmt.Fprintf(&b, "| transport | run | n | rate msg/s | ingest msg/s | fire msg/s | lateness p50 / p99 / p999 / max ms | dups | peak RSS MB |\n")
-		fmt.Fprintf(&b, "|---|---|---:|---:|---:|---:|---|---:|---:|\n")
+		fmt.Fprintf(&b, "| transport | run | n | rate msg/s | ingest msg/s | fire msg/s | lateness p50 / p99 / p999 / max ms | dups | ingest commits (mean ms) | peak RSS MB |\n")
+		fmt.Fprintf(&b, "|---|---|---:|---:|---:|---:|---|---:|---:|---:|\n")
 		for _, run := range r.Runs {
 			what := map[string]string{"raw": "raw pipe (no delay, no store)", "bridge": fmt.Sprintf("bridge, delay %d ms, unpaced", run.DelayMs),
 				"paced": fmt.Sprintf("bridge, delay %d ms, paced %d/s", run.DelayMs, run.PublishRate)}[run.Mode]
@@ -265,8 +265,12 @@ func (r *Report) Markdown() string {
 			if s := run.Lateness; s != nil {
 				lat = fmt.Sprintf("%.1f / %.1f / %.1f / %.1f", s.P50, s.P99, s.P999, s.Max)
 			}
-			fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %s | %s | %s | %d | %.0f |\n", run.Transport, what, run.N, run.Rate,
-				orDash(run.IngestRate), orDash(run.FireRate), lat, run.Duplicates, run.PeakRSSMB)
+			commits := "-"
+			if run.IngestCommits > 0 {
+				commits = fmt.Sprintf("%d (%.1f)", run.IngestCommits, run.IngestCommitMs)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %s | %s | %s | %d | %s | %.0f |\n", run.Transport, what, run.N, run.Rate,
+				orDash(run.IngestRate), orDash(run.FireRate), lat, run.Duplicates, commits, run.PeakRSSMB)
 		}
 		b.WriteString("\n")
 		fmt.Fprintf(&b, "| goal | transport | value | goal | verdict |\n|---|---|---:|---:|---|\n")

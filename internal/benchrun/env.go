@@ -199,3 +199,28 @@ func (br *bridge) counter(name string) float64 {
 	}
 	return sum
 }
+
+// histogram returns the sample count and sum of a histogram family of the
+// bridge's registry, for the series whose label has the given value.
+func (br *bridge) histogram(name, label, value string) (count uint64, sum float64) {
+	mfs, err := br.reg.Gather()
+	if err != nil {
+		return 0, 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					if h := m.GetHistogram(); h != nil {
+						count += h.GetSampleCount()
+						sum += h.GetSampleSum()
+					}
+				}
+			}
+		}
+	}
+	return count, sum
+}

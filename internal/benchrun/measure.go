@@ -318,6 +318,10 @@ type Measurement struct {
 	FireRate   float64  `json:"fire_rate,omitempty"`
 	Lateness   *Summary `json:"lateness_ms,omitempty"`
 	Duplicates int      `json:"duplicates"`
+	// IngestCommits and IngestCommitMs (mean) are the bridge's synced
+	// ingest commits during the run (delaybridge_store_commit_seconds).
+	IngestCommits  uint64  `json:"ingest_commits,omitempty"`
+	IngestCommitMs float64 `json:"ingest_commit_ms,omitempty"`
 	// PeakRSSMB is VmHWM of the benchmark process after the run: it
 	// includes the in-process brokers and clients, not only the bridge.
 	PeakRSSMB float64   `json:"peak_rss_mb"`
@@ -420,6 +424,7 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 
 	var ingestedAt atomic.Int64
 	base := br.counter("delaybridge_ingested_total")
+	commits0, commitSecs0 := br.histogram("delaybridge_store_commit_seconds", "op", "ingest")
 	pollCtx, stopPoll := context.WithCancel(ctx)
 	defer stopPoll()
 	go func() {
@@ -479,6 +484,10 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 	}
 	if d := last.Sub(first).Seconds(); d > 0 {
 		run.FireRate = float64(n) / d
+	}
+	if c, s := br.histogram("delaybridge_store_commit_seconds", "op", "ingest"); c > commits0 {
+		run.IngestCommits = c - commits0
+		run.IngestCommitMs = (s - commitSecs0) / float64(c-commits0) * 1000
 	}
 	if err := br.close(); err != nil && !errors.Is(err, context.Canceled) {
 		return run, fmt.Errorf("benchrun: %s bridge stop: %w", transport, err)
