@@ -2,7 +2,6 @@ package fault
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -109,7 +108,6 @@ type publisher struct {
 	t   *testing.T
 	kcl *kgo.Client
 	js  jetstream.JetStream
-	mu  sync.Mutex
 	// first position of each batch, to check what a source committed
 	kafkaMin map[int32]int64
 	natsMin  uint64
@@ -193,11 +191,4 @@ func waitDelivered(t *testing.T, col *collector, vals []string, what string) {
 	if !waitFor(drainWait, func() bool { lost, _ = lostAndDups(col, vals); return len(lost) == 0 }) {
 		t.Fatalf("%s: %d of %d never delivered (e.g. %v)", what, len(lost), len(vals), lost[:min(5, len(lost))])
 	}
-}
-
-func fmtVals(vals []string) string {
-	if len(vals) > 5 {
-		return fmt.Sprint(vals[:5], "...")
-	}
-	return fmt.Sprint(vals)
 }
