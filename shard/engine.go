@@ -431,7 +431,9 @@ func (s *shard) addLocked(fire int64, seq uint64) {
 
 // Ingest stores a batch of tasks (schedules, cancels, dead letters) and the
 // checkpoints in ONE synced commit, processing the tasks in order. It
-// returns only when the batch is durable; then the tasks are in the wheels.
+// returns only when the batch is durable; the tasks are then in the wheels
+// or, if another goroutine held a shard lock at that moment, enter them as
+// soon as the fire loop or the next lock holder drains the shard.
 func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoint) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("shard: ingest: %w", err)
@@ -586,7 +588,9 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 	e.unlockShards(touched)
 	e.ingestMu.Unlock()
 
-	// Build and apply outside the locks, in ticket order.
+	// Build and apply outside the locks, after the batches this one
+	// depends on (earlier undurable decisions it read, the last writer of
+	// each of its checkpoint keys).
 	b := e.db.NewBatchWithSize(len(envs) + len(iks) + len(tasks)*(2*taskKeyLen+indexEntryLen+32) + 256)
 	var key, val []byte
 	for i := range acts {

@@ -238,9 +238,10 @@ func (s *shard) clearFiredLocked() {
 }
 
 // loadLocked moves the horizon to now+Horizon, putting the stored tasks of
-// [old horizonEnd, new horizonEnd) in the wheel. Ingest puts a task in the
-// wheel only when it is due before horizonEnd, under the same lock, so each
-// stored task enters the wheel exactly once.
+// [old horizonEnd, new horizonEnd) in the wheel. A durable batch puts its
+// tasks in the wheel only when they are due before horizonEnd, under the
+// same lock, and the loader skips tasks of batches not yet drained
+// (unwheeled), so each stored task enters the wheel exactly once.
 func (s *shard) loadLocked(now int64) error {
 	end := now + s.e.horizonMs()
 	if end <= s.horizonEnd {
