@@ -395,6 +395,29 @@ func (s *shard) collectLocked(now int64) ([]fireItem, error) {
 	return items, firstErr
 }
 
+// shutdownDrain is how long a batch already handed to the sink may go on
+// publishing after Run's context is cancelled.
+const shutdownDrain = 5 * time.Second
+
+// drainContext returns the context of one Deliver call: it outlives ctx by
+// shutdownDrain. Cancelling a publish in flight does not unsend it (the
+// broker may already hold the records), so a cancelled batch would be kept
+// as undelivered and sent again after the restart; letting it finish makes
+// a graceful stop free of duplicates. Call release when Deliver returned.
+func drainContext(ctx context.Context) (dctx context.Context, release func()) {
+	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(shutdownDrain)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-dctx.Done():
+		}
+	})
+	return dctx, func() { stop(); cancel() }
+}
+
 // deliver hands a batch to the sink and records the outcome in one synced
 // commit: acknowledged tasks are deleted, failed ones rescheduled with
 // backoff or dead-lettered.
@@ -405,7 +428,9 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		batch[i] = items[i].task
 	}
 	start := time.Now()
-	errs := sink.Deliver(ctx, batch)
+	dctx, release := drainContext(ctx)
+	errs := sink.Deliver(dctx, batch)
+	release()
 	ackAt := e.clk.Now()
 	if len(batch) > 0 {
 		e.m.PublishSeconds.WithLabelValues(batch[0].Transport.String()).Observe(time.Since(start).Seconds())

@@ -1,0 +1,56 @@
+package shard
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+// blockingSink holds each Deliver until released, reporting whether its
+// context was cancelled by then.
+type blockingSink struct {
+	entered  chan struct{}
+	release  chan struct{}
+	ctxAlive chan bool
+}
+
+func (s *blockingSink) Deliver(ctx context.Context, batch []*codec.Task) []error {
+	s.entered <- struct{}{}
+	<-s.release
+	s.ctxAlive <- ctx.Err() == nil
+	return nil
+}
+
+// TestShutdownLetsInFlightBatchFinish: cancelling Run while a batch is being
+// published must not cancel that publish (the broker may already hold it);
+// the batch completes, is deleted, and is not delivered again on restart.
+func TestShutdownLetsInFlightBatchFinish(t *testing.T) {
+	h := newHarness(t, nil)
+	h.ingest([]codec.Task{sched("a", t0, 1)})
+	sink := &blockingSink{entered: make(chan struct{}, 1), release: make(chan struct{}), ctxAlive: make(chan bool, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.e.Run(ctx, sink) }()
+	select {
+	case <-sink.entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the due task was not handed to the sink")
+	}
+	cancel() // SIGTERM while the batch is in flight
+	close(sink.release)
+	if alive := <-sink.ctxAlive; !alive {
+		t.Fatal("the in-flight Deliver saw its context cancelled by the shutdown")
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if p := h.e.Stats().Pending; p != 0 {
+		t.Fatalf("pending after a graceful stop = %d, want 0: the acknowledged batch must be deleted", p)
+	}
+	h.reopen()
+	if p := h.e.Stats().Pending; p != 0 {
+		t.Fatalf("pending after reopen = %d: the delivered task would be sent again", p)
+	}
+}
