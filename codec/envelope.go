@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -85,13 +86,10 @@ func envelopeSize(t *Task) int {
 	return n
 }
 
+// grow makes room for n more bytes the way append does (amortised
+// doubling), so appending many envelopes to one buffer stays linear.
 func grow(b []byte, n int) []byte {
-	if cap(b)-len(b) >= n {
-		return b
-	}
-	nb := make([]byte, len(b), len(b)+n)
-	copy(nb, b)
-	return nb
+	return slices.Grow(b, n)
 }
 
 func appendString(dst []byte, s string) []byte {

@@ -272,3 +272,22 @@ func BenchmarkDecodeTask(b *testing.B) {
 		}
 	}
 }
+
+// TestAppendTaskManyIntoOneBuffer: appending envelope after envelope to one
+// buffer grows it geometrically, not by exactly what each needs (which
+// would copy the whole buffer on every append).
+func TestAppendTaskManyIntoOneBuffer(t *testing.T) {
+	task := benchTask()
+	var buf []byte
+	grows := 0
+	for range 1000 {
+		before := cap(buf)
+		buf = AppendTask(buf, &task)
+		if cap(buf) != before {
+			grows++
+		}
+	}
+	if grows > 20 {
+		t.Fatalf("1000 appends grew the buffer %d times, want amortised growth (<= 20)", grows)
+	}
+}
