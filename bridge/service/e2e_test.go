@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -20,15 +19,6 @@ import (
 	"github.com/delaybridge/delaybridge/config"
 )
 
-// messages per transport in TestMixedDelays: 5 k each (10 k in all) with
-// DELAYBRIDGE_LONG=1, 1 k each in the CI form.
-func mixedCount() int {
-	if os.Getenv("DELAYBRIDGE_LONG") != "" {
-		return 5000
-	}
-	return 1000
-}
-
 // TestMixedDelays publishes messages with delays from 0 ms to 5 minutes on
 // both transports, moves the bridge clock forward in steps and checks that
 // every message arrives exactly once, on its target, never before its due
@@ -36,7 +26,7 @@ func mixedCount() int {
 func TestMixedDelays(t *testing.T) {
 	e := newEnv(t, "")
 	svc, _ := e.start()
-	n := mixedCount()
+	const n = 5000 // per transport: 10 k messages in all
 	rng := rand.New(rand.NewPCG(1, 2))
 	delays := map[string]time.Duration{}
 	for i := range n {
