@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
-	"slices"
 	"strings"
 )
 
@@ -86,10 +85,16 @@ func envelopeSize(t *Task) int {
 	return n
 }
 
-// grow makes room for n more bytes the way append does (amortised
-// doubling), so appending many envelopes to one buffer stays linear.
+// grow makes room for n more bytes with at most one allocation, at least
+// doubling the capacity, so appending many envelopes to one buffer stays
+// linear.
 func grow(b []byte, n int) []byte {
-	return slices.Grow(b, n)
+	if cap(b)-len(b) >= n {
+		return b
+	}
+	nb := make([]byte, len(b), max(len(b)+n, 2*cap(b)))
+	copy(nb, b)
+	return nb
 }
 
 func appendString(dst []byte, s string) []byte {
