@@ -151,3 +151,31 @@ func natsAckFloor(t *testing.T, p *publisher) uint64 {
 	}
 	return info.AckFloor.Stream
 }
+
+// describeGroup reports the bridge's consumer group as the broker sees it:
+// state, generation and each member's assigned partitions.
+func describeGroup(t *testing.T, b *brokers) string {
+	cl := b.kafkaClient()
+	defer cl.Close()
+	req := kmsg.NewPtrDescribeGroupsRequest()
+	req.Groups = []string{"bridge"}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return "describe groups: " + err.Error()
+	}
+	var sb strings.Builder
+	for _, g := range resp.Groups {
+		fmt.Fprintf(&sb, "state %s protocol %s, %d members:", g.State, g.Protocol, len(g.Members))
+		for _, m := range g.Members {
+			var a kmsg.ConsumerMemberAssignment
+			parts := "?"
+			if err := a.ReadFrom(m.MemberAssignment); err == nil {
+				parts = fmt.Sprint(a.Topics)
+			}
+			fmt.Fprintf(&sb, " [%s client %s host %s assigned %s]", m.MemberID, m.ClientID, m.ClientHost, parts)
+		}
+	}
+	return sb.String()
+}
