@@ -3,11 +3,13 @@ package benchrun
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -75,24 +77,28 @@ func ingestAll(ctx context.Context, e *shard.Engine, prefix string, n, payloadBy
 	// Batches of the Kafka source's default MaxBatch, from as many writers
 	// as a delay topic with a few partitions has.
 	const writers, batch = 8, 512
-	payload := make([]byte, payloadBytes)
-	for i := range payload {
-		payload[i] = byte('a' + i%26)
-	}
 	var next, done atomic.Int64
 	var wg sync.WaitGroup
 	var firstErr atomic.Pointer[error]
-	for range writers {
+	for w := range writers {
 		wg.Go(func() {
+			// Random payloads, distinct per task: the store compresses, and
+			// real payloads rarely compress to nothing.
+			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+			arena := make([]byte, batch*payloadBytes)
 			tasks := make([]codec.Task, 0, batch)
 			for ctx.Err() == nil && firstErr.Load() == nil {
 				from := int(next.Add(batch) - batch)
 				if from >= n {
 					return
 				}
+				for i := 0; i+8 <= len(arena); i += 8 {
+					binary.LittleEndian.PutUint64(arena[i:], rng.Uint64())
+				}
 				tasks = tasks[:0]
 				for i := from; i < min(n, from+batch); i++ {
-					tasks = append(tasks, task(prefix+strconv.Itoa(i), dueOf(i), payload))
+					k := i - from
+					tasks = append(tasks, task(prefix+strconv.Itoa(i), dueOf(i), arena[k*payloadBytes:(k+1)*payloadBytes]))
 				}
 				if err := e.Ingest(ctx, tasks, nil); err != nil {
 					firstErr.CompareAndSwap(nil, &err)
