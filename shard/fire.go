@@ -353,9 +353,10 @@ func (s *shard) sweep(now int64) error {
 // their envelopes. An entry whose key is gone was replaced or cancelled
 // after it entered the wheel (lazy deletion): skip it.
 func (s *shard) collectLocked(now int64) ([]fireItem, error) {
-	if now < s.w.Now() {
-		return nil, nil // the wall clock stepped back: nothing can be due
-	}
+	// After a wall-clock step back the wheel's own time stays ahead of now;
+	// AdvanceN then yields only entries added since with a due <= now, so
+	// nothing fires early and tasks due in the gap are not held until the
+	// clock regains its old time.
 	var due []fireItem
 	s.w.AdvanceN(now, s.e.opts.FireBatch, func(fire int64, seq uint64) {
 		due = append(due, fireItem{fire: fire, seq: seq})

@@ -101,6 +101,7 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 	start := time.Now()
 	s.eng, err = shard.Open(shard.Options{
 		Dir:       cfg.DataDir,
+		FS:        o.FS,
 		Shards:    cfg.Shards,
 		Horizon:   cfg.Horizon.Std(),
 		FireBatch: cfg.FireBatch,
