@@ -34,7 +34,7 @@ type Options struct {
 	Recovery int      // pending tasks at the kill -9
 	Parts    []string // subset of throughput, lateness, capacity, recovery; nil = all
 	Out      string   // directory for report.json, lateness.png, report.md
-	Exe      string   // this binary, re-executed for the engine-level children
+	Exe      string   // this binary: the bridge runs as `Exe run`, engine-level children as `Exe bench -child`; "" = bridge in process
 	WorkDir  string   // scratch space (stores, broker data); removed afterwards
 	Command  string   // the command line, recorded in the report
 	Logger   *zap.Logger
@@ -155,7 +155,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 				r.Runs = append(r.Runs, run)
 			}
 			o.progress("%s bridge, %d messages, delay %v", tr, o.N, o.Delay)
-			if run, err := bridgeRun(ctx, tr, o.N, 0, o.Delay, sub(), o.Logger); err != nil {
+			if run, err := bridgeRun(ctx, tr, o.N, 0, o.Delay, sub(), o.Exe, o.Logger); err != nil {
 				fail(tr+" bridge", err)
 			} else {
 				r.Runs = append(r.Runs, run)
@@ -166,7 +166,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.want("lateness") {
 		for _, tr := range []string{Kafka, NATS} {
 			o.progress("%s paced at %d msg/s, %d messages", tr, o.Rate, o.PacedN)
-			if run, err := bridgeRun(ctx, tr, o.PacedN, o.Rate, o.Delay, sub(), o.Logger); err != nil {
+			if run, err := bridgeRun(ctx, tr, o.PacedN, o.Rate, o.Delay, sub(), o.Exe, o.Logger); err != nil {
 				fail(tr+" paced", err)
 			} else {
 				r.Runs = append(r.Runs, run)
@@ -256,8 +256,8 @@ func (r *Report) Markdown() string {
 
 	if len(r.Runs) > 0 {
 		fmt.Fprintf(&b, "### Throughput and lateness (1 KB messages, brokers in process)\n\n")
-		fmt.Fprintf(&b, "| transport | run | n | rate msg/s | ingest msg/s | fire msg/s | lateness p50 / p99 / p999 / max ms | dups | ingest commits (mean ms) | peak RSS MB |\n")
-		fmt.Fprintf(&b, "|---|---|---:|---:|---:|---:|---|---:|---:|---:|\n")
+		fmt.Fprintf(&b, "| transport | run | n | rate msg/s | ingest msg/s | fire msg/s | lateness p50 / p99 / p999 / max ms | dups | ingest commits (mean ms) | bridge peak RSS MB | bench process peak RSS MB |\n")
+		fmt.Fprintf(&b, "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|\n")
 		for _, run := range r.Runs {
 			what := map[string]string{"raw": "raw pipe (no delay, no store)", "bridge": fmt.Sprintf("bridge, delay %d ms, unpaced", run.DelayMs),
 				"paced": fmt.Sprintf("bridge, delay %d ms, paced %d/s", run.DelayMs, run.PublishRate)}[run.Mode]
@@ -269,8 +269,8 @@ func (r *Report) Markdown() string {
 			if run.IngestCommits > 0 {
 				commits = fmt.Sprintf("%d (%.1f)", run.IngestCommits, run.IngestCommitMs)
 			}
-			fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %s | %s | %s | %d | %s | %.0f |\n", run.Transport, what, run.N, run.Rate,
-				orDash(run.IngestRate), orDash(run.FireRate), lat, run.Duplicates, commits, run.PeakRSSMB)
+			fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %s | %s | %s | %d | %s | %s | %.0f |\n", run.Transport, what, run.N, run.Rate,
+				orDash(run.IngestRate), orDash(run.FireRate), lat, run.Duplicates, commits, orDash(run.BridgeRSSMB), run.PeakRSSMB)
 		}
 		b.WriteString("\n")
 		fmt.Fprintf(&b, "| goal | transport | value | goal | verdict |\n|---|---|---:|---:|---|\n")

@@ -341,7 +341,12 @@ func rssMB(field string) float64 {
 	if err != nil {
 		return 0
 	}
-	for _, line := range strings.Split(string(b), "\n") {
+	return statusField(string(b), field)
+}
+
+// statusField reads a kB field of a /proc/PID/status text in MB.
+func statusField(status, field string) float64 {
+	for _, line := range strings.Split(status, "\n") {
 		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			f := strings.Fields(v)
 			if len(f) > 0 {

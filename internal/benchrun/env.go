@@ -115,22 +115,32 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// bridgeConfig is a shipped-default configuration wired to one broker:
-// only the settings that name the brokers, the data dir and the admin port
-// differ from what `delaybridge run` defaults to.
-func bridgeConfig(b *broker, dataDir string) (*config.Config, error) {
+// bridgeYAML is a shipped-default configuration wired to one broker: only
+// the settings that name the brokers, the data dir and the admin port
+// differ from what `delaybridge run` defaults to. It returns the admin
+// address too.
+func bridgeYAML(b *broker, dataDir string) (yml, admin string, err error) {
 	port, err := freePort()
 	if err != nil {
-		return nil, err
+		return "", "", err
 	}
-	yml := "data_dir: " + strconv.Quote(dataDir) + "\nlog: {level: warn}\n"
+	admin = "127.0.0.1:" + strconv.Itoa(port)
+	yml = "data_dir: " + strconv.Quote(dataDir) + "\nlog: {level: warn}\n"
 	switch b.transport {
 	case Kafka:
 		yml += "kafka:\n  brokers: [" + strconv.Quote(b.addr()) + "]\n  group: bench\n  sources:\n    - {topic: delay, dlq: delay.dlq}\n"
 	case NATS:
 		yml += "nats:\n  url: " + strconv.Quote(b.addr()) + "\n  stream: DELAY\n  consumer: bench\n  create: true\n  sources:\n    - {subject: \"delay.>\", dlq: dlq.delay}\n"
 	}
-	yml += "targets:\n  allow: [\"*\"]\nadmin:\n  listen: \"127.0.0.1:" + strconv.Itoa(port) + "\"\n"
+	yml += "targets:\n  allow: [\"*\"]\nadmin:\n  listen: " + strconv.Quote(admin) + "\n"
+	return yml, admin, nil
+}
+
+func bridgeConfig(b *broker, dataDir string) (*config.Config, error) {
+	yml, _, err := bridgeYAML(b, dataDir)
+	if err != nil {
+		return nil, err
+	}
 	cfg, err := config.LoadBytes([]byte(yml), nil)
 	if err != nil {
 		return nil, fmt.Errorf("benchrun: bridge config: %w", err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -323,9 +324,13 @@ type Measurement struct {
 	IngestCommits  uint64  `json:"ingest_commits,omitempty"`
 	IngestCommitMs float64 `json:"ingest_commit_ms,omitempty"`
 	// PeakRSSMB is VmHWM of the benchmark process after the run: it
-	// includes the in-process brokers and clients, not only the bridge.
-	PeakRSSMB float64   `json:"peak_rss_mb"`
-	samples   []float64 // lateness in ms, for the chart
+	// includes the in-process brokers and clients (and the bridge when it
+	// runs in process).
+	PeakRSSMB float64 `json:"peak_rss_mb"`
+	// BridgeRSSMB is VmHWM of the bridge child process (`delaybridge run`),
+	// 0 when the bridge ran in process.
+	BridgeRSSMB float64   `json:"bridge_peak_rss_mb,omitempty"`
+	samples     []float64 // lateness in ms, for the chart
 }
 
 // Summary is a lateness distribution in milliseconds.
@@ -386,13 +391,18 @@ func rawRun(ctx context.Context, transport string, n int, dir string) (*Measurem
 
 // bridgeRun measures the whole bridge: n messages published with a delay
 // of delay to the delay source, read at the target.
-func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Duration, dir string, log *zap.Logger) (*Measurement, error) {
+func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Duration, dir, exe string, log *zap.Logger) (*Measurement, error) {
 	b, err := startBroker(transport, dir)
 	if err != nil {
 		return nil, err
 	}
 	defer b.close()
-	br, err := startBridge(ctx, b, dir+"/store", log)
+	var br bridgeRunner
+	if exe != "" {
+		br, err = startChildBridge(ctx, exe, b, filepath.Join(dir, "store"))
+	} else {
+		br, err = startBridge(ctx, b, filepath.Join(dir, "store"), log)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -478,7 +488,8 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 	}
 	secs := last.Sub(start).Seconds() - delay.Seconds()
 	run := &Measurement{Transport: transport, Mode: mode, N: n, PublishRate: rate, DelayMs: delay.Milliseconds(), Seconds: secs,
-		Rate: float64(n) / secs, Lateness: summarize(lat), Duplicates: dups, PeakRSSMB: peakRSSMB(), samples: lat}
+		Rate: float64(n) / secs, Lateness: summarize(lat), Duplicates: dups, PeakRSSMB: peakRSSMB(), samples: lat,
+		BridgeRSSMB: br.peakRSSMB()}
 	if at := ingestedAt.Load(); at > 0 {
 		run.IngestRate = float64(n) / time.Unix(0, at).Sub(start).Seconds()
 	}

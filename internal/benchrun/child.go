@@ -1,0 +1,171 @@
+package benchrun
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// bridgeRunner is a running bridge the measurements read metrics from: in
+// process (bridge/service) or the shipped binary as a child process.
+type bridgeRunner interface {
+	counter(name string) float64
+	histogram(name, label, value string) (count uint64, sum float64)
+	// peakRSSMB is the bridge's own VmHWM, or 0 when it shares the
+	// benchmark process.
+	peakRSSMB() float64
+	close() error
+}
+
+func (br *bridge) peakRSSMB() float64 { return 0 }
+
+// childBridge is `delaybridge run --config FILE` as a child process; its
+// metrics come from the admin /metrics endpoint and its RSS from
+// /proc/PID/status, so it is the bridge's alone.
+type childBridge struct {
+	cmd   *exec.Cmd
+	admin string
+	done  chan error
+	log   *os.File
+}
+
+func startChildBridge(ctx context.Context, exe string, b *broker, dataDir string) (*childBridge, error) {
+	yml, admin, err := bridgeYAML(b, dataDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return nil, err
+	}
+	cfgPath := filepath.Join(filepath.Dir(dataDir), "bridge.yaml")
+	if err := os.WriteFile(cfgPath, []byte(yml), 0o600); err != nil {
+		return nil, err
+	}
+	logf, err := os.Create(filepath.Join(filepath.Dir(dataDir), "bridge.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe, "run", "--config", cfgPath)
+	for _, kv := range os.Environ() { // the bridge refuses unknown DELAYBRIDGE_* keys
+		if !strings.HasPrefix(kv, "DELAYBRIDGE_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("benchrun: start bridge: %w", err)
+	}
+	cb := &childBridge{cmd: cmd, admin: admin, done: make(chan error, 1), log: logf}
+	go func() { cb.done <- cmd.Wait() }()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if resp, err := http.Get("http://" + admin + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return cb, nil
+			}
+		}
+		select {
+		case err := <-cb.done:
+			cb.done <- err
+			return nil, fmt.Errorf("benchrun: bridge exited at start: %v (log %s)", err, logf.Name())
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			cb.close()
+			return nil, ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			cb.close()
+			return nil, fmt.Errorf("benchrun: bridge not ready within a minute (log %s)", logf.Name())
+		}
+	}
+}
+
+// metrics reads the Prometheus text exposition: series -> value.
+func (cb *childBridge) metrics() map[string]float64 {
+	out := map[string]float64{}
+	resp, err := http.Get("http://" + cb.admin + "/metrics")
+	if err != nil {
+		return out
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out
+}
+
+func (cb *childBridge) counter(name string) float64 {
+	var sum float64
+	for series, v := range cb.metrics() {
+		if series == name || strings.HasPrefix(series, name+"{") {
+			sum += v
+		}
+	}
+	return sum
+}
+
+func (cb *childBridge) histogram(name, label, value string) (uint64, float64) {
+	var count, sum float64
+	want := label + `="` + value + `"`
+	for series, v := range cb.metrics() {
+		if !strings.Contains(series, want) {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(series, name+"_count{"):
+			count += v
+		case strings.HasPrefix(series, name+"_sum{"):
+			sum += v
+		}
+	}
+	return uint64(count), sum
+}
+
+func (cb *childBridge) peakRSSMB() float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cb.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	return statusField(string(b), "VmHWM")
+}
+
+func (cb *childBridge) close() error {
+	_ = cb.cmd.Process.Signal(syscall.SIGTERM)
+	defer cb.log.Close()
+	select {
+	case err := <-cb.done:
+		cb.done <- err
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return fmt.Errorf("benchrun: bridge exited: %w (log %s)", err, cb.log.Name())
+		}
+		return nil
+	case <-time.After(time.Minute):
+		_ = cb.cmd.Process.Kill()
+		return errors.New("benchrun: bridge did not stop within a minute")
+	}
+}
