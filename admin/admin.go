@@ -6,7 +6,7 @@
 //
 // Routes:
 //
-//	GET    /healthz                  200 "ok" while the process serves (liveness)
+//	GET    /healthz                  200 "ok" while the process can make progress (liveness)
 //	GET    /readyz                   200 "ok" when Options.Ready returns nil, else 503 and the reason
 //	GET    /metrics                  Prometheus exposition of Options.Gatherer
 //	GET    /v1/tasks/{source}/{id}   JSON shard.TaskInfo; 404 if no task is pending
@@ -61,6 +61,11 @@ type Options struct {
 	// Ready reports readiness for /readyz: nil means ready, an error is
 	// the reason shown to the probe. Nil func: always ready.
 	Ready func() error
+	// Live reports liveness for /healthz: an error means the process
+	// cannot make progress without a restart (e.g. the store refuses
+	// writes after a failed fsync), so the supervisor should restart it.
+	// Nil func: always live.
+	Live func() error
 	// Gatherer is exposed on /metrics. Nil: prometheus.DefaultGatherer.
 	Gatherer prometheus.Gatherer
 	// Token, when set, is the bearer token /metrics and /v1/* require.
@@ -158,6 +163,12 @@ func (s *server) authorize(next http.Handler) http.Handler {
 }
 
 func (s *server) healthz(w http.ResponseWriter, _ *http.Request) {
+	if s.o.Live != nil {
+		if err := s.o.Live(); err != nil {
+			writeText(w, http.StatusServiceUnavailable, "unhealthy: "+err.Error())
+			return
+		}
+	}
 	writeText(w, http.StatusOK, "ok")
 }
 

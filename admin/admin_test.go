@@ -460,3 +460,25 @@ func TestCheckListen(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestLiveness(t *testing.T) {
+	var live error
+	h := NewHandler(Options{Live: func() error { return live }})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	tests := []struct {
+		live     error
+		code     int
+		contains string
+	}{
+		{nil, 200, "ok"},
+		{errors.New("shard: store failed: ingest: no space left on device"), 503, "unhealthy: shard: store failed"},
+	}
+	for _, tc := range tests {
+		live = tc.live
+		r := do(t, "GET", srv.URL+"/healthz", "")
+		if r.code != tc.code || !strings.Contains(r.body, tc.contains) {
+			t.Errorf("live %v: %d %q, want %d %q", tc.live, r.code, r.body, tc.code, tc.contains)
+		}
+	}
+}

@@ -702,3 +702,30 @@ func TestParseAllocs(t *testing.T) {
 		t.Errorf("Parse of a cancel: %v allocations, want 2 (id and origin)", n)
 	}
 }
+
+func TestParseTargetNATSUTF8(t *testing.T) {
+	tests := []struct {
+		target string
+		ok     bool
+	}{
+		{"orders.créées", true},
+		{"orders.\xff\xfe", false},
+		{"orders.a\xc3", false}, // truncated sequence
+		{"orders.plain", true},
+	}
+	for _, tc := range tests {
+		_, _, err := ParseTarget("nats:"+tc.target, TransportKafka)
+		if (err == nil) != tc.ok {
+			t.Errorf("ParseTarget(nats:%q) = %v, want ok %v", tc.target, err, tc.ok)
+		}
+		m := &Message{Transport: TransportNATS, Source: "DELAY", Offset: 1, Time: time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC),
+			Headers: []Header{{Key: "delay-after", Value: []byte("1s")}, {Key: "delay-target", Value: []byte(tc.target)}}}
+		task := Parse(m, &Rules{DLQ: "dlq"})
+		if got := task.Kind == KindSchedule; got != tc.ok {
+			t.Errorf("Parse with target %q: kind %v code %q, want schedule %v", tc.target, task.Kind, task.Code, tc.ok)
+		}
+		if !tc.ok && task.Code != CodeBadTarget {
+			t.Errorf("target %q: code %q, want bad-target", tc.target, task.Code)
+		}
+	}
+}

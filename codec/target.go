@@ -3,6 +3,7 @@ package codec
 import (
 	"errors"
 	"fmt"
+	"unicode/utf8"
 )
 
 // ErrBadTarget is wrapped by ParseTarget errors.
@@ -95,11 +96,13 @@ func checkSubject[S ~string | ~[]byte](name S) error {
 	if len(name) == 0 {
 		return errors.New("empty NATS subject")
 	}
-	start := 0
+	start, high := 0, false
 	for i := 0; i <= len(name); i++ {
 		if i < len(name) && name[i] != '.' {
 			if c := name[i]; c <= ' ' || c == 0x7f {
 				return fmt.Errorf("NATS subject has whitespace or control character %q", c)
+			} else if c >= utf8.RuneSelf {
+				high = true
 			}
 			continue
 		}
@@ -110,6 +113,11 @@ func checkSubject[S ~string | ~[]byte](name S) error {
 			return fmt.Errorf("NATS subject has wildcard %q; a publish subject must be literal", tok[0])
 		}
 		start = i + 1
+	}
+	// Checked only when a non-ASCII byte was seen, so the usual ASCII
+	// subject costs nothing (and the []byte form allocates nothing).
+	if high && !utf8.ValidString(string(name)) {
+		return errors.New("NATS subject is not valid UTF-8")
 	}
 	return nil
 }

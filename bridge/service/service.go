@@ -127,6 +127,7 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 	s.admin = admin.NewHandler(admin.Options{
 		Engine:   s.eng,
 		Ready:    s.Ready,
+		Live:     s.Live,
 		Gatherer: s.reg,
 		Token:    cfg.Admin.Token.Value(),
 		Logger:   s.log.Named("admin"),
@@ -316,6 +317,19 @@ func (s *Service) Registry() *prometheus.Registry { return s.reg }
 
 // AdminHandler returns the admin HTTP handler (/healthz, /readyz, /metrics, /v1/...).
 func (s *Service) AdminHandler() http.Handler { return s.admin }
+
+// Live is nil unless the process cannot make progress without a restart:
+// the store refuses writes after a failed write (sticky, see shard). Failing
+// /healthz then lets the supervisor restart the process, which reopens the
+// store from its last durable state and resumes once the fault (a full
+// disk, say) has cleared. Broker outages are not liveness failures: they
+// heal by reconnecting.
+func (s *Service) Live() error {
+	if err := s.eng.Err(); errors.Is(err, shard.ErrStoreFailed) {
+		return err
+	}
+	return nil
+}
 
 // Ready is nil when the store is healthy and every source and publisher is
 // connected; otherwise it says why.

@@ -66,6 +66,11 @@ func TestStoreWriteErrors(t *testing.T) {
 	if !errors.Is(readyErr, shard.ErrStoreFailed) {
 		t.Errorf("Ready() = %v, want it to wrap shard.ErrStoreFailed", readyErr)
 	}
+	// The store refuses writes until reopened, so liveness fails too: the
+	// supervisor restarts the process, which resumes once the fault is gone.
+	if err := run.svc.Live(); !errors.Is(err, shard.ErrStoreFailed) {
+		t.Errorf("Live() = %v during a sticky store failure, want it to wrap shard.ErrStoreFailed", err)
+	}
 	// The sources retry the failing batch; give them time to (wrongly)
 	// commit or ack it, then check they did not.
 	time.Sleep(2 * time.Second)
@@ -93,6 +98,9 @@ func TestStoreWriteErrors(t *testing.T) {
 	after := pub.send("after", 30, delays)
 	all := append(append(append([]string{}, before...), during...), after...)
 	waitDelivered(t, col, all, "after the restart")
+	if err := run2.svc.Live(); err != nil {
+		t.Errorf("Live() after the restart = %v, want nil", err)
+	}
 	if err := run2.svc.Ready(); err != nil {
 		t.Errorf("not ready after the restart: %v", err)
 	}
