@@ -66,7 +66,6 @@ type Service struct {
 	sources  []bridge.Source
 	health   []bridge.Healther
 	closers  []func() error
-	nc       *natsgo.Conn
 	admin    http.Handler
 	opts     Options
 
@@ -179,7 +178,7 @@ func (s *Service) connectOnce(ctx context.Context) (err error) {
 				_ = s.closers[i]()
 			}
 			s.closers = s.closers[:mark]
-			s.sources, s.health, s.sinks, s.nc = nil, nil, bridge.Sinks{}, nil
+			s.sources, s.health, s.sinks = nil, nil, bridge.Sinks{}
 		}
 	}()
 	if s.cfg.Kafka != nil {
@@ -291,7 +290,6 @@ func (s *Service) setupNATS(o Options) error {
 	if err != nil {
 		return fmt.Errorf("nats %s: %w", n.URL, err)
 	}
-	s.nc = conn
 	s.closers = append(s.closers, func() error { conn.Close(); return nil })
 	sink, err := nats.NewSink(conn, nc)
 	if err != nil {
@@ -311,9 +309,6 @@ func (s *Service) setupNATS(o Options) error {
 
 // Engine returns the durable engine (admin and tests use it).
 func (s *Service) Engine() *shard.Engine { return s.eng }
-
-// Registry returns the metrics registry.
-func (s *Service) Registry() *prometheus.Registry { return s.reg }
 
 // AdminHandler returns the admin HTTP handler (/healthz, /readyz, /metrics, /v1/...).
 func (s *Service) AdminHandler() http.Handler { return s.admin }
