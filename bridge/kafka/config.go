@@ -58,7 +58,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strings"
 	"time"
 
@@ -70,6 +69,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/config"
 	"github.com/delaybridge/delaybridge/metrics"
 )
 
@@ -247,31 +247,9 @@ func (c *Config) transport() *kafkago.Transport {
 // the name checked in the broker certificate; insecure skips verification
 // and is meant for development only.
 func TLSConfig(caFile, certFile, keyFile, serverName string, insecure bool) (*tls.Config, error) {
-	cfg := &tls.Config{
-		MinVersion:         tls.VersionTLS12,
-		ServerName:         serverName,
-		InsecureSkipVerify: insecure, //nolint:gosec // explicit operator choice
-	}
-	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
-		if err != nil {
-			return nil, fmt.Errorf("%w: tls ca file: %w", ErrConfig, err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%w: tls ca file %s: no PEM certificate found", ErrConfig, caFile)
-		}
-		cfg.RootCAs = pool
-	}
-	switch {
-	case certFile != "" && keyFile != "":
-		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-		if err != nil {
-			return nil, fmt.Errorf("%w: tls client certificate: %w", ErrConfig, err)
-		}
-		cfg.Certificates = []tls.Certificate{cert}
-	case certFile != "" || keyFile != "":
-		return nil, fmt.Errorf("%w: tls: cert file and key file must be given together", ErrConfig)
+	cfg, err := config.TLS{CAFile: caFile, CertFile: certFile, KeyFile: keyFile, ServerName: serverName, InsecureSkipVerify: insecure}.Build()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return cfg, nil
 }

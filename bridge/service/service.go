@@ -213,7 +213,7 @@ func tlsConfig(t config.TLS) (*tls.Config, error) {
 	if !t.Enabled {
 		return nil, nil
 	}
-	return kafka.TLSConfig(t.CAFile, t.CertFile, t.KeyFile, t.ServerName, t.InsecureSkipVerify)
+	return t.Build()
 }
 
 func (s *Service) setupKafka(ctx context.Context, o Options) error {
