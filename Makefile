@@ -16,11 +16,11 @@ staticcheck:
 	go run $(STATICCHECK) ./...
 
 # Core packages run under the race detector; broker end-to-end tests run
-# without it to keep CI inside its time budget.
-RACE_PKGS := ./codec/... ./wheel/... ./shard/... ./internal/... ./bridge/ ./bridge/kafka/... ./bridge/nats/... ./config/... ./admin/...
+# without it (the fault suite, the Helm tests) to keep CI inside its time budget.
+RACE_PKGS := ./codec/... ./wheel/... ./shard/... ./internal/... ./bridge/ ./bridge/kafka/... ./bridge/nats/... ./bridge/service/... ./config/... ./admin/...
 test:
 	go test -race -timeout 15m $(RACE_PKGS)
-	go test -timeout 15m $$(go list ./... | grep -v -E '/(codec|wheel|shard|internal/.*|config|admin|bridge|bridge/kafka|bridge/nats)$$')
+	go test -timeout 15m $$(go list ./... | grep -v -E '/(codec|wheel|shard|internal/.*|config|admin|bridge|bridge/kafka|bridge/nats|bridge/service)$$')
 
 # Long fault and load runs (20+ kill rounds, 10 M task capacity, 1 M recovery).
 test-long:

@@ -129,6 +129,7 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 		Live:     s.Live,
 		Gatherer: s.reg,
 		Token:    cfg.Admin.Token.Value(),
+		Pprof:    cfg.Admin.Pprof,
 		Logger:   s.log.Named("admin"),
 	})
 	return s, nil
@@ -340,9 +341,13 @@ func (s *Service) Ready() error {
 	if err := s.eng.Err(); err != nil {
 		errs = append(errs, err)
 	}
-	for _, h := range s.health {
-		if err := h.Health(); err != nil {
-			errs = append(errs, err)
+	// s.health is built by connect; the connected flag, stored after it
+	// is complete, makes it safe to read.
+	if s.connected.Load() {
+		for _, h := range s.health {
+			if err := h.Health(); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	if len(errs) > 0 {
