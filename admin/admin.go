@@ -12,13 +12,14 @@
 //	GET    /v1/tasks/{source}/{id}   JSON shard.TaskInfo; 404 if no task is pending
 //	DELETE /v1/tasks/{source}/{id}   204 after cancelling; 404 if no task is pending
 //	GET    /v1/stats                 JSON shard.Stats
+//	GET    /debug/pprof/...          Go runtime profiles, only with Options.Pprof
 //
 // {source} is the delay topic (Kafka) or stream (NATS) the task came from.
 // {id} is the task id; ids containing "/" may be sent escaped ("a%2Fb") or
 // raw ("a/b"): everything after the source segment is the id. Ids with
 // segments such as "." or ".." must be escaped.
 //
-// When Options.Token is set, /metrics and /v1/* require
+// When Options.Token is set, /metrics, /v1/* and /debug/pprof/* require
 // "Authorization: Bearer <token>"; the probes stay open for the kubelet.
 // Errors are JSON objects {"error": "..."}; a wrong method is 405 with Allow.
 package admin
@@ -32,6 +33,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -68,8 +70,11 @@ type Options struct {
 	Live func() error
 	// Gatherer is exposed on /metrics. Nil: prometheus.DefaultGatherer.
 	Gatherer prometheus.Gatherer
-	// Token, when set, is the bearer token /metrics and /v1/* require.
+	// Token, when set, is the bearer token /metrics, /v1/* and
+	// /debug/pprof/* require.
 	Token string
+	// Pprof serves net/http/pprof under /debug/pprof/.
+	Pprof bool
 	// Logger; nil: no logging.
 	Logger *zap.Logger
 }
@@ -126,6 +131,13 @@ func NewHandler(o Options) http.Handler {
 		http.MethodDelete: s.deleteTask,
 	})
 	route("/v1/stats", true, map[string]http.HandlerFunc{http.MethodGet: s.stats})
+	if o.Pprof {
+		mux.Handle("GET /debug/pprof/", s.authorize(http.HandlerFunc(pprof.Index)))
+		mux.Handle("GET /debug/pprof/cmdline", s.authorize(http.HandlerFunc(pprof.Cmdline)))
+		mux.Handle("GET /debug/pprof/profile", s.authorize(http.HandlerFunc(pprof.Profile)))
+		mux.Handle("GET /debug/pprof/symbol", s.authorize(http.HandlerFunc(pprof.Symbol)))
+		mux.Handle("GET /debug/pprof/trace", s.authorize(http.HandlerFunc(pprof.Trace)))
+	}
 	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)
 	}))

@@ -482,3 +482,39 @@ func TestLiveness(t *testing.T) {
 		}
 	}
 }
+
+func TestPprof(t *testing.T) {
+	const token = "s3cret"
+	handler := func(pprof bool) *httptest.Server {
+		srv := httptest.NewServer(NewHandler(Options{Gatherer: prometheus.NewRegistry(), Token: token, Pprof: pprof}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	on, off := handler(true), handler(false)
+	tests := []struct {
+		name string
+		srv  *httptest.Server
+		path string
+		auth string
+		want int
+		body string
+	}{
+		{"index with token", on, "/debug/pprof/", "Bearer " + token, 200, "goroutine"},
+		{"named profile with token", on, "/debug/pprof/goroutine?debug=1", "Bearer " + token, 200, "goroutine profile:"},
+		{"cmdline with token", on, "/debug/pprof/cmdline", "Bearer " + token, 200, ""},
+		{"index without token", on, "/debug/pprof/", "", 401, ""},
+		{"profile without token", on, "/debug/pprof/profile?seconds=1", "", 401, ""},
+		{"disabled", off, "/debug/pprof/", "Bearer " + token, 404, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := do(t, "GET", tt.srv.URL+tt.path, tt.auth)
+			if r.code != tt.want {
+				t.Fatalf("GET %s = %d %q, want %d", tt.path, r.code, r.body, tt.want)
+			}
+			if !strings.Contains(r.body, tt.body) {
+				t.Fatalf("GET %s body %q lacks %q", tt.path, r.body, tt.body)
+			}
+		})
+	}
+}

@@ -171,6 +171,9 @@ type Admin struct {
 	TokenFile string `yaml:"token_file"` // read by Load into Token
 	// AllowInsecureListen permits a non-loopback listen without a token.
 	AllowInsecureListen bool `yaml:"allow_insecure_listen"`
+	// Pprof serves Go's runtime profiles under /debug/pprof/ (behind the
+	// token when one is set). Default false.
+	Pprof bool `yaml:"pprof"`
 }
 
 // Secret is a string that does not print: String, GoString, MarshalText and

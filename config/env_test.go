@@ -45,9 +45,9 @@ func TestEnvOverrides(t *testing.T) {
 		},
 		{
 			name: "key with three underscores",
-			env:  []string{"DELAYBRIDGE_ADMIN_ALLOW_INSECURE_LISTEN=true", "DELAYBRIDGE_ADMIN_LISTEN=0.0.0.0:8080"},
+			env:  []string{"DELAYBRIDGE_ADMIN_ALLOW_INSECURE_LISTEN=true", "DELAYBRIDGE_ADMIN_LISTEN=0.0.0.0:8080", "DELAYBRIDGE_ADMIN_PPROF=true"},
 			check: func(c *Config) error {
-				return eq(c.Admin, Admin{Listen: "0.0.0.0:8080", AllowInsecureListen: true})
+				return eq(c.Admin, Admin{Listen: "0.0.0.0:8080", AllowInsecureListen: true, Pprof: true})
 			},
 		},
 		{

@@ -28,6 +28,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	recovery := fs.Int("recovery", 0, "pending tasks at the kill -9 of the recovery run (default 1000000; -quick 100000)")
 	only := fs.String("only", "", "comma-separated parts to run: throughput,lateness,capacity,recovery (default all)")
 	out := fs.String("out", "bench-out", "directory for report.json, report.md and lateness.png")
+	profile := fs.Bool("profile", false, "write a 3 s CPU profile of each unpaced bridge run into -out (bridge-kafka.cpu.pprof, bridge-nats.cpu.pprof)")
 	work := fs.String("work", "", "scratch directory for stores and broker data (default the system temp dir)")
 	child := fs.String("child", "", "internal: run one engine-level measurement in this process")
 	dir := fs.String("dir", "", "internal: the child's store directory")
@@ -56,7 +57,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
-	o.Exe, o.Out, o.WorkDir = exe, *out, *work
+	o.Exe, o.Out, o.WorkDir, o.Profile = exe, *out, *work, *profile
 	o.Command = "delaybridge bench " + strings.Join(args, " ")
 	o.Logger = zap.NewNop()
 	o.Progress = stderr

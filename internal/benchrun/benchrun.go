@@ -34,6 +34,7 @@ type Options struct {
 	Recovery int      // pending tasks at the kill -9
 	Parts    []string // subset of throughput, lateness, capacity, recovery; nil = all
 	Out      string   // directory for report.json, lateness.png, report.md
+	Profile  bool     // write a CPU profile of each unpaced bridge run into Out (bridge-TRANSPORT.cpu.pprof)
 	Exe      string   // this binary: the bridge runs as `Exe run`, engine-level children as `Exe bench -child`; "" = bridge in process
 	WorkDir  string   // scratch space (stores, broker data); removed afterwards
 	Command  string   // the command line, recorded in the report
@@ -155,7 +156,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 				r.Runs = append(r.Runs, run)
 			}
 			o.progress("%s bridge, %d messages, delay %v", tr, o.N, o.Delay)
-			if run, err := bridgeRun(ctx, tr, o.N, 0, o.Delay, sub(), o.Exe, o.Logger); err != nil {
+			prof := ""
+			if o.Profile {
+				prof = filepath.Join(o.Out, "bridge-"+tr+".cpu.pprof")
+			}
+			if run, err := bridgeRun(ctx, tr, o.N, 0, o.Delay, sub(), o.Exe, prof, o.Logger); err != nil {
 				fail(tr+" bridge", err)
 			} else {
 				r.Runs = append(r.Runs, run)
@@ -166,7 +171,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.want("lateness") {
 		for _, tr := range []string{Kafka, NATS} {
 			o.progress("%s paced at %d msg/s, %d messages", tr, o.Rate, o.PacedN)
-			if run, err := bridgeRun(ctx, tr, o.PacedN, o.Rate, o.Delay, sub(), o.Exe, o.Logger); err != nil {
+			if run, err := bridgeRun(ctx, tr, o.PacedN, o.Rate, o.Delay, sub(), o.Exe, "", o.Logger); err != nil {
 				fail(tr+" paced", err)
 			} else {
 				r.Runs = append(r.Runs, run)

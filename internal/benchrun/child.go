@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -38,8 +39,8 @@ type childBridge struct {
 	log   *os.File
 }
 
-func startChildBridge(ctx context.Context, exe string, b *broker, dataDir string) (*childBridge, error) {
-	yml, admin, err := bridgeYAML(b, dataDir)
+func startChildBridge(ctx context.Context, exe string, b *broker, dataDir string, pprof bool) (*childBridge, error) {
+	yml, admin, err := bridgeYAML(b, dataDir, pprof)
 	if err != nil {
 		return nil, err
 	}
@@ -143,6 +144,28 @@ func (cb *childBridge) histogram(name, label, value string) (uint64, float64) {
 		}
 	}
 	return uint64(count), sum
+}
+
+// cpuProfile records secs seconds of the bridge's CPU profile into path
+// (the bridge runs with admin.pprof).
+func (cb *childBridge) cpuProfile(secs int, path string) error {
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", cb.admin, secs))
+	if err != nil {
+		return fmt.Errorf("benchrun: cpu profile: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("benchrun: cpu profile: %s", resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("benchrun: cpu profile: %w", err)
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return fmt.Errorf("benchrun: cpu profile: %w", err)
+	}
+	return f.Close()
 }
 
 func (cb *childBridge) peakRSSMB() float64 {

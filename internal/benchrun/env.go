@@ -119,7 +119,7 @@ func freePort() (int, error) {
 // the settings that name the brokers, the data dir and the admin port
 // differ from what `delaybridge run` defaults to. It returns the admin
 // address too.
-func bridgeYAML(b *broker, dataDir string) (yml, admin string, err error) {
+func bridgeYAML(b *broker, dataDir string, pprof bool) (yml, admin string, err error) {
 	port, err := freePort()
 	if err != nil {
 		return "", "", err
@@ -133,11 +133,14 @@ func bridgeYAML(b *broker, dataDir string) (yml, admin string, err error) {
 		yml += "nats:\n  url: " + strconv.Quote(b.addr()) + "\n  stream: DELAY\n  consumer: bench\n  create: true\n  sources:\n    - {subject: \"delay.>\", dlq: dlq.delay}\n"
 	}
 	yml += "targets:\n  allow: [\"*\"]\nadmin:\n  listen: " + strconv.Quote(admin) + "\n"
+	if pprof {
+		yml += "  pprof: true\n"
+	}
 	return yml, admin, nil
 }
 
 func bridgeConfig(b *broker, dataDir string) (*config.Config, error) {
-	yml, _, err := bridgeYAML(b, dataDir)
+	yml, _, err := bridgeYAML(b, dataDir, false)
 	if err != nil {
 		return nil, err
 	}

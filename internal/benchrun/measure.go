@@ -391,7 +391,13 @@ func rawRun(ctx context.Context, transport string, n int, dir string) (*Measurem
 
 // bridgeRun measures the whole bridge: n messages published with a delay
 // of delay to the delay source, read at the target.
-func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Duration, dir, exe string, log *zap.Logger) (*Measurement, error) {
+// bridgeRun measures the bridge on n messages. With profile set (and the
+// bridge a child process) the first profileSecs of the measured run are
+// recorded as a CPU profile of the bridge into that file.
+// profileSecs is how much of a bridge run a CPU profile covers.
+const profileSecs = 3
+
+func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Duration, dir, exe, profile string, log *zap.Logger) (*Measurement, error) {
 	b, err := startBroker(transport, dir)
 	if err != nil {
 		return nil, err
@@ -399,7 +405,7 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 	defer b.close()
 	var br bridgeRunner
 	if exe != "" {
-		br, err = startChildBridge(ctx, exe, b, filepath.Join(dir, "store"))
+		br, err = startChildBridge(ctx, exe, b, filepath.Join(dir, "store"), profile != "")
 	} else {
 		br, err = startBridge(ctx, b, filepath.Join(dir, "store"), log)
 	}
@@ -447,6 +453,12 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 		}
 	}()
 
+	profErr := make(chan error, 1)
+	if cb, ok := br.(*childBridge); ok && profile != "" {
+		go func() { profErr <- cb.cpuProfile(profileSecs, profile) }()
+	} else {
+		profErr <- nil
+	}
 	start := time.Now()
 	pubErr := make(chan error, 1)
 	go func() {
@@ -462,6 +474,9 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 	}
 	if werr != nil {
 		return nil, fmt.Errorf("benchrun: %s bridge: %d of %d delivered within %v: %w", transport, tr.count(), n, limit, werr)
+	}
+	if err := <-profErr; err != nil {
+		return nil, err
 	}
 
 	tr.mu.Lock()
