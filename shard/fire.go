@@ -1,16 +1,16 @@
 package shard
 
 import (
+	"bytes"
 	"context"
-
 	"errors"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
 	"math"
 	"sync"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/delaybridge/delaybridge/codec"
@@ -364,12 +364,33 @@ func (s *shard) collectLocked(now int64) ([]fireItem, error) {
 	if len(due) == 0 {
 		return nil, nil
 	}
+	// One iterator over the batch's key range: the wheel yields in due
+	// order, so each seek lands just after the previous one and Pebble
+	// continues from there instead of searching every level again as a
+	// point Get per task would.
+	lo, hi := due[0].fire, due[0].fire
+	for _, it := range due[1:] {
+		lo, hi = min(lo, it.fire), max(hi, it.fire)
+	}
+	iter, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, lo), UpperBound: taskBound(s.id, hi+1)})
+	if err != nil {
+		for _, it := range due {
+			s.w.Add(it.fire, it.seq)
+		}
+		return nil, fmt.Errorf("read tasks: %w", err)
+	}
+	defer iter.Close()
 	items := due[:0]
 	var key []byte
 	var firstErr error
 	for _, it := range due {
 		key = appendTaskKey(key[:0], s.id, it.fire, it.seq)
-		v, ok, err := getCopy(s.e.db, key)
+		var v []byte
+		ok := iter.SeekGE(key) && bytes.Equal(iter.Key(), key)
+		err := iter.Error()
+		if ok && err == nil {
+			v, err = iter.ValueAndErr()
+		}
 		if err != nil {
 			// Put it back so it is not lost from memory; retried next round.
 			s.w.Add(it.fire, it.seq)
