@@ -90,6 +90,18 @@ type shard struct {
 	queue      []*pendingBatch         // applied batches waiting for their fsync, in apply order
 	unwheeled  map[uint64]struct{}     // seqs of those batches' tasks: the loader skips them
 	overlay    map[string]overlayEntry // index decisions of those batches
+	// inflight holds the seqs of the tasks handed to the sink; a replace
+	// or cancel that deletes one meanwhile marks it superseded, so the
+	// outcome is not recorded for it. A task that is not superseded still
+	// owns its index entry (every change of an id's entry deletes the
+	// task it pointed to, under this lock), so the ack deletes both
+	// without reading the index.
+	inflight map[uint64]bool
+	// deleting holds the seqs of stored tasks that an applied-but-not-yet-
+	// durable (or not yet applied) batch deletes by a replace or cancel:
+	// they may still be visible in Pebble, so collect must not hand them
+	// to the sink.
+	deleting map[uint64]struct{}
 	clearedTo  []byte                  // t keys before it are range-deleted
 	dlqErr     error                   // last failed dead-letter delivery, nil after one succeeds
 
@@ -229,6 +241,8 @@ func (e *Engine) recover() error {
 			notify:    make(chan struct{}, 1),
 			unwheeled: make(map[uint64]struct{}),
 			overlay:   make(map[string]overlayEntry),
+			inflight:  make(map[uint64]bool),
+			deleting:  make(map[uint64]struct{}),
 			rng:       rand.New(rand.NewPCG(uint64(now), uint64(i))),
 		}
 		s.pendingG = e.m.Pending.WithLabelValues(s.label)
@@ -347,6 +361,7 @@ type pendingBatch struct {
 	ops    []wheelOp
 	delta  int64
 	keys   []string // overlay entries written by this batch
+	dels   []uint64 // seqs of tasks this batch deletes (replace, cancel): in shard.deleting
 	tk     *commitTicket
 	synced atomic.Bool // durable; set without the shard lock
 }
@@ -399,6 +414,17 @@ func (s *shard) drainLocked() {
 	}
 	s.pendingG.Set(float64(s.pending))
 	s.inWheelG.Set(float64(s.w.Len()))
+}
+
+// supersedeLocked records that pb deletes the stored task seq (a replace
+// or cancel). If the task is in flight its delivery outcome is not
+// recorded; until pb is durable, collect skips it.
+func (s *shard) supersedeLocked(seq uint64, pb *pendingBatch) {
+	if _, ok := s.inflight[seq]; ok {
+		s.inflight[seq] = true
+	}
+	s.deleting[seq] = struct{}{}
+	pb.dels = append(pb.dels, seq)
 }
 
 // abandonLocked drops a batch whose commit failed (the store is failed).
@@ -547,6 +573,7 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 		}
 		if found && !ex.Cancel {
 			a.delOld, a.oldFire, a.oldSeq = true, ex.Fire, ex.Seq
+			s.supersedeLocked(ex.Seq, pb)
 			pb.delta--
 		}
 		if t.Kind == codec.KindSchedule {
@@ -813,6 +840,7 @@ func (e *Engine) Cancel(source, id string) error {
 	pb := &pendingBatch{delta: -1, tk: tk}
 	s.enqueueLocked(pb)
 	s.setOverlayLocked(ik, marker, false, pb)
+	s.supersedeLocked(ex.Seq, pb)
 	s.mu.Unlock()
 
 	b := e.db.NewBatch()

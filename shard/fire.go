@@ -120,10 +120,12 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 			items, err = s.collectLocked(now)
 		}
 		if err != nil {
-			s.mu.Unlock()
 			s.e.log.Error("fire loop: store read failed", zap.Int("shard", s.id), zap.Error(err))
-			s.park(ctx, timer, now+1000) // retry in a second
-			continue
+			if len(items) == 0 { // (the tasks it could not read are back in the wheel)
+				s.mu.Unlock()
+				s.park(ctx, timer, now+1000) // retry in a second
+				continue
+			}
 		}
 		if len(items) == 0 {
 			wake := s.horizonEnd - s.e.horizonMs()/2
@@ -384,6 +386,9 @@ func (s *shard) collectLocked(now int64) ([]fireItem, error) {
 	var key []byte
 	var firstErr error
 	for _, it := range due {
+		if _, ok := s.deleting[it.seq]; ok {
+			continue // a replace or cancel is deleting it
+		}
 		key = appendTaskKey(key[:0], s.id, it.fire, it.seq)
 		var v []byte
 		ok := iter.SeekGE(key) && bytes.Equal(iter.Key(), key)
@@ -412,6 +417,7 @@ func (s *shard) collectLocked(now int64) ([]fireItem, error) {
 		}
 		it.task = t
 		items = append(items, it)
+		s.inflight[it.seq] = false
 	}
 	s.inWheelG.Set(float64(s.w.Len()))
 	return items, firstErr
@@ -466,18 +472,16 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 
 	s.mu.Lock()
 	b := e.db.NewBatch()
-	idx := indexReader{db: e.db}
 	tk := newTicket()
 	pb := &pendingBatch{tk: tk}
 	var (
-		key, val  []byte
-		readds    []wheelOp
-		acked     []int
-		retried   []int
-		dlqErr    error
-		dlqOK     bool
-		anyRetry  bool
-		ackFailed bool
+		key, val []byte
+		readds   []wheelOp
+		acked    []int
+		retried  []int
+		dlqErr   error
+		dlqOK    bool
+		anyRetry bool
 	)
 	for i := range items {
 		it := &items[i]
@@ -489,23 +493,17 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		case errs != nil:
 			derr = errs[i]
 		}
+		superseded := s.inflight[it.seq]
+		delete(s.inflight, it.seq)
+		if superseded {
+			// Replaced or cancelled while in flight: the newer message
+			// deleted this task and owns its index entry.
+			continue
+		}
 		indexed := t.Kind != codec.KindDeadLetter
-		var ex indexEntry
 		var ik []byte
 		if indexed {
 			ik = appendIndexKey(nil, t.Source, t.ID)
-			found, err := s.lookupLocked(&idx, ik, &ex, tk)
-			if err != nil {
-				e.log.Error("fire: read index", zap.Error(err))
-				ackFailed = true
-				readds = append(readds, wheelOp{it.fire, it.seq})
-				continue
-			}
-			if !found || ex.Cancel || ex.Fire != it.fire || ex.Seq != it.seq {
-				// Replaced or cancelled while in flight: the newer message
-				// deleted this task.
-				continue
-			}
 		}
 		oldKey := appendTaskKey(key[:0], s.id, it.fire, it.seq)
 		if derr == nil {
@@ -545,7 +543,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		val = codec.AppendTask(val[:0], t)
 		b.Set(appendTaskKey(key[:0], s.id, fire, it.seq), val, nil)
 		if indexed {
-			ne := indexEntry{Shard: s.id, Fire: fire, Seq: it.seq, Order: ex.Order}
+			ne := indexEntry{Shard: s.id, Fire: fire, Seq: it.seq, Order: order{Stamp: t.Stamp, Partition: t.Partition, Offset: t.Offset}}
 			b.Set(ik, appendIndexEntry(nil, &ne), nil)
 			s.setOverlayLocked(ik, ne, false, pb)
 		} else {
@@ -554,7 +552,6 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		s.addOpLocked(pb, fire, it.seq)
 		retried = append(retried, i)
 	}
-	idx.close()
 	if pb.delta != 0 {
 		b.Merge(countKey(s.id), u64(uint64(pb.delta)), nil)
 	}
@@ -562,8 +559,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	if anyRetry {
 		op, obs = "retry", e.commitRetry
 	}
-	// Tasks left where they were (index read error, shutdown) go back in
-	// the wheel at once.
+	// Tasks left where they were (shutdown) go back in the wheel at once.
 	for _, op := range readds {
 		s.addLocked(op.fire, op.seq)
 	}
@@ -620,9 +616,6 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 				zap.Int("shard", s.id), zap.Error(dlqErr))
 		}
 		s.dlqErr = dlqErr
-	}
-	if ackFailed {
-		e.log.Warn("fire: some outcomes not recorded; tasks will be delivered again", zap.Int("shard", s.id))
 	}
 	return fc
 }

@@ -104,7 +104,7 @@ func (s *shard) setOverlayLocked(key []byte, e indexEntry, deleted bool, pb *pen
 }
 
 // dropOverlayLocked forgets pb's overlay entries that no later decision
-// replaced: pb is applied (visible in Pebble) or abandoned.
+// replaced, and its task deletions: pb is durable (drained) or abandoned.
 func (s *shard) dropOverlayLocked(pb *pendingBatch) {
 	for _, k := range pb.keys {
 		if o, ok := s.overlay[k]; ok && o.owner == pb {
@@ -112,6 +112,10 @@ func (s *shard) dropOverlayLocked(pb *pendingBatch) {
 		}
 	}
 	pb.keys = nil
+	for _, seq := range pb.dels {
+		delete(s.deleting, seq)
+	}
+	pb.dels = nil
 }
 
 // addOpLocked records that pb stores task (fire, seq): the loader must skip
