@@ -64,6 +64,8 @@ type Config struct {
 	CancelRetention Duration `yaml:"cancel_retention"`
 	// FireBatch is the largest number of tasks published at once. Default 512.
 	FireBatch int `yaml:"fire_batch"`
+	// Store sizes the store's memory.
+	Store Store `yaml:"store"`
 	// Retry is the backoff for fire-time publish failures.
 	Retry Retry `yaml:"retry"`
 	// ShutdownTimeout bounds the graceful stop. Default 10s.
@@ -73,6 +75,18 @@ type Config struct {
 	NATS            *NATS    `yaml:"nats,omitempty"`
 	Targets         Targets  `yaml:"targets"`
 	Admin           Admin    `yaml:"admin"`
+}
+
+// Store sizes the memory of the Pebble store. The process's resident
+// memory is about CacheMB plus the Go heap (a few hundred MB under load).
+type Store struct {
+	// CacheMB is Pebble's block cache, from which the memtables are
+	// reserved. Default 768.
+	CacheMB int `yaml:"cache_mb"`
+	// MemtableMB is one memtable (two are in memory: one filling, one
+	// flushing); tasks fired while theirs is in memory never reach a
+	// file. At most cache_mb/2. Default 256.
+	MemtableMB int `yaml:"memtable_mb"`
 }
 
 // Retry is the publish retry policy.
@@ -210,6 +224,8 @@ const (
 	DefaultMaxMessageBytes = 1 << 20
 	DefaultCancelRetention = 24 * time.Hour
 	DefaultFireBatch       = 512
+	DefaultStoreCacheMB    = 768
+	DefaultStoreMemtableMB = 256
 	DefaultShutdownTimeout = 10 * time.Second
 	DefaultAdminListen     = "127.0.0.1:8080"
 	DefaultKafkaGroup      = "delaybridge"
@@ -228,6 +244,7 @@ func Default() *Config {
 		MaxMessageBytes: DefaultMaxMessageBytes,
 		CancelRetention: Duration(DefaultCancelRetention),
 		FireBatch:       DefaultFireBatch,
+		Store:           Store{CacheMB: DefaultStoreCacheMB, MemtableMB: DefaultStoreMemtableMB},
 		Retry: Retry{
 			Initial:     Duration(500 * time.Millisecond),
 			Max:         Duration(5 * time.Minute),

@@ -44,6 +44,13 @@ func TestEnvOverrides(t *testing.T) {
 			},
 		},
 		{
+			name: "key of a nested block",
+			env:  []string{"DELAYBRIDGE_STORE_CACHE_MB=1024", "DELAYBRIDGE_STORE_MEMTABLE_MB=64"},
+			check: func(c *Config) error {
+				return eq(c.Store, Store{CacheMB: 1024, MemtableMB: 64})
+			},
+		},
+		{
 			name: "key with three underscores",
 			env:  []string{"DELAYBRIDGE_ADMIN_ALLOW_INSECURE_LISTEN=true", "DELAYBRIDGE_ADMIN_LISTEN=0.0.0.0:8080", "DELAYBRIDGE_ADMIN_PPROF=true"},
 			check: func(c *Config) error {

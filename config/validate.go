@@ -53,6 +53,11 @@ func (c *Config) validate(v *validator) {
 	if c.FireBatch < 1 || c.FireBatch > 1<<16 {
 		v.add("fire_batch", "must be between 1 and 65536, got %d", c.FireBatch)
 	}
+	if c.Store.CacheMB < 64 || c.Store.CacheMB > 1<<20 {
+		v.add("store.cache_mb", "must be between 64 and 1048576, got %d", c.Store.CacheMB)
+	} else if c.Store.MemtableMB < 4 || c.Store.MemtableMB > c.Store.CacheMB/2 {
+		v.add("store.memtable_mb", "must be between 4 and store.cache_mb/2 (%d), got %d", c.Store.CacheMB/2, c.Store.MemtableMB)
+	}
 	c.Retry.validate(v)
 	if c.ShutdownTimeout <= 0 {
 		v.add("shutdown_timeout", "must be positive, got %s", c.ShutdownTimeout)

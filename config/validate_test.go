@@ -33,6 +33,9 @@ func TestValidate(t *testing.T) {
 		{"max_message_bytes", func(c *Config) { c.MaxMessageBytes = 0 }, "max_message_bytes: must be positive"},
 		{"cancel_retention", func(c *Config) { c.CancelRetention = -1 }, "cancel_retention: must not be negative"},
 		{"fire_batch", func(c *Config) { c.FireBatch = 0 }, "fire_batch: must be between"},
+		{"store cache too small", func(c *Config) { c.Store.CacheMB = 32 }, "store.cache_mb: must be between 64"},
+		{"store memtable over half the cache", func(c *Config) { c.Store.MemtableMB = 512 }, "store.memtable_mb: must be between 4 and store.cache_mb/2 (384), got 512"},
+		{"store memtable zero", func(c *Config) { c.Store.MemtableMB = 0 }, "store.memtable_mb: must be between"},
 		{"retry.initial", func(c *Config) { c.Retry.Initial = 0 }, "retry.initial: must be positive"},
 		{"retry.max below initial", func(c *Config) { c.Retry.Max = Duration(time.Millisecond) }, "retry.max: must be at least retry.initial"},
 		{"retry.multiplier", func(c *Config) { c.Retry.Multiplier = 0.5 }, "retry.multiplier: must be at least 1"},
@@ -177,7 +180,7 @@ func TestValidateReportsAll(t *testing.T) {
 	if err == nil {
 		t.Fatal("zero config valid")
 	}
-	for _, key := range []string{"data_dir:", "shards:", "horizon:", "max_message_bytes:", "fire_batch:",
+	for _, key := range []string{"data_dir:", "shards:", "horizon:", "max_message_bytes:", "fire_batch:", "store.cache_mb:",
 		"retry.initial:", "retry.multiplier:", "retry.max_attempts:", "shutdown_timeout:", "log.level:",
 		"log.format:", "kafka, nats:", "admin.listen:"} {
 		if !strings.Contains(err.Error(), key) {

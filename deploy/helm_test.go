@@ -585,7 +585,8 @@ func checkStatefulSet(t *testing.T, sts appsv1.StatefulSet, configMap string, cf
 		t.Errorf("resources %+v: want cpu/memory requests and a memory limit", c.Resources)
 	}
 
-	// GOMEMLIMIT: 90% of the memory limit, below the OOM killer.
+	// GOMEMLIMIT: 90% of the memory limit beside the store's cache (768
+	// MiB by default, outside the Go heap), below the OOM killer.
 	gomem := ""
 	for _, e := range c.Env {
 		if e.Name == "GOMEMLIMIT" {
@@ -594,8 +595,8 @@ func checkStatefulSet(t *testing.T, sts appsv1.StatefulSet, configMap string, cf
 	}
 	if limit := c.Resources.Limits.Memory().Value(); limit > 0 {
 		n, err := strconv.ParseInt(gomem, 10, 64)
-		if want := limit * 9 / 10; err != nil || n < want-1 || n > want+1 {
-			t.Errorf("GOMEMLIMIT %q, want 90%% of the %d byte limit (%d)", gomem, limit, want)
+		if want := (limit - 768<<20) * 9 / 10; err != nil || n < want-1 || n > want+1 {
+			t.Errorf("GOMEMLIMIT %q, want 90%% of the %d byte limit less the 768 MiB cache (%d)", gomem, limit, want)
 		}
 	}
 
@@ -823,6 +824,10 @@ func TestHelmTemplateRefuses(t *testing.T) {
 			"secrets.kafkaSaslPassword.secretName is empty"},
 		{"shutdown_timeout over grace period", append([]string{"--set", "config.shutdown_timeout=40s"}, withToken...),
 			"must be below terminationGracePeriodSeconds"},
+		{"memory limit below the store cache", append([]string{"--set", "resources.limits.memory=768Mi"}, withToken...),
+			"resources.limits.memory 768Mi leaves less than 128Mi beside config.store.cache_mb (768 MiB)"},
+		{"memtable over the schema bound", append([]string{"--set", "config.store.memtable_mb=2"}, withToken...),
+			"memtable_mb"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -839,6 +844,17 @@ func TestHelmTemplateRefuses(t *testing.T) {
 	// The same kafka values with the decision made render fine, so the
 	// cases above fail for their stated reason only.
 	decodeAll(t, render(t, withToken...))
+	// A smaller cache leaves the Go heap more of the same limit.
+	m := decodeAll(t, render(t, append([]string{"--set", "config.store.cache_mb=512", "--set", "resources.limits.memory=1Gi"}, withToken...)...))
+	var gomem string
+	for _, e := range m.statefulSets[0].Spec.Template.Spec.Containers[0].Env {
+		if e.Name == "GOMEMLIMIT" {
+			gomem = e.Value
+		}
+	}
+	if want := strconv.FormatInt((1<<30-512<<20)*9/10, 10); gomem != want {
+		t.Errorf("GOMEMLIMIT %q with a 1Gi limit and a 512 MiB cache, want %s", gomem, want)
+	}
 	decodeAll(t, render(t, append([]string{"--set", "config.admin.allow_insecure_listen=true"}, kafka...)...))
 }
 

@@ -59,6 +59,15 @@ type Options struct {
 	// now+Horizon, the rest stays on disk until the loader reaches it.
 	Horizon         time.Duration // default 10m
 	FireBatch       int           // max tasks per Deliver call; default 512
+	// CacheBytes is Pebble's memory: its block cache, from which the
+	// memtables are reserved too. Default DefaultCacheBytes.
+	CacheBytes int64
+	// MemTableBytes is the size of one Pebble memtable; at most two are in
+	// memory (one filling, one flushing). A task fired and deleted while
+	// its memtable is still in memory never reaches a file, so short
+	// delays at high rates want it large. Default DefaultMemTableBytes;
+	// at most CacheBytes/2.
+	MemTableBytes int64
 	Retry           RetryPolicy
 	CancelRetention time.Duration    // default 24h
 	Clock           clock.Clock      // default clock.Real{}

@@ -74,7 +74,7 @@ func BenchmarkStoreIngest(b *testing.B) {
 // t keys in synced batches of 128 straight to Pebble (same options): the
 // ceiling BenchmarkStoreIngest is compared with.
 func BenchmarkPebbleRawSyncedBatch(b *testing.B) {
-	db, err := openPebble(b.TempDir(), nil, zap.NewNop())
+	db, err := openPebble(b.TempDir(), nil, zap.NewNop(), 0, 0)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func BenchmarkPebbleRawSyncedBatch(b *testing.B) {
 // 48-byte index entry under its i key), without lookups or bookkeeping:
 // it separates the cost of the second key from the engine's own.
 func BenchmarkPebbleRawSyncedBatchWithIndex(b *testing.B) {
-	db, err := openPebble(b.TempDir(), nil, zap.NewNop())
+	db, err := openPebble(b.TempDir(), nil, zap.NewNop(), 0, 0)
 	if err != nil {
 		b.Fatal(err)
 	}

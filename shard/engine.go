@@ -183,7 +183,7 @@ func Open(opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("shard: open: %d shards, at most %d", opts.Shards, maxShards)
 	}
 	opts.setDefaults()
-	db, err := openPebble(opts.Dir, opts.FS, opts.Logger)
+	db, err := openPebble(opts.Dir, opts.FS, opts.Logger, opts.CacheBytes, opts.MemTableBytes)
 	if err != nil {
 		return nil, err
 	}

@@ -338,18 +338,34 @@ func safeCall(f func() error) (err error) {
 	return f()
 }
 
-func openPebble(dir string, fs vfs.FS, log *zap.Logger) (*pebble.DB, error) {
+// Store memory defaults (Options.CacheBytes, Options.MemTableBytes).
+const (
+	DefaultCacheBytes    = 768 << 20
+	DefaultMemTableBytes = 256 << 20
+)
+
+func openPebble(dir string, fs vfs.FS, log *zap.Logger, cacheBytes, memTableBytes int64) (*pebble.DB, error) {
 	if fs == nil {
 		fs = vfs.Default
 	}
-	cache := pebble.NewCache(256 << 20)
+	if cacheBytes <= 0 {
+		cacheBytes = DefaultCacheBytes
+	}
+	if memTableBytes <= 0 {
+		memTableBytes = DefaultMemTableBytes
+	}
+	memTableBytes = min(memTableBytes, cacheBytes/2)
+	cache := pebble.NewCache(cacheBytes)
 	defer cache.Unref()
 	po := &pebble.Options{
-		FS:                          fs,
-		Cache:                       cache,
-		Merger:                      merger,
-		MemTableSize:                64 << 20,
-		MemTableStopWritesThreshold: 4,
+		FS:     fs,
+		Cache:  cache,
+		Merger: merger,
+		// Pebble reserves each memtable from the cache: two of them (one
+		// filling, one flushing) leave the rest of it for blocks (index
+		// entries, filters, envelopes read at fire time).
+		MemTableSize:                uint64(memTableBytes),
+		MemTableStopWritesThreshold: 2,
 		L0CompactionThreshold:       4,
 		L0StopWritesThreshold:       24,
 		Logger:                      pebbleLogger{log.Named("pebble").Sugar()},

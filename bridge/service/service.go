@@ -99,11 +99,13 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 
 	start := time.Now()
 	s.eng, err = shard.Open(shard.Options{
-		Dir:       cfg.DataDir,
-		FS:        o.FS,
-		Shards:    cfg.Shards,
-		Horizon:   cfg.Horizon.Std(),
-		FireBatch: cfg.FireBatch,
+		Dir:           cfg.DataDir,
+		FS:            o.FS,
+		Shards:        cfg.Shards,
+		Horizon:       cfg.Horizon.Std(),
+		FireBatch:     cfg.FireBatch,
+		CacheBytes:    int64(cfg.Store.CacheMB) << 20,
+		MemTableBytes: int64(cfg.Store.MemtableMB) << 20,
 		Retry: shard.RetryPolicy{
 			Initial:     cfg.Retry.Initial.Std(),
 			Max:         cfg.Retry.Max.Std(),

@@ -229,10 +229,12 @@ The bridge's config.yaml: the user's config with the chart-only keys
 {{- end }}
 
 {{/*
-90% of resources.limits.memory in bytes, for GOMEMLIMIT: the Go GC starts
-working hard before the kernel's OOM killer does. Empty when the limit is
-not a whole number with a binary or decimal suffix (then the env var falls
-back to the full limit through resourceFieldRef).
+90% of resources.limits.memory minus the store's cache (config.store.cache_mb,
+default 768 MiB, allocated outside the Go heap), in bytes, for GOMEMLIMIT: the
+Go GC starts working hard before the kernel's OOM killer does. Empty when the
+limit is not a whole number with a binary or decimal suffix (then the env var
+falls back to the full limit through resourceFieldRef). Fails when the limit
+does not leave 128 MiB beside the cache.
 */}}
 {{- define "delaybridge.goMemLimit" -}}
 {{- $m := toString .Values.resources.limits.memory }}
@@ -240,6 +242,12 @@ back to the full limit through resourceFieldRef).
 {{- $num := regexFind "^[0-9]+" $m }}
 {{- $unit := trimPrefix $num $m }}
 {{- if and $num (hasKey $units $unit) }}
-{{- div (mul (int64 $num) (index $units $unit) 9) 10 }}
+{{- $cacheMB := 768 }}
+{{- with .Values.config }}{{- with .store }}{{- with .cache_mb }}{{- $cacheMB = int64 . }}{{- end }}{{- end }}{{- end }}
+{{- $left := sub (mul (int64 $num) (index $units $unit)) (mul $cacheMB 1048576) }}
+{{- if lt $left 134217728 }}
+{{- fail (printf "resources.limits.memory %s leaves less than 128Mi beside config.store.cache_mb (%d MiB): raise the limit or lower the cache" $m $cacheMB) }}
+{{- end }}
+{{- div (mul $left 9) 10 }}
 {{- end }}
 {{- end }}
