@@ -57,8 +57,8 @@ type Options struct {
 	Shards int    // default 8
 	// Horizon bounds memory: the wheels hold only tasks due before
 	// now+Horizon, the rest stays on disk until the loader reaches it.
-	Horizon         time.Duration // default 10m
-	FireBatch       int           // max tasks per Deliver call; default 512
+	Horizon   time.Duration // default 10m
+	FireBatch int           // max tasks per Deliver call; default 512
 	// CacheBytes is Pebble's memory: its block cache, from which the
 	// memtables are reserved too. Default DefaultCacheBytes.
 	CacheBytes int64
@@ -67,7 +67,7 @@ type Options struct {
 	// its memtable is still in memory never reaches a file, so short
 	// delays at high rates want it large. Default DefaultMemTableBytes;
 	// at most CacheBytes/2.
-	MemTableBytes int64
+	MemTableBytes   int64
 	Retry           RetryPolicy
 	CancelRetention time.Duration    // default 24h
 	Clock           clock.Clock      // default clock.Real{}

@@ -101,9 +101,9 @@ type shard struct {
 	// durable (or not yet applied) batch deletes by a replace or cancel:
 	// they may still be visible in Pebble, so collect must not hand them
 	// to the sink.
-	deleting map[uint64]struct{}
-	clearedTo  []byte                  // t keys before it are range-deleted
-	dlqErr     error                   // last failed dead-letter delivery, nil after one succeeds
+	deleting  map[uint64]struct{}
+	clearedTo []byte // t keys before it are range-deleted
+	dlqErr    error  // last failed dead-letter delivery, nil after one succeeds
 
 	// Fire-loop parking, so Ingest can wake the loop for an earlier due and
 	// tests can tell when the loop is idle.
