@@ -132,11 +132,12 @@ func NewHandler(o Options) http.Handler {
 	})
 	route("/v1/stats", true, map[string]http.HandlerFunc{http.MethodGet: s.stats})
 	if o.Pprof {
-		mux.Handle("GET /debug/pprof/", s.authorize(http.HandlerFunc(pprof.Index)))
-		mux.Handle("GET /debug/pprof/cmdline", s.authorize(http.HandlerFunc(pprof.Cmdline)))
-		mux.Handle("GET /debug/pprof/profile", s.authorize(http.HandlerFunc(pprof.Profile)))
-		mux.Handle("GET /debug/pprof/symbol", s.authorize(http.HandlerFunc(pprof.Symbol)))
-		mux.Handle("GET /debug/pprof/trace", s.authorize(http.HandlerFunc(pprof.Trace)))
+		// Index also serves the named profiles (heap, goroutine, ...).
+		for path, h := range map[string]http.HandlerFunc{
+			"": pprof.Index, "cmdline": pprof.Cmdline, "profile": pprof.Profile, "symbol": pprof.Symbol, "trace": pprof.Trace,
+		} {
+			mux.Handle("GET /debug/pprof/"+path, s.authorize(h))
+		}
 	}
 	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)

@@ -389,14 +389,13 @@ func rawRun(ctx context.Context, transport string, n int, dir string) (*Measurem
 	return &Measurement{Transport: transport, Mode: "raw", N: n, Seconds: secs, Rate: float64(n) / secs, PeakRSSMB: peakRSSMB()}, nil
 }
 
-// bridgeRun measures the whole bridge: n messages published with a delay
-// of delay to the delay source, read at the target.
-// bridgeRun measures the bridge on n messages. With profile set (and the
-// bridge a child process) the first profileSecs of the measured run are
-// recorded as a CPU profile of the bridge into that file.
 // profileSecs is how much of a bridge run a CPU profile covers.
 const profileSecs = 3
 
+// bridgeRun measures the whole bridge: n messages published with a delay
+// of delay to the delay source, read at the target. With profile set (and
+// the bridge a child process) the first profileSecs of the measured run
+// are recorded as a CPU profile of the bridge into that file.
 func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Duration, dir, exe, profile string, log *zap.Logger) (*Measurement, error) {
 	b, err := startBroker(transport, dir)
 	if err != nil {
