@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -52,5 +53,55 @@ func TestShutdownLetsInFlightBatchFinish(t *testing.T) {
 	h.reopen()
 	if p := h.e.Stats().Pending; p != 0 {
 		t.Fatalf("pending after reopen = %d: the delivered task would be sent again", p)
+	}
+}
+
+// TestSupersededWhileInFlight: a replace or cancel of a task that is being
+// published wins. The ack of the old task must neither delete the entry
+// the newer message wrote nor count the task out twice.
+func TestSupersededWhileInFlight(t *testing.T) {
+	cases := []struct {
+		name      string
+		supersede func(h *harness)
+		wantDue   time.Time // zero: nothing pending for the id
+	}{
+		{"replace", func(h *harness) { h.ingest([]codec.Task{sched("x", t0.Add(time.Minute), 2)}) }, t0.Add(time.Minute)},
+		{"cancel message", func(h *harness) { h.ingest([]codec.Task{cancelTask("x", 2)}) }, time.Time{}},
+		{"admin cancel", func(h *harness) {
+			if err := h.e.Cancel("src", "x"); err != nil {
+				h.t.Fatalf("Cancel: %v", err)
+			}
+		}, time.Time{}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			h.ingest([]codec.Task{sched("x", t0, 1)})
+			sink := &blockingSink{entered: make(chan struct{}, 4), release: make(chan struct{}), ctxAlive: make(chan bool, 4)}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- h.e.Run(ctx, sink) }()
+			select {
+			case <-sink.entered:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the due task was not handed to the sink")
+			}
+			tc.supersede(h) // while x#1 is in flight
+			close(sink.release)
+			h.settle()
+			h.checkPending()
+			checkStoreInvariants(t, h.e)
+			info, err := h.e.Lookup("src", "x")
+			switch {
+			case tc.wantDue.IsZero() && !errors.Is(err, ErrNotFound):
+				t.Fatalf("Lookup after the cancel = %+v, %v; want ErrNotFound", info, err)
+			case !tc.wantDue.IsZero() && (err != nil || !info.Due.Equal(tc.wantDue)):
+				t.Fatalf("Lookup after the replace = %+v, %v; want the replacement due %v", info, err, tc.wantDue)
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+		})
 	}
 }
