@@ -236,15 +236,32 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		s.setHealth("group", nil)
 		s.log.Info("joined group", zap.Int32("generation", gen.ID),
 			zap.String("member", gen.MemberID), zap.Any("assignments", assignmentsOf(gen)))
+		// One committer per generation sends the partitions' offsets;
+		// it commits the last of them once the partition workers are done.
+		cm := newCommitter(gen.CommitOffsets, s.cfg.RetryMin, s.log.With(zap.Int32("generation", gen.ID)),
+			func(topic string) { s.cfg.Metrics.SourceErrors.WithLabelValues(topic).Inc() })
+		var genWorkers sync.WaitGroup
 		for topic, parts := range gen.Assignments {
 			for _, pa := range parts {
 				workers.Add(1)
+				genWorkers.Add(1)
 				gen.Start(func(gctx context.Context) {
 					defer workers.Done()
-					s.runPartition(ctx, gctx, gen, h, topic, pa)
+					defer genWorkers.Done()
+					s.runPartition(ctx, gctx, gen, cm, h, topic, pa)
 				})
 			}
 		}
+		workersDone := make(chan struct{})
+		go func() {
+			genWorkers.Wait()
+			close(workersDone)
+		}()
+		workers.Add(1)
+		gen.Start(func(gctx context.Context) {
+			defer workers.Done()
+			cm.run(ctx, gctx, workersDone)
+		})
 	}
 }
 
@@ -284,7 +301,7 @@ type fetched struct {
 // runPartition owns one partition for one generation. It returns when the
 // generation ends or ctx is cancelled; in kafka-go, a returning Start
 // function ends the generation, so it never returns for any other reason.
-func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation, h bridge.Handler, topic string, pa kafkago.PartitionAssignment) {
+func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation, cm *committer, h bridge.Handler, topic string, pa kafkago.PartitionAssignment) {
 	key := CheckpointKey(topic, pa.ID)
 	log := s.log.With(zap.String("topic", topic), zap.Int("partition", pa.ID), zap.Int32("generation", gen.ID))
 
@@ -302,9 +319,7 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 		// The store is ahead of the group (we died or lost the generation
 		// between store commit and offset commit): catch the group up now,
 		// or the next owner without this store would read it all again.
-		if err := gen.CommitOffsets(map[string]map[int]int64{topic: {pa.ID: start}}); err != nil {
-			log.Warn("commit of the stored checkpoint failed", zap.Int64("offset", start), zap.Error(err))
-		}
+		cm.offer(topic, pa.ID, start)
 	}
 
 	for wait := s.cfg.RetryMin; start < 0; wait = backoff(wait, s.cfg.RetryMax) {
@@ -343,24 +358,16 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 		}
 		lag.stored.Store(f.next)
 		lag.update()
-		// The batch is durable. Commit only while this generation owns the
-		// partition: after it ended the partition may belong to another
-		// member, and the stored checkpoint covers us if it comes back.
-		if gctx.Err() != nil {
+		// The batch is durable: its offset goes to the generation's
+		// committer. Not after a rebalance ended the generation: the
+		// partition may belong to another member by now, and the stored
+		// checkpoint covers us if it comes back. On our own shutdown the
+		// generation is still ours until the group is left.
+		if gctx.Err() != nil && ctx.Err() == nil {
 			return
 		}
-		if err := gen.CommitOffsets(map[string]map[int]int64{topic: {pa.ID: f.next}}); err != nil {
-			s.cfg.Metrics.SourceErrors.WithLabelValues(topic).Inc()
-			if gctx.Err() != nil || generationOver(err) {
-				// Returning ends the generation (kafka-go) and rejoins,
-				// through a new coordinator if it moved.
-				log.Info("generation over; offset not committed", zap.Int64("offset", f.next), zap.Error(err))
-				return
-			}
-			// The next commit covers this one; the checkpoint covers a crash.
-			log.Warn("offset commit failed", zap.Int64("offset", f.next), zap.Error(err))
-		}
-		if ctx.Err() != nil {
+		cm.offer(topic, pa.ID, f.next)
+		if gctx.Err() != nil || ctx.Err() != nil {
 			return
 		}
 	}

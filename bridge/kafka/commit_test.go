@@ -1,0 +1,216 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+)
+
+// commitLog is a commit func that records what it was asked to commit and
+// answers with the queued errors in turn (nil once they run out).
+type commitLog struct {
+	mu     sync.Mutex
+	got    []offsets
+	errs   []error
+	failed int
+}
+
+func (l *commitLog) commit(p offsets) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	cp := offsets{}
+	for t, ps := range p {
+		cp[t] = maps.Clone(ps)
+	}
+	l.got = append(l.got, cp)
+	if len(l.errs) == 0 {
+		return nil
+	}
+	err := l.errs[0]
+	l.errs = l.errs[1:]
+	return err
+}
+
+func (l *commitLog) commits() []offsets {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]offsets(nil), l.got...)
+}
+
+func newTestCommitter(l *commitLog) *committer {
+	return newCommitter(l.commit, 100*time.Millisecond, zap.NewNop(), func(string) {
+		l.mu.Lock()
+		l.failed++
+		l.mu.Unlock()
+	})
+}
+
+func equalOffsets(a, b offsets) bool {
+	return maps.EqualFunc(a, b, func(x, y map[int]int64) bool { return maps.Equal(x, y) })
+}
+
+func TestCommitterFlush(t *testing.T) {
+	transient := errors.New("connection reset")
+	type offer struct {
+		topic     string
+		partition int
+		next      int64
+	}
+	tests := []struct {
+		name     string
+		offers   []offer
+		errs     []error
+		later    []offer // offered after the first flush
+		wantOK   []bool  // flush results, first then second
+		want     []offsets
+		wantFail int
+	}{
+		{
+			name:   "coalesces partitions and topics into one request",
+			offers: []offer{{"a", 0, 5}, {"a", 1, 7}, {"b", 0, 2}},
+			wantOK: []bool{true},
+			want:   []offsets{{"a": {0: 5, 1: 7}, "b": {0: 2}}},
+		},
+		{
+			name:   "an older offer never moves an offset back",
+			offers: []offer{{"a", 0, 9}, {"a", 0, 4}},
+			wantOK: []bool{true},
+			want:   []offsets{{"a": {0: 9}}},
+		},
+		{
+			name:     "a failed commit is retried with what is newest",
+			offers:   []offer{{"a", 0, 5}, {"a", 1, 3}},
+			errs:     []error{transient},
+			later:    []offer{{"a", 0, 8}},
+			wantOK:   []bool{true, true},
+			want:     []offsets{{"a": {0: 5, 1: 3}}, {"a": {0: 8, 1: 3}}},
+			wantFail: 1,
+		},
+		{
+			name:     "generation over stops and drops",
+			offers:   []offer{{"a", 0, 5}},
+			errs:     []error{kafkago.IllegalGeneration},
+			wantOK:   []bool{false},
+			want:     []offsets{{"a": {0: 5}}},
+			wantFail: 1,
+		},
+		{
+			name:   "nothing queued sends nothing",
+			wantOK: []bool{true},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := &commitLog{errs: tt.errs}
+			c := newTestCommitter(l)
+			for _, o := range tt.offers {
+				c.offer(o.topic, o.partition, o.next)
+			}
+			if ok := c.flush(); ok != tt.wantOK[0] {
+				t.Fatalf("first flush ok = %v", ok)
+			}
+			for _, o := range tt.later {
+				c.offer(o.topic, o.partition, o.next)
+			}
+			if len(tt.wantOK) > 1 {
+				if ok := c.flush(); ok != tt.wantOK[1] {
+					t.Fatalf("second flush ok = %v", ok)
+				}
+			}
+			got := l.commits()
+			if len(got) != len(tt.want) {
+				t.Fatalf("commits %v, want %v", got, tt.want)
+			}
+			for i := range got {
+				if !equalOffsets(got[i], tt.want[i]) {
+					t.Fatalf("commit %d = %v, want %v", i, got[i], tt.want[i])
+				}
+			}
+			if l.failed != tt.wantFail {
+				t.Fatalf("failed commits counted %d, want %d", l.failed, tt.wantFail)
+			}
+			if tt.wantOK[len(tt.wantOK)-1] && c.pendingLen() != 0 {
+				t.Fatalf("offsets left queued after a good flush: %v", c.pending)
+			}
+		})
+	}
+}
+
+func TestCommitterRun(t *testing.T) {
+	t.Run("commits as offered and the last offsets at shutdown", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			l := &commitLog{}
+			c := newTestCommitter(l)
+			ctx, stop := context.WithCancel(context.Background())
+			workersDone := make(chan struct{})
+			done := make(chan struct{})
+			go func() { c.run(ctx, context.Background(), workersDone); close(done) }()
+			c.offer("a", 0, 5)
+			synctest.Wait()
+			stop()
+			c.offer("a", 0, 6) // a worker's last batch, stored after the stop
+			close(workersDone)
+			<-done
+			got := l.commits()
+			if len(got) != 2 || !equalOffsets(got[0], offsets{"a": {0: 5}}) || !equalOffsets(got[1], offsets{"a": {0: 6}}) {
+				t.Fatalf("commits %v, want a/0 at 5 then 6", got)
+			}
+		})
+	})
+	t.Run("a failed commit is retried after the pause", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			l := &commitLog{errs: []error{errors.New("timeout")}}
+			c := newTestCommitter(l)
+			ctx, stop := context.WithCancel(context.Background())
+			defer stop()
+			workersDone := make(chan struct{})
+			close(workersDone)
+			go c.run(ctx, context.Background(), workersDone)
+			c.offer("a", 0, 5)
+			synctest.Wait()
+			if n := len(l.commits()); n != 1 {
+				t.Fatalf("%d commits before the pause, want 1", n)
+			}
+			time.Sleep(100 * time.Millisecond)
+			synctest.Wait()
+			got := l.commits()
+			if len(got) != 2 || !equalOffsets(got[1], offsets{"a": {0: 5}}) {
+				t.Fatalf("commits %v, want the retry of a/0 at 5", got)
+			}
+			stop()
+		})
+	})
+	t.Run("a rebalance drops what is queued", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			l := &commitLog{}
+			c := newTestCommitter(l)
+			gctx, endGen := context.WithCancel(context.Background())
+			c.pending = offsets{"a": {0: 5}} // queued, not yet kicked
+			endGen()
+			c.run(context.Background(), gctx, nil)
+			if got := l.commits(); len(got) != 0 {
+				t.Fatalf("committed %v after the generation ended", got)
+			}
+		})
+	})
+	t.Run("generation over ends run", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			l := &commitLog{errs: []error{kafkago.RebalanceInProgress}}
+			c := newTestCommitter(l)
+			done := make(chan struct{})
+			go func() { c.run(context.Background(), context.Background(), nil); close(done) }()
+			c.offer("a", 0, 5)
+			<-done
+			if got := l.commits(); len(got) != 1 {
+				t.Fatalf("commits %v, want the one that failed", got)
+			}
+		})
+	})
+}
