@@ -280,6 +280,7 @@ type proc struct {
 	logFrom int64 // size of the shared log file when this process started
 	exited  chan struct{}
 	err     error // of Wait, valid after exited is closed
+	onKill  func()
 }
 
 // runner starts bridge processes from one config file and data dir, one at
@@ -292,6 +293,7 @@ type runner struct {
 	logPath string
 	cur     *proc
 	starts  int
+	expiry  *sessionExpiry
 }
 
 func newRunner(t *testing.T, b *brokers, c bridgeConfig) *runner {
@@ -302,7 +304,10 @@ func newRunner(t *testing.T, b *brokers, c bridgeConfig) *runner {
 	}
 	c.adminPort = freePort(t)
 	r := &runner{t: t, bin: binary(t), cfgPath: filepath.Join(dir, "config.yaml"), admin: "127.0.0.1:" + strconv.Itoa(c.adminPort),
-		logPath: filepath.Join(dir, "bridge.log")}
+		logPath: filepath.Join(dir, "bridge.log"), expiry: &sessionExpiry{t: t, group: "bridge", after: sessionTimeout + 5*time.Second}}
+	cl := b.kafkaClient()
+	t.Cleanup(cl.Close)
+	r.expiry.watch(cl)
 	if err := os.WriteFile(r.cfgPath, []byte(b.config(c)), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -342,12 +347,17 @@ func (r *runner) start() *proc {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
+	// One client id per process, so that sessionExpiry knows whose group
+	// member is whose.
+	clientID := "fault-" + strconv.Itoa(r.starts)
+	cmd.Env = append(cmd.Env, "DELAYBRIDGE_KAFKA_CLIENT_ID="+clientID)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		r.t.Fatal(err)
 	}
-	p := &proc{t: r.t, cmd: cmd, admin: r.admin, logPath: r.logPath, logFrom: from, exited: make(chan struct{})}
+	p := &proc{t: r.t, cmd: cmd, admin: r.admin, logPath: r.logPath, logFrom: from, exited: make(chan struct{}),
+		onKill: func() { r.expiry.killed(clientID) }}
 	go func() {
 		p.err = cmd.Wait()
 		f.Close()
@@ -361,6 +371,7 @@ func (r *runner) start() *proc {
 func (p *proc) kill() {
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)
 	<-p.exited
+	p.onKill()
 }
 
 // term sends SIGTERM and waits for a clean exit.

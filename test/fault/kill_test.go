@@ -139,8 +139,9 @@ func count(sent map[string]bool, got map[string][]delivery) tally {
 // drainWait is how long the end of a test waits for the backlog to reach
 // the targets. It covers the broker-side timeouts a kill -9 leaves behind:
 // the JetStream ack wait of messages delivered to the dead process (30 s)
-// and the Kafka group session of each dead member (30 s; after many kills
-// in a row the group needs several rebalances to shed them all).
+// and the Kafka group session of each dead member (30 s, sessionExpiry
+// stands in where kfake does not expire one; after many kills in a row the
+// group needs several rebalances to shed them all).
 var drainWait = map[bool]time.Duration{false: 3 * time.Minute, true: 8 * time.Minute}[long()]
 
 // TestKill9UnderLoad SIGKILLs the bridge at random moments while messages
