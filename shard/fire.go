@@ -310,7 +310,7 @@ func (s *shard) sweep(now int64) error {
 		}
 		if found && ex.Cancel && ex.Expiry == expiry {
 			b.Delete(ik, nil)
-			s.setOverlayLocked(ik, indexEntry{}, true, pb)
+			s.setOverlayLocked(string(ik), indexEntry{}, true, pb)
 		}
 	}
 	idx.close()
@@ -510,7 +510,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			b.Delete(oldKey, nil)
 			if indexed {
 				b.Delete(ik, nil)
-				s.setOverlayLocked(ik, indexEntry{}, true, pb)
+				s.setOverlayLocked(string(ik), indexEntry{}, true, pb)
 			}
 			pb.delta--
 			acked = append(acked, i)
@@ -531,7 +531,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			detail := fmt.Sprintf("publish to %s:%s failed after %d attempts: %v", t.Transport, t.Target, t.Attempts, derr)
 			dl := codec.DeadLetter(t, codec.CodePublishFailed, detail)
 			b.Delete(ik, nil)
-			s.setOverlayLocked(ik, indexEntry{}, true, pb)
+			s.setOverlayLocked(string(ik), indexEntry{}, true, pb)
 			val = codec.AppendTask(val[:0], &dl)
 			b.Set(appendTaskKey(key[:0], s.id, now, it.seq), val, nil)
 			s.addOpLocked(pb, now, it.seq)
@@ -545,7 +545,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		if indexed {
 			ne := indexEntry{Shard: s.id, Fire: fire, Seq: it.seq, Order: order{Stamp: t.Stamp, Partition: t.Partition, Offset: t.Offset}}
 			b.Set(ik, appendIndexEntry(nil, &ne), nil)
-			s.setOverlayLocked(ik, ne, false, pb)
+			s.setOverlayLocked(string(ik), ne, false, pb)
 		} else {
 			dlqErr = derr
 		}

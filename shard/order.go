@@ -97,8 +97,9 @@ func (s *shard) lookupLocked(idx *indexReader, key []byte, e *indexEntry, tk *co
 	return idx.get(key, e)
 }
 
-func (s *shard) setOverlayLocked(key []byte, e indexEntry, deleted bool, pb *pendingBatch) {
-	k := string(key)
+// setOverlayLocked records pb's decision for the index key k (a string the
+// overlay may keep until pb is durable).
+func (s *shard) setOverlayLocked(k string, e indexEntry, deleted bool, pb *pendingBatch) {
 	s.overlay[k] = overlayEntry{entry: e, deleted: deleted, owner: pb}
 	pb.keys = append(pb.keys, k)
 }

@@ -84,3 +84,57 @@ func FuzzParseExpiryKey(f *testing.F) {
 		parseTaskKey(b)
 	})
 }
+
+// TestIngestScratchReuse: buffers handed out again come back zeroed and
+// sized to the call, and an oversized envelope arena is not kept.
+func TestIngestScratchReuse(t *testing.T) {
+	cases := []struct {
+		name          string
+		n, shards     int
+		envCap, ikCap int
+	}{
+		{"small", 3, 2, 100, 10},
+		{"larger than before", 300, 8, 10_000, 3_000},
+		{"smaller again", 1, 1, 10, 1},
+		{"arena over the pool limit", 2, 2, maxPooledArena + 1, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			sc := getScratch(c.n, c.shards)
+			if len(sc.route) != c.n || len(sc.envEnd) != c.n || len(sc.ikEnd) != c.n || len(sc.acts) != c.n ||
+				len(sc.touched) != c.shards || len(sc.pbs) != c.shards {
+				t.Fatalf("sizes: route %d envEnd %d ikEnd %d acts %d touched %d pbs %d; want %d tasks, %d shards",
+					len(sc.route), len(sc.envEnd), len(sc.ikEnd), len(sc.acts), len(sc.touched), len(sc.pbs), c.n, c.shards)
+			}
+			for i := range sc.route {
+				if sc.route[i] != 0 || sc.envEnd[i] != 0 || sc.ikEnd[i] != 0 || sc.acts[i] != (ingestAction{}) {
+					t.Fatalf("task %d: scratch not zeroed", i)
+				}
+			}
+			for i := range sc.touched {
+				if sc.touched[i] || sc.pbs[i] != nil {
+					t.Fatalf("shard %d: scratch not zeroed", i)
+				}
+			}
+			envs, iks := sc.arenas(c.envCap, c.ikCap)
+			if len(envs) != 0 || cap(envs) < c.envCap || len(iks) != 0 || cap(iks) < c.ikCap {
+				t.Fatalf("arenas: len %d/%d cap %d/%d", len(envs), len(iks), cap(envs), cap(iks))
+			}
+			// Dirty everything, as an Ingest call would.
+			for i := range sc.route {
+				sc.route[i], sc.envEnd[i], sc.ikEnd[i] = 7, 7, 7
+				sc.acts[i].seq = 7
+			}
+			for i := range sc.touched {
+				sc.touched[i], sc.pbs[i] = true, &pendingBatch{}
+			}
+			putScratch(sc)
+			if sc.pbs[0] != nil {
+				t.Error("pending batches kept alive by the pool")
+			}
+			if c.envCap > maxPooledArena && sc.envs != nil {
+				t.Errorf("arena of %d bytes kept for reuse (limit %d)", cap(sc.envs), maxPooledArena)
+			}
+		})
+	}
+}
