@@ -85,7 +85,8 @@ type Store struct {
 	CacheMB int `yaml:"cache_mb"`
 	// MemtableMB is one memtable (two are in memory: one filling, one
 	// flushing); tasks fired while theirs is in memory never reach a
-	// file. At most cache_mb/2. Default 256.
+	// file; after a crash, the ones replayed from the WAL are flushed
+	// before the bridge is ready. At most cache_mb/2. Default 128.
 	MemtableMB int `yaml:"memtable_mb"`
 }
 
@@ -225,7 +226,7 @@ const (
 	DefaultCancelRetention = 24 * time.Hour
 	DefaultFireBatch       = 512
 	DefaultStoreCacheMB    = 768
-	DefaultStoreMemtableMB = 256
+	DefaultStoreMemtableMB = 128
 	DefaultShutdownTimeout = 10 * time.Second
 	DefaultAdminListen     = "127.0.0.1:8080"
 	DefaultKafkaGroup      = "delaybridge"

@@ -341,7 +341,7 @@ func safeCall(f func() error) (err error) {
 // Store memory defaults (Options.CacheBytes, Options.MemTableBytes).
 const (
 	DefaultCacheBytes    = 768 << 20
-	DefaultMemTableBytes = 256 << 20
+	DefaultMemTableBytes = 128 << 20
 )
 
 func openPebble(dir string, fs vfs.FS, log *zap.Logger, cacheBytes, memTableBytes int64) (*pebble.DB, error) {

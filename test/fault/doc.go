@@ -9,4 +9,9 @@
 //
 // The short form runs in CI; DELAYBRIDGE_LONG=1 runs the long form (more
 // kill rounds, 30 s outages, 10 k bad messages).
+//
+// One gap of kfake is filled by the harness: a consumer-group member killed
+// while its JoinGroup waited gets no session timer there and keeps its
+// partitions, where Kafka expires it one session timeout later.
+// sessionExpiry removes such members (see its comment).
 package fault
