@@ -706,20 +706,6 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 	return nil
 }
 
-var arenaPool sync.Pool
-
-func getArena(n int) []byte {
-	if p, ok := arenaPool.Get().(*[]byte); ok && cap(*p) >= n {
-		return (*p)[:0]
-	}
-	return make([]byte, 0, n)
-}
-
-func putArena(b []byte) {
-	b = b[:0]
-	arenaPool.Put(&b)
-}
-
 // ingestScratch holds the buffers of one Ingest call. At thousands of
 // batches a second with ~1 KB envelopes, allocating them for every batch
 // kept the GC busy enough to cost about a tenth of the ingest rate.
