@@ -751,8 +751,7 @@ func (sc *ingestScratch) arenas(envCap, ikCap int) (envs, iks []byte) {
 }
 
 func putScratch(sc *ingestScratch) {
-	clear(sc.pbs) // do not keep pending batches alive
-	clear(sc.acts)
+	clear(sc.pbs) // do not keep pending batches alive (acts hold no pointers)
 	if cap(sc.envs) > maxPooledArena {
 		sc.envs = nil
 	}

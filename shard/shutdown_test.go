@@ -24,21 +24,30 @@ func (s *blockingSink) Deliver(ctx context.Context, batch []*codec.Task) []error
 	return nil
 }
 
-// TestShutdownLetsInFlightBatchFinish: cancelling Run while a batch is being
-// published must not cancel that publish (the broker may already hold it);
-// the batch completes, is deleted, and is not delivered again on restart.
-func TestShutdownLetsInFlightBatchFinish(t *testing.T) {
-	h := newHarness(t, nil)
-	h.ingest([]codec.Task{sched("a", t0, 1)})
-	sink := &blockingSink{entered: make(chan struct{}, 1), release: make(chan struct{}), ctxAlive: make(chan bool, 1)}
+// runUntilInFlight starts the engine's Run with a blocking sink (room for
+// deliveries Deliver calls) and returns once the first batch is in it.
+func runUntilInFlight(t *testing.T, h *harness, deliveries int) (*blockingSink, context.CancelFunc, <-chan error) {
+	t.Helper()
+	sink := &blockingSink{entered: make(chan struct{}, deliveries), release: make(chan struct{}), ctxAlive: make(chan bool, deliveries)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- h.e.Run(ctx, sink) }()
 	select {
 	case <-sink.entered:
 	case <-time.After(20 * time.Second):
+		cancel()
 		t.Fatal("the due task was not handed to the sink")
 	}
+	return sink, cancel, done
+}
+
+// TestShutdownLetsInFlightBatchFinish: cancelling Run while a batch is being
+// published must not cancel that publish (the broker may already hold it);
+// the batch completes, is deleted, and is not delivered again on restart.
+func TestShutdownLetsInFlightBatchFinish(t *testing.T) {
+	h := newHarness(t, nil)
+	h.ingest([]codec.Task{sched("a", t0, 1)})
+	sink, cancel, done := runUntilInFlight(t, h, 1)
 	cancel() // SIGTERM while the batch is in flight
 	close(sink.release)
 	if alive := <-sink.ctxAlive; !alive {
@@ -77,15 +86,7 @@ func TestSupersededWhileInFlight(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, nil)
 			h.ingest([]codec.Task{sched("x", t0, 1)})
-			sink := &blockingSink{entered: make(chan struct{}, 4), release: make(chan struct{}), ctxAlive: make(chan bool, 4)}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- h.e.Run(ctx, sink) }()
-			select {
-			case <-sink.entered:
-			case <-time.After(20 * time.Second):
-				t.Fatal("the due task was not handed to the sink")
-			}
+			sink, cancel, done := runUntilInFlight(t, h, 4)
 			tc.supersede(h) // while x#1 is in flight
 			close(sink.release)
 			h.settle()
