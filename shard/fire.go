@@ -115,19 +115,11 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 		s.mu.Lock()
 		s.drainLocked()
 		err := s.housekeepLocked(now)
-		var items []fireItem
+		var claimed []fireItem
 		if err == nil {
-			items, err = s.collectLocked(now)
+			claimed = s.claimLocked(now)
 		}
-		if err != nil {
-			s.e.log.Error("fire loop: store read failed", zap.Int("shard", s.id), zap.Error(err))
-			if len(items) == 0 { // (the tasks it could not read are back in the wheel)
-				s.mu.Unlock()
-				s.park(ctx, timer, now+1000) // retry in a second
-				continue
-			}
-		}
-		if len(items) == 0 {
+		if err == nil && len(claimed) == 0 {
 			wake := s.horizonEnd - s.e.horizonMs()/2
 			if at, ok := s.w.Next(); ok && at < wake {
 				wake = at
@@ -137,6 +129,22 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 			continue
 		}
 		s.mu.Unlock()
+		var items []fireItem
+		if err == nil {
+			var dropped, retry []fireItem
+			items, dropped, retry, err = s.readClaimed(claimed)
+			s.settleClaimed(dropped, retry)
+		}
+		if err != nil {
+			s.e.log.Error("fire loop: store read failed", zap.Int("shard", s.id), zap.Error(err))
+			if len(items) == 0 { // (the tasks it could not read are back in the wheel)
+				s.park(ctx, timer, now+1000) // retry in a second
+				continue
+			}
+		}
+		if len(items) == 0 {
+			continue // all claimed entries were gone: look again
+		}
 		if fc := s.deliver(ctx, sink, items); fc != nil {
 			commits <- fc
 		}
@@ -351,44 +359,56 @@ func (s *shard) sweep(now int64) error {
 	return nil
 }
 
-// collectLocked takes up to FireBatch due entries from the wheel and reads
-// their envelopes. An entry whose key is gone was replaced or cancelled
-// after it entered the wheel (lazy deletion): skip it.
-func (s *shard) collectLocked(now int64) ([]fireItem, error) {
+// claimLocked takes up to FireBatch due entries from the wheel and marks
+// them in flight, so a replace or cancel decided from now on leaves their
+// outcome to the newer message. Entries an undurable replace or cancel is
+// deleting are dropped here. The envelopes are read by readClaimed,
+// outside the shard lock, so an Ingest waiting for this shard is not held
+// up by store reads.
+func (s *shard) claimLocked(now int64) []fireItem {
 	// After a wall-clock step back the wheel's own time stays ahead of now;
 	// AdvanceN then yields only entries added since with a due <= now, so
 	// nothing fires early and tasks due in the gap are not held until the
 	// clock regains its old time.
 	var due []fireItem
 	s.w.AdvanceN(now, s.e.opts.FireBatch, func(fire int64, seq uint64) {
+		if _, ok := s.deleting[seq]; ok {
+			return // a replace or cancel is deleting it
+		}
 		due = append(due, fireItem{fire: fire, seq: seq})
+		s.inflight[seq] = false
 	})
-	if len(due) == 0 {
-		return nil, nil
+	s.inWheelG.Set(float64(s.w.Len()))
+	return due
+}
+
+// readClaimed reads and decodes the envelopes of claimed entries, without
+// the shard lock. It returns the items to deliver and, in dropped, those
+// not to deliver: a key that is gone was replaced or cancelled after it
+// entered the wheel (lazy deletion); a corrupt envelope is left in the
+// store and logged. Entries in retry could not be read and go back to the
+// wheel. The caller settles dropped and retry with settleClaimed.
+func (s *shard) readClaimed(claimed []fireItem) (items, dropped, retry []fireItem, err error) {
+	if len(claimed) == 0 {
+		return nil, nil, nil, nil
 	}
 	// One iterator over the batch's key range: the wheel yields in due
 	// order, so each seek lands just after the previous one and Pebble
 	// continues from there instead of searching every level again as a
 	// point Get per task would.
-	lo, hi := due[0].fire, due[0].fire
-	for _, it := range due[1:] {
+	lo, hi := claimed[0].fire, claimed[0].fire
+	for _, it := range claimed[1:] {
 		lo, hi = min(lo, it.fire), max(hi, it.fire)
 	}
 	iter, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, lo), UpperBound: taskBound(s.id, hi+1)})
 	if err != nil {
-		for _, it := range due {
-			s.w.Add(it.fire, it.seq)
-		}
-		return nil, fmt.Errorf("read tasks: %w", err)
+		return nil, nil, claimed, fmt.Errorf("read tasks: %w", err)
 	}
 	defer iter.Close()
-	items := due[:0]
+	items = claimed[:0:len(claimed)]
 	var key []byte
 	var firstErr error
-	for _, it := range due {
-		if _, ok := s.deleting[it.seq]; ok {
-			continue // a replace or cancel is deleting it
-		}
+	for _, it := range claimed {
 		key = appendTaskKey(key[:0], s.id, it.fire, it.seq)
 		var v []byte
 		ok := iter.SeekGE(key) && bytes.Equal(iter.Key(), key)
@@ -397,14 +417,16 @@ func (s *shard) collectLocked(now int64) ([]fireItem, error) {
 			v, err = iter.ValueAndErr()
 		}
 		if err != nil {
-			// Put it back so it is not lost from memory; retried next round.
-			s.w.Add(it.fire, it.seq)
+			// Back to the wheel so it is not lost from memory; retried
+			// next round.
+			retry = append(retry, it)
 			if firstErr == nil {
 				firstErr = fmt.Errorf("read task: %w", err)
 			}
 			continue
 		}
 		if !ok {
+			dropped = append(dropped, it)
 			continue
 		}
 		t := new(codec.Task)
@@ -413,14 +435,32 @@ func (s *shard) collectLocked(now int64) ([]fireItem, error) {
 			// is; leave it in the store and say so.
 			s.e.log.Error("fire: undecodable task left in store", zap.Int("shard", s.id),
 				zap.Int64("fire_ms", it.fire), zap.Uint64("seq", it.seq), zap.Error(err))
+			dropped = append(dropped, it)
 			continue
 		}
 		it.task = t
 		items = append(items, it)
-		s.inflight[it.seq] = false
+	}
+	return items, dropped, retry, firstErr
+}
+
+// settleClaimed releases claimed entries that will not be delivered:
+// dropped ones leave the in-flight set, retry ones also go back to the
+// wheel.
+func (s *shard) settleClaimed(dropped, retry []fireItem) {
+	if len(dropped) == 0 && len(retry) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, it := range dropped {
+		delete(s.inflight, it.seq)
+	}
+	for _, it := range retry {
+		delete(s.inflight, it.seq)
+		s.w.Add(it.fire, it.seq)
 	}
 	s.inWheelG.Set(float64(s.w.Len()))
-	return items, firstErr
 }
 
 // shutdownDrain is how long a batch already handed to the sink may go on
