@@ -319,3 +319,61 @@ func rssMB() int64 {
 	}
 	return 0
 }
+
+// countSink acknowledges every task and counts them.
+type countSink struct{ n atomic.Int64 }
+
+func (s *countSink) Deliver(_ context.Context, batch []*codec.Task) []error {
+	s.n.Add(int64(len(batch)))
+	return nil
+}
+
+// BenchmarkIngestAndFire: the whole engine cycle with the fire loops
+// running. 1 KB tasks due at once are ingested in synced batches of 128
+// from concurrent writers while the loops read, deliver (to a sink that
+// acknowledges at once) and delete them. Reports the ingest rate and the
+// rate at which tasks are fired and deleted, up to the last one.
+func BenchmarkIngestAndFire(b *testing.B) {
+	e, err := Open(Options{Dir: b.TempDir(), Logger: zap.NewNop()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	sink := &countSink{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx, sink) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Error(err)
+		}
+	}()
+	due := time.Now().UnixMilli()
+	var next atomic.Int64
+	b.SetParallelism((benchWriters + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		batch := make([]codec.Task, benchBatch)
+		for pb.Next() {
+			n := next.Add(1)
+			for i := range batch {
+				batch[i] = benchTask(fmt.Sprintf("f%d-%d", n, i), due)
+			}
+			if err := e.Ingest(ctx, batch, nil); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	ingested := time.Since(start)
+	total := int64(b.N * benchBatch)
+	for sink.n.Load() < total && e.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	fired := time.Since(start)
+	b.StopTimer()
+	b.ReportMetric(float64(total)/ingested.Seconds(), "ingest-tasks/s")
+	b.ReportMetric(float64(total)/fired.Seconds(), "fired-tasks/s")
+}
