@@ -287,13 +287,16 @@ func (e *Engine) nowMs() int64 { return e.clk.Now().UnixMilli() }
 func (e *Engine) horizonMs() int64 { return e.opts.Horizon.Milliseconds() }
 
 // shardOf routes a (source, id) to its shard.
-func (e *Engine) shardOf(source, id string) int {
+func (e *Engine) shardOf(source, id string) int { return shardOfN(source, id, len(e.shards)) }
+
+// shardOfN is the shard of a task id among n: xxhash of source, 0, id.
+func shardOfN(source, id string, n int) int {
 	var d xxhash.Digest
 	d.Reset()
 	d.WriteString(source)
 	d.Write([]byte{0})
 	d.WriteString(id)
-	return int(d.Sum64() % uint64(len(e.shards)))
+	return int(d.Sum64() % uint64(n))
 }
 
 // failed returns the sticky store error, if any.
