@@ -41,6 +41,14 @@ func newCommitter(commit func(offsets) error, retry time.Duration, log *zap.Logg
 // only move forward: an older offer than the one queued is ignored.
 func (c *committer) offer(topic string, partition int, next int64) {
 	c.mu.Lock()
+	c.raiseLocked(topic, partition, next)
+	c.mu.Unlock()
+	c.kickSelf()
+}
+
+// raiseLocked sets the pending offset of topic/partition to next unless a
+// higher one is pending already.
+func (c *committer) raiseLocked(topic string, partition int, next int64) {
 	if c.pending == nil {
 		c.pending = offsets{}
 	}
@@ -51,11 +59,6 @@ func (c *committer) offer(topic string, partition int, next int64) {
 	}
 	if cur, ok := ps[partition]; !ok || next > cur {
 		ps[partition] = next
-	}
-	c.mu.Unlock()
-	select {
-	case c.kick <- struct{}{}:
-	default:
 	}
 }
 
@@ -73,19 +76,9 @@ func (c *committer) take() offsets {
 func (c *committer) putBack(p offsets) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.pending == nil {
-		c.pending = offsets{}
-	}
 	for t, ps := range p {
-		cur := c.pending[t]
-		if cur == nil {
-			cur = map[int]int64{}
-			c.pending[t] = cur
-		}
 		for part, off := range ps {
-			if have, ok := cur[part]; !ok || off > have {
-				cur[part] = off
-			}
+			c.raiseLocked(t, part, off)
 		}
 	}
 }
