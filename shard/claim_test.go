@@ -41,13 +41,7 @@ func TestClaimReadSettle(t *testing.T) {
 			h.ingest([]codec.Task{sched("a", due, 1), sched("b", due, 2), sched("c", due, 3)})
 			h.clk.Set(due)
 			s := h.e.shards[0]
-			s.mu.Lock()
-			s.drainLocked()
-			claimed := s.claimLocked(ms(due))
-			s.mu.Unlock()
-			if len(claimed) != 3 {
-				t.Fatalf("claimed %d entries, want 3", len(claimed))
-			}
+			claimed := claimDue(t, s, due, 3)
 			tc.damage(t, h, appendTaskKey(nil, 0, claimed[1].fire, claimed[1].seq))
 
 			items, dropped, retry, err := s.readClaimed(claimed)
@@ -86,13 +80,7 @@ func TestSettleRetryReturnsToWheel(t *testing.T) {
 	due := t0.Add(time.Second)
 	h.ingest([]codec.Task{sched("a", due, 1)})
 	s := h.e.shards[0]
-	s.mu.Lock()
-	s.drainLocked()
-	claimed := s.claimLocked(ms(due))
-	s.mu.Unlock()
-	if len(claimed) != 1 {
-		t.Fatalf("claimed %d entries, want 1", len(claimed))
-	}
+	claimed := claimDue(t, s, due, 1)
 	s.settleClaimed(nil, claimed)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -102,4 +90,18 @@ func TestSettleRetryReturnsToWheel(t *testing.T) {
 	if next, ok := s.w.Next(); !ok || next != ms(due) {
 		t.Fatalf("wheel next = %d, %v; want %d", next, ok, ms(due))
 	}
+}
+
+// claimDue drains s and claims what is due at due, as the fire loop does;
+// it fails the test unless want entries were claimed.
+func claimDue(t *testing.T, s *shard, due time.Time, want int) []fireItem {
+	t.Helper()
+	s.mu.Lock()
+	s.drainLocked()
+	claimed := s.claimLocked(ms(due))
+	s.mu.Unlock()
+	if len(claimed) != want {
+		t.Fatalf("claimed %d entries, want %d", len(claimed), want)
+	}
+	return claimed
 }

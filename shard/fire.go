@@ -516,6 +516,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	pb := &pendingBatch{tk: tk}
 	var (
 		key, val []byte
+		ikBuf    []byte
 		readds   []wheelOp
 		acked    []int
 		retried  []int
@@ -543,7 +544,8 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		indexed := t.Kind != codec.KindDeadLetter
 		var ik []byte
 		if indexed {
-			ik = appendIndexKey(nil, t.Source, t.ID)
+			ik = appendIndexKey(ikBuf[:0], t.Source, t.ID) // the batch and the overlay copy it
+			ikBuf = ik
 		}
 		oldKey := appendTaskKey(key[:0], s.id, it.fire, it.seq)
 		if derr == nil {
