@@ -329,7 +329,12 @@ type Measurement struct {
 	PeakRSSMB float64 `json:"peak_rss_mb"`
 	// BridgeRSSMB is VmHWM of the bridge child process (`delaybridge run`),
 	// 0 when the bridge ran in process.
-	BridgeRSSMB float64   `json:"bridge_peak_rss_mb,omitempty"`
+	BridgeRSSMB float64 `json:"bridge_peak_rss_mb,omitempty"`
+	// BridgeCPUUs is the CPU time (user + system) the bridge child spent
+	// per message from the first publish to the last delivery, in
+	// microseconds (process_cpu_seconds_total): steadier than the rates
+	// when the brokers and clients share the cores. 0 in process.
+	BridgeCPUUs float64   `json:"bridge_cpu_us_per_msg,omitempty"`
 	samples     []float64 // lateness in ms, for the chart
 }
 
@@ -458,6 +463,11 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 	} else {
 		profErr <- nil
 	}
+	cb, child := br.(*childBridge)
+	var cpu0 float64
+	if child {
+		cpu0 = cb.counter("process_cpu_seconds_total")
+	}
 	start := time.Now()
 	pubErr := make(chan error, 1)
 	go func() {
@@ -473,6 +483,10 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 	}
 	if werr != nil {
 		return nil, fmt.Errorf("benchrun: %s bridge: %d of %d delivered within %v: %w", transport, tr.count(), n, limit, werr)
+	}
+	var cpuUs float64
+	if child {
+		cpuUs = (cb.counter("process_cpu_seconds_total") - cpu0) / float64(n) * 1e6
 	}
 	if err := <-profErr; err != nil {
 		return nil, err
@@ -503,7 +517,7 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 	secs := last.Sub(start).Seconds() - delay.Seconds()
 	run := &Measurement{Transport: transport, Mode: mode, N: n, PublishRate: rate, DelayMs: delay.Milliseconds(), Seconds: secs,
 		Rate: float64(n) / secs, Lateness: summarize(lat), Duplicates: dups, PeakRSSMB: peakRSSMB(), samples: lat,
-		BridgeRSSMB: br.peakRSSMB()}
+		BridgeRSSMB: br.peakRSSMB(), BridgeCPUUs: cpuUs}
 	if at := ingestedAt.Load(); at > 0 {
 		run.IngestRate = float64(n) / time.Unix(0, at).Sub(start).Seconds()
 	}
