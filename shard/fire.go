@@ -495,14 +495,12 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	for i := range items {
 		batch[i] = items[i].task
 	}
-	start := time.Now()
+	// The sinks time their publishes (delaybridge_publish_seconds, by
+	// transport: a batch may go to both).
 	dctx, release := drainContext(ctx)
 	errs := sink.Deliver(dctx, batch)
 	release()
 	ackAt := e.clk.Now()
-	if len(batch) > 0 {
-		e.m.PublishSeconds.WithLabelValues(batch[0].Transport.String()).Observe(time.Since(start).Seconds())
-	}
 	var lenErr error
 	if errs != nil && len(errs) != len(items) {
 		lenErr = fmt.Errorf("sink returned %d results for %d tasks", len(errs), len(items))

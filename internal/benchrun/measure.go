@@ -323,6 +323,11 @@ type Measurement struct {
 	// ingest commits during the run (delaybridge_store_commit_seconds).
 	IngestCommits  uint64  `json:"ingest_commits,omitempty"`
 	IngestCommitMs float64 `json:"ingest_commit_ms,omitempty"`
+	// Publishes and PublishMs (mean) are the bridge's fire-time publish
+	// calls to the target broker during the run
+	// (delaybridge_publish_seconds); n / Publishes is the mean batch.
+	Publishes uint64  `json:"publishes,omitempty"`
+	PublishMs float64 `json:"publish_ms,omitempty"`
 	// PeakRSSMB is VmHWM of the benchmark process after the run: it
 	// includes the in-process brokers and clients (and the bridge when it
 	// runs in process).
@@ -445,6 +450,7 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 	var ingestedAt atomic.Int64
 	base := br.counter("delaybridge_ingested_total")
 	commits0, commitSecs0 := br.histogram("delaybridge_store_commit_seconds", "op", "ingest")
+	pubs0, pubSecs0 := br.histogram("delaybridge_publish_seconds", "transport", transport)
 	pollCtx, stopPoll := context.WithCancel(ctx)
 	defer stopPoll()
 	go func() {
@@ -527,6 +533,10 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 	if c, s := br.histogram("delaybridge_store_commit_seconds", "op", "ingest"); c > commits0 {
 		run.IngestCommits = c - commits0
 		run.IngestCommitMs = (s - commitSecs0) / float64(c-commits0) * 1000
+	}
+	if c, s := br.histogram("delaybridge_publish_seconds", "transport", transport); c > pubs0 {
+		run.Publishes = c - pubs0
+		run.PublishMs = (s - pubSecs0) / float64(c-pubs0) * 1000
 	}
 	if err := br.close(); err != nil && !errors.Is(err, context.Canceled) {
 		return run, fmt.Errorf("benchrun: %s bridge stop: %w", transport, err)
