@@ -27,6 +27,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	payload := fs.Int("payload", 0, "payload bytes per task in the capacity run (default 1024)")
 	recovery := fs.Int("recovery", 0, "pending tasks at the kill -9 of the recovery run (default 1000000; -quick 100000)")
 	only := fs.String("only", "", "comma-separated parts to run: throughput,lateness,capacity,recovery (default all)")
+	transports := fs.String("transports", "", "comma-separated transports of the throughput and lateness runs: kafka,nats (default both)")
 	out := fs.String("out", "bench-out", "directory for report.json, report.md and lateness.png")
 	profile := fs.Bool("profile", false, "write a 3 s CPU profile of each unpaced bridge run into -out (bridge-kafka.cpu.pprof, bridge-nats.cpu.pprof)")
 	work := fs.String("work", "", "scratch directory for stores and broker data (default the system temp dir)")
@@ -52,6 +53,14 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	set(&o.Recovery, *recovery)
 	if *only != "" {
 		o.Parts = strings.Split(*only, ",")
+	}
+	if *transports != "" {
+		for _, tr := range strings.Split(*transports, ",") {
+			if tr != benchrun.Kafka && tr != benchrun.NATS {
+				return fmt.Errorf("bench: -transports: unknown transport %q (kafka, nats)", tr)
+			}
+			o.Transports = append(o.Transports, tr)
+		}
 	}
 	exe, err := os.Executable()
 	if err != nil {

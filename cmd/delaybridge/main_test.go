@@ -41,6 +41,7 @@ func TestRealMain(t *testing.T) {
 		{"run with missing file", []string{"run", "--config", filepath.Join(dir, "nope.yaml")}, 1, "", []string{"nope.yaml"}},
 		{"run refuses an unknown key", []string{"run", "--config", unknownKey}, 1, "", []string{"unknown.yaml", "max_dleay: unknown key"}},
 		{"run names every invalid key", []string{"run", "--config", invalid}, 1, "", []string{"shards", "kafka.sources[0].dlq"}},
+		{"bench refuses an unknown transport", []string{"bench", "-transports", "kafka,amqp"}, 1, "", []string{`unknown transport "amqp"`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -35,13 +35,15 @@ type Options struct {
 	Payload  int      // payload bytes per task in the capacity run
 	Recovery int      // pending tasks at the kill -9
 	Parts    []string // subset of throughput, lateness, capacity, recovery; nil = all
-	Out      string   // directory for report.json, lateness.png, report.md
-	Profile  bool     // write a CPU profile of each unpaced bridge run into Out (bridge-TRANSPORT.cpu.pprof)
-	Exe      string   // this binary: the bridge runs as `Exe run`, engine-level children as `Exe bench -child`; "" = bridge in process
-	WorkDir  string   // scratch space (stores, broker data); removed afterwards
-	Command  string   // the command line, recorded in the report
-	Logger   *zap.Logger
-	Progress io.Writer // progress lines; nil = none
+	// Transports of the throughput and lateness runs: kafka, nats; nil = both.
+	Transports []string
+	Out        string // directory for report.json, lateness.png, report.md
+	Profile    bool   // write a CPU profile of each unpaced bridge run into Out (bridge-TRANSPORT.cpu.pprof)
+	Exe        string // this binary: the bridge runs as `Exe run`, engine-level children as `Exe bench -child`; "" = bridge in process
+	WorkDir    string // scratch space (stores, broker data); removed afterwards
+	Command    string // the command line, recorded in the report
+	Logger     *zap.Logger
+	Progress   io.Writer // progress lines; nil = none
 }
 
 // Defaults are the full run; Quick is the small one for development.
@@ -105,6 +107,13 @@ func (o *Options) want(part string) bool {
 	return false
 }
 
+func (o *Options) transports() []string {
+	if len(o.Transports) == 0 {
+		return []string{Kafka, NATS}
+	}
+	return o.Transports
+}
+
 func (o *Options) progress(format string, args ...any) {
 	if o.Progress != nil {
 		fmt.Fprintf(o.Progress, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
@@ -150,7 +159,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 
 	if o.want("throughput") {
-		for _, tr := range []string{Kafka, NATS} {
+		for _, tr := range o.transports() {
 			o.progress("%s raw pipe, %d messages", tr, o.N)
 			if run, err := rawRun(ctx, tr, o.N, sub()); err != nil {
 				fail(tr+" raw", err)
@@ -171,7 +180,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 	}
 	if o.want("lateness") {
-		for _, tr := range []string{Kafka, NATS} {
+		for _, tr := range o.transports() {
 			o.progress("%s paced at %d msg/s, %d messages", tr, o.Rate, o.PacedN)
 			if run, err := bridgeRun(ctx, tr, o.PacedN, o.Rate, o.Delay, sub(), o.Exe, "", o.Logger); err != nil {
 				fail(tr+" paced", err)
