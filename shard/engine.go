@@ -99,7 +99,7 @@ type shard struct {
 	inflight map[uint64]bool
 	// deleting holds the seqs of stored tasks that an applied-but-not-yet-
 	// durable (or not yet applied) batch deletes by a replace or cancel:
-	// they may still be visible in Pebble, so collect must not hand them
+	// they may still be visible in Pebble, so claimLocked must not hand them
 	// to the sink.
 	deleting  map[uint64]struct{}
 	clearedTo []byte // t keys before it are range-deleted
@@ -421,7 +421,7 @@ func (s *shard) drainLocked() {
 
 // supersedeLocked records that pb deletes the stored task seq (a replace
 // or cancel). If the task is in flight its delivery outcome is not
-// recorded; until pb is durable, collect skips it.
+// recorded; until pb is durable, claimLocked skips it.
 func (s *shard) supersedeLocked(seq uint64, pb *pendingBatch) {
 	if _, ok := s.inflight[seq]; ok {
 		s.inflight[seq] = true
@@ -515,21 +515,7 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 		}
 		ikEnd[i] = len(iks)
 	}
-	span := func(buf []byte, ends []int, i int) []byte {
-		if i == 0 {
-			return buf[:ends[0]:ends[0]]
-		}
-		return buf[ends[i-1]:ends[i]:ends[i]]
-	}
-	// The overlay keys are substrings of one copy of the index keys: one
-	// allocation per batch instead of one per task.
-	ikStr := string(iks)
-	ikOf := func(i int) string {
-		if i == 0 {
-			return ikStr[:ikEnd[0]]
-		}
-		return ikStr[ikEnd[i-1]:ikEnd[i]]
-	}
+	envOf, ikOf := spans{envs, envEnd}, newKeySpans(iks, ikEnd)
 	// Decide under the locks; ingestMu first, since nearly every batch
 	// touches every shard and one mutex hands over faster than a convoy
 	// through the shard locks (ascending order keeps those deadlock-free
@@ -561,7 +547,7 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 			s.addOpLocked(pb, a.fire, a.seq)
 			continue
 		}
-		ik := span(iks, ikEnd, i)
+		ik := ikOf.at(i)
 		var ex indexEntry
 		found, err := s.lookupLocked(&idx, ik, &ex, tk)
 		if err != nil {
@@ -606,7 +592,7 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 				stats.cancelled = append(stats.cancelled, t.Source)
 			}
 		}
-		s.setOverlayLocked(ikOf(i), a.entry, false, pb)
+		s.setOverlayLocked(ikOf.str(i), a.entry, false, pb)
 	}
 	idx.close()
 	if derr != nil {
@@ -643,7 +629,7 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 		}
 		if a.seq != 0 {
 			key = appendTaskKey(key[:0], sh, a.fire, a.seq)
-			b.Set(key, span(envs, envEnd, i), nil)
+			b.Set(key, envOf.at(i), nil)
 		}
 		if t.Kind == codec.KindDeadLetter {
 			continue
@@ -653,7 +639,7 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 			b.Set(key, nil, nil)
 		}
 		val = appendIndexEntry(val[:0], &a.entry)
-		b.Set(span(iks, ikEnd, i), val, nil)
+		b.Set(ikOf.at(i), val, nil)
 	}
 	if maxSeq != 0 {
 		b.Merge(seqKey, u64(maxSeq), nil)
@@ -707,6 +693,46 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 	}
 	stats.report(e.m)
 	return nil
+}
+
+// spans are consecutive pieces of one buffer: piece i ends at end[i] and
+// starts where piece i-1 ends (it may be empty).
+type spans struct {
+	buf []byte
+	end []int
+}
+
+func (sp spans) bounds(i int) (lo, hi int) {
+	if i > 0 {
+		lo = sp.end[i-1]
+	}
+	return lo, sp.end[i]
+}
+
+// at returns piece i, capped so that appending to it cannot overwrite
+// piece i+1.
+func (sp spans) at(i int) []byte {
+	lo, hi := sp.bounds(i)
+	return sp.buf[lo:hi:hi]
+}
+
+// keySpans are the index keys of a batch with one string copy of their
+// buffer: the overlay keeps its keys as strings until the batch is
+// durable, and substrings of one copy cost one allocation per batch
+// instead of one per task.
+type keySpans struct {
+	spans
+	s string
+}
+
+func newKeySpans(buf []byte, end []int) keySpans {
+	return keySpans{spans{buf, end}, string(buf)}
+}
+
+// str returns key i as a substring of the batch's copy.
+func (k keySpans) str(i int) string {
+	lo, hi := k.bounds(i)
+	return k.s[lo:hi]
 }
 
 // ingestScratch holds the buffers of one Ingest call. At thousands of

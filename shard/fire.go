@@ -501,6 +501,17 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	errs := sink.Deliver(dctx, batch)
 	release()
 	ackAt := e.clk.Now()
+	// The index keys of the batch (none for dead letters), built before
+	// taking the lock.
+	var ikBuf []byte
+	ikEnd := make([]int, len(items))
+	for i := range items {
+		if t := items[i].task; t.Kind != codec.KindDeadLetter {
+			ikBuf = appendIndexKey(ikBuf, t.Source, t.ID)
+		}
+		ikEnd[i] = len(ikBuf)
+	}
+	iks := newKeySpans(ikBuf, ikEnd)
 	var lenErr error
 	if errs != nil && len(errs) != len(items) {
 		lenErr = fmt.Errorf("sink returned %d results for %d tasks", len(errs), len(items))
@@ -514,7 +525,6 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	pb := &pendingBatch{tk: tk}
 	var (
 		key, val []byte
-		ikBuf    []byte
 		readds   []wheelOp
 		acked    []int
 		retried  []int
@@ -540,17 +550,13 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			continue
 		}
 		indexed := t.Kind != codec.KindDeadLetter
-		var ik []byte
-		if indexed {
-			ik = appendIndexKey(ikBuf[:0], t.Source, t.ID) // the batch and the overlay copy it
-			ikBuf = ik
-		}
+		ik := iks.at(i)
 		oldKey := appendTaskKey(key[:0], s.id, it.fire, it.seq)
 		if derr == nil {
 			b.Delete(oldKey, nil)
 			if indexed {
 				b.Delete(ik, nil)
-				s.setOverlayLocked(string(ik), indexEntry{}, true, pb)
+				s.setOverlayLocked(iks.str(i), indexEntry{}, true, pb)
 			}
 			pb.delta--
 			acked = append(acked, i)
@@ -571,7 +577,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			detail := fmt.Sprintf("publish to %s:%s failed after %d attempts: %v", t.Transport, t.Target, t.Attempts, derr)
 			dl := codec.DeadLetter(t, codec.CodePublishFailed, detail)
 			b.Delete(ik, nil)
-			s.setOverlayLocked(string(ik), indexEntry{}, true, pb)
+			s.setOverlayLocked(iks.str(i), indexEntry{}, true, pb)
 			val = codec.AppendTask(val[:0], &dl)
 			b.Set(appendTaskKey(key[:0], s.id, now, it.seq), val, nil)
 			s.addOpLocked(pb, now, it.seq)
@@ -585,7 +591,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		if indexed {
 			ne := indexEntry{Shard: s.id, Fire: fire, Seq: it.seq, Order: order{Stamp: t.Stamp, Partition: t.Partition, Offset: t.Offset}}
 			b.Set(ik, appendIndexEntry(nil, &ne), nil)
-			s.setOverlayLocked(string(ik), ne, false, pb)
+			s.setOverlayLocked(iks.str(i), ne, false, pb)
 		} else {
 			dlqErr = derr
 		}
