@@ -24,10 +24,17 @@ type bridgeRunner interface {
 	// peakRSSMB is the bridge's own VmHWM, or 0 when it shares the
 	// benchmark process.
 	peakRSSMB() float64
+	// cpuSeconds is the bridge's own CPU time so far (user + system), or
+	// 0 when it shares the benchmark process.
+	cpuSeconds() float64
 	close() error
 }
 
 func (br *bridge) peakRSSMB() float64 { return 0 }
+
+func (br *bridge) cpuSeconds() float64 { return 0 }
+
+func (cb *childBridge) cpuSeconds() float64 { return cb.counter("process_cpu_seconds_total") }
 
 // childBridge is `delaybridge run --config FILE` as a child process; its
 // metrics come from the admin /metrics endpoint and its RSS from

@@ -469,11 +469,7 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 	} else {
 		profErr <- nil
 	}
-	cb, child := br.(*childBridge)
-	var cpu0 float64
-	if child {
-		cpu0 = cb.counter("process_cpu_seconds_total")
-	}
+	cpu0 := br.cpuSeconds()
 	start := time.Now()
 	pubErr := make(chan error, 1)
 	go func() {
@@ -491,8 +487,8 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 		return nil, fmt.Errorf("benchrun: %s bridge: %d of %d delivered within %v: %w", transport, tr.count(), n, limit, werr)
 	}
 	var cpuUs float64
-	if child {
-		cpuUs = (cb.counter("process_cpu_seconds_total") - cpu0) / float64(n) * 1e6
+	if cpu := br.cpuSeconds(); cpu > 0 {
+		cpuUs = (cpu - cpu0) / float64(n) * 1e6
 	}
 	if err := <-profErr; err != nil {
 		return nil, err
