@@ -23,7 +23,7 @@ const (
 	benchBatch   = 128
 	benchPayload = 1024
 	benchWriters = 16 // concurrent ingest batches, as from many source partitions
-	benchShards  = 8  // the engine's default
+	benchShards  = defaultShards
 )
 
 func benchTask(id string, due int64) codec.Task {

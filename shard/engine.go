@@ -119,7 +119,7 @@ type shard struct {
 
 func (o *Options) setDefaults() {
 	if o.Shards <= 0 {
-		o.Shards = 8
+		o.Shards = defaultShards
 	}
 	if o.Horizon <= 0 {
 		o.Horizon = 10 * time.Minute
@@ -167,6 +167,9 @@ func (o *Options) setDefaults() {
 		o.Metrics = metrics.New(nil)
 	}
 }
+
+// defaultShards is the default Options.Shards.
+const defaultShards = 8
 
 // maxShards keeps the shard number in the u16 of the keys.
 const maxShards = 1 << 16
