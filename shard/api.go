@@ -67,9 +67,9 @@ type Options struct {
 	// its memtable is still in memory never reaches a file, so short
 	// delays at high rates want it large; but Pebble flushes the memtables
 	// replayed from the WAL before Open returns, so after a crash recovery
-	// takes longer the larger they are (1-1.4 s with 1 M pending for two 128 MiB ones,
-	// about 3 s for two of 256 MiB). Default DefaultMemTableBytes; at most
-	// CacheBytes/2.
+	// takes longer the larger they are (with 1 M pending: 1-1.4 s for two
+	// 128 MiB ones, about 3 s for two of 256 MiB). Default
+	// DefaultMemTableBytes; at most CacheBytes/2.
 	MemTableBytes   int64
 	Retry           RetryPolicy
 	CancelRetention time.Duration    // default 24h
