@@ -120,12 +120,9 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 			claimed = s.claimLocked(now)
 		}
 		if err == nil && len(claimed) == 0 {
-			wake := s.horizonEnd - s.e.horizonMs()/2
-			if at, ok := s.w.Next(); ok && at < wake {
-				wake = at
-			}
+			wake := s.horizonEnd - s.e.horizonMs()/2 // or the wheel's next due: park looks
 			s.mu.Unlock()
-			s.park(ctx, timer, wake)
+			s.park(ctx, timer, wake, false)
 			continue
 		}
 		s.mu.Unlock()
@@ -138,7 +135,7 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 		if err != nil {
 			s.e.log.Error("fire loop: store read failed", zap.Int("shard", s.id), zap.Error(err))
 			if len(items) == 0 { // (the tasks it could not read are back in the wheel)
-				s.park(ctx, timer, now+1000) // retry in a second
+				s.park(ctx, timer, now+1000, true) // retry in a second
 				continue
 			}
 		}
@@ -151,13 +148,17 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 	}
 }
 
-// park waits until the clock reaches wake (ms), an ingest adds an earlier
-// task, or ctx is done.
+// park waits until the clock reaches wake (ms) or the wheel's next due if
+// that is earlier, an ingest adds an earlier task, or ctx is done. It
+// returns at once when that time has come already: the clock moved on
+// since the loop looked, or the batches it drains hold due tasks. With
+// hold it waits for wake itself, whatever the wheel holds (the pause after
+// a failed store read, which put its tasks back in the wheel).
 func (s *shard) park(ctx context.Context, timer interface {
 	C() <-chan time.Time
 	Stop() bool
 	Reset(time.Duration) bool
-}, wake int64) {
+}, wake int64, hold bool) {
 	s.mu.Lock()
 	// Consume a stale wake-up first, then take durable batches: a batch
 	// marked durable after this drain sends a fresh wake-up.
@@ -167,12 +168,12 @@ func (s *shard) park(ctx context.Context, timer interface {
 	}
 	s.drainLocked()
 	now := s.e.clk.Now()
-	if next, ok := s.w.Next(); ok && next < wake {
-		if next <= now.UnixMilli() && now.UnixMilli() >= s.w.Now() {
-			s.mu.Unlock() // the drained batches hold due tasks: fire them
-			return
-		}
+	if next, ok := s.w.Next(); ok && next < wake && !hold {
 		wake = next
+	}
+	if nowMs := now.UnixMilli(); wake <= nowMs && nowMs >= s.w.Now() {
+		s.mu.Unlock()
+		return
 	}
 	d := time.UnixMilli(wake).Sub(now)
 	if d <= 0 {

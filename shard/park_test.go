@@ -1,0 +1,82 @@
+package shard
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+// TestPark drives a fire loop's park by hand on the fake clock. A wake
+// time that has passed (the clock moved on between the loop's look and
+// park; or due tasks in the wheel) returns at once, without waiting for the
+// clock to move again; with hold, park waits for its own wake time even
+// though the wheel holds due tasks (the pause after a failed store read).
+func TestPark(t *testing.T) {
+	due, soon := t0.Add(time.Second), t0.Add(10*time.Millisecond)
+	cases := []struct {
+		name     string
+		tasks    []codec.Task
+		now      time.Time // clock when park is called
+		wake     time.Time
+		hold     bool
+		waitsFor time.Duration // 0: returns at once; else returns once the clock moved this far
+	}{
+		// Within the wheel's first level, where its next due is exact (the
+		// loop passes that as wake).
+		{"wake passed while looking", []codec.Task{sched("a", soon, 1)}, soon.Add(10 * time.Second), soon, false, 0},
+		{"horizon wake passed, wheel empty", nil, t0.Add(time.Hour), t0.Add(time.Minute), false, 0},
+		{"due task before wake", []codec.Task{sched("a", due, 1)}, due, due.Add(time.Minute), false, 0},
+		{"nothing due yet", []codec.Task{sched("a", due, 1)}, t0, due.Add(time.Minute), false, time.Second},
+		{"hold despite due task", []codec.Task{sched("a", due, 1)}, due, due.Add(time.Second), true, time.Second},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(o *Options) { o.Shards = 1 })
+			if len(tc.tasks) > 0 {
+				h.ingest(tc.tasks)
+			}
+			h.clk.Set(tc.now)
+			s := h.e.shards[0]
+			timer := h.e.clk.NewTimer(time.Hour)
+			defer timer.Stop()
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				s.park(context.Background(), timer, ms(tc.wake), tc.hold)
+			}()
+			// The deadlines only turn a hang into a failure.
+			if tc.waitsFor == 0 {
+				select {
+				case <-done:
+				case <-time.After(20 * time.Second):
+					t.Fatal("park waited although its wake time had come")
+				}
+				return
+			}
+			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Microsecond) {
+				s.mu.Lock()
+				parked := s.parked
+				s.mu.Unlock()
+				if parked {
+					break
+				}
+				select {
+				case <-done:
+					t.Fatal("park returned before its wake time")
+				default:
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("park neither parked nor returned")
+				}
+			}
+			h.clk.Advance(tc.waitsFor)
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				t.Fatal("park did not return when the clock reached its wake time")
+			}
+		})
+	}
+}
