@@ -57,11 +57,11 @@ func TestSmallReport(t *testing.T) {
 	if len(r.Errors) > 0 {
 		t.Fatalf("errors: %v", r.Errors)
 	}
-	if len(r.Runs) != 6 {
-		t.Fatalf("%d runs, want 6", len(r.Runs))
+	if len(r.Runs) != 8 {
+		t.Fatalf("%d runs, want 8", len(r.Runs))
 	}
 	md := r.Markdown()
-	for _, want := range []string{"bridge / raw pipe throughput", "p99 lateness at 2000 msg/s", "| kafka | raw pipe"} {
+	for _, want := range []string{"bridge / raw pipe throughput", "both read at a target consumer", "| nats | raw pipe, rate at a consumer", "p99 lateness at 2000 msg/s", "| kafka | raw pipe"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
 		}

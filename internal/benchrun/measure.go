@@ -211,6 +211,25 @@ func (r *targetReader) count() int {
 	return n
 }
 
+// last is when the latest message arrived.
+func (r *targetReader) last() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var last time.Time
+	for _, rc := range r.got {
+		if rc.recv.After(last) {
+			last = rc.recv
+		}
+	}
+	return last
+}
+
+func (r *targetReader) dupCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.dups
+}
+
 func parseDue(s string) int64 {
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
@@ -219,12 +238,14 @@ func parseDue(s string) int64 {
 	return t.UnixMilli()
 }
 
-func readTarget(b *broker) (*targetReader, error) {
+// readTarget consumes topic (Kafka) or stream (NATS) from its start and
+// records when each message arrived.
+func readTarget(b *broker, topic, stream string) (*targetReader, error) {
 	r := &targetReader{got: map[uint32]receipt{}, changed: make(chan struct{}, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	switch b.transport {
 	case Kafka:
-		cl, err := kgo.NewClient(kgo.SeedBrokers(b.addr()), kgo.ConsumeTopics("orders"),
+		cl, err := kgo.NewClient(kgo.SeedBrokers(b.addr()), kgo.ConsumeTopics(topic),
 			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))
 		if err != nil {
 			cancel()
@@ -262,7 +283,7 @@ func readTarget(b *broker) (*targetReader, error) {
 			nc.Close()
 			return nil, err
 		}
-		cons, err := js.OrderedConsumer(ctx, "ORDERS", jetstream.OrderedConsumerConfig{})
+		cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
 		if err != nil {
 			cancel()
 			nc.Close()
@@ -303,15 +324,18 @@ func (r *targetReader) wait(ctx context.Context, cond func() bool) error {
 // Measurement is one throughput or lateness measurement.
 type Measurement struct {
 	Transport string `json:"transport"`
-	// Mode: "raw" (RawPipe, no delay, no store), "bridge" (as fast as the
-	// publisher goes) or "paced" (publisher paced at Rate msg/s).
+	// Mode: "raw" (RawPipe, no delay, no store), "raw-read" (the same with
+	// a consumer reading its target), "bridge" (as fast as the publisher
+	// goes) or "paced" (publisher paced at Rate msg/s).
 	Mode        string  `json:"mode"`
 	N           int     `json:"n"`
 	PublishRate int     `json:"publish_rate,omitempty"` // paced target, msg/s
 	DelayMs     int64   `json:"delay_ms"`
 	Seconds     float64 `json:"seconds"` // the denominator of Rate
-	// Rate: raw: n / (pipe done - first publish); bridge and paced:
-	// n / (last delivery at the target consumer - first publish - delay).
+	// Rate: raw: n / (the pipe's last produce acknowledged - first
+	// publish), nobody reading raw.out; raw-read: n / (last copy read at a
+	// consumer of raw.out - first publish); bridge and paced: n / (last
+	// delivery at the target consumer - first publish - delay).
 	Rate float64 `json:"rate"`
 	// IngestRate: n / (time the bridge's ingested counter reached n - first publish).
 	IngestRate float64 `json:"ingest_rate,omitempty"`
@@ -367,13 +391,24 @@ func summarize(xs []float64) *Summary {
 }
 
 // rawRun measures the adapter's raw consume -> produce pipe: n messages
-// published to raw.in while the pipe copies them to raw.out.
-func rawRun(ctx context.Context, transport string, n int, dir string) (*Measurement, error) {
+// published to raw.in while the pipe copies them to raw.out. Without read
+// the rate is the pipe's own: until the target broker acknowledged the last
+// copy (mode "raw"). With read a consumer reads raw.out as the target
+// consumer does in a bridge run, and the rate is measured at it (mode
+// "raw-read"), so the brokers carry the same streams as in a bridge run.
+func rawRun(ctx context.Context, transport string, n int, dir string, read bool) (*Measurement, error) {
 	b, err := startBroker(transport, dir)
 	if err != nil {
 		return nil, err
 	}
 	defer b.close()
+	var tr *targetReader
+	if read {
+		if tr, err = readTarget(b, "raw.out", "RAWOUT"); err != nil {
+			return nil, err
+		}
+		defer tr.stop()
+	}
 	pub, err := newPublisher(b, "raw.in")
 	if err != nil {
 		return nil, err
@@ -395,8 +430,20 @@ func rawRun(ctx context.Context, transport string, n int, dir string) (*Measurem
 	if err := <-pubErr; err != nil {
 		return nil, err
 	}
-	secs := end.Sub(start).Seconds()
-	return &Measurement{Transport: transport, Mode: "raw", N: n, Seconds: secs, Rate: float64(n) / secs, PeakRSSMB: peakRSSMB()}, nil
+	run := &Measurement{Transport: transport, Mode: "raw", N: n}
+	if read {
+		limit := time.Duration(n/1000)*time.Second + time.Minute
+		dctx, cancel := context.WithTimeout(ctx, limit)
+		defer cancel()
+		if err := tr.wait(dctx, func() bool { return tr.count() >= n }); err != nil {
+			return nil, fmt.Errorf("benchrun: %s raw pipe: %d of %d read at raw.out within %v: %w", transport, tr.count(), n, limit, err)
+		}
+		run.Mode, end, run.Duplicates = "raw-read", tr.last(), tr.dupCount()
+	}
+	run.Seconds = end.Sub(start).Seconds()
+	run.Rate = float64(n) / run.Seconds
+	run.PeakRSSMB = peakRSSMB()
+	return run, nil
 }
 
 // profileSecs is how much of a bridge run a CPU profile covers.
@@ -422,7 +469,7 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 		return nil, err
 	}
 	defer br.close()
-	tr, err := readTarget(b)
+	tr, err := readTarget(b, "orders", "ORDERS")
 	if err != nil {
 		return nil, err
 	}
