@@ -283,8 +283,8 @@ func (r *Report) Markdown() string {
 
 	if len(r.Runs) > 0 {
 		fmt.Fprintf(&b, "### Throughput and lateness (1 KB messages, brokers in process)\n\n")
-		fmt.Fprintf(&b, "| transport | run | n | rate msg/s | ingest msg/s | fire msg/s | lateness p50 / p99 / p999 / max ms | dups | ingest commits (mean ms) | publishes (mean ms, mean batch) | bridge CPU µs/msg | bridge peak RSS MB | bench process peak RSS MB |\n")
-		fmt.Fprintf(&b, "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(&b, "| transport | run | n | rate msg/s | ingest msg/s | fire msg/s | lateness p50 / p99 / p999 / max ms | dups | ingest commits (mean ms) | publishes (mean ms, mean batch) | bridge CPU µs/msg | bench process CPU µs/msg | bridge peak RSS MB | bench process peak RSS MB |\n")
+		fmt.Fprintf(&b, "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, run := range r.Runs {
 			what := map[string]string{"raw": "raw pipe (no delay, no store), rate at its producer acks", "raw-read": "raw pipe, rate at a consumer of its target", "bridge": fmt.Sprintf("bridge, delay %d ms, unpaced", run.DelayMs),
 				"paced": fmt.Sprintf("bridge, delay %d ms, paced %d/s", run.DelayMs, run.PublishRate)}[run.Mode]
@@ -304,8 +304,8 @@ func (r *Report) Markdown() string {
 			if run.BridgeCPUUs > 0 {
 				cpu = fmt.Sprintf("%.1f", run.BridgeCPUUs)
 			}
-			fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %s | %s | %s | %d | %s | %s | %s | %s | %.0f |\n", run.Transport, what, run.N, run.Rate,
-				orDash(run.IngestRate), orDash(run.FireRate), lat, run.Duplicates, commits, pubs, cpu, orDash(run.BridgeRSSMB), run.PeakRSSMB)
+			fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %s | %s | %s | %d | %s | %s | %s | %.1f | %s | %.0f |\n", run.Transport, what, run.N, run.Rate,
+				orDash(run.IngestRate), orDash(run.FireRate), lat, run.Duplicates, commits, pubs, cpu, run.BenchCPUUs, orDash(run.BridgeRSSMB), run.PeakRSSMB)
 		}
 		b.WriteString("\n")
 		fmt.Fprintf(&b, "| goal | transport | value | goal | verdict |\n|---|---|---:|---:|---|\n")

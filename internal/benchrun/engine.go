@@ -359,3 +359,13 @@ func statusField(status, field string) float64 {
 }
 
 func peakRSSMB() float64 { return rssMB("VmHWM") }
+
+// selfCPUSeconds is the CPU time (user + system) this process has used:
+// the in-process brokers, publishers, readers and, in a raw run, the pipe.
+func selfCPUSeconds() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}

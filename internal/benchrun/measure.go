@@ -363,8 +363,13 @@ type Measurement struct {
 	// per message from the first publish to the last delivery, in
 	// microseconds (process_cpu_seconds_total): steadier than the rates
 	// when the brokers and clients share the cores. 0 in process.
-	BridgeCPUUs float64   `json:"bridge_cpu_us_per_msg,omitempty"`
-	samples     []float64 // lateness in ms, for the chart
+	BridgeCPUUs float64 `json:"bridge_cpu_us_per_msg,omitempty"`
+	// BenchCPUUs is the CPU time of this (the benchmark) process per
+	// message over the same span: the in-process brokers, the publisher,
+	// the target consumer and, in a raw run, the pipe itself. With the
+	// bridge child's it accounts for the whole machine's work.
+	BenchCPUUs float64   `json:"bench_cpu_us_per_msg,omitempty"`
+	samples    []float64 // lateness in ms, for the chart
 }
 
 // Summary is a lateness distribution in milliseconds.
@@ -414,6 +419,7 @@ func rawRun(ctx context.Context, transport string, n int, dir string, read bool)
 		return nil, err
 	}
 	defer pub.close()
+	cpu0 := selfCPUSeconds()
 	start := time.Now()
 	pubErr := make(chan error, 1)
 	go func() { pubErr <- pub.publish(ctx, 0, n, 0, nil) }()
@@ -442,6 +448,7 @@ func rawRun(ctx context.Context, transport string, n int, dir string, read bool)
 	}
 	run.Seconds = end.Sub(start).Seconds()
 	run.Rate = float64(n) / run.Seconds
+	run.BenchCPUUs = (selfCPUSeconds() - cpu0) / float64(n) * 1e6
 	run.PeakRSSMB = peakRSSMB()
 	return run, nil
 }
@@ -516,7 +523,7 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 	} else {
 		profErr <- nil
 	}
-	cpu0 := br.cpuSeconds()
+	cpu0, self0 := br.cpuSeconds(), selfCPUSeconds()
 	start := time.Now()
 	pubErr := make(chan error, 1)
 	go func() {
@@ -533,6 +540,7 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 	if werr != nil {
 		return nil, fmt.Errorf("benchrun: %s bridge: %d of %d delivered within %v: %w", transport, tr.count(), n, limit, werr)
 	}
+	benchUs := (selfCPUSeconds() - self0) / float64(n) * 1e6
 	var cpuUs float64
 	if cpu := br.cpuSeconds(); cpu > 0 {
 		cpuUs = (cpu - cpu0) / float64(n) * 1e6
@@ -566,7 +574,7 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 	secs := last.Sub(start).Seconds() - delay.Seconds()
 	run := &Measurement{Transport: transport, Mode: mode, N: n, PublishRate: rate, DelayMs: delay.Milliseconds(), Seconds: secs,
 		Rate: float64(n) / secs, Lateness: summarize(lat), Duplicates: dups, PeakRSSMB: peakRSSMB(), samples: lat,
-		BridgeRSSMB: br.peakRSSMB(), BridgeCPUUs: cpuUs}
+		BridgeRSSMB: br.peakRSSMB(), BridgeCPUUs: cpuUs, BenchCPUUs: benchUs}
 	if at := ingestedAt.Load(); at > 0 {
 		run.IngestRate = float64(n) / time.Unix(0, at).Sub(start).Seconds()
 	}
