@@ -366,8 +366,9 @@ type Measurement struct {
 	BridgeCPUUs float64 `json:"bridge_cpu_us_per_msg,omitempty"`
 	// BenchCPUUs is the CPU time of this (the benchmark) process per
 	// message over the same span: the in-process brokers, the publisher,
-	// the target consumer and, in a raw run, the pipe itself. With the
-	// bridge child's it accounts for the whole machine's work.
+	// the target consumer and, in a raw run, the pipe itself (and the
+	// bridge, when it runs in process). With the bridge child's it
+	// accounts for the whole machine's work.
 	BenchCPUUs float64   `json:"bench_cpu_us_per_msg,omitempty"`
 	samples    []float64 // lateness in ms, for the chart
 }
