@@ -108,6 +108,12 @@ func (o *Options) want(part string) bool {
 	return false
 }
 
+// How the two raw runs take their rate, in progress lines and the report.
+const (
+	rawAckHow  = "rate at its producer acks"
+	rawReadHow = "rate at a consumer of its target"
+)
+
 func (o *Options) transports() []string {
 	if len(o.Transports) == 0 {
 		return []string{Kafka, NATS}
@@ -166,9 +172,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.want("throughput") {
 		for _, tr := range o.transports() {
 			for _, read := range []bool{false, true} {
-				how := "rate at its producer acks"
+				how := rawAckHow
 				if read {
-					how = "rate at a consumer of its target"
+					how = rawReadHow
 				}
 				o.progress("%s raw pipe, %d messages, %s", tr, o.N, how)
 				if run, err := rawRun(ctx, tr, o.N, sub(), read); err != nil {
@@ -286,7 +292,7 @@ func (r *Report) Markdown() string {
 		fmt.Fprintf(&b, "| transport | run | n | rate msg/s | ingest msg/s | fire msg/s | lateness p50 / p99 / p999 / max ms | dups | ingest commits (mean ms) | publishes (mean ms, mean batch) | bridge CPU µs/msg | bench process CPU µs/msg | bridge peak RSS MB | bench process peak RSS MB |\n")
 		fmt.Fprintf(&b, "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, run := range r.Runs {
-			what := map[string]string{"raw": "raw pipe (no delay, no store), rate at its producer acks", "raw-read": "raw pipe, rate at a consumer of its target", "bridge": fmt.Sprintf("bridge, delay %d ms, unpaced", run.DelayMs),
+			what := map[string]string{"raw": "raw pipe (no delay, no store), " + rawAckHow, "raw-read": "raw pipe, " + rawReadHow, "bridge": fmt.Sprintf("bridge, delay %d ms, unpaced", run.DelayMs),
 				"paced": fmt.Sprintf("bridge, delay %d ms, paced %d/s", run.DelayMs, run.PublishRate)}[run.Mode]
 			lat := "-"
 			if s := run.Lateness; s != nil {

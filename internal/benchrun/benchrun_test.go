@@ -60,6 +60,11 @@ func TestSmallReport(t *testing.T) {
 	if len(r.Runs) != 8 {
 		t.Fatalf("%d runs, want 8", len(r.Runs))
 	}
+	for _, run := range r.Runs {
+		if run.Rate <= 0 || run.BenchCPUUs <= 0 {
+			t.Errorf("%s %s: rate %v, bench CPU %v µs/msg", run.Transport, run.Mode, run.Rate, run.BenchCPUUs)
+		}
+	}
 	md := r.Markdown()
 	for _, want := range []string{"bridge / raw pipe throughput", "both read at a target consumer", "| nats | raw pipe, rate at a consumer", "p99 lateness at 2000 msg/s", "| kafka | raw pipe"} {
 		if !strings.Contains(md, want) {

@@ -211,23 +211,23 @@ func (r *targetReader) count() int {
 	return n
 }
 
-// last is when the latest message arrived.
-func (r *targetReader) last() time.Time {
+// span is when the first and the last message arrived (the warm-up
+// message left out), and how many arrived twice.
+func (r *targetReader) span() (first, last time.Time, dups int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var last time.Time
-	for _, rc := range r.got {
+	for id, rc := range r.got {
+		if id == warmupID {
+			continue
+		}
+		if first.IsZero() || rc.recv.Before(first) {
+			first = rc.recv
+		}
 		if rc.recv.After(last) {
 			last = rc.recv
 		}
 	}
-	return last
-}
-
-func (r *targetReader) dupCount() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.dups
+	return first, last, r.dups
 }
 
 func parseDue(s string) int64 {
@@ -445,7 +445,8 @@ func rawRun(ctx context.Context, transport string, n int, dir string, read bool)
 		if err := tr.wait(dctx, func() bool { return tr.count() >= n }); err != nil {
 			return nil, fmt.Errorf("benchrun: %s raw pipe: %d of %d read at raw.out within %v: %w", transport, tr.count(), n, limit, err)
 		}
-		run.Mode, end, run.Duplicates = "raw-read", tr.last(), tr.dupCount()
+		run.Mode = "raw-read"
+		_, end, run.Duplicates = tr.span()
 	}
 	run.Seconds = end.Sub(start).Seconds()
 	run.Rate = float64(n) / run.Seconds
@@ -550,22 +551,14 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 		return nil, err
 	}
 
+	first, last, dups := tr.span()
 	tr.mu.Lock()
-	var first, last time.Time
 	lat := make([]float64, 0, n)
 	for id, rc := range tr.got {
-		if id == warmupID {
-			continue
+		if id != warmupID {
+			lat = append(lat, float64(rc.recv.UnixNano()-rc.due*int64(time.Millisecond))/1e6)
 		}
-		if first.IsZero() || rc.recv.Before(first) {
-			first = rc.recv
-		}
-		if rc.recv.After(last) {
-			last = rc.recv
-		}
-		lat = append(lat, float64(rc.recv.UnixNano()-rc.due*int64(time.Millisecond))/1e6)
 	}
-	dups := tr.dups
 	tr.mu.Unlock()
 
 	mode := "bridge"
