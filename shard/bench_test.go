@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"runtime"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/cockroachdb/pebble/v2"
 	"go.uber.org/zap"
 
@@ -74,7 +76,13 @@ func BenchmarkStoreIngest(b *testing.B) {
 // BenchmarkPebbleRawSyncedBatch writes the same envelopes under the same
 // t keys in synced batches of 128 straight to Pebble (same options): the
 // ceiling BenchmarkStoreIngest is compared with.
-func BenchmarkPebbleRawSyncedBatch(b *testing.B) { benchRawSyncedBatch(b, false) }
+func BenchmarkPebbleRawSyncedBatch(b *testing.B) { benchRawSyncedBatch(b, rawOneKey) }
+
+// BenchmarkPebbleRawSyncedBatchByID writes each envelope once, under a key
+// ordered by a hash of its id: the single key per task of a layout that
+// finds tasks by id without a separate index. It shows what such a layout
+// would cost the one-key baseline before any engine work.
+func BenchmarkPebbleRawSyncedBatchByID(b *testing.B) { benchRawSyncedBatch(b, rawByID) }
 
 // BenchmarkPebbleRawSyncedBatchWithIndex is the raw baseline writing
 // exactly what Ingest writes for a batch of new ids (each envelope under
@@ -82,9 +90,18 @@ func BenchmarkPebbleRawSyncedBatch(b *testing.B) { benchRawSyncedBatch(b, false)
 // entry under its i key, the sequence and per-shard count merges and the
 // checkpoint), without lookups or bookkeeping: it separates the cost of
 // the engine's key layout from the engine's own.
-func BenchmarkPebbleRawSyncedBatchWithIndex(b *testing.B) { benchRawSyncedBatch(b, true) }
+func BenchmarkPebbleRawSyncedBatchWithIndex(b *testing.B) { benchRawSyncedBatch(b, rawWithIndex) }
 
-func benchRawSyncedBatch(b *testing.B, withIndex bool) {
+type rawLayout int
+
+const (
+	rawOneKey rawLayout = iota
+	rawByID
+	rawWithIndex
+)
+
+func benchRawSyncedBatch(b *testing.B, layout rawLayout) {
+	withIndex := layout == rawWithIndex
 	db, err := openPebble(b.TempDir(), nil, zap.NewNop(), 0, 0)
 	if err != nil {
 		b.Fatal(err)
@@ -106,6 +123,10 @@ func benchRawSyncedBatch(b *testing.B, withIndex bool) {
 				counts[sh]++
 			}
 			key = appendTaskKey(key[:0], sh, t.Due, s)
+			if layout == rawByID {
+				key = binary.BigEndian.AppendUint64(append(key[:0], prefixTask), xxhash.Sum64String(t.ID))
+				key = append(append(append(key, t.Source...), 0), t.ID...)
+			}
 			val = codec.AppendTask(val[:0], &t)
 			batch.Set(key, val, nil)
 			if withIndex {
