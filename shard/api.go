@@ -46,7 +46,7 @@ type RetryPolicy struct {
 	Initial     time.Duration // first backoff; default 500ms
 	Max         time.Duration // cap; default 5m
 	Multiplier  float64       // default 2
-	Jitter      float64       // +-fraction of each backoff; default 0.2
+	Jitter      float64       // +-fraction of each backoff; default 0.2, negative: none
 	MaxAttempts int           // then dead-letter publish-failed; default 10
 }
 
@@ -72,7 +72,7 @@ type Options struct {
 	// DefaultMemTableBytes; at most CacheBytes/2.
 	MemTableBytes   int64
 	Retry           RetryPolicy
-	CancelRetention time.Duration    // default 24h
+	CancelRetention time.Duration    // default 24h; negative: none (a cancel only deletes what is pending)
 	Clock           clock.Clock      // default clock.Real{}
 	Logger          *zap.Logger      // default zap.NewNop()
 	Metrics         *metrics.Metrics // default: unregistered instruments

@@ -133,8 +133,10 @@ func (o *Options) setDefaults() {
 	if o.FireBatch <= 0 {
 		o.FireBatch = 512
 	}
-	if o.CancelRetention <= 0 {
+	if o.CancelRetention == 0 {
 		o.CancelRetention = 24 * time.Hour
+	} else if o.CancelRetention < 0 { // negative: none
+		o.CancelRetention = 0
 	}
 	r := &o.Retry
 	if r.Initial <= 0 {
@@ -151,7 +153,7 @@ func (o *Options) setDefaults() {
 	}
 	if r.Jitter == 0 {
 		r.Jitter = 0.2
-	} else if r.Jitter < 0 { // negative: no jitter (tests)
+	} else if r.Jitter < 0 { // negative: none
 		r.Jitter = 0
 	}
 	if r.Jitter > 1 {

@@ -151,19 +151,24 @@ func TestCancel(t *testing.T) {
 		steps   []step
 		oneBtch bool
 		fires   string // value that fires, "" none
+		opts    func(*Options)
 	}{
-		{"cancel-after-schedule", []step{{task: sched("x", due, 1)}, {task: cancelTask("x", 2)}}, false, ""},
-		{"schedule-then-cancel-one-batch", []step{{task: sched("x", due, 1)}, {task: cancelTask("x", 2)}}, true, ""},
-		{"older-cancel-ignored", []step{{task: sched("x", due, 5)}, {task: cancelTask("x", 4)}}, false, "x#5"},
-		{"cancel-before-schedule-drops-it", []step{{task: cancelTask("x", 5)}, {task: sched("x", due, 4)}}, false, ""},
-		{"cancel-before-schedule-cross-partition", []step{{task: at(1, 1, 5, cancelTask("x", 5))}, {task: at(0, 100, 4, sched("x", due, 4))}}, false, ""},
-		{"newer-schedule-after-cancel", []step{{task: cancelTask("x", 5)}, {task: sched("x", due, 6)}}, false, "x#6"},
-		{"cancel-marker-expires", []step{{task: cancelTask("x", 5)}, {task: sched("x", due, 4), advance: 24*time.Hour + time.Millisecond}}, false, "x#4"},
-		{"cancel-marker-alive-before-expiry", []step{{task: cancelTask("x", 5)}, {task: sched("x", due, 4), advance: 24*time.Hour - time.Millisecond}}, false, ""},
+		{"cancel-after-schedule", []step{{task: sched("x", due, 1)}, {task: cancelTask("x", 2)}}, false, "", nil},
+		{"schedule-then-cancel-one-batch", []step{{task: sched("x", due, 1)}, {task: cancelTask("x", 2)}}, true, "", nil},
+		{"older-cancel-ignored", []step{{task: sched("x", due, 5)}, {task: cancelTask("x", 4)}}, false, "x#5", nil},
+		{"cancel-before-schedule-drops-it", []step{{task: cancelTask("x", 5)}, {task: sched("x", due, 4)}}, false, "", nil},
+		{"cancel-before-schedule-cross-partition", []step{{task: at(1, 1, 5, cancelTask("x", 5))}, {task: at(0, 100, 4, sched("x", due, 4))}}, false, "", nil},
+		{"newer-schedule-after-cancel", []step{{task: cancelTask("x", 5)}, {task: sched("x", due, 6)}}, false, "x#6", nil},
+		{"cancel-marker-expires", []step{{task: cancelTask("x", 5)}, {task: sched("x", due, 4), advance: 24*time.Hour + time.Millisecond}}, false, "x#4", nil},
+		{"cancel-marker-alive-before-expiry", []step{{task: cancelTask("x", 5)}, {task: sched("x", due, 4), advance: 24*time.Hour - time.Millisecond}}, false, "", nil},
+		{"no-retention-forgets-early-cancel", []step{{task: cancelTask("x", 5)}, {task: sched("x", due, 4), advance: time.Millisecond}}, false, "x#4",
+			func(o *Options) { o.CancelRetention = -1 }},
+		{"no-retention-cancel-after-schedule", []step{{task: sched("x", due, 1)}, {task: cancelTask("x", 2)}}, false, "",
+			func(o *Options) { o.CancelRetention = -1 }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, nil)
+			h := newHarness(t, tc.opts)
 			h.run()
 			if tc.oneBtch {
 				var b []codec.Task

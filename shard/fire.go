@@ -327,7 +327,7 @@ func (s *shard) sweep(now int64) error {
 	if n == sweepBatch {
 		s.nextSweep = now // more to do on the next round
 	} else {
-		s.nextSweep = now + min(e.opts.CancelRetention.Milliseconds(), time.Minute.Milliseconds())
+		s.nextSweep = now + min(max(e.opts.CancelRetention, time.Second), time.Minute).Milliseconds()
 	}
 	if err != nil || b.Empty() {
 		s.abandonLocked(pb)

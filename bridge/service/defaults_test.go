@@ -2,6 +2,7 @@ package service
 
 import (
 	"testing"
+	"time"
 
 	"github.com/delaybridge/delaybridge/config"
 	"github.com/delaybridge/delaybridge/shard"
@@ -15,5 +16,41 @@ func TestStoreDefaultsAgree(t *testing.T) {
 	}
 	if got, want := int64(config.DefaultStoreMemtableMB)<<20, int64(shard.DefaultMemTableBytes); got != want {
 		t.Errorf("config store.memtable_mb default %d B, engine default %d B", got, want)
+	}
+}
+
+// A zero in the config is an explicit choice (the config holds the defaults
+// already); it must reach the engine as its "none", not as its "default".
+func TestEngineOptionsKeepExplicitZeros(t *testing.T) {
+	const base = "data_dir: /tmp/x\nkafka:\n  brokers: [\"localhost:9092\"]\n  sources:\n    - {topic: delay, dlq: delay.dlq}\nadmin: {listen: \"127.0.0.1:8080\"}\n"
+	cases := []struct {
+		name          string
+		yaml          string
+		env           []string
+		wantJitter    float64
+		wantRetention time.Duration
+	}{
+		{"defaults", "", nil, 0.2, 24 * time.Hour},
+		{"yaml zeros", "retry: {jitter: 0}\ncancel_retention: 0s\n", nil, -1, -1},
+		{"env zeros", "", []string{"DELAYBRIDGE_RETRY_JITTER=0", "DELAYBRIDGE_CANCEL_RETENTION=0s"}, -1, -1},
+		{"explicit values", "retry: {jitter: 0.5}\ncancel_retention: 2h\n", nil, 0.5, 2 * time.Hour},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := config.LoadBytes([]byte(base+tc.yaml), tc.env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			eo := engineOptions(cfg)
+			if eo.Retry.Jitter != tc.wantJitter {
+				t.Errorf("Retry.Jitter = %g, want %g", eo.Retry.Jitter, tc.wantJitter)
+			}
+			if eo.CancelRetention != tc.wantRetention {
+				t.Errorf("CancelRetention = %s, want %s", eo.CancelRetention, tc.wantRetention)
+			}
+			if eo.Dir != "/tmp/x" || eo.Shards != cfg.Shards || eo.FireBatch != cfg.FireBatch {
+				t.Errorf("options %+v do not carry the config", eo)
+			}
+		})
 	}
 }

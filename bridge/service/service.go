@@ -98,26 +98,9 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 	}()
 
 	start := time.Now()
-	s.eng, err = shard.Open(shard.Options{
-		Dir:           cfg.DataDir,
-		FS:            o.FS,
-		Shards:        cfg.Shards,
-		Horizon:       cfg.Horizon.Std(),
-		FireBatch:     cfg.FireBatch,
-		CacheBytes:    int64(cfg.Store.CacheMB) << 20,
-		MemTableBytes: int64(cfg.Store.MemtableMB) << 20,
-		Retry: shard.RetryPolicy{
-			Initial:     cfg.Retry.Initial.Std(),
-			Max:         cfg.Retry.Max.Std(),
-			Multiplier:  cfg.Retry.Multiplier,
-			Jitter:      cfg.Retry.Jitter,
-			MaxAttempts: cfg.Retry.MaxAttempts,
-		},
-		CancelRetention: cfg.CancelRetention.Std(),
-		Clock:           o.Clock,
-		Logger:          s.log.Named("engine"),
-		Metrics:         s.m,
-	})
+	eo := engineOptions(cfg)
+	eo.FS, eo.Clock, eo.Logger, eo.Metrics = o.FS, o.Clock, s.log.Named("engine"), s.m
+	s.eng, err = shard.Open(eo)
 	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", cfg.DataDir, err)
 	}
@@ -468,4 +451,34 @@ func (s *Service) closeAll() error {
 	}
 	s.closers = nil
 	return errors.Join(errs...)
+}
+
+// engineOptions maps the validated config onto the engine's options. The
+// config holds every default already, so a zero in it is the operator's
+// explicit choice; where the engine reads zero as "default" (retry.jitter,
+// cancel_retention), the zero is passed as the engine's "none" (negative).
+func engineOptions(cfg *config.Config) shard.Options {
+	eo := shard.Options{
+		Dir:           cfg.DataDir,
+		Shards:        cfg.Shards,
+		Horizon:       cfg.Horizon.Std(),
+		FireBatch:     cfg.FireBatch,
+		CacheBytes:    int64(cfg.Store.CacheMB) << 20,
+		MemTableBytes: int64(cfg.Store.MemtableMB) << 20,
+		Retry: shard.RetryPolicy{
+			Initial:     cfg.Retry.Initial.Std(),
+			Max:         cfg.Retry.Max.Std(),
+			Multiplier:  cfg.Retry.Multiplier,
+			Jitter:      cfg.Retry.Jitter,
+			MaxAttempts: cfg.Retry.MaxAttempts,
+		},
+		CancelRetention: cfg.CancelRetention.Std(),
+	}
+	if eo.Retry.Jitter == 0 {
+		eo.Retry.Jitter = -1
+	}
+	if eo.CancelRetention == 0 {
+		eo.CancelRetention = -1
+	}
+	return eo
 }
