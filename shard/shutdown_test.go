@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -102,6 +103,44 @@ func TestSupersededWhileInFlight(t *testing.T) {
 			cancel()
 			if err := <-done; err != nil {
 				t.Fatalf("Run: %v", err)
+			}
+		})
+	}
+}
+
+// TestCloseKeepsEverything: with or without the memtable flush, a closed
+// store reopens with every ingested task and checkpoint, and fires them.
+func TestCloseKeepsEverything(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		close func(*Engine) error
+	}{
+		{"Close", (*Engine).Close},
+		{"CloseNoFlush", (*Engine).CloseNoFlush},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			h.run()
+			h.ingest([]codec.Task{sched("a", t0.Add(time.Minute), 1), sched("b", t0.Add(time.Hour), 2), cancelTask("c", 3)},
+				Checkpoint{Key: "kafka|delay|0", Offset: 41})
+			h.stop()
+			if err := tc.close(h.e); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			h.e = nil
+			h.open()
+			if p := h.e.Stats().Pending; p != 2 {
+				t.Fatalf("pending after reopen = %d, want 2", p)
+			}
+			if off, ok, err := h.e.Checkpoint("kafka|delay|0"); err != nil || !ok || off != 41 {
+				t.Fatalf("checkpoint after reopen = %d, %v, %v; want 41", off, ok, err)
+			}
+			h.run()
+			h.set(t0.Add(2 * time.Hour))
+			got := h.sink.acked()
+			slices.Sort(got) // two shards: no order between them
+			if !slices.Equal(got, []string{"a", "b"}) {
+				t.Fatalf("fired %v after reopen, want [a b]", got)
 			}
 		})
 	}

@@ -166,11 +166,29 @@ func (s *Sink) write(ctx context.Context, msgs []kafkago.Message, idx []int, err
 	}
 	var werrs kafkago.WriteErrors
 	if errors.As(err, &werrs) && len(werrs) == len(idx) {
-		s.setHealth(nil) // the brokers answered
+		// Per-record errors: the brokers answered if any record was
+		// written or refused with a protocol error; if every record
+		// failed otherwise (a dropped connection, a timeout), none did.
+		var answered bool
+		var connErr error
 		for j, e := range werrs {
+			var protoErr kafkago.Error
+			switch {
+			case e == nil || errors.As(e, &protoErr):
+				answered = true
+			case connErr == nil:
+				connErr = e
+			}
 			if e != nil {
 				errs[idx[j]] = publishError(msgs[idx[j]].Topic, e)
 			}
+		}
+		switch {
+		case ctx.Err() != nil: // stopping: says nothing about the brokers
+		case answered:
+			s.setHealth(nil)
+		default:
+			s.setHealth(fmt.Errorf("kafka: publish: %w", classify(connErr)))
 		}
 		return
 	}

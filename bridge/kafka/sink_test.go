@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -317,5 +318,30 @@ func TestSinkHealth(t *testing.T) {
 	}
 	if err := ok.Health(); err != nil {
 		t.Fatalf("Health after a missing topic: %v", err)
+	}
+
+	// The broker is reachable but drops the connection on every produce:
+	// each record fails without an answer, so the sink is not healthy.
+	var drop atomic.Bool
+	drop.Store(true)
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if drop.Load() {
+			return nil, errors.New("injected: connection dropped"), true
+		}
+		return nil, nil, false
+	})
+	if errs := ok.Deliver(context.Background(), []*codec.Task{task("out", "k", "v")}); len(errs) != 1 || errs[0] == nil {
+		t.Fatalf("Deliver with produces dropped: %v", errs)
+	}
+	if err := ok.Health(); err == nil {
+		t.Fatal("Health nil while every produce connection is dropped")
+	}
+	drop.Store(false)
+	if errs := ok.Deliver(context.Background(), []*codec.Task{task("out", "k", "v")}); errs != nil {
+		t.Fatalf("Deliver after the drops: %v", errs)
+	}
+	if err := ok.Health(); err != nil {
+		t.Fatalf("Health after a successful publish: %v", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -296,7 +297,6 @@ func TestBrokerOutage(t *testing.T) {
 
 	failProduce.Store(false)
 	e.startNATS()
-	eventually(t, "readiness after the outage", func() bool { return svc.Ready() == nil })
 	// Keep the bridge's clock moving until the backlog drained: a delivery
 	// that failed while a broker was down is rescheduled with backoff on
 	// that clock, however long the failed publish took in real time.
@@ -315,6 +315,67 @@ func TestBrokerOutage(t *testing.T) {
 	got := e.deliveries()
 	if dl := countDest(got, func(d delivery) bool { return d.dest == kafkaDLQ || d.dest == "dlq.delay" }); dl != 0 {
 		t.Errorf("%d dead letters; the outage must only delay delivery", dl)
+	}
+	// The Kafka publisher is healthy again once a publish succeeded.
+	eventually(t, "readiness after the outage", func() bool { return svc.Ready() == nil })
+}
+
+// TestKafkaPublisherOutageNotReady: the Kafka source keeps fetching while
+// every produce to the target fails at the connection; the publisher alone
+// must make the bridge not ready, and ready again once produces succeed.
+func TestKafkaPublisherOutageNotReady(t *testing.T) {
+	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 1000}\n")
+	svc, _ := e.start()
+	var failProduce atomic.Bool
+	e.kc.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.kc.KeepControl()
+		if !failProduce.Load() {
+			return nil, nil, false
+		}
+		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
+			if tp.Topic == kafkaOut {
+				return nil, errors.New("injected produce outage"), true
+			}
+		}
+		return nil, nil, false
+	})
+	e.publishKafka(0, time.Time{}, []byte("v"), []byte("k"), "delay-after", "1s", "delay-target", "orders")
+	waitIngested(t, svc, 1)
+	if err := svc.Ready(); err != nil {
+		t.Fatalf("not ready before the outage: %v", err)
+	}
+	failProduce.Store(true)
+	e.clk.Advance(2 * time.Second)
+	eventually(t, "readiness to report the Kafka publisher", func() bool {
+		err := svc.Ready()
+		return err != nil && strings.Contains(err.Error(), "kafka: publish")
+	})
+	failProduce.Store(false)
+	deadline := time.Now().Add(60 * time.Second)
+	for len(byValue(e.deliveries(), kafkaOut)) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("not delivered after the outage")
+		}
+		e.clk.Advance(time.Second) // the failed publish was rescheduled with backoff
+		select {
+		case <-e.seen:
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	eventually(t, "readiness after the outage", func() bool { return svc.Ready() == nil })
+}
+
+// TestReadyGaugeWithoutProbe: delaybridge_ready follows readiness while
+// nobody calls /readyz (no Kubernetes probe), so its alert means something.
+func TestReadyGaugeWithoutProbe(t *testing.T) {
+	e := newEnv(t, "")
+	svc, stop := e.start()
+	e.publishKafka(0, time.Time{}, []byte("v"), []byte("k"), "delay-after", "1h", "delay-target", "orders")
+	waitIngested(t, svc, 1)
+	eventually(t, "delaybridge_ready 1", func() bool { return testutil.ToFloat64(svc.m.Ready) == 1 })
+	stop()
+	if got := testutil.ToFloat64(svc.m.Ready); got != 0 {
+		t.Fatalf("delaybridge_ready = %g after shutdown, want 0", got)
 	}
 }
 

@@ -68,6 +68,9 @@ type Service struct {
 	closers  []func() error
 	admin    http.Handler
 	opts     Options
+	// lateShutdown: the shutdown ran out of time, so the store is closed
+	// without its memtable flush (set by Run before closeAll).
+	lateShutdown bool
 
 	// connected is false until Run has reached the brokers; connectErr is
 	// the last reason it could not, for /readyz.
@@ -104,7 +107,12 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", cfg.DataDir, err)
 	}
-	s.closers = append(s.closers, s.eng.Close)
+	s.closers = append(s.closers, func() error {
+		if s.lateShutdown {
+			return s.eng.CloseNoFlush()
+		}
+		return s.eng.Close()
+	})
 	st := s.eng.Stats()
 	s.log.Info("store recovered", zap.Int64("pending", st.Pending), zap.Duration("took", time.Since(start)))
 	s.pipeline = bridge.NewPipeline(s.eng, s.log.Named("pipeline"))
@@ -235,6 +243,7 @@ func (s *Service) setupKafka(ctx context.Context, o Options) error {
 		return fmt.Errorf("kafka brokers %v: %w", k.Brokers, err)
 	}
 	s.sinks.Kafka = sink
+	s.health = append(s.health, sink)
 	src, err := kafka.NewSource(kc)
 	if err != nil {
 		return fmt.Errorf("kafka source: %w", err)
@@ -402,20 +411,44 @@ func (s *Service) Run(ctx context.Context) error {
 		})
 	}
 	s.log.Info("delaybridge running", zap.Int("sources", len(s.sources)), zap.String("admin", s.cfg.Admin.Listen))
+	// delaybridge_ready is set by Ready; keep it current without a
+	// readiness probe calling /readyz.
+	go func() {
+		t := time.NewTicker(readyRefresh)
+		defer t.Stop()
+		for {
+			_ = s.Ready()
+			select {
+			case <-srcCtx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
 
 	<-srcCtx.Done()
+	s.m.Ready.Set(0)
 	s.log.Info("shutting down: stopping sources")
-	deadline := time.Now().Add(s.cfg.ShutdownTimeout.Std())
+	// Sources, fire loops and admin requests share shutdown_timeout less a
+	// reserve for closing the store. Out of time, the store is closed
+	// without its flush, so the process still exits within the timeout.
+	timeout := s.cfg.ShutdownTimeout.Std()
+	deadline := time.Now().Add(timeout - min(closeReserve, timeout/5))
 	if !waitUntil(func() { srcWG.Wait() }, deadline) {
+		s.lateShutdown = true
 		s.log.Warn("sources did not stop in time; their uncommitted messages will be redelivered")
 	}
 	s.log.Info("shutting down: draining fire loops")
 	stopEngine()
 	if !waitUntil(func() { <-engDone }, deadline) {
+		s.lateShutdown = true
 		s.log.Warn("fire loops did not stop in time; in-flight deliveries stay stored and may repeat")
 	}
 	stopAdmin()
-	<-adminDone
+	if !waitUntil(func() { <-adminDone }, deadline) {
+		s.lateShutdown = true
+		s.log.Warn("admin requests did not finish in time")
+	}
 	if err := s.closeAll(); err != nil {
 		s.log.Error("close", zap.Error(err))
 		if fatal == nil {
@@ -425,6 +458,14 @@ func (s *Service) Run(ctx context.Context) error {
 	s.log.Info("stopped; pending tasks are kept in the store")
 	return fatal
 }
+
+// closeReserve is the part of shutdown_timeout (at most a fifth of it)
+// kept for closing the store.
+const closeReserve = 2 * time.Second
+
+// readyRefresh is how often a running service re-evaluates Ready, so the
+// delaybridge_ready gauge is current without a readiness probe.
+const readyRefresh = 5 * time.Second
 
 // waitUntil runs wait and reports whether it returned before deadline.
 func waitUntil(wait func(), deadline time.Time) bool {
