@@ -6,14 +6,12 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/delaybridge/delaybridge/bridge/kafka"
 	"github.com/delaybridge/delaybridge/codec"
@@ -258,20 +256,7 @@ func TestRestartZeroLoss(t *testing.T) {
 func TestBrokerOutage(t *testing.T) {
 	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 1000}\n")
 	svc, _ := e.start()
-	var failProduce atomic.Bool
-	e.kc.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		e.kc.KeepControl()
-		if !failProduce.Load() {
-			return nil, nil, false
-		}
-		pr := req.(*kmsg.ProduceRequest)
-		for _, tp := range pr.Topics {
-			if tp.Topic == kafkaOut {
-				return nil, errors.New("injected produce outage"), true
-			}
-		}
-		return nil, nil, false
-	})
+	failProduce := e.failProduceTo(kafkaOut)
 	const n = 50
 	for i := range n {
 		e.publishKafka(int32(i%3), time.Time{}, []byte("o"+strconv.Itoa(i)), []byte("k"+strconv.Itoa(i)), "delay-after", "2s", "delay-target", "orders")
@@ -297,22 +282,9 @@ func TestBrokerOutage(t *testing.T) {
 
 	failProduce.Store(false)
 	e.startNATS()
-	// Keep the bridge's clock moving until the backlog drained: a delivery
-	// that failed while a broker was down is rescheduled with backoff on
-	// that clock, however long the failed publish took in real time.
-	delivered := func(ds []delivery) bool { return len(byValue(ds, kafkaOut))+len(byValue(ds, "orders.o")) >= 2*n }
-	deadline := time.Now().Add(60 * time.Second)
-	for !delivered(e.deliveries()) {
-		if time.Now().After(deadline) {
-			t.Fatalf("backlog not delivered after the outage: %d of %d", len(byValue(e.deliveries(), kafkaOut))+len(byValue(e.deliveries(), "orders.o")), 2*n)
-		}
-		e.clk.Advance(time.Second)
-		select {
-		case <-e.seen:
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	got := e.deliveries()
+	got := e.advanceUntil("the backlog after the outage", func(ds []delivery) bool {
+		return len(byValue(ds, kafkaOut))+len(byValue(ds, "orders.o")) >= 2*n
+	})
 	if dl := countDest(got, func(d delivery) bool { return d.dest == kafkaDLQ || d.dest == "dlq.delay" }); dl != 0 {
 		t.Errorf("%d dead letters; the outage must only delay delivery", dl)
 	}
@@ -326,19 +298,7 @@ func TestBrokerOutage(t *testing.T) {
 func TestKafkaPublisherOutageNotReady(t *testing.T) {
 	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 1000}\n")
 	svc, _ := e.start()
-	var failProduce atomic.Bool
-	e.kc.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		e.kc.KeepControl()
-		if !failProduce.Load() {
-			return nil, nil, false
-		}
-		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
-			if tp.Topic == kafkaOut {
-				return nil, errors.New("injected produce outage"), true
-			}
-		}
-		return nil, nil, false
-	})
+	failProduce := e.failProduceTo(kafkaOut)
 	e.publishKafka(0, time.Time{}, []byte("v"), []byte("k"), "delay-after", "1s", "delay-target", "orders")
 	waitIngested(t, svc, 1)
 	if err := svc.Ready(); err != nil {
@@ -351,17 +311,7 @@ func TestKafkaPublisherOutageNotReady(t *testing.T) {
 		return err != nil && strings.Contains(err.Error(), "kafka: publish")
 	})
 	failProduce.Store(false)
-	deadline := time.Now().Add(60 * time.Second)
-	for len(byValue(e.deliveries(), kafkaOut)) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("not delivered after the outage")
-		}
-		e.clk.Advance(time.Second) // the failed publish was rescheduled with backoff
-		select {
-		case <-e.seen:
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	e.advanceUntil("the delivery after the outage", func(ds []delivery) bool { return len(byValue(ds, kafkaOut)) > 0 })
 	eventually(t, "readiness after the outage", func() bool { return svc.Ready() == nil })
 }
 

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
@@ -309,6 +312,47 @@ func (e *env) start() (svc *Service, stop func()) {
 	}
 	e.t.Cleanup(stop)
 	return svc, stop
+}
+
+// failProduceTo makes kfake drop the connection of every produce request
+// for topic while the returned flag is set.
+func (e *env) failProduceTo(topic string) *atomic.Bool {
+	var fail atomic.Bool
+	e.kc.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.kc.KeepControl()
+		if !fail.Load() {
+			return nil, nil, false
+		}
+		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
+			if tp.Topic == topic {
+				return nil, errors.New("injected produce outage"), true
+			}
+		}
+		return nil, nil, false
+	})
+	return &fail
+}
+
+// advanceUntil moves the bridge's clock a second at a time until done
+// holds for the deliveries, and returns them: a publish that failed is
+// rescheduled with backoff on that clock, however long it took in real time.
+func (e *env) advanceUntil(what string, done func([]delivery) bool) []delivery {
+	e.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		got := e.deliveries()
+		if done(got) {
+			return got
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timed out waiting for %s: %d deliveries", what, len(got))
+		}
+		e.clk.Advance(time.Second)
+		select {
+		case <-e.seen:
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // publishKafka writes one record to the delay topic's partition with the
