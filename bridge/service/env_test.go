@@ -333,26 +333,18 @@ func (e *env) failProduceTo(topic string) *atomic.Bool {
 	return &fail
 }
 
-// advanceUntil moves the bridge's clock a second at a time until done
-// holds for the deliveries, and returns them: a publish that failed is
-// rescheduled with backoff on that clock, however long it took in real time.
+// advanceUntil is waitFor moving the bridge's clock a second per poll: a
+// publish that failed is rescheduled with backoff on that clock, however
+// long it took in real time.
 func (e *env) advanceUntil(what string, done func([]delivery) bool) []delivery {
 	e.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		got := e.deliveries()
-		if done(got) {
-			return got
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out waiting for %s: %d deliveries", what, len(got))
+	return e.waitFor(what, func(ds []delivery) bool {
+		if done(ds) {
+			return true
 		}
 		e.clk.Advance(time.Second)
-		select {
-		case <-e.seen:
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+		return false
+	})
 }
 
 // publishKafka writes one record to the delay topic's partition with the
