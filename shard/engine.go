@@ -16,6 +16,7 @@
 package shard
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -636,23 +637,23 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 	// replace's delete still follows the set it deletes): consecutive
 	// inserts then land near each other in the memtable's skiplist, whose
 	// inserter reuses the previous splice. Index keys follow in task order.
-	for sh, pb := range pbs {
-		if pb == nil {
+	byShard := sc.byShard
+	for i := range byShard {
+		byShard[i] = i
+	}
+	slices.SortStableFunc(byShard, func(x, y int) int { return cmp.Compare(route[x], route[y]) })
+	for _, i := range byShard {
+		a, sh := &acts[i], route[i]
+		if a.skip {
 			continue
 		}
-		for i := range acts {
-			a := &acts[i]
-			if a.skip || route[i] != sh {
-				continue
-			}
-			if a.delOld {
-				key = appendTaskKey(key[:0], sh, a.oldFire, a.oldSeq)
-				b.Delete(key, nil)
-			}
-			if a.seq != 0 {
-				key = appendTaskKey(key[:0], sh, a.fire, a.seq)
-				b.Set(key, envOf.at(i), nil)
-			}
+		if a.delOld {
+			key = appendTaskKey(key[:0], sh, a.oldFire, a.oldSeq)
+			b.Delete(key, nil)
+		}
+		if a.seq != 0 {
+			key = appendTaskKey(key[:0], sh, a.fire, a.seq)
+			b.Set(key, envOf.at(i), nil)
 		}
 	}
 	for i := range acts {
@@ -769,6 +770,7 @@ func (k keySpans) str(i int) string {
 // batches are only pointed to.
 type ingestScratch struct {
 	route, envEnd, ikEnd []int
+	byShard              []int // task indexes in shard order
 	touched              []bool
 	pbs                  []*pendingBatch
 	acts                 []ingestAction
@@ -787,6 +789,7 @@ func getScratch(n, shards int) *ingestScratch {
 	sc.route = zeroed(sc.route, n)
 	sc.envEnd = zeroed(sc.envEnd, n)
 	sc.ikEnd = zeroed(sc.ikEnd, n)
+	sc.byShard = zeroed(sc.byShard, n)
 	sc.touched = zeroed(sc.touched, shards)
 	sc.pbs = zeroed(sc.pbs, shards)
 	sc.acts = zeroed(sc.acts, n)
