@@ -327,6 +327,9 @@ func TestReadyGaugeWithoutProbe(t *testing.T) {
 	if got := testutil.ToFloat64(svc.m.Ready); got != 0 {
 		t.Fatalf("delaybridge_ready = %g after shutdown, want 0", got)
 	}
+	if err := svc.Ready(); err == nil || !strings.Contains(err.Error(), "shutting down") {
+		t.Fatalf("Ready after shutdown = %v, want shutting down", err)
+	}
 }
 
 func waitIngested(t *testing.T, svc *Service, n int64) {

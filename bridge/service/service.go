@@ -76,6 +76,8 @@ type Service struct {
 	// the last reason it could not, for /readyz.
 	connected  atomic.Bool
 	connectErr atomic.Pointer[error]
+	// stopping is set when Run begins its shutdown.
+	stopping atomic.Bool
 }
 
 // New validates cfg and opens the store, recovering pending tasks. Brokers
@@ -325,6 +327,9 @@ func (s *Service) Live() error {
 // connected; otherwise it says why.
 func (s *Service) Ready() error {
 	errs := []error{}
+	if s.stopping.Load() {
+		errs = append(errs, errors.New("shutting down"))
+	}
 	if !s.connected.Load() {
 		reason := errors.New("connecting to brokers")
 		if p := s.connectErr.Load(); p != nil {
@@ -413,7 +418,9 @@ func (s *Service) Run(ctx context.Context) error {
 	s.log.Info("delaybridge running", zap.Int("sources", len(s.sources)), zap.String("admin", s.cfg.Admin.Listen))
 	// delaybridge_ready is set by Ready; keep it current without a
 	// readiness probe calling /readyz.
+	readyDone := make(chan struct{})
 	go func() {
+		defer close(readyDone)
 		t := time.NewTicker(readyRefresh)
 		defer t.Stop()
 		for {
@@ -427,7 +434,9 @@ func (s *Service) Run(ctx context.Context) error {
 	}()
 
 	<-srcCtx.Done()
-	s.m.Ready.Set(0)
+	s.stopping.Store(true)
+	<-readyDone
+	_ = s.Ready() // not ready from here on; sets the gauge to 0
 	s.log.Info("shutting down: stopping sources")
 	// Sources, fire loops and admin requests share shutdown_timeout less a
 	// reserve for closing the store. Out of time, the store is closed
