@@ -22,6 +22,12 @@ var (
 	ErrStoreFailed = errors.New("shard: store failed")
 	// ErrNotFound is returned by Lookup and Cancel for an unknown task.
 	ErrNotFound = errors.New("shard: task not found")
+	// ErrUnavailable is wrapped by a Sink's error for a task whose target
+	// broker could not be reached (no connection, or the cluster answered
+	// that it cannot take writes now). The engine retries such a task
+	// without charging an attempt, so an outage of any length never
+	// dead-letters it as publish-failed.
+	ErrUnavailable = errors.New("shard: target broker unavailable")
 )
 
 // Sink delivers due tasks. Deliver returns after the broker acknowledged

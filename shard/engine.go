@@ -108,6 +108,7 @@ type shard struct {
 	churn     int
 	clearedTo []byte // t keys before it are range-deleted
 	dlqErr    error  // last failed dead-letter delivery, nil after one succeeds
+	outageErr error  // last ErrUnavailable from the sink, nil after a delivery succeeds
 
 	// Fire-loop parking, so Ingest can wake the loop for an earlier due and
 	// tests can tell when the loop is idle.

@@ -458,6 +458,54 @@ func TestRetryBackoffThenDeadLetter(t *testing.T) {
 	h.checkPending()
 }
 
+// TestOutageDoesNotUseRetryBudget: a target broker that cannot be reached
+// (ErrUnavailable) charges no attempt, however long it lasts; the waits
+// double from Initial up to Max, and the task is delivered once the broker
+// is back. A refusal afterwards is charged as usual.
+func TestOutageDoesNotUseRetryBudget(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Retry = RetryPolicy{Initial: 100 * time.Millisecond, Max: time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 2}
+	})
+	down := fmt.Errorf("dial broker: connection refused: %w", ErrUnavailable)
+	h.sink.setFail(func(*codec.Task) error { return down })
+	h.run()
+	h.ingest([]codec.Task{sched("x", t0, 1)})
+	// Tries at 0, then each wait as long as the task is overdue: +100,
+	// +200, +400, +800, then Max: +1800, +2800.
+	for _, d := range []time.Duration{100, 100, 200, 400, 1000, 1000} {
+		h.advance(d * time.Millisecond)
+	}
+	if info, err := h.e.Lookup("src", "x"); err != nil || info.Attempts != 0 {
+		t.Fatalf("after the outage: %+v, %v; want pending with 0 attempts", info, err)
+	}
+	// The broker answers again but refuses: that is an attempt.
+	h.sink.setFail(func(*codec.Task) error { return errors.New("broker says no") })
+	h.advance(time.Second)
+	h.sink.setFail(nil)
+	h.advance(100 * time.Millisecond)
+	got := h.sink.all()
+	wantAt := []time.Duration{0, 100, 200, 400, 800, 1800, 2800, 3800, 3900}
+	if len(got) != len(wantAt) {
+		t.Fatalf("deliveries %+v", got)
+	}
+	for i, d := range got {
+		if !d.At.Equal(t0.Add(wantAt[i] * time.Millisecond)) {
+			t.Fatalf("delivery %d at %v, want +%v", i, d.At.Sub(t0), wantAt[i]*time.Millisecond)
+		}
+		wantAttempts, wantErr := uint32(0), true
+		if i == len(got)-1 {
+			wantAttempts, wantErr = 1, false
+		}
+		if d.Kind != codec.KindSchedule || d.Attempts != wantAttempts || (d.Err != nil) != wantErr {
+			t.Fatalf("delivery %d: %+v", i, d)
+		}
+	}
+	if n := h.e.Stats().Pending; n != 0 {
+		t.Fatalf("pending %d after delivery", n)
+	}
+	h.checkPending()
+}
+
 func TestFailingDeadLetterQueue(t *testing.T) {
 	h := newHarness(t, func(o *Options) {
 		o.Retry = RetryPolicy{Initial: 100 * time.Millisecond, Max: time.Second, Jitter: -1, MaxAttempts: 1}

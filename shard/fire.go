@@ -529,9 +529,12 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		readds   []wheelOp
 		acked    []int
 		retried  []int
-		dlqErr   error
-		dlqOK    bool
-		anyRetry bool
+		// unavailable: retried without an attempt charged (ErrUnavailable)
+		unavailable []int
+		outageErr   error
+		dlqErr      error
+		dlqOK       bool
+		anyRetry    bool
 	)
 	for i := range items {
 		it := &items[i]
@@ -573,8 +576,19 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		}
 		b.Delete(oldKey, nil)
 		anyRetry = true
-		t.Attempts++
-		if indexed && int(t.Attempts) >= e.opts.Retry.MaxAttempts {
+		var wait time.Duration
+		if errors.Is(derr, ErrUnavailable) {
+			// The target broker is unreachable: not the task's fault, so
+			// no attempt is charged and an outage of any length never
+			// dead-letters it. It waits as long again as it is overdue
+			// (doubling, within Initial..Max).
+			wait = s.outageBackoff(now - t.Due)
+			unavailable, outageErr = append(unavailable, i), derr
+		} else {
+			t.Attempts++
+			wait = s.backoff(t.Attempts)
+		}
+		if !errors.Is(derr, ErrUnavailable) && indexed && int(t.Attempts) >= e.opts.Retry.MaxAttempts {
 			detail := fmt.Sprintf("publish to %s:%s failed after %d attempts: %v", t.Transport, t.Target, t.Attempts, derr)
 			dl := codec.DeadLetter(t, codec.CodePublishFailed, detail)
 			b.Delete(ik, nil)
@@ -586,7 +600,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 				zap.String("id", t.ID), zap.Uint32("attempts", t.Attempts), zap.Error(derr))
 			continue
 		}
-		fire := now + s.backoff(t.Attempts).Milliseconds()
+		fire := now + wait.Milliseconds()
 		val = codec.AppendTask(val[:0], t)
 		b.Set(appendTaskKey(key[:0], s.id, fire, it.seq), val, nil)
 		if indexed {
@@ -652,6 +666,17 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		e.m.PublishRetries.WithLabelValues(items[i].task.Transport.String()).Inc()
 	}
 	switch {
+	case outageErr != nil:
+		if s.outageErr == nil {
+			e.log.Warn("target broker unreachable; due tasks wait for it without using their retry budget",
+				zap.Int("shard", s.id), zap.Int("tasks", len(unavailable)), zap.Error(outageErr))
+		}
+		s.outageErr = outageErr
+	case len(acked) > 0 && s.outageErr != nil:
+		e.log.Info("target broker reachable again", zap.Int("shard", s.id))
+		s.outageErr = nil
+	}
+	switch {
 	case dlqOK:
 		if s.dlqErr != nil {
 			e.log.Info("dead-letter delivery recovered", zap.Int("shard", s.id))
@@ -665,6 +690,19 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		s.dlqErr = dlqErr
 	}
 	return fc
+}
+
+// outageBackoff is the wait before the next try of a task that failed
+// only because its target broker was unreachable, overdueMs after its due
+// time: as long again (so the waits double), within Retry.Initial and
+// Retry.Max, with +-Jitter.
+func (s *shard) outageBackoff(overdueMs int64) time.Duration {
+	r := s.e.opts.Retry
+	d := min(max(time.Duration(min(max(overdueMs, 0), math.MaxInt64/int64(time.Millisecond)))*time.Millisecond, r.Initial), r.Max)
+	if r.Jitter > 0 {
+		d = time.Duration(float64(d) * (1 + r.Jitter*(2*s.rng.Float64()-1)))
+	}
+	return max(d, time.Millisecond)
 }
 
 // backoff is the delay before attempt n+1 after n failed publishes:
