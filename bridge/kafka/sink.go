@@ -230,8 +230,45 @@ func staleOnes(errs []error) []int {
 	return out
 }
 
+// publishError wraps a record's publish failure; one that says the brokers
+// cannot take it now (unavailable) also wraps shard.ErrUnavailable, so the
+// engine retries it without charging an attempt.
 func publishError(topic string, err error) error {
-	return fmt.Errorf("kafka: publish to %q: %w", topic, classify(err))
+	err = classify(err)
+	if unavailable(err) {
+		return fmt.Errorf("kafka: publish to %q: %w: %w", topic, shard.ErrUnavailable, err)
+	}
+	return fmt.Errorf("kafka: publish to %q: %w", topic, err)
+}
+
+// unavailable reports whether a publish failed for want of a working
+// cluster rather than because of the record or its topic: no connection
+// or answer (dial, TLS, dropped connection, timeout), a failed SASL
+// handshake, or a broker answer that the partition cannot take writes now
+// (no leader, too few in-sync replicas, storage error, throttling). A
+// missing topic, a refused or oversized record and a topic the principal
+// may not write to are the task's own failures.
+func unavailable(err error) bool {
+	var tooLarge kafkago.MessageTooLargeError
+	if errors.As(err, &tooLarge) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var pe kafkago.Error
+	if !errors.As(err, &pe) {
+		return true
+	}
+	switch pe {
+	case kafkago.LeaderNotAvailable, kafkago.NotLeaderForPartition, kafkago.RequestTimedOut,
+		kafkago.NetworkException, kafkago.NotEnoughReplicas, kafkago.NotEnoughReplicasAfterAppend,
+		kafkago.KafkaStorageError, kafkago.FencedLeaderEpoch, kafkago.UnknownLeaderEpoch,
+		kafkago.PreferredLeaderNotAvailable, kafkago.EligibleLeadersNotAvailable,
+		kafkago.ListenerNotFound, kafkago.NotController, kafkago.ThrottlingQuotaExceeded,
+		kafkago.BrokerNotAvailable, kafkago.ReplicaNotAvailable,
+		kafkago.SASLAuthenticationFailed, kafkago.UnsupportedSASLMechanism, kafkago.IllegalSASLState,
+		kafkago.ClusterAuthorizationFailed:
+		return true
+	}
+	return false
 }
 
 func toKafkaMessage(t *codec.Task, now time.Time) kafkago.Message {

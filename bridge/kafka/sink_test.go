@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,6 +23,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/metrics"
+	"github.com/delaybridge/delaybridge/shard"
 )
 
 // javaMurmur2 are Apache Kafka's own UtilsTest.testMurmur2 vectors: what
@@ -299,8 +303,8 @@ func TestSinkHealth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if errs := s.Deliver(context.Background(), []*codec.Task{task("out", "k", "v")}); len(errs) != 1 || errs[0] == nil {
-		t.Fatalf("Deliver to nowhere: %v", errs)
+	if errs := s.Deliver(context.Background(), []*codec.Task{task("out", "k", "v")}); len(errs) != 1 || !errors.Is(errs[0], shard.ErrUnavailable) {
+		t.Fatalf("Deliver to nowhere: %v, want shard.ErrUnavailable", errs)
 	}
 	if err := s.Health(); err == nil {
 		t.Fatal("Health nil with no broker")
@@ -313,8 +317,8 @@ func TestSinkHealth(t *testing.T) {
 	}
 	defer ok.Close()
 	// A missing topic is the task's problem, not the sink's.
-	if errs := ok.Deliver(context.Background(), []*codec.Task{task("missing", "k", "v")}); errs == nil {
-		t.Fatal("Deliver to a missing topic succeeded")
+	if errs := ok.Deliver(context.Background(), []*codec.Task{task("missing", "k", "v")}); len(errs) != 1 || errs[0] == nil || errors.Is(errs[0], shard.ErrUnavailable) {
+		t.Fatalf("Deliver to a missing topic: %v, want a failure that is not shard.ErrUnavailable", errs)
 	}
 	if err := ok.Health(); err != nil {
 		t.Fatalf("Health after a missing topic: %v", err)
@@ -331,8 +335,8 @@ func TestSinkHealth(t *testing.T) {
 		}
 		return nil, nil, false
 	})
-	if errs := ok.Deliver(context.Background(), []*codec.Task{task("out", "k", "v")}); len(errs) != 1 || errs[0] == nil {
-		t.Fatalf("Deliver with produces dropped: %v", errs)
+	if errs := ok.Deliver(context.Background(), []*codec.Task{task("out", "k", "v")}); len(errs) != 1 || !errors.Is(errs[0], shard.ErrUnavailable) {
+		t.Fatalf("Deliver with produces dropped: %v, want shard.ErrUnavailable", errs)
 	}
 	if err := ok.Health(); err == nil {
 		t.Fatal("Health nil while every produce connection is dropped")
@@ -343,5 +347,40 @@ func TestSinkHealth(t *testing.T) {
 	}
 	if err := ok.Health(); err != nil {
 		t.Fatalf("Health after a successful publish: %v", err)
+	}
+}
+
+func TestPublishErrorUnavailable(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"connection refused", &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}, true},
+		{"dropped connection", io.EOF, true},
+		{"timeout", context.DeadlineExceeded, true},
+		{"no leader", kafkago.LeaderNotAvailable, true},
+		{"leader moved", kafkago.NotLeaderForPartition, true},
+		{"too few in-sync replicas", kafkago.NotEnoughReplicas, true},
+		{"storage error", kafkago.KafkaStorageError, true},
+		{"sasl failed", kafkago.SASLAuthenticationFailed, true},
+		{"tls", fmt.Errorf("%w: x509: certificate signed by unknown authority", ErrTLS), true},
+		{"missing topic", kafkago.UnknownTopicOrPartition, false},
+		{"record too large", kafkago.MessageSizeTooLarge, false},
+		{"too large for the writer", kafkago.MessageTooLargeError{}, false},
+		{"topic not authorized", kafkago.TopicAuthorizationFailed, false},
+		{"corrupt record", kafkago.InvalidMessage, false},
+		{"policy violation", kafkago.PolicyViolation, false},
+		{"cancelled", context.Canceled, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := publishError("out", c.err)
+			if got := errors.Is(err, shard.ErrUnavailable); got != c.want {
+				t.Fatalf("%v: unavailable %v, want %v", err, got, c.want)
+			}
+			if !strings.Contains(err.Error(), c.err.Error()) {
+				t.Fatalf("%v does not say %v", err, c.err)
+			}
+		})
 	}
 }
