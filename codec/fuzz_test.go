@@ -103,7 +103,7 @@ func checkTask(t *testing.T, m *Message, r *Rules, got Task) {
 		}
 		for _, hd := range got.Headers[:n] {
 			switch c := classify(hd.Key); {
-			case c.isControl(), c == hdrNatsMsgID, c == hdrOrigin, c == hdrDue:
+			case c.isControl(), c == hdrOrigin, c == hdrDue:
 				t.Fatalf("delivered source header %q", hd.Key)
 			}
 		}

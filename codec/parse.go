@@ -83,9 +83,10 @@ var noRules Rules
 // A schedule is delivered with every source header except the six control
 // headers, plus delay-id, delay-origin and delay-due (CONTRACT §2). As an
 // extension, source headers named delay-origin or delay-due are dropped
-// rather than duplicated, and the source's Nats-Msg-Id is dropped so that a
-// JetStream target does not de-duplicate distinct deliveries of one
-// publisher message id.
+// rather than duplicated. A source Nats-Msg-Id is kept (a Kafka target
+// receives it like any header); the NATS sink replaces it with its own
+// delivery id, so a JetStream target does not de-duplicate distinct
+// deliveries of one publisher message id.
 //
 // A dead letter keeps the message unchanged, including its control headers,
 // and adds delay-error, delay-error-detail and delay-origin; stale source
@@ -240,7 +241,7 @@ func Parse(m *Message, r *Rules) Task {
 	hs := make([]Header, 0, len(m.Headers)+3)
 	for _, h := range m.Headers {
 		switch c := classify(h.Key); {
-		case c.isControl(), c == hdrOrigin, c == hdrDue, c == hdrNatsMsgID:
+		case c.isControl(), c == hdrOrigin, c == hdrDue:
 			continue
 		}
 		hs = append(hs, h)

@@ -378,6 +378,7 @@ func TestParseSchedule(t *testing.T) {
 		Key: []byte("new-key"), Value: []byte("payload"),
 		Headers: []Header{
 			h("trace", "t1"),
+			h("Nats-Msg-Id", "m-1"),
 			h("trace", "t2"),
 			{Key: "null", Value: nil},
 			h("delay-error", "kept: not a header the schedule sets"),
@@ -402,7 +403,8 @@ func TestParseSchedule(t *testing.T) {
 		t.Fatalf("source key: %q", got.Key)
 	}
 
-	// A NATS schedule: no key, Nats-Msg-Id dropped from delivery.
+	// A NATS schedule: no key; its Nats-Msg-Id is the id and is delivered
+	// (the NATS sink sets its own, a Kafka target keeps it as a header).
 	m = natsMsg(h("Nats-Msg-Id", "m-1"), h("delay-at", "2026-11-22T16:00:00Z"), h("delay-target", "kafka:orders"), h("app", "1"))
 	got = Parse(m, &Rules{DLQ: "dlq.delay", Transports: both})
 	want = Task{
@@ -410,6 +412,7 @@ func TestParseSchedule(t *testing.T) {
 		Stamp: nowMs, Offset: 7, Due: mustMs("2026-11-22T16:00:00Z"),
 		Transport: TransportKafka, Target: "orders", Value: []byte("payload"),
 		Headers: []Header{
+			h("Nats-Msg-Id", "m-1"),
 			h("app", "1"),
 			h("delay-id", "m-1"),
 			h("delay-origin", "nats:DELAY#7"),

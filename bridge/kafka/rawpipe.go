@@ -74,7 +74,7 @@ func RawPipe(ctx context.Context, brokers []string, from, to string, n int) (tim
 			var items []bridge.Item
 			for ctx.Err() == nil {
 				var err error
-				items, offset, _, err = fetchItems(ctx, client, &cfg, from, p, offset, cfg.MaxWait, nil, items[:0])
+				items, offset, _, err = fetchItems(ctx, client, &cfg, from, p, offset, cfg.MaxWait, nil, items[:0], nil)
 				if err != nil {
 					if ctx.Err() == nil {
 						fail(fmt.Errorf("kafka: rawpipe: fetch %s/%d: %w", from, p, err))

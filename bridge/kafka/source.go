@@ -292,7 +292,8 @@ func (l *lagGauge) update() {
 }
 
 // fetched is a batch ready for the handler, with the offset to commit after
-// it was handled.
+// it was handled. A nil batch only moves the commit past offsets without
+// records (transaction markers, compacted batches).
 type fetched struct {
 	batch *bridge.Batch
 	next  int64 // last offset + 1
@@ -353,7 +354,7 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 	}()
 
 	for f := range out {
-		if !s.handle(wctx, h, f.batch, log) {
+		if f.batch != nil && !s.handle(wctx, h, f.batch, log) {
 			return // ctx or generation ended before the batch was stored
 		}
 		lag.stored.Store(f.next)
@@ -439,6 +440,9 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 	rules := s.rules[topic]
 	wait := s.cfg.RetryMin
 	var pending []bridge.Item
+	var notes decodeNotes
+	warnedLAT, warnedNoTS := false, false
+	sent := offset // the offset after the last batch handed over
 	for ctx.Err() == nil {
 		lingered := len(pending) > 0
 		maxWait := s.cfg.MaxWait
@@ -447,7 +451,16 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 		}
 		var hw int64
 		var err error
-		pending, offset, hw, err = s.fetch(ctx, topic, partition, offset, maxWait, rules, pending)
+		pending, offset, hw, err = s.fetch(ctx, topic, partition, offset, maxWait, rules, pending, &notes)
+		if notes.logAppendTime && !warnedLAT {
+			warnedLAT = true
+			log.Warn("topic uses message.timestamp.type=LogAppendTime: delay-after is measured from the producer's record timestamp (CreateTime), which the client library reports; use CreateTime on delay topics")
+		}
+		if notes.noTimestamp > 0 && !warnedNoTS {
+			warnedNoTS = true
+			log.Warn("records without a timestamp (old message format): delay-after is measured from when the bridge read them",
+				zap.Int("records", notes.noTimestamp))
+		}
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -484,6 +497,17 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 			}
 		}
 		if len(pending) == 0 {
+			if err == nil && offset > sent {
+				// Only transaction markers or compacted-away batches since
+				// the last batch: commit past them once what came before
+				// is handled, or the group would lag behind them forever.
+				select {
+				case out <- fetched{next: offset}:
+					sent = offset
+				case <-ctx.Done():
+					return
+				}
+			}
 			continue
 		}
 		caughtUp := err == nil && hw >= 0 && offset >= hw
@@ -501,6 +525,7 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 			}
 			select {
 			case out <- f:
+				sent = f.next
 			case <-ctx.Done():
 				return
 			}
@@ -526,12 +551,22 @@ func staleMetadata(err error) bool {
 // fetch reads one fetch response into items. It returns the next offset to
 // fetch and the high watermark (-1 when unknown).
 func (s *Source) fetch(ctx context.Context, topic string, partition int, offset int64, maxWait time.Duration,
-	rules *codec.Rules, items []bridge.Item) ([]bridge.Item, int64, int64, error) {
-	return fetchItems(ctx, s.client, &s.cfg, topic, partition, offset, maxWait, rules, items)
+	rules *codec.Rules, items []bridge.Item, notes *decodeNotes) ([]bridge.Item, int64, int64, error) {
+	return fetchItems(ctx, s.client, &s.cfg, topic, partition, offset, maxWait, rules, items, notes)
+}
+
+// decodeNotes are facts about fetched batches that the caller may log.
+type decodeNotes struct {
+	// logAppendTime: a batch of a topic with message.timestamp.type
+	// LogAppendTime. kafka-go drops the batch's append time, so its
+	// records carry the producer's CreateTime.
+	logAppendTime bool
+	// noTimestamp: records without a timestamp (-1) took the fetch time.
+	noTimestamp int
 }
 
 func fetchItems(ctx context.Context, client *kafkago.Client, cfg *Config, topic string, partition int, offset int64,
-	maxWait time.Duration, rules *codec.Rules, items []bridge.Item) ([]bridge.Item, int64, int64, error) {
+	maxWait time.Duration, rules *codec.Rules, items []bridge.Item, notes *decodeNotes) ([]bridge.Item, int64, int64, error) {
 	if offset < 0 {
 		// FirstOffset / LastOffset: resolve once, so the fetch position
 		// (and the lag) is a real offset from here on.
@@ -587,7 +622,7 @@ func fetchItems(ctx context.Context, client *kafkago.Client, cfg *Config, topic 
 	}
 	aborted := slices.Clone(p.AbortedTransactions)
 	slices.SortFunc(aborted, func(a, b fetchAPI.ResponseTransaction) int { return cmp.Compare(a.FirstOffset, b.FirstOffset) })
-	items, next, err := decodeRecords(p.RecordSet.Records, topic, partition, offset, rules, aborted, items)
+	items, next, err := decodeRecords(p.RecordSet.Records, topic, partition, offset, rules, aborted, items, time.Now(), notes)
 	if err != nil {
 		return items, next, -1, fmt.Errorf("decode fetch response: %w", err)
 	}
@@ -601,14 +636,24 @@ func fetchItems(ctx context.Context, client *kafkago.Client, cfg *Config, topic 
 // Control record types (the second int16 of a control record key).
 const controlAbort = 0
 
+// attrLogAppendTime is the timestamp-type bit of a v2 batch's attributes.
+const attrLogAppendTime = 0x08
+
 // decodeRecords appends the records at or after offset. It filters like a
 // read_committed Java consumer: a transactional batch of a producer whose
 // transaction the broker lists as aborted is dropped until that producer's
 // abort marker. Control batches (commit/abort markers) are skipped but move
 // the offset past them, or a partition ending in a marker would be fetched
 // forever.
+//
+// A record without a timestamp (-1: an old message format) takes fetchedAt
+// as its source time, so delay-after counts from when the bridge read it.
+// notes may be nil.
 func decodeRecords(rr kafkago.RecordReader, topic string, partition int, offset int64, rules *codec.Rules,
-	aborted []fetchAPI.ResponseTransaction, items []bridge.Item) ([]bridge.Item, int64, error) {
+	aborted []fetchAPI.ResponseTransaction, items []bridge.Item, fetchedAt time.Time, notes *decodeNotes) ([]bridge.Item, int64, error) {
+	if notes == nil {
+		notes = new(decodeNotes)
+	}
 	readers := []kafkago.RecordReader{rr}
 	if st, ok := rr.(*protocol.RecordStream); ok {
 		readers = st.Records
@@ -618,6 +663,7 @@ func decodeRecords(rr kafkago.RecordReader, topic string, partition int, offset 
 	for _, r := range readers {
 		var skip, control bool
 		var pid int64
+		base := int64(-1)
 		switch b := r.(type) {
 		case *protocol.RecordBatch:
 			for len(aborted) > 0 && aborted[0].FirstOffset <= b.BaseOffset {
@@ -625,12 +671,24 @@ func decodeRecords(rr kafkago.RecordReader, topic string, partition int, offset 
 				aborted = aborted[1:]
 			}
 			skip = b.Attributes.Transactional() && abortedPIDs[b.ProducerID]
+			base = b.BaseOffset
+			if b.Attributes&attrLogAppendTime != 0 {
+				notes.logAppendTime = true
+			}
 		case *protocol.ControlBatch:
-			control, pid = true, b.ProducerID
+			control, pid, base = true, b.ProducerID, b.BaseOffset
 		}
-		for {
+		for read := 0; ; read++ {
 			rec, err := r.ReadRecord()
 			if errors.Is(err, io.EOF) {
+				if read == 0 && base >= 0 {
+					// A batch compaction emptied (kept for its producer
+					// state): its offsets hold nothing. kafka-go drops its
+					// last offset, so step past what it surely covers
+					// (the broker returned it, so it reaches the fetch
+					// offset) rather than fetch it again forever.
+					next = max(next, max(base, offset)+1)
+				}
 				break
 			}
 			if err != nil {
@@ -656,6 +714,10 @@ func decodeRecords(rr kafkago.RecordReader, topic string, partition int, offset 
 			msg, err := toMessage(rec, topic, partition)
 			if err != nil {
 				return items, rec.Offset, err
+			}
+			if msg.Time.UnixMilli() < 0 {
+				msg.Time = fetchedAt
+				notes.noTimestamp++
 			}
 			items = append(items, bridge.Item{Msg: msg, Rules: rules})
 		}

@@ -168,8 +168,9 @@ func TestContract(t *testing.T) {
 	if d := one(t, vals, "to-nats"); d.transport != "nats" || d.dest != "orders.cross" {
 		t.Errorf("to-nats went to %s %s", d.transport, d.dest)
 	}
-	if d := one(t, vals, "to-kafka"); d.transport != "kafka" || d.dest != kafkaOut || d.header(codec.HeaderID) != "nx1" {
-		t.Errorf("to-kafka went to %s %s with id %q", d.transport, d.dest, d.header(codec.HeaderID))
+	if d := one(t, vals, "to-kafka"); d.transport != "kafka" || d.dest != kafkaOut || d.header(codec.HeaderID) != "nx1" || d.header(codec.HeaderNatsMsgID) != "nx1" {
+		t.Errorf("to-kafka went to %s %s with id %q and Nats-Msg-Id %q (a source header, kept)", d.transport, d.dest,
+			d.header(codec.HeaderID), d.header(codec.HeaderNatsMsgID))
 	}
 	var order []string
 	for _, d := range got {

@@ -1,0 +1,112 @@
+package kafka
+
+import (
+	"bytes"
+	"encoding/binary"
+	"hash/crc32"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go/protocol"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+// wireBatch encodes one v2 record batch as a broker sends it in a fetch
+// response and reads it back with kafka-go, so decodeRecords sees exactly
+// what a fetch would give it.
+func wireBatch(t *testing.T, base int64, attrs int16, firstTS, maxTS int64, lastDelta int32, recs []kmsg.Record) protocol.RecordReader {
+	t.Helper()
+	var body []byte
+	for _, r := range recs {
+		r.Length = int32(len(r.AppendTo(nil)) - 1)
+		body = r.AppendTo(body)
+	}
+	b := kmsg.RecordBatch{
+		FirstOffset: base, Magic: 2, Attributes: attrs, LastOffsetDelta: lastDelta,
+		FirstTimestamp: firstTS, MaxTimestamp: maxTS, ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1,
+		NumRecords: int32(len(recs)), Records: body,
+	}
+	raw := b.AppendTo(nil)
+	binary.BigEndian.PutUint32(raw[8:12], uint32(len(raw)-12))                                          // batch length
+	binary.BigEndian.PutUint32(raw[17:21], crc32.Checksum(raw[21:], crc32.MakeTable(crc32.Castagnoli))) // crc
+	set := binary.BigEndian.AppendUint32(nil, uint32(len(raw)))
+	var rs protocol.RecordSet
+	if _, err := rs.ReadFrom(bytes.NewReader(append(set, raw...))); err != nil {
+		t.Fatalf("read record set: %v", err)
+	}
+	return rs.Records
+}
+
+func delayRecord(after string) kmsg.Record {
+	return kmsg.Record{Key: []byte("k"), Value: []byte("v"),
+		Headers: []kmsg.Header{{Key: "delay-after", Value: []byte(after)}, {Key: "delay-target", Value: []byte("out")}}}
+}
+
+func TestDecodeRecordsEdgeBatches(t *testing.T) {
+	fetchedAt := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	ts := fetchedAt.Add(-time.Hour).UnixMilli()
+	for _, c := range []struct {
+		name       string
+		base       int64
+		attrs      int16
+		firstTS    int64
+		lastDelta  int32
+		recs       []kmsg.Record
+		from       int64
+		wantItems  int
+		wantNext   int64
+		wantTime   time.Time // of the first item
+		wantLAT    bool
+		wantNoTime int
+	}{
+		// Compaction keeps an empty batch for an idempotent producer;
+		// kafka-go drops its last offset, so the position steps past
+		// what the batch surely covers instead of fetching it forever.
+		{name: "empty batch at the fetch offset", base: 10, lastDelta: 4, from: 10, wantNext: 11},
+		{name: "empty batch covering the fetch offset", base: 10, lastDelta: 4, from: 12, wantNext: 13},
+		{name: "plain record", base: 5, firstTS: ts, recs: []kmsg.Record{delayRecord("1m")}, from: 5,
+			wantItems: 1, wantNext: 6, wantTime: time.UnixMilli(ts)},
+		// No timestamp (-1, an old message format): the fetch time, not 1969.
+		{name: "record without timestamp", base: 0, firstTS: -1, recs: []kmsg.Record{delayRecord("1h")}, from: 0,
+			wantItems: 1, wantNext: 1, wantTime: fetchedAt, wantNoTime: 1},
+		// LogAppendTime: noted so the source can warn; the record keeps
+		// the producer time, the only one kafka-go reports.
+		{name: "log append time", base: 0, attrs: attrLogAppendTime, firstTS: ts, recs: []kmsg.Record{delayRecord("1m")}, from: 0,
+			wantItems: 1, wantNext: 1, wantTime: time.UnixMilli(ts), wantLAT: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rr := wireBatch(t, c.base, c.attrs, c.firstTS, c.firstTS, c.lastDelta, c.recs)
+			var notes decodeNotes
+			items, next, err := decodeRecords(rr, "delay", 0, c.from, &codec.Rules{}, nil, nil, fetchedAt, &notes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(items) != c.wantItems || next != c.wantNext {
+				t.Fatalf("%d items, next %d; want %d, %d", len(items), next, c.wantItems, c.wantNext)
+			}
+			if c.wantItems > 0 && !items[0].Msg.Time.Equal(c.wantTime) {
+				t.Fatalf("time %v, want %v", items[0].Msg.Time, c.wantTime)
+			}
+			if notes.logAppendTime != c.wantLAT || notes.noTimestamp != c.wantNoTime {
+				t.Fatalf("notes %+v", notes)
+			}
+		})
+	}
+}
+
+// A record without a timestamp is delayed from when it was read, not
+// from 1970 (which would fire it at once).
+func TestNoTimestampDelayedFromFetch(t *testing.T) {
+	fetchedAt := time.Now()
+	rr := wireBatch(t, 0, 0, -1, -1, 0, []kmsg.Record{delayRecord("1h")})
+	items, _, err := decodeRecords(rr, "delay", 0, 0, &codec.Rules{MaxDelay: 24 * time.Hour}, nil, nil, fetchedAt, nil)
+	if err != nil || len(items) != 1 {
+		t.Fatalf("decode: %v, %d items", err, len(items))
+	}
+	task := codec.Parse(&items[0].Msg, items[0].Rules)
+	if want := fetchedAt.Add(time.Hour).UnixMilli(); task.Kind != codec.KindSchedule || task.Due != want {
+		t.Fatalf("%v due %s, want a schedule due %s", task.Kind, codec.FormatDue(task.Due), codec.FormatDue(want))
+	}
+}
