@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // hdr classifies the header names the bridge reads or writes.
@@ -126,8 +127,11 @@ func Parse(m *Message, r *Rules) Task {
 	}
 
 	if r.MaxBytes > 0 {
-		if n := messageSize(m); n > r.MaxBytes {
-			return p.deadLetter(CodeTooLarge, "message of "+strconv.Itoa(n)+" bytes (key, value and headers) exceeds the limit of "+strconv.Itoa(r.MaxBytes))
+		// Bounded as delivered: the headers the bridge adds count, or a
+		// message just under the limit would be taken in and then be
+		// refused by the target broker on every try.
+		if n := messageSize(m) + addedSize(p.id(), p.orig()); n > r.MaxBytes {
+			return p.deadLetter(CodeTooLarge, "message of "+strconv.Itoa(n)+" bytes as delivered (key, value, headers and the added delay-id, delay-origin and delay-due) exceeds the limit of "+strconv.Itoa(r.MaxBytes))
 		}
 	}
 
@@ -384,8 +388,16 @@ func (p *parser) deadLetter(code Code, detail string) Task {
 // and delay-origin is added only if missing. ID stays t.ID for logs and the
 // admin API; a dead letter is never indexed by id. Due stays the scheduled
 // due, which has passed, so the dead letter goes out at once. Attempts start
-// again at 0 for the DLQ write. t is not modified.
+// again at 0 for the DLQ write. A detail longer than MaxDetail bytes is cut.
+// t is not modified.
 func DeadLetter(t *Task, code Code, detail string) Task {
+	if len(detail) > MaxDetail {
+		cut := MaxDetail - len("...")
+		for cut > 0 && !utf8.RuneStart(detail[cut]) {
+			cut--
+		}
+		detail = detail[:cut] + "..."
+	}
 	hs := make([]Header, 0, len(t.Headers)+3)
 	hasOrigin := false
 	for _, h := range t.Headers {
@@ -418,8 +430,21 @@ func DeadLetter(t *Task, code Code, detail string) Task {
 	return d
 }
 
-// messageSize is what MaxBytes bounds: key, value and every header name and
-// value.
+// addedSize is what the headers a schedule gains (delay-id, delay-origin,
+// delay-due) add to its size.
+func addedSize(id, origin string) int {
+	return len(HeaderID) + len(id) + len(HeaderOrigin) + len(origin) + len(HeaderDue) + len(dueLayout) - len("Z07:00") + 1
+}
+
+// MaxDetail bounds a dead letter's delay-error-detail, in bytes.
+const MaxDetail = 1024
+
+// DeadLetterOverhead bounds what DeadLetter adds to a task's size beyond
+// its origin: the delay-error and delay-error-detail headers.
+const DeadLetterOverhead = len(HeaderError) + 32 + len(HeaderErrorDetail) + MaxDetail + len(HeaderOrigin)
+
+// messageSize is what MaxBytes bounds, with addedSize: key, value and every
+// header name and value.
 func messageSize(m *Message) int {
 	n := len(m.Key) + len(m.Value)
 	for _, h := range m.Headers {

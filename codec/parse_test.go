@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // now is the broker timestamp of every test message: 2026-11-22T15:04:05.123Z.
@@ -242,12 +243,37 @@ func TestParseTargetRules(t *testing.T) {
 
 func TestParseTooLarge(t *testing.T) {
 	m := kafkaMsg(h("delay-after", "1s"), h("delay-target", "orders"))
-	// key 7 + value 7 + "delay-after" 11 + "1s" 2 + "delay-target" 12 + "orders" 6
-	size := 7 + 7 + 11 + 2 + 12 + 6
+	// key 7 + value 7 + "delay-after" 11 + "1s" 2 + "delay-target" 12 + "orders" 6,
+	// and what delivery adds: "delay-id" 8 + "order-1" 7, "delay-origin" 12 +
+	// "kafka:delay/3@42" 16, "delay-due" 9 + 24 (RFC 3339 ms UTC).
+	size := 7 + 7 + 11 + 2 + 12 + 6 + 8 + 7 + 12 + 16 + 9 + 24
 	if got := Parse(m, &Rules{MaxBytes: size}); got.Kind != KindSchedule {
 		t.Fatalf("at the limit: %v %s %s", got.Kind, got.Code, got.Detail)
 	}
 	wantDeadLetter(t, Parse(m, &Rules{MaxBytes: size - 1}), CodeTooLarge)
+	// The estimate bounds the delivered record: its key, value and headers
+	// (the control headers gone, the three added) fit.
+	task := Parse(m, &Rules{MaxBytes: size})
+	delivered := len(task.Key) + len(task.Value)
+	for _, hd := range task.Headers {
+		delivered += len(hd.Key) + len(hd.Value)
+	}
+	if delivered > size {
+		t.Fatalf("delivered %d bytes, over the limit %d", delivered, size)
+	}
+	// A dead letter's detail is bounded, so its DLQ copy stays within
+	// the source size plus DeadLetterOverhead and its origin.
+	dl := DeadLetter(&task, CodePublishFailed, strings.Repeat("é", MaxDetail))
+	if len(dl.Detail) > MaxDetail || !utf8.ValidString(dl.Detail) {
+		t.Fatalf("detail of %d bytes (valid UTF-8: %v)", len(dl.Detail), utf8.ValidString(dl.Detail))
+	}
+	dlSize := len(dl.Key) + len(dl.Value)
+	for _, hd := range dl.Headers {
+		dlSize += len(hd.Key) + len(hd.Value)
+	}
+	if max := size + DeadLetterOverhead; dlSize > max {
+		t.Fatalf("dead letter of %d bytes, over %d", dlSize, max)
+	}
 	// A cancel carries no payload, so the bound does not apply.
 	m.Headers = append(m.Headers, h("delay-cancel", "true"))
 	if got := Parse(m, &Rules{MaxBytes: 1}); got.Kind != KindCancel {

@@ -219,10 +219,13 @@ func (s Secret) MarshalYAML() (any, error) { return s.String(), nil }
 
 // Defaults. Exported so docs and the Helm chart can quote them.
 const (
-	DefaultShards          = 8
-	DefaultHorizon         = 10 * time.Minute
-	DefaultMaxDelay        = 365 * 24 * time.Hour
-	DefaultMaxMessageBytes = 1 << 20
+	DefaultShards   = 8
+	DefaultHorizon  = 10 * time.Minute
+	DefaultMaxDelay = 365 * 24 * time.Hour
+	// DefaultMaxMessageBytes is 1 MiB less 1 KiB: a message at the limit,
+	// delivered with its record framing, stays under Kafka's default
+	// message.max.bytes (1048588).
+	DefaultMaxMessageBytes = 1<<20 - 1024
 	DefaultCancelRetention = 24 * time.Hour
 	DefaultFireBatch       = 512
 	DefaultStoreCacheMB    = 768

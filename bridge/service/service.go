@@ -220,6 +220,10 @@ func (s *Service) setupKafka(ctx context.Context, o Options) error {
 		ClientID: k.ClientID,
 		Logger:   s.log.Named("kafka"),
 		Metrics:  s.m,
+		// The producer's own size check must not be the tighter bound:
+		// a message within max_message_bytes, or its dead letter (the
+		// error headers added), goes to the broker, whose limit decides.
+		BatchBytes: max(1<<20, int64(s.cfg.MaxMessageBytes)+int64(codec.DeadLetterOverhead)+1024),
 	}
 	var err error
 	if kc.TLS, err = tlsConfig(k.TLS); err != nil {
