@@ -143,7 +143,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	}
 	if err := connErr(s.nc); err != nil {
 		for i := range batch {
-			fail(i, err)
+			fail(i, fmt.Errorf("nats sink: publish to %q: %w: %w", batch[i].Target, shard.ErrUnavailable, err))
 		}
 		return errs
 	}
@@ -252,7 +252,32 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	if !failed {
 		return nil
 	}
+	for i, err := range errs {
+		if err != nil && ctx.Err() == nil && unavailable(err) {
+			errs[i] = fmt.Errorf("%w: %w", shard.ErrUnavailable, err)
+		}
+	}
 	return errs
+}
+
+// unavailable reports whether a publish failed for want of a working server
+// rather than because of the message or its stream: no connection, no
+// PubAck in time, no responder for a subject that has a stream (a leader
+// election, JetStream down), or JetStream answering 503. A stream's
+// refusal (limits, expected sequence, a bad header) is the task's own.
+func unavailable(err error) bool {
+	for _, e := range []error{
+		ErrDisconnected, ErrPublishTimeout, natsgo.ErrConnectionClosed, natsgo.ErrDisconnected,
+		natsgo.ErrConnectionReconnecting, natsgo.ErrConnectionDraining, natsgo.ErrTimeout,
+		natsgo.ErrNoResponders, jetstream.ErrNoStreamResponse, jetstream.ErrJetStreamNotEnabled,
+		jetstream.ErrJetStreamNotEnabledForAccount, context.DeadlineExceeded,
+	} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	var api *jetstream.APIError
+	return errors.As(err, &api) && api.Code == 503
 }
 
 func (s *Sink) ctxErr(ctx context.Context, target string) error {

@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/shard"
 )
 
 func counterValue(t *testing.T, c prometheus.Counter) float64 {
@@ -129,6 +130,13 @@ func TestSinkPerTaskErrors(t *testing.T) {
 	if len(errs) != 4 || errs[0] != nil || errs[1] == nil || !errors.Is(errs[2], ErrWrongTransport) || errs[3] != nil {
 		t.Fatalf("errs = %v", errs)
 	}
+	// A stream's refusal and a wrong transport are the task's own
+	// failures, not an outage: the engine charges them an attempt.
+	for _, i := range []int{1, 2} {
+		if errors.Is(errs[i], shard.ErrUnavailable) {
+			t.Fatalf("errs[%d] = %v, marked unavailable", i, errs[i])
+		}
+	}
 }
 
 // TestSinkCoreFallback: a subject without a stream is delivered with core
@@ -209,7 +217,32 @@ func TestSinkDisconnected(t *testing.T) {
 		t.Errorf("health = %v", sink.Health())
 	}
 	errs := sink.Deliver(ctxT(t), []*codec.Task{task("a", "out.x", "v", 0)})
-	if len(errs) != 1 || !errors.Is(errs[0], ErrDisconnected) {
-		t.Errorf("errs = %v", errs)
+	if len(errs) != 1 || !errors.Is(errs[0], ErrDisconnected) || !errors.Is(errs[0], shard.ErrUnavailable) {
+		t.Errorf("errs = %v, want ErrDisconnected and shard.ErrUnavailable", errs)
+	}
+}
+
+func TestSinkUnavailable(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"disconnected", ErrDisconnected, true},
+		{"no PubAck in time", ErrPublishTimeout, true},
+		{"connection closed", natsgo.ErrConnectionClosed, true},
+		{"reconnecting", natsgo.ErrConnectionReconnecting, true},
+		{"no responders for a stream subject", jetstream.ErrNoStreamResponse, true},
+		{"jetstream 503", &jetstream.APIError{Code: 503, Description: "JetStream system temporarily unavailable"}, true},
+		{"stream full", &jetstream.APIError{Code: 400, ErrorCode: 10077, Description: "maximum messages exceeded"}, false},
+		{"message too large", &jetstream.APIError{Code: 400, ErrorCode: 10054, Description: "message size exceeds maximum allowed"}, false},
+		{"wrong transport", ErrWrongTransport, false},
+		{"bad header", natsgo.ErrBadHeaderMsg, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := unavailable(fmt.Errorf("nats sink: publish to %q: %w", "out.x", c.err)); got != c.want {
+				t.Fatalf("unavailable(%v) = %v, want %v", c.err, got, c.want)
+			}
+		})
 	}
 }
