@@ -44,7 +44,9 @@ type Item struct {
 }
 
 // Batch is what a source hands over at once: messages in source order and
-// the high-water offsets to store with them.
+// the high-water offsets to store with them. Checkpoints[0] is the source
+// position; an adapter may store more facts with it (the NATS source adds
+// the identity of the stream the position belongs to).
 type Batch struct {
 	Items       []Item
 	Checkpoints []shard.Checkpoint

@@ -91,7 +91,9 @@ func (r *recorder) Handle(_ context.Context, b *bridge.Batch) error {
 		m.Value = bytes.Clone(m.Value)
 		r.msgs = append(r.msgs, m)
 	}
-	r.cps = append(r.cps, b.Checkpoints...)
+	if len(b.Checkpoints) > 0 {
+		r.cps = append(r.cps, b.Checkpoints[0]) // the position (bridge.Batch)
+	}
 	select {
 	case r.got <- struct{}{}:
 	default:

@@ -126,7 +126,7 @@ func (r *recorder) Handle(_ context.Context, b *bridge.Batch) error {
 	r.items = append(r.items, slices.Clone(b.Items)...)
 	r.batches = append(r.batches, bridge.Batch{Items: slices.Clone(b.Items), Checkpoints: slices.Clone(b.Checkpoints)})
 	for _, c := range b.Checkpoints {
-		r.cps[c.Key] = max(r.cps[c.Key], c.Offset)
+		r.cps[c.Key] = c.Offset // as the store: the last write wins
 	}
 	return nil
 }

@@ -51,6 +51,11 @@ type Source struct {
 
 	consumer atomic.Pointer[consumerRef]
 	consErr  atomic.Pointer[error]
+	// The stream's identity (creation time, Unix ns) and last sequence as
+	// ensure last saw them: a stream deleted and created again numbers
+	// its messages from 1, so a floor from before says nothing about it.
+	created atomic.Int64
+	lastSeq atomic.Uint64
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -107,6 +112,10 @@ func CheckpointKey(stream string, subjects []string) string {
 	return "nats|" + stream + "|" + strings.Join(fs, ",")
 }
 
+// createdKey is the checkpoint key of the stream identity the floor under
+// key belongs to. It is stored in the same commits as the floor.
+func createdKey(key string) string { return key + "|created" }
+
 // subjects are the source filters without those another one covers.
 func (s *Source) subjects() []string {
 	out := make([]string, len(s.cfg.Sources))
@@ -125,7 +134,7 @@ func (s *Source) ensure(ctx context.Context) error {
 	case errors.Is(err, jetstream.ErrStreamNotFound) && s.cfg.Create:
 		// A work queue: once a message is acked the bridge's store holds
 		// it, the stream has no reason to keep it.
-		_, err = s.js.CreateStream(ctx, jetstream.StreamConfig{
+		stream, err = s.js.CreateStream(ctx, jetstream.StreamConfig{
 			Name:        s.cfg.Stream,
 			Description: "delaybridge delay subjects",
 			Subjects:    subjects,
@@ -160,6 +169,11 @@ func (s *Source) ensure(ctx context.Context) error {
 			}
 			s.log.Info("nats source: added subjects to stream", zap.Strings("subjects", missing))
 		}
+	}
+
+	if info := stream.CachedInfo(); info != nil {
+		s.created.Store(info.Created.UnixNano())
+		s.lastSeq.Store(info.State.LastSeq)
 	}
 
 	var cons jetstream.Consumer
@@ -368,10 +382,28 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 	st := &floorState{}
 	bo := backoff{min: 100 * time.Millisecond, max: 10 * time.Second}
 	for {
-		off, ok, err := h.Checkpoint(s.key)
+		floor, created, err := s.storedFloor(h)
 		if err == nil {
-			if ok {
-				st.floor = off
+			if rerr := s.refreshStream(ctx); rerr != nil {
+				// Consuming will find out and recover (ensure); compare
+				// with what ensure saw meanwhile.
+				s.log.Warn("nats source: stream info unavailable; checking the checkpoint against the last seen", zap.Error(rerr))
+			}
+		}
+		if err == nil {
+			st.floor = floor
+			if created != 0 && created != s.created.Load() {
+				s.log.Warn("nats source: the stream was created again since the store's checkpoint; reading it from its start",
+					zap.Int64("checkpoint", floor), zap.Time("checkpoint_stream_created", time.Unix(0, created)),
+					zap.Time("stream_created", time.Unix(0, s.created.Load())))
+				st.floor = 0
+			} else if created == 0 && floor > int64(s.lastSeq.Load()) {
+				// A checkpoint without the stream identity (an older
+				// version): a floor past the stream's end cannot be this
+				// stream's.
+				s.log.Warn("nats source: the store's checkpoint is past the stream's last sequence (the stream was created again); reading it from its start",
+					zap.Int64("checkpoint", floor), zap.Uint64("last_seq", s.lastSeq.Load()))
+				st.floor = 0
 			}
 			break
 		}
@@ -381,6 +413,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		}
 	}
 	bo.reset()
+	streamID := s.created.Load()
 	for ctx.Err() == nil {
 		if s.nc.IsClosed() {
 			return errors.New("nats source: connection closed")
@@ -401,10 +434,44 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			if err := s.ensure(ctx); err != nil {
 				s.setConsErr(err)
 				s.log.Warn("nats source: consumer unavailable", zap.Error(err))
+			} else if id := s.created.Load(); id != streamID {
+				// Deleted and created again (by us or an operator): its
+				// sequences start over, and so does the floor.
+				s.log.Warn("nats source: the stream was created again; reading it from its start",
+					zap.Int64("floor", st.floor), zap.Time("stream_created", time.Unix(0, id)))
+				*st, streamID = floorState{}, id
 			}
 		}
 	}
 	return nil
+}
+
+// refreshStream reads the stream's identity and last sequence now: the
+// stream may have been created again, or grown, since ensure.
+func (s *Source) refreshStream(ctx context.Context) error {
+	stream, err := s.js.Stream(ctx, s.cfg.Stream)
+	if err != nil {
+		return fmt.Errorf("nats source: look up stream %q: %w", s.cfg.Stream, err)
+	}
+	info := stream.CachedInfo()
+	s.created.Store(info.Created.UnixNano())
+	s.lastSeq.Store(info.State.LastSeq)
+	return nil
+}
+
+// storedFloor reads the floor checkpoint and the identity (creation time)
+// of the stream it was reached on; created is 0 when not stored (no
+// checkpoint yet, or one written by an older version).
+func (s *Source) storedFloor(h bridge.Handler) (floor, created int64, err error) {
+	floor, ok, err := h.Checkpoint(s.key)
+	if err != nil || !ok {
+		return 0, 0, err
+	}
+	created, ok, err = h.Checkpoint(createdKey(s.key))
+	if err != nil || !ok {
+		return floor, 0, err
+	}
+	return floor, created, nil
 }
 
 func isConsumerGone(err error) bool {
@@ -579,7 +646,10 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		}
 		items = slices.CompactFunc(items, func(a, b bridge.Item) bool { return a.Msg.Offset == b.Msg.Offset })
 		cp := st.checkpoint(high)
-		b := &bridge.Batch{Items: items, Checkpoints: []shard.Checkpoint{{Key: s.key, Offset: cp}}}
+		b := &bridge.Batch{Items: items, Checkpoints: []shard.Checkpoint{
+			{Key: s.key, Offset: cp},
+			{Key: createdKey(s.key), Offset: s.created.Load()},
+		}}
 		if err := s.handle(ctx, h, b, batch); err != nil {
 			return &abandonedError{err: err, batch: batch}
 		}

@@ -163,7 +163,9 @@ func TestSourceMessages(t *testing.T) {
 		t.Errorf("origin = %q", got)
 	}
 	last := rec.batches[len(rec.batches)-1].Checkpoints
-	if len(last) != 1 || last[0].Key != "nats|DELAY|delay.>" || last[0].Offset != int64(ack2.Sequence) {
+	// The position, and the identity of the stream it is a position in.
+	if len(last) != 2 || last[0].Key != "nats|DELAY|delay.>" || last[0].Offset != int64(ack2.Sequence) ||
+		last[1].Key != "nats|DELAY|delay.>|created" || last[1].Offset != src.created.Load() || last[1].Offset == 0 {
 		t.Errorf("checkpoints = %+v", last)
 	}
 }
@@ -509,5 +511,72 @@ func TestSourceSlowHandlerKeepsBatch(t *testing.T) {
 	eventually(t, "acked", func() bool { return consumerInfo(t, js, "DELAY", "bridge").AckFloor.Stream == 1 })
 	if got := h.seqs(); !reflect.DeepEqual(got, []int64{1}) {
 		t.Errorf("handled %v", got)
+	}
+}
+
+// TestSourceStreamCreatedAgain: a stream deleted and created again numbers
+// its messages from 1. The store's floor (reached on the old stream) must
+// not make the source ack the new stream's messages without handing them
+// over: not after a restart (with the stream identity in the checkpoint, or
+// without it, as an older version stored it), and not while running.
+func TestSourceStreamCreatedAgain(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		live bool // delete the stream while the source runs
+		old  bool // the checkpoint has no stream identity (older version)
+	}{
+		{name: "restart"},
+		{name: "restart, checkpoint of an older version", old: true},
+		{name: "while running", live: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := startServer(t, jsOptions(t))
+			cfg := testConfig(t, serverURL(s))
+			cfg.Create = true
+			nc := connect(t, cfg)
+			js := newJS(t, nc)
+			rec := newRecorder()
+			src, err := NewSource(nc, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runSource(t, src, rec)
+			for i := range 5 {
+				publish(t, js, "delay.a", fmt.Sprint("old", i), natsgo.Header{"delay-after": {"1s"}})
+			}
+			eventually(t, "5 handled", func() bool { return len(rec.seqs()) == 5 })
+			if !c.live {
+				if err := stop(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := js.DeleteStream(ctxT(t), cfg.Stream); err != nil {
+				t.Fatal(err)
+			}
+			if c.old {
+				rec.mu.Lock()
+				delete(rec.cps, createdKey(src.key))
+				rec.mu.Unlock()
+			}
+			if c.live {
+				eventually(t, "the stream created again by the source", func() bool {
+					_, err := js.Stream(ctxT(t), cfg.Stream)
+					return err == nil
+				})
+			} else {
+				src2, err := NewSource(nc, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				runSource(t, src2, rec)
+			}
+			for i := range 3 {
+				publish(t, js, "delay.a", fmt.Sprint("new", i), natsgo.Header{"delay-after": {"1s"}})
+			}
+			eventually(t, "the new stream's 3 messages handled", func() bool { return len(rec.seqs()) == 8 })
+			if got := rec.seqs()[5:]; !slices.Equal(got, []int64{1, 2, 3}) {
+				t.Fatalf("new stream's sequences handled: %v", got)
+			}
+		})
 	}
 }
