@@ -246,3 +246,33 @@ func TestSinkUnavailable(t *testing.T) {
 		})
 	}
 }
+
+// TestSinkKafkaHeaderNames: a task from Kafka whose header names NATS
+// cannot carry is delivered (names percent-encoded), not refused forever.
+func TestSinkKafkaHeaderNames(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	sink := newSink(t, nc, cfg)
+	tk := task("k1", "out.x", "v", 0)
+	tk.Headers = append(tk.Headers, codec.Header{Key: "trace id", Value: []byte("t")}, codec.Header{Key: "a:b", Value: []byte("c")},
+		codec.Header{Key: "", Value: []byte("empty")})
+	if errs := sink.Deliver(ctxT(t), []*codec.Task{tk}); errs != nil {
+		t.Fatalf("Deliver: %v", errs)
+	}
+	stream, err := js.Stream(ctxT(t), "OUT")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := stream.GetLastMsgForSubject(ctxT(t), "out.x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg.Header.Get("trace%20id") != "t" || msg.Header.Get("a%3Ab") != "c" {
+		t.Fatalf("headers %v", msg.Header)
+	}
+}

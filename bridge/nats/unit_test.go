@@ -201,10 +201,28 @@ func TestHeadersOut(t *testing.T) {
 			},
 			natsgo.Header{"Nats-Trace-Dest": {"kept"}, "delay-id": {"kept"}, "Nats-Msg-Id": {"ID"}},
 		},
+		{
+			// Kafka allows any header name; NATS does not, and nats.go
+			// would refuse the whole message for one of them.
+			"names NATS cannot carry are percent-encoded, empty ones dropped",
+			[]codec.Header{
+				{Key: "trace id", Value: []byte("1")},
+				{Key: "a:b", Value: []byte("2")},
+				{Key: "", Value: []byte("3")},
+				{Key: "x/100%", Value: []byte("4")},
+				{Key: "50%", Value: []byte("5")},
+				{Key: "é", Value: []byte("6")},
+			},
+			natsgo.Header{"trace%20id": {"1"}, "a%3Ab": {"2"}, "x%2F100%25": {"4"}, "50%": {"5"}, "%C3%A9": {"6"}, "Nats-Msg-Id": {"ID"}},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := headersOut(tt.in, "ID"); !reflect.DeepEqual(got, tt.want) {
+			got := headersOut(tt.in, "ID")
+			if !headerKeysValid(got) {
+				t.Fatalf("%v: not a valid NATS header", got)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("got %v, want %v", got, tt.want)
 			}
 		})
@@ -398,4 +416,20 @@ func TestValidateSource(t *testing.T) {
 			}
 		})
 	}
+}
+
+// headerKeysValid checks names against NATS's rule (printable ASCII except
+// space and the separators nats.go refuses).
+func headerKeysValid(h natsgo.Header) bool {
+	for k := range h {
+		if k == "" || strings.ContainsAny(k, " \"(),/:;<=>?@[\\]{}") {
+			return false
+		}
+		for i := 0; i < len(k); i++ {
+			if k[i] <= ' ' || k[i] >= 0x7f {
+				return false
+			}
+		}
+	}
+	return true
 }
