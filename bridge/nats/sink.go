@@ -263,13 +263,14 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 // unavailable reports whether a publish failed for want of a working server
 // rather than because of the message or its stream: no connection, no
 // PubAck in time, no responder for a subject that has a stream (a leader
-// election, JetStream down), or JetStream answering 503. A stream's
-// refusal (limits, expected sequence, a bad header) is the task's own.
+// election, JetStream down), or JetStream answering 503 for itself. A
+// stream's refusal (limits, expected sequence, a bad header) is the task's
+// own, although the server answers some of those with 503 too.
 func unavailable(err error) bool {
 	for _, e := range []error{
 		ErrDisconnected, ErrPublishTimeout, natsgo.ErrConnectionClosed, natsgo.ErrDisconnected,
 		natsgo.ErrConnectionReconnecting, natsgo.ErrConnectionDraining, natsgo.ErrTimeout,
-		natsgo.ErrNoResponders, jetstream.ErrNoStreamResponse, jetstream.ErrJetStreamNotEnabled,
+		natsgo.ErrNoResponders, jetstream.ErrNoStreamResponse, jetstream.ErrAsyncPublishTimeout, jetstream.ErrJetStreamNotEnabled,
 		jetstream.ErrJetStreamNotEnabledForAccount, context.DeadlineExceeded,
 	} {
 		if errors.Is(err, e) {
@@ -277,7 +278,30 @@ func unavailable(err error) bool {
 		}
 	}
 	var api *jetstream.APIError
-	return errors.As(err, &api) && api.Code == 503
+	return errors.As(err, &api) && api.Code == 503 && !streamRefusal(api)
+}
+
+// JetStream error codes the server answers a publish with, code 503, when
+// the stream refuses the message rather than cannot take it now.
+const (
+	jsErrStreamStoreFailed     = 10077 // its limits with DiscardNew, or its storage failing
+	jsErrStreamSequenceNoMatch = 10063 // an expected sequence
+	jsErrInsufficientResources = 10023 // the account's or server's storage limits
+)
+
+// streamRefusal reports whether a 503 answer is the stream refusing the
+// message. A store failure is one only when it names a limit (the
+// server's ErrMaxMsgs, ErrMaxBytes, ErrMaxMsgsPerSubject, ErrMsgTooLarge);
+// a closed store or a disk error is JetStream not working.
+func streamRefusal(api *jetstream.APIError) bool {
+	switch api.ErrorCode {
+	case jsErrStreamSequenceNoMatch, jsErrInsufficientResources:
+		return true
+	case jsErrStreamStoreFailed:
+		d := strings.ToLower(api.Description)
+		return strings.HasPrefix(d, "maximum ") || d == "message too large"
+	}
+	return false
 }
 
 func (s *Sink) ctxErr(ctx context.Context, target string) error {
