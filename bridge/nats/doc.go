@@ -69,11 +69,27 @@
 // (an expected last sequence) or change its meaning.
 //
 // Best effort: a target subject that no stream captures cannot be
-// acknowledged. The Sink learns which subjects streams capture from the
-// account's stream list (read at most once per Config.NoStreamTTL, 30 s)
-// and delivers to the others with a core NATS publish and one flush per
-// batch, counted in delaybridge_best_effort_deliveries_total. A subscriber
-// that is not listening at that moment misses the message. A JetStream
-// publish that meets "no responders" or times out makes the next Deliver
-// read the list again, so a stream created or deleted later is noticed.
+// acknowledged. Every subject is published with JetStream first, since
+// only the server knows whether a stream captures it (subject mappings,
+// imported streams, domains). When no stream answers ("no responders", or
+// no PubAck within a second while core subscribers received the message)
+// the Sink asks the server whether one of the account's streams captures
+// the subject ($JS.API.STREAM.NAMES with a subject filter, its own 2 s
+// timeout). Only if none does is the subject core NATS: the message is
+// (or was) published with core NATS and one flush per batch, counted in
+// delaybridge_best_effort_deliveries_total, and the subject goes to core
+// NATS directly for Config.NoStreamTTL (30 s); a subscriber that is not
+// listening at that moment misses the message. A stream that captures the
+// subject but does not answer, a subject a stream acknowledged within
+// NoStreamTTL, or a lookup that failed (kept for NoStreamTTL, e.g. without
+// the permission) make the task fail as unavailable, so it waits without
+// using its retry budget instead of being published without a PubAck.
+//
+// Failures for want of a working server wrap shard.ErrUnavailable: no
+// connection, publish or flush failing on a closed, reconnecting or
+// draining connection, no PubAck in time (while the caller's context is
+// live), "no responders" for a subject a stream captures, and JetStream
+// answering 503 for itself. A stream's refusal (its limits with
+// DiscardNew, an expected sequence, the account's storage) does not, even
+// where the server answers it with 503.
 package nats

@@ -30,13 +30,41 @@ type Sink struct {
 	cfg     Config
 	log     *zap.Logger
 	pubOpts []jetstream.PublishOpt
+	// probeWait is how long a JetStream publish to a subject of unknown
+	// kind waits for its PubAck before the Sink asks whether a stream
+	// captures the subject at all.
+	probeWait time.Duration
 
-	mu        sync.Mutex
-	filters   []string // subject filters of the account's streams
-	listed    bool
-	listUntil time.Time
-	now       func() time.Time
+	mu sync.Mutex
+	// What deliveries found out about target subjects, each verdict
+	// standing for NoStreamTTL.
+	verdicts map[string]verdict
+	// A failed stream lookup is not repeated before lookupUntil; meanwhile
+	// lookupErr answers for it.
+	lookupErr   error
+	lookupUntil time.Time
+	now         func() time.Time
 }
+
+// verdict is what the Sink knows about a target subject.
+type verdict struct {
+	core  bool      // no stream captures it: core NATS; else a stream acknowledged a publish
+	until time.Time // then it is found out again
+}
+
+const (
+	// streamLookupTimeout bounds the question "does a stream capture this
+	// subject?" apart from the PubAck budget (Config.PublishTimeout): a
+	// server that does not answer it (e.g. to a user without permission
+	// for $JS.API.STREAM.NAMES) costs little, and the failure is kept for
+	// NoStreamTTL.
+	streamLookupTimeout = 2 * time.Second
+	// defaultProbeWait is Sink.probeWait (at most half PublishTimeout).
+	defaultProbeWait = time.Second
+	// maxVerdicts bounds the verdict cache; past it, expired verdicts are
+	// swept.
+	maxVerdicts = 4096
+)
 
 var (
 	_ shard.Sink      = (*Sink)(nil)
@@ -48,7 +76,9 @@ func NewSink(nc *natsgo.Conn, cfg Config) (*Sink, error) {
 	cfg.setDefaults()
 	// The window bounds each Deliver call; the library-wide cap only has to
 	// be out of the way of several shards delivering at once.
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(1<<16))
+	// A PubAck that never comes (a subject with core subscribers, a lost
+	// reply) must not stay pending in the library forever.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(1<<16), jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("nats sink: jetstream context: %w", err)
 	}
@@ -57,10 +87,13 @@ func NewSink(nc *natsgo.Conn, cfg Config) (*Sink, error) {
 		js:  js,
 		cfg: cfg,
 		log: cfg.Logger,
-		// No retries on "no responders": the Sink checks itself whether a
-		// stream exists, instead of waiting 2x250ms for every such subject.
-		pubOpts: []jetstream.PublishOpt{jetstream.WithRetryAttempts(0), jetstream.WithStallWait(cfg.PublishTimeout)},
-		now:     time.Now,
+		// No retries on "no responders": the Sink asks itself whether a
+		// stream captures the subject, instead of waiting 2x250ms for
+		// every such subject.
+		pubOpts:   []jetstream.PublishOpt{jetstream.WithRetryAttempts(0), jetstream.WithStallWait(cfg.PublishTimeout)},
+		probeWait: min(defaultProbeWait, cfg.PublishTimeout/2),
+		verdicts:  map[string]verdict{},
+		now:       time.Now,
 	}, nil
 }
 
@@ -83,60 +116,84 @@ func DeliveryID(t *codec.Task) string {
 	return id + "|" + time.UnixMilli(t.Due).UTC().Format(dueLayout)
 }
 
-// streamFilters returns the subject filters of the account's streams,
-// listed at most once per NoStreamTTL. known is false when the list could
-// not be read; the caller then tries JetStream and reads "no responders".
-func (s *Sink) streamFilters(ctx context.Context) (filters []string, known bool) {
+// verdict returns what is known about subject, if it still stands.
+func (s *Sink) verdict(subject string) (verdict, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.verdicts[subject]
+	if ok && !s.now().Before(v.until) {
+		delete(s.verdicts, subject)
+		return verdict{}, false
+	}
+	return v, ok
+}
+
+// setVerdict records for NoStreamTTL whether subject is core NATS.
+func (s *Sink) setVerdict(subject string, core bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	if s.listed && now.Before(s.listUntil) {
-		return s.filters, true
-	}
-	var out []string
-	l := s.js.ListStreams(ctx)
-	for info := range l.Info() {
-		out = append(out, info.Config.Subjects...)
-	}
-	if err := l.Err(); err != nil {
-		if !errors.Is(err, jetstream.ErrJetStreamNotEnabled) && !errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
-			s.log.Warn("nats sink: list streams failed", zap.Error(err))
-			return nil, false
+	if len(s.verdicts) >= maxVerdicts {
+		for k, v := range s.verdicts {
+			if !now.Before(v.until) {
+				delete(s.verdicts, k)
+			}
 		}
-		out = nil // no JetStream: every target is core NATS
 	}
-	s.filters, s.listed, s.listUntil = out, true, now.Add(s.cfg.NoStreamTTL)
-	return out, true
+	s.verdicts[subject] = verdict{core: core, until: now.Add(s.cfg.NoStreamTTL)}
 }
 
-// forgetStreams makes the next Deliver list the streams again.
-func (s *Sink) forgetStreams() {
+// lookupStream asks the server which stream of the account captures
+// subject ($JS.API.STREAM.NAMES with a subject filter: the server's own
+// subject match), within streamLookupTimeout. found is false with a nil
+// error when none does. A failed lookup is not repeated for NoStreamTTL.
+func (s *Sink) lookupStream(ctx context.Context, subject string) (name string, found bool, err error) {
 	s.mu.Lock()
-	s.listed = false
-	s.mu.Unlock()
-}
-
-// noStream reports whether no stream captures subject, per filters.
-func noStream(filters []string, subject string) bool {
-	for _, f := range filters {
-		if subjectMatch(f, subject) {
-			return false
-		}
+	now := s.now()
+	if s.lookupErr != nil && now.Before(s.lookupUntil) {
+		err := s.lookupErr
+		s.mu.Unlock()
+		return "", false, err
 	}
-	return true
+	s.mu.Unlock()
+
+	lctx, cancel := context.WithTimeout(ctx, min(streamLookupTimeout, s.cfg.PublishTimeout))
+	name, err = s.js.StreamNameBySubject(lctx, subject)
+	cancel()
+	switch {
+	case err == nil:
+		return name, true, nil
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return "", false, nil
+	case ctx.Err() != nil:
+		return "", false, ctx.Err()
+	}
+	err = fmt.Errorf("stream lookup ($JS.API.STREAM.NAMES) failed: %w", err)
+	s.log.Warn("nats sink: cannot tell which target subjects have a stream; deliveries that find no stream wait until a lookup succeeds",
+		zap.Duration("next_lookup_in", s.cfg.NoStreamTTL), zap.Error(err))
+	s.mu.Lock()
+	s.lookupErr, s.lookupUntil = err, now.Add(s.cfg.NoStreamTTL)
+	s.mu.Unlock()
+	return "", false, err
 }
 
 // Deliver publishes the batch: JetStream async publishes with at most
 // PublishWindow in flight, then waits for every PubAck (at most
 // PublishTimeout). errs[i] is nil when batch[i] was acknowledged (or, for
 // a subject without a stream, published and flushed).
+//
+// Every subject is published with JetStream first: only the server knows
+// whether a stream captures it (through subject mappings, imports and
+// domains too). Core NATS is used only where the server confirms that no
+// stream does (see the package documentation), and then directly for
+// NoStreamTTL.
 func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	if len(batch) == 0 {
 		return nil
 	}
 	start := time.Now()
 	errs := make([]error, len(batch))
-	failed, timedOut := false, false
+	failed := false
 	fail := func(i int, err error) {
 		errs[i] = err
 		failed = true
@@ -149,37 +206,67 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	}
 	dctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
 	defer cancel()
+	pctx, pcancel := context.WithTimeout(dctx, s.probeWait)
+	defer pcancel()
 
 	msgs := make([]*natsgo.Msg, len(batch))
 	futs := make([]jetstream.PubAckFuture, len(batch))
-	var core []int                       // delivered with core NATS
+	probe := make([]bool, len(batch))    // the subject's kind is not known
+	var core []int                       // to publish with core NATS
+	var flushed []int                    // published, done once flushed
 	var noResp []int                     // JetStream had no responders
+	var quiet []int                      // probes without a PubAck within probeWait
+	var foreign = map[int]error{}        // quiet ones answered, but not by a stream
 	window := make([]int, 0, len(batch)) // published, in order; window[head:] in flight
 	head := 0
-	filters, known := s.streamFilters(dctx)
-	coreSubj := map[string]bool{} // per batch: targets repeat
-	isCore := func(subject string) bool {
-		c, ok := coreSubj[subject]
+	known := map[string]verdict{} // per batch: targets repeat
+	verdictOf := func(subject string) (verdict, bool) {
+		v, ok := known[subject]
 		if !ok {
-			c = noStream(filters, subject)
-			coreSubj[subject] = c
+			if v, ok = s.verdict(subject); ok {
+				known[subject] = v
+			}
 		}
-		return c
+		return v, ok
 	}
 
-	wait := func(i int) {
+	// wait waits for the PubAck of batch[i]; a probe only probeWait, unless
+	// a stream acknowledged another publish to the subject meanwhile.
+	wait := func(i int, probing bool) {
 		f := futs[i]
-		select {
+		var pdone <-chan struct{}
+		if v, ok := known[batch[i].Target]; probing && (!ok || v.core) {
+			pdone = pctx.Done()
+		}
+		var err error
+		select { // an answer that is there wins over a deadline
 		case <-f.Ok():
-		case err := <-f.Err():
-			if errors.Is(err, jetstream.ErrNoStreamResponse) {
-				noResp = append(noResp, i)
+		case err = <-f.Err():
+		default:
+			select {
+			case <-f.Ok():
+			case err = <-f.Err():
+			case <-dctx.Done():
+				fail(i, s.ctxErr(ctx, batch[i].Target))
+				return
+			case <-pdone:
+				quiet = append(quiet, i)
 				return
 			}
+		}
+		switch {
+		case err == nil:
+			if probe[i] {
+				s.setVerdict(batch[i].Target, false)
+				known[batch[i].Target] = verdict{}
+			}
+		case errors.Is(err, jetstream.ErrNoStreamResponse):
+			noResp = append(noResp, i)
+		case pdone != nil && errors.Is(err, jetstream.ErrInvalidJSAck):
+			// A core subscriber answered the request (a service).
+			quiet, foreign[i] = append(quiet, i), err
+		default:
 			fail(i, fmt.Errorf("nats sink: publish to %q: %w", batch[i].Target, err))
-		case <-dctx.Done():
-			timedOut = true
-			fail(i, s.ctxErr(ctx, batch[i].Target))
 		}
 	}
 
@@ -189,12 +276,14 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 			continue
 		}
 		msgs[i] = &natsgo.Msg{Subject: t.Target, Data: t.Value, Header: headersOut(t.Headers, DeliveryID(t))}
-		if known && isCore(t.Target) {
+		v, ok := verdictOf(t.Target)
+		if ok && v.core {
 			core = append(core, i)
 			continue
 		}
+		probe[i] = !ok
 		if len(window)-head >= s.cfg.PublishWindow {
-			wait(window[head])
+			wait(window[head], probe[window[head]])
 			head++
 		}
 		f, err := s.js.PublishMsgAsync(msgs[i], s.pubOpts...)
@@ -206,45 +295,90 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		window = append(window, i)
 	}
 	for _, i := range window[head:] {
-		wait(i)
+		wait(i, probe[i])
 	}
 
-	if timedOut {
-		s.forgetStreams()
-	}
-	// "No responders": the stream went away (or the list was unknown). Fall
-	// back to core NATS only where a fresh list confirms there is no stream;
-	// otherwise (e.g. a stream leader election) it is an error the engine
-	// retries.
-	if len(noResp) > 0 {
-		s.forgetStreams()
-		filters, known := s.streamFilters(dctx)
-		for _, i := range noResp {
-			if known && noStream(filters, batch[i].Target) {
-				core = append(core, i)
-				continue
+	// Probes no stream acknowledged in time: a subject with core
+	// subscribers (they got the message; nobody acknowledges it, or a
+	// service answered something else) or a slow stream. If no stream
+	// captures the subject, the publish was a core one.
+	lookups := map[string]error{} // per subject: nil = no stream captures it
+	lookup := func(subject string) error {
+		err, ok := lookups[subject]
+		if !ok {
+			var name string
+			var found bool
+			name, found, err = s.lookupStream(ctx, subject)
+			if err == nil && found {
+				err = fmt.Errorf("stream %q captures it", name)
 			}
-			fail(i, fmt.Errorf("nats sink: publish to %q: %w", batch[i].Target, jetstream.ErrNoStreamResponse))
+			lookups[subject] = err
 		}
+		return err
+	}
+	for _, i := range quiet {
+		if v, ok := known[batch[i].Target]; !(ok && !v.core) && lookup(batch[i].Target) == nil {
+			select {
+			case <-futs[i].Ok(): // just in time after all
+				s.setVerdict(batch[i].Target, false)
+				continue
+			default:
+			}
+			flushed = append(flushed, i)
+			continue
+		}
+		if err, ok := foreign[i]; ok {
+			fail(i, fmt.Errorf("nats sink: publish to %q: %w", batch[i].Target, err))
+			continue
+		}
+		wait(i, false)
 	}
 
-	if len(core) > 0 {
-		var sent []int
-		for _, i := range core {
-			if err := s.nc.PublishMsg(msgs[i]); err != nil {
-				fail(i, fmt.Errorf("nats sink: core publish to %q: %w", batch[i].Target, err))
-				continue
-			}
-			sent = append(sent, i)
+	// "No responders": no stream took the message. Core NATS only where
+	// the server confirms that no stream captures the subject; otherwise
+	// (a stream in a leader election, JetStream down, a failed lookup) the
+	// task waits like in an outage.
+	for _, i := range noResp {
+		subj := batch[i].Target
+		if v, ok := verdictOf(subj); ok && !v.core {
+			fail(i, fmt.Errorf("nats sink: publish to %q: %w (a stream acknowledged publishes to the subject less than %s ago)",
+				subj, jetstream.ErrNoStreamResponse, s.cfg.NoStreamTTL))
+			continue
 		}
-		if len(sent) > 0 {
-			if err := s.nc.FlushWithContext(dctx); err != nil {
-				for _, i := range sent {
-					fail(i, fmt.Errorf("nats sink: core publish to %q: flush: %w", batch[i].Target, err))
+		if err := lookup(subj); err != nil {
+			fail(i, fmt.Errorf("nats sink: publish to %q: %w (%w)", subj, jetstream.ErrNoStreamResponse, err))
+			continue
+		}
+		core = append(core, i)
+	}
+
+	for _, i := range core {
+		if err := s.nc.PublishMsg(msgs[i]); err != nil {
+			fail(i, fmt.Errorf("nats sink: core publish to %q: %w", batch[i].Target, err))
+			continue
+		}
+		flushed = append(flushed, i)
+	}
+	if len(flushed) > 0 {
+		// A budget of its own: a stream lookup may have used the PubAck one.
+		fctx, fcancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
+		err := s.nc.FlushWithContext(fctx)
+		fcancel()
+		if err != nil {
+			if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+				err = fmt.Errorf("%w: flush after %s: %w", ErrPublishTimeout, s.cfg.PublishTimeout, err)
+			}
+			for _, i := range flushed {
+				fail(i, fmt.Errorf("nats sink: core publish to %q: flush: %w", batch[i].Target, err))
+			}
+		} else {
+			for _, i := range flushed {
+				if _, ok := verdictOf(batch[i].Target); !ok {
+					s.setVerdict(batch[i].Target, true)
+					known[batch[i].Target] = verdict{core: true}
 				}
-			} else {
-				s.cfg.Metrics.BestEffort.WithLabelValues(codec.TransportNATS.String()).Add(float64(len(sent)))
 			}
+			s.cfg.Metrics.BestEffort.WithLabelValues(codec.TransportNATS.String()).Add(float64(len(flushed)))
 		}
 	}
 
@@ -253,7 +387,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		return nil
 	}
 	for i, err := range errs {
-		if err != nil && ctx.Err() == nil && unavailable(err) {
+		if err != nil && ctx.Err() == nil && !errors.Is(err, shard.ErrUnavailable) && unavailable(err) {
 			errs[i] = fmt.Errorf("%w: %w", shard.ErrUnavailable, err)
 		}
 	}

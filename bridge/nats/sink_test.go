@@ -140,8 +140,10 @@ func TestSinkPerTaskErrors(t *testing.T) {
 }
 
 // TestSinkCoreFallback: a subject without a stream is delivered with core
-// NATS (a subscriber gets it, BestEffort counts it); the finding is cached
-// and re-checked after NoStreamTTL.
+// NATS (a subscriber gets it, BestEffort counts it): the JetStream publish
+// gets no PubAck (the subscriber does not answer) and the server confirms
+// that no stream captures the subject. The finding is cached and
+// re-checked after NoStreamTTL.
 func TestSinkCoreFallback(t *testing.T) {
 	s := startServer(t, jsOptions(t))
 	cfg := testConfig(t, serverURL(s))
@@ -150,6 +152,7 @@ func TestSinkCoreFallback(t *testing.T) {
 	sink := newSink(t, nc, cfg)
 	now := time.Unix(1000, 0)
 	sink.now = func() time.Time { return now }
+	sink.probeWait = 100 * time.Millisecond // no PubAck is coming
 
 	subNC := connect(t, testConfig(t, serverURL(s)))
 	sub, err := subNC.SubscribeSync("plain.>")
