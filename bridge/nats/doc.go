@@ -37,7 +37,9 @@
 // A batch is acked only after Handle returned nil: one fire-and-forget
 // ack per message, pipelined on the connection, so no round trip per
 // message or per batch. While Handle fails, the batch is retried with
-// backoff and marked in progress so the server does not redeliver it; on
+// backoff and marked in progress so the server does not redeliver it, every
+// third of the consumer's redelivery wait as the server reports it (AckWait,
+// or the shortest BackOff step; the consumer may be an operator's); on
 // shutdown an unhandled batch is nak'ed (after the pull subscription is
 // gone) for quick redelivery to the next run.
 //

@@ -56,6 +56,10 @@ type Source struct {
 	// its messages from 1, so a floor from before says nothing about it.
 	created atomic.Int64
 	lastSeq atomic.Uint64
+	// ackWait is how long the server waits for an ack before it
+	// redelivers, per the consumer as the server has it (AckWait, or the
+	// shortest BackOff step): the keep-alive period derives from it.
+	ackWait atomic.Int64
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -237,9 +241,46 @@ func (s *Source) ensure(ctx context.Context) error {
 				zap.Int("max_deliver", cc.MaxDeliver))
 		}
 	}
+	s.setAckWait(cons.CachedInfo().Config)
 	s.consumer.Store(&consumerRef{cons})
 	s.consErr.Store(nil)
 	return nil
+}
+
+// setAckWait takes the redelivery wait from the consumer's configuration
+// as the server reports it: a consumer made by an operator need not have
+// Config.AckWait, and with BackOff the server waits BackOff[n] instead.
+func (s *Source) setAckWait(cc jetstream.ConsumerConfig) {
+	d := redeliveryWait(cc)
+	if d <= 0 {
+		d = s.cfg.AckWait
+	}
+	if old := time.Duration(s.ackWait.Swap(int64(d))); old != d && old != 0 {
+		s.log.Info("nats source: consumer ack wait changed", zap.Duration("ack_wait", d), zap.Duration("was", old))
+	}
+}
+
+// redeliveryWait is the shortest time the server waits for an ack before
+// it redelivers a message of a consumer with config cc: AckWait, or with
+// BackOff the step of the message's delivery count. 0 if unknown.
+func redeliveryWait(cc jetstream.ConsumerConfig) time.Duration {
+	d := cc.AckWait
+	for _, b := range cc.BackOff {
+		if b > 0 && (d <= 0 || b < d) {
+			d = b
+		}
+	}
+	return d
+}
+
+// keepAlivePeriod is how often a batch in hand is marked in progress: a
+// third of the redelivery wait, so that two marks may be lost.
+func (s *Source) keepAlivePeriod() time.Duration {
+	d := time.Duration(s.ackWait.Load())
+	if d <= 0 {
+		d = s.cfg.AckWait
+	}
+	return max(d/3, 10*time.Millisecond)
 }
 
 // Health is nil while connected and the consumer exists.
@@ -491,6 +532,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 		return fmt.Errorf("nats source: consumer info: %w", err)
 	}
 	s.consErr.Store(nil)
+	s.setAckWait(info.Config)
 	st.start(int64(info.AckFloor.Stream), int64(info.Delivered.Stream), info.Delivered.Consumer)
 	it, err := cons.Messages(
 		jetstream.PullMaxMessages(2*s.cfg.BatchSize),
@@ -672,10 +714,11 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 func byOffset(a, b bridge.Item) int { return cmp.Compare(a.Msg.Offset, b.Msg.Offset) }
 
 // handle calls h.Handle until it succeeds or ctx ends. Meanwhile the batch
-// is marked in progress every AckWait/3, so a slow or failing handler does
-// not make the server redeliver what it is still working on.
+// is marked in progress every third of the consumer's redelivery wait (see
+// keepAlivePeriod), so a slow or failing handler does not make the server
+// redeliver what it is still working on.
 func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, batch []jetstream.Msg) error {
-	k := startKeepAlive(batch, s.cfg.AckWait/3)
+	k := startKeepAlive(batch, s.keepAlivePeriod())
 	defer k.stop()
 	bo := backoff{min: 100 * time.Millisecond, max: 10 * time.Second}
 	for {

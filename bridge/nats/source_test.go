@@ -485,32 +485,102 @@ func (b *blocker) Handle(ctx context.Context, batch *bridge.Batch) error {
 	return b.recorder.Handle(ctx, batch)
 }
 
-// TestSourceSlowHandlerKeepsBatch: a handler slower than AckWait does not
-// get its batch redelivered meanwhile; the source keeps it in progress.
+// TestSourceSlowHandlerKeepsBatch: a handler slower than the consumer's
+// AckWait does not get its batch redelivered meanwhile; the source keeps
+// it in progress, at the pace of the AckWait the server has, also when an
+// operator made the consumer with another one than Config.AckWait.
 // (This test waits: it is about time passing without a redelivery.)
 func TestSourceSlowHandlerKeepsBatch(t *testing.T) {
-	s := startServer(t, jsOptions(t))
-	cfg := testConfig(t, serverURL(s))
-	cfg.Create = true
-	cfg.AckWait = time.Second
-	nc := connect(t, cfg)
-	js := newJS(t, nc)
-	src, err := NewSource(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
+	for _, c := range []struct {
+		name     string
+		create   bool
+		ackWait  time.Duration // Config.AckWait
+		consumer *jetstream.ConsumerConfig
+	}{
+		{name: "consumer made by the bridge", create: true, ackWait: time.Second},
+		{name: "operator's consumer with a shorter AckWait", consumer: &jetstream.ConsumerConfig{
+			Durable: "bridge", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second, MaxDeliver: 3, FilterSubject: "delay.>"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := startServer(t, jsOptions(t))
+			cfg := testConfig(t, serverURL(s))
+			cfg.Create = c.create
+			cfg.AckWait = c.ackWait
+			nc := connect(t, cfg)
+			js := newJS(t, nc)
+			if c.consumer != nil {
+				if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "DELAY", Subjects: []string{"delay.>"}}); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := js.CreateConsumer(ctxT(t), "DELAY", *c.consumer); err != nil {
+					t.Fatal(err)
+				}
+			}
+			src, err := NewSource(nc, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			publish(t, js, "delay.x", "slow", nil)
+			h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
+			runSource(t, src, h)
+			<-h.entered
+			time.Sleep(5 * time.Second / 2) // 2.5 times the consumer's AckWait
+			if ci := consumerInfo(t, js, "DELAY", "bridge"); ci.NumRedelivered != 0 || ci.Delivered.Consumer != 1 {
+				t.Errorf("redelivered %d (deliveries %d) while the handler was working", ci.NumRedelivered, ci.Delivered.Consumer)
+			}
+			close(h.release)
+			eventually(t, "acked", func() bool { return consumerInfo(t, js, "DELAY", "bridge").AckFloor.Stream == 1 })
+			if got := h.seqs(); !reflect.DeepEqual(got, []int64{1}) {
+				t.Errorf("handled %v", got)
+			}
+		})
 	}
-	publish(t, js, "delay.x", "slow", nil)
-	h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
-	runSource(t, src, h)
-	<-h.entered
-	time.Sleep(5 * cfg.AckWait / 2)
-	if ci := consumerInfo(t, js, "DELAY", "bridge"); ci.NumRedelivered != 0 {
-		t.Errorf("redelivered %d while the handler was working", ci.NumRedelivered)
-	}
-	close(h.release)
-	eventually(t, "acked", func() bool { return consumerInfo(t, js, "DELAY", "bridge").AckFloor.Stream == 1 })
-	if got := h.seqs(); !reflect.DeepEqual(got, []int64{1}) {
-		t.Errorf("handled %v", got)
+}
+
+// TestSourceKeepAlivePeriod: the in-progress period is a third of the
+// shortest redelivery wait of the consumer as the server has it (AckWait,
+// or a shorter BackOff step), whoever made the consumer.
+func TestSourceKeepAlivePeriod(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		ackWait  time.Duration // Config.AckWait
+		consumer *jetstream.ConsumerConfig
+		want     time.Duration
+	}{
+		{name: "consumer made by the bridge", ackWait: 6 * time.Second, want: 2 * time.Second},
+		{name: "consumer made by the bridge, default AckWait", want: 10 * time.Second},
+		{name: "operator's consumer: its AckWait, not Config's", ackWait: 30 * time.Second, consumer: &jetstream.ConsumerConfig{
+			AckWait: 3 * time.Second}, want: time.Second},
+		{name: "operator's consumer with BackOff", consumer: &jetstream.ConsumerConfig{
+			AckWait: 9 * time.Second, BackOff: []time.Duration{1500 * time.Millisecond, 6 * time.Second}, MaxDeliver: 5}, want: 500 * time.Millisecond},
+		{name: "operator's consumer with a BackOff step shorter than the first", consumer: &jetstream.ConsumerConfig{
+			BackOff: []time.Duration{3 * time.Second, 600 * time.Millisecond, 6 * time.Second}, MaxDeliver: 5}, want: 200 * time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := startServer(t, jsOptions(t))
+			cfg := testConfig(t, serverURL(s))
+			cfg.AckWait = c.ackWait
+			cfg.Create = c.consumer == nil
+			nc := connect(t, cfg)
+			js := newJS(t, nc)
+			if c.consumer != nil {
+				if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "DELAY", Subjects: []string{"delay.>"}}); err != nil {
+					t.Fatal(err)
+				}
+				cc := *c.consumer
+				cc.Durable, cc.AckPolicy, cc.FilterSubject = "bridge", jetstream.AckExplicitPolicy, "delay.>"
+				if _, err := js.CreateConsumer(ctxT(t), "DELAY", cc); err != nil {
+					t.Fatal(err)
+				}
+			}
+			src, err := NewSource(nc, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := src.keepAlivePeriod(); got != c.want {
+				t.Fatalf("keep-alive period = %s, want %s", got, c.want)
+			}
+		})
 	}
 }
 
