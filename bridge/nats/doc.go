@@ -43,8 +43,9 @@
 // shutdown an unhandled batch is nak'ed (after the pull subscription is
 // gone) for quick redelivery to the next run.
 //
-// Each batch carries the checkpoint "nats|STREAM|FILTERS", a stream
-// sequence at or below which every message is held by the store or acked.
+// Each batch carries the checkpoint "nats|STREAM|FILTERS|CREATED" (see
+// CheckpointKey), a stream sequence at or below which every message is
+// held by the store or acked.
 // It is a floor rather than the highest sequence handled, because
 // JetStream redelivers unacked messages behind newer ones: after a crash a
 // message the store never got can arrive after higher sequences were
@@ -52,6 +53,14 @@
 // over, so redeliveries of what the store already holds are not ingested
 // again. See floorState for how the floor is proven from consumer sequences
 // and the server's ack floor.
+//
+// CREATED, the stream's creation time, binds the floor to one incarnation
+// of the stream: one deleted and created again numbers from 1. The source
+// reads it at start and whenever consuming restarts, and a delivery whose
+// consumer sequence goes back (another consumer of the same name) stops
+// the batch, unacked, until it has; a new identity resets the floor. A
+// floor an older version stored without the identity is kept only if the
+// consumer has delivered past it, else dropped (floorState.adoptLegacy).
 //
 // # Sink
 //

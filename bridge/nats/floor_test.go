@@ -131,3 +131,38 @@ func TestFloorState(t *testing.T) {
 		})
 	}
 }
+
+// TestAdoptLegacy: a floor stored without the stream's identity (by an
+// older version) is kept only if the consumer has delivered that far on
+// the stream it reads now; otherwise it may be from a stream since created
+// again, and is dropped (the server's ack floor still applies).
+func TestAdoptLegacy(t *testing.T) {
+	for _, c := range []struct {
+		name                string
+		legacy, delivered   int64
+		wantKept            bool
+		wantFloor           int64
+		ackFloor, wantAfter int64 // start(ackFloor, delivered) afterwards
+	}{
+		{name: "upgrade: the consumer delivered past it", legacy: 5, delivered: 7, wantKept: true, wantFloor: 5, ackFloor: 4, wantAfter: 5},
+		{name: "upgrade: the consumer delivered exactly up to it", legacy: 5, delivered: 5, wantKept: true, wantFloor: 5, ackFloor: 5, wantAfter: 5},
+		{name: "a new stream (or consumer) not that far yet", legacy: 5, delivered: 2, wantFloor: 0, ackFloor: 2, wantAfter: 2},
+		{name: "a new stream, nothing delivered", legacy: 5, delivered: 0, wantFloor: 0, ackFloor: 0, wantAfter: 0},
+		{name: "no legacy floor", legacy: 0, delivered: 9, wantFloor: 0, ackFloor: 9, wantAfter: 9},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := &floorState{legacy: c.legacy}
+			if kept := f.adoptLegacy(c.delivered); kept != c.wantKept || f.floor != c.wantFloor || f.legacy != 0 {
+				t.Fatalf("adoptLegacy(%d) = %v, floor %d, legacy %d; want %v, floor %d, legacy 0",
+					c.delivered, kept, f.floor, f.legacy, c.wantKept, c.wantFloor)
+			}
+			f.start(c.ackFloor, c.delivered, uint64(c.delivered))
+			if f.floor != c.wantAfter {
+				t.Fatalf("floor after start = %d, want %d", f.floor, c.wantAfter)
+			}
+			if again := f.adoptLegacy(0); again {
+				t.Fatal("decided twice")
+			}
+		})
+	}
+}

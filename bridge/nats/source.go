@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -47,7 +48,10 @@ type Source struct {
 	js  jetstream.JetStream
 	cfg Config
 	log *zap.Logger
-	key string
+	// base is the checkpoint key without the stream's identity; key (Run's
+	// goroutine only) the one of the stream Run reads: see CheckpointKey.
+	base string
+	key  string
 
 	consumer atomic.Pointer[consumerRef]
 	consErr  atomic.Pointer[error]
@@ -90,7 +94,7 @@ func NewSource(nc *natsgo.Conn, cfg Config) (*Source, error) {
 		cfg: cfg,
 		log: cfg.Logger.With(zap.String("stream", cfg.Stream), zap.String("consumer", cfg.Consumer)),
 	}
-	s.key = CheckpointKey(cfg.Stream, s.subjects())
+	s.base = baseKey(cfg.Stream, s.subjects())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*cfg.ConnectTimeout)
 	defer cancel()
 	if err := s.ensure(ctx); err != nil {
@@ -99,26 +103,38 @@ func NewSource(nc *natsgo.Conn, cfg Config) (*Source, error) {
 	return s, nil
 }
 
-// CheckpointKey is the shard.Checkpoint key of a delay stream read with
-// the given source subject filters: "nats|STREAM|f1,f2" (filters without
-// those another covers, sorted).
+// CheckpointKey is the shard.Checkpoint key of the floor of a delay stream
+// read with the given source subject filters: "nats|STREAM|f1,f2|CREATED"
+// (filters without those another covers, sorted; CREATED the stream's
+// creation time, StreamInfo.Created, in Unix nanoseconds).
 //
 // The checkpoint says which stream sequences the store holds, so it is
-// keyed by what was read (stream and filters), not by the consumer's name:
-// a durable consumer that is renamed or recreated from the start of the
-// stream skips what the store already holds instead of ingesting the whole
-// stream again. Changing the filters changes the key, because a floor
-// reached under other filters says nothing about messages on newly added
-// subjects; the new key starts empty and at worst re-ingests messages
-// still pending on the consumer.
-func CheckpointKey(stream string, subjects []string) string {
+// keyed by what was read, not by the consumer's name: a durable consumer
+// that is renamed or recreated from the start of the stream skips what the
+// store already holds instead of ingesting the whole stream again.
+// Changing the filters changes the key, because a floor reached under
+// other filters says nothing about messages on newly added subjects; the
+// new key starts empty and at worst re-ingests messages still pending on
+// the consumer. The stream's creation time is in the key because a stream
+// deleted and created again (by an operator, or lost with the server's
+// storage, or set up anew in another cluster) numbers its messages from 1
+// again: a floor from before says nothing about it, and skipping up to it
+// would lose the new stream's first messages.
+func CheckpointKey(stream string, created int64, subjects []string) string {
+	return baseKey(stream, subjects) + "|" + strconv.FormatInt(created, 10)
+}
+
+// baseKey is the checkpoint key without the stream's identity,
+// "nats|STREAM|f1,f2", as versions before 2026-11 stored the floor (see
+// Source.storedFloor).
+func baseKey(stream string, subjects []string) string {
 	fs := slices.Sorted(slices.Values(coveringFilters(subjects)))
 	return "nats|" + stream + "|" + strings.Join(fs, ",")
 }
 
-// createdKey is the checkpoint key of the stream identity the floor under
-// key belongs to. It is stored in the same commits as the floor.
-func createdKey(key string) string { return key + "|created" }
+// createdKey is where a development version stored the stream identity
+// of the floor under the base key, as a checkpoint of its own.
+func createdKey(base string) string { return base + "|created" }
 
 // subjects are the source filters without those another one covers.
 func (s *Source) subjects() []string {
@@ -335,6 +351,31 @@ type floorState struct {
 	lastDseq   uint64 // last consumer (delivery) sequence seen
 	maxSeen    int64  // highest stream sequence seen
 	lastCheck  time.Time
+	// legacy is a stored floor without the stream identity (written by an
+	// older version), not yet trusted: see adoptLegacy.
+	legacy int64
+}
+
+// adoptLegacy decides, at the first iterator start, on a floor stored
+// without the stream's identity, given the stream sequence the consumer
+// has delivered up to. Such a floor may come from a stream since deleted
+// and created again, and then skipping up to it would lose the new
+// stream's first messages. It is kept only if the consumer has delivered
+// that far on the current stream: then this stream's messages up to it
+// went through this consumer (to the version that stored the floor).
+// Otherwise it is dropped, and the worst case is ingesting again what the
+// consumer redelivers (a duplicate, never a loss); the server's ack floor
+// still applies. It reports whether the floor was kept.
+func (f *floorState) adoptLegacy(delivered int64) (kept bool) {
+	if f.legacy == 0 {
+		return false
+	}
+	kept = delivered >= f.legacy
+	if kept {
+		f.floor = max(f.floor, f.legacy)
+	}
+	f.legacy = 0
+	return kept
 }
 
 // start is called when an iterator starts, with the consumer's info.
@@ -423,66 +464,83 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 	st := &floorState{}
 	bo := backoff{min: 100 * time.Millisecond, max: 10 * time.Second}
 	for {
-		floor, created, err := s.storedFloor(h)
+		// The stream's identity now, not as NewSource saw it.
+		err := s.reconcile(ctx, false)
 		if err == nil {
-			if rerr := s.refreshStream(ctx); rerr != nil {
-				// Consuming will find out and recover (ensure); compare
-				// with what ensure saw meanwhile.
-				s.log.Warn("nats source: stream info unavailable; checking the checkpoint against the last seen", zap.Error(rerr))
-			}
+			err = s.storedFloor(h, st)
 		}
 		if err == nil {
-			st.floor = floor
-			if created != 0 && created != s.created.Load() {
-				s.log.Warn("nats source: the stream was created again since the store's checkpoint; reading it from its start",
-					zap.Int64("checkpoint", floor), zap.Time("checkpoint_stream_created", time.Unix(0, created)),
-					zap.Time("stream_created", time.Unix(0, s.created.Load())))
-				st.floor = 0
-			} else if created == 0 && floor > int64(s.lastSeq.Load()) {
-				// A checkpoint without the stream identity (an older
-				// version): a floor past the stream's end cannot be this
-				// stream's.
-				s.log.Warn("nats source: the store's checkpoint is past the stream's last sequence (the stream was created again); reading it from its start",
-					zap.Int64("checkpoint", floor), zap.Uint64("last_seq", s.lastSeq.Load()))
-				st.floor = 0
-			}
 			break
 		}
-		s.log.Warn("nats source: read checkpoint failed; retrying", zap.Error(err))
+		s.log.Warn("nats source: read stream info or checkpoint failed; retrying", zap.Error(err))
 		if !sleepCtx(ctx, bo.next()) {
 			return nil
 		}
 	}
 	bo.reset()
 	streamID := s.created.Load()
+	verified := true // the stream's identity is the one st belongs to
+	gone := false
 	for ctx.Err() == nil {
 		if s.nc.IsClosed() {
 			return errors.New("nats source: connection closed")
+		}
+		if !verified {
+			// Whatever stopped consuming, the stream may have been
+			// deleted and created again meanwhile (by us or an operator,
+			// or lost with the server's storage): its sequences start
+			// over, and so must the floor.
+			if err := s.reconcile(ctx, gone); err != nil {
+				s.log.Warn("nats source: stream or consumer unavailable", zap.Error(err))
+				if !sleepCtx(ctx, bo.next()) {
+					return nil
+				}
+				continue
+			}
+			if id := s.created.Load(); id != streamID {
+				s.log.Warn("nats source: the stream was created again; reading it from its start",
+					zap.Int64("floor", st.floor), zap.Time("stream_created", time.Unix(0, id)),
+					zap.Time("was_created", time.Unix(0, streamID)))
+				*st, streamID = floorState{}, id
+				s.key = CheckpointKey(s.cfg.Stream, id, s.subjects())
+			}
+			verified = true
 		}
 		err := s.consume(ctx, h, st, &bo)
 		if ctx.Err() != nil {
 			return nil
 		}
 		s.cfg.Metrics.SourceErrors.WithLabelValues(s.cfg.Stream).Inc()
-		if isConsumerGone(err) {
+		gone = isConsumerGone(err)
+		if gone {
 			s.setConsErr(fmt.Errorf("%w: %q on stream %q: %w", ErrNoConsumer, s.cfg.Consumer, s.cfg.Stream, err))
 		}
 		s.log.Warn("nats source: consuming stopped; restarting", zap.Error(err))
 		if !sleepCtx(ctx, bo.next()) {
 			return nil
 		}
-		if isConsumerGone(err) {
-			if err := s.ensure(ctx); err != nil {
-				s.setConsErr(err)
-				s.log.Warn("nats source: consumer unavailable", zap.Error(err))
-			} else if id := s.created.Load(); id != streamID {
-				// Deleted and created again (by us or an operator): its
-				// sequences start over, and so does the floor.
-				s.log.Warn("nats source: the stream was created again; reading it from its start",
-					zap.Int64("floor", st.floor), zap.Time("stream_created", time.Unix(0, id)))
-				*st, streamID = floorState{}, id
-			}
+		verified = false
+	}
+	return nil
+}
+
+// reconcile reads the stream's identity now, and when the stream or the
+// consumer is gone, looks them up (or creates them) again with ensure.
+// A failure shows in Health until consuming works again.
+func (s *Source) reconcile(ctx context.Context, gone bool) error {
+	if !gone {
+		err := s.refreshStream(ctx)
+		if err == nil {
+			return nil
 		}
+		if !isConsumerGone(err) {
+			s.setConsErr(err)
+			return err
+		}
+	}
+	if err := s.ensure(ctx); err != nil {
+		s.setConsErr(err)
+		return err
 	}
 	return nil
 }
@@ -500,19 +558,42 @@ func (s *Source) refreshStream(ctx context.Context) error {
 	return nil
 }
 
-// storedFloor reads the floor checkpoint and the identity (creation time)
-// of the stream it was reached on; created is 0 when not stored (no
-// checkpoint yet, or one written by an older version).
-func (s *Source) storedFloor(h bridge.Handler) (floor, created int64, err error) {
+// storedFloor sets s.key for the stream's identity now and reads the floor
+// stored under it into st.
+//
+// Without one, a floor stored under the base key (by an older version) may
+// be from a stream since deleted and created again. If its stream
+// identity was stored with it (a development version did, under
+// createdKey) it counts only for that stream. Otherwise it goes to
+// st.legacy, to be kept or dropped against the consumer's state when
+// consuming starts (floorState.adoptLegacy). The floor is carried to the
+// new key by the first batch.
+func (s *Source) storedFloor(h bridge.Handler, st *floorState) error {
+	id := s.created.Load()
+	s.key = CheckpointKey(s.cfg.Stream, id, s.subjects())
 	floor, ok, err := h.Checkpoint(s.key)
-	if err != nil || !ok {
-		return 0, 0, err
+	if err != nil || ok {
+		st.floor = floor
+		return err
 	}
-	created, ok, err = h.Checkpoint(createdKey(s.key))
-	if err != nil || !ok {
-		return floor, 0, err
+	floor, ok, err = h.Checkpoint(s.base)
+	if err != nil || !ok || floor <= 0 {
+		return err
 	}
-	return floor, created, nil
+	created, ok, err := h.Checkpoint(createdKey(s.base))
+	switch {
+	case err != nil:
+		return err
+	case !ok:
+		st.legacy = floor
+	case created == id:
+		st.floor = floor
+	default:
+		s.log.Warn("nats source: the stream was created again since the store's checkpoint; reading it from its start",
+			zap.Int64("checkpoint", floor), zap.Time("checkpoint_stream_created", time.Unix(0, created)),
+			zap.Time("stream_created", time.Unix(0, id)))
+	}
+	return nil
 }
 
 func isConsumerGone(err error) bool {
@@ -533,6 +614,16 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	}
 	s.consErr.Store(nil)
 	s.setAckWait(info.Config)
+	if st.legacy != 0 {
+		legacy := st.legacy
+		if st.adoptLegacy(int64(info.Delivered.Stream)) {
+			s.log.Info("nats source: kept the checkpoint of an older version (no stream identity): the consumer has delivered past it",
+				zap.Int64("checkpoint", legacy), zap.Uint64("delivered", info.Delivered.Stream))
+		} else {
+			s.log.Warn("nats source: dropped the checkpoint of an older version (no stream identity): the consumer has not delivered that far, so the stream may have been created again; what it redelivers may be ingested twice",
+				zap.Int64("checkpoint", legacy), zap.Uint64("delivered", info.Delivered.Stream))
+		}
+	}
 	st.start(int64(info.AckFloor.Stream), int64(info.Delivered.Stream), info.Delivered.Consumer)
 	it, err := cons.Messages(
 		jetstream.PullMaxMessages(2*s.cfg.BatchSize),
@@ -584,7 +675,12 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	}
 }
 
-// abandonedError carries a batch given up unhandled (ctx ended).
+// errConsumerSeqBack: a delivery's consumer sequence is not above the last
+// one seen.
+var errConsumerSeqBack = errors.New("nats source: consumer sequence went back (consumer or stream created again?)")
+
+// abandonedError carries a batch given up unhandled (ctx ended, or a
+// delivery that belongs to another consumer).
 type abandonedError struct {
 	err   error
 	batch []jetstream.Msg
@@ -651,6 +747,14 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		}
 		seq := int64(md.Sequence.Stream)
 		pending = md.NumPending
+		if md.Sequence.Consumer <= st.lastDseq {
+			// Consumer sequences only grow: this is another consumer of
+			// the same name, e.g. on a stream created again (storage lost,
+			// a new cluster) while the iterator rode out a reconnect.
+			// Nothing of the batch is taken or acked as held until Run
+			// has checked the stream's identity.
+			return &abandonedError{err: fmt.Errorf("%w: delivery %d after %d", errConsumerSeqBack, md.Sequence.Consumer, st.lastDseq), batch: batch}
+		}
 		if st.see(md.Sequence.Consumer, seq) {
 			continue // already held (e.g. before a crash): acked below, not handed over
 		}
@@ -688,10 +792,7 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		}
 		items = slices.CompactFunc(items, func(a, b bridge.Item) bool { return a.Msg.Offset == b.Msg.Offset })
 		cp := st.checkpoint(high)
-		b := &bridge.Batch{Items: items, Checkpoints: []shard.Checkpoint{
-			{Key: s.key, Offset: cp},
-			{Key: createdKey(s.key), Offset: s.created.Load()},
-		}}
+		b := &bridge.Batch{Items: items, Checkpoints: []shard.Checkpoint{{Key: s.key, Offset: cp}}}
 		if err := s.handle(ctx, h, b, batch); err != nil {
 			return &abandonedError{err: err, batch: batch}
 		}

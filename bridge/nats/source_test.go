@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"reflect"
 	"slices"
 	"sync"
@@ -163,9 +164,9 @@ func TestSourceMessages(t *testing.T) {
 		t.Errorf("origin = %q", got)
 	}
 	last := rec.batches[len(rec.batches)-1].Checkpoints
-	// The position, and the identity of the stream it is a position in.
-	if len(last) != 2 || last[0].Key != "nats|DELAY|delay.>" || last[0].Offset != int64(ack2.Sequence) ||
-		last[1].Key != "nats|DELAY|delay.>|created" || last[1].Offset != src.created.Load() || last[1].Offset == 0 {
+	// The position in this stream: its creation time is in the key.
+	if len(last) != 1 || last[0].Key != fmt.Sprintf("nats|DELAY|delay.>|%d", src.created.Load()) || src.created.Load() == 0 ||
+		last[0].Offset != int64(ack2.Sequence) {
 		t.Errorf("checkpoints = %+v", last)
 	}
 }
@@ -272,35 +273,56 @@ func crashedConsumer(t *testing.T, js jetstream.JetStream, n int, nak bool) {
 
 // TestSourceCheckpointSkip: messages 1..3 were made durable by a bridge
 // that crashed before acking them (checkpoint 3). On restart they are acked
-// without being handed over again; 4 and 5 are handled.
+// without being handed over again; 4 and 5 are handled. A checkpoint an
+// older version stored without the stream's identity counts as well when
+// the consumer has delivered past it (it is then this stream's), and is
+// carried to the key with the identity.
 func TestSourceCheckpointSkip(t *testing.T) {
-	s := startServer(t, jsOptions(t))
-	cfg := testConfig(t, serverURL(s))
-	cfg.Create = true
-	nc := connect(t, cfg)
-	js := newJS(t, nc)
-	src, err := NewSource(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 5 {
-		publish(t, js, "delay.x", fmt.Sprint(i), nil)
-	}
-	crashedConsumer(t, js, 5, true)
+	for _, c := range []struct {
+		name string
+		cps  func(base string, created int64) map[string]int64
+	}{
+		{"checkpoint of this stream", func(base string, created int64) map[string]int64 {
+			return map[string]int64{fmt.Sprintf("%s|%d", base, created): 3}
+		}},
+		{"older version's checkpoint, the consumer delivered past it", func(base string, _ int64) map[string]int64 {
+			return map[string]int64{base: 3}
+		}},
+		{"development version's checkpoint with this stream's identity", func(base string, created int64) map[string]int64 {
+			return map[string]int64{base: 3, base + "|created": created}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := startServer(t, jsOptions(t))
+			cfg := testConfig(t, serverURL(s))
+			cfg.Create = true
+			nc := connect(t, cfg)
+			js := newJS(t, nc)
+			src, err := NewSource(nc, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 5 {
+				publish(t, js, "delay.x", fmt.Sprint(i), nil)
+			}
+			crashedConsumer(t, js, 5, true)
 
-	rec := newRecorder()
-	rec.cps["nats|DELAY|delay.>"] = 3
-	runSource(t, src, rec)
-	eventually(t, "all acked", func() bool { return consumerInfo(t, js, "DELAY", "bridge").AckFloor.Stream == 5 })
-	if got := rec.seqs(); !reflect.DeepEqual(got, []int64{4, 5}) {
-		t.Fatalf("handled %v, want [4 5]", got)
-	}
-	// Messages delivered to the crashed run were not all acked when 4 and 5
-	// were handled, so the checkpoint could not claim past 3 yet.
-	for _, b := range rec.batches {
-		if b.Checkpoints[0].Offset > 5 || b.Checkpoints[0].Offset < 3 {
-			t.Errorf("checkpoint %d", b.Checkpoints[0].Offset)
-		}
+			rec := newRecorder()
+			rec.cps = c.cps("nats|DELAY|delay.>", src.created.Load())
+			runSource(t, src, rec)
+			eventually(t, "all acked", func() bool { return consumerInfo(t, js, "DELAY", "bridge").AckFloor.Stream == 5 })
+			if got := rec.seqs(); !reflect.DeepEqual(got, []int64{4, 5}) {
+				t.Fatalf("handled %v, want [4 5]", got)
+			}
+			// Messages delivered to the crashed run were not all acked when 4 and 5
+			// were handled, so the checkpoint could not claim past 3 yet.
+			key := CheckpointKey("DELAY", src.created.Load(), []string{"delay.>"})
+			for _, b := range rec.batches {
+				if b.Checkpoints[0].Key != key || b.Checkpoints[0].Offset > 5 || b.Checkpoints[0].Offset < 3 {
+					t.Errorf("checkpoint %+v", b.Checkpoints[0])
+				}
+			}
+		})
 	}
 }
 
@@ -587,17 +609,33 @@ func TestSourceKeepAlivePeriod(t *testing.T) {
 // TestSourceStreamCreatedAgain: a stream deleted and created again numbers
 // its messages from 1. The store's floor (reached on the old stream) must
 // not make the source ack the new stream's messages without handing them
-// over: not after a restart (with the stream identity in the checkpoint, or
-// without it, as an older version stored it), and not while running.
+// over: not after a restart (with the stream identity in the checkpoint
+// key, or without it, as an older version stored it, even when the new
+// stream is already longer than the old floor), and not while running.
 func TestSourceStreamCreatedAgain(t *testing.T) {
+	const base = "nats|DELAY|delay.>"
 	for _, c := range []struct {
 		name string
 		live bool // delete the stream while the source runs
-		old  bool // the checkpoint has no stream identity (older version)
+		// store turns the store's checkpoints into what an older version
+		// would have written.
+		store func(cps map[string]int64, oldKey string, oldCreated int64)
+		n     int // messages on the new stream
 	}{
-		{name: "restart"},
-		{name: "restart, checkpoint of an older version", old: true},
-		{name: "while running", live: true},
+		{name: "restart", n: 3},
+		{name: "restart, older version's checkpoint", n: 3, store: func(cps map[string]int64, oldKey string, _ int64) {
+			cps[base] = cps[oldKey]
+			delete(cps, oldKey)
+		}},
+		{name: "restart, older version's checkpoint, the new stream already past it", n: 8, store: func(cps map[string]int64, oldKey string, _ int64) {
+			cps[base] = cps[oldKey]
+			delete(cps, oldKey)
+		}},
+		{name: "restart, development version's checkpoint", n: 8, store: func(cps map[string]int64, oldKey string, oldCreated int64) {
+			cps[base], cps[base+"|created"] = cps[oldKey], oldCreated
+			delete(cps, oldKey)
+		}},
+		{name: "while running", live: true, n: 3},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := startServer(t, jsOptions(t))
@@ -615,6 +653,8 @@ func TestSourceStreamCreatedAgain(t *testing.T) {
 				publish(t, js, "delay.a", fmt.Sprint("old", i), natsgo.Header{"delay-after": {"1s"}})
 			}
 			eventually(t, "5 handled", func() bool { return len(rec.seqs()) == 5 })
+			oldCreated := src.created.Load()
+			oldKey := CheckpointKey("DELAY", oldCreated, []string{"delay.>"})
 			if !c.live {
 				if err := stop(); err != nil {
 					t.Fatal(err)
@@ -623,9 +663,9 @@ func TestSourceStreamCreatedAgain(t *testing.T) {
 			if err := js.DeleteStream(ctxT(t), cfg.Stream); err != nil {
 				t.Fatal(err)
 			}
-			if c.old {
+			if c.store != nil {
 				rec.mu.Lock()
-				delete(rec.cps, createdKey(src.key))
+				c.store(rec.cps, oldKey, oldCreated)
 				rec.mu.Unlock()
 			}
 			if c.live {
@@ -633,20 +673,92 @@ func TestSourceStreamCreatedAgain(t *testing.T) {
 					_, err := js.Stream(ctxT(t), cfg.Stream)
 					return err == nil
 				})
-			} else {
-				src2, err := NewSource(nc, cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				runSource(t, src2, rec)
 			}
-			for i := range 3 {
+			var src2 *Source
+			if !c.live {
+				// Creates the stream again, once the server is done deleting
+				// the old one's storage.
+				eventually(t, "the stream created again", func() bool {
+					src2, err = NewSource(nc, cfg)
+					return err == nil
+				})
+			}
+			for i := range c.n {
 				publish(t, js, "delay.a", fmt.Sprint("new", i), natsgo.Header{"delay-after": {"1s"}})
 			}
-			eventually(t, "the new stream's 3 messages handled", func() bool { return len(rec.seqs()) == 8 })
-			if got := rec.seqs()[5:]; !slices.Equal(got, []int64{1, 2, 3}) {
-				t.Fatalf("new stream's sequences handled: %v", got)
+			if !c.live {
+				runSource(t, src2, rec)
+			}
+			want := make([]int64, c.n)
+			for i := range want {
+				want[i] = int64(i + 1)
+			}
+			eventually(t, "the new stream's messages acked", func() bool {
+				return consumerInfo(t, js, "DELAY", "bridge").AckFloor.Stream == uint64(c.n)
+			})
+			if got := rec.seqs()[5:]; !slices.Equal(got, want) {
+				t.Fatalf("new stream's sequences handled: %v, want %v", got, want)
 			}
 		})
+	}
+}
+
+// TestSourceStreamLostWithServer: the server comes back without its
+// storage (or the bridge is pointed at a new cluster) and an operator has
+// set up the stream and the consumer again, before the running source
+// reconnects. The source must notice the new stream and read it from its
+// start, not skip its first messages below the old floor.
+func TestSourceStreamLostWithServer(t *testing.T) {
+	setup := func(t *testing.T, js jetstream.JetStream) {
+		t.Helper()
+		if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "DELAY", Subjects: []string{"delay.>"}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.CreateConsumer(ctxT(t), "DELAY", jetstream.ConsumerConfig{Durable: "bridge",
+			AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: "delay.>"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opts := jsOptions(t)
+	s := startServer(t, opts)
+	cfg := testConfig(t, serverURL(s))
+	nc := connect(t, cfg)
+	setup(t, newJS(t, nc))
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	runSource(t, src, rec)
+	for i := range 5 {
+		publish(t, newJS(t, nc), "delay.a", fmt.Sprint("old", i), nil)
+	}
+	eventually(t, "5 handled", func() bool { return len(rec.seqs()) == 5 })
+
+	// The new server's storage is prepared on another port, so the
+	// stream and consumer are there when the source reconnects.
+	fresh := jsOptions(t)
+	prep := startServer(t, fresh)
+	pnc := connect(t, testConfig(t, serverURL(prep)))
+	setup(t, newJS(t, pnc))
+	pnc.Close()
+	prep.Shutdown()
+	prep.WaitForShutdown()
+	port := s.Addr().(*net.TCPAddr).Port
+	s.Shutdown()
+	s.WaitForShutdown()
+	fresh = fresh.Clone()
+	fresh.Port = port
+	startServer(t, fresh)
+
+	js := newJS(t, connect(t, cfg))
+	for i := range 3 {
+		publishRetry(t, js, "delay.a", fmt.Sprint("new", i))
+	}
+	eventually(t, "the new stream's messages acked", func() bool {
+		return consumerInfo(t, js, "DELAY", "bridge").AckFloor.Stream == 3
+	})
+	if got := rec.seqs()[5:]; !slices.Equal(got, []int64{1, 2, 3}) {
+		t.Fatalf("new stream's sequences handled: %v, want [1 2 3]", got)
 	}
 }

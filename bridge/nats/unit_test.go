@@ -94,17 +94,22 @@ func TestCoveringFilters(t *testing.T) {
 func TestCheckpointKey(t *testing.T) {
 	tests := []struct {
 		stream   string
+		created  int64
 		subjects []string
 		want     string
 	}{
-		{"DELAY", []string{"delay.>"}, "nats|DELAY|delay.>"},
-		{"DELAY", []string{"delay.special.>", "delay.>"}, "nats|DELAY|delay.>"},
-		{"DELAY", []string{"b.*", "a.*"}, "nats|DELAY|a.*,b.*"},
-		{"DELAY", []string{"a.*", "b.*"}, "nats|DELAY|a.*,b.*"},
+		{"DELAY", 1795359845123456789, []string{"delay.>"}, "nats|DELAY|delay.>|1795359845123456789"},
+		{"DELAY", 7, []string{"delay.special.>", "delay.>"}, "nats|DELAY|delay.>|7"},
+		{"DELAY", 7, []string{"b.*", "a.*"}, "nats|DELAY|a.*,b.*|7"},
+		{"DELAY", 7, []string{"a.*", "b.*"}, "nats|DELAY|a.*,b.*|7"},
 	}
 	for _, tt := range tests {
-		if got := CheckpointKey(tt.stream, tt.subjects); got != tt.want {
-			t.Errorf("CheckpointKey(%q, %v) = %q, want %q", tt.stream, tt.subjects, got, tt.want)
+		if got := CheckpointKey(tt.stream, tt.created, tt.subjects); got != tt.want {
+			t.Errorf("CheckpointKey(%q, %d, %v) = %q, want %q", tt.stream, tt.created, tt.subjects, got, tt.want)
+		}
+		// What versions before stored: the same without the identity.
+		if got, want := baseKey(tt.stream, tt.subjects), tt.want[:strings.LastIndexByte(tt.want, '|')]; got != want {
+			t.Errorf("baseKey(%q, %v) = %q, want %q", tt.stream, tt.subjects, got, want)
 		}
 	}
 }
