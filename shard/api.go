@@ -82,6 +82,8 @@ type Options struct {
 	Clock           clock.Clock      // default clock.Real{}
 	Logger          *zap.Logger      // default zap.NewNop()
 	Metrics         *metrics.Metrics // default: unregistered instruments
+
+	filterMinKeys int // capacity of all index filters together, at least; tests lower it
 }
 
 // TaskInfo is what Lookup reports of a pending task.

@@ -54,7 +54,15 @@ func benchParallel(b *testing.B, fn func(batch int64)) {
 
 // BenchmarkStoreIngest: 1 KB payloads in synced batches of 128 through
 // Engine.Ingest (index lookups, index writes, envelope, counters).
-func BenchmarkStoreIngest(b *testing.B) {
+func BenchmarkStoreIngest(b *testing.B) { benchStoreIngest(b, false) }
+
+// BenchmarkStoreIngestRandomIDs is BenchmarkStoreIngest with ids spread over
+// the key space like UUIDs or hashed order numbers: each index write and
+// lookup lands at a random place in the memtable rather than next to the
+// previous batch's.
+func BenchmarkStoreIngestRandomIDs(b *testing.B) { benchStoreIngest(b, true) }
+
+func benchStoreIngest(b *testing.B, randomIDs bool) {
 	e, err := Open(Options{Dir: b.TempDir(), Logger: zap.NewNop()})
 	if err != nil {
 		b.Fatal(err)
@@ -65,7 +73,11 @@ func BenchmarkStoreIngest(b *testing.B) {
 	benchParallel(b, func(n int64) {
 		batch := make([]codec.Task, benchBatch)
 		for i := range batch {
-			batch[i] = benchTask(fmt.Sprintf("b%d-%d", n, i), due+int64(i))
+			id := fmt.Sprintf("b%d-%d", n, i)
+			if randomIDs {
+				id = fmt.Sprintf("%016x", xxhash.Sum64String(id))
+			}
+			batch[i] = benchTask(id, due+int64(i))
 		}
 		if err := e.Ingest(ctx, batch, []Checkpoint{{Key: fmt.Sprintf("kafka|bench|%d", n%benchWriters), Offset: n}}); err != nil {
 			b.Fatal(err)

@@ -74,6 +74,20 @@ type Engine struct {
 	running atomic.Bool
 
 	commitIngest, commitFire, commitRetry, commitCancel prometheus.Observer
+
+	// Index filters (filter.go): a background loop builds them at open and
+	// when one is full.
+	fltKick    chan struct{}
+	fltBuildMu sync.Mutex // one build at a time
+	fltMu      sync.Mutex
+	fltCond    *sync.Cond
+	fltBuilds  int // completed builds; under fltMu
+	bgCancel   context.CancelFunc
+	bgDone     chan struct{}
+
+	// Test hooks, nil outside tests.
+	testHookFilterScan    func() // a build installed its filters, before the scan
+	testHookIngestDecided func() // an Ingest decided, before it applies
 }
 
 // shard is one slice of the keyspace with its wheel and fire loop. mu
@@ -119,6 +133,12 @@ type shard struct {
 
 	rng *rand.Rand // jitter; used by the fire loop only
 
+	// flt holds every key of the shard's index (nil until the first
+	// build); fltNext is the one being built. See filter.go.
+	flt, fltNext *idFilter
+	fltScanned   int64 // keys the last build found in the shard
+	indexReads   int64 // lookups that read the store
+
 	pendingG, inWheelG prometheus.Gauge
 }
 
@@ -131,6 +151,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.Horizon < 2*time.Millisecond {
 		o.Horizon = 2 * time.Millisecond
+	}
+	if o.filterMinKeys <= 0 {
+		o.filterMinKeys = filterMinKeys
 	}
 	if o.FireBatch <= 0 {
 		o.FireBatch = 512
@@ -213,7 +236,20 @@ func Open(opts Options) (*Engine, error) {
 		db.Close()
 		return nil, err
 	}
+	e.startFilterLoop()
 	return e, nil
+}
+
+func (e *Engine) startFilterLoop() {
+	e.fltCond = sync.NewCond(&e.fltMu)
+	e.fltKick = make(chan struct{}, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	e.bgCancel, e.bgDone = cancel, make(chan struct{})
+	e.kickFilter()
+	go func() {
+		defer close(e.bgDone)
+		e.filterLoop(ctx)
+	}()
 }
 
 func (e *Engine) recover() error {
@@ -628,6 +664,9 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 	}
 	e.unlockShards(touched)
 	e.ingestMu.Unlock()
+	if e.testHookIngestDecided != nil {
+		e.testHookIngestDecided()
+	}
 
 	// Build and apply outside the locks, after the batches this one
 	// depends on (earlier undurable decisions it read, the last writer of
@@ -1096,6 +1135,8 @@ func (e *Engine) close(flush bool) error {
 		return nil
 	}
 	e.closed = true
+	e.bgCancel()
+	<-e.bgDone
 	var errs []error
 	if flush && e.failed() == nil {
 		if err := safeCall(e.db.Flush); err != nil {

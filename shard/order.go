@@ -3,6 +3,7 @@ package shard
 import (
 	"sync"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/cockroachdb/pebble/v2"
 )
 
@@ -94,12 +95,19 @@ func (s *shard) lookupLocked(idx *indexReader, key []byte, e *indexEntry, tk *co
 			return true, nil
 		}
 	}
+	if s.filterSaysAbsentLocked(key) {
+		return false, nil
+	}
+	s.indexReads++
 	return idx.get(key, e)
 }
 
 // setOverlayLocked records pb's decision for the index key k (a string the
 // overlay may keep until pb is durable).
 func (s *shard) setOverlayLocked(k string, e indexEntry, deleted bool, pb *pendingBatch) {
+	if !deleted {
+		s.filterAddLocked(xxhash.Sum64String(k))
+	}
 	s.overlay[k] = overlayEntry{entry: e, deleted: deleted, owner: pb}
 	pb.keys = append(pb.keys, k)
 }
