@@ -342,6 +342,7 @@ func safeCall(f func() error) (err error) {
 const (
 	DefaultCacheBytes    = 768 << 20
 	DefaultMemTableBytes = 128 << 20
+	flushBlockBytes      = 32 << 10
 )
 
 func openPebble(dir string, fs vfs.FS, log *zap.Logger, cacheBytes, memTableBytes int64) (*pebble.DB, error) {
@@ -387,6 +388,13 @@ func openPebble(dir string, fs vfs.FS, log *zap.Logger, cacheBytes, memTableByte
 		// Ingest looks up the index of every new id; most are misses.
 		po.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 	}
+	// Flushes write the envelopes to blob files in blocks of L0's size,
+	// and a fire loop reads them back in about that order: 32 KiB blocks
+	// instead of 4 KiB ones took a tenth off the bridge's CPU per message
+	// (one block read, cache allocation and checksum per ~28 envelopes,
+	// not per ~3). Deeper levels keep 4 KiB blocks for the index lookups
+	// that do read a block.
+	po.Levels[0].BlockSize = flushBlockBytes
 	db, err := pebble.Open(dir, po)
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", dir, err)
