@@ -86,8 +86,8 @@ type Engine struct {
 	bgDone     chan struct{}
 
 	// Test hooks, nil outside tests.
-	testHookFilterScan    func() // a build installed its filters, before the scan
-	testHookIngestDecided func() // an Ingest decided, before it applies
+	testHookFilterScan    func() error // a build installed its filters, before the scan; an error fails it
+	testHookIngestDecided func()       // an Ingest decided, before it applies
 }
 
 // shard is one slice of the keyspace with its wheel and fire loop. mu

@@ -131,12 +131,22 @@ func (e *Engine) filterLoop(ctx context.Context) {
 		}
 		if err := e.buildFilters(ctx); err != nil && ctx.Err() == nil {
 			// Every lookup keeps reading the store (or the older filter,
-			// which stays right): slower, not wrong. The next full filter
-			// tries again.
-			e.log.Warn("index filter build failed", zap.Error(err))
+			// which stays right): slower, not wrong. Try again later.
+			e.log.Warn("index filter build failed; retrying in a minute", zap.Error(err))
+			t := e.clk.NewTimer(filterRetry)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C():
+			}
+			e.kickFilter()
 		}
 	}
 }
+
+// filterRetry is the wait before a failed filter build is tried again.
+const filterRetry = time.Minute
 
 // buildFilters replaces every shard's filter by one built from a scan of
 // the index. Safe to run while ingesting; not concurrently with itself.
@@ -166,7 +176,9 @@ func (e *Engine) buildFilters(ctx context.Context) (err error) {
 		}
 	}()
 	if e.testHookFilterScan != nil {
-		e.testHookFilterScan()
+		if err := e.testHookFilterScan(); err != nil {
+			return fmt.Errorf("index filter: %w", err)
+		}
 	}
 	it, err := e.db.NewIter(&pebble.IterOptions{
 		LowerBound: []byte{prefixIndex},

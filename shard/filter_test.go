@@ -2,9 +2,11 @@ package shard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -183,7 +185,10 @@ func TestFilterBuildRacesIngest(t *testing.T) {
 	before, beforeDone := ingestHeld("before-install")
 	var during gate
 	var duringDone chan error
-	e.testHookFilterScan = func() { during, duringDone = ingestHeld("before-scan") }
+	e.testHookFilterScan = func() error {
+		during, duringDone = ingestHeld("before-scan")
+		return nil
+	}
 	if err := e.buildFilters(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -226,4 +231,43 @@ func TestFilterRebuildWhenFull(t *testing.T) {
 		t.Fatalf("pending = %d after replacing %d ids, want %d", got, n, n)
 	}
 	h.checkPending()
+}
+
+// TestFilterBuildRetried: a failed build keeps the filters it would have
+// replaced, drops the one it was building, and is tried again a minute
+// later.
+func TestFilterBuildRetried(t *testing.T) {
+	h := newHarness(t, nil)
+	e := h.e
+	waitFilterBuilds(t, e, 1)
+	var calls atomic.Int32
+	e.fltBuildMu.Lock() // the hook is read by the loop's next build
+	e.testHookFilterScan = func() error {
+		if calls.Add(1) == 1 {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	e.fltBuildMu.Unlock()
+	e.kickFilter()
+	deadline := time.Now().Add(20 * time.Second)
+	for h.clk.Timers() == 0 { // the loop waits for its retry
+		if time.Now().After(deadline) {
+			t.Fatal("no retry timer after a failed build")
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+	for _, s := range e.shards {
+		s.mu.Lock()
+		old, next := s.flt != nil, s.fltNext != nil
+		s.mu.Unlock()
+		if !old || next {
+			t.Fatalf("shard %d after a failed build: filter %v, building %v; want the old one kept, none building", s.id, old, next)
+		}
+	}
+	h.clk.Advance(filterRetry)
+	waitFilterBuilds(t, e, 2)
+	if got := calls.Load(); got != 2 {
+		t.Fatalf("%d builds reached the scan, want 2 (the failed one and its retry)", got)
+	}
 }
