@@ -2,11 +2,14 @@ package deploy
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/delaybridge/delaybridge/config"
 )
@@ -19,40 +22,103 @@ func TestRenderedConfigLoads(t *testing.T) {
 	for _, f := range ciValues {
 		t.Run(f, func(t *testing.T) {
 			m := decodeAll(t, render(t, "-f", filepath.Join(chartDir, "ci", f)))
-			raw := m.configMaps[0].Data["config.yaml"]
-			root := t.TempDir()
-			secrets := filepath.Join(root, "secrets") + "/"
-			// Stand-in credential files for every path under the mount.
-			for _, line := range strings.Split(raw, "\n") {
-				_, v, ok := strings.Cut(line, "_file: ")
-				if !ok || !strings.HasPrefix(strings.TrimSpace(v), secretsRoot) {
-					continue
-				}
-				p := filepath.Join(secrets, strings.TrimPrefix(strings.TrimSpace(v), secretsRoot))
-				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(p, []byte("stand-in\n"), 0o600); err != nil {
-					t.Fatal(err)
-				}
-			}
-			local := strings.ReplaceAll(raw, secretsRoot, secrets)
-			local = strings.ReplaceAll(local, "data_dir: /var/lib/delaybridge", "data_dir: "+filepath.Join(root, "data"))
-			var env []string
-			for _, e := range m.statefulSets[0].Spec.Template.Spec.Containers[0].Env {
-				if strings.HasPrefix(e.Name, "DELAYBRIDGE_") {
-					env = append(env, e.Name+"="+e.Value)
-				}
-			}
-			cfg, err := config.LoadBytes([]byte(local), env)
-			if err != nil {
-				t.Fatalf("the bridge refuses the rendered config:\n%v\n--- config.yaml ---\n%s", err, raw)
-			}
+			cfg := loadRendered(t, m, nil)
 			if len(cfg.Targets.Allow) == 0 && f != "default-values.yaml" {
 				t.Errorf("targets.allow empty after load")
 			}
 		})
 	}
+}
+
+// TestServiceLinksDoNotBreakConfig installs the chart under release names
+// whose Service names start with "delaybridge". Unless the pod spec turns
+// service links off, the kubelet gives the container an environment
+// variable for every Service of the namespace (DELAYBRIDGE_SERVICE_HOST,
+// DELAYBRIDGE_PORT_8080_TCP, ...); every DELAYBRIDGE_ variable must name a
+// config key, so the bridge would refuse to start and crash-loop.
+func TestServiceLinksDoNotBreakConfig(t *testing.T) {
+	for _, release := range []string{"delaybridge", "delaybridge-prod"} {
+		t.Run(release, func(t *testing.T) {
+			out, stderr, err := helm(t, "template", release, chartDir, "--namespace", namespace, "--kube-version", "1.31.0",
+				"-f", filepath.Join(chartDir, "ci", "default-values.yaml"))
+			if err != nil {
+				t.Fatalf("helm template: %v\n%s", err, stderr)
+			}
+			m := decodeAll(t, out)
+			pod := m.statefulSets[0].Spec.Template.Spec
+			var env []string
+			if pod.EnableServiceLinks == nil || *pod.EnableServiceLinks {
+				env = serviceLinkEnv(m.services)
+			}
+			loadRendered(t, m, env)
+		})
+	}
+}
+
+// serviceLinkEnv is what the kubelet injects for services (Docker-link
+// style variables, pkg/kubelet/envvars): for each Service with a cluster IP,
+// NAME_SERVICE_HOST, NAME_SERVICE_PORT[_PORTNAME], NAME_PORT and
+// NAME_PORT_<port>_<PROTO>[_PROTO|_PORT|_ADDR], NAME being the upper-case
+// Service name with "-" as "_".
+func serviceLinkEnv(services []corev1.Service) []string {
+	const ip = "10.96.0.10"
+	up := func(s string) string { return strings.ToUpper(strings.ReplaceAll(s, "-", "_")) }
+	var env []string
+	for _, s := range services {
+		if s.Spec.ClusterIP == corev1.ClusterIPNone || len(s.Spec.Ports) == 0 {
+			continue
+		}
+		name := up(s.Name)
+		first := s.Spec.Ports[0]
+		env = append(env, name+"_SERVICE_HOST="+ip, fmt.Sprintf("%s_SERVICE_PORT=%d", name, first.Port),
+			fmt.Sprintf("%s_PORT=%s://%s:%d", name, strings.ToLower(string(first.Protocol)), ip, first.Port))
+		for _, p := range s.Spec.Ports {
+			if p.Name != "" {
+				env = append(env, fmt.Sprintf("%s_SERVICE_PORT_%s=%d", name, up(p.Name), p.Port))
+			}
+			pre := fmt.Sprintf("%s_PORT_%d_%s", name, p.Port, strings.ToUpper(string(p.Protocol)))
+			env = append(env, fmt.Sprintf("%s=%s://%s:%d", pre, strings.ToLower(string(p.Protocol)), ip, p.Port),
+				pre+"_PROTO="+strings.ToLower(string(p.Protocol)), fmt.Sprintf("%s_PORT=%d", pre, p.Port), pre+"_ADDR="+ip)
+		}
+	}
+	return env
+}
+
+// loadRendered feeds the config.yaml of a render to the binary's own loader
+// and validator (config.LoadBytes), with the mounted credential files and
+// the data directory stood in by temporary files, and the container's
+// DELAYBRIDGE_ variables plus env as its environment.
+func loadRendered(t *testing.T, m manifests, env []string) *config.Config {
+	t.Helper()
+	raw := m.configMaps[0].Data["config.yaml"]
+	root := t.TempDir()
+	secrets := filepath.Join(root, "secrets") + "/"
+	// Stand-in credential files for every path under the mount.
+	for _, line := range strings.Split(raw, "\n") {
+		_, v, ok := strings.Cut(line, "_file: ")
+		if !ok || !strings.HasPrefix(strings.TrimSpace(v), secretsRoot) {
+			continue
+		}
+		p := filepath.Join(secrets, strings.TrimPrefix(strings.TrimSpace(v), secretsRoot))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("stand-in\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	local := strings.ReplaceAll(raw, secretsRoot, secrets)
+	local = strings.ReplaceAll(local, "data_dir: /var/lib/delaybridge", "data_dir: "+filepath.Join(root, "data"))
+	for _, e := range m.statefulSets[0].Spec.Template.Spec.Containers[0].Env {
+		if strings.HasPrefix(e.Name, "DELAYBRIDGE_") {
+			env = append(env, e.Name+"="+e.Value)
+		}
+	}
+	cfg, err := config.LoadBytes([]byte(local), env)
+	if err != nil {
+		t.Fatalf("the bridge refuses the rendered config:\n%v\n--- config.yaml ---\n%s", err, raw)
+	}
+	return cfg
 }
 
 // TestSchemaDurationMatchesConfig keeps the chart schema's duration pattern
