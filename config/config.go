@@ -38,6 +38,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"strings"
 	"time"
 
 	"go.uber.org/zap/zapcore"
@@ -384,10 +385,30 @@ func (c *Config) Redacted() *Config {
 		n.Sources = append([]NATSSource(nil), n.Sources...)
 		n.Password = red(n.Password)
 		n.Token = red(n.Token)
+		n.URL = redactURLs(n.URL)
 		r.NATS = &n
 	}
 	r.Admin.Token = red(r.Admin.Token)
 	return &r
+}
+
+// redactURLs replaces the user information of each comma-separated URL
+// by REDACTED: the NATS client takes "nats://user:password@host" and
+// "nats://token@host", so nats.url may hold a credential.
+func redactURLs(s string) string {
+	parts := strings.Split(s, ",")
+	for i, u := range parts {
+		start := 0
+		if j := strings.Index(u, "://"); j >= 0 {
+			start = j + len("://")
+		}
+		// The last "@": a password may contain one unescaped, and
+		// redacting too much is the safe side.
+		if at := strings.LastIndex(u[start:], "@"); at >= 0 {
+			parts[i] = u[:start] + redacted + u[start+at:]
+		}
+	}
+	return strings.Join(parts, ",")
 }
 
 // String renders the configuration as YAML with secrets redacted.

@@ -408,3 +408,47 @@ func TestRedaction(t *testing.T) {
 		t.Fatal("Redacted shares slices with the original")
 	}
 }
+
+// TestRedactionNATSURL: nats.url may carry credentials ("nats://user:pass@host",
+// "nats://token@host", as the NATS client accepts them); the forms that are
+// logged (Redacted, String, zap) and the validation errors must not show them.
+func TestRedactionNATSURL(t *testing.T) {
+	for _, tc := range []struct {
+		url, secret, want string
+	}{
+		{"nats://alice:s3cr3t-pw@nats:4222", "s3cr3t-pw", "nats://REDACTED@nats:4222"},
+		{"nats://s3cr3t-token@nats:4222", "s3cr3t-token", "nats://REDACTED@nats:4222"},
+		{"nats://a:4222, tls://bob:s3cr3t-2@b:4222", "s3cr3t-2", "nats://a:4222, tls://REDACTED@b:4222"},
+		{"nats://u:s3cr3t@w@nats:4222", "s3cr3t", "nats://REDACTED@nats:4222"},
+		{"nats://nats:4222", "", "nats://nats:4222"},
+	} {
+		t.Run(tc.url, func(t *testing.T) {
+			c := mustLoad(t, validYAML, "DELAYBRIDGE_NATS_URL="+tc.url)
+			if got := c.Redacted().NATS.URL; got != tc.want {
+				t.Errorf("Redacted().NATS.URL = %q, want %q", got, tc.want)
+			}
+			if c.NATS.URL != tc.url {
+				t.Fatalf("Redacted modified the original: %q", c.NATS.URL)
+			}
+			if tc.secret == "" {
+				return
+			}
+			core, logs := observer.New(zapcore.DebugLevel)
+			zap.New(core).Info("config", zap.Object("config", c))
+			buf, err := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()).EncodeEntry(logs.All()[0].Entry, logs.All()[0].Context)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, s := range map[string]string{"String": c.String(), "%v": fmt.Sprintf("%v", c), "zap": buf.String()} {
+				if strings.Contains(s, tc.secret) {
+					t.Errorf("%s leaks %q:\n%s", name, tc.secret, s)
+				}
+			}
+		})
+	}
+	// A URL refused by Validate is named without its credentials.
+	_, err := LoadBytes([]byte(validYAML), []string{"DELAYBRIDGE_NATS_URL=http://alice:s3cr3t-pw@nats:4222"})
+	if err == nil || !strings.Contains(err.Error(), "nats.url") || strings.Contains(err.Error(), "s3cr3t-pw") {
+		t.Errorf("error %v: want nats.url named without the password", err)
+	}
+}

@@ -184,13 +184,13 @@ func (c *Config) validateNATS(v *validator, n *NATS) {
 		u = strings.TrimSpace(u)
 		p, err := url.Parse(u)
 		if err != nil || p.Host == "" {
-			v.add("nats.url", "%q is not a URL like nats://host:4222", u)
+			v.add("nats.url", "%q is not a URL like nats://host:4222", redactURLs(u))
 			continue
 		}
 		switch p.Scheme {
 		case "nats", "tls", "ws", "wss":
 		default:
-			v.add("nats.url", "%q: scheme must be nats, tls, ws or wss", u)
+			v.add("nats.url", "%q: scheme must be nats, tls, ws or wss", redactURLs(u))
 		}
 	}
 	if n.Stream == "" {
