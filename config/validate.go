@@ -86,6 +86,7 @@ func (c *Config) validate(v *validator) {
 			v.add(fmt.Sprintf("targets.allow[%d]", i), "%v", err)
 		}
 	}
+	checkBearerToken(v, "admin.token", c.Admin.Token.Value(), c.Admin.TokenFile)
 	if c.Admin.Listen == "" {
 		v.add("admin.listen", "required")
 	} else if err := CheckListen(c.Admin.Listen, c.Admin.Token.Value(), c.Admin.AllowInsecureListen); err != nil {
@@ -314,6 +315,23 @@ func checkReadable(v *validator, key, path string) {
 	defer f.Close()
 	if st, err := f.Stat(); err == nil && st.IsDir() {
 		v.add(key, "%s is a directory", path)
+	}
+}
+
+// checkBearerToken refuses a token that no Authorization header can carry:
+// HTTP drops the white space around a header value (and the admin server
+// trims what is left) and forbids control characters, so every request
+// would be answered 401.
+func checkBearerToken(v *validator, key, tok, file string) {
+	from := ""
+	if file != "" {
+		from = fmt.Sprintf(" (read from %s_file %s)", key, file)
+	}
+	if strings.TrimSpace(tok) != tok {
+		v.add(key, "must not begin or end with white space%s", from)
+	}
+	if strings.ContainsFunc(tok, unicode.IsControl) {
+		v.add(key, "must not hold control characters%s", from)
 	}
 }
 

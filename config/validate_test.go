@@ -152,6 +152,15 @@ func TestValidate(t *testing.T) {
 		{"admin 0.0.0.0 without token", func(c *Config) { c.Admin.Listen = "0.0.0.0:8080" }, "admin.listen:"},
 		{"admin with token ok", func(c *Config) { c.Admin.Listen = "0.0.0.0:8080"; c.Admin.Token = "t" }, ""},
 		{"admin insecure allowed", func(c *Config) { c.Admin.Listen = ":8080"; c.Admin.AllowInsecureListen = true }, ""},
+		// A bearer token no Authorization header can carry (HTTP trims
+		// the white space around a header value and forbids control
+		// characters) would make every /metrics and /v1 call a 401.
+		{"admin token trailing space", func(c *Config) { c.Admin.Token = "s3cr3t " }, "admin.token: must not begin or end with white space"},
+		{"admin token leading tab", func(c *Config) { c.Admin.Token = "\ts3cr3t" }, "admin.token: must not begin or end with white space"},
+		{"admin token blank", func(c *Config) { c.Admin.Listen = "0.0.0.0:8080"; c.Admin.Token = " " }, "admin.token: must not begin or end with white space"},
+		{"admin token control character", func(c *Config) { c.Admin.Token = "s3\nc\x00r3t" }, "admin.token: must not hold control characters"},
+		{"admin token from a file", func(c *Config) { c.Admin.Token, c.Admin.TokenFile = "s3cr3t ", "/run/token" }, "admin.token: must not begin or end with white space (read from admin.token_file /run/token)"},
+		{"admin token inner space ok", func(c *Config) { c.Admin.Token = "s3 cr3t" }, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
