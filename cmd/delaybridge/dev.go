@@ -33,7 +33,7 @@ type devOptions struct {
 // cmdDev runs the sandbox: an embedded NATS server with JetStream and an
 // in-process Kafka-protocol broker (kfake) on localhost, the bridge wired to
 // both, and copy-paste examples. It is for trying things, not production:
-// kfake keeps everything in memory and forgets it on exit.
+// without --data-dir everything is forgotten on exit.
 func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var o devOptions
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
@@ -41,7 +41,7 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.IntVar(&o.kafkaPort, "kafka-port", 9092, "port of the in-process Kafka-protocol broker")
 	fs.IntVar(&o.natsPort, "nats-port", 4222, "port of the embedded NATS server")
 	fs.StringVar(&o.admin, "admin", "127.0.0.1:8080", "admin HTTP listen address")
-	fs.StringVar(&o.dataDir, "data-dir", "", "bridge store directory (default: a temporary directory removed on exit)")
+	fs.StringVar(&o.dataDir, "data-dir", "", "keep the sandbox (the bridge's store and both brokers' data) in this directory across runs (default: a temporary directory removed on exit)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -68,13 +68,18 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	if o.dataDir == "" {
-		o.dataDir = filepath.Join(tmp, "store")
+	// The brokers keep their data beside the bridge's store: the store
+	// holds each partition's high-water offset and the source starts after
+	// it, so a store kept across runs with brokers that start empty would
+	// skip that many new messages.
+	root := tmp
+	if o.dataDir != "" {
+		root = o.dataDir
 	}
 
 	ns, err := natsserver.NewServer(&natsserver.Options{
 		Host: "127.0.0.1", Port: o.natsPort, JetStream: true,
-		StoreDir: filepath.Join(tmp, "jetstream"), NoSigs: true,
+		StoreDir: filepath.Join(root, "jetstream"), NoSigs: true,
 	})
 	if err != nil {
 		return fmt.Errorf("dev: nats server: %w", err)
@@ -89,18 +94,22 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger
 		return err
 	}
 
-	kc, err := kfake.NewCluster(
+	kopts := []kfake.Opt{
 		kfake.Ports(o.kafkaPort),
 		kfake.SeedTopics(3, "delay", "delay.dlq", "orders"),
 		kfake.AllowAutoTopicCreation(),
-	)
+	}
+	if o.dataDir != "" {
+		kopts = append(kopts, kfake.DataDir(filepath.Join(root, "kafka")))
+	}
+	kc, err := kfake.NewCluster(kopts...)
 	if err != nil {
 		return fmt.Errorf("dev: kafka broker on port %d: %w", o.kafkaPort, err)
 	}
 	defer kc.Close()
 	kafkaAddr := kc.ListenAddrs()[0]
 
-	cfg, err := config.LoadBytes([]byte(devConfig(o.dataDir, kafkaAddr, natsURL, o.admin)), nil)
+	cfg, err := config.LoadBytes([]byte(devConfig(filepath.Join(root, "store"), kafkaAddr, natsURL, o.admin)), nil)
 	if err != nil {
 		return fmt.Errorf("dev: config: %w", err)
 	}

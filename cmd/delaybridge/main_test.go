@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -113,5 +116,96 @@ func TestDev(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("dev exit: %v", err)
+	}
+}
+
+// TestDevDataDirRestart runs the sandbox twice on one --data-dir, each time
+// publishing three delayed messages before the bridge starts consuming. The
+// bridge's store keeps each partition's high-water offset and the source
+// starts after it; brokers that forgot their logs on exit restart the
+// partition at offset 0, and the second run skipped the messages at offsets
+// the first run had taken in.
+func TestDevDataDirRestart(t *testing.T) {
+	dataDir := t.TempDir()
+	for run := range 2 {
+		values := []string{fmt.Sprintf("run%d-a", run), fmt.Sprintf("run%d-b", run), fmt.Sprintf("run%d-c", run)}
+		ctx, cancel := context.WithCancel(context.Background())
+		done, addrs := startDev(t, ctx, devOptions{kafkaPort: 0, natsPort: -1, admin: "127.0.0.1:0", dataDir: dataDir},
+			func(a devAddrs) { produceDelayed(t, ctx, a.kafka, values...) })
+		awaitOrders(t, ctx, addrs.kafka, values...)
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("run %d: dev exit: %v", run, err)
+		}
+	}
+}
+
+// startDev starts runDev and waits until it is serving; beforeRun (if not
+// nil) is called after the brokers are up and before the bridge runs.
+func startDev(t *testing.T, ctx context.Context, o devOptions, beforeRun func(devAddrs)) (<-chan error, devAddrs) {
+	t.Helper()
+	var out bytes.Buffer
+	ready := make(chan devAddrs, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- runDev(ctx, o, &out, zaptest.NewLogger(t), func(_ *service.Service, a devAddrs) {
+			if beforeRun != nil {
+				beforeRun(a)
+			}
+			ready <- a
+		})
+	}()
+	select {
+	case a := <-ready:
+		return done, a
+	case err := <-done:
+		t.Fatalf("dev stopped: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("dev did not start")
+	}
+	return nil, devAddrs{}
+}
+
+// produceDelayed sends each value to the delay topic, all keyed order-42
+// (one partition) with their own delay-id, due in 50 ms on topic orders.
+func produceDelayed(t *testing.T, ctx context.Context, kafkaAddr string, values ...string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafkaAddr))
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	defer cl.Close()
+	for _, v := range values {
+		rec := &kgo.Record{Topic: "delay", Key: []byte("order-42"), Value: []byte(v), Headers: []kgo.RecordHeader{
+			{Key: "delay-after", Value: []byte("50ms")}, {Key: "delay-target", Value: []byte("orders")},
+			{Key: "delay-id", Value: []byte(v)},
+		}}
+		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// awaitOrders waits until every value has been delivered on topic orders.
+func awaitOrders(t *testing.T, ctx context.Context, kafkaAddr string, values ...string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafkaAddr), kgo.ConsumeTopics("orders"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	missing := map[string]bool{}
+	for _, v := range values {
+		missing[v] = true
+	}
+	pctx, pcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer pcancel()
+	for len(missing) > 0 {
+		fs := cl.PollFetches(pctx)
+		if pctx.Err() != nil {
+			t.Fatalf("not delivered on orders: %v", slices.Sorted(maps.Keys(missing)))
+		}
+		fs.EachRecord(func(r *kgo.Record) { delete(missing, string(r.Value)) })
 	}
 }
