@@ -1006,7 +1006,9 @@ func TestAlertRules(t *testing.T) {
 		}
 	}
 	for name, want := range map[string]string{
-		"DelaybridgeNotReady":         "delaybridge_ready == 0 for 5m",
+		"DelaybridgeNotReady": "delaybridge_ready == 0 for 5m",
+		// Down, crash-looping or recovering: no delaybridge_ready at all.
+		"DelaybridgeDown":             "up == 0",
 		"DelaybridgeFireLatenessHigh": "histogram_quantile(0.99",
 		"DelaybridgeDeadLettering":    "delaybridge_dead_lettered_total",
 		"DelaybridgeStoreErrors":      "delaybridge_store_errors_total",
