@@ -824,6 +824,16 @@ func TestHelmTemplateRefuses(t *testing.T) {
 			"secrets.kafkaSaslPassword.secretName is empty"},
 		{"shutdown_timeout over grace period", append([]string{"--set", "config.shutdown_timeout=40s"}, withToken...),
 			"must be below terminationGracePeriodSeconds"},
+		// Not only plain seconds: Kubernetes kills a bridge whose
+		// shutdown_timeout, in any unit, is not below the grace period.
+		{"shutdown_timeout in minutes over grace period", append([]string{"--set", "config.shutdown_timeout=1m"}, withToken...),
+			"config.shutdown_timeout (1m) must be below terminationGracePeriodSeconds (30)"},
+		{"shutdown_timeout in mixed units over grace period", append([]string{"--set", "config.shutdown_timeout=29s1000ms"}, withToken...),
+			"config.shutdown_timeout (29s1000ms) must be below terminationGracePeriodSeconds (30)"},
+		{"shutdown_timeout in days", append([]string{"--set", "config.shutdown_timeout=1d"}, withToken...),
+			"config.shutdown_timeout (1d) must be below terminationGracePeriodSeconds (30)"},
+		{"binary default shutdown_timeout over grace period", append([]string{"--set", "config.shutdown_timeout=null", "--set", "terminationGracePeriodSeconds=10"}, withToken...),
+			"config.shutdown_timeout (10s, the default) must be below terminationGracePeriodSeconds (10)"},
 		{"memory limit below the store cache", append([]string{"--set", "resources.limits.memory=768Mi"}, withToken...),
 			"resources.limits.memory 768Mi leaves less than 128Mi beside config.store.cache_mb (768 MiB)"},
 		{"memtable over the schema bound", append([]string{"--set", "config.store.memtable_mb=2"}, withToken...),
@@ -844,6 +854,11 @@ func TestHelmTemplateRefuses(t *testing.T) {
 	// The same kafka values with the decision made render fine, so the
 	// cases above fail for their stated reason only.
 	decodeAll(t, render(t, withToken...))
+	for _, st := range []string{"29s999ms", "0.4m", "1m", "1h"} {
+		decodeAll(t, render(t, append([]string{"--set", "config.shutdown_timeout=" + st, "--set", "terminationGracePeriodSeconds=3601"}, withToken...)...))
+	}
+	decodeAll(t, render(t, append([]string{"--set", "config.shutdown_timeout=29s999ms"}, withToken...)...))
+	decodeAll(t, render(t, append([]string{"--set", "config.shutdown_timeout=null", "--set", "terminationGracePeriodSeconds=11"}, withToken...)...))
 	// A smaller cache leaves the Go heap more of the same limit.
 	m := decodeAll(t, render(t, append([]string{"--set", "config.store.cache_mb=512", "--set", "resources.limits.memory=1Gi"}, withToken...)...))
 	var gomem string

@@ -159,11 +159,27 @@ it is the one a default install always hits.
 {{- end }}
 {{- end }}
 {{- $st := toString (default "" $c.shutdown_timeout) }}
-{{- if regexMatch "^[0-9]+s$" $st }}
-{{- if ge (atoi (trimSuffix "s" $st)) (int .Values.terminationGracePeriodSeconds) }}
-{{- fail (printf "delaybridge: config.shutdown_timeout (%s) must be below terminationGracePeriodSeconds (%d), with a margin, or Kubernetes kills the bridge mid-shutdown" $st (int .Values.terminationGracePeriodSeconds)) }}
+{{- $what := $st }}
+{{- if not $st }}{{ $st = "10s" }}{{ $what = "10s, the default" }}{{ end }}
+{{- $secs := include "delaybridge.durationSeconds" $st | float64 }}
+{{- if ge $secs (float64 .Values.terminationGracePeriodSeconds) }}
+{{- fail (printf "delaybridge: config.shutdown_timeout (%s) must be below terminationGracePeriodSeconds (%d), with a margin, or Kubernetes kills the bridge mid-shutdown" $what (int .Values.terminationGracePeriodSeconds)) }}
 {{- end }}
 {{- end }}
+
+{{/*
+Seconds in a duration as the bridge reads it (config.ParseDuration): a Go
+duration ("90s", "1m30s", "1.5h", "500ms") optionally led by whole days
+("2d12h"). The schema has checked the syntax.
+*/}}
+{{- define "delaybridge.durationSeconds" -}}
+{{- $unit := dict "ns" 0.000000001 "us" 0.000001 "µs" 0.000001 "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 "d" 86400.0 }}
+{{- $total := 0.0 }}
+{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ns|us|µs|ms|s|m|h|d)" . -1 }}
+{{- $u := regexFind "(ns|us|µs|ms|s|m|h|d)$" . }}
+{{- $total = addf $total (mulf (float64 (trimSuffix $u .)) (index $unit $u)) }}
+{{- end }}
+{{- $total }}
 {{- end }}
 
 {{/*
