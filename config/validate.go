@@ -344,19 +344,24 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// checkHostPort checks "host:port"; an empty host is allowed only when
-// emptyHost (a listen address).
-func checkHostPort(s string, emptyHost bool) error {
+// checkHostPort checks "host:port"; listen (a listen address) allows an
+// empty host and port 0 (any free port), which name no server to dial.
+func checkHostPort(s string, listen bool) error {
 	host, port, err := net.SplitHostPort(s)
 	if err != nil {
 		return fmt.Errorf("%q is not host:port", s)
 	}
-	if host == "" && !emptyHost {
+	if host == "" && !listen {
 		return fmt.Errorf("%q has no host", s)
 	}
+	lo := 1
+	if listen {
+		lo = 0
+	}
+	// Digits only: Atoi would also take "+80".
 	p, err := strconv.Atoi(port)
-	if err != nil || p < 0 || p > 65535 {
-		return fmt.Errorf("%q: port must be a number 0..65535", s)
+	if err != nil || strings.TrimLeft(port, "0123456789") != "" || p < lo || p > 65535 {
+		return fmt.Errorf("%q: port must be a number %d..65535", s, lo)
 	}
 	return nil
 }
