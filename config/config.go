@@ -392,6 +392,11 @@ func (c *Config) Redacted() *Config {
 	return &r
 }
 
+// RedactURLs returns s, a comma-separated list of URLs as nats.url takes
+// it, with the user information of each replaced by REDACTED: for errors
+// and logs that name the URL.
+func RedactURLs(s string) string { return redactURLs(s) }
+
 // redactURLs replaces the user information of each comma-separated URL
 // by REDACTED: the NATS client takes "nats://user:password@host" and
 // "nats://token@host", so nats.url may hold a credential.

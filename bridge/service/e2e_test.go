@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -434,6 +435,51 @@ admin: {listen: "127.0.0.1:0"}
 	}
 	if ctx.Err() != nil {
 		t.Fatal("Run retried until the deadline instead of failing fast")
+	}
+	t.Logf("start error: %v", err)
+}
+
+// TestNATSCredentialsNotInStartError: a refused nats.url login fails the
+// start with an error that does not carry the password.
+func TestNATSCredentialsNotInStartError(t *testing.T) {
+	ns, err := natsserver.NewServer(&natsserver.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true,
+		Username: "bridge", Password: "right",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	defer ns.Shutdown()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server did not start")
+	}
+	const secret = "s3cret-wrong-pw"
+	yml := `
+data_dir: ` + strconv.Quote(t.TempDir()) + `
+nats:
+  url: ` + strconv.Quote("nats://bridge:"+secret+"@"+ns.Addr().String()) + `
+  stream: DELAY
+  create: true
+  sources: [{subject: delay.>, dlq: dlq.delay}]
+admin: {listen: "127.0.0.1:0"}
+`
+	cfg, err := config.LoadBytes([]byte(yml), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := New(context.Background(), cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = svc.Run(ctx)
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("Run = %v (deadline passed: %v), want a refused login at start", err, ctx.Err() != nil)
+	}
+	if strings.Contains(err.Error(), secret) {
+		t.Fatalf("start error carries the password: %v", err)
 	}
 	t.Logf("start error: %v", err)
 }

@@ -289,7 +289,7 @@ func (s *Service) setupNATS(o Options) error {
 	}
 	conn, err := nats.Connect(nc)
 	if err != nil {
-		return fmt.Errorf("nats %s: %w", n.URL, err)
+		return fmt.Errorf("nats %s: %w", config.RedactURLs(n.URL), err)
 	}
 	s.closers = append(s.closers, func() error { conn.Close(); return nil })
 	sink, err := nats.NewSink(conn, nc)
