@@ -13,6 +13,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/delaybridge/delaybridge/codec"
 )
 
 // validYAML is a complete configuration that passes Validate.
@@ -450,5 +452,28 @@ func TestRedactionNATSURL(t *testing.T) {
 	_, err := LoadBytes([]byte(validYAML), []string{"DELAYBRIDGE_NATS_URL=http://alice:s3cr3t-pw@nats:4222"})
 	if err == nil || !strings.Contains(err.Error(), "nats.url") || strings.Contains(err.Error(), "s3cr3t-pw") {
 		t.Errorf("error %v: want nats.url named without the password", err)
+	}
+}
+
+// TestNullAllowDeniesAll: "allow:" with nothing after it (YAML null), "[]"
+// and "~" deny every target; only an omitted allow means the default "*".
+func TestNullAllowDeniesAll(t *testing.T) {
+	base := strings.Replace(validYAML, "targets:\n  allow: [\"*\"]\n", "", 1)
+	for _, tc := range []struct {
+		name, targets string
+		allowed       bool
+	}{
+		{"omitted", "", true},
+		{"bare", "targets:\n  allow:\n", false},
+		{"tilde", "targets:\n  allow: ~\n", false},
+		{"empty list", "targets:\n  allow: []\n", false},
+		{"star", "targets:\n  allow: [\"*\"]\n", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := mustLoad(t, base+tc.targets)
+			if got := c.AllowTarget(codec.TransportKafka, "orders"); got != tc.allowed {
+				t.Fatalf("AllowTarget(kafka:orders) = %v with %q (allow %q), want %v", got, tc.targets, c.Targets.Allow, tc.allowed)
+			}
+		})
 	}
 }

@@ -131,6 +131,13 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
 		}
 		n = n.Alias
 	}
+	if isNull(n) && path == "targets.allow" {
+		// A bare "allow:" reads as an empty list, not as "omitted": the
+		// default "*" would open every target to a publisher where the
+		// operator meant to list none.
+		v.Set(reflect.MakeSlice(v.Type(), 0, 0))
+		return
+	}
 	if isNull(n) || d.over(n, path) {
 		return
 	}
