@@ -83,6 +83,26 @@ func newJS(t testing.TB, nc *natsgo.Conn) jetstream.JetStream {
 	return js
 }
 
+// createdSource starts a JetStream server and a Source that creates its
+// stream and consumer (Config.Create); mod, if not nil, adjusts the
+// config first.
+func createdSource(t testing.TB, mod func(*Config)) (Config, *natsgo.Conn, jetstream.JetStream, *Source) {
+	t.Helper()
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	cfg.Create = true
+	if mod != nil {
+		mod(&cfg)
+	}
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, nc, js, src
+}
+
 func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)

@@ -175,15 +175,7 @@ func TestSourceMessages(t *testing.T) {
 // the batch is handed over again; once it succeeds the batch is acked.
 // A source stopped while failing leaves the messages for the next run.
 func TestSourceAckAfterHandle(t *testing.T) {
-	s := startServer(t, jsOptions(t))
-	cfg := testConfig(t, serverURL(s))
-	cfg.Create = true
-	nc := connect(t, cfg)
-	js := newJS(t, nc)
-	src, err := NewSource(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, nc, js, src := createdSource(t, nil)
 	for i := range 3 {
 		publish(t, js, "delay.x", fmt.Sprint(i), nil)
 	}
@@ -226,15 +218,7 @@ func TestSourceAckAfterHandle(t *testing.T) {
 // TestSourceRetriesUntilHandled: a failing handler is retried on the same
 // batch without stopping the source; the batch is acked after success.
 func TestSourceRetriesUntilHandled(t *testing.T) {
-	s := startServer(t, jsOptions(t))
-	cfg := testConfig(t, serverURL(s))
-	cfg.Create = true
-	nc := connect(t, cfg)
-	js := newJS(t, nc)
-	src, err := NewSource(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, js, src := createdSource(t, nil)
 	publish(t, js, "delay.x", "a", nil)
 	rec := newRecorder()
 	rec.setFail(true)
@@ -293,15 +277,7 @@ func TestSourceCheckpointSkip(t *testing.T) {
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s := startServer(t, jsOptions(t))
-			cfg := testConfig(t, serverURL(s))
-			cfg.Create = true
-			nc := connect(t, cfg)
-			js := newJS(t, nc)
-			src, err := NewSource(nc, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, _, js, src := createdSource(t, nil)
 			for i := range 5 {
 				publish(t, js, "delay.x", fmt.Sprint(i), nil)
 			}
@@ -331,16 +307,9 @@ func TestSourceCheckpointSkip(t *testing.T) {
 // checkpoint handed over with 4..5 must not claim 1..3, or a second crash
 // would skip them for good.
 func TestSourceRedeliveryBehindNewMessages(t *testing.T) {
-	s := startServer(t, jsOptions(t))
-	cfg := testConfig(t, serverURL(s))
-	cfg.Create = true
-	cfg.AckWait = 500 * time.Millisecond
-	nc := connect(t, cfg)
-	js := newJS(t, nc)
-	src, err := NewSource(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, js, src := createdSource(t, func(c *Config) {
+		c.AckWait = 500 * time.Millisecond
+	})
 	for i := range 3 {
 		publish(t, js, "delay.x", fmt.Sprint(i), nil)
 	}
