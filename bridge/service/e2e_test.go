@@ -403,6 +403,24 @@ func TestStartWithBrokersDown(t *testing.T) {
 	stop()
 }
 
+// runToStartError runs a bridge on the configuration yml for at most 30 s
+// and returns whether that deadline passed and Run's error.
+func runToStartError(t *testing.T, yml string) (timedOut bool, err error) {
+	t.Helper()
+	cfg, err := config.LoadBytes([]byte(yml), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := New(context.Background(), cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = svc.Run(ctx)
+	return ctx.Err() != nil, err
+}
+
 // TestWrongPasswordFailsFast: refused credentials are an error at start,
 // not a retry loop.
 func TestWrongPasswordFailsFast(t *testing.T) {
@@ -419,21 +437,11 @@ kafka:
   sources: [{topic: delay, dlq: delay.dlq}]
 admin: {listen: "127.0.0.1:0"}
 `
-	cfg, err := config.LoadBytes([]byte(yml), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := New(context.Background(), cfg, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err = svc.Run(ctx)
+	timedOut, err := runToStartError(t, yml)
 	if !errors.Is(err, kafka.ErrAuth) {
 		t.Fatalf("Run = %v, want an error wrapping kafka.ErrAuth", err)
 	}
-	if ctx.Err() != nil {
+	if timedOut {
 		t.Fatal("Run retried until the deadline instead of failing fast")
 	}
 	t.Logf("start error: %v", err)
@@ -464,19 +472,9 @@ nats:
   sources: [{subject: delay.>, dlq: dlq.delay}]
 admin: {listen: "127.0.0.1:0"}
 `
-	cfg, err := config.LoadBytes([]byte(yml), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := New(context.Background(), cfg, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err = svc.Run(ctx)
-	if err == nil || ctx.Err() != nil {
-		t.Fatalf("Run = %v (deadline passed: %v), want a refused login at start", err, ctx.Err() != nil)
+	timedOut, err := runToStartError(t, yml)
+	if err == nil || timedOut {
+		t.Fatalf("Run = %v (deadline passed: %v), want a refused login at start", err, timedOut)
 	}
 	if strings.Contains(err.Error(), secret) {
 		t.Fatalf("start error carries the password: %v", err)
