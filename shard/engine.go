@@ -345,6 +345,10 @@ func shardOfN(source, id string, n int) int {
 	return int(d.Sum64() % uint64(n))
 }
 
+// shardOfIndexKey is shardOfN of the (source, id) an index key holds: the
+// key is the prefix byte, source, 0, id, so the hash is that of the rest.
+func shardOfIndexKey(ik []byte, n int) int { return int(xxhash.Sum64(ik[1:]) % uint64(n)) }
+
 // failed returns the sticky store error, if any.
 func (e *Engine) failed() error {
 	e.errMu.Lock()

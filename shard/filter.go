@@ -58,8 +58,11 @@ func newIDFilter(capacity int) *idFilter {
 	return &idFilter{blocks: make([][8]uint64, nb), capacity: capacity}
 }
 
-// filterHash is the hash a filter takes for an index key.
+// filterHash is the hash a filter takes for an index key;
+// filterHashString the same of the key as a string.
 func filterHash(indexKey []byte) uint64 { return xxhash.Sum64(indexKey) }
+
+func filterHashString(indexKey string) uint64 { return xxhash.Sum64String(indexKey) }
 
 func (f *idFilter) block(h uint64) (*[8]uint64, uint64) {
 	hi, _ := bits.Mul64(h, uint64(len(f.blocks)))
@@ -162,7 +165,7 @@ func (e *Engine) buildFilters(ctx context.Context) (err error) {
 		// new keys again.
 		s.fltNext = newIDFilter(max(minPer, 2*int(max(s.pending, s.fltScanned))))
 		for k := range s.overlay {
-			s.fltNext.add(xxhash.Sum64String(k))
+			s.fltNext.add(filterHashString(k))
 		}
 		s.mu.Unlock()
 	}
@@ -203,9 +206,7 @@ func (e *Engine) buildFilters(ctx context.Context) (err error) {
 	keys := 0
 	for ok := it.First(); ok; ok = it.Next() {
 		k := it.Key()
-		// The shard hash is xxhash(source, 0, id): the key without its
-		// prefix byte.
-		sh := int(xxhash.Sum64(k[1:]) % uint64(n))
+		sh := shardOfIndexKey(k, n)
 		hashes[sh] = append(hashes[sh], filterHash(k))
 		if len(hashes[sh]) == flushAt {
 			flush(sh)

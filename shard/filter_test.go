@@ -271,3 +271,17 @@ func TestFilterBuildRetried(t *testing.T) {
 		t.Fatalf("%d builds reached the scan, want 2 (the failed one and its retry)", got)
 	}
 }
+
+// TestShardOfIndexKey: a build files each scanned key in the shard Ingest
+// routes its (source, id) to.
+func TestShardOfIndexKey(t *testing.T) {
+	for _, tc := range []struct{ source, id string }{
+		{"src", "a"}, {"orders", "0f3c9e6a-7b1d-4c2e-9a8f-1d2e3f4a5b6c"}, {"s", ""}, {"s", "with\x00nul"}, {"kafka-topic.x", "ü"},
+	} {
+		for _, n := range []int{1, 4, 8, 1000} {
+			if got, want := shardOfIndexKey(appendIndexKey(nil, tc.source, tc.id), n), shardOfN(tc.source, tc.id, n); got != want {
+				t.Errorf("shardOfIndexKey(%q/%q, %d) = %d, shardOfN = %d", tc.source, tc.id, n, got, want)
+			}
+		}
+	}
+}

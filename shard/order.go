@@ -3,7 +3,6 @@ package shard
 import (
 	"sync"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/cockroachdb/pebble/v2"
 )
 
@@ -106,7 +105,7 @@ func (s *shard) lookupLocked(idx *indexReader, key []byte, e *indexEntry, tk *co
 // overlay may keep until pb is durable).
 func (s *shard) setOverlayLocked(k string, e indexEntry, deleted bool, pb *pendingBatch) {
 	if !deleted {
-		s.filterAddLocked(xxhash.Sum64String(k))
+		s.filterAddLocked(filterHashString(k))
 	}
 	s.overlay[k] = overlayEntry{entry: e, deleted: deleted, owner: pb}
 	pb.keys = append(pb.keys, k)
