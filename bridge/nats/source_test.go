@@ -663,7 +663,20 @@ func TestSourceStreamCreatedAgain(t *testing.T) {
 				want[i] = int64(i + 1)
 			}
 			eventually(t, "the new stream's messages acked", func() bool {
-				return consumerInfo(t, js, "DELAY", "bridge").AckFloor.Stream == uint64(c.n)
+				// While running, the source creates the consumer again
+				// only after the stream: until then it is not found.
+				cons, err := js.Consumer(ctxT(t), "DELAY", "bridge")
+				if errors.Is(err, jetstream.ErrConsumerNotFound) {
+					return false
+				}
+				if err != nil {
+					t.Fatalf("consumer: %v", err)
+				}
+				info, err := cons.Info(ctxT(t))
+				if err != nil {
+					t.Fatalf("consumer info: %v", err)
+				}
+				return info.AckFloor.Stream == uint64(c.n)
 			})
 			if got := rec.seqs()[5:]; !slices.Equal(got, want) {
 				t.Fatalf("new stream's sequences handled: %v, want %v", got, want)
