@@ -28,7 +28,8 @@
 //   - Durations are Go durations or whole days: "90s", "365d", "2d12h".
 //   - *_file keys (kafka.sasl.password_file, nats.password_file,
 //     nats.token_file, admin.token_file) are read at load, one trailing
-//     newline trimmed; setting both the secret and its file is refused.
+//     newline ("\n" or "\r\n") trimmed; setting both the secret and its
+//     file is refused.
 //     Secrets have type Secret, which prints as "REDACTED".
 package config
 
@@ -344,8 +345,13 @@ func (c *Config) readSecrets() error {
 			return
 		}
 		// Files written by editors and "echo" end in a newline that is
-		// not part of the secret.
-		b = bytes.TrimRight(b, "\r\n")
+		// not part of the secret. Only that one is dropped: a secret that
+		// itself ends in a newline keeps it.
+		if bytes.HasSuffix(b, []byte("\r\n")) {
+			b = b[:len(b)-2]
+		} else {
+			b = bytes.TrimSuffix(b, []byte("\n"))
+		}
 		if len(b) == 0 {
 			errs = append(errs, fmt.Errorf("%s_file: %s is empty", key, file))
 			return

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -352,6 +353,42 @@ func TestSecretsFromFiles(t *testing.T) {
 			_, err := LoadBytes([]byte(validYAML), tt.env)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("error %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestSecretFileTrimsOneNewline: a *_file secret loses exactly one trailing
+// "\n" or "\r\n" (the one editors and echo add), as the package doc says;
+// any other trailing byte, including a further newline, is the secret's.
+func TestSecretFileTrimsOneNewline(t *testing.T) {
+	tests := []struct {
+		content, want string
+	}{
+		{"pass", "pass"},
+		{"pass\n", "pass"},
+		{"pass\r\n", "pass"},
+		{"pass\n\n", "pass\n"},
+		{"pass\r\n\r\n", "pass\r\n"},
+		{"pass\n\r\n", "pass\n"},
+		{"pass\r\n\n", "pass\r\n"},
+		{"pass\r", "pass\r"},
+		{"pass\n\r", "pass\n\r"},
+		{" pass \n", " pass "},
+	}
+	for _, tc := range tests {
+		t.Run(strconv.Quote(tc.content), func(t *testing.T) {
+			c := mustLoad(t, validYAML, "DELAYBRIDGE_NATS_USER=nu", "DELAYBRIDGE_NATS_PASSWORD_FILE="+writeSecret(t, tc.content))
+			if got := c.NATS.Password.Value(); got != tc.want {
+				t.Errorf("password %q, want %q", got, tc.want)
+			}
+		})
+	}
+	for _, content := range []string{"", "\n", "\r\n"} {
+		t.Run("empty "+strconv.Quote(content), func(t *testing.T) {
+			_, err := LoadBytes([]byte(validYAML), []string{"DELAYBRIDGE_NATS_USER=nu", "DELAYBRIDGE_NATS_PASSWORD_FILE=" + writeSecret(t, content)})
+			if err == nil || !strings.Contains(err.Error(), "nats.password_file: ") || !strings.Contains(err.Error(), "is empty") {
+				t.Fatalf("error %v, want nats.password_file: ... is empty", err)
 			}
 		})
 	}
