@@ -33,7 +33,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	work := fs.String("work", "", "scratch directory for stores and broker data (default the system temp dir)")
 	child := fs.String("child", "", "internal: run one engine-level measurement in this process")
 	dir := fs.String("dir", "", "internal: the child's store directory")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *child != "" {
@@ -57,7 +57,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *transports != "" {
 		for _, tr := range strings.Split(*transports, ",") {
 			if tr != benchrun.Kafka && tr != benchrun.NATS {
-				return fmt.Errorf("bench: -transports: unknown transport %q (kafka, nats)", tr)
+				return usagef(fs, "bench: -transports: unknown transport %q (kafka, nats)", tr)
 			}
 			o.Transports = append(o.Transports, tr)
 		}

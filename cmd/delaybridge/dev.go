@@ -42,7 +42,7 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.IntVar(&o.natsPort, "nats-port", 4222, "port of the embedded NATS server")
 	fs.StringVar(&o.admin, "admin", "127.0.0.1:8080", "admin HTTP listen address")
 	fs.StringVar(&o.dataDir, "data-dir", "", "keep the sandbox (the bridge's store and both brokers' data) in this directory across runs (default: a temporary directory removed on exit)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	log, err := newLogger("info", "console", stderr)

@@ -16,6 +16,8 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"go.uber.org/zap"
@@ -69,9 +71,55 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 			return 0
 		}
 		fmt.Fprintln(stderr, "delaybridge:", err)
+		if errors.As(err, new(usageError)) {
+			return 2
+		}
 		return 1
 	}
 	return 0
+}
+
+// usageError is a mistake in the command line: an unknown flag, a bad flag
+// value, an argument where none is taken, a missing required flag. realMain
+// exits 2 on it, the conventional status of a usage error; failures at run
+// time (including an invalid config file) exit 1.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// usagef prints fs's usage and returns a usageError; realMain prints the
+// error after it, so the error is the last line, as for the flag package's
+// own errors.
+func usagef(fs *flag.FlagSet, format string, a ...any) error {
+	fs.Usage()
+	return usageError{fmt.Errorf(format, a...)}
+}
+
+// parseFlags parses the arguments of a subcommand. None of them takes a
+// positional argument, and the flag package stops at the first one, so one
+// is refused (naming every argument from it on) rather than ignored along
+// with the flags after it: `run x.yml` would otherwise complain only that
+// --config is missing, and `run --config a.yml extra` would run.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err} // fs has printed the error and its usage
+	}
+	if fs.NArg() > 0 {
+		quoted := make([]string, fs.NArg())
+		for i, a := range fs.Args() {
+			quoted[i] = strconv.Quote(a)
+		}
+		plural := ""
+		if fs.NArg() > 1 {
+			plural = "s"
+		}
+		return usagef(fs, "%s: unexpected argument%s %s: %s takes no arguments, only flags", fs.Name(), plural, strings.Join(quoted, " "), fs.Name())
+	}
+	return nil
 }
 
 func versionString() string {
@@ -91,11 +139,11 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "", "YAML config file (CONTRACT §5); DELAYBRIDGE_* environment variables override it")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *path == "" {
-		return errors.New("run: --config FILE is required")
+		return usagef(fs, "run: --config FILE is required")
 	}
 	cfg, err := config.Load(*path, os.Environ()) // validates: every problem, each naming its key and the file
 	if err != nil {

@@ -40,11 +40,21 @@ func TestRealMain(t *testing.T) {
 		{"unknown command", []string{"serve"}, 2, "", []string{`unknown command "serve"`}},
 		{"version", []string{"version"}, 0, "delaybridge ", nil},
 		{"help", []string{"help"}, 0, "delaybridge run --config FILE", nil},
-		{"run without config", []string{"run"}, 1, "", []string{"--config FILE is required"}},
+		{"run without config", []string{"run"}, 2, "", []string{"--config FILE is required", "-config string"}},
+		{"run refuses an unknown flag", []string{"run", "--conifg", "x.yml"}, 2, "", []string{"flag provided but not defined: -conifg", "-config string"}},
+		{"run refuses a file as argument", []string{"run", "x.yml"}, 2, "", []string{`run: unexpected argument "x.yml"`, "-config string"}},
+		{"run refuses an argument after the flags", []string{"run", "--config", filepath.Join(dir, "nope.yaml"), "extra"}, 2, "", []string{`run: unexpected argument "extra"`, "-config string"}},
+		{"run names every argument", []string{"run", "x.yml", "--config", "y.yml"}, 2, "", []string{`run: unexpected arguments "x.yml" "--config" "y.yml"`}},
 		{"run with missing file", []string{"run", "--config", filepath.Join(dir, "nope.yaml")}, 1, "", []string{"nope.yaml"}},
 		{"run refuses an unknown key", []string{"run", "--config", unknownKey}, 1, "", []string{"unknown.yaml", "max_dleay: unknown key"}},
 		{"run names every invalid key", []string{"run", "--config", invalid}, 1, "", []string{"shards", "kafka.sources[0].dlq"}},
-		{"bench refuses an unknown transport", []string{"bench", "-transports", "kafka,amqp"}, 1, "", []string{`unknown transport "amqp"`}},
+		{"bench refuses an unknown transport", []string{"bench", "-transports", "kafka,amqp"}, 2, "", []string{`unknown transport "amqp"`, "-transports string"}},
+		// The bad flag values make a regression fail fast (exit 1) instead
+		// of starting the sandbox or the benchmark.
+		{"bench refuses an argument", []string{"bench", "-transports", "amqp", "quick"}, 2, "", []string{`bench: unexpected argument "quick"`, "-transports string"}},
+		{"dev refuses an argument", []string{"dev", "-nats-port", "70000", "-kafka-port", "70000", "sandbox"}, 2, "", []string{`dev: unexpected argument "sandbox"`, "-kafka-port int"}},
+		{"dev refuses an unknown flag", []string{"dev", "-port", "1"}, 2, "", []string{"flag provided but not defined: -port"}},
+		{"help flag of a command", []string{"run", "-h"}, 0, "", []string{"-config string"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
