@@ -18,6 +18,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"go.uber.org/zap"
@@ -46,7 +47,10 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	ctx, stop := shutdownOnSignal(context.Background(), sigs, stderr, os.Exit)
 	defer stop()
 	var err error
 	switch args[0] {
@@ -120,6 +124,54 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		return usagef(fs, "%s: unexpected argument%s %s: %s takes no arguments, only flags", fs.Name(), plural, strings.Join(quoted, " "), fs.Name())
 	}
 	return nil
+}
+
+// shutdownOnSignal returns a context cancelled by the first signal on sigs:
+// the graceful shutdown (stop the sources, finish the batch in flight, close
+// the store within shutdown_timeout). A second signal means whoever sent it
+// will not wait for that (Ctrl-C pressed again, a supervisor's second
+// SIGTERM): it prints one line to stderr and calls exit at once with
+// 128+the signal's number (130 for SIGINT, 143 for SIGTERM), as a shell
+// reports a process killed by it. Exiting mid-shutdown loses nothing: the
+// store is crash-safe (a source offset is committed only after its task is
+// fsynced, and a task leaves the store only after its target acknowledged
+// it), so the next start replays the WAL and at most redelivers what was in
+// flight, as after kill -9.
+//
+// stop cancels the context and ends the watch; once it has returned, no
+// signal is acted on. It may be called more than once.
+func shutdownOnSignal(parent context.Context, sigs <-chan os.Signal, stderr io.Writer, exit func(code int)) (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancel(parent)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		select {
+		case <-sigs:
+			cancel()
+		case <-done:
+			return
+		}
+		select {
+		case sig := <-sigs:
+			fmt.Fprintln(stderr, "delaybridge: second signal: exiting without waiting")
+			code := 128 + int(syscall.SIGINT)
+			if s, ok := sig.(syscall.Signal); ok {
+				code = 128 + int(s)
+			}
+			exit(code)
+		case <-done:
+		}
+	}()
+	var once sync.Once
+	return ctx, func() {
+		once.Do(func() {
+			close(done)
+			wg.Wait()
+			cancel()
+		})
+	}
 }
 
 func versionString() string {

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -72,6 +74,85 @@ func TestRealMain(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestShutdownOnSignal feeds signals through a channel: the first cancels
+// the context (graceful shutdown) and does not exit, the second exits at
+// once with 128+its number after one line on stderr, and none is acted on
+// after stop.
+func TestShutdownOnSignal(t *testing.T) {
+	tests := []struct {
+		first, second os.Signal
+		code          int
+	}{
+		{syscall.SIGTERM, syscall.SIGINT, 130},
+		{syscall.SIGINT, syscall.SIGTERM, 143},
+		{syscall.SIGINT, syscall.SIGINT, 130},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("%v then %v", tc.first, tc.second), func(t *testing.T) {
+			sigs := make(chan os.Signal) // unbuffered: a send returns once the watcher has the signal
+			exited := make(chan int, 2)
+			var errOut bytes.Buffer
+			ctx, stop := shutdownOnSignal(context.Background(), sigs, &errOut, func(code int) { exited <- code })
+			defer stop()
+			if ctx.Err() != nil {
+				t.Fatal("context cancelled before any signal")
+			}
+			sigs <- tc.first
+			select {
+			case <-ctx.Done():
+			case <-time.After(10 * time.Second):
+				t.Fatal("the first signal did not cancel the context")
+			}
+			select {
+			case code := <-exited:
+				t.Fatalf("the first signal exited (%d)", code)
+			case <-time.After(50 * time.Millisecond):
+			}
+			select {
+			case sigs <- tc.second:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the second signal was not taken")
+			}
+			select {
+			case code := <-exited:
+				if code != tc.code {
+					t.Errorf("exit code %d, want %d", code, tc.code)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the second signal did not exit")
+			}
+			if got, want := errOut.String(), "delaybridge: second signal: exiting without waiting\n"; got != want {
+				t.Errorf("stderr %q, want %q", got, want)
+			}
+		})
+	}
+	t.Run("stop", func(t *testing.T) {
+		for _, signals := range []int{0, 1} {
+			sigs := make(chan os.Signal)
+			exited := make(chan int, 1)
+			ctx, stop := shutdownOnSignal(context.Background(), sigs, io.Discard, func(code int) { exited <- code })
+			if signals == 1 {
+				sigs <- syscall.SIGTERM
+			}
+			stop()
+			if ctx.Err() == nil {
+				t.Error("stop did not cancel the context")
+			}
+			select {
+			case sigs <- syscall.SIGINT:
+				t.Errorf("after %d signal(s) and stop, a signal was still taken", signals)
+			default:
+			}
+			select {
+			case code := <-exited:
+				t.Errorf("after %d signal(s) and stop: exit(%d)", signals, code)
+			default:
+			}
+			stop() // idempotent
+		}
+	})
 }
 
 // TestDev runs the sandbox on free ports and sends a delayed message
