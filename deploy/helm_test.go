@@ -473,9 +473,12 @@ func checkConfigMap(t *testing.T, cm corev1.ConfigMap) map[string]any {
 	if err := yaml.UnmarshalStrict([]byte(raw), &cfg); err != nil {
 		t.Fatalf("config.yaml does not parse: %v\n%s", err, raw)
 	}
+	// ":8080", not "0.0.0.0:8080": an empty host listens on every
+	// interface, IPv6 included (dual-stack); 0.0.0.0 is IPv4 only, which
+	// an IPv6-only or dual-stack pod network cannot reach.
 	wantPaths(t, cfg, map[string]string{
 		"data_dir":     "/var/lib/delaybridge",
-		"admin.listen": "0.0.0.0:8080",
+		"admin.listen": ":8080",
 	})
 	if _, ok := lookup(cfg, "targets.allow"); !ok {
 		t.Error("config.yaml: targets.allow missing (the chart must always state it)")
@@ -1184,6 +1187,29 @@ func TestHelmNotes(t *testing.T) {
 		if !strings.Contains(insecure, want) {
 			t.Errorf("NOTES.txt does not warn %q:\n%s", want, insecure)
 		}
+	}
+}
+
+// TestHelmAdminBlock checks the admin block the chart renders, as the
+// bridge loads it: the listen address follows service.port on every
+// interface (dual-stack).
+func TestHelmAdminBlock(t *testing.T) {
+	base := []string{"-f", filepath.Join(chartDir, "ci", "default-values.yaml")}
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		listen string
+	}{
+		{"defaults", nil, ":8080"},
+		{"another port", []string{"--set", "service.port=9090"}, ":9090"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := decodeAll(t, render(t, append(base, tc.args...)...))
+			cfg := loadRendered(t, m, nil)
+			if cfg.Admin.Listen != tc.listen {
+				t.Errorf("admin.listen %q, want %q\n%s", cfg.Admin.Listen, tc.listen, m.configMaps[0].Data["config.yaml"])
+			}
+		})
 	}
 }
 

@@ -92,7 +92,7 @@ it is the one a default install always hits.
 {{- define "delaybridge.validate" -}}
 {{- $c := .Values.config }}
 {{- if and (not .Values.secrets.adminToken.secretName) (not $c.admin.allow_insecure_listen) }}
-{{- fail "delaybridge: the admin API listens on 0.0.0.0:8080 in the pod and needs an explicit auth decision: set secrets.adminToken.secretName (an existing Secret holding the bearer token, key secrets.adminToken.key), or set config.admin.allow_insecure_listen=true to serve it without a token" }}
+{{- fail (printf "delaybridge: the admin API listens on every interface of the pod (:%d) and needs an explicit auth decision: set secrets.adminToken.secretName (an existing Secret holding the bearer token, key secrets.adminToken.key), or set config.admin.allow_insecure_listen=true to serve it without a token" (int .Values.service.port)) }}
 {{- end }}
 {{- if and (not $c.kafka.enabled) (not $c.nats.enabled) }}
 {{- fail "delaybridge: enable at least one transport: config.kafka.enabled or config.nats.enabled" }}
@@ -190,7 +190,8 @@ The bridge's config.yaml: the user's config with the chart-only keys
 {{- define "delaybridge.config" -}}
 {{- $c := deepCopy .Values.config }}
 {{- $_ := set $c "data_dir" "/var/lib/delaybridge" }}
-{{- $admin := dict "listen" (printf "0.0.0.0:%d" (int .Values.service.port)) }}
+{{- /* ":PORT": every interface, IPv6 included; 0.0.0.0 would be IPv4 only. */}}
+{{- $admin := dict "listen" (printf ":%d" (int .Values.service.port)) }}
 {{- with include "delaybridge.secretFile" (list . "adminToken") }}
 {{- $_ := set $admin "token_file" . }}
 {{- end }}
