@@ -137,6 +137,10 @@ type Config struct {
 	BatchBytes    int64         // largest produce batch and record; default 1 MiB (broker message.max.bytes)
 	WriteAttempts int           // kafka-go internal attempts per produce batch; default 3
 	WriteTimeout  time.Duration // per produce request; default 10s
+	// ProbeInterval is how often an unhealthy Sink checks that the
+	// brokers answer again, so Health recovers without a publish.
+	// Default 5s.
+	ProbeInterval time.Duration
 
 	DialTimeout time.Duration // default 10s
 	MetadataTTL time.Duration // producer metadata cache; default 6s
@@ -176,6 +180,9 @@ func (c *Config) setDefaults() {
 		c.WriteAttempts = 3
 	}
 	def(&c.WriteTimeout, 10*time.Second)
+	if c.ProbeInterval <= 0 {
+		c.ProbeInterval = 5 * time.Second
+	}
 	def(&c.DialTimeout, 10*time.Second)
 	def(&c.MetadataTTL, 6*time.Second)
 	if c.Logger == nil {

@@ -24,8 +24,17 @@ type Sink struct {
 	log       *zap.Logger
 	m         *metrics.Metrics
 
-	mu     sync.Mutex
-	health error // last connection-level failure, nil after a success
+	// stopProbe cancels a running probe; Close calls it and then waits
+	// for probes.
+	stopProbe context.CancelFunc
+	probeCtx  context.Context
+	probes    sync.WaitGroup
+
+	mu      sync.Mutex
+	health  error  // last connection-level failure, nil after a success
+	epoch   uint64 // bumped by every publish that sets health
+	probing bool   // a probe goroutine runs (only while health != nil)
+	closed  bool   // no probe starts after Close
 }
 
 var (
@@ -34,18 +43,107 @@ var (
 )
 
 // Health reports the last connection-level publish failure (no broker,
-// authentication), or nil once a publish succeeded again. Errors of single
-// records or topics (missing topic, broker refusals) do not count.
+// authentication), or nil once a publish succeeded again or, with nothing
+// to publish, once a probe found the brokers answering again (see probe).
+// Errors of single records or topics (missing topic, broker refusals) do
+// not count.
 func (s *Sink) Health() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.health
 }
 
+// setHealth records the outcome of a publish. A failure starts the probe
+// goroutine unless one runs already or the sink is closed.
 func (s *Sink) setHealth(err error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.health = err
-	s.mu.Unlock()
+	s.epoch++
+	if err != nil && !s.probing && !s.closed {
+		s.probing = true
+		s.probes.Add(1)
+		go s.probe()
+	}
+}
+
+// probe runs while the sink is unhealthy: every ProbeInterval it asks the
+// brokers for their API versions through the sink's own transport (the
+// dialer, TLS and SASL of publishing). A success clears Health, unless a
+// publish changed it while the probe ran; a failure replaces the error
+// with the probe's. probe returns once Health is nil or on Close.
+func (s *Sink) probe() {
+	defer s.probes.Done()
+	since := time.Now()
+	t := time.NewTimer(s.cfg.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.probeCtx.Done():
+			s.mu.Lock()
+			s.probing = false
+			s.mu.Unlock()
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		epoch, healthy := s.epoch, s.health == nil
+		if healthy {
+			s.probing = false
+		}
+		s.mu.Unlock()
+		if healthy {
+			return // a publish succeeded in the meantime
+		}
+		err := s.ping(s.probeCtx)
+		if s.probeCtx.Err() != nil {
+			continue // closing: the failure says nothing about the brokers
+		}
+		if s.probeDone(epoch, err) {
+			s.log.Info("kafka brokers reachable again; sink healthy",
+				zap.Strings("brokers", s.cfg.Brokers), zap.Duration("unhealthy_for", time.Since(since).Round(time.Millisecond)))
+			return
+		}
+		if err != nil {
+			s.log.Debug("kafka brokers still unreachable", zap.Error(err))
+		}
+		t.Reset(s.cfg.ProbeInterval)
+	}
+}
+
+// probeDone applies the result of a probe that started at epoch and
+// reports whether the probe goroutine is to end (Health is nil). The
+// result counts only if no publish changed Health since the probe started:
+// a newer failure is newer news than a probe that began before it.
+func (s *Sink) probeDone(epoch uint64, err error) (healthy bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.epoch == epoch && s.health != nil {
+		if err == nil {
+			s.health = nil
+		} else {
+			s.health = fmt.Errorf("kafka: probe brokers: %w", classify(err))
+		}
+	}
+	if s.health == nil {
+		s.probing = false
+		return true
+	}
+	return false
+}
+
+// ping sends one ApiVersions request through the writer's connection pool.
+// Client.Metadata would not do: the transport answers it from its metadata
+// cache, which keeps the last good answer through an outage. Any answer,
+// even an error code, means the brokers are reachable.
+func (s *Sink) ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+	defer cancel()
+	c := kafkago.Client{Addr: s.w.Addr, Transport: s.transport}
+	if _, err := c.ApiVersions(ctx, &kafkago.ApiVersionsRequest{}); err != nil {
+		return fmt.Errorf("api versions: %w", err)
+	}
+	return nil
 }
 
 // NewSink validates cfg and builds a Sink. It does no I/O; Check connects.
@@ -60,6 +158,7 @@ func NewSink(cfg Config) (*Sink, error) {
 		log:       cfg.Logger.With(zap.String("component", "kafka-sink")),
 		m:         cfg.Metrics,
 	}
+	s.probeCtx, s.stopProbe = context.WithCancel(context.Background())
 	s.w = newWriter(&cfg, s.transport, s.log)
 	return s, nil
 }
@@ -92,8 +191,13 @@ func (s *Sink) Check(ctx context.Context) error {
 	return check(ctx, &s.cfg, nil)
 }
 
-// Close flushes and closes the producer.
+// Close stops the probe, then flushes and closes the producer.
 func (s *Sink) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.stopProbe()
+	s.probes.Wait()
 	err := s.w.Close()
 	s.transport.CloseIdleConnections()
 	if err != nil {
