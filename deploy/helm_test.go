@@ -419,6 +419,8 @@ func TestHelmTemplateCIValues(t *testing.T) {
 				if _, ok := cfg["kafka"]; ok {
 					t.Error("kafka block rendered although kafka is disabled")
 				}
+			case "all-features-values.yaml":
+				wantPaths(t, cfg, map[string]string{"admin.pprof": "true"})
 			case "default-values.yaml":
 				if _, ok := cfg["nats"]; ok {
 					t.Error("nats block rendered although nats is disabled")
@@ -1192,24 +1194,32 @@ func TestHelmNotes(t *testing.T) {
 
 // TestHelmAdminBlock checks the admin block the chart renders, as the
 // bridge loads it: the listen address follows service.port on every
-// interface (dual-stack).
+// interface (dual-stack), and config.admin.pprof is off unless set.
 func TestHelmAdminBlock(t *testing.T) {
 	base := []string{"-f", filepath.Join(chartDir, "ci", "default-values.yaml")}
 	for _, tc := range []struct {
 		name   string
 		args   []string
 		listen string
+		pprof  bool
 	}{
-		{"defaults", nil, ":8080"},
-		{"another port", []string{"--set", "service.port=9090"}, ":9090"},
+		{"defaults", nil, ":8080", false},
+		{"another port", []string{"--set", "service.port=9090"}, ":9090", false},
+		{"pprof", []string{"--set", "config.admin.pprof=true"}, ":8080", true},
+		{"pprof off", []string{"--set", "config.admin.pprof=false"}, ":8080", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := decodeAll(t, render(t, append(base, tc.args...)...))
 			cfg := loadRendered(t, m, nil)
-			if cfg.Admin.Listen != tc.listen {
-				t.Errorf("admin.listen %q, want %q\n%s", cfg.Admin.Listen, tc.listen, m.configMaps[0].Data["config.yaml"])
+			if cfg.Admin.Listen != tc.listen || cfg.Admin.Pprof != tc.pprof {
+				t.Errorf("admin.listen %q, admin.pprof %v; want %q, %v\n%s", cfg.Admin.Listen, cfg.Admin.Pprof, tc.listen, tc.pprof, m.configMaps[0].Data["config.yaml"])
 			}
 		})
+	}
+	// The schema takes only a boolean.
+	_, stderr, err := helm(t, renderArgs(append(base, "--set", "config.admin.pprof=yes")...)...)
+	if err == nil || !strings.Contains(stderr, "/config/admin/pprof") {
+		t.Errorf("config.admin.pprof=yes: want a schema error naming /config/admin/pprof, got %v\n%s", err, stderr)
 	}
 }
 

@@ -198,6 +198,9 @@ The bridge's config.yaml: the user's config with the chart-only keys
 {{- if $c.admin.allow_insecure_listen }}
 {{- $_ := set $admin "allow_insecure_listen" true }}
 {{- end }}
+{{- if $c.admin.pprof }}
+{{- $_ := set $admin "pprof" true }}
+{{- end }}
 {{- $_ := set $c "admin" $admin }}
 {{- if $c.kafka.enabled }}
 {{- $k := omit $c.kafka "enabled" "tls" "sasl" }}
