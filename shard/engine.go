@@ -415,6 +415,7 @@ type pendingBatch struct {
 	delta  int64
 	keys   []string // overlay entries written by this batch
 	dels   []uint64 // seqs of tasks this batch deletes (replace, cancel): in shard.deleting
+	undo   []overlayUndo
 	tk     *commitTicket
 	synced atomic.Bool // durable; set without the shard lock
 }
@@ -486,9 +487,27 @@ func (s *shard) supersedeLocked(seq uint64, pb *pendingBatch) {
 	pb.dels = append(pb.dels, seq)
 }
 
-// abandonLocked drops a batch whose commit failed (the store is failed).
+// abandonLocked drops a batch that will not be applied: its commit failed
+// (the store is failed), or the Ingest that decided it failed a lookup.
+// Every decision it made is taken back: a task in flight it superseded
+// records its own delivery outcome again, and the overlay entries of
+// earlier undurable batches it replaced are restored, so later lookups
+// see those batches' decisions rather than a Pebble that may not have
+// them yet.
 func (s *shard) abandonLocked(pb *pendingBatch) {
+	for _, seq := range pb.dels {
+		if _, ok := s.inflight[seq]; ok {
+			s.inflight[seq] = false
+		}
+	}
+	undo := pb.undo
 	s.dropOverlayLocked(pb)
+	for i := len(undo) - 1; i >= 0; i-- {
+		u := undo[i]
+		if _, ok := s.overlay[u.key]; !ok && slices.Contains(s.queue, u.prev.owner) {
+			s.overlay[u.key] = u.prev
+		}
+	}
 	for _, op := range pb.ops {
 		delete(s.unwheeled, op.seq)
 	}

@@ -305,18 +305,25 @@ func (s *shard) sweep(now int64) error {
 	tk := newTicket()
 	pb := &pendingBatch{tk: tk}
 	n := 0
+	// A marker whose index entry cannot be read keeps its expiry key, so
+	// a later round sweeps it once the read succeeds; the others go ahead.
+	var lookErr error
 	for ok := it.First(); ok && n < sweepBatch; ok = it.Next() {
-		expiry, ik, ok := parseExpiryKey(it.Key())
-		b.Delete(it.Key(), nil)
 		n++
+		expiry, ik, ok := parseExpiryKey(it.Key())
 		if !ok {
+			b.Delete(it.Key(), nil)
 			continue
 		}
 		var ex indexEntry
 		found, err := s.lookupLocked(&idx, ik, &ex, tk)
 		if err != nil {
-			break // leave the rest for the next round
+			if lookErr == nil {
+				lookErr = fmt.Errorf("sweep shard %d: cancel marker %q: %w", s.id, ik[1:], err)
+			}
+			continue
 		}
+		b.Delete(it.Key(), nil)
 		if found && ex.Cancel && ex.Expiry == expiry {
 			b.Delete(ik, nil)
 			s.setOverlayLocked(string(ik), indexEntry{}, true, pb)
@@ -337,7 +344,7 @@ func (s *shard) sweep(now int64) error {
 		if err != nil {
 			return fmt.Errorf("sweep shard %d: %w", s.id, err)
 		}
-		return nil
+		return lookErr
 	}
 	s.enqueueLocked(pb)
 	s.mu.Unlock()
@@ -357,7 +364,7 @@ func (s *shard) sweep(now int64) error {
 		return err
 	}
 	s.markDurable(pb)
-	return nil
+	return lookErr
 }
 
 // claimLocked takes up to FireBatch due entries from the wheel and marks

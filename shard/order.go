@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"fmt"
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -23,6 +24,10 @@ type commitTicket struct {
 	applied chan struct{} // closed once applied (or abandoned)
 	deps    []*commitTicket
 	once    sync.Once
+	// readUndurable: a decision read the overlay, i.e. a batch not yet
+	// known to be durable (dependOn drops it from deps once applied, not
+	// once synced).
+	readUndurable bool
 }
 
 func newTicket() *commitTicket { return &commitTicket{applied: make(chan struct{})} }
@@ -39,7 +44,11 @@ func (t *commitTicket) isApplied() bool {
 // dependOn makes t apply after o. Deps always point to earlier decisions,
 // so waiting on them cannot deadlock.
 func (t *commitTicket) dependOn(o *commitTicket) {
-	if o == nil || o == t || o.isApplied() {
+	if o == nil || o == t {
+		return
+	}
+	t.readUndurable = true
+	if o.isApplied() {
 		return
 	}
 	for _, d := range t.deps {
@@ -53,8 +62,12 @@ func (t *commitTicket) dependOn(o *commitTicket) {
 func (t *commitTicket) release() { t.once.Do(func() { close(t.applied) }) }
 
 // applyInOrder applies b (ApplyNoSyncWait) once the batches it depends on
-// are applied; an empty batch is not applied. The ticket is released in
-// every case. applied reports whether the caller must SyncWait b.
+// are applied. An empty batch is not applied unless its decisions read
+// undurable ones: it then carries an empty WAL record, whose sync makes
+// them durable before the caller reports its outcome (a message dropped
+// because an undurable cancel said so must not outlive that cancel in a
+// crash). The ticket is released in every case. applied reports whether
+// the caller must SyncWait b.
 func (e *Engine) applyInOrder(tk *commitTicket, b *pebble.Batch, op string) (applied bool, err error) {
 	defer tk.release()
 	for _, d := range tk.deps {
@@ -62,7 +75,12 @@ func (e *Engine) applyInOrder(tk *commitTicket, b *pebble.Batch, op string) (app
 	}
 	tk.deps = nil // do not keep a chain of applied batches alive
 	if b.Empty() {
-		return false, nil
+		if !tk.readUndurable {
+			return false, nil
+		}
+		if err := b.LogData(nil, nil); err != nil {
+			return false, fmt.Errorf("shard: %s: %w", op, err)
+		}
 	}
 	if err := e.applyNoSyncWait(b, op); err != nil {
 		return false, err
@@ -107,6 +125,9 @@ func (s *shard) setOverlayLocked(k string, e indexEntry, deleted bool, pb *pendi
 	if !deleted {
 		s.filterAddLocked(filterHashString(k))
 	}
+	if o, ok := s.overlay[k]; ok && o.owner != pb {
+		pb.undo = append(pb.undo, overlayUndo{key: k, prev: o})
+	}
 	s.overlay[k] = overlayEntry{entry: e, deleted: deleted, owner: pb}
 	pb.keys = append(pb.keys, k)
 }
@@ -120,10 +141,19 @@ func (s *shard) dropOverlayLocked(pb *pendingBatch) {
 		}
 	}
 	pb.keys = nil
+	pb.undo = nil
 	for _, seq := range pb.dels {
 		delete(s.deleting, seq)
 	}
 	pb.dels = nil
+}
+
+// overlayUndo is an overlay entry of an earlier undurable batch that a
+// later batch replaced; abandonLocked puts it back if the later batch is
+// dropped while the earlier one is still on its way.
+type overlayUndo struct {
+	key  string
+	prev overlayEntry
 }
 
 // addOpLocked records that pb stores task (fire, seq): the loader must skip
