@@ -177,3 +177,15 @@ func TestEmptyBatchSyncsWhatItRead(t *testing.T) {
 		})
 	}
 }
+
+// TestMaxShardsBounds: the last shard's exclusive upper bound (the next
+// shard number) must fit the key's u16, or its ranges would wrap to
+// shard 0.
+func TestMaxShardsBounds(t *testing.T) {
+	if got, low := taskBound(maxShards, 0), taskBound(maxShards-1, 0); string(got) <= string(low) {
+		t.Fatalf("taskBound(%d) = %x sorts at or before taskBound(%d) = %x", maxShards, got, maxShards-1, low)
+	}
+	if _, err := Open(Options{Dir: t.TempDir(), Shards: maxShards + 1}); err == nil {
+		t.Fatalf("Open accepted %d shards", maxShards+1)
+	}
+}

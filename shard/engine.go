@@ -201,8 +201,9 @@ func (o *Options) setDefaults() {
 // defaultShards is the default Options.Shards.
 const defaultShards = 8
 
-// maxShards keeps the shard number in the u16 of the keys.
-const maxShards = 1 << 16
+// maxShards keeps the shard number, and the next one (the exclusive upper
+// bound of a shard's key ranges), in the u16 of the keys.
+const maxShards = 1<<16 - 1
 
 // Open opens the store at opts.Dir and recovers: the pending counts and the
 // sequence are read back, and each shard's wheel is filled with the stored
@@ -262,7 +263,7 @@ func (e *Engine) recover() error {
 		if len(v) != 2 {
 			return fmt.Errorf("shard: recover: corrupt shard count")
 		}
-		if stored := int(uint16(v[0])<<8 | uint16(v[1])); stored != n && !(stored == 0 && n == maxShards) {
+		if stored := int(uint16(v[0])<<8 | uint16(v[1])); stored != n {
 			return fmt.Errorf("shard: recover: store has %d shards, options ask for %d: changing the shard count is not supported", stored, n)
 		}
 	} else if err := safeCall(func() error { return e.db.Set(shardsKey, []byte{byte(n >> 8), byte(n)}, pebble.Sync) }); err != nil {

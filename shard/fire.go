@@ -562,7 +562,8 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		}
 		indexed := t.Kind != codec.KindDeadLetter
 		ik := iks.at(i)
-		oldKey := appendTaskKey(key[:0], s.id, it.fire, it.seq)
+		key = appendTaskKey(key[:0], s.id, it.fire, it.seq)
+		oldKey := key
 		if derr == nil {
 			b.Delete(oldKey, nil)
 			if indexed {
