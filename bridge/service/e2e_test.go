@@ -41,7 +41,7 @@ func TestMixedDelays(t *testing.T) {
 		e.publishNATS("delay.mixed", []byte(nv), "delay-after", d.String(), "delay-target", "orders.mixed")
 	}
 	e.advance(svc, 5*time.Minute+10*time.Second, 10*time.Second)
-	got := e.waitFor("all mixed deliveries", func(ds []delivery) bool { return len(byValue(ds, "")) >= 2*n })
+	got := e.advanceUntil("all mixed deliveries", func(ds []delivery) bool { return len(byValue(ds, "")) >= 2*n })
 	for v, ds := range byValue(got, "") {
 		if len(ds) != 1 {
 			t.Errorf("%s delivered %d times", v, len(ds))
@@ -138,7 +138,7 @@ func TestContract(t *testing.T) {
 	}
 	// Move past every due time and through the publish-failed retries.
 	e.advance(svc, 2*time.Minute, 5*time.Second)
-	got := e.waitFor("every delivery", func(ds []delivery) bool {
+	got := e.advanceUntil("every delivery", func(ds []delivery) bool {
 		return countDest(ds, func(d delivery) bool { return d.dest == kafkaDLQ || d.dest == "dlq.delay" }) >= len(bad)+2 &&
 			countDest(ds, func(d delivery) bool { return d.dest == kafkaOut || strings.HasPrefix(d.dest, "orders.") }) >= 9
 	})
@@ -237,7 +237,7 @@ func TestRestartZeroLoss(t *testing.T) {
 		t.Fatal("restarted bridge recovered no pending tasks")
 	}
 	e.advance(svc2, 40*time.Second, 5*time.Second)
-	got := e.waitFor("all deliveries after restart", func(ds []delivery) bool { return len(byValue(ds, "")) >= 2*(n+50) })
+	got := e.advanceUntil("all deliveries after restart", func(ds []delivery) bool { return len(byValue(ds, "")) >= 2*(n+50) })
 	dups := 0
 	for v, ds := range byValue(got, "") {
 		if len(ds) > 1 {
