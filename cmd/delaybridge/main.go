@@ -61,11 +61,15 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	case "bench":
 		err = cmdBench(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-v":
-		fmt.Fprintln(stdout, "delaybridge", versionString())
-		return 0
+		if err = noArguments(args, stderr, ""); err == nil {
+			fmt.Fprintln(stdout, "delaybridge", versionString())
+			return 0
+		}
 	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return 0
+		if err = noArguments(args, stderr, " (a command's flags: delaybridge COMMAND -h)"); err == nil {
+			fmt.Fprint(stdout, usage)
+			return 0
+		}
 	default:
 		fmt.Fprintf(stderr, "unknown command %q\n%s", args[0], usage)
 		return 2
@@ -81,6 +85,27 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// noArguments refuses arguments after a command that takes none (version,
+// help), as parseFlags does for the others: `version extra` is a mistake to
+// report, not to ignore. It prints the usage to stderr and returns a
+// usageError naming every argument after args[0]; hint ends the message.
+func noArguments(args []string, stderr io.Writer, hint string) error {
+	rest := args[1:]
+	if len(rest) == 0 {
+		return nil
+	}
+	quoted := make([]string, len(rest))
+	for i, a := range rest {
+		quoted[i] = strconv.Quote(a)
+	}
+	plural := ""
+	if len(rest) > 1 {
+		plural = "s"
+	}
+	fmt.Fprint(stderr, usage)
+	return usageError{fmt.Errorf("%s: unexpected argument%s %s: %s takes no arguments%s", args[0], plural, strings.Join(quoted, " "), args[0], hint)}
 }
 
 // usageError is a mistake in the command line: an unknown flag, a bad flag

@@ -42,6 +42,14 @@ func TestRealMain(t *testing.T) {
 		{"unknown command", []string{"serve"}, 2, "", []string{`unknown command "serve"`}},
 		{"version", []string{"version"}, 0, "delaybridge ", nil},
 		{"help", []string{"help"}, 0, "delaybridge run --config FILE", nil},
+		{"help flag", []string{"--help"}, 0, "delaybridge run --config FILE", nil},
+		// version and help take no arguments either: refused like those of
+		// run, dev and bench, not ignored.
+		{"version refuses an argument", []string{"version", "extra"}, 2, "", []string{"usage:", `version: unexpected argument "extra": version takes no arguments`}},
+		{"version flag refuses an argument", []string{"--version", "extra"}, 2, "", []string{`--version: unexpected argument "extra"`}},
+		{"version names every argument", []string{"-v", "a", "--b"}, 2, "", []string{`-v: unexpected arguments "a" "--b"`}},
+		{"help refuses an argument", []string{"help", "run"}, 2, "", []string{"usage:", `help: unexpected argument "run": help takes no arguments (a command's flags: delaybridge COMMAND -h)`}},
+		{"help flag refuses an argument", []string{"-h", "extra"}, 2, "", []string{`-h: unexpected argument "extra"`}},
 		{"run without config", []string{"run"}, 2, "", []string{"--config FILE is required", "-config string"}},
 		{"run refuses an unknown flag", []string{"run", "--conifg", "x.yml"}, 2, "", []string{"flag provided but not defined: -conifg", "-config string"}},
 		{"run refuses a file as argument", []string{"run", "x.yml"}, 2, "", []string{`run: unexpected argument "x.yml"`, "-config string"}},
@@ -66,6 +74,9 @@ func TestRealMain(t *testing.T) {
 			}
 			if !strings.Contains(out.String(), tc.wantOut) {
 				t.Errorf("stdout %q does not contain %q", out.String(), tc.wantOut)
+			}
+			if tc.code != 0 && out.Len() > 0 {
+				t.Errorf("exit %d with output on stdout: %q", tc.code, out.String())
 			}
 			for _, w := range tc.wantErrOut {
 				if !strings.Contains(errOut.String(), w) {
