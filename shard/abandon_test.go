@@ -189,3 +189,40 @@ func TestMaxShardsBounds(t *testing.T) {
 		t.Fatalf("Open accepted %d shards", maxShards+1)
 	}
 }
+
+// TestRunCloseRace: Run and Close called at once agree on who won: Close
+// refuses (ErrRunning) while a Run it could not see yet runs, or Run
+// refuses (ErrClosed) once Close began; never a Run on a closed store.
+func TestRunCloseRace(t *testing.T) {
+	for i := range 30 {
+		e, err := Open(Options{Dir: t.TempDir(), Shards: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		start := make(chan struct{})
+		runErr, closeErr := make(chan error, 1), make(chan error, 1)
+		go func() { <-start; runErr <- e.Run(ctx, newRecSink(nil)) }()
+		go func() { <-start; closeErr <- e.Close() }()
+		close(start)
+		cerr := <-closeErr
+		switch {
+		case errors.Is(cerr, ErrRunning):
+			cancel()
+			if err := <-runErr; err != nil {
+				t.Fatalf("round %d: Close refused for a running Run, then Run = %v", i, err)
+			}
+			if err := e.Close(); err != nil {
+				t.Fatalf("round %d: Close after Run: %v", i, err)
+			}
+		case cerr == nil:
+			cancel()
+			if err := <-runErr; !errors.Is(err, ErrClosed) {
+				t.Fatalf("round %d: Close closed the store, and Run = %v, want ErrClosed", i, err)
+			}
+		default:
+			t.Fatalf("round %d: Close = %v", i, cerr)
+		}
+		cancel()
+	}
+}

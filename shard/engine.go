@@ -1150,11 +1150,11 @@ func (e *Engine) Close() error { return e.close(true) }
 func (e *Engine) CloseNoFlush() error { return e.close(false) }
 
 func (e *Engine) close(flush bool) error {
+	e.closeMu.Lock()
+	defer e.closeMu.Unlock()
 	if e.running.Load() {
 		return fmt.Errorf("shard: close: %w", ErrRunning)
 	}
-	e.closeMu.Lock()
-	defer e.closeMu.Unlock()
 	if e.closed {
 		return nil
 	}

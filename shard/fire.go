@@ -24,16 +24,20 @@ func (e *Engine) Run(ctx context.Context, sink Sink) error {
 	if sink == nil {
 		return errors.New("shard: run: nil sink")
 	}
-	if !e.running.CompareAndSwap(false, true) {
-		return fmt.Errorf("shard: run: %w", ErrRunning)
-	}
-	defer e.running.Store(false)
+	// Run and Close decide under closeMu: either Close sees this Run
+	// (ErrRunning) or Run sees the engine closed (ErrClosed), never a Run
+	// on a store being closed.
 	e.closeMu.RLock()
-	closed := e.closed
-	e.closeMu.RUnlock()
-	if closed {
+	if e.closed {
+		e.closeMu.RUnlock()
 		return ErrClosed
 	}
+	if !e.running.CompareAndSwap(false, true) {
+		e.closeMu.RUnlock()
+		return fmt.Errorf("shard: run: %w", ErrRunning)
+	}
+	e.closeMu.RUnlock()
+	defer e.running.Store(false)
 	var wg sync.WaitGroup
 	for _, s := range e.shards {
 		wg.Add(2)
