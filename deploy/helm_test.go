@@ -27,6 +27,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	sigsjson "sigs.k8s.io/json"
@@ -1220,6 +1221,99 @@ func TestHelmAdminBlock(t *testing.T) {
 	_, stderr, err := helm(t, renderArgs(append(base, "--set", "config.admin.pprof=yes")...)...)
 	if err == nil || !strings.Contains(stderr, "/config/admin/pprof") {
 		t.Errorf("config.admin.pprof=yes: want a schema error naming /config/admin/pprof, got %v\n%s", err, stderr)
+	}
+}
+
+// TestHelmGoMemLimitQuantities renders resources.limits.memory in the forms
+// Kubernetes accepts and checks GOMEMLIMIT is 90% of the limit less the
+// store's cache, the limit read as Kubernetes reads it (resource.Quantity,
+// fractional bytes rounded up). A limit the chart cannot read fails the
+// render: falling back to the whole limit would let the Go heap grow into
+// the memory the cache holds, and the pod be OOM-killed.
+func TestHelmGoMemLimitQuantities(t *testing.T) {
+	base := []string{"-f", filepath.Join(chartDir, "ci", "default-values.yaml")}
+	const valuesFile = "values file: " // the rest of the argument is written to a file passed with -f
+	for _, tc := range []struct {
+		name    string
+		limit   string   // the limit as Kubernetes reads it; "" for an error case
+		args    []string // set resources.limits.memory (and more)
+		cacheMB int64
+		wantErr string
+	}{
+		{"Mi", "1536Mi", []string{"--set-string", "resources.limits.memory=1536Mi"}, 768, ""},
+		{"decimal Gi", "1.5Gi", []string{"--set-string", "resources.limits.memory=1.5Gi"}, 768, ""},
+		{"decimal Gi rounded up", "1.1Gi", []string{"--set-string", "resources.limits.memory=1.1Gi"}, 768, ""},
+		{"M", "1536M", []string{"--set-string", "resources.limits.memory=1536M"}, 768, ""},
+		{"G", "2G", []string{"--set-string", "resources.limits.memory=2G"}, 768, ""},
+		{"decimal G", "2.5G", []string{"--set-string", "resources.limits.memory=2.5G"}, 768, ""},
+		{"k", "2000000k", []string{"--set-string", "resources.limits.memory=2000000k"}, 768, ""},
+		{"Ti", "1Ti", []string{"--set-string", "resources.limits.memory=1Ti"}, 768, ""},
+		{"plain bytes string", "1610612736", []string{"--set-string", "resources.limits.memory=1610612736"}, 768, ""},
+		{"plain bytes int", "1610612736", []string{"--set", "resources.limits.memory=1610612736"}, 768, ""},
+		{"exponent", "1e9", []string{"--set-string", "resources.limits.memory=1e9"}, 768, ""},
+		{"signed exponent", "2E+09", []string{"--set-string", "resources.limits.memory=2E+09"}, 768, ""},
+		{"leading plus", "+2Gi", []string{"--set-string", "resources.limits.memory=+2Gi"}, 768, ""},
+		{"milli", "1610612736000m", []string{"--set-string", "resources.limits.memory=1610612736000m"}, 768, ""},
+		{"exa", "2E", []string{"--set-string", "resources.limits.memory=2E"}, 768, ""},
+		{"smaller cache", "1.5Gi", []string{"--set-string", "resources.limits.memory=1.5Gi", "--set", "config.store.cache_mb=256"}, 256, ""},
+		// In a values file a bare number is a YAML number, which Helm
+		// holds as a float64 and prints in exponent form.
+		{"plain bytes YAML number", "1610612736", []string{valuesFile + "resources: {limits: {memory: 1610612736}}"}, 768, ""},
+		{"exponent YAML number", "2e9", []string{valuesFile + "resources: {limits: {memory: 2e9}}"}, 768, ""},
+		{"lower-case suffix", "", []string{"--set-string", "resources.limits.memory=1.5gi"}, 0,
+			`resources.limits.memory "1.5gi" is not a Kubernetes quantity the chart can read`},
+		{"space before the suffix", "", []string{"--set-string", "resources.limits.memory=1536 Mi"}, 0,
+			"write it in Mi or Gi, or set goMemLimitFromResources: false and GOMEMLIMIT yourself through extraEnv"},
+		{"exponent and suffix", "", []string{"--set-string", "resources.limits.memory=1e3Mi"}, 0,
+			`resources.limits.memory "1e3Mi" is not a Kubernetes quantity`},
+		{"negative", "", []string{"--set-string", "resources.limits.memory=-2Gi"}, 0,
+			`resources.limits.memory "-2Gi" is not a Kubernetes quantity`},
+		{"decimal unit below the cache", "", []string{"--set-string", "resources.limits.memory=900M"}, 0,
+			"resources.limits.memory 900M leaves less than 128Mi beside config.store.cache_mb (768 MiB)"},
+		{"too large", "", []string{"--set-string", "resources.limits.memory=1e30"}, 0,
+			"resources.limits.memory 1e30 is too large for GOMEMLIMIT"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := slices.Clone(base)
+			for _, a := range tc.args {
+				if body, ok := strings.CutPrefix(a, valuesFile); ok {
+					p := filepath.Join(t.TempDir(), "values.yaml")
+					if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+						t.Fatal(err)
+					}
+					args = append(args, "-f", p)
+				} else {
+					args = append(args, a)
+				}
+			}
+			if tc.wantErr != "" {
+				out, stderr, err := helm(t, renderArgs(args...)...)
+				if err == nil {
+					t.Fatalf("helm template succeeded, want an error containing %q\n%s", tc.wantErr, out)
+				}
+				if !strings.Contains(stderr, tc.wantErr) {
+					t.Fatalf("helm template error does not contain %q:\n%s", tc.wantErr, stderr)
+				}
+				return
+			}
+			m := decodeAll(t, render(t, args...))
+			c := m.statefulSets[0].Spec.Template.Spec.Containers[0]
+			limit := resource.MustParse(tc.limit)
+			if got := c.Resources.Limits.Memory(); got.Cmp(limit) != 0 {
+				t.Fatalf("rendered memory limit %s, want %s", got, tc.limit)
+			}
+			var gomem *corev1.EnvVar
+			for i, e := range c.Env {
+				if e.Name == "GOMEMLIMIT" {
+					gomem = &c.Env[i]
+				}
+			}
+			left := limit.Value() - tc.cacheMB<<20
+			want := strconv.FormatInt(left/10*9+left%10*9/10, 10) // 9*left/10 without overflow
+			if gomem == nil || gomem.ValueFrom != nil || gomem.Value != want {
+				t.Errorf("GOMEMLIMIT %+v with a %s limit and a %d MiB cache, want value %s", gomem, tc.limit, tc.cacheMB, want)
+			}
+		})
 	}
 }
 

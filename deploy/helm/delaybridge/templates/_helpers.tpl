@@ -251,23 +251,36 @@ The bridge's config.yaml: the user's config with the chart-only keys
 {{/*
 90% of resources.limits.memory minus the store's cache (config.store.cache_mb,
 default 768 MiB, allocated outside the Go heap), in bytes, for GOMEMLIMIT: the
-Go GC starts working hard before the kernel's OOM killer does. Empty when the
-limit is not a whole number with a binary or decimal suffix (then the env var
-falls back to the full limit through resourceFieldRef). Fails when the limit
-does not leave 128 MiB beside the cache.
+Go GC starts working hard before the kernel's OOM killer does.
+
+The limit is read as a Kubernetes quantity: a number, whole or decimal, with
+an optional leading +, and either a binary suffix (Ki Mi Gi Ti Pi Ei), a
+decimal one (m k M G T P E) or a decimal exponent (e9, E+09); plain bytes as
+a string or as a YAML number (which Helm holds as a float and prints as
+1.610612736e+09). Fractional bytes round up, as Kubernetes rounds them.
+Anything else fails the render: falling back to the full limit would let
+the Go heap grow into the memory the cache already holds. Fails too when
+the limit does not leave 128 MiB beside the cache.
 */}}
 {{- define "delaybridge.goMemLimit" -}}
 {{- $m := toString .Values.resources.limits.memory }}
-{{- $units := dict "" 1 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 }}
-{{- $num := regexFind "^[0-9]+" $m }}
-{{- $unit := trimPrefix $num $m }}
-{{- if and $num (hasKey $units $unit) }}
+{{- if not (regexMatch "^\\+?([0-9]+(\\.[0-9]*)?|\\.[0-9]+)([eE][-+]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$" $m) }}
+{{- fail (printf "resources.limits.memory %q is not a Kubernetes quantity the chart can read (e.g. 1536Mi, 1.5Gi, 2G, 1610612736): write it in Mi or Gi, or set goMemLimitFromResources: false and GOMEMLIMIT yourself through extraEnv (at most 90%% of the limit less config.store.cache_mb)" $m) }}
+{{- end }}
+{{- $parts := regexSplit "(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)$" (trimPrefix "+" $m) -1 }}
+{{- $num := index $parts 0 }}
+{{- $unit := trimPrefix $num (trimPrefix "+" $m) }}
+{{- $units := dict "" 1.0 "m" 0.001 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 }}
+{{- $bytes := ceil (mulf (float64 $num) (index $units $unit)) }}
+{{- if ge $bytes (float64 "9e18") }}
+{{- fail (printf "resources.limits.memory %s is too large for GOMEMLIMIT" $m) }}
+{{- end }}
 {{- $cacheMB := 768 }}
 {{- with .Values.config }}{{- with .store }}{{- with .cache_mb }}{{- $cacheMB = int64 . }}{{- end }}{{- end }}{{- end }}
-{{- $left := sub (mul (int64 $num) (index $units $unit)) (mul $cacheMB 1048576) }}
+{{- $left := sub (int64 $bytes) (mul $cacheMB 1048576) }}
 {{- if lt $left 134217728 }}
 {{- fail (printf "resources.limits.memory %s leaves less than 128Mi beside config.store.cache_mb (%d MiB): raise the limit or lower the cache" $m $cacheMB) }}
 {{- end }}
-{{- div (mul $left 9) 10 }}
-{{- end }}
+{{- /* floor(9*left/10) without the product overflowing int64 */}}
+{{- sub $left (div (add $left 9) 10) }}
 {{- end }}
