@@ -4,11 +4,14 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/delaybridge/delaybridge/config"
 )
 
 // TestDockerfile pins what the image promises and what the chart relies on.
@@ -93,5 +96,39 @@ func TestDockerfile(t *testing.T) {
 	}
 	if !found {
 		t.Error("package main in cmd/delaybridge has no package-level var version for -X main.version")
+	}
+}
+
+// TestAdminListenSuggestion checks the admin.listen the Dockerfile and the
+// README suggest for reaching the admin server from outside a plain
+// container: an address the config accepts (with a token), on the port the
+// image exposes, and on every interface, IPv6 included. An empty host is
+// dual-stack; 0.0.0.0 is IPv4 only and unreachable on an IPv6-only network.
+func TestAdminListenSuggestion(t *testing.T) {
+	suggestion := regexp.MustCompile(`admin\.listen(?: to|:)\s*(?:#\s*)?"([^"]*)"`)
+	for _, f := range []string{"Dockerfile", "README.md"} {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := string(raw)
+		if strings.Contains(text, "0.0.0.0") {
+			t.Errorf("%s suggests 0.0.0.0, IPv4 only: suggest \":8080\" (every interface, dual-stack)", f)
+		}
+		found := suggestion.FindAllStringSubmatch(text, -1)
+		if len(found) == 0 {
+			t.Errorf("%s suggests no admin.listen for a container (want admin.listen ... \":8080\")", f)
+		}
+		for _, m := range found {
+			addr := m[1]
+			if err := config.CheckListen(addr, "token", false); err != nil {
+				t.Errorf("%s suggests admin.listen %q, which the config refuses: %v", f, addr, err)
+				continue
+			}
+			host, port, err := net.SplitHostPort(addr)
+			if err != nil || host != "" || port != "8080" {
+				t.Errorf("%s suggests admin.listen %q, want \":8080\" (every interface, the exposed port)", f, addr)
+			}
+		}
 	}
 }
