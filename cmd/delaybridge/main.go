@@ -92,10 +92,15 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 // report, not to ignore. It prints the usage to stderr and returns a
 // usageError naming every argument after args[0]; hint ends the message.
 func noArguments(args []string, stderr io.Writer, hint string) error {
-	rest := args[1:]
-	if len(rest) == 0 {
+	if len(args) < 2 {
 		return nil
 	}
+	fmt.Fprint(stderr, usage)
+	return usageError{errors.New(unexpectedArgs(args[0], args[1:]) + hint)}
+}
+
+// unexpectedArgs names the arguments a command that takes none was given.
+func unexpectedArgs(cmd string, rest []string) string {
 	quoted := make([]string, len(rest))
 	for i, a := range rest {
 		quoted[i] = strconv.Quote(a)
@@ -104,8 +109,7 @@ func noArguments(args []string, stderr io.Writer, hint string) error {
 	if len(rest) > 1 {
 		plural = "s"
 	}
-	fmt.Fprint(stderr, usage)
-	return usageError{fmt.Errorf("%s: unexpected argument%s %s: %s takes no arguments%s", args[0], plural, strings.Join(quoted, " "), args[0], hint)}
+	return fmt.Sprintf("%s: unexpected argument%s %s: %s takes no arguments", cmd, plural, strings.Join(quoted, " "), cmd)
 }
 
 // usageError is a mistake in the command line: an unknown flag, a bad flag
@@ -138,15 +142,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		return usageError{err} // fs has printed the error and its usage
 	}
 	if fs.NArg() > 0 {
-		quoted := make([]string, fs.NArg())
-		for i, a := range fs.Args() {
-			quoted[i] = strconv.Quote(a)
-		}
-		plural := ""
-		if fs.NArg() > 1 {
-			plural = "s"
-		}
-		return usagef(fs, "%s: unexpected argument%s %s: %s takes no arguments, only flags", fs.Name(), plural, strings.Join(quoted, " "), fs.Name())
+		return usagef(fs, "%s, only flags", unexpectedArgs(fs.Name(), fs.Args()))
 	}
 	return nil
 }
