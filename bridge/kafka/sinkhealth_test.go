@@ -44,18 +44,6 @@ func (s *Sink) probeRunning() bool {
 	return s.probing
 }
 
-// within polls cond every 10ms for up to 10s.
-func within(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 10s waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // After a connection-level outage the sink reports itself healthy again
 // once the brokers answer, without any publish: it probes them while
 // unhealthy. The probe runs only while unhealthy and stops with Close.
@@ -111,13 +99,13 @@ func TestSinkHealthRecoversWithoutPublish(t *testing.T) {
 	if !s.probeRunning() {
 		t.Fatal("no probe once unhealthy")
 	}
-	within(t, "one probe goroutine", func() bool { return probeGoroutines() == baseline+1 })
+	waitFor(t, "one probe goroutine", func() bool { return probeGoroutines() == baseline+1 })
 
 	// While the outage lasts the probes fail and Health stays bad, with
 	// the probe's error. Wait for several probes (each sends at least one
 	// ApiVersions request, refused here), not for a time.
 	seen := apiVersionsDown.Load()
-	within(t, "five refused probes", func() bool {
+	waitFor(t, "five refused probes", func() bool {
 		if err := s.Health(); err == nil {
 			t.Fatal("Health nil while the broker drops every connection")
 		}
@@ -130,8 +118,8 @@ func TestSinkHealthRecoversWithoutPublish(t *testing.T) {
 	// The outage ends; nothing is published, yet Health clears and the
 	// probe goroutine ends.
 	down.Store(false)
-	within(t, "Health nil after the outage", func() bool { return s.Health() == nil })
-	within(t, "the probe to end", func() bool { return !s.probeRunning() && probeGoroutines() == baseline })
+	waitFor(t, "Health nil after the outage", func() bool { return s.Health() == nil })
+	waitFor(t, "the probe to end", func() bool { return !s.probeRunning() && probeGoroutines() == baseline })
 	if n := producesAfter.Load(); n != 0 {
 		t.Fatalf("%d produce requests after the outage: the recovery was to come from the probe", n)
 	}
