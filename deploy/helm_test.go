@@ -594,7 +594,12 @@ func checkStatefulSet(t *testing.T, sts appsv1.StatefulSet, configMap string, cf
 	// GOMEMLIMIT: 90% of the memory limit beside the store's cache (768
 	// MiB by default, outside the Go heap), below the OOM killer.
 	gomem := ""
+	seen := map[string]bool{}
 	for _, e := range c.Env {
+		if seen[e.Name] {
+			t.Errorf("env %s rendered twice (Kubernetes keeps the last silently)", e.Name)
+		}
+		seen[e.Name] = true
 		if e.Name == "GOMEMLIMIT" {
 			gomem = e.Value
 		}
@@ -1312,6 +1317,73 @@ func TestHelmGoMemLimitQuantities(t *testing.T) {
 			want := strconv.FormatInt(left/10*9+left%10*9/10, 10) // 9*left/10 without overflow
 			if gomem == nil || gomem.ValueFrom != nil || gomem.Value != want {
 				t.Errorf("GOMEMLIMIT %+v with a %s limit and a %d MiB cache, want value %s", gomem, tc.limit, tc.cacheMB, want)
+			}
+		})
+	}
+}
+
+// TestHelmGoMemLimitExtraEnv: a GOMEMLIMIT the user sets through extraEnv
+// wins over the one goMemLimitFromResources computes, which is then not
+// rendered (the variable twice in one container, Kubernetes silently keeps
+// the last) nor computed (a limit the chart cannot read or one below the
+// cache does not fail the render: the user has taken the limit on). Any
+// other extraEnv leaves the computed one in place.
+func TestHelmGoMemLimitExtraEnv(t *testing.T) {
+	base := []string{"-f", filepath.Join(chartDir, "ci", "default-values.yaml")}
+	computed := strconv.FormatInt((1536<<20-768<<20)*9/10, 10) // the default 1536Mi limit less the 768 MiB cache
+	for _, tc := range []struct {
+		name   string
+		values string // written to a file passed with -f after base
+		want   corev1.EnvVar
+	}{
+		{"user value", `
+extraEnv:
+  - {name: DELAYBRIDGE_LOG_LEVEL, value: debug}
+  - {name: GOMEMLIMIT, value: 600MiB}
+`, corev1.EnvVar{Name: "GOMEMLIMIT", Value: "600MiB"}},
+		{"user valueFrom", `
+extraEnv:
+  - name: GOMEMLIMIT
+    valueFrom: {configMapKeyRef: {name: tuning, key: gomemlimit}}
+`, corev1.EnvVar{Name: "GOMEMLIMIT", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{
+			LocalObjectReference: corev1.LocalObjectReference{Name: "tuning"}, Key: "gomemlimit"}}}},
+		{"user value with a limit below the cache", `
+resources: {limits: {memory: 900M}}
+extraEnv:
+  - {name: GOMEMLIMIT, value: 100MiB}
+`, corev1.EnvVar{Name: "GOMEMLIMIT", Value: "100MiB"}},
+		{"user value without goMemLimitFromResources", `
+goMemLimitFromResources: false
+extraEnv:
+  - {name: GOMEMLIMIT, value: 600MiB}
+`, corev1.EnvVar{Name: "GOMEMLIMIT", Value: "600MiB"}},
+		{"other extraEnv", `
+extraEnv:
+  - {name: DELAYBRIDGE_LOG_LEVEL, value: debug}
+  - {name: GOMEMLIMIT_NOTE, value: not the Go runtime's}
+`, corev1.EnvVar{Name: "GOMEMLIMIT", Value: computed}},
+		{"no extraEnv", "", corev1.EnvVar{Name: "GOMEMLIMIT", Value: computed}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "values.yaml")
+			if err := os.WriteFile(p, []byte(tc.values), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			m := decodeAll(t, render(t, append(slices.Clone(base), "-f", p)...))
+			c := m.statefulSets[0].Spec.Template.Spec.Containers[0]
+			var got []corev1.EnvVar
+			for _, e := range c.Env {
+				if e.Name == "GOMEMLIMIT" {
+					got = append(got, e)
+				}
+			}
+			if len(got) != 1 || !reflect.DeepEqual(got[0], tc.want) {
+				t.Errorf("GOMEMLIMIT rendered as %+v, want exactly %+v", got, tc.want)
+			}
+			if strings.Contains(tc.values, "DELAYBRIDGE_LOG_LEVEL") && !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+				return e.Name == "DELAYBRIDGE_LOG_LEVEL" && e.Value == "debug"
+			}) {
+				t.Errorf("env %+v lacks the extraEnv DELAYBRIDGE_LOG_LEVEL=debug", c.Env)
 			}
 		})
 	}
