@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -34,7 +33,10 @@ type devOptions struct {
 // in-process Kafka-protocol broker (kfake) on localhost, the bridge wired to
 // both, and copy-paste examples. It is for trying things, not production:
 // without --data-dir everything is forgotten on exit.
-func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+//
+// cleanups (may be nil) gets the removal of the temporary directory, so a
+// forced exit (a second signal) removes it too.
+func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer, cleanups *exitCleanups) error {
 	var o devOptions
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -50,7 +52,7 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	defer func() { _ = log.Sync() }()
-	return runDev(ctx, o, stdout, log, nil)
+	return runDev(ctx, o, stdout, log, cleanups, nil)
 }
 
 // devAddrs are where the sandbox's brokers listen.
@@ -62,19 +64,24 @@ type devAddrs struct {
 // runDev is cmdDev after flag parsing; ready (if not nil) is called with the
 // service and the broker addresses once the examples are printed, so tests
 // can drive it.
-func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger, ready func(*service.Service, devAddrs)) error {
-	tmp, err := os.MkdirTemp("", "delaybridge-dev-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(tmp)
+//
+// Without --data-dir the sandbox lives in a new temporary directory, removed
+// on return and, through cleanups (may be nil), by a forced exit. That
+// directory is the only thing dev ever removes: never a --data-dir (the
+// user's), never another sandbox's temporary directory.
+func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger, cleanups *exitCleanups, ready func(*service.Service, devAddrs)) error {
 	// The brokers keep their data beside the bridge's store: the store
 	// holds each partition's high-water offset and the source starts after
 	// it, so a store kept across runs with brokers that start empty would
 	// skip that many new messages.
-	root := tmp
-	if o.dataDir != "" {
-		root = o.dataDir
+	root := o.dataDir
+	if root == "" {
+		tmp, remove, err := cleanups.tempDir("delaybridge-dev-")
+		if err != nil {
+			return fmt.Errorf("dev: %w", err)
+		}
+		defer func() { _ = remove() }()
+		root = tmp
 	}
 
 	ns, err := natsserver.NewServer(&natsserver.Options{

@@ -50,14 +50,15 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigs)
-	ctx, stop := shutdownOnSignal(context.Background(), sigs, stderr, os.Exit)
+	cleanups := new(exitCleanups) // only dev registers anything
+	ctx, stop := shutdownOnSignal(context.Background(), sigs, stderr, os.Exit, cleanups)
 	defer stop()
 	var err error
 	switch args[0] {
 	case "run":
 		err = cmdRun(ctx, args[1:], stderr)
 	case "dev":
-		err = cmdDev(ctx, args[1:], stdout, stderr)
+		err = cmdDev(ctx, args[1:], stdout, stderr, cleanups)
 	case "bench":
 		err = cmdBench(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-v":
@@ -151,9 +152,12 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 // the graceful shutdown (stop the sources, finish the batch in flight, close
 // the store within shutdown_timeout). A second signal means whoever sent it
 // will not wait for that (Ctrl-C pressed again, a supervisor's second
-// SIGTERM): it prints one line to stderr and calls exit at once with
-// 128+the signal's number (130 for SIGINT, 143 for SIGTERM), as a shell
-// reports a process killed by it. Exiting mid-shutdown loses nothing: the
+// SIGTERM): it prints one line to stderr and calls exit with 128+the
+// signal's number (130 for SIGINT, 143 for SIGTERM), as a shell reports a
+// process killed by it. That exit skips every defer, so just before it, it
+// runs what the command registered in cleanups (may be nil), for at most
+// exitCleanupTimeout: dev's temporary directory. `run` registers nothing
+// and exits at once. Exiting mid-shutdown loses nothing: the
 // store is crash-safe (a source offset is committed only after its task is
 // fsynced, and a task leaves the store only after its target acknowledged
 // it), so the next start replays the WAL and at most redelivers what was in
@@ -161,7 +165,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 //
 // stop cancels the context and ends the watch; once it has returned, no
 // signal is acted on. It may be called more than once.
-func shutdownOnSignal(parent context.Context, sigs <-chan os.Signal, stderr io.Writer, exit func(code int)) (ctx context.Context, stop func()) {
+func shutdownOnSignal(parent context.Context, sigs <-chan os.Signal, stderr io.Writer, exit func(code int), cleanups *exitCleanups) (ctx context.Context, stop func()) {
 	ctx, cancel := context.WithCancel(parent)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -181,6 +185,7 @@ func shutdownOnSignal(parent context.Context, sigs <-chan os.Signal, stderr io.W
 			if s, ok := sig.(syscall.Signal); ok {
 				code = 128 + int(s)
 			}
+			cleanups.run(stderr)
 			exit(code)
 		case <-done:
 		}

@@ -1,20 +1,26 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/delaybridge/delaybridge/bridge/service"
@@ -105,7 +111,8 @@ func TestShutdownOnSignal(t *testing.T) {
 			sigs := make(chan os.Signal) // unbuffered: a send returns once the watcher has the signal
 			exited := make(chan int, 2)
 			var errOut bytes.Buffer
-			ctx, stop := shutdownOnSignal(context.Background(), sigs, &errOut, func(code int) { exited <- code })
+			// An empty registry, as `run` leaves it: the exit is as before.
+			ctx, stop := shutdownOnSignal(context.Background(), sigs, &errOut, func(code int) { exited <- code }, new(exitCleanups))
 			defer stop()
 			if ctx.Err() != nil {
 				t.Fatal("context cancelled before any signal")
@@ -143,7 +150,12 @@ func TestShutdownOnSignal(t *testing.T) {
 		for _, signals := range []int{0, 1} {
 			sigs := make(chan os.Signal)
 			exited := make(chan int, 1)
-			ctx, stop := shutdownOnSignal(context.Background(), sigs, io.Discard, func(code int) { exited <- code })
+			cleanups := new(exitCleanups)
+			cleaned := false
+			if _, err := cleanups.add("a test hook", func(context.Context) error { cleaned = true; return nil }); err != nil {
+				t.Fatal(err)
+			}
+			ctx, stop := shutdownOnSignal(context.Background(), sigs, io.Discard, func(code int) { exited <- code }, cleanups)
 			if signals == 1 {
 				sigs <- syscall.SIGTERM
 			}
@@ -161,9 +173,160 @@ func TestShutdownOnSignal(t *testing.T) {
 				t.Errorf("after %d signal(s) and stop: exit(%d)", signals, code)
 			default:
 			}
+			if cleaned {
+				t.Errorf("after %d signal(s) and stop, the cleanup ran", signals)
+			}
 			stop() // idempotent
 		}
 	})
+}
+
+// TestShutdownOnSignalCleanups: the forced exit runs the registered
+// cleanups before calling exit, with the same exit code, and does not wait
+// for one beyond the timeout.
+func TestShutdownOnSignalCleanups(t *testing.T) {
+	// forceExit sends two signals and returns the exit code and what
+	// the cleanups had done when exit was called.
+	forceExit := func(t *testing.T, cleanups *exitCleanups, second os.Signal, stderr io.Writer, state func() string) (int, string) {
+		t.Helper()
+		sigs := make(chan os.Signal)
+		type exitCall struct {
+			code  int
+			state string
+		}
+		exited := make(chan exitCall, 1)
+		_, stop := shutdownOnSignal(context.Background(), sigs, stderr, func(code int) { exited <- exitCall{code, state()} }, cleanups)
+		defer stop()
+		sigs <- syscall.SIGTERM
+		sigs <- second
+		select {
+		case e := <-exited:
+			return e.code, e.state
+		case <-time.After(20 * time.Second):
+			t.Fatal("the second signal did not exit")
+		}
+		return 0, ""
+	}
+
+	t.Run("before exit", func(t *testing.T) {
+		for _, tc := range []struct {
+			second os.Signal
+			code   int
+		}{{syscall.SIGINT, 130}, {syscall.SIGTERM, 143}} {
+			cleanups := new(exitCleanups)
+			var mu sync.Mutex
+			var done []string
+			for _, name := range []string{"a", "b"} {
+				if _, err := cleanups.add(name, func(context.Context) error {
+					mu.Lock()
+					defer mu.Unlock()
+					done = append(done, name)
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			removed, err := cleanups.add("removed", func(context.Context) error { t.Error("an unregistered cleanup ran"); return nil })
+			if err != nil {
+				t.Fatal(err)
+			}
+			removed()
+			var errOut bytes.Buffer
+			code, state := forceExit(t, cleanups, tc.second, &errOut, func() string {
+				mu.Lock()
+				defer mu.Unlock()
+				return strings.Join(slices.Sorted(slices.Values(done)), ",")
+			})
+			if code != tc.code || state != "a,b" {
+				t.Errorf("exit(%d) with cleanups %q done, want exit(%d) after a,b", code, state, tc.code)
+			}
+			if got, want := errOut.String(), "delaybridge: second signal: exiting without waiting\n"; got != want {
+				t.Errorf("stderr %q, want %q", got, want)
+			}
+			if _, err := cleanups.add("late", func(context.Context) error { return nil }); err == nil {
+				t.Error("a cleanup was registered after the forced exit started")
+			}
+		}
+	})
+
+	t.Run("bounded", func(t *testing.T) {
+		cleanups := &exitCleanups{timeout: 200 * time.Millisecond}
+		block := make(chan struct{})
+		defer close(block)
+		if _, err := cleanups.add("the stuck one", func(context.Context) error { <-block; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cleanups.add("the failing one", func(context.Context) error { return errors.New("boom") }); err != nil {
+			t.Fatal(err)
+		}
+		var errOut bytes.Buffer
+		start := time.Now()
+		code, _ := forceExit(t, cleanups, syscall.SIGINT, &errOut, func() string { return "" })
+		if code != 130 {
+			t.Errorf("exit(%d), want 130", code)
+		}
+		if d := time.Since(start); d < 200*time.Millisecond {
+			t.Errorf("exited after %s, before the cleanup timeout", d)
+		}
+		for _, want := range []string{
+			"delaybridge: second signal: exiting without waiting\n",
+			"delaybridge: cleanup of the failing one: boom\n",
+			"delaybridge: cleanup of the stuck one did not finish within 200ms: left behind\n",
+		} {
+			if !strings.Contains(errOut.String(), want) {
+				t.Errorf("stderr %q lacks %q", errOut.String(), want)
+			}
+		}
+	})
+}
+
+// TestExitCleanupsTempDir: tempDir's directory is removed by the forced
+// exit's cleanup, and nothing else is: not a sibling with the same prefix
+// (another sandbox's), not one already released.
+func TestExitCleanupsTempDir(t *testing.T) {
+	tmpRoot := t.TempDir()
+	t.Setenv("TMPDIR", tmpRoot)
+	sibling := filepath.Join(tmpRoot, "delaybridge-dev-sibling")
+	if err := os.MkdirAll(filepath.Join(sibling, "store"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cleanups := new(exitCleanups)
+	released, remove, err := cleanups.tempDir("delaybridge-dev-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remove(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(released, 0o700); err != nil { // someone else's now
+		t.Fatal(err)
+	}
+	dir, _, err := cleanups.tempDir("delaybridge-dev-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if filepath.Dir(dir) != tmpRoot {
+		t.Fatalf("temp dir %s is not under TMPDIR %s", dir, tmpRoot)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "store", "wal"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var errOut bytes.Buffer
+	cleanups.run(&errOut)
+	if errOut.Len() > 0 {
+		t.Errorf("stderr %q", errOut.String())
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s after the forced exit's cleanup: %v, want it removed", dir, err)
+	}
+	for _, keep := range []string{filepath.Join(sibling, "store"), released} {
+		if _, err := os.Stat(keep); err != nil {
+			t.Errorf("%s was not ours and is gone: %v", keep, err)
+		}
+	}
+	if _, _, err := cleanups.tempDir("delaybridge-dev-"); err == nil {
+		t.Error("tempDir made a directory after the forced exit started")
+	}
 }
 
 // TestDev runs the sandbox on free ports and sends a delayed message
@@ -175,7 +338,7 @@ func TestDev(t *testing.T) {
 	ready := make(chan devAddrs, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- runDev(ctx, devOptions{kafkaPort: 0, natsPort: -1, admin: "127.0.0.1:0"}, &out, zaptest.NewLogger(t),
+		done <- runDev(ctx, devOptions{kafkaPort: 0, natsPort: -1, admin: "127.0.0.1:0"}, &out, zaptest.NewLogger(t), nil,
 			func(_ *service.Service, a devAddrs) { ready <- a })
 	}()
 	var addrs devAddrs
@@ -232,7 +395,7 @@ func TestDevDataDirRestart(t *testing.T) {
 	for run := range 2 {
 		values := []string{fmt.Sprintf("run%d-a", run), fmt.Sprintf("run%d-b", run), fmt.Sprintf("run%d-c", run)}
 		ctx, cancel := context.WithCancel(context.Background())
-		done, addrs := startDev(t, ctx, devOptions{kafkaPort: 0, natsPort: -1, admin: "127.0.0.1:0", dataDir: dataDir},
+		done, addrs := startDev(t, ctx, devOptions{kafkaPort: 0, natsPort: -1, admin: "127.0.0.1:0", dataDir: dataDir}, nil,
 			func(a devAddrs) { produceDelayed(t, ctx, a.kafka, values...) })
 		awaitOrders(t, ctx, addrs.kafka, values...)
 		cancel()
@@ -244,13 +407,13 @@ func TestDevDataDirRestart(t *testing.T) {
 
 // startDev starts runDev and waits until it is serving; beforeRun (if not
 // nil) is called after the brokers are up and before the bridge runs.
-func startDev(t *testing.T, ctx context.Context, o devOptions, beforeRun func(devAddrs)) (<-chan error, devAddrs) {
+func startDev(t *testing.T, ctx context.Context, o devOptions, cleanups *exitCleanups, beforeRun func(devAddrs)) (<-chan error, devAddrs) {
 	t.Helper()
 	var out bytes.Buffer
 	ready := make(chan devAddrs, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- runDev(ctx, o, &out, zaptest.NewLogger(t), func(_ *service.Service, a devAddrs) {
+		done <- runDev(ctx, o, &out, zaptest.NewLogger(t), cleanups, func(_ *service.Service, a devAddrs) {
 			if beforeRun != nil {
 				beforeRun(a)
 			}
@@ -309,5 +472,156 @@ func awaitOrders(t *testing.T, ctx context.Context, kafkaAddr string, values ...
 			t.Fatalf("not delivered on orders: %v", slices.Sorted(maps.Keys(missing)))
 		}
 		fs.EachRecord(func(r *kgo.Record) { delete(missing, string(r.Value)) })
+	}
+}
+
+// devChildEnv makes the test binary a sandbox for TestDevForcedExit (see
+// TestMain): its value is the --data-dir, "-" for none.
+const devChildEnv = "DELAYBRIDGE_TEST_DEV_CHILD"
+
+func TestMain(m *testing.M) {
+	if dataDir := os.Getenv(devChildEnv); dataDir != "" {
+		devChild(dataDir)
+		os.Exit(3) // devChild returns only on failure
+	}
+	os.Exit(m.Run())
+}
+
+// devChild runs the sandbox as `delaybridge dev` does, the forced exit
+// calling os.Exit, except that the sandbox does not see the signals (a
+// context of its own), as when its graceful shutdown hangs: it is still
+// running, with its store and JetStream open in its directory, when the
+// second signal comes. It prints "ready" once the sandbox is serving and
+// "stopping" when the first signal has been taken (the kernel merges a
+// second SIGINT sent before that into the first).
+func devChild(dataDir string) {
+	if dataDir == "-" {
+		dataDir = ""
+	}
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	cleanups := new(exitCleanups)
+	ctx, stop := shutdownOnSignal(context.Background(), sigs, os.Stderr, os.Exit, cleanups)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		fmt.Println("stopping")
+	}()
+	err := runDev(context.Background(), devOptions{kafkaPort: 0, natsPort: -1, admin: "127.0.0.1:0", dataDir: dataDir}, io.Discard, zap.NewNop(), cleanups,
+		func(*service.Service, devAddrs) { fmt.Println("ready") })
+	fmt.Fprintln(os.Stderr, "dev child: runDev returned:", err)
+}
+
+// TestDevForcedExit forces the exit (two signals) of a running sandbox in
+// a child process: the sandbox's temporary directory (its store and
+// JetStream data) is gone when the process has exited with 130, and
+// nothing else is removed: not another sandbox's directory, not a
+// --data-dir.
+func TestDevForcedExit(t *testing.T) {
+	exists := func(p string) bool {
+		_, err := os.Stat(p)
+		return err == nil
+	}
+	for _, withDataDir := range []bool{false, true} {
+		name := "temp dir"
+		if withDataDir {
+			name = "data dir"
+		}
+		t.Run(name, func(t *testing.T) {
+			tmpRoot := t.TempDir()
+			sibling := filepath.Join(tmpRoot, "delaybridge-dev-sibling") // another sandbox's
+			if err := os.MkdirAll(filepath.Join(sibling, "store"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			devDirs := func() []string {
+				m, err := filepath.Glob(filepath.Join(tmpRoot, "delaybridge-dev-*"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return slices.DeleteFunc(m, func(d string) bool { return d == sibling })
+			}
+			dataDir := "-"
+			if withDataDir {
+				dataDir = filepath.Join(t.TempDir(), "sandbox")
+			}
+
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), devChildEnv+"="+dataDir, "TMPDIR="+tmpRoot)
+			var errOut bytes.Buffer
+			cmd.Stderr = &errOut
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			lines := make(chan string, 2)
+			go func() {
+				defer close(lines)
+				sc := bufio.NewScanner(stdout)
+				for sc.Scan() {
+					lines <- sc.Text()
+				}
+			}()
+			await := func(want string) {
+				t.Helper()
+				select {
+				case got, ok := <-lines:
+					if !ok || got != want {
+						_ = cmd.Process.Kill()
+						_ = cmd.Wait()
+						t.Fatalf("the sandbox printed %q (open %v), want %q; stderr: %s", got, ok, want, errOut.String())
+					}
+				case <-time.After(60 * time.Second):
+					t.Fatalf("the sandbox did not print %q", want)
+				}
+			}
+			await("ready")
+
+			root := dataDir
+			if !withDataDir {
+				dirs := devDirs()
+				if len(dirs) != 1 {
+					t.Fatalf("sandbox temp dirs %q, want one", dirs)
+				}
+				root = dirs[0]
+			} else if dirs := devDirs(); len(dirs) != 0 {
+				t.Errorf("with --data-dir the sandbox made temp dirs %q", dirs)
+			}
+			for _, sub := range []string{"store", "jetstream"} {
+				if !exists(filepath.Join(root, sub)) {
+					t.Fatalf("no %s in %s", sub, root)
+				}
+			}
+
+			if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+				t.Fatal(err)
+			}
+			await("stopping")
+			if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+				t.Fatal(err)
+			}
+			for range lines { // until the child closes its stdout
+			}
+			_ = cmd.Wait()
+			if code := cmd.ProcessState.ExitCode(); code != 130 {
+				t.Errorf("exit code %d, want 130; stderr: %s", code, errOut.String())
+			}
+			if got, want := errOut.String(), "delaybridge: second signal: exiting without waiting\n"; got != want {
+				t.Errorf("stderr %q, want %q", got, want)
+			}
+			if exists(root) != withDataDir {
+				t.Errorf("after the forced exit, %s exists: %v, want %v", root, exists(root), withDataDir)
+			}
+			if withDataDir && !exists(filepath.Join(dataDir, "store")) {
+				t.Error("the forced exit removed the --data-dir store")
+			}
+			if !exists(filepath.Join(sibling, "store")) {
+				t.Error("the forced exit removed another sandbox's directory")
+			}
+		})
 	}
 }
