@@ -31,6 +31,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -1163,7 +1164,18 @@ func (e *Engine) close(flush bool) error {
 	<-e.bgDone
 	var errs []error
 	if flush && e.failed() == nil {
-		if err := safeCall(e.db.Flush); err != nil {
+		// Pebble treats a store directory gone from under it as fatal
+		// (Fatalf with its own lock released, which no recover can
+		// survive), and a flush rotates the WAL in it. The flush only
+		// shortens the next open, so without the directory Close skips it
+		// and says so; Pebble's Close writes nothing there.
+		fs := e.opts.FS
+		if fs == nil {
+			fs = vfs.Default
+		}
+		if _, err := fs.Stat(e.opts.Dir); err != nil {
+			errs = append(errs, fmt.Errorf("shard: close: flush skipped: %w", err))
+		} else if err := safeCall(e.db.Flush); err != nil {
 			errs = append(errs, fmt.Errorf("shard: close: flush: %w", err))
 		}
 	}

@@ -324,6 +324,10 @@ func (p pebbleLogger) Fatalf(format string, args ...interface{}) {
 
 type pebbleFatal struct{ msg string }
 
+// Error makes a pebbleFatal that no safeCall recovers (one on Pebble's own
+// goroutines) print its cause, not a pointer, when it ends the process.
+func (f pebbleFatal) Error() string { return "pebble: fatal: " + f.msg }
+
 // safeCall runs a Pebble write and converts Pebble's fatal panic to an error.
 func safeCall(f func() error) (err error) {
 	defer func() {
