@@ -63,7 +63,7 @@ func New(r prometheus.Registerer) *Metrics {
 			Name: "delaybridge_wheel_entries", Help: "Entries in the in-memory timing wheel (tasks due within the horizon).",
 		}, []string{"shard"}),
 		FireLateness: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "delaybridge_fire_lateness_seconds", Help: "Broker acknowledgement time minus due time of fired tasks.",
+			Name: "delaybridge_fire_lateness_seconds", Help: "Broker acknowledgement time minus due time of delivered tasks (retries and outages included; dead letters not).",
 			Buckets: latencyBuckets,
 		}, []string{"transport"}),
 		Overdue: prometheus.NewCounter(prometheus.CounterOpts{

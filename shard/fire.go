@@ -672,7 +672,11 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		}
 		tr := t.Transport.String()
 		e.m.Fired.WithLabelValues(tr, kind).Inc()
-		e.m.FireLateness.WithLabelValues(tr).Observe(float64(now-items[i].fire) / 1000)
+		if kind == "task" {
+			// From the task's due time, not its place in the store: a
+			// task delivered after retries or an outage was that late.
+			e.m.FireLateness.WithLabelValues(tr).Observe(float64(now-t.Due) / 1000)
+		}
 	}
 	for _, i := range retried {
 		e.m.PublishRetries.WithLabelValues(items[i].task.Transport.String()).Inc()

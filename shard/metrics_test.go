@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -44,7 +45,7 @@ func TestMetricsCounted(t *testing.T) {
 		{"fired dlq", metricValue(t, m.Fired.WithLabelValues("kafka", "dlq")), 1},
 		{"dead lettered", metricValue(t, m.DeadLettered.WithLabelValues("bad-due")), 1},
 		{"pending", metricValue(t, m.Pending.WithLabelValues("0")), 0},
-		{"lateness samples", metricValue(t, m.FireLateness.WithLabelValues("kafka").(prometheus.Metric)), 2}, // c and the dead letter
+		{"lateness samples", metricValue(t, m.FireLateness.WithLabelValues("kafka").(prometheus.Metric)), 1}, // c: dead letters are not fires
 		// The transports' sinks time their publishes; the engine adding
 		// its own sample counted every publish twice.
 		{"publish samples", metricValue(t, m.PublishSeconds.WithLabelValues("kafka").(prometheus.Metric)), 0},
@@ -52,6 +53,41 @@ func TestMetricsCounted(t *testing.T) {
 		if c.got != c.want {
 			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
 		}
+	}
+}
+
+// TestFireLatenessFromDue: the lateness of a task delivered after retries
+// is measured from its due time, not from the retry it was delivered on
+// (which recorded 0 s however long a target refused it).
+func TestFireLatenessFromDue(t *testing.T) {
+	m := metrics.New(prometheus.NewRegistry())
+	h := newHarness(t, func(o *Options) {
+		o.Metrics = m
+		o.Retry = RetryPolicy{Initial: 100 * time.Millisecond, Max: time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 5}
+	})
+	fails := 2
+	h.sink.setFail(func(*codec.Task) error {
+		if fails > 0 {
+			fails--
+			return errors.New("broker says no")
+		}
+		return nil
+	})
+	h.run()
+	h.ingest([]codec.Task{sched("x", t0.Add(time.Second), 1)})
+	// Tries at +1 s, +1.1 s, then delivered at +1.3 s.
+	for _, d := range []time.Duration{1000, 100, 200} {
+		h.advance(d * time.Millisecond)
+	}
+	if got := h.sink.acked(); len(got) != 1 {
+		t.Fatalf("acked %v, want [x]", got)
+	}
+	var d dto.Metric
+	if err := m.FireLateness.WithLabelValues("kafka").(prometheus.Metric).Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	if n, sum := d.Histogram.GetSampleCount(), d.Histogram.GetSampleSum(); n != 1 || sum != 0.3 {
+		t.Fatalf("lateness: %d samples summing %v s, want 1 of 0.3 s", n, sum)
 	}
 }
 
