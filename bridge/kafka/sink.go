@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"net"
+	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -31,10 +35,11 @@ type Sink struct {
 	probes    sync.WaitGroup
 
 	mu      sync.Mutex
-	health  error  // last connection-level failure, nil after a success
-	epoch   uint64 // bumped by every publish that sets health
-	probing bool   // a probe goroutine runs (only while health != nil)
-	closed  bool   // no probe starts after Close
+	health  error           // last connection-level failure, nil after a success
+	failed  map[string]bool // topics whose publish failed since health was last nil
+	epoch   uint64          // bumped by every publish that sets health
+	probing bool            // a probe goroutine runs (only while health != nil)
+	closed  bool            // no probe starts after Close
 }
 
 var (
@@ -44,7 +49,8 @@ var (
 
 // Health reports the last connection-level publish failure (no broker,
 // authentication), or nil once a publish succeeded again or, with nothing
-// to publish, once a probe found the brokers answering again (see probe).
+// to publish, once a probe found the leaders of the failed topics
+// answering again (see probe).
 // Errors of single records or topics (missing topic, broker refusals) do
 // not count.
 func (s *Sink) Health() error {
@@ -53,25 +59,37 @@ func (s *Sink) Health() error {
 	return s.health
 }
 
-// setHealth records the outcome of a publish. A failure starts the probe
-// goroutine unless one runs already or the sink is closed.
-func (s *Sink) setHealth(err error) {
+// setHealth records the outcome of a publish. A failure adds topics (those
+// of the failed publish) to the ones the probe checks and starts the probe
+// goroutine unless one runs already or the sink is closed; a success
+// forgets them.
+func (s *Sink) setHealth(err error, topics ...string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.health = err
 	s.epoch++
-	if err != nil && !s.probing && !s.closed {
+	if err == nil {
+		s.failed = nil
+		return
+	}
+	if s.failed == nil {
+		s.failed = make(map[string]bool)
+	}
+	for _, t := range topics {
+		s.failed[t] = true
+	}
+	if !s.probing && !s.closed {
 		s.probing = true
 		s.probes.Add(1)
 		go s.probe()
 	}
 }
 
-// probe runs while the sink is unhealthy: every ProbeInterval it asks the
-// brokers for their API versions through the sink's own transport (the
-// dialer, TLS and SASL of publishing). A success clears Health, unless a
-// publish changed it while the probe ran; a failure replaces the error
-// with the probe's. probe returns once Health is nil or on Close.
+// probe runs while the sink is unhealthy: every ProbeInterval it checks
+// that the partition leaders of the failed topics answer (see ping). A
+// success clears Health, unless a publish changed it while the probe ran;
+// a failure replaces the error with the probe's. probe returns once Health
+// is nil or on Close.
 func (s *Sink) probe() {
 	defer s.probes.Done()
 	since := time.Now()
@@ -88,6 +106,7 @@ func (s *Sink) probe() {
 		}
 		s.mu.Lock()
 		epoch, healthy := s.epoch, s.health == nil
+		topics := slices.Sorted(maps.Keys(s.failed))
 		if healthy {
 			s.probing = false
 		}
@@ -95,17 +114,17 @@ func (s *Sink) probe() {
 		if healthy {
 			return // a publish succeeded in the meantime
 		}
-		err := s.ping(s.probeCtx)
+		err := s.ping(s.probeCtx, topics)
 		if s.probeCtx.Err() != nil {
 			continue // closing: the failure says nothing about the brokers
 		}
 		if s.probeDone(epoch, err) {
 			s.log.Info("kafka brokers reachable again; sink healthy",
-				zap.Strings("brokers", s.cfg.Brokers), zap.Duration("unhealthy_for", time.Since(since).Round(time.Millisecond)))
+				zap.Strings("brokers", s.cfg.Brokers), zap.Strings("topics", topics), zap.Duration("unhealthy_for", time.Since(since).Round(time.Millisecond)))
 			return
 		}
 		if err != nil {
-			s.log.Debug("kafka brokers still unreachable", zap.Error(err))
+			s.log.Debug("kafka brokers still unreachable", zap.Strings("topics", topics), zap.Error(err))
 		}
 		t.Reset(s.cfg.ProbeInterval)
 	}
@@ -120,7 +139,7 @@ func (s *Sink) probeDone(epoch uint64, err error) (healthy bool) {
 	defer s.mu.Unlock()
 	if s.epoch == epoch && s.health != nil {
 		if err == nil {
-			s.health = nil
+			s.health, s.failed = nil, nil
 		} else {
 			s.health = fmt.Errorf("kafka: probe brokers: %w", classify(err))
 		}
@@ -132,18 +151,67 @@ func (s *Sink) probeDone(epoch uint64, err error) (healthy bool) {
 	return false
 }
 
-// ping sends one ApiVersions request through the writer's connection pool.
-// Client.Metadata would not do: the transport answers it from its metadata
-// cache, which keeps the last good answer through an outage. Any answer,
-// even an error code, means the brokers are reachable.
-func (s *Sink) ping(ctx context.Context) error {
+// ping checks that the brokers can take the publishes that failed: it
+// reads the metadata of topics (all topics when none is known) and sends
+// ApiVersions to the leader of each of their partitions. Checking only the
+// bootstrap brokers would call the sink healthy while the one broker that
+// leads a failed partition is down, and /readyz would flap. Any answer to
+// ApiVersions, even an error code, means the leader is reachable; a topic
+// that no longer exists has nothing to check (its tasks fail on their own).
+//
+// The requests go through a new transport with the sink's settings
+// (dialer, TLS, SASL), closed on return: the sink's transport answers
+// Metadata from its cache, which keeps the last good answer through an
+// outage, while a new one reads it from the brokers on a new connection.
+func (s *Sink) ping(ctx context.Context, topics []string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
 	defer cancel()
-	c := kafkago.Client{Addr: s.w.Addr, Transport: s.transport}
-	if _, err := c.ApiVersions(ctx, &kafkago.ApiVersionsRequest{}); err != nil {
-		return fmt.Errorf("api versions: %w", err)
+	t := s.cfg.transport()
+	t.MetadataTopics = topics
+	defer t.CloseIdleConnections()
+	c := kafkago.Client{Addr: s.w.Addr, Transport: t}
+	md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: topics})
+	if err != nil {
+		return fmt.Errorf("metadata: %w", err)
+	}
+	leaders, err := partitionLeaders(md)
+	if err != nil {
+		return err
+	}
+	for _, addr := range leaders {
+		if _, err := c.ApiVersions(ctx, &kafkago.ApiVersionsRequest{Addr: kafkago.TCP(addr)}); err != nil {
+			return fmt.Errorf("api versions of partition leader %s: %w", addr, err)
+		}
 	}
 	return nil
+}
+
+// partitionLeaders returns the address of every broker that leads a
+// partition of md's topics, or an error naming a partition without a
+// leader. Topics that do not exist are left out.
+func partitionLeaders(md *kafkago.MetadataResponse) ([]string, error) {
+	var addrs []string
+	for _, t := range md.Topics {
+		switch {
+		case errors.Is(t.Error, kafkago.UnknownTopicOrPartition):
+			continue
+		case t.Error != nil:
+			return nil, fmt.Errorf("metadata of %q: %w", t.Name, t.Error)
+		}
+		for _, p := range t.Partitions {
+			switch {
+			case p.Error != nil:
+				return nil, fmt.Errorf("partition %d of %q: %w", p.ID, t.Name, p.Error)
+			case p.Leader.Host == "":
+				return nil, fmt.Errorf("partition %d of %q has no leader", p.ID, t.Name)
+			}
+			addr := net.JoinHostPort(p.Leader.Host, strconv.Itoa(p.Leader.Port))
+			if !slices.Contains(addrs, addr) {
+				addrs = append(addrs, addr)
+			}
+		}
+	}
+	return addrs, nil
 }
 
 // NewSink validates cfg and builds a Sink. It does no I/O; Check connects.
@@ -275,6 +343,7 @@ func (s *Sink) write(ctx context.Context, msgs []kafkago.Message, idx []int, err
 		// failed otherwise (a dropped connection, a timeout), none did.
 		var answered bool
 		var connErr error
+		var topics []string
 		for j, e := range werrs {
 			var protoErr kafkago.Error
 			switch {
@@ -285,6 +354,7 @@ func (s *Sink) write(ctx context.Context, msgs []kafkago.Message, idx []int, err
 			}
 			if e != nil {
 				errs[idx[j]] = publishError(msgs[idx[j]].Topic, e)
+				topics = append(topics, msgs[idx[j]].Topic)
 			}
 		}
 		switch {
@@ -292,7 +362,7 @@ func (s *Sink) write(ctx context.Context, msgs []kafkago.Message, idx []int, err
 		case answered:
 			s.setHealth(nil)
 		default:
-			s.setHealth(fmt.Errorf("kafka: publish: %w", classify(connErr)))
+			s.setHealth(fmt.Errorf("kafka: publish: %w", classify(connErr)), topics...)
 		}
 		return
 	}
@@ -310,7 +380,7 @@ func (s *Sink) write(ctx context.Context, msgs []kafkago.Message, idx []int, err
 	}
 	var protoErr kafkago.Error
 	if !errors.As(err, &protoErr) && ctx.Err() == nil {
-		s.setHealth(fmt.Errorf("kafka: publish: %w", classify(err)))
+		s.setHealth(fmt.Errorf("kafka: publish: %w", classify(err)), order...)
 	}
 	if !split || len(order) == 1 || ctx.Err() != nil {
 		for _, i := range idx {
