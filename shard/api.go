@@ -103,10 +103,12 @@ type ShardStats struct {
 	Shard   int   `json:"shard"`
 	Pending int64 `json:"pending"`
 	InWheel int   `json:"in_wheel"`
-	// NextDue is the earliest next fire time in the shard, zero if none.
+	// NextDue is the earliest fire time of the shard's stored tasks (a
+	// task waiting for a retry fires at its retry time), zero if none.
 	NextDue time.Time `json:"next_due,omitzero"`
-	// OldestOverdue is the earliest fire time that has passed without the
-	// task being delivered yet, zero if none.
+	// OldestOverdue is the earliest due time that has passed without the
+	// task being delivered yet (including tasks waiting for a retry after
+	// a failed publish), zero if none.
 	OldestOverdue time.Time `json:"oldest_overdue,omitzero"`
 }
 

@@ -122,8 +122,12 @@ type shard struct {
 	// maps were last rebuilt (see rebuilt).
 	churn     int
 	clearedTo []byte // t keys before it are range-deleted
-	dlqErr    error  // last failed dead-letter delivery, nil after one succeeds
-	outageErr error  // last ErrUnavailable from the sink, nil after a delivery succeeds
+	// late: due times (ms) of tasks waiting for a retry, by seq; see late.go.
+	late      map[uint64]int64
+	lateMin   int64 // smallest of late unless lateDirty
+	lateDirty bool
+	dlqErr    error // last failed dead-letter delivery, nil after one succeeds
+	outageErr error // last ErrUnavailable from the sink, nil after a delivery succeeds
 
 	// Fire-loop parking, so Ingest can wake the loop for an earlier due and
 	// tests can tell when the loop is idle.
@@ -486,6 +490,7 @@ func (s *shard) supersedeLocked(seq uint64, pb *pendingBatch) {
 		s.inflight[seq] = true
 	}
 	s.deleting[seq] = struct{}{}
+	s.clearLateLocked(seq)
 	pb.dels = append(pb.dels, seq)
 }
 
@@ -1082,10 +1087,21 @@ func (e *Engine) Stats() Stats {
 		s.mu.Lock()
 		s.drainLocked()
 		ss := ShardStats{Shard: s.id, Pending: s.pending, InWheel: s.w.Len()}
-		next, ok := s.w.Next()
-		if !ok && s.pending > 0 {
-			next, ok = s.firstStoredLocked(s.horizonEnd)
+		// The wheel's Next is exact only for its finest level; coarser
+		// ones give a bucket start. The store holds every pending task by
+		// fire time, and none between that bound and the wheel's earliest
+		// entry (tasks in flight fired before it), so the first key from
+		// there is exact. Without wheel entries the store's first task is
+		// past the horizon.
+		from, ok := s.w.Next()
+		if !ok {
+			from = s.horizonEnd
 		}
+		var next int64
+		if ok || s.pending > 0 {
+			next, ok = s.firstStoredLocked(from)
+		}
+		late, isLate := s.oldestLateLocked()
 		horizon = min(horizon, s.horizonEnd)
 		s.mu.Unlock()
 		if ok {
@@ -1093,6 +1109,10 @@ func (e *Engine) Stats() Stats {
 			if next <= now {
 				ss.OldestOverdue = ss.NextDue
 			}
+		}
+		if isLate && (ss.OldestOverdue.IsZero() || late < ss.OldestOverdue.UnixMilli()) {
+			// Waiting for a retry: overdue since its due time.
+			ss.OldestOverdue = time.UnixMilli(late).UTC()
 		}
 		st.Pending += ss.Pending
 		if !ss.NextDue.IsZero() && (st.NextDue.IsZero() || ss.NextDue.Before(st.NextDue)) {

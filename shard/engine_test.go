@@ -649,6 +649,88 @@ func TestStats(t *testing.T) {
 	}
 }
 
+// TestStatsNextDueExact: tasks in the wheel's coarse levels are reported at
+// their own due time, not the start of their bucket.
+func TestStatsNextDueExact(t *testing.T) {
+	for _, d := range []time.Duration{
+		50 * time.Millisecond, // finest level
+		9*time.Minute + 7*time.Second,
+		time.Hour + 3*time.Minute + 7*time.Millisecond, // past the horizon: store only
+		49*time.Hour + 17*time.Second,
+	} {
+		t.Run(d.String(), func(t *testing.T) {
+			h := newHarness(t, func(o *Options) { o.Shards = 1 })
+			h.run()
+			h.advance(1234 * time.Millisecond) // the wheel's time off any bucket edge
+			due := h.clk.Now().Add(d)
+			h.ingest([]codec.Task{sched("a", due, 1), sched("b", due.Add(time.Hour), 2)})
+			st := h.e.Stats()
+			if !st.NextDue.Equal(due) || !st.Shards[0].NextDue.Equal(due) {
+				t.Fatalf("next due %v (shard %v), want %v", st.NextDue, st.Shards[0].NextDue, due)
+			}
+			if !st.OldestOverdue.IsZero() {
+				t.Fatalf("oldest overdue %v with nothing due", st.OldestOverdue)
+			}
+		})
+	}
+}
+
+// TestStatsOldestOverdueDuringRetries: a task whose publishes fail waits
+// at its retry time; it is overdue since its due time all along, refused or
+// unreachable, and no longer once delivered, replaced or cancelled.
+func TestStatsOldestOverdueDuringRetries(t *testing.T) {
+	down := fmt.Errorf("dial: connection refused: %w", ErrUnavailable)
+	for _, tc := range []struct {
+		name string
+		err  error
+		end  func(h *harness)
+	}{
+		{"refused then delivered", errors.New("broker says no"), func(h *harness) {
+			h.sink.setFail(nil)
+			h.advance(time.Minute)
+		}},
+		{"unreachable then delivered", down, func(h *harness) {
+			h.sink.setFail(nil)
+			h.advance(time.Minute)
+		}},
+		{"replaced while waiting", down, func(h *harness) {
+			h.ingest([]codec.Task{sched("x", h.clk.Now().Add(time.Hour), 2)})
+		}},
+		{"cancelled while waiting", down, func(h *harness) {
+			h.ingest([]codec.Task{cancelTask("x", 3)})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(o *Options) {
+				o.Shards = 1
+				o.Retry = RetryPolicy{Initial: time.Second, Max: 10 * time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 100}
+			})
+			err := tc.err
+			h.sink.setFail(func(*codec.Task) error { return err })
+			h.run()
+			due := t0.Add(time.Second)
+			h.ingest([]codec.Task{sched("x", due, 1)})
+			for range 4 { // tries at +1 s, +2 s, +4 s
+				h.advance(time.Second)
+			}
+			if n := len(h.sink.all()); n < 2 {
+				t.Fatalf("%d attempts, want a few", n)
+			}
+			st := h.e.Stats()
+			if !st.OldestOverdue.Equal(due) || !st.Shards[0].OldestOverdue.Equal(due) {
+				t.Fatalf("oldest overdue %v while retrying, want the due time %v", st.OldestOverdue, due)
+			}
+			if !st.NextDue.After(h.clk.Now()) {
+				t.Fatalf("next due %v, want the retry time after now %v", st.NextDue, h.clk.Now())
+			}
+			tc.end(h)
+			if st := h.e.Stats(); !st.OldestOverdue.IsZero() {
+				t.Fatalf("oldest overdue %v after the task %s", st.OldestOverdue, tc.name)
+			}
+		})
+	}
+}
+
 func TestClosedEngine(t *testing.T) {
 	h := newHarness(t, nil)
 	h.close()

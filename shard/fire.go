@@ -467,6 +467,7 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 	defer s.mu.Unlock()
 	for _, it := range dropped {
 		delete(s.inflight, it.seq)
+		s.clearLateLocked(it.seq)
 	}
 	for _, it := range retry {
 		delete(s.inflight, it.seq)
@@ -559,6 +560,9 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		}
 		superseded := s.inflight[it.seq]
 		delete(s.inflight, it.seq)
+		if superseded || derr == nil {
+			s.clearLateLocked(it.seq) // another message's now, or delivered
+		}
 		if superseded {
 			// Replaced or cancelled while in flight: the newer message
 			// deleted this task and owns its index entry.
@@ -608,6 +612,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			val = codec.AppendTask(val[:0], &dl)
 			b.Set(appendTaskKey(key[:0], s.id, now, it.seq), val, nil)
 			s.addOpLocked(pb, now, it.seq)
+			s.clearLateLocked(it.seq)
 			e.log.Warn("task dead-lettered after failed publishes", zap.String("source", t.Source),
 				zap.String("id", t.ID), zap.Uint32("attempts", t.Attempts), zap.Error(derr))
 			continue
@@ -623,6 +628,9 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			dlqErr = derr
 		}
 		s.addOpLocked(pb, fire, it.seq)
+		if indexed {
+			s.noteLateLocked(it.seq, t.Due)
+		}
 		retried = append(retried, i)
 	}
 	if pb.delta != 0 {

@@ -1,0 +1,43 @@
+package shard
+
+import "testing"
+
+func TestOldestLate(t *testing.T) {
+	type op struct {
+		note bool
+		seq  uint64
+		due  int64
+	}
+	for _, tc := range []struct {
+		name   string
+		ops    []op
+		want   int64
+		wantOK bool
+	}{
+		{"empty", nil, 0, false},
+		{"one", []op{{true, 1, 50}}, 50, true},
+		{"smallest", []op{{true, 1, 50}, {true, 2, 20}, {true, 3, 70}}, 20, true},
+		{"smallest cleared", []op{{true, 1, 50}, {true, 2, 20}, {true, 3, 70}, {false, 2, 0}}, 50, true},
+		{"other cleared", []op{{true, 1, 50}, {true, 2, 20}, {false, 1, 0}}, 20, true},
+		{"all cleared", []op{{true, 1, 50}, {false, 1, 0}}, 0, false},
+		{"cleared then lower", []op{{true, 1, 50}, {true, 2, 60}, {false, 1, 0}, {true, 3, 55}}, 55, true},
+		{"renoted keeps its due", []op{{true, 1, 50}, {true, 1, 50}, {true, 2, 80}}, 50, true},
+		{"unknown cleared", []op{{true, 1, 50}, {false, 9, 0}}, 50, true},
+		{"equal dues", []op{{true, 1, 50}, {true, 2, 50}, {false, 1, 0}}, 50, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var s shard
+			for _, o := range tc.ops {
+				if o.note {
+					s.noteLateLocked(o.seq, o.due)
+				} else {
+					s.clearLateLocked(o.seq)
+				}
+			}
+			got, ok := s.oldestLateLocked()
+			if got != tc.want || ok != tc.wantOK {
+				t.Fatalf("oldest = %d, %v; want %d, %v", got, ok, tc.want, tc.wantOK)
+			}
+		})
+	}
+}
