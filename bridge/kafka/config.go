@@ -137,9 +137,9 @@ type Config struct {
 	BatchBytes    int64         // largest produce batch and record; default 1 MiB (broker message.max.bytes)
 	WriteAttempts int           // kafka-go internal attempts per produce batch; default 3
 	WriteTimeout  time.Duration // per produce request; default 10s
-	// ProbeInterval is how often an unhealthy Sink checks that the
-	// brokers answer again, so Health recovers without a publish.
-	// Default 5s.
+	// ProbeInterval is how often an unhealthy Sink checks that every
+	// partition of the topics whose publish failed has a leader and each
+	// leader answers, so Health recovers without a publish. Default 5s.
 	ProbeInterval time.Duration
 
 	DialTimeout time.Duration // default 10s
