@@ -69,6 +69,28 @@ func appendDigits(dst []byte, v, width int) []byte {
 	return append(dst, buf[:width]...)
 }
 
+// FormatDelay writes d so that ParseDelay (for d >= 0) and the
+// configuration read it back: whole days as "Nd", the rest as
+// time.Duration does ("365d", "2d12h0m0s", "90s").
+func FormatDelay(d time.Duration) string {
+	const day = 24 * time.Hour
+	if d < day && d > -day {
+		return d.String()
+	}
+	sign := ""
+	if d < 0 {
+		if d == math.MinInt64 {
+			return d.String() // cannot negate; still a valid Go duration
+		}
+		sign, d = "-", -d
+	}
+	s := sign + strconv.FormatInt(int64(d/day), 10) + "d"
+	if rest := d % day; rest != 0 {
+		s += rest.String()
+	}
+	return s
+}
+
 // ParseDelay parses a relative delay as delay-after and the configuration
 // (max_delay: 365d) write it: a Go duration ("90s", "1h30m", "500ms"), whole
 // days with "d" optionally followed by a Go duration ("3d", "2d12h"), or an

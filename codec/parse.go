@@ -170,7 +170,7 @@ func Parse(m *Message, r *Rules) Task {
 	if r.MaxDelay > 0 {
 		// On overflow the limit lies beyond any representable due.
 		if limit, ok := addMs(p.stamp, r.MaxDelay.Milliseconds()); ok && due > limit {
-			return p.deadLetter(CodeDelayTooLong, "due "+FormatDue(due)+" is more than max_delay "+r.MaxDelay.String()+" after the message time "+FormatDue(p.stamp))
+			return p.deadLetter(CodeDelayTooLong, "due "+FormatDue(due)+" is more than max_delay "+FormatDelay(r.MaxDelay)+" after the message time "+FormatDue(p.stamp))
 		}
 	}
 

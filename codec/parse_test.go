@@ -609,6 +609,40 @@ func TestParseDelay(t *testing.T) {
 	}
 }
 
+func TestFormatDelay(t *testing.T) {
+	const day = 24 * time.Hour
+	for _, tt := range []struct {
+		in   time.Duration
+		want string
+	}{
+		{0, "0s"},
+		{1500 * time.Millisecond, "1.5s"},
+		{23 * time.Hour, "23h0m0s"},
+		{day, "1d"},
+		{365 * day, "365d"},
+		{2*day + 12*time.Hour, "2d12h0m0s"},
+		{-3 * day, "-3d"},
+		{day + time.Millisecond, "1d1ms"},
+	} {
+		got := FormatDelay(tt.in)
+		if got != tt.want {
+			t.Errorf("FormatDelay(%v) = %q, want %q", tt.in, got, tt.want)
+		}
+		if tt.in >= 0 {
+			if back, err := ParseDelay(got); err != nil || back != tt.in {
+				t.Errorf("ParseDelay(%q) = %v, %v; want %v", got, back, err, tt.in)
+			}
+		}
+	}
+	// The delay-too-long detail names max_delay as the configuration does.
+	m := kafkaMsg(h("delay-after", "366d"), h("delay-target", "orders"))
+	got := Parse(m, &Rules{MaxDelay: 365 * day})
+	wantDeadLetter(t, got, CodeDelayTooLong)
+	if !strings.Contains(got.Detail, "max_delay 365d ") {
+		t.Fatalf("detail %q does not name max_delay 365d", got.Detail)
+	}
+}
+
 func TestParseTargetFunc(t *testing.T) {
 	tr, name, err := ParseTarget("nats:a.b", TransportKafka)
 	if err != nil || tr != TransportNATS || name != "a.b" {
