@@ -5,6 +5,8 @@ package metrics
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/delaybridge/delaybridge/codec"
 )
 
 // Buckets for latencies that matter in milliseconds (fire lateness, store
@@ -95,6 +97,12 @@ func New(r prometheus.Registerer) *Metrics {
 		Ready: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "delaybridge_ready", Help: "1 when the bridge is ready (recovered, store and sources healthy).",
 		}),
+	}
+	// Every reason exists from the start at 0, so a rate() or increase()
+	// alert on one sees its first dead letter instead of a series that
+	// appears with it.
+	for _, c := range codec.Codes {
+		m.DeadLettered.WithLabelValues(string(c))
 	}
 	if r != nil {
 		r.MustRegister(m.Ingested, m.Fired, m.DeadLettered, m.Cancelled, m.Replaced, m.Dropped,
