@@ -124,7 +124,7 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger
 	if err != nil {
 		return fmt.Errorf("dev: %w", err)
 	}
-	fmt.Fprint(stdout, devBanner(kafkaAddr, natsURL, o.admin))
+	fmt.Fprint(stdout, devBanner(kafkaAddr, natsURL, o.admin, time.Now(), o.dataDir))
 	if ready != nil {
 		ready(svc, devAddrs{kafka: kafkaAddr, nats: natsURL})
 	}
@@ -173,9 +173,20 @@ admin:
 `
 }
 
-func devBanner(kafkaAddr, natsURL, admin string) string {
+// devBanner is what dev prints once it runs. The absolute-time example is
+// the next 09:00 UTC after now, so it is always in the future and within
+// max_delay; dataDir (empty: a temporary directory) says what survives.
+func devBanner(kafkaAddr, natsURL, admin string, now time.Time, dataDir string) string {
+	at := now.UTC().Truncate(24 * time.Hour).Add(9 * time.Hour)
+	if !at.After(now) {
+		at = at.Add(24 * time.Hour)
+	}
+	keep := "everything is forgotten on exit"
+	if dataDir != "" {
+		keep = "the store and the brokers' data stay in " + dataDir
+	}
 	return `
-delaybridge dev sandbox is running (Ctrl-C to stop; everything is forgotten on exit)
+delaybridge dev sandbox is running (Ctrl-C to stop; ` + keep + `)
 
   Kafka (in-process kfake):  ` + kafkaAddr + `   delay topic "delay", DLQ "delay.dlq", target "orders"
   NATS (embedded, JetStream): ` + natsURL + `   delay subjects "delay.>", targets "orders.>" (stream ORDERS), DLQ "dlq.delay"
@@ -190,7 +201,7 @@ Kafka, with kcat (apt-get install kcat):
   # cancel it (same key = same task id)
   echo '' | kcat -P -b ` + kafkaAddr + ` -t delay -k order-42 -H delay-cancel=true
   # cross to NATS at an absolute time
-  echo 'hello' | kcat -P -b ` + kafkaAddr + ` -t delay -H delay-at=2030-01-01T09:00:00Z -H delay-target=nats:orders.reminders
+  echo 'hello' | kcat -P -b ` + kafkaAddr + ` -t delay -H delay-at=` + at.Format(time.RFC3339) + ` -H delay-target=nats:orders.reminders
 
 NATS, with the nats CLI (go install github.com/nats-io/natscli/nats@latest):
   nats -s ` + natsURL + ` sub 'orders.>'

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -24,6 +25,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/delaybridge/delaybridge/bridge/service"
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/config"
 )
 
 func TestRealMain(t *testing.T) {
@@ -624,4 +627,60 @@ func TestDevForcedExit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDevBannerExamplesSchedule: every kcat example in the banner that
+// schedules (delay-after or delay-at) is a valid schedule under the
+// sandbox's rules at any time of day, the absolute one within max_delay (a
+// fixed date went stale and was dead-lettered as delay-too-long), and the
+// banner says what survives the exit.
+func TestDevBannerExamplesSchedule(t *testing.T) {
+	headerRe := regexp.MustCompile(`-H (delay-[a-z]+)=(\S+)`)
+	for _, now := range []time.Time{
+		time.Date(2026, 11, 23, 8, 59, 59, 0, time.UTC),
+		time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC),
+		time.Date(2026, 12, 31, 23, 30, 0, 0, time.FixedZone("CET", 3600)),
+	} {
+		banner := devBanner("127.0.0.1:9092", "nats://127.0.0.1:4222", "127.0.0.1:8080", now, "")
+		if !strings.Contains(banner, "everything is forgotten on exit") {
+			t.Errorf("banner without --data-dir does not say it forgets")
+		}
+		var examples int
+		for _, line := range strings.Split(banner, "\n") {
+			line = strings.TrimSpace(line)
+			if !strings.Contains(line, "kcat -P") && !strings.HasPrefix(line, "-H delay-") {
+				continue
+			}
+			var hs []codec.Header
+			for _, m := range headerRe.FindAllStringSubmatch(line, -1) {
+				hs = append(hs, codec.Header{Key: m[1], Value: []byte(m[2])})
+			}
+			if len(hs) == 0 || headerOf(hs, "delay-cancel") != "" || headerOf(hs, "delay-target") == "" {
+				continue // the cancel, or the first half of a continued line
+			}
+			examples++
+			task := codec.Parse(&codec.Message{Transport: codec.TransportKafka, Source: "delay", Key: []byte("k"), Value: []byte("v"),
+				Headers: hs, Time: now}, &codec.Rules{MaxDelay: config.DefaultMaxDelay, DLQ: "delay.dlq",
+				Transports: func(codec.Transport) bool { return true }})
+			if task.Kind != codec.KindSchedule {
+				t.Errorf("at %v the example %q is a %v: %s %s", now, line, task.Kind, task.Code, task.Detail)
+			}
+		}
+		if examples != 2 {
+			t.Errorf("found %d scheduling kcat examples, want 2 (delay-after, delay-at)", examples)
+		}
+	}
+	kept := devBanner("127.0.0.1:9092", "nats://127.0.0.1:4222", "127.0.0.1:8080", time.Now(), "/data/sandbox")
+	if strings.Contains(kept, "forgotten") || !strings.Contains(kept, "/data/sandbox") {
+		t.Errorf("banner with --data-dir: %q", strings.SplitN(strings.TrimSpace(kept), "\n", 2)[0])
+	}
+}
+
+func headerOf(hs []codec.Header, k string) string {
+	for _, h := range hs {
+		if h.Key == k {
+			return string(h.Value)
+		}
+	}
+	return ""
 }
