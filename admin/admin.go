@@ -17,7 +17,8 @@
 // {source} is the delay topic (Kafka) or stream (NATS) the task came from.
 // {id} is the task id; ids containing "/" may be sent escaped ("a%2Fb") or
 // raw ("a/b"): everything after the source segment is the id. Ids with
-// segments such as "." or ".." must be escaped.
+// empty, "." or ".." segments ("a//b", "a/../b") must be escaped; sent raw
+// they are refused with 400 rather than redirected to another id.
 //
 // When Options.Token is set, /metrics, /v1/* and /debug/pprof/* require
 // "Authorization: Bearer <token>"; the probes stay open for the kubelet.
@@ -34,6 +35,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"path"
 	"slices"
 	"strings"
 	"time"
@@ -142,7 +144,29 @@ func NewHandler(o Options) http.Handler {
 	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)
 	}))
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The mux redirects a path with an empty, "." or ".." segment to
+		// its cleaned form; for a task that is another id ("a//b" becomes
+		// "a/b"), and a client that follows the redirect of a DELETE
+		// cancels the wrong task. Refuse such ids instead.
+		if p := r.URL.EscapedPath(); strings.HasPrefix(p, taskPrefix) && !cleanPath(p) {
+			writeError(w, http.StatusBadRequest, "the task path has an empty, \".\" or \"..\" segment; percent-encode the id's \"/\" as %2F (and \".\" as %2E)")
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+const taskPrefix = "/v1/tasks/"
+
+// cleanPath reports whether the mux would serve p as it is: no empty,
+// "." or ".." segment (a trailing "/" is kept).
+func cleanPath(p string) bool {
+	c := path.Clean(p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c == p
 }
 
 type server struct {

@@ -210,6 +210,11 @@ func TestLookup(t *testing.T) {
 		{"other source", "/v1/tasks/other/order-1", 404, ""},
 		{"empty id", "/v1/tasks/delay/", 400, ""},
 		{"no id", "/v1/tasks/delay", 400, ""}, // the mux redirects to .../delay/
+		// A raw empty or dot segment would be redirected to another id.
+		{"raw double slash", "/v1/tasks/delay/tenant//42", 400, ""},
+		{"raw dot dot", "/v1/tasks/delay/x/../order-1", 400, ""},
+		{"raw dot", "/v1/tasks/delay/./order-1", 400, ""},
+		{"escaped double slash", "/v1/tasks/delay/tenant%2F%2F42", 404, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -255,6 +260,14 @@ func TestLookup(t *testing.T) {
 
 func TestCancel(t *testing.T) {
 	f := newFixture(t, "", nil)
+	// "tenant//42" is not "tenant/42": refused, and nothing is cancelled
+	// (the mux's redirect to the cleaned path, followed, cancelled it).
+	if r := do(t, "DELETE", f.srv.URL+"/v1/tasks/delay/tenant//42", ""); r.code != 400 {
+		t.Fatalf("DELETE with an empty id segment = %d %q, want 400", r.code, r.body)
+	}
+	if r := do(t, "GET", f.srv.URL+"/v1/tasks/delay/tenant%2F42", ""); r.code != 200 {
+		t.Fatalf("tenant/42 after a refused DELETE of tenant//42: %d %q", r.code, r.body)
+	}
 	for _, path := range []string{"/v1/tasks/delay/order-1", "/v1/tasks/delay/tenant%2F42"} {
 		if r := do(t, "DELETE", f.srv.URL+path, ""); r.code != 204 || r.body != "" {
 			t.Fatalf("DELETE %s = %d %q, want 204", path, r.code, r.body)
