@@ -69,15 +69,19 @@
 // Config.PublishTimeout), with one error per task.
 //
 // Extension of the contract: each delivery carries Nats-Msg-Id =
-// "<delay-id>|<delay-due>". A task delivered again after a crash (its
-// deletion from the store was not yet durable) is then dropped by the
-// target stream's duplicate window, while a later firing of the same id has
-// another due time and is not. The source message's own Nats-Msg-Id and the
-// other JetStream publish directives (Nats-Expected-*, Nats-TTL,
-// Nats-Rollup, Nats-Schedule*, Nats-Batch-*, Nats-Incr,
-// Nats-Required-Api-Level) are not forwarded: they addressed the publish to
-// the delay stream, and on the target they would make the delivery fail
-// (an expected last sequence) or change its meaning.
+// "<transport>:<source>|<delay-id>|<delay-due>" (see DeliveryID: the
+// source is the delay topic or stream, since ids are scoped to it, and
+// '%', '|', space and control characters of each part are
+// percent-encoded). A task delivered again after a crash (its deletion
+// from the store was not yet durable) is then dropped by the target
+// stream's duplicate window, while a later firing of the same id (another
+// due time) and a task of another source with the same id and due time
+// are not. The source message's own Nats-Msg-Id and the other JetStream
+// publish directives (Nats-Expected-*, Nats-TTL, Nats-Rollup,
+// Nats-Schedule*, Nats-Batch-*, Nats-Incr, Nats-Required-Api-Level) are
+// not forwarded: they addressed the publish to the delay stream, and on
+// the target they would make the delivery fail (an expected last
+// sequence) or change its meaning.
 //
 // Best effort: a target subject that no stream captures cannot be
 // acknowledged. Every subject is published with JetStream first, since

@@ -100,20 +100,63 @@ func NewSink(nc *natsgo.Conn, cfg Config) (*Sink, error) {
 // Health is nil while the connection is up.
 func (s *Sink) Health() error { return connErr(s.nc) }
 
-// DeliveryID is the Nats-Msg-Id of a delivery: the task id (its origin when
-// it has none, as dead letters may) and its delay-due, so a redelivery of
-// the same firing is a duplicate and a later firing of the same id is not.
+// DeliveryID is the Nats-Msg-Id of a delivery:
+//
+//	<transport>:<source>|<id>|<due>
+//
+// the task's source (the transport and delay topic or stream it came
+// from: ids are scoped to their source), its id (its origin when it has
+// none, as dead letters may) and its delay-due, so a redelivery of the same
+// firing is a duplicate, while a later firing of the same id, or the same
+// id and due from another source, is not. In source, id and due, '%', '|',
+// space and the ASCII control characters are percent-encoded (%XX): the
+// three fields never contain a raw '|', so distinct (source, id, due)
+// never give the same string, and nats.go, which trims white space from
+// header values and turns CR and LF into spaces, finds nothing to alter.
 func DeliveryID(t *codec.Task) string {
 	id := t.ID
 	if id == "" {
 		id = t.Origin
 	}
+	var due string
+	found := false
 	for _, h := range t.Headers {
 		if strings.EqualFold(h.Key, codec.HeaderDue) {
-			return id + "|" + string(h.Value)
+			due, found = string(h.Value), true
+			break
 		}
 	}
-	return id + "|" + time.UnixMilli(t.Due).UTC().Format(dueLayout)
+	if !found {
+		due = time.UnixMilli(t.Due).UTC().Format(dueLayout)
+	}
+	// The dead-letter destination is on the source's own transport.
+	tr := t.DLQTransport.String()
+	var b strings.Builder
+	b.Grow(len(tr) + len(t.Source) + len(id) + len(due) + 3)
+	b.WriteString(tr)
+	b.WriteByte(':')
+	writeIDField(&b, t.Source)
+	b.WriteByte('|')
+	writeIDField(&b, id)
+	b.WriteByte('|')
+	writeIDField(&b, due)
+	return b.String()
+}
+
+// writeIDField writes s to b with '%', '|', space, the ASCII control
+// characters and DEL percent-encoded.
+func writeIDField(b *strings.Builder, s string) {
+	const hex = "0123456789ABCDEF"
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c <= ' ' || c == 0x7f || c == '%' || c == '|':
+			b.WriteByte('%')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&15])
+		default:
+			b.WriteByte(c)
+		}
+	}
 }
 
 // verdict returns what is known about subject, if it still stands.

@@ -30,6 +30,7 @@ func task(id, target, value string, due int64, hs ...codec.Header) *codec.Task {
 	return &codec.Task{
 		Kind: codec.KindSchedule, ID: id, Source: "DELAY", Origin: "nats:DELAY#1", Due: due,
 		Transport: codec.TransportNATS, Target: target, Value: []byte(value), Headers: hs,
+		DLQTransport: codec.TransportNATS, DLQ: "dlq.delay",
 	}
 }
 
@@ -91,7 +92,7 @@ func TestSinkDeliver(t *testing.T) {
 	if got := m.Header.Values("x-multi"); !reflect.DeepEqual(got, []string{"a", "b"}) {
 		t.Errorf("x-multi = %v", got)
 	}
-	if got := m.Header.Get("Nats-Msg-Id"); got != "id-0|2026-11-22T15:04:05.123Z" {
+	if got := m.Header.Get("Nats-Msg-Id"); got != "nats:DELAY|id-0|2026-11-22T15:04:05.123Z" {
 		t.Errorf("Nats-Msg-Id = %q", got)
 	}
 	if m.Header.Get("Nats-Expected-Last-Sequence") != "" {

@@ -234,29 +234,6 @@ func TestHeadersOut(t *testing.T) {
 	}
 }
 
-func TestDeliveryID(t *testing.T) {
-	tests := []struct {
-		name string
-		task codec.Task
-		want string
-	}{
-		{
-			"id and delay-due header",
-			codec.Task{ID: "order-1", Due: 1, Headers: []codec.Header{{Key: "Delay-Due", Value: []byte("2026-11-22T15:04:05.123Z")}}},
-			"order-1|2026-11-22T15:04:05.123Z",
-		},
-		{"due from field", codec.Task{ID: "x", Due: 1795359845123}, "x|2026-11-22T15:04:05.123Z"},
-		{"no id: origin", codec.Task{Origin: "nats:DELAY#7", Due: 0}, "nats:DELAY#7|1970-01-01T00:00:00.000Z"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := DeliveryID(&tt.task); got != tt.want {
-				t.Errorf("got %q, want %q", got, tt.want)
-			}
-		})
-	}
-}
-
 func TestRedactURL(t *testing.T) {
 	tests := map[string]string{
 		"nats://localhost:4222":             "nats://localhost:4222",
