@@ -154,7 +154,13 @@ type NATS struct {
 	Consumer string `yaml:"consumer"` // durable name; default "delaybridge"
 	// Create makes the bridge create the stream and consumer if missing.
 	Create bool `yaml:"create"`
-	TLS    TLS  `yaml:"tls"`
+	// CoreTargets lets a delivery to a target subject that no JetStream
+	// stream captures go out as a core NATS publish: best effort, no
+	// acknowledgement, lost without a subscriber. Default false: such a
+	// task is retried, then dead-lettered as publish-failed. Dead letters
+	// never go out with core NATS.
+	CoreTargets bool `yaml:"core_targets"`
+	TLS         TLS  `yaml:"tls"`
 	// At most one of user/password, token and creds_file.
 	User         string       `yaml:"user"`
 	Password     Secret       `yaml:"password"`

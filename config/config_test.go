@@ -99,6 +99,7 @@ nats:
   stream: S
   consumer: C
   create: true
+  core_targets: true
   tls: {enabled: true}
   token: tok
   sources:
@@ -134,6 +135,7 @@ admin:
 		{"nats.stream", c.NATS.Stream, "S"},
 		{"nats.consumer", c.NATS.Consumer, "C"},
 		{"nats.create", c.NATS.Create, true},
+		{"nats.core_targets", c.NATS.CoreTargets, true},
 		{"nats.token", c.NATS.Token.Value(), "tok"},
 		{"nats.sources", c.NATS.Sources, []NATSSource{{Subject: "delay.>", DLQ: "dlq.delay", DefaultTarget: "kafka:orders"}}},
 		{"targets.allow", c.Targets.Allow, []string{"kafka:orders", "nats:events.>"}},
@@ -160,7 +162,7 @@ func TestLoadDefaults(t *testing.T) {
 		t.Fatalf("defaults not applied:\n%s", c)
 	}
 	n := mustLoad(t, "data_dir: /d\nnats: {sources: [{subject: a.>, dlq: b}]}\n").NATS
-	if n.URL != DefaultNATSURL || n.Stream != DefaultNATSStream || n.Consumer != DefaultNATSConsumer {
+	if n.URL != DefaultNATSURL || n.Stream != DefaultNATSStream || n.Consumer != DefaultNATSConsumer || n.CoreTargets {
 		t.Fatalf("nats defaults: %+v", n)
 	}
 }
@@ -199,6 +201,8 @@ func TestLoadYAMLErrors(t *testing.T) {
 		{"duplicate key", validYAML + "shards: 2\nshards: 3\n", []string{"shards: duplicate key"}},
 		{"bad int", validYAML + "shards: many\n", []string{`line 22: shards: invalid integer "many"`}},
 		{"bad bool", strings.Replace(validYAML, "stream: DELAY", "create: maybe", 1), []string{`nats.create: invalid boolean "maybe"`}},
+		{"bad bool core_targets", strings.Replace(validYAML, "stream: DELAY", "core_targets: sometimes", 1), []string{`nats.core_targets: invalid boolean "sometimes"`}},
+		{"misspelled core_targets", strings.Replace(validYAML, "stream: DELAY", "core_target: true", 1), []string{"nats.core_target: unknown key"}},
 		{"bad duration", validYAML + "horizon: 10\n", []string{"horizon:", `invalid duration "10"`}},
 		{"bad float", validYAML + "retry: {jitter: lots}\n", []string{"retry.jitter: invalid number"}},
 		{"mapping for scalar", strings.Replace(validYAML, "data_dir: /var/lib/delaybridge", "data_dir: {a: 1}", 1), []string{"data_dir: want a single value, got a mapping"}},

@@ -104,6 +104,13 @@ func TestEnvOverrides(t *testing.T) {
 			},
 		},
 		{
+			name: "nats.core_targets",
+			env:  []string{"DELAYBRIDGE_NATS_CORE_TARGETS=true"},
+			check: func(c *Config) error {
+				return eq(c.NATS.CoreTargets, true)
+			},
+		},
+		{
 			name: "env overrides YAML",
 			yml:  validYAML + "shards: 2\n",
 			env:  []string{"DELAYBRIDGE_SHARDS=5"},
@@ -173,6 +180,7 @@ func TestEnvErrors(t *testing.T) {
 		{"bad value names key", []string{"DELAYBRIDGE_SHARDS=lots"}, []string{`env DELAYBRIDGE_SHARDS (shards): invalid integer "lots"`}},
 		{"bad duration", []string{"DELAYBRIDGE_RETRY_MAX=soon"}, []string{"env DELAYBRIDGE_RETRY_MAX (retry.max): invalid duration"}},
 		{"bad bool", []string{"DELAYBRIDGE_NATS_CREATE=yes please"}, []string{"(nats.create): invalid boolean"}},
+		{"bad bool core_targets", []string{"DELAYBRIDGE_NATS_CORE_TARGETS=maybe"}, []string{"env DELAYBRIDGE_NATS_CORE_TARGETS (nats.core_targets): invalid boolean"}},
 		{"all reported", []string{"DELAYBRIDGE_A=1", "DELAYBRIDGE_B=2"}, []string{"DELAYBRIDGE_A:", "DELAYBRIDGE_B:"}},
 		{"gap in list is a validation error", []string{"DELAYBRIDGE_KAFKA_SOURCES_2_TOPIC=t2", "DELAYBRIDGE_KAFKA_SOURCES_2_DLQ=t2.dlq"},
 			[]string{"kafka.sources[1].topic: required", "kafka.sources[1].dlq: required"}},

@@ -37,6 +37,14 @@ var (
 	// ErrPublishTimeout is returned for a delivery whose PubAck did not
 	// arrive within Config.PublishTimeout.
 	ErrPublishTimeout = errors.New("nats: publish ack timeout")
+	// ErrNoTargetStream is returned by Sink.Deliver for a task whose
+	// subject no JetStream stream captures, when it may not go out with
+	// core NATS: a target while Config.CoreTargets is off, and every dead
+	// letter. It is the task's own failure (not shard.ErrUnavailable): the
+	// engine retries it with backoff and dead-letters a target as
+	// publish-failed once the retry policy is exhausted, and keeps a dead
+	// letter, reporting not-ready, until it can be delivered.
+	ErrNoTargetStream = errors.New("no JetStream stream captures subject")
 )
 
 // SourceConfig is one delay source: a subject filter on the delay stream.
@@ -79,8 +87,16 @@ type Config struct {
 
 	PublishWindow  int           // publishes in flight per Deliver call; default 512
 	PublishTimeout time.Duration // max wait for the PubAcks of a Deliver call; default 10s
+	// CoreTargets lets a delivery to a target subject that no JetStream
+	// stream captures go out with core NATS: best effort, unacknowledged,
+	// lost if nobody is subscribed. Off (the default), such a delivery
+	// fails with ErrNoTargetStream, so the task stays in the store and is
+	// retried, then dead-lettered as publish-failed. Dead letters never go
+	// out with core NATS, whatever this says.
+	CoreTargets bool
 	// NoStreamTTL is how long a target subject found without a stream is
-	// delivered with core NATS before JetStream is tried again; default 30s.
+	// treated as such (delivered with core NATS, or failed at once) before
+	// JetStream is tried again; default 30s.
 	NoStreamTTL time.Duration
 
 	ConnectTimeout time.Duration // default 5s

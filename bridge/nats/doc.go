@@ -83,22 +83,37 @@
 // the target they would make the delivery fail (an expected last
 // sequence) or change its meaning.
 //
-// Best effort: a target subject that no stream captures cannot be
-// acknowledged. Every subject is published with JetStream first, since
-// only the server knows whether a stream captures it (subject mappings,
-// imported streams, domains). When no stream answers ("no responders", or
-// no PubAck within a second while core subscribers received the message)
-// the Sink asks the server whether one of the account's streams captures
-// the subject ($JS.API.STREAM.NAMES with a subject filter, its own 2 s
-// timeout). Only if none does is the subject core NATS: the message is
-// (or was) published with core NATS and one flush per batch, counted in
-// delaybridge_best_effort_deliveries_total, and the subject goes to core
-// NATS directly for Config.NoStreamTTL (30 s); a subscriber that is not
-// listening at that moment misses the message. A stream that captures the
-// subject but does not answer, a subject a stream acknowledged within
-// NoStreamTTL, or a lookup that failed (kept for NoStreamTTL, e.g. without
-// the permission) make the task fail as unavailable, so it waits without
-// using its retry budget instead of being published without a PubAck.
+// Subjects without a stream: a subject that no stream captures cannot
+// acknowledge a delivery. Every subject is published with JetStream first,
+// since only the server knows whether a stream captures it (subject
+// mappings, imported streams, domains). When no stream answers ("no
+// responders", or no PubAck within a second while core subscribers
+// received the message) the Sink asks the server whether one of the
+// account's streams captures the subject ($JS.API.STREAM.NAMES with a
+// subject filter, its own 2 s timeout). Only if none does is the subject
+// without a stream, and this finding stands for Config.NoStreamTTL (30 s),
+// during which the subject is not tried with JetStream again:
+//
+//   - By default the delivery fails with ErrNoTargetStream ("no JetStream
+//     stream captures subject X; create one or set nats.core_targets").
+//     It is the task's own failure, not an outage: the engine retries it
+//     with backoff and, once the retry policy is exhausted, dead-letters it
+//     as publish-failed. Nothing is deleted without an acknowledgement
+//     (core subscribers may see the JetStream publishes of its tries).
+//   - With Config.CoreTargets (nats.core_targets) a target is best effort:
+//     the message is (or was) published with core NATS and one flush per
+//     batch, counted in delaybridge_best_effort_deliveries_total; a
+//     subscriber that is not listening at that moment misses it.
+//   - A dead letter always fails with ErrNoTargetStream, whatever
+//     CoreTargets says: it is the last copy of its message. The engine
+//     keeps it, retries it with backoff and reports not-ready until a
+//     stream captures the DLQ subject.
+//
+// A stream that captures the subject but does not answer, a subject a
+// stream acknowledged within NoStreamTTL, or a lookup that failed (kept
+// for NoStreamTTL, e.g. without the permission) make the task fail as
+// unavailable, so it waits without using its retry budget instead of
+// being published without a PubAck or failed on a guess.
 //
 // Failures for want of a working server wrap shard.ErrUnavailable: no
 // connection, publish or flush failing on a closed, reconnecting or

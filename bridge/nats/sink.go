@@ -23,7 +23,7 @@ const dueLayout = "2006-01-02T15:04:05.000Z07:00"
 // Sink delivers due tasks to NATS subjects. It implements shard.Sink and
 // bridge.Healther; Deliver may be called from several shards at once. See
 // the package documentation for the Nats-Msg-Id of deliveries, the headers
-// not forwarded, and core NATS delivery to subjects without a stream.
+// not forwarded, and subjects without a stream.
 type Sink struct {
 	nc      *natsgo.Conn
 	js      jetstream.JetStream
@@ -186,6 +186,16 @@ func (s *Sink) setVerdict(subject string, core bool) {
 	s.verdicts[subject] = verdict{core: core, until: now.Add(s.cfg.NoStreamTTL)}
 }
 
+// noStream records that no stream captures subject, for NoStreamTTL,
+// unless a verdict stands already.
+func (s *Sink) noStream(known map[string]verdict, subject string) {
+	if v, ok := known[subject]; ok && v.core {
+		return
+	}
+	s.setVerdict(subject, true)
+	known[subject] = verdict{core: true}
+}
+
 // lookupStream asks the server which stream of the account captures
 // subject ($JS.API.STREAM.NAMES with a subject filter: the server's own
 // subject match), within streamLookupTimeout. found is false with a nil
@@ -222,14 +232,16 @@ func (s *Sink) lookupStream(ctx context.Context, subject string) (name string, f
 
 // Deliver publishes the batch: JetStream async publishes with at most
 // PublishWindow in flight, then waits for every PubAck (at most
-// PublishTimeout). errs[i] is nil when batch[i] was acknowledged (or, for
-// a subject without a stream, published and flushed).
+// PublishTimeout). errs[i] is nil when batch[i] was acknowledged (or, with
+// Config.CoreTargets, for a target subject without a stream, published and
+// flushed).
 //
 // Every subject is published with JetStream first: only the server knows
 // whether a stream captures it (through subject mappings, imports and
-// domains too). Core NATS is used only where the server confirms that no
-// stream does (see the package documentation), and then directly for
-// NoStreamTTL.
+// domains too). Where the server confirms that no stream does (see the
+// package documentation), the task fails with ErrNoTargetStream, or, for a
+// target with Config.CoreTargets, goes out with core NATS; either is
+// decided directly for NoStreamTTL.
 func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	if len(batch) == 0 {
 		return nil
@@ -321,6 +333,10 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		msgs[i] = &natsgo.Msg{Subject: t.Target, Data: t.Value, Header: headersOut(t.Headers, DeliveryID(t))}
 		v, ok := verdictOf(t.Target)
 		if ok && v.core {
+			if !s.coreOK(t) {
+				fail(i, noStreamErr(t))
+				continue
+			}
 			core = append(core, i)
 			continue
 		}
@@ -367,6 +383,12 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 				continue
 			default:
 			}
+			if !s.coreOK(batch[i]) {
+				// Core subscribers may have got it; nothing stored it.
+				s.noStream(known, batch[i].Target)
+				fail(i, noStreamErr(batch[i]))
+				continue
+			}
 			flushed = append(flushed, i)
 			continue
 		}
@@ -390,6 +412,11 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		}
 		if err := lookup(subj); err != nil {
 			fail(i, fmt.Errorf("nats sink: publish to %q: %w (%w)", subj, jetstream.ErrNoStreamResponse, err))
+			continue
+		}
+		if !s.coreOK(batch[i]) {
+			s.noStream(known, subj)
+			fail(i, noStreamErr(batch[i]))
 			continue
 		}
 		core = append(core, i)
@@ -479,6 +506,22 @@ func streamRefusal(api *jetstream.APIError) bool {
 		return strings.HasPrefix(d, "maximum ") || d == "message too large"
 	}
 	return false
+}
+
+// coreOK reports whether t may go out with core NATS when no stream
+// captures its subject: a target with Config.CoreTargets, never a dead
+// letter (it is the last copy of its message).
+func (s *Sink) coreOK(t *codec.Task) bool {
+	return s.cfg.CoreTargets && t.Kind != codec.KindDeadLetter
+}
+
+// noStreamErr is the failure of a task whose subject no stream captures
+// and that may not go out with core NATS.
+func noStreamErr(t *codec.Task) error {
+	if t.Kind == codec.KindDeadLetter {
+		return fmt.Errorf("nats sink: dead letter: %w %q; create one (dead letters are never published with core NATS)", ErrNoTargetStream, t.Target)
+	}
+	return fmt.Errorf("nats sink: %w %q; create one or set nats.core_targets", ErrNoTargetStream, t.Target)
 }
 
 func (s *Sink) ctxErr(ctx context.Context, target string) error {

@@ -140,14 +140,16 @@ func TestSinkPerTaskErrors(t *testing.T) {
 	}
 }
 
-// TestSinkCoreFallback: a subject without a stream is delivered with core
-// NATS (a subscriber gets it, BestEffort counts it): the JetStream publish
-// gets no PubAck (the subscriber does not answer) and the server confirms
-// that no stream captures the subject. The finding is cached and
-// re-checked after NoStreamTTL.
+// TestSinkCoreFallback: with CoreTargets (nats.core_targets) a subject
+// without a stream is delivered with core NATS (a subscriber gets it,
+// BestEffort counts it): the JetStream publish gets no PubAck (the
+// subscriber does not answer) and the server confirms that no stream
+// captures the subject. The finding is cached and re-checked after
+// NoStreamTTL.
 func TestSinkCoreFallback(t *testing.T) {
 	s := startServer(t, jsOptions(t))
 	cfg := testConfig(t, serverURL(s))
+	cfg.CoreTargets = true
 	nc := connect(t, cfg)
 	js := newJS(t, nc)
 	sink := newSink(t, nc, cfg)

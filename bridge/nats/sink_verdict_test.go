@@ -80,9 +80,11 @@ var (
 
 // TestSinkVerdicts: how Deliver classifies what JetStream answered. Every
 // subject is published with JetStream first; core NATS only where the
-// server confirms no stream captures it. What a working server would do
-// later is an outage (shard.ErrUnavailable: the engine retries without
-// charging an attempt); what the stream refuses is the task's own failure.
+// server confirms no stream captures it, and only for targets with
+// CoreTargets (otherwise ErrNoTargetStream, the task's own failure). What a
+// working server would do later is an outage (shard.ErrUnavailable: the
+// engine retries without charging an attempt); what the stream refuses is
+// the task's own failure.
 func TestSinkVerdicts(t *testing.T) {
 	ack := &jetstream.PubAck{Stream: "OUT", Sequence: 1}
 	noStream := func(string) (string, error) { return "", jetstream.ErrStreamNotFound }
@@ -91,7 +93,9 @@ func TestSinkVerdicts(t *testing.T) {
 		name    string
 		answer  func(deliver int) (*jetstream.PubAck, error) // deliver counts from 0
 		lookup  func(string) (string, error)
-		deliver int // Deliver calls, one task each
+		deliver int  // Deliver calls, one task each
+		core    bool // Config.CoreTargets
+		dead    bool // the tasks are dead letters
 
 		wantErr         error // of the last Deliver; nil: delivered
 		wantUnavailable bool
@@ -101,9 +105,15 @@ func TestSinkVerdicts(t *testing.T) {
 	}{
 		{name: "PubAck", answer: func(int) (*jetstream.PubAck, error) { return ack, nil }, lookup: stream,
 			deliver: 2, wantPubs: 2},
-		{name: "no responders, no stream: core NATS, then directly for NoStreamTTL",
+		{name: "no responders, no stream, core_targets: core NATS, then directly for NoStreamTTL",
 			answer: func(int) (*jetstream.PubAck, error) { return nil, jetstream.ErrNoStreamResponse }, lookup: noStream,
-			deliver: 3, wantBestEffort: 3, wantPubs: 1, wantLookups: 1},
+			deliver: 3, core: true, wantBestEffort: 3, wantPubs: 1, wantLookups: 1},
+		{name: "no responders, no stream: the task's failure, then at once for NoStreamTTL",
+			answer: func(int) (*jetstream.PubAck, error) { return nil, jetstream.ErrNoStreamResponse }, lookup: noStream,
+			deliver: 3, wantErr: ErrNoTargetStream, wantPubs: 1, wantLookups: 1},
+		{name: "dead letter, no responders, no stream, core_targets: never core NATS",
+			answer: func(int) (*jetstream.PubAck, error) { return nil, jetstream.ErrNoStreamResponse }, lookup: noStream,
+			deliver: 3, core: true, dead: true, wantErr: ErrNoTargetStream, wantPubs: 1, wantLookups: 1},
 		{name: "no responders, a stream captures the subject (leader election)",
 			answer: func(int) (*jetstream.PubAck, error) { return nil, jetstream.ErrNoStreamResponse }, lookup: stream,
 			deliver: 1, wantErr: jetstream.ErrNoStreamResponse, wantUnavailable: true, wantPubs: 1, wantLookups: 1},
@@ -119,12 +129,21 @@ func TestSinkVerdicts(t *testing.T) {
 				return nil, jetstream.ErrNoStreamResponse
 			}, lookup: noStream, // a mapped subject: the lookup cannot see its stream
 			deliver: 2, wantErr: jetstream.ErrNoStreamResponse, wantUnavailable: true, wantPubs: 2},
-		{name: "no PubAck, no stream: core subscribers got it",
+		{name: "no PubAck, no stream, core_targets: core subscribers got it",
 			answer: func(int) (*jetstream.PubAck, error) { return nil, nil }, lookup: noStream,
-			deliver: 2, wantBestEffort: 2, wantPubs: 1, wantLookups: 1},
+			deliver: 2, core: true, wantBestEffort: 2, wantPubs: 1, wantLookups: 1},
+		{name: "no PubAck, no stream: the task's failure",
+			answer: func(int) (*jetstream.PubAck, error) { return nil, nil }, lookup: noStream,
+			deliver: 2, wantErr: ErrNoTargetStream, wantPubs: 1, wantLookups: 1},
+		{name: "dead letter, no PubAck, no stream, core_targets: never core NATS",
+			answer: func(int) (*jetstream.PubAck, error) { return nil, nil }, lookup: noStream,
+			deliver: 2, core: true, dead: true, wantErr: ErrNoTargetStream, wantPubs: 1, wantLookups: 1},
+		{name: "a core service answered, no stream, core_targets",
+			answer: func(int) (*jetstream.PubAck, error) { return nil, jetstream.ErrInvalidJSAck }, lookup: noStream,
+			deliver: 1, core: true, wantBestEffort: 1, wantPubs: 1, wantLookups: 1},
 		{name: "a core service answered, no stream",
 			answer: func(int) (*jetstream.PubAck, error) { return nil, jetstream.ErrInvalidJSAck }, lookup: noStream,
-			deliver: 1, wantBestEffort: 1, wantPubs: 1, wantLookups: 1},
+			deliver: 1, wantErr: ErrNoTargetStream, wantPubs: 1, wantLookups: 1},
 		{name: "no PubAck in time from a stream",
 			answer: func(int) (*jetstream.PubAck, error) { return nil, nil }, lookup: stream,
 			deliver: 1, wantErr: ErrPublishTimeout, wantUnavailable: true, wantPubs: 1, wantLookups: 1},
@@ -152,6 +171,7 @@ func TestSinkVerdicts(t *testing.T) {
 			s := startServer(t, jsOptions(t))
 			cfg := testConfig(t, serverURL(s))
 			cfg.PublishTimeout = 300 * time.Millisecond
+			cfg.CoreTargets = c.core
 			nc := connect(t, cfg)
 			sink := newSink(t, nc, cfg)
 			now := time.Unix(1000, 0)
@@ -162,7 +182,11 @@ func TestSinkVerdicts(t *testing.T) {
 			sink.js = fake
 			var errs []error
 			for ; d < c.deliver; d++ {
-				errs = sink.Deliver(ctxT(t), []*codec.Task{task(fmt.Sprint("id-", d), "out.x", "v", 0)})
+				tk := task(fmt.Sprint("id-", d), "out.x", "v", 0)
+				if c.dead {
+					tk.Kind = codec.KindDeadLetter
+				}
+				errs = sink.Deliver(ctxT(t), []*codec.Task{tk})
 				now = now.Add(time.Second) // well within NoStreamTTL
 			}
 			switch {

@@ -266,16 +266,17 @@ func (s *Service) setupKafka(ctx context.Context, o Options) error {
 func (s *Service) setupNATS(o Options) error {
 	n := s.cfg.NATS
 	nc := nats.Config{
-		URL:       n.URL,
-		Stream:    n.Stream,
-		Consumer:  n.Consumer,
-		Create:    n.Create,
-		User:      n.User,
-		Password:  n.Password.Value(),
-		Token:     n.Token.Value(),
-		CredsFile: n.CredsFile,
-		Logger:    s.log.Named("nats"),
-		Metrics:   s.m,
+		URL:         n.URL,
+		Stream:      n.Stream,
+		Consumer:    n.Consumer,
+		Create:      n.Create,
+		CoreTargets: n.CoreTargets,
+		User:        n.User,
+		Password:    n.Password.Value(),
+		Token:       n.Token.Value(),
+		CredsFile:   n.CredsFile,
+		Logger:      s.log.Named("nats"),
+		Metrics:     s.m,
 	}
 	var err error
 	if nc.TLS, err = tlsConfig(n.TLS); err != nil {
