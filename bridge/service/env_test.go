@@ -388,13 +388,14 @@ func (e *env) advance(svc *Service, total, step time.Duration) {
 }
 
 // settle waits until the engine has delivered everything due at the
-// current fake time (or is retrying it with a future fire time).
+// current fake time (or is retrying it with a future fire time: NextDue is
+// a retry's time, while OldestOverdue counts the task from its due time).
 func (e *env) settle(svc *Service) {
 	e.t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		st := svc.Engine().Stats()
-		if st.OldestOverdue.IsZero() && (st.NextDue.IsZero() || st.NextDue.After(e.clk.Now())) {
+		if st.NextDue.IsZero() || st.NextDue.After(e.clk.Now()) {
 			return
 		}
 		if time.Now().After(deadline) {
