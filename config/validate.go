@@ -81,6 +81,16 @@ func (c *Config) validate(v *validator) {
 	if c.NATS != nil {
 		c.validateNATS(v, c.NATS)
 	}
+	if c.Kafka != nil && c.NATS != nil && c.NATS.Stream != "" {
+		// Task ids are scoped to their source by its bare name (the
+		// store, /v1/tasks/{source}/{id}): a delay topic and the stream of
+		// one name would replace and cancel each other's tasks.
+		for i, src := range c.Kafka.Sources {
+			if src.Topic == c.NATS.Stream {
+				v.add("nats.stream", "%q is also kafka.sources[%d].topic; task ids are scoped to their source by name, so a delay topic and the delay stream need different names", c.NATS.Stream, i)
+			}
+		}
+	}
 	for i, p := range c.Targets.Allow {
 		if err := checkPattern(p); err != nil {
 			v.add(fmt.Sprintf("targets.allow[%d]", i), "%v", err)

@@ -106,6 +106,7 @@ func TestValidate(t *testing.T) {
 		{"nats.url list ok", func(c *Config) { c.NATS.URL = "nats://a:1, tls://b:2" }, ""},
 		{"nats.stream required", func(c *Config) { c.NATS.Stream = "" }, "nats.stream: required"},
 		{"nats.stream chars", func(c *Config) { c.NATS.Stream = "a.b" }, "nats.stream: \"a.b\": may not contain"},
+		{"nats.stream named like a delay topic", func(c *Config) { c.NATS.Stream = c.Kafka.Sources[0].Topic }, "nats.stream: \"" + "delay" + "\" is also kafka.sources[0].topic"},
 		{"nats.consumer required", func(c *Config) { c.NATS.Consumer = "" }, "nats.consumer: required"},
 		{"nats.consumer chars", func(c *Config) { c.NATS.Consumer = "a b" }, "nats.consumer:"},
 		{"nats.sources required", func(c *Config) { c.NATS.Sources = nil }, "nats.sources: required"},
