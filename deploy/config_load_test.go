@@ -26,6 +26,9 @@ func TestRenderedConfigLoads(t *testing.T) {
 			if len(cfg.Targets.Allow) == 0 && f != "default-values.yaml" {
 				t.Errorf("targets.allow empty after load")
 			}
+			if f == "all-features-values.yaml" && (cfg.NATS == nil || !cfg.NATS.CoreTargets) {
+				t.Errorf("config.nats.core_targets: true did not reach the loaded config")
+			}
 		})
 	}
 }
