@@ -37,6 +37,15 @@ type Handler interface {
 	Checkpoint(key string) (offset int64, ok bool, err error)
 }
 
+// CheckpointLoader is implemented by Handlers that return the whole stored
+// checkpoint, its Fingerprint included (the Pipeline does). A source that
+// stores fingerprints checks with it, when it starts reading a partition,
+// that the log is the one the checkpoint was taken from; with a Handler
+// that does not implement it, it has no fingerprint to check.
+type CheckpointLoader interface {
+	LoadCheckpoint(key string) (cp shard.Checkpoint, ok bool, err error)
+}
+
 // Item is a source message and the rules of the configured source it came from.
 type Item struct {
 	Msg   codec.Message

@@ -16,6 +16,7 @@ import (
 type Engine interface {
 	Ingest(ctx context.Context, tasks []codec.Task, cps []shard.Checkpoint) error
 	Checkpoint(key string) (offset int64, ok bool, err error)
+	LoadCheckpoint(key string) (cp shard.Checkpoint, ok bool, err error)
 }
 
 // Pipeline is the Handler every source feeds: it parses a batch and makes it
@@ -78,6 +79,14 @@ func (p *Pipeline) Handle(ctx context.Context, b *Batch) error {
 func (p *Pipeline) Checkpoint(key string) (int64, bool, error) {
 	return p.eng.Checkpoint(key)
 }
+
+// LoadCheckpoint returns the stored checkpoint for a source partition with
+// its fingerprint; it implements CheckpointLoader.
+func (p *Pipeline) LoadCheckpoint(key string) (shard.Checkpoint, bool, error) {
+	return p.eng.LoadCheckpoint(key)
+}
+
+var _ CheckpointLoader = (*Pipeline)(nil)
 
 // ErrNoTransport is returned for a task aimed at a transport the bridge has
 // no publisher for (e.g. "nats:x" on a Kafka-only bridge whose config changed

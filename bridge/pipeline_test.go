@@ -137,3 +137,27 @@ func TestSinksRouting(t *testing.T) {
 		})
 	}
 }
+
+// The fingerprint a source puts on its checkpoint is stored in the batch's
+// commit and read back with LoadCheckpoint; a checkpoint without one (NATS,
+// or an older version's) reads back with 0.
+func TestPipelineLoadCheckpoint(t *testing.T) {
+	eng := openEngine(t, clock.NewFake(time.Now()))
+	p := NewPipeline(eng, nil)
+	var _ CheckpointLoader = p
+	if err := p.Handle(context.Background(), &Batch{Checkpoints: []shard.Checkpoint{
+		{Key: "kafka|delay|0", Offset: 41, Fingerprint: 0xfeed},
+		{Key: "nats|DELAY|c", Offset: 7},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []shard.Checkpoint{{Key: "kafka|delay|0", Offset: 41, Fingerprint: 0xfeed}, {Key: "nats|DELAY|c", Offset: 7}} {
+		got, ok, err := p.LoadCheckpoint(want.Key)
+		if err != nil || !ok || got != want {
+			t.Fatalf("LoadCheckpoint(%s) = %+v, %v, %v; want %+v", want.Key, got, ok, err, want)
+		}
+		if off, ok, err := p.Checkpoint(want.Key); err != nil || !ok || off != want.Offset {
+			t.Fatalf("Checkpoint(%s) = %d, %v, %v", want.Key, off, ok, err)
+		}
+	}
+}

@@ -45,6 +45,13 @@ type Sink interface {
 type Checkpoint struct {
 	Key    string
 	Offset int64
+	// Fingerprint, when not 0, identifies the message at Offset, so the
+	// source can tell on restart whether the log it resumes is the one
+	// the checkpoint was taken from (the Kafka source: a hash of the
+	// record; a topic deleted and created again numbers from 0). 0 means
+	// none: it is not stored, and a checkpoint stored without one (NATS,
+	// or by an older version) reads back with 0.
+	Fingerprint uint64
 }
 
 // RetryPolicy is the backoff for fire-time publish failures.

@@ -66,7 +66,7 @@ func TestConcurrentWritersKeepStoreConsistent(t *testing.T) {
 							tk.Stamp = ms(now) + int64(rng.IntN(200))
 							batch = append(batch, tk)
 						}
-						if err := h.e.Ingest(ctx, batch, []Checkpoint{{fmt.Sprint("p", w), off}}); err != nil {
+						if err := h.e.Ingest(ctx, batch, []Checkpoint{{Key: fmt.Sprint("p", w), Offset: off}}); err != nil {
 							t.Error(err)
 							return
 						}

@@ -747,7 +747,7 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 		}
 	}
 	for _, cp := range cps {
-		b.Set(offsetKey(cp.Key), u64(uint64(cp.Offset)), nil)
+		b.Set(offsetKey(cp.Key), appendCheckpointValue(nil, cp), nil)
 	}
 	start := time.Now()
 	applied, err := e.applyInOrder(tk, b, "ingest")
@@ -940,28 +940,11 @@ func (s *ingestStats) report(m *metrics.Metrics) {
 	}
 }
 
-// Checkpoint returns the offset stored for key by Ingest.
+// Checkpoint returns the offset stored for key by Ingest (LoadCheckpoint
+// returns its fingerprint too).
 func (e *Engine) Checkpoint(key string) (offset int64, ok bool, err error) {
-	e.closeMu.RLock()
-	defer e.closeMu.RUnlock()
-	if e.closed {
-		return 0, false, ErrClosed
-	}
-	v, found, err := getCopy(e.db, offsetKey(key))
-	if err != nil {
-		return 0, false, fmt.Errorf("shard: checkpoint %q: %w", key, err)
-	}
-	if !found {
-		return 0, false, nil
-	}
-	if len(v) != 8 {
-		return 0, false, fmt.Errorf("shard: checkpoint %q: corrupt value of %d bytes", key, len(v))
-	}
-	var x uint64
-	for _, c := range v {
-		x = x<<8 | uint64(c)
-	}
-	return int64(x), true, nil
+	cp, ok, err := e.LoadCheckpoint(key)
+	return cp.Offset, ok, err
 }
 
 // Lookup reports the pending task (source, id); ErrNotFound if none.

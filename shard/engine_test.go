@@ -299,8 +299,8 @@ func TestCheckpointsDurableAcrossReopen(t *testing.T) {
 	if _, ok, err := h.e.Checkpoint("kafka|t|0"); ok || err != nil {
 		t.Fatalf("fresh checkpoint: ok=%v err=%v", ok, err)
 	}
-	h.ingest([]codec.Task{sched("a", t0.Add(time.Hour), 1)}, Checkpoint{"kafka|t|0", 41}, Checkpoint{"nats|S|c", 7})
-	h.ingest(nil, Checkpoint{"kafka|t|0", 42})
+	h.ingest([]codec.Task{sched("a", t0.Add(time.Hour), 1)}, Checkpoint{Key: "kafka|t|0", Offset: 41}, Checkpoint{Key: "nats|S|c", Offset: 7})
+	h.ingest(nil, Checkpoint{Key: "kafka|t|0", Offset: 42})
 	h.reopen()
 	for _, tc := range []struct {
 		key  string

@@ -20,7 +20,7 @@ import (
 //	t|shard u16|fire_ms u64|seq u64   -> task envelope (codec.AppendTask)
 //	i|source 0x00 id                  -> indexEntry (pending task or cancel marker)
 //	x|shard u16|expiry_ms u64|source 0x00 id -> "" (cancel-marker expiry queue)
-//	o|checkpoint key                  -> offset i64
+//	o|checkpoint key                  -> offset i64 [fingerprint u64] (checkpoint.go)
 //	c|shard u16                       -> pending count i64 (merge: sum)
 //	m                                 -> last sequence u64 (merge: max)
 //	n                                 -> shard count u16 (fixed at creation)

@@ -40,11 +40,11 @@ func TestStickyStoreError(t *testing.T) {
 			h.run()
 			ctx := context.Background()
 			acked := []codec.Task{sched("a", t0.Add(time.Hour), 1), sched("b", t0.Add(2*time.Hour), 2)}
-			if err := h.e.Ingest(ctx, acked, []Checkpoint{{"k", 2}}); err != nil {
+			if err := h.e.Ingest(ctx, acked, []Checkpoint{{Key: "k", Offset: 2}}); err != nil {
 				t.Fatal(err)
 			}
 			toggle.On()
-			err := h.e.Ingest(ctx, []codec.Task{sched("c", t0.Add(time.Hour), 3)}, []Checkpoint{{"k", 3}})
+			err := h.e.Ingest(ctx, []codec.Task{sched("c", t0.Add(time.Hour), 3)}, []Checkpoint{{Key: "k", Offset: 3}})
 			if !errors.Is(err, ErrStoreFailed) {
 				t.Fatalf("Ingest with failing WAL = %v, want ErrStoreFailed", err)
 			}
