@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -30,7 +31,16 @@ type committer struct {
 
 	mu      sync.Mutex
 	pending offsets
+	rewinds []*rewindWait // rewinds waiting for their commit
 	kick    chan struct{}
+}
+
+// rewindWait is a rewind waiting until a commit carrying it succeeded.
+type rewindWait struct {
+	topic     string
+	partition int
+	next      int64
+	done      chan struct{}
 }
 
 func newCommitter(commit func(offsets) error, retry time.Duration, log *zap.Logger, failed func(string)) *committer {
@@ -62,6 +72,51 @@ func (c *committer) raiseLocked(topic string, partition int, next int64) {
 	}
 }
 
+// rewind commits next for topic/partition although it is below what the
+// group has committed, and returns once a commit carrying it succeeded:
+// true, or false when ctx (the source) or gctx (the generation) ended
+// first. A partition worker rewinds before it stores anything of a log that
+// replaced the one the group's offset was committed for (a topic deleted
+// and created again): left in place, that offset would be taken for the new
+// log's after a crash, and the start would skip the new log up to it. The
+// caller is the partition's only worker, so no offer of the partition can
+// raise the rewound offset until rewind returns.
+func (c *committer) rewind(ctx, gctx context.Context, topic string, partition int, next int64) bool {
+	w := &rewindWait{topic: topic, partition: partition, next: next, done: make(chan struct{})}
+	c.mu.Lock()
+	c.raiseLocked(topic, partition, next)
+	c.pending[topic][partition] = next // lower than what is queued, too
+	c.rewinds = append(c.rewinds, w)
+	c.mu.Unlock()
+	c.kickSelf()
+	select {
+	case <-w.done:
+		return true
+	case <-ctx.Done():
+	case <-gctx.Done():
+	}
+	c.mu.Lock()
+	c.rewinds = slices.DeleteFunc(c.rewinds, func(x *rewindWait) bool { return x == w })
+	c.mu.Unlock()
+	return false
+}
+
+// rewindingLocked reports whether a rewind of topic/partition waits.
+func (c *committer) rewindingLocked(topic string, partition int) bool {
+	return slices.ContainsFunc(c.rewinds, func(w *rewindWait) bool { return w.topic == topic && w.partition == partition })
+}
+
+// committedLocked releases the rewinds that the successful commit p carried.
+func (c *committer) committedLocked(p offsets) {
+	c.rewinds = slices.DeleteFunc(c.rewinds, func(w *rewindWait) bool {
+		if off, ok := p[w.topic][w.partition]; ok && off == w.next {
+			close(w.done)
+			return true
+		}
+		return false
+	})
+}
+
 // take returns the queued offsets and clears them; nil when there are none.
 func (c *committer) take() offsets {
 	c.mu.Lock()
@@ -72,12 +127,19 @@ func (c *committer) take() offsets {
 }
 
 // putBack requeues offsets whose commit failed, unless a newer offer for
-// the same partition arrived meanwhile.
+// the same partition arrived meanwhile. An offset of a partition being
+// rewound is older than the rewind, and its commit would undo it: it is
+// dropped, unless it is the rewind's own.
 func (c *committer) putBack(p offsets) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for t, ps := range p {
 		for part, off := range ps {
+			if c.rewindingLocked(t, part) {
+				if _, queued := c.pending[t][part]; queued {
+					continue
+				}
+			}
 			c.raiseLocked(t, part, off)
 		}
 	}
@@ -92,6 +154,9 @@ func (c *committer) flush() (ok bool) {
 	}
 	err := c.commit(p)
 	if err == nil {
+		c.mu.Lock()
+		c.committedLocked(p)
+		c.mu.Unlock()
 		return true
 	}
 	for t := range p {

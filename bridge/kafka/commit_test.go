@@ -214,3 +214,130 @@ func TestCommitterRun(t *testing.T) {
 		})
 	})
 }
+
+// rewind sets a partition's offset back (a log that replaced the one the
+// group's offset was committed for) and waits until that commit succeeded;
+// no older offset queued or in flight may be committed after it.
+func TestCommitterRewind(t *testing.T) {
+	transient := errors.New("connection reset")
+	// start runs rewind in the background; the channel gets its result.
+	start := func(c *committer, gctx context.Context, next int64) chan bool {
+		res := make(chan bool, 1)
+		go func() { res <- c.rewind(context.Background(), gctx, "a", 0, next) }()
+		synctest.Wait()
+		return res
+	}
+	returned := func(res chan bool) (ok, done bool) {
+		select {
+		case ok = <-res:
+			return ok, true
+		default:
+			return false, false
+		}
+	}
+	t.Run("replaces a higher queued offset and waits for its commit", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			l := &commitLog{}
+			c := newTestCommitter(l)
+			c.offer("a", 0, 100)
+			c.offer("a", 1, 7)
+			res := start(c, context.Background(), 5)
+			if _, done := returned(res); done {
+				t.Fatal("rewind returned before its commit")
+			}
+			if !c.flush() {
+				t.Fatal("flush failed")
+			}
+			synctest.Wait()
+			if ok, done := returned(res); !ok || !done {
+				t.Fatalf("rewind = %v (returned %v) after its commit, want true", ok, done)
+			}
+			if got := l.commits(); len(got) != 1 || !equalOffsets(got[0], offsets{"a": {0: 5, 1: 7}}) {
+				t.Fatalf("commits %v, want a/0 at 5 with a/1 at 7", got)
+			}
+			c.offer("a", 0, 6) // the new log's first batch
+			c.flush()
+			if got := l.commits(); len(got) != 2 || !equalOffsets(got[1], offsets{"a": {0: 6}}) {
+				t.Fatalf("commits %v, want a/0 at 6 after the rewind", got)
+			}
+		})
+	})
+	t.Run("an older commit failing in flight is not put back over it", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			release := make(chan error)
+			var mu sync.Mutex
+			var got []offsets
+			c := newCommitter(func(p offsets) error {
+				mu.Lock()
+				cp := offsets{}
+				for tp, ps := range p {
+					cp[tp] = maps.Clone(ps)
+				}
+				got = append(got, cp)
+				first := len(got) == 1
+				mu.Unlock()
+				if first {
+					return <-release
+				}
+				return nil
+			}, 100*time.Millisecond, zap.NewNop(), func(string) {})
+			c.offer("a", 0, 100)
+			c.offer("a", 1, 7)
+			go c.flush() // in flight with a/0 at 100
+			synctest.Wait()
+			res := start(c, context.Background(), 5)
+			release <- transient
+			synctest.Wait()
+			if _, done := returned(res); done {
+				t.Fatal("rewind returned after a failed commit that did not carry it")
+			}
+			c.flush()
+			synctest.Wait()
+			if ok, done := returned(res); !ok || !done {
+				t.Fatalf("rewind = %v (returned %v), want true", ok, done)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(got) != 2 || !equalOffsets(got[0], offsets{"a": {0: 100, 1: 7}}) || !equalOffsets(got[1], offsets{"a": {0: 5, 1: 7}}) {
+				t.Fatalf("commits %v, want a/0 at 100 (failed), then at 5 with a/1 put back", got)
+			}
+		})
+	})
+	t.Run("its own failed commit is retried", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			l := &commitLog{errs: []error{transient}}
+			c := newTestCommitter(l)
+			res := start(c, context.Background(), 5)
+			c.flush()
+			synctest.Wait()
+			if _, done := returned(res); done {
+				t.Fatal("rewind returned after its commit failed")
+			}
+			c.flush()
+			synctest.Wait()
+			if ok, done := returned(res); !ok || !done {
+				t.Fatalf("rewind = %v (returned %v), want true", ok, done)
+			}
+			if got := l.commits(); len(got) != 2 || !equalOffsets(got[1], offsets{"a": {0: 5}}) {
+				t.Fatalf("commits %v, want a/0 at 5 twice", got)
+			}
+		})
+	})
+	t.Run("ends with the generation", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			c := newTestCommitter(&commitLog{})
+			gctx, endGen := context.WithCancel(context.Background())
+			res := start(c, gctx, 5)
+			endGen()
+			synctest.Wait()
+			if ok, done := returned(res); ok || !done {
+				t.Fatalf("rewind = %v (returned %v) after the generation ended, want false", ok, done)
+			}
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if len(c.rewinds) != 0 {
+				t.Fatalf("%d rewinds left waiting", len(c.rewinds))
+			}
+		})
+	})
+}

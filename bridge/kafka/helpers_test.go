@@ -15,6 +15,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/shard"
 )
 
 // newCluster starts an in-process kfake cluster closed with the test.
@@ -86,19 +87,25 @@ func produceN(t testing.TB, cl *kgo.Client, topic string, partitions int32, from
 }
 
 // memHandler is a bridge.Handler backed by memory: it records every handled
-// message and keeps checkpoints like the store does.
+// message and keeps checkpoints like the store does (the last one written,
+// with its fingerprint).
 type memHandler struct {
 	mu       sync.Mutex
 	msgs     []codec.Message
 	rules    []*codec.Rules
 	batches  []*bridge.Batch
 	cps      map[string]int64
+	fps      map[string]uint64 // fingerprints of cps; none: 0 or absent
 	attempts int
 	// fail, when set, decides per Handle call whether it fails.
 	fail func(ctx context.Context, b *bridge.Batch) error
 }
 
-func newMemHandler() *memHandler { return &memHandler{cps: make(map[string]int64)} }
+func newMemHandler() *memHandler {
+	return &memHandler{cps: make(map[string]int64), fps: make(map[string]uint64)}
+}
+
+var _ bridge.CheckpointLoader = (*memHandler)(nil)
 
 func (h *memHandler) Handle(ctx context.Context, b *bridge.Batch) error {
 	h.mu.Lock()
@@ -118,9 +125,8 @@ func (h *memHandler) Handle(ctx context.Context, b *bridge.Batch) error {
 		h.rules = append(h.rules, it.Rules)
 	}
 	for _, cp := range b.Checkpoints {
-		if old, ok := h.cps[cp.Key]; !ok || cp.Offset > old {
-			h.cps[cp.Key] = cp.Offset
-		}
+		h.cps[cp.Key] = cp.Offset
+		h.fps[cp.Key] = cp.Fingerprint
 	}
 	return nil
 }
@@ -130,6 +136,22 @@ func (h *memHandler) Checkpoint(key string) (int64, bool, error) {
 	defer h.mu.Unlock()
 	o, ok := h.cps[key]
 	return o, ok, nil
+}
+
+func (h *memHandler) LoadCheckpoint(key string) (shard.Checkpoint, bool, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	o, ok := h.cps[key]
+	if !ok {
+		return shard.Checkpoint{}, false, nil
+	}
+	return shard.Checkpoint{Key: key, Offset: o, Fingerprint: h.fps[key]}, true, nil
+}
+
+// checkpoint returns the stored checkpoint of key.
+func (h *memHandler) checkpoint(key string) shard.Checkpoint {
+	cp, _, _ := h.LoadCheckpoint(key)
+	return cp
 }
 
 func (h *memHandler) setFail(f func(context.Context, *bridge.Batch) error) {

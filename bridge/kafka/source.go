@@ -293,10 +293,14 @@ func (l *lagGauge) update() {
 
 // fetched is a batch ready for the handler, with the offset to commit after
 // it was handled. A nil batch only moves the commit past offsets without
-// records (transaction markers, compacted batches).
+// records (transaction markers, compacted batches). rewind (with a nil
+// batch) says the fetcher went back to next, the start of a log that
+// replaced the one read so far: the group's offset must be set back to it
+// before anything of that log is stored.
 type fetched struct {
-	batch *bridge.Batch
-	next  int64 // last offset + 1
+	batch  *bridge.Batch
+	next   int64 // last offset + 1
+	rewind bool
 }
 
 // runPartition owns one partition for one generation. It returns when the
@@ -311,12 +315,22 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 	stop := context.AfterFunc(gctx, cancel)
 	defer stop()
 
-	start, ok := s.startOffset(wctx, h, key, pa.Offset, log)
+	st, ok := s.startOffset(wctx, h, topic, pa.ID, pa.Offset, log)
 	if !ok {
 		return
 	}
+	start := st.offset
 	log.Debug("partition assigned", zap.Int64("committed", pa.Offset), zap.Int64("start", start))
-	if start > pa.Offset && start >= 0 && gctx.Err() == nil {
+	switch {
+	case st.rewind:
+		// Another log than the group's offset was committed for: set the
+		// group back to its start before storing any of it, or a crash
+		// after the first store commit would resume at max(that offset,
+		// stored+1) and skip the new log up to the old offset.
+		if !cm.rewind(wctx, gctx, topic, pa.ID, start) {
+			return
+		}
+	case start > pa.Offset && start >= 0 && gctx.Err() == nil:
 		// The store is ahead of the group (we died or lost the generation
 		// between store commit and offset commit): catch the group up now,
 		// or the next owner without this store would read it all again.
@@ -345,7 +359,7 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 	go func() {
 		defer wg.Done()
 		defer close(out)
-		s.fetchLoop(wctx, topic, pa.ID, start, out, lag, log)
+		s.fetchLoop(wctx, topic, pa.ID, start, st.known, out, lag, log)
 	}()
 	defer func() {
 		cancel()
@@ -354,6 +368,14 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 	}()
 
 	for f := range out {
+		if f.rewind {
+			if !cm.rewind(wctx, gctx, topic, pa.ID, f.next) {
+				return
+			}
+			lag.stored.Store(f.next)
+			lag.update()
+			continue
+		}
 		if f.batch != nil && !s.handle(wctx, h, f.batch, log) {
 			return // ctx or generation ended before the batch was stored
 		}
@@ -387,24 +409,77 @@ func generationOver(err error) bool {
 	return false
 }
 
-// startOffset is max(committed, stored checkpoint + 1). A failing
-// Checkpoint is retried: starting without it could ingest twice.
-func (s *Source) startOffset(ctx context.Context, h bridge.Handler, key string, committed int64, log *zap.Logger) (int64, bool) {
+// start is where a partition worker begins reading.
+type start struct {
+	offset int64
+	// rewind: the log is not the one the stored checkpoint (and the
+	// group's offset) was taken from; offset is its start.
+	rewind bool
+	// known is the checkpoint verified against the log (Fingerprint 0:
+	// none), which the fetcher checks again after the topic was
+	// reported unknown.
+	known shard.Checkpoint
+}
+
+// startOffset is max(committed, stored checkpoint + 1), unless the stored
+// checkpoint has a fingerprint and the partition's log does not hold that
+// record at its offset: then the topic was deleted and created again (or
+// the bridge points at another cluster), and the worker starts at the new
+// log's start, ignoring the group's committed offset too, which belongs to
+// the old log as well. Duplicates can be recovered, skipped records
+// cannot. A checkpoint without fingerprint (stored by an older version)
+// and one whose record retention deleted cannot be checked and start as
+// before. Failures are retried: starting without the checkpoint could
+// ingest twice.
+func (s *Source) startOffset(ctx context.Context, h bridge.Handler, topic string, partition int, committed int64, log *zap.Logger) (start, bool) {
+	key := CheckpointKey(topic, partition)
 	wait := s.cfg.RetryMin
 	for {
-		stored, ok, err := h.Checkpoint(key)
+		st, err := s.decideStart(ctx, h, topic, partition, committed, log)
 		if err == nil {
-			if ok && stored+1 > committed {
-				return stored + 1, true
-			}
-			return committed, true
+			return st, true
 		}
-		log.Warn("read checkpoint failed; retrying", zap.Error(err))
+		if ctx.Err() != nil {
+			return start{}, false
+		}
+		log.Warn("start position failed; retrying", zap.Error(err))
 		s.setHealth(key, fmt.Errorf("kafka: checkpoint %s: %w", key, err))
 		if !sleep(ctx, wait) {
-			return 0, false
+			return start{}, false
 		}
 		wait = backoff(wait, s.cfg.RetryMax)
+	}
+}
+
+func (s *Source) decideStart(ctx context.Context, h bridge.Handler, topic string, partition int, committed int64, log *zap.Logger) (start, error) {
+	cp, ok, err := loadCheckpoint(h, CheckpointKey(topic, partition))
+	if err != nil {
+		return start{}, fmt.Errorf("read checkpoint: %w", err)
+	}
+	if !ok {
+		return start{offset: committed}, nil
+	}
+	c, err := s.checkIdentity(ctx, topic, partition, cp)
+	if err != nil {
+		return start{}, fmt.Errorf("check the log against the checkpoint: %w", err)
+	}
+	switch c.verdict {
+	case identityOther:
+		log.Warn("the partition holds another log than the stored checkpoint was taken from "+
+			"(topic deleted and created again, or another cluster); reading it from its start, "+
+			"ignoring the checkpoint and the group's committed offset",
+			zap.String("reason", c.reason), zap.Int64("stored_offset", cp.Offset),
+			zap.Int64("committed", committed), zap.Int64("log_start", c.first), zap.Int64("log_end", c.end))
+		return start{offset: c.first, rewind: committed > c.first}, nil
+	case identitySame:
+		log.Debug("checkpoint matches the log", zap.Int64("stored_offset", cp.Offset))
+		return start{offset: max(committed, cp.Offset+1), known: cp}, nil
+	default:
+		if cp.Fingerprint != 0 {
+			log.Info("checkpoint cannot be checked against the log", zap.String("reason", c.reason),
+				zap.Int64("stored_offset", cp.Offset), zap.Int64("log_start", c.first), zap.Int64("log_end", c.end))
+		}
+		return start{offset: max(committed, cp.Offset+1)}, nil
 	}
 }
 
@@ -435,15 +510,62 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 // handler, so fetching overlaps the store commit. When it has caught up
 // with the log it lingers once for more records, so trickling traffic still
 // makes batches (one fsync each) instead of one message per batch.
-func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, offset int64, out chan<- fetched, lag *lagGauge, log *zap.Logger) {
+//
+// Each batch's checkpoint carries the fingerprint of its last record. known
+// is the last record read (the verified stored checkpoint at first): after
+// a fetch reported the topic unknown (deleted), the fetcher checks that
+// the log it comes back to still holds that record before it reads on.
+func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, offset int64, known shard.Checkpoint,
+	out chan<- fetched, lag *lagGauge, log *zap.Logger) {
 	key := CheckpointKey(topic, partition)
 	rules := s.rules[topic]
 	wait := s.cfg.RetryMin
 	var pending []bridge.Item
 	var notes decodeNotes
 	warnedLAT, warnedNoTS := false, false
-	sent := offset // the offset after the last batch handed over
+	sent := offset   // the offset after the last batch handed over
+	recheck := false // a fetch reported the topic unknown
+	// rewindTo restarts at to, the start of a log that replaced the one
+	// read so far, and has the handler set the group's offset back to it.
+	rewindTo := func(to int64) bool {
+		select {
+		case out <- fetched{next: to, rewind: true}:
+			offset, sent = to, to
+			notes.untimed = nil
+			known = shard.Checkpoint{}
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
 	for ctx.Err() == nil {
+		if recheck && len(pending) == 0 {
+			if known.Fingerprint != 0 {
+				c, err := s.checkIdentity(ctx, topic, partition, known)
+				if err != nil {
+					if ctx.Err() != nil {
+						return
+					}
+					s.setHealth(key, fmt.Errorf("kafka: check %s/%d against the last record read: %w", topic, partition, classify(err)))
+					log.Warn("checking the log against the last record read failed; retrying",
+						zap.Int64("offset", known.Offset), zap.Duration("backoff", wait), zap.Error(err))
+					if !sleep(ctx, wait) {
+						return
+					}
+					wait = backoff(wait, s.cfg.RetryMax)
+					continue
+				}
+				if c.verdict == identityOther {
+					log.Warn("the topic was deleted and the partition now holds another log; reading it from its start",
+						zap.String("reason", c.reason), zap.Int64("last_read", known.Offset),
+						zap.Int64("log_start", c.first), zap.Int64("log_end", c.end))
+					if !rewindTo(c.first) {
+						return
+					}
+				}
+			}
+			recheck = false
+		}
 		lingered := len(pending) > 0
 		maxWait := s.cfg.MaxWait
 		if lingered {
@@ -465,12 +587,21 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 		case ctx.Err() != nil:
 			return
 		case err != nil && errors.Is(err, kafkago.OffsetOutOfRange) && len(pending) == 0:
-			if reset, rerr := s.resetOffset(ctx, topic, partition, offset, log); rerr == nil {
-				offset = reset
+			if reset, rewind, rerr := s.resetOffset(ctx, topic, partition, offset, log); rerr == nil {
+				if rewind {
+					if !rewindTo(reset) {
+						return
+					}
+				} else {
+					offset = reset
+				}
 				continue
 			}
 			fallthrough
 		case err != nil:
+			if errors.Is(err, kafkago.UnknownTopicOrPartition) {
+				recheck = true // deleted: maybe created again by now
+			}
 			if staleMetadata(err) {
 				// kafka-go's transport refreshes its metadata cache only
 				// every MetadataTTL, never on a leader change; dropping
@@ -518,14 +649,15 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 			n := min(len(pending), s.cfg.MaxBatch)
 			items := pending[:n:n]
 			pending = pending[n:]
-			last := items[n-1].Msg.Offset
+			lm := &items[n-1].Msg
+			cp := shard.Checkpoint{Key: key, Offset: lm.Offset, Fingerprint: fingerprint(lm, notes.untimedAt(lm.Offset))}
 			f := fetched{
-				batch: &bridge.Batch{Items: items, Checkpoints: []shard.Checkpoint{{Key: key, Offset: last}}},
-				next:  last + 1,
+				batch: &bridge.Batch{Items: items, Checkpoints: []shard.Checkpoint{cp}},
+				next:  cp.Offset + 1,
 			}
 			select {
 			case out <- f:
-				sent = f.next
+				sent, known = f.next, cp
 			case <-ctx.Done():
 				return
 			}
@@ -563,6 +695,24 @@ type decodeNotes struct {
 	logAppendTime bool
 	// noTimestamp: records without a timestamp (-1) took the fetch time.
 	noTimestamp int
+	// untimed holds the offsets of those records in ascending order, until
+	// untimedAt passes them: their fingerprint hashes no time.
+	untimed []int64
+}
+
+// untimedAt reports whether the record at offset had no timestamp and
+// forgets the records up to offset.
+func (n *decodeNotes) untimedAt(offset int64) bool {
+	i := 0
+	for i < len(n.untimed) && n.untimed[i] < offset {
+		i++
+	}
+	hit := i < len(n.untimed) && n.untimed[i] == offset
+	if hit {
+		i++
+	}
+	n.untimed = n.untimed[i:]
+	return hit
 }
 
 func fetchItems(ctx context.Context, client *kafkago.Client, cfg *Config, topic string, partition int, offset int64,
@@ -718,6 +868,7 @@ func decodeRecords(rr kafkago.RecordReader, topic string, partition int, offset 
 			if msg.Time.UnixMilli() < 0 {
 				msg.Time = fetchedAt
 				notes.noTimestamp++
+				notes.untimed = append(notes.untimed, rec.Offset)
 			}
 			items = append(items, bridge.Item{Msg: msg, Rules: rules})
 		}
@@ -792,43 +943,35 @@ func toMessage(rec *kafkago.Record, topic string, partition int) (codec.Message,
 	}, nil
 }
 
-// resetOffset moves an out-of-range offset to the nearest end of the log:
-// below the log start (retention deleted the data) to the first offset,
-// past the end (topic recreated) to the last.
-func (s *Source) resetOffset(ctx context.Context, topic string, partition int, offset int64, log *zap.Logger) (int64, error) {
-	resp, err := s.client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{
-		Topics: map[string][]kafkago.OffsetRequest{topic: {
-			kafkago.FirstOffsetOf(partition), kafkago.LastOffsetOf(partition),
-		}},
-	})
+// resetOffset moves an out-of-range fetch offset into the log. Below the
+// log start, retention deleted records before they were read: reset to the
+// start (they are lost; logged at Error). Past the log end: reset to the
+// start too, never to the end, and rewind the group's offset (rewind true).
+// The fetcher moves only past records it read, so an offset past the end
+// of the log it has been reading cannot happen: the log was replaced (the
+// topic deleted and created again, another cluster) or truncated (an
+// unclean leader election). Either way the records now in the log up to
+// its end may be ones never read, and only its start skips none of them;
+// the end would skip them all. Whether the identity of the log was known
+// does not change that: a known, same log past its end is a truncated one,
+// whose records after the truncation point are new. The cost is reading
+// again what was read before, which the consumer's dedup absorbs.
+func (s *Source) resetOffset(ctx context.Context, topic string, partition int, offset int64, log *zap.Logger) (reset int64, rewind bool, err error) {
+	first, end, err := s.logRange(ctx, topic, partition)
 	if err != nil {
-		return offset, fmt.Errorf("list offsets: %w", err)
+		return offset, false, err
 	}
-	first, last := int64(-1), int64(-1)
-	for _, p := range resp.Topics[topic] {
-		if p.Partition != partition {
-			continue
-		}
-		if p.Error != nil {
-			return offset, fmt.Errorf("list offsets: %w", p.Error)
-		}
-		if p.FirstOffset >= 0 {
-			first = p.FirstOffset
-		}
-		if p.LastOffset >= 0 {
-			last = p.LastOffset
-		}
-	}
-	reset := offset
 	switch {
-	case first >= 0 && offset < first:
-		reset = first
-	case last >= 0 && offset > last:
-		reset = last
+	case offset < first:
+		log.Error("fetch offset below the log start: retention deleted records before they were read; resetting to the log start",
+			zap.Int64("offset", offset), zap.Int64("log_start", first), zap.Int64("log_end", end))
+		return first, false, nil
+	case offset > end:
+		log.Warn("fetch offset past the log end: the log was replaced (topic deleted and created again, "+
+			"another cluster) or truncated; reading it from its start",
+			zap.Int64("offset", offset), zap.Int64("log_start", first), zap.Int64("log_end", end))
+		return first, true, nil
 	default:
-		return offset, fmt.Errorf("offset %d not out of range [%d, %d]", offset, first, last)
+		return offset, false, fmt.Errorf("offset %d not out of range [%d, %d]", offset, first, end)
 	}
-	log.Error("fetch offset out of range; resetting", zap.Int64("offset", offset),
-		zap.Int64("log_start", first), zap.Int64("log_end", last), zap.Int64("reset_to", reset))
-	return reset, nil
 }

@@ -1,0 +1,197 @@
+package kafka
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/cespare/xxhash/v2"
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/delaybridge/delaybridge/bridge"
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/shard"
+)
+
+// The store checkpoint of a partition is keyed by topic and partition only,
+// and kafka-go speaks Metadata up to v8, which has no topic IDs. A topic
+// deleted and created again (or the same name on another cluster, with the
+// data dir kept) numbers its records from 0 again, so an offset alone would
+// make the source skip the new log's records up to the old position. The
+// checkpoint therefore carries a fingerprint of the record at its offset,
+// and a partition worker checks it before it reads: the record at that
+// offset must still be the one checkpointed.
+
+// fingerprint identifies a record of a partition: xxhash64 of its
+// timestamp, key, value and headers, each length-prefixed and a null key
+// or value told from an empty one. untimed marks a record without a
+// timestamp, whose Time the decoder replaced with the fetch time; it hashes
+// as -1 so a second read gives the same fingerprint. Never 0, which means
+// "none" in a shard.Checkpoint.
+func fingerprint(m *codec.Message, untimed bool) uint64 {
+	var d xxhash.Digest
+	d.Reset()
+	var buf [8]byte
+	num := func(n int64) {
+		binary.BigEndian.PutUint64(buf[:], uint64(n))
+		_, _ = d.Write(buf[:])
+	}
+	bytes := func(b []byte, null bool) {
+		if null {
+			num(-1)
+			return
+		}
+		num(int64(len(b)))
+		_, _ = d.Write(b)
+	}
+	ts := m.Time.UnixMilli()
+	if untimed {
+		ts = -1
+	}
+	num(ts)
+	bytes(m.Key, m.Key == nil)
+	bytes(m.Value, m.Tombstone)
+	num(int64(len(m.Headers)))
+	for _, h := range m.Headers {
+		num(int64(len(h.Key)))
+		_, _ = d.WriteString(h.Key)
+		bytes(h.Value, h.Value == nil)
+	}
+	if fp := d.Sum64(); fp != 0 {
+		return fp
+	}
+	return 1
+}
+
+// loadCheckpoint reads the stored checkpoint of key with its fingerprint
+// when the handler keeps one (bridge.CheckpointLoader), else without.
+func loadCheckpoint(h bridge.Handler, key string) (shard.Checkpoint, bool, error) {
+	if l, ok := h.(bridge.CheckpointLoader); ok {
+		return l.LoadCheckpoint(key)
+	}
+	off, ok, err := h.Checkpoint(key)
+	return shard.Checkpoint{Key: key, Offset: off}, ok, err
+}
+
+// identity is what a partition's log says of a stored checkpoint.
+type identity int
+
+const (
+	// identityUnknown: no fingerprint stored, or retention deleted the
+	// checkpointed record (its offset is below the log start).
+	identityUnknown identity = iota
+	// identitySame: the record at the checkpointed offset is the one the
+	// checkpoint was taken from.
+	identitySame
+	// identityOther: another log: a different record at the offset, or
+	// none where the old log had one (the log ends before it, or a gap).
+	identityOther
+)
+
+// logCheck is the outcome of checkIdentity.
+type logCheck struct {
+	verdict identity
+	reason  string
+	// first and end are the log start and end (high watermark) as listed;
+	// -1 when not listed (no fingerprint to check).
+	first, end int64
+}
+
+// identityPolls is how many long polls checkIdentity waits for a record
+// at the checkpointed offset when the readable log ends exactly there. In
+// the log the checkpoint was taken from that record was readable, so it is
+// readable again at once, except just after a leader change, while the new
+// leader's high watermark catches up.
+const identityPolls = 3
+
+// checkIdentity fetches the record at cp.Offset and compares it with
+// cp.Fingerprint. It costs a ListOffsets and one Fetch (a few long polls
+// in the rare case that the readable log ends at cp.Offset) and runs when
+// a partition worker starts, and after the topic was reported unknown, not
+// per batch.
+func (s *Source) checkIdentity(ctx context.Context, topic string, partition int, cp shard.Checkpoint) (logCheck, error) {
+	if cp.Fingerprint == 0 {
+		return logCheck{verdict: identityUnknown, reason: "no fingerprint stored", first: -1, end: -1}, nil
+	}
+	for poll := 1; ; poll++ {
+		first, end, err := s.logRange(ctx, topic, partition)
+		if err != nil {
+			return logCheck{}, err
+		}
+		c := logCheck{first: first, end: end}
+		if cp.Offset < first {
+			c.verdict, c.reason = identityUnknown, "retention deleted the checkpointed record"
+			return c, nil
+		}
+		var notes decodeNotes
+		items, next, _, err := fetchItems(ctx, s.client, &s.cfg, topic, partition, cp.Offset, s.cfg.MaxWait, nil, nil, &notes)
+		switch {
+		case errors.Is(err, kafkago.OffsetOutOfRange):
+			// Past the log end, or retention moved the start past it
+			// since the listing: list again to tell which.
+			if c.first, c.end, err = s.logRange(ctx, topic, partition); err != nil {
+				return logCheck{}, err
+			}
+			if cp.Offset < c.first {
+				c.verdict, c.reason = identityUnknown, "retention deleted the checkpointed record"
+				return c, nil
+			}
+			c.verdict, c.reason = identityOther, "the log ends before the checkpointed offset"
+			return c, nil
+		case err != nil:
+			return logCheck{}, fmt.Errorf("fetch the checkpointed record at %d: %w", cp.Offset, err)
+		case len(items) > 0 && items[0].Msg.Offset == cp.Offset:
+			if fingerprint(&items[0].Msg, notes.untimedAt(cp.Offset)) == cp.Fingerprint {
+				c.verdict, c.reason = identitySame, "same record at the checkpointed offset"
+			} else {
+				c.verdict, c.reason = identityOther, "a different record at the checkpointed offset"
+			}
+			return c, nil
+		case len(items) > 0 || next > cp.Offset:
+			// The checkpointed record was a committed data record; here
+			// the offset holds a transaction marker, an aborted record,
+			// or nothing any more (compacted away: a compacted delay
+			// topic can take this branch and read its log again, which
+			// duplicates but never skips).
+			c.verdict, c.reason = identityOther, "no record at the checkpointed offset"
+			return c, nil
+		case poll < identityPolls:
+			continue // nothing readable at the offset yet
+		default:
+			c.verdict, c.reason = identityOther, "the readable log ends at the checkpointed offset"
+			return c, nil
+		}
+	}
+}
+
+// logRange lists the log start and end (high watermark) of a partition.
+func (s *Source) logRange(ctx context.Context, topic string, partition int) (first, end int64, err error) {
+	resp, err := s.client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{
+		Topics: map[string][]kafkago.OffsetRequest{topic: {
+			kafkago.FirstOffsetOf(partition), kafkago.LastOffsetOf(partition),
+		}},
+	})
+	if err != nil {
+		return -1, -1, fmt.Errorf("list offsets %s/%d: %w", topic, partition, err)
+	}
+	first, end = -1, -1
+	for _, p := range resp.Topics[topic] {
+		if p.Partition != partition {
+			continue
+		}
+		if p.Error != nil {
+			return -1, -1, fmt.Errorf("list offsets %s/%d: %w", topic, partition, p.Error)
+		}
+		if p.FirstOffset >= 0 {
+			first = p.FirstOffset
+		}
+		if p.LastOffset >= 0 {
+			end = p.LastOffset
+		}
+	}
+	if first < 0 || end < 0 {
+		return -1, -1, fmt.Errorf("list offsets %s/%d: log start or end missing from the answer", topic, partition)
+	}
+	return first, end, nil
+}
