@@ -633,7 +633,12 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	if err != nil {
 		return fmt.Errorf("nats source: start pulling: %w", err)
 	}
-	defer it.Stop()
+	stopped := false
+	defer func() {
+		if !stopped {
+			nakAll(stopIterator(it))
+		}
+	}()
 
 	batch := make([]jetstream.Msg, 0, s.cfg.BatchSize)
 	items := make([]bridge.Item, 0, s.cfg.BatchSize)
@@ -648,10 +653,10 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 					// redelivery now rather than after AckWait. Unsubscribe
 					// first, or the server would hand the messages straight
 					// back to this iterator's outstanding pull request.
-					stopIterator(it)
-					for _, m := range ab.batch {
-						_ = m.Nak()
-					}
+					stopped = true
+					left := stopIterator(it)
+					nakAll(ab.batch)
+					nakAll(left)
 					return ab.err
 				}
 				return err
@@ -689,20 +694,35 @@ type abandonedError struct {
 func (e *abandonedError) Error() string { return "nats source: batch abandoned: " + e.err.Error() }
 func (e *abandonedError) Unwrap() error { return e.err }
 
-// stopIterator stops it and waits (briefly) until its subscription is gone.
-func stopIterator(it jetstream.MessagesContext) {
-	it.Stop()
-	c, ok := it.(interface{ Closed() <-chan struct{} })
-	if !ok {
-		return
-	}
-	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
-		select {
-		case <-c.Closed():
-			return
-		default:
-			time.Sleep(time.Millisecond)
+// stopIterator ends it and returns the messages it had received but not
+// handed out: its pull requests prefetch up to twice a batch, and Stop
+// would discard those, which the server then redelivers only after AckWait
+// (30 s by default: on every restart, messages due sooner fired that
+// late). Draining unsubscribes and yields them; the caller naks them once
+// the subscription is gone, so the server does not hand them straight back
+// to it. It waits at most a second.
+func stopIterator(it jetstream.MessagesContext) []jetstream.Msg {
+	it.Drain()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var left []jetstream.Msg
+	for {
+		m, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil {
+				it.Stop() // the drain did not finish: discard the rest
+			}
+			return left
 		}
+		left = append(left, m)
+	}
+}
+
+// nakAll asks for the redelivery of msgs now rather than after AckWait.
+// A nak lost on the way (connection gone) leaves AckWait to do it.
+func nakAll(msgs []jetstream.Msg) {
+	for _, m := range msgs {
+		_ = m.Nak()
 	}
 }
 

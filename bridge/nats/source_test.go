@@ -744,3 +744,60 @@ func TestSourceStreamLostWithServer(t *testing.T) {
 		t.Fatalf("new stream's sequences handled: %v, want [1 2 3]", got)
 	}
 }
+
+// ctxBlocker's first Handle returns only when its context ends: a batch
+// in the handler when the source stops.
+type ctxBlocker struct {
+	*recorder
+	entered chan struct{}
+	once    sync.Once
+}
+
+func (b *ctxBlocker) Handle(ctx context.Context, batch *bridge.Batch) error {
+	first := false
+	b.once.Do(func() { first = true })
+	if first {
+		close(b.entered)
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return b.recorder.Handle(ctx, batch)
+}
+
+// TestSourceStopNaksPrefetched: when a source stops with a batch in its
+// handler, the messages its pull requests had prefetched but not handed
+// out are given back at once with that batch, not after the consumer's
+// AckWait (here an hour; 30 s by default, so after every restart or
+// rolling update, messages due sooner fired that late).
+func TestSourceStopNaksPrefetched(t *testing.T) {
+	cfg, nc, js, src := createdSource(t, func(c *Config) {
+		c.BatchSize = 1
+		c.AckWait = time.Hour
+	})
+	const n = 5
+	for i := range n {
+		publish(t, js, "delay.a", fmt.Sprint("m", i), nil)
+	}
+	first := &ctxBlocker{recorder: newRecorder(), entered: make(chan struct{})}
+	stop := runSource(t, src, first)
+	<-first.entered
+	// The pull requests ask for twice a batch: more were delivered than
+	// the handler holds.
+	eventually(t, "messages prefetched", func() bool {
+		return consumerInfo(t, js, "DELAY", "bridge").NumAckPending > 1
+	})
+	if err := stop(); err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: %v", err)
+	}
+
+	again, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := newRecorder()
+	runSource(t, again, second)
+	eventually(t, "every message handled after the restart", func() bool { return len(second.seqs()) == n })
+	if got := second.seqs(); !slices.Equal(got, []int64{1, 2, 3, 4, 5}) {
+		t.Fatalf("handled %v after the restart, want 1..5", got)
+	}
+}
