@@ -121,6 +121,12 @@ type Config struct {
 	MaxBatch      int           // messages per Handle call; default 512
 	FetchMaxBytes int           // per fetch request; default 4 MiB
 	MaxWait       time.Duration // broker long-poll wait for an empty partition; default 500ms
+	// IdentityWait is how long a partition worker waits for the record at
+	// its checkpointed offset to become readable when the log ends exactly
+	// there, before it takes the log for another one (see checkIdentity).
+	// A new leader's high watermark can trail the old one's for up to the
+	// brokers' replica.lag.time.max.ms (30 s by default). Default 30s.
+	IdentityWait time.Duration
 	// Linger is how long a worker waits for more records when a fetch
 	// returned fewer than MaxBatch, so trickling traffic still makes
 	// batches (one fsync each). Default 5ms; negative disables it.
@@ -165,6 +171,7 @@ func (c *Config) setDefaults() {
 		c.FetchMaxBytes = 4 << 20
 	}
 	def(&c.MaxWait, 500*time.Millisecond)
+	def(&c.IdentityWait, 30*time.Second)
 	def(&c.Linger, 5*time.Millisecond)
 	def(&c.HeartbeatInterval, time.Second)
 	def(&c.SessionTimeout, 30*time.Second)

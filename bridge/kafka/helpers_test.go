@@ -42,6 +42,7 @@ func testConfig(t testing.TB, brokers []string, group string, topics ...string) 
 		RetryMin:          5 * time.Millisecond,
 		RetryMax:          50 * time.Millisecond,
 		MaxWait:           200 * time.Millisecond,
+		IdentityWait:      600 * time.Millisecond, // three long polls
 		DialTimeout:       5 * time.Second,
 		Logger:            zaptest.NewLogger(t, zaptest.Level(zapcore.InfoLevel)),
 	}

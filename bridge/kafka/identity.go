@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 	kafkago "github.com/segmentio/kafka-go"
@@ -98,13 +99,6 @@ type logCheck struct {
 	first, end int64
 }
 
-// identityPolls is how many long polls checkIdentity waits for a record
-// at the checkpointed offset when the readable log ends exactly there. In
-// the log the checkpoint was taken from that record was readable, so it is
-// readable again at once, except just after a leader change, while the new
-// leader's high watermark catches up.
-const identityPolls = 3
-
 // checkIdentity fetches the record at cp.Offset and compares it with
 // cp.Fingerprint. It costs a ListOffsets and one Fetch (a few long polls
 // in the rare case that the readable log ends at cp.Offset) and runs when
@@ -114,7 +108,8 @@ func (s *Source) checkIdentity(ctx context.Context, topic string, partition int,
 	if cp.Fingerprint == 0 {
 		return logCheck{verdict: identityUnknown, reason: "no fingerprint stored", first: -1, end: -1}, nil
 	}
-	for poll := 1; ; poll++ {
+	deadline := time.Now().Add(s.cfg.IdentityWait)
+	for {
 		first, end, err := s.logRange(ctx, topic, partition)
 		if err != nil {
 			return logCheck{}, err
@@ -150,13 +145,16 @@ func (s *Source) checkIdentity(ctx context.Context, topic string, partition int,
 			return c, nil
 		case len(items) > 0 || next > cp.Offset:
 			// The checkpointed record was a committed data record; here
-			// the offset holds a transaction marker, an aborted record,
-			// or nothing any more (compacted away: a compacted delay
-			// topic can take this branch and read its log again, which
-			// duplicates but never skips).
-			c.verdict, c.reason = identityOther, "no record at the checkpointed offset"
+			// the offset holds nothing any more (compaction removed it: a
+			// delay topic keyed by id is a natural candidate for
+			// cleanup.policy=compact), or, in another log, a transaction
+			// marker or an aborted record. Compaction is the common case,
+			// and taking it for another log would read the whole log
+			// again and fire every retained schedule twice: resume after
+			// the offset, as without a fingerprint.
+			c.verdict, c.reason = identityUnknown, "no record at the checkpointed offset any more (compacted away?)"
 			return c, nil
-		case poll < identityPolls:
+		case time.Now().Before(deadline):
 			continue // nothing readable at the offset yet
 		default:
 			c.verdict, c.reason = identityOther, "the readable log ends at the checkpointed offset"
