@@ -148,16 +148,15 @@ func NewHandler(o Options) http.Handler {
 		// The mux redirects a path with an empty, "." or ".." segment to
 		// its cleaned form; for a task that is another id ("a//b" becomes
 		// "a/b"), and a client that follows the redirect of a DELETE
-		// cancels the wrong task. Refuse such ids instead.
-		if p := r.URL.EscapedPath(); strings.HasPrefix(p, taskPrefix) && !cleanPath(p) {
-			writeError(w, http.StatusBadRequest, "the task path has an empty, \".\" or \"..\" segment; percent-encode the id's \"/\" as %2F (and \".\" as %2E)")
+		// cancels the wrong task. The segment may be anywhere
+		// ("/v1//tasks/src/a//b" too), so no unclean path is redirected.
+		if p := r.URL.EscapedPath(); !cleanPath(p) {
+			writeError(w, http.StatusBadRequest, "the path has an empty, \".\" or \"..\" segment; in a task id, percent-encode \"/\" as %2F (and \".\" as %2E)")
 			return
 		}
 		mux.ServeHTTP(w, r)
 	})
 }
-
-const taskPrefix = "/v1/tasks/"
 
 // cleanPath reports whether the mux would serve p as it is: no empty,
 // "." or ".." segment (a trailing "/" is kept).

@@ -262,8 +262,10 @@ func TestCancel(t *testing.T) {
 	f := newFixture(t, "", nil)
 	// "tenant//42" is not "tenant/42": refused, and nothing is cancelled
 	// (the mux's redirect to the cleaned path, followed, cancelled it).
-	if r := do(t, "DELETE", f.srv.URL+"/v1/tasks/delay/tenant//42", ""); r.code != 400 {
-		t.Fatalf("DELETE with an empty id segment = %d %q, want 400", r.code, r.body)
+	for _, p := range []string{"/v1/tasks/delay/tenant//42", "/v1//tasks/delay/tenant//42", "/v1/./tasks/delay/tenant//42", "//v1/tasks/delay/tenant//42"} {
+		if r := do(t, "DELETE", f.srv.URL+p, ""); r.code != 400 {
+			t.Fatalf("DELETE %s = %d %q, want 400", p, r.code, r.body)
+		}
 	}
 	if r := do(t, "GET", f.srv.URL+"/v1/tasks/delay/tenant%2F42", ""); r.code != 200 {
 		t.Fatalf("tenant/42 after a refused DELETE of tenant//42: %d %q", r.code, r.body)
