@@ -458,7 +458,8 @@ func TestSourceCreateKeepsExistingConsumer(t *testing.T) {
 	}
 }
 
-// blocker is a Handler whose first Handle blocks until released.
+// blocker is a Handler whose first Handle blocks until released, or
+// fails when its context ends first (a batch in the handler at a stop).
 type blocker struct {
 	*recorder
 	entered chan struct{}
@@ -471,7 +472,11 @@ func (b *blocker) Handle(ctx context.Context, batch *bridge.Batch) error {
 	b.once.Do(func() { first = true })
 	if first {
 		close(b.entered)
-		<-b.release
+		select {
+		case <-b.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	return b.recorder.Handle(ctx, batch)
 }
@@ -745,25 +750,6 @@ func TestSourceStreamLostWithServer(t *testing.T) {
 	}
 }
 
-// ctxBlocker's first Handle returns only when its context ends: a batch
-// in the handler when the source stops.
-type ctxBlocker struct {
-	*recorder
-	entered chan struct{}
-	once    sync.Once
-}
-
-func (b *ctxBlocker) Handle(ctx context.Context, batch *bridge.Batch) error {
-	first := false
-	b.once.Do(func() { first = true })
-	if first {
-		close(b.entered)
-		<-ctx.Done()
-		return ctx.Err()
-	}
-	return b.recorder.Handle(ctx, batch)
-}
-
 // TestSourceStopNaksPrefetched: when a source stops with a batch in its
 // handler, the messages its pull requests had prefetched but not handed
 // out are given back at once with that batch, not after the consumer's
@@ -778,7 +764,7 @@ func TestSourceStopNaksPrefetched(t *testing.T) {
 	for i := range n {
 		publish(t, js, "delay.a", fmt.Sprint("m", i), nil)
 	}
-	first := &ctxBlocker{recorder: newRecorder(), entered: make(chan struct{})}
+	first := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
 	stop := runSource(t, src, first)
 	<-first.entered
 	// The pull requests ask for twice a batch: more were delivered than
