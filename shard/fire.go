@@ -560,9 +560,6 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		}
 		superseded := s.inflight[it.seq]
 		delete(s.inflight, it.seq)
-		if superseded || derr == nil {
-			s.clearLateLocked(it.seq) // another message's now, or delivered
-		}
 		if superseded {
 			// Replaced or cancelled while in flight: the newer message
 			// deleted this task and owns its index entry.
@@ -573,6 +570,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		key = appendTaskKey(key[:0], s.id, it.fire, it.seq)
 		oldKey := key
 		if derr == nil {
+			s.clearLateLocked(it.seq)
 			b.Delete(oldKey, nil)
 			if indexed {
 				b.Delete(ik, nil)
