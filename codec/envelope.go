@@ -17,8 +17,14 @@ var (
 	ErrVersion = errors.New("codec: unknown envelope version")
 )
 
-// EnvelopeVersion is the first byte of every envelope this release writes.
-const EnvelopeVersion = 1
+// EnvelopeVersion is the first byte of the envelopes this release writes:
+// EnvelopeVersion2 when the task's Incarnation is not 0 (it carries that
+// field), else EnvelopeVersion, byte for byte what releases before
+// incarnations wrote, so they can still read it. Both are decoded.
+const (
+	EnvelopeVersion  = 1
+	EnvelopeVersion2 = 2
+)
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -32,6 +38,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 //	kind, transport, dlq transport  byte each
 //	attempts uvarint
 //	stamp, partition, offset, due  varint
+//	incarnation  uvarint (version 2 only; version 1 means 0)
 //	id, source, origin, target, dlq, code, detail  string
 //	key, value  bytes
 //	headers  uvarint count+1, then per header: key string, value bytes
@@ -46,12 +53,19 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 func AppendTask(dst []byte, t *Task) []byte {
 	dst = grow(dst, envelopeSize(t))
 	start := len(dst)
-	dst = append(dst, EnvelopeVersion, byte(t.Kind), byte(t.Transport), byte(t.DLQTransport))
+	version := byte(EnvelopeVersion)
+	if t.Incarnation != 0 {
+		version = EnvelopeVersion2
+	}
+	dst = append(dst, version, byte(t.Kind), byte(t.Transport), byte(t.DLQTransport))
 	dst = binary.AppendUvarint(dst, uint64(t.Attempts))
 	dst = binary.AppendVarint(dst, t.Stamp)
 	dst = binary.AppendVarint(dst, int64(t.Partition))
 	dst = binary.AppendVarint(dst, t.Offset)
 	dst = binary.AppendVarint(dst, t.Due)
+	if t.Incarnation != 0 {
+		dst = binary.AppendUvarint(dst, uint64(t.Incarnation))
+	}
 	dst = appendString(dst, t.ID)
 	dst = appendString(dst, t.Source)
 	dst = appendString(dst, t.Origin)
@@ -120,7 +134,7 @@ func DecodeTask(b []byte, t *Task) error {
 	if len(b) == 0 {
 		return fmt.Errorf("%w: empty", ErrCorrupt)
 	}
-	if b[0] != EnvelopeVersion {
+	if b[0] != EnvelopeVersion && b[0] != EnvelopeVersion2 {
 		return fmt.Errorf("%w: %d", ErrVersion, b[0])
 	}
 	if len(b) < 5 {
@@ -167,6 +181,7 @@ type decoder struct {
 
 func (d *decoder) decode(body []byte, t *Task) error {
 	d.b, d.off = body, 1 // the version byte was checked by the caller
+	version := body[0]
 	kind, err := d.byte()
 	if err != nil {
 		return err
@@ -205,6 +220,19 @@ func (d *decoder) decode(body []byte, t *Task) error {
 	}
 	if t.Due, err = d.varint(); err != nil {
 		return err
+	}
+	t.Incarnation = 0
+	if version == EnvelopeVersion2 {
+		inc, err := d.uvarint()
+		if err != nil {
+			return err
+		}
+		if inc == 0 || inc > math.MaxUint32 {
+			// 0 is written as version 1: a version 2 envelope with it
+			// was not written by AppendTask.
+			return fmt.Errorf("%w: incarnation %d", ErrCorrupt, inc)
+		}
+		t.Incarnation = uint32(inc)
 	}
 	for _, s := range [...]*string{&t.ID, &t.Source, &t.Origin, &t.Target, &t.DLQ, (*string)(&t.Code), &t.Detail} {
 		if *s, err = d.string(); err != nil {

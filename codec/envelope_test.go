@@ -17,7 +17,7 @@ import (
 func sampleTask() Task {
 	return Task{
 		Kind: KindSchedule, ID: "job-9", Source: "delay", Origin: "kafka:delay/3@42",
-		Stamp: nowMs, Partition: math.MaxInt32, Offset: math.MaxInt64, Due: math.MinInt64,
+		Stamp: nowMs, Partition: math.MaxInt32, Incarnation: math.MaxUint32, Offset: math.MaxInt64, Due: math.MinInt64,
 		Transport: TransportNATS, Target: "orders.created",
 		Key:   []byte{},
 		Value: bytes.Repeat([]byte("v"), 1024),
@@ -81,7 +81,8 @@ func randomTask(rng *rand.Rand) Task {
 	t := Task{
 		Kind: Kind(1 + rng.IntN(3)), ID: str(), Source: str(), Origin: str(),
 		Stamp: i64(), Partition: int32(i64()), Offset: i64(), Due: i64(),
-		Transport: Transport(rng.IntN(3)), Target: str(), Key: bs(), Value: bs(),
+		Incarnation: uint32(i64()) >> rng.UintN(33), // 0 half the time or so
+		Transport:   Transport(rng.IntN(3)), Target: str(), Key: bs(), Value: bs(),
 		Attempts: rng.Uint32(), DLQTransport: Transport(rng.IntN(3)), DLQ: str(),
 		Code: Code(str()), Detail: str(),
 	}
@@ -97,8 +98,8 @@ func randomTask(rng *rand.Rand) Task {
 // TestEnvelopeCoversTask fails when a field is added to Task without being
 // added to the envelope (and to this count).
 func TestEnvelopeCoversTask(t *testing.T) {
-	if n := reflect.TypeFor[Task]().NumField(); n != 18 {
-		t.Fatalf("Task has %d fields; the envelope encodes 18: update AppendTask, DecodeTask and this test", n)
+	if n := reflect.TypeFor[Task]().NumField(); n != 19 {
+		t.Fatalf("Task has %d fields; the envelope encodes 19: update AppendTask, DecodeTask and this test", n)
 	}
 	if n := reflect.TypeFor[Header]().NumField(); n != 2 {
 		t.Fatalf("Header has %d fields; the envelope encodes 2", n)
@@ -127,7 +128,9 @@ func TestDecodeTaskErrors(t *testing.T) {
 		{"version only", []byte{1}, ErrCorrupt},
 		{"short", []byte{1, 0, 0, 0}, ErrCorrupt},
 		{"version 0", append([]byte{0}, good[1:]...), ErrVersion},
-		{"version 2", append([]byte{2}, good[1:]...), ErrVersion},
+		{"version 3", append([]byte{3}, good[1:]...), ErrVersion},
+		{"version 2 with incarnation 0", reseal(append([]byte{2, byte(KindSchedule), 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, 0, 0, 0, 0)), ErrCorrupt},
+		{"incarnation overflow", reseal(append(binary.AppendUvarint([]byte{2, byte(KindSchedule), 1, 1, 0, 0, 0, 0, 0}, math.MaxUint32+1), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)), ErrCorrupt},
 		{"trailing garbage", append(append([]byte(nil), good...), 0), ErrCorrupt},
 		{"trailing garbage resealed", patch(func(b []byte) []byte { return append(b, 0) }), ErrCorrupt},
 		{"bad checksum", append(append([]byte(nil), good[:len(good)-1]...), good[len(good)-1]^1), ErrCorrupt},
@@ -289,5 +292,46 @@ func TestAppendTaskManyIntoOneBuffer(t *testing.T) {
 	}
 	if grows > 20 {
 		t.Fatalf("1000 appends grew the buffer %d times, want doubling growth (<= 20; exact-size growth would be 1000)", grows)
+	}
+}
+
+// TestEnvelopeVersionByIncarnation: a task of a source partition's first
+// log (incarnation 0) is written as version 1, byte for byte what releases
+// before incarnations wrote and can read; only a later incarnation needs
+// version 2.
+func TestEnvelopeVersionByIncarnation(t *testing.T) {
+	tests := []struct {
+		inc  uint32
+		want byte
+	}{
+		{0, EnvelopeVersion},
+		{1, EnvelopeVersion2},
+		{math.MaxUint32, EnvelopeVersion2},
+	}
+	for _, tt := range tests {
+		task := sampleTask()
+		task.Incarnation = tt.inc
+		b := AppendTask(nil, &task)
+		if b[0] != tt.want {
+			t.Fatalf("incarnation %d: version %d, want %d", tt.inc, b[0], tt.want)
+		}
+		var got Task
+		got.Incarnation = 7 // overwritten, also by a version 1 envelope
+		if err := DecodeTask(b, &got); err != nil {
+			t.Fatalf("incarnation %d: %v", tt.inc, err)
+		}
+		if got.Incarnation != tt.inc || !equalTask(got, task) {
+			t.Fatalf("incarnation %d: got %s", tt.inc, dump(got))
+		}
+	}
+	// Version 1 as releases before incarnations wrote it: without the
+	// incarnation field, the same bytes as a version 2 envelope minus it.
+	task := sampleTask()
+	task.Incarnation = 0
+	v1 := AppendTask(nil, &task)
+	task.Incarnation = 1
+	v2 := AppendTask(nil, &task)
+	if len(v2) != len(v1)+1 {
+		t.Fatalf("version 2 is %d bytes longer than version 1, want 1", len(v2)-len(v1))
 	}
 }

@@ -25,15 +25,16 @@ func FuzzParse(f *testing.F) {
 	f.Add(uint8(1), "delay-after", "1500", "delay-target", "foo:bar", "Delay-Cancel", "maybe", []byte("k"), true, int64(1e12), int64(1))
 	f.Fuzz(func(t *testing.T, tr uint8, k1, v1, k2, v2, k3, v3 string, key []byte, tomb bool, ms, maxDelay int64) {
 		m := &Message{
-			Transport: Transport(1 + tr%2),
-			Source:    "src",
-			Partition: int32(ms),
-			Offset:    ms,
-			Key:       key,
-			Value:     []byte(v3),
-			Tombstone: tomb,
-			Headers:   []Header{h(k1, v1), h(k2, v2), h(k3, v3), h("delay-target", "fallback")},
-			Time:      time.UnixMilli(ms),
+			Transport:   Transport(1 + tr%2),
+			Source:      "src",
+			Partition:   int32(ms),
+			Incarnation: uint32(maxDelay),
+			Offset:      ms,
+			Key:         key,
+			Value:       []byte(v3),
+			Tombstone:   tomb,
+			Headers:     []Header{h(k1, v1), h(k2, v2), h(k3, v3), h("delay-target", "fallback")},
+			Time:        time.UnixMilli(ms),
 		}
 		// Odd rules as well: the fuzzer picks them from the same inputs.
 		r := &Rules{
@@ -63,7 +64,7 @@ func FuzzParse(f *testing.F) {
 
 func checkTask(t *testing.T, m *Message, r *Rules, got Task) {
 	t.Helper()
-	if got.Origin != m.Origin() || got.Source != m.Source || got.Stamp != m.Time.UnixMilli() || got.Offset != m.Offset || got.Partition != m.Partition {
+	if got.Origin != m.Origin() || got.Source != m.Source || got.Stamp != m.Time.UnixMilli() || got.Offset != m.Offset || got.Partition != m.Partition || got.Incarnation != m.Incarnation {
 		t.Fatalf("position fields wrong: %s", dump(got))
 	}
 	switch got.Kind {
@@ -141,6 +142,7 @@ func FuzzDecodeTask(f *testing.F) {
 	for _, task := range []Task{
 		sampleTask(),
 		{Kind: KindCancel, ID: "x"},
+		{Kind: KindCancel, ID: "y", Incarnation: 5},
 		Parse(kafkaMsg(h("delay-at", "x")), nil),
 	} {
 		enc := AppendTask(nil, &task)

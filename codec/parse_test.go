@@ -727,8 +727,8 @@ func dump(t Task) string {
 		return fmt.Sprintf("%q", b)
 	}
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "{%v id=%q src=%q origin=%q stamp=%d p=%d off=%d due=%d to=%v:%q key=%s value=%s attempts=%d dlq=%v:%q code=%q detail=%q headers=",
-		t.Kind, t.ID, t.Source, t.Origin, t.Stamp, t.Partition, t.Offset, t.Due, t.Transport, t.Target,
+	fmt.Fprintf(&sb, "{%v id=%q src=%q origin=%q stamp=%d p=%d inc=%d off=%d due=%d to=%v:%q key=%s value=%s attempts=%d dlq=%v:%q code=%q detail=%q headers=",
+		t.Kind, t.ID, t.Source, t.Origin, t.Stamp, t.Partition, t.Incarnation, t.Offset, t.Due, t.Transport, t.Target,
 		q(t.Key), q(t.Value), t.Attempts, t.DLQTransport, t.DLQ, t.Code, t.Detail)
 	if t.Headers == nil {
 		sb.WriteString("nil")

@@ -96,8 +96,13 @@ type Message struct {
 	// for NATS partition 0 and the stream sequence.
 	Partition int32
 	Offset    int64
-	Key       []byte
-	Value     []byte
+	// Incarnation tells apart the logs a partition has had: a Kafka topic
+	// or JetStream stream deleted and created again numbers its messages
+	// from the start again. Offsets order messages only within one
+	// incarnation; see Task.Incarnation.
+	Incarnation uint32
+	Key         []byte
+	Value       []byte
 	// Tombstone is a Kafka record with a null value.
 	Tombstone bool
 	Headers   []Header
@@ -172,12 +177,14 @@ type Task struct {
 	ID     string
 	Source string
 	Origin string
-	// Stamp (broker time, Unix ms), Partition and Offset order messages with
-	// the same id: the later broker timestamp wins; on the same partition the
-	// later offset wins.
-	Stamp     int64
-	Partition int32
-	Offset    int64
+	// Stamp (broker time, Unix ms), Partition, Incarnation and Offset order
+	// messages with the same id: the later broker timestamp wins; in the
+	// same log (same partition and incarnation) the later offset wins.
+	// Incarnation 0 is the first log a source partition was read from.
+	Stamp       int64
+	Partition   int32
+	Incarnation uint32
+	Offset      int64
 	// Due is the scheduled time in Unix ms, as written in delay-due. Retries
 	// move the store position, never this field.
 	Due int64

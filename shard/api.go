@@ -52,6 +52,11 @@ type Checkpoint struct {
 	// none: it is not stored, and a checkpoint stored without one (NATS,
 	// or by an older version) reads back with 0.
 	Fingerprint uint64
+	// Incarnation is the log of the source partition the offset counts
+	// in: 0 for the first one read, one more for each time the source
+	// found its topic or stream deleted and created again (see
+	// codec.Task.Incarnation). Stored when not 0.
+	Incarnation uint32
 }
 
 // RetryPolicy is the backoff for fire-time publish failures.

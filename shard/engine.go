@@ -639,7 +639,7 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 		if found && ex.Cancel && ex.Expiry <= now {
 			found = false // expired marker: forgotten
 		}
-		in := order{Stamp: t.Stamp, Partition: t.Partition, Offset: t.Offset}
+		in := order{Stamp: t.Stamp, Partition: t.Partition, Incarnation: t.Incarnation, Offset: t.Offset}
 		if found && !in.newerThan(ex.Order) {
 			a.skip = true
 			if t.Kind == codec.KindSchedule {

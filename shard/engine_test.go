@@ -105,6 +105,12 @@ func TestReplace(t *testing.T) {
 		{"cross-partition-later-stamp-wins", at(0, 10, 5, sched("x", due1, 1)), at(1, 2, 6, sched("x", due2, 2)), "x#2"},
 		{"cross-partition-earlier-stamp-dropped", at(0, 10, 5, sched("x", due1, 1)), at(1, 99, 4, sched("x", due2, 2)), "x#1"},
 		{"cross-partition-tie-keeps-existing", at(0, 10, 5, sched("x", due1, 1)), at(1, 99, 5, sched("x", due2, 2)), "x#1"},
+		// The topic was deleted and created again: the new log's offsets
+		// start at 0 again, so broker time orders it against the old one.
+		{"recreated-log-lower-offset-later-stamp-wins", at(0, 500, 5, sched("x", due1, 1)), inc(1, at(0, 3, 6, sched("x", due2, 2))), "x#2"},
+		{"recreated-log-earlier-stamp-dropped", at(0, 500, 5, sched("x", due1, 1)), inc(1, at(0, 3, 4, sched("x", due2, 2))), "x#1"},
+		{"old-log-after-recreated-one-by-stamp", inc(1, at(0, 3, 6, sched("x", due1, 1))), at(0, 500, 5, sched("x", due2, 2)), "x#1"},
+		{"same-recreated-log-later-offset-wins", inc(2, at(0, 3, 6, sched("x", due1, 1))), inc(2, at(0, 4, 1, sched("x", due2, 2))), "x#2"},
 	}
 	for _, tc := range cases {
 		for _, oneBatch := range []bool{false, true} {
@@ -159,6 +165,10 @@ func TestCancel(t *testing.T) {
 		{"cancel-before-schedule-drops-it", []step{{task: cancelTask("x", 5)}, {task: sched("x", due, 4)}}, false, "", nil},
 		{"cancel-before-schedule-cross-partition", []step{{task: at(1, 1, 5, cancelTask("x", 5))}, {task: at(0, 100, 4, sched("x", due, 4))}}, false, "", nil},
 		{"newer-schedule-after-cancel", []step{{task: cancelTask("x", 5)}, {task: sched("x", due, 6)}}, false, "x#6", nil},
+		// A cancel remembered from a log since deleted does not drop a
+		// later schedule of the new log at a lower offset.
+		{"old-log-cancel-marker-vs-recreated-log", []step{{task: at(0, 500, 5, cancelTask("x", 5))}, {task: inc(1, at(0, 3, 6, sched("x", due, 3)))}}, false, "x#3", nil},
+		{"recreated-log-cancel-at-lower-offset", []step{{task: at(0, 500, 5, sched("x", due, 5))}, {task: inc(1, at(0, 3, 6, cancelTask("x", 3)))}}, false, "", nil},
 		{"cancel-marker-expires", []step{{task: cancelTask("x", 5)}, {task: sched("x", due, 4), advance: 24*time.Hour + time.Millisecond}}, false, "x#4", nil},
 		{"cancel-marker-alive-before-expiry", []step{{task: cancelTask("x", 5)}, {task: sched("x", due, 4), advance: 24*time.Hour - time.Millisecond}}, false, "", nil},
 		{"no-retention-forgets-early-cancel", []step{{task: cancelTask("x", 5)}, {task: sched("x", due, 4), advance: time.Millisecond}}, false, "x#4",
@@ -782,4 +792,53 @@ func TestFiredTombstonesClearedWithoutLoss(t *testing.T) {
 	if got := h.sink.acked(); !slices.Equal(got, []string{"overdue"}) {
 		t.Fatalf("fired %v, want [overdue]", got)
 	}
+}
+
+// TestRetryKeepsIncarnation: a failed publish rewrites the task's index
+// entry from its envelope; the entry must keep the incarnation of the log
+// the task came from, or a later message of that log at a lower offset
+// (and a later broker time) would be compared by offset and dropped.
+func TestRetryKeepsIncarnation(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Retry = RetryPolicy{Initial: 100 * time.Millisecond, Max: 100 * time.Millisecond, Multiplier: 2, Jitter: -1, MaxAttempts: 10}
+	})
+	h.sink.setFail(func(t *codec.Task) error {
+		if string(t.Value) == "x#1" {
+			return errors.New("broker says no")
+		}
+		return nil
+	})
+	h.run()
+	// Incarnation 0 is the first log, and the envelope version 1 the
+	// retry would rewrite without an incarnation: use the new log's.
+	h.ingest([]codec.Task{inc(1, at(0, 9, 5, sched("x", t0, 1)))})
+	h.advance(time.Millisecond) // the first attempt fails; retry in 100 ms
+	if got := h.sink.all(); len(got) != 1 || got[0].Err == nil {
+		t.Fatalf("deliveries %+v, want one failed attempt", got)
+	}
+	// Same log, lower offset, earlier broker time: older, dropped.
+	h.ingest([]codec.Task{inc(1, at(0, 8, 6, sched("x", t0.Add(time.Hour), 2)))})
+	if info, err := h.e.Lookup("src", "x"); err != nil || !info.Due.Equal(t0) {
+		t.Fatalf("after an older message of the same log: %+v, %v; want the retrying task due %v", info, err, t0)
+	}
+	// A third log's message, lower offset, later broker time: newer.
+	h.ingest([]codec.Task{inc(2, at(0, 0, 7, sched("x", t0.Add(time.Hour), 3)))})
+	info, err := h.e.Lookup("src", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Due.Equal(t0.Add(time.Hour)) {
+		t.Fatalf("due %v, want the third log's schedule at %v", info.Due, t0.Add(time.Hour))
+	}
+	h.set(t0.Add(2 * time.Hour))
+	var fired []string
+	for _, d := range h.sink.all() {
+		if d.Err == nil {
+			fired = append(fired, d.Value)
+		}
+	}
+	if !slices.Equal(fired, []string{"x#3"}) {
+		t.Fatalf("delivered %v, want [x#3]", fired)
+	}
+	h.checkPending()
 }

@@ -619,7 +619,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		val = codec.AppendTask(val[:0], t)
 		b.Set(appendTaskKey(key[:0], s.id, fire, it.seq), val, nil)
 		if indexed {
-			ne := indexEntry{Shard: s.id, Fire: fire, Seq: it.seq, Order: order{Stamp: t.Stamp, Partition: t.Partition, Offset: t.Offset}}
+			ne := indexEntry{Shard: s.id, Fire: fire, Seq: it.seq, Order: order{Stamp: t.Stamp, Partition: t.Partition, Incarnation: t.Incarnation, Offset: t.Offset}}
 			b.Set(ik, appendIndexEntry(nil, &ne), nil)
 			s.setOverlayLocked(iks.str(i), ne, false, pb)
 		} else {

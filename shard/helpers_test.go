@@ -262,3 +262,9 @@ func at(p int32, off, stamp int64, t codec.Task) codec.Task {
 	t.Partition, t.Offset, t.Stamp = p, off, ms(t0)+stamp
 	return t
 }
+
+// inc puts t in incarnation n of its partition's log.
+func inc(n uint32, t codec.Task) codec.Task {
+	t.Incarnation = n
+	return t
+}

@@ -120,16 +120,18 @@ func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
 // order is the replace/cancel stamp of CONTRACT §1.
 type order struct {
-	Stamp     int64
-	Partition int32
-	Offset    int64
+	Stamp       int64
+	Partition   int32
+	Incarnation uint32
+	Offset      int64
 }
 
-// newerThan reports whether a message at o supersedes one at old: on the
-// same partition the larger offset wins, across partitions the later broker
-// timestamp; a tie keeps the existing one.
+// newerThan reports whether a message at o supersedes one at old: in the
+// same log (same partition and incarnation) the larger offset wins;
+// otherwise, across partitions or across the logs a re-created topic or
+// stream had, the later broker timestamp. A tie keeps the existing one.
 func (o order) newerThan(old order) bool {
-	if o.Partition == old.Partition {
+	if o.Partition == old.Partition && o.Incarnation == old.Incarnation {
 		return o.Offset > old.Offset
 	}
 	return o.Stamp > old.Stamp
@@ -146,9 +148,14 @@ type indexEntry struct {
 	Expiry int64 // cancel markers only
 }
 
+// An index entry is version 1 (indexEntryLen bytes) when its order's
+// incarnation is 0, as every entry before incarnations existed, and
+// version 2, the same with the incarnation appended, otherwise.
 const (
 	indexVersion    = 1
+	indexVersion2   = 2
 	indexEntryLen   = 1 + 1 + 2 + 8 + 8 + 8 + 4 + 8 + 8
+	indexEntryLen2  = indexEntryLen + 4
 	indexKindTask   = 1
 	indexKindCancel = 2
 )
@@ -160,18 +167,38 @@ func appendIndexEntry(dst []byte, e *indexEntry) []byte {
 	if e.Cancel {
 		kind = indexKindCancel
 	}
-	dst = append(dst, indexVersion, kind)
+	version := byte(indexVersion)
+	if e.Order.Incarnation != 0 {
+		version = indexVersion2
+	}
+	dst = append(dst, version, kind)
 	dst = binary.BigEndian.AppendUint16(dst, uint16(e.Shard))
 	dst = binary.BigEndian.AppendUint64(dst, uint64(e.Fire))
 	dst = binary.BigEndian.AppendUint64(dst, e.Seq)
 	dst = binary.BigEndian.AppendUint64(dst, uint64(e.Order.Stamp))
 	dst = binary.BigEndian.AppendUint32(dst, uint32(e.Order.Partition))
 	dst = binary.BigEndian.AppendUint64(dst, uint64(e.Order.Offset))
-	return binary.BigEndian.AppendUint64(dst, uint64(e.Expiry))
+	dst = binary.BigEndian.AppendUint64(dst, uint64(e.Expiry))
+	if version == indexVersion2 {
+		dst = binary.BigEndian.AppendUint32(dst, e.Order.Incarnation)
+	}
+	return dst
 }
 
 func decodeIndexEntry(b []byte, e *indexEntry) error {
-	if len(b) != indexEntryLen || b[0] != indexVersion || (b[1] != indexKindTask && b[1] != indexKindCancel) {
+	if len(b) < 2 || (b[1] != indexKindTask && b[1] != indexKindCancel) {
+		return errBadIndex
+	}
+	var inc uint32
+	switch {
+	case b[0] == indexVersion && len(b) == indexEntryLen:
+	case b[0] == indexVersion2 && len(b) == indexEntryLen2:
+		// 0 is written as version 1: a version 2 entry with it was not
+		// written by appendIndexEntry.
+		if inc = binary.BigEndian.Uint32(b[indexEntryLen:]); inc == 0 {
+			return errBadIndex
+		}
+	default:
 		return errBadIndex
 	}
 	*e = indexEntry{
@@ -180,9 +207,10 @@ func decodeIndexEntry(b []byte, e *indexEntry) error {
 		Fire:   int64(binary.BigEndian.Uint64(b[4:12])),
 		Seq:    binary.BigEndian.Uint64(b[12:20]),
 		Order: order{
-			Stamp:     int64(binary.BigEndian.Uint64(b[20:28])),
-			Partition: int32(binary.BigEndian.Uint32(b[28:32])),
-			Offset:    int64(binary.BigEndian.Uint64(b[32:40])),
+			Stamp:       int64(binary.BigEndian.Uint64(b[20:28])),
+			Partition:   int32(binary.BigEndian.Uint32(b[28:32])),
+			Offset:      int64(binary.BigEndian.Uint64(b[32:40])),
+			Incarnation: inc,
 		},
 		Expiry: int64(binary.BigEndian.Uint64(b[40:48])),
 	}

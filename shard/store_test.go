@@ -9,10 +9,32 @@ func TestIndexEntryRoundTrip(t *testing.T) {
 		{Shard: 3, Fire: 1_800_000_000_000, Seq: 42, Order: order{Stamp: 1_700_000_000_000, Partition: 7, Offset: 99}},
 		{Cancel: true, Shard: 0, Order: order{Stamp: -1, Partition: -1, Offset: -1}, Expiry: 123},
 		{Shard: 65535, Fire: 0, Seq: 1<<64 - 1},
+		{Shard: 2, Fire: 5, Seq: 6, Order: order{Stamp: 7, Partition: 1, Incarnation: 1, Offset: 3}},
+		{Cancel: true, Order: order{Stamp: 7, Incarnation: 1<<32 - 1}, Expiry: 9},
+	} {
+		b := appendIndexEntry(nil, &e)
+		// The first log's entries keep the 48-byte version 1 that
+		// releases before incarnations read; later logs' are version 2.
+		if wantLen := map[bool]int{false: indexEntryLen, true: indexEntryLen2}[e.Order.Incarnation != 0]; len(b) != wantLen {
+			t.Fatalf("%+v encoded in %d bytes, want %d", e, len(b), wantLen)
+		}
+		var got indexEntry
+		if err := decodeIndexEntry(b, &got); err != nil || got != e {
+			t.Fatalf("round trip of %+v: %+v, %v", e, got, err)
+		}
+	}
+	good := appendIndexEntry(nil, &indexEntry{Order: order{Incarnation: 5}})
+	for name, b := range map[string][]byte{
+		"version 2 with incarnation 0":  append(append([]byte(nil), good[:indexEntryLen]...), 0, 0, 0, 0),
+		"version 2 at version 1 length": append([]byte(nil), good[:indexEntryLen]...),
+		"version 1 at version 2 length": append([]byte{indexVersion}, good[1:]...),
+		"version 3":                     append([]byte{3}, good[1:]...),
+		"kind 3":                        append([]byte{indexVersion2, 3}, good[2:]...),
+		"one byte":                      {indexVersion},
 	} {
 		var got indexEntry
-		if err := decodeIndexEntry(appendIndexEntry(nil, &e), &got); err != nil || got != e {
-			t.Fatalf("round trip of %+v: %+v, %v", e, got, err)
+		if err := decodeIndexEntry(b, &got); err == nil {
+			t.Errorf("%s: decoded as %+v", name, got)
 		}
 	}
 }
@@ -46,12 +68,20 @@ func TestOrderNewerThan(t *testing.T) {
 		in, old order
 		newer   bool
 	}{
-		{"same partition later offset", order{1, 0, 11}, order{5, 0, 10}, true},
-		{"same partition earlier offset", order{9, 0, 9}, order{5, 0, 10}, false},
-		{"same partition same offset", order{9, 0, 10}, order{5, 0, 10}, false},
-		{"other partition later stamp", order{6, 1, 0}, order{5, 0, 10}, true},
-		{"other partition earlier stamp", order{4, 1, 99}, order{5, 0, 10}, false},
-		{"other partition tie keeps existing", order{5, 1, 99}, order{5, 0, 10}, false},
+		{"same partition later offset", order{1, 0, 0, 11}, order{5, 0, 0, 10}, true},
+		{"same partition earlier offset", order{9, 0, 0, 9}, order{5, 0, 0, 10}, false},
+		{"same partition same offset", order{9, 0, 0, 10}, order{5, 0, 0, 10}, false},
+		{"same partition and later incarnation, later offset", order{1, 0, 3, 11}, order{5, 0, 3, 10}, true},
+		{"other partition later stamp", order{6, 1, 0, 0}, order{5, 0, 0, 10}, true},
+		{"other partition earlier stamp", order{4, 1, 0, 99}, order{5, 0, 0, 10}, false},
+		{"other partition tie keeps existing", order{5, 1, 0, 99}, order{5, 0, 0, 10}, false},
+		// A re-created topic numbers from 0 again: its messages are
+		// ordered against the old log's by broker time, like another
+		// partition's, not by their lower offsets.
+		{"new log, lower offset, later stamp", order{6, 0, 1, 0}, order{5, 0, 0, 10}, true},
+		{"new log, higher offset, earlier stamp", order{4, 0, 1, 99}, order{5, 0, 0, 10}, false},
+		{"new log, tie keeps existing", order{5, 0, 1, 0}, order{5, 0, 0, 10}, false},
+		{"old log after the new one, later offset", order{4, 0, 0, 11}, order{5, 0, 1, 0}, false},
 	}
 	for _, c := range cases {
 		if got := c.in.newerThan(c.old); got != c.newer {
@@ -63,6 +93,7 @@ func TestOrderNewerThan(t *testing.T) {
 func FuzzDecodeIndexEntry(f *testing.F) {
 	f.Add(appendIndexEntry(nil, &indexEntry{Shard: 1, Fire: 2, Seq: 3}))
 	f.Add(appendIndexEntry(nil, &indexEntry{Cancel: true, Expiry: 9}))
+	f.Add(appendIndexEntry(nil, &indexEntry{Shard: 1, Order: order{Incarnation: 2}}))
 	f.Add([]byte{})
 	f.Add([]byte{1, 3})
 	f.Fuzz(func(t *testing.T, b []byte) {
