@@ -35,11 +35,10 @@ type Sink struct {
 	probes    sync.WaitGroup
 
 	mu      sync.Mutex
-	health  error           // last connection-level failure, nil after a success
-	failed  map[string]bool // topics whose publish failed since health was last nil
-	epoch   uint64          // bumped by every publish that sets health
-	probing bool            // a probe goroutine runs (only while health != nil)
-	closed  bool            // no probe starts after Close
+	health  topicHealth
+	epoch   uint64 // bumped by every publish outcome that changes health
+	probing bool   // a probe goroutine runs (only while health.err != nil)
+	closed  bool   // no probe starts after Close
 }
 
 var (
@@ -47,38 +46,86 @@ var (
 	_ bridge.Healther = (*Sink)(nil)
 )
 
-// Health reports the last connection-level publish failure (no broker,
-// authentication), or nil once a publish succeeded again or, with nothing
-// to publish, once a probe found the leaders of the failed topics
-// answering again (see probe).
+// Health reports a connection-level publish failure (no broker,
+// authentication) while a topic whose publish failed that way has not
+// been written to since, or nil once every such topic took a publish again
+// or, with nothing to publish, once a probe found the leaders of the
+// failed topics answering again (see probe). A publish that succeeds to
+// one topic says nothing about another: in a partial outage (the leader
+// of one topic down, another's up) the sink stays unhealthy.
 // Errors of single records or topics (missing topic, broker refusals) do
 // not count.
 func (s *Sink) Health() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.health
+	return s.health.err
 }
 
-// setHealth records the outcome of a publish. A failure adds topics (those
-// of the failed publish) to the ones the probe checks and starts the probe
-// goroutine unless one runs already or the sink is closed; a success
-// forgets them.
-func (s *Sink) setHealth(err error, topics ...string) {
+// topicHealth is the sink's connection-level health, kept per topic.
+//
+// The granularity is the topic, not the partition: kafka-go does not tell
+// which partition a record went to, so a topic with one partition whose
+// leader is down and another whose leader is up counts as failed after a
+// call in which any of its records got no answer (the failure wins within
+// a call), and as recovered after a call that wrote a record of it and
+// lost none. Such a topic can still make Health alternate; a whole topic
+// or broker being down, the common case, does not.
+type topicHealth struct {
+	err    error            // nil when healthy
+	failed map[string]error // topics whose records got no answer, with the error; nil when healthy
+}
+
+// publish records the outcome of one publish call: written are the topics
+// of which a record was acknowledged, down those of which a record got no
+// answer from the brokers (err; ignored when nil). A written topic leaves
+// the failed ones unless it is also down; Health becomes nil once no
+// failed topic remains, and names a remaining topic's error when the one
+// it named recovered. publish reports whether anything changed.
+func (h *topicHealth) publish(written []string, err error, down []string) (changed bool) {
+	for _, t := range written {
+		if _, ok := h.failed[t]; ok && (err == nil || !slices.Contains(down, t)) {
+			delete(h.failed, t)
+			changed = true
+		}
+	}
+	if err != nil {
+		if h.failed == nil {
+			h.failed = make(map[string]error)
+		}
+		for _, t := range down {
+			h.failed[t] = err
+		}
+		h.err = err
+		return true
+	}
+	switch {
+	case h.err == nil:
+		return changed
+	case len(h.failed) == 0:
+		h.err, h.failed = nil, nil
+		return true
+	case changed:
+		h.err = h.failed[slices.Min(slices.Collect(maps.Keys(h.failed)))]
+	}
+	return changed
+}
+
+// recover clears Health and forgets the failed topics (a probe found
+// their leaders answering).
+func (h *topicHealth) recover() {
+	h.err, h.failed = nil, nil
+}
+
+// setHealth records the outcome of a publish (see topicHealth.publish). A
+// change bumps the epoch; while Health is not nil the probe goroutine runs
+// (it is started unless one runs already or the sink is closed).
+func (s *Sink) setHealth(written []string, err error, down []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.health = err
-	s.epoch++
-	if err == nil {
-		s.failed = nil
-		return
+	if s.health.publish(written, err, down) {
+		s.epoch++
 	}
-	if s.failed == nil {
-		s.failed = make(map[string]bool)
-	}
-	for _, t := range topics {
-		s.failed[t] = true
-	}
-	if !s.probing && !s.closed {
+	if s.health.err != nil && !s.probing && !s.closed {
 		s.probing = true
 		s.probes.Add(1)
 		go s.probe()
@@ -105,14 +152,14 @@ func (s *Sink) probe() {
 		case <-t.C:
 		}
 		s.mu.Lock()
-		epoch, healthy := s.epoch, s.health == nil
-		topics := slices.Sorted(maps.Keys(s.failed))
+		epoch, healthy := s.epoch, s.health.err == nil
+		topics := slices.Sorted(maps.Keys(s.health.failed))
 		if healthy {
 			s.probing = false
 		}
 		s.mu.Unlock()
 		if healthy {
-			return // a publish succeeded in the meantime
+			return // publishes to the failed topics succeeded in the meantime
 		}
 		err := s.ping(s.probeCtx, topics)
 		if s.probeCtx.Err() != nil {
@@ -132,19 +179,21 @@ func (s *Sink) probe() {
 
 // probeDone applies the result of a probe that started at epoch and
 // reports whether the probe goroutine is to end (Health is nil). The
-// result counts only if no publish changed Health since the probe started:
-// a newer failure is newer news than a probe that began before it.
+// result counts only if no publish changed Health or the failed topics
+// since the probe started: a newer failure is newer news than a probe that
+// began before it, and a probe that asked about topics since written to
+// may blame a leader that answers now.
 func (s *Sink) probeDone(epoch uint64, err error) (healthy bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.epoch == epoch && s.health != nil {
+	if s.epoch == epoch && s.health.err != nil {
 		if err == nil {
-			s.health, s.failed = nil, nil
+			s.health.recover()
 		} else {
-			s.health = fmt.Errorf("kafka: probe brokers: %w", classify(err))
+			s.health.err = fmt.Errorf("kafka: probe brokers: %w", classify(err))
 		}
 	}
-	if s.health == nil {
+	if s.health.err == nil {
 		s.probing = false
 		return true
 	}
@@ -333,37 +382,45 @@ func (s *Sink) write(ctx context.Context, msgs []kafkago.Message, idx []int, err
 	}
 	err := s.w.WriteMessages(ctx, sub...)
 	if err == nil {
-		s.setHealth(nil)
+		written := make([]string, len(sub))
+		for j := range sub {
+			written[j] = sub[j].Topic
+		}
+		s.setHealth(written, nil, nil)
 		return
 	}
 	var werrs kafkago.WriteErrors
 	if errors.As(err, &werrs) && len(werrs) == len(idx) {
-		// Per-record errors: the brokers answered if any record was
-		// written or refused with a protocol error; if every record
-		// failed otherwise (a dropped connection, a timeout), none did.
-		var answered bool
+		// Per-record errors. The topics of the records written are
+		// healthy again; those of records that failed without an
+		// answer (a dropped connection, a timeout) are failed: their
+		// partition leader is down even if other topics' leaders are
+		// up. A protocol error is an answer: it changes nothing.
+		var written, down []string
 		var connErr error
-		var topics []string
 		for j, e := range werrs {
+			topic := msgs[idx[j]].Topic
 			var protoErr kafkago.Error
 			switch {
-			case e == nil || errors.As(e, &protoErr):
-				answered = true
-			case connErr == nil:
-				connErr = e
+			case e == nil:
+				written = append(written, topic)
+			case errors.As(e, &protoErr):
+			default:
+				down = append(down, topic)
+				if connErr == nil {
+					connErr = e
+				}
 			}
 			if e != nil {
-				errs[idx[j]] = publishError(msgs[idx[j]].Topic, e)
-				topics = append(topics, msgs[idx[j]].Topic)
+				errs[idx[j]] = publishError(topic, e)
 			}
 		}
-		switch {
-		case ctx.Err() != nil: // stopping: says nothing about the brokers
-		case answered:
-			s.setHealth(nil)
-		default:
-			s.setHealth(fmt.Errorf("kafka: publish: %w", classify(connErr)), topics...)
+		if connErr != nil && ctx.Err() == nil { // stopping says nothing about the brokers
+			connErr = fmt.Errorf("kafka: publish: %w", classify(connErr))
+		} else {
+			connErr = nil
 		}
+		s.setHealth(written, connErr, down)
 		return
 	}
 	// A whole-call failure: a metadata error for one topic (missing
@@ -380,7 +437,7 @@ func (s *Sink) write(ctx context.Context, msgs []kafkago.Message, idx []int, err
 	}
 	var protoErr kafkago.Error
 	if !errors.As(err, &protoErr) && ctx.Err() == nil {
-		s.setHealth(fmt.Errorf("kafka: publish: %w", classify(err)), order...)
+		s.setHealth(nil, fmt.Errorf("kafka: publish: %w", classify(err)), order)
 	}
 	if !split || len(order) == 1 || ctx.Err() != nil {
 		for _, i := range idx {

@@ -157,10 +157,10 @@ func TestSinkProbeKeepsNewerPublishFailure(t *testing.T) {
 		defer s.mu.Unlock()
 		return s.epoch
 	}
-	s.setHealth(errors.New("kafka: publish: first failure"))
+	s.setHealth(nil, errors.New("kafka: publish: first failure"), []string{"out"})
 	started := epoch()
 	newer := errors.New("kafka: publish: failed while the probe ran")
-	s.setHealth(newer)
+	s.setHealth(nil, newer, []string{"other"})
 	if s.probeDone(started, nil) {
 		t.Fatal("a probe that started before the newer failure cleared it")
 	}
