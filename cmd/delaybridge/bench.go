@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 
 	"go.uber.org/zap"
@@ -16,7 +19,11 @@ import (
 // cmdBench runs the benchmark report (internal/benchrun): brokers in
 // process, the bridge as `run` builds it, a Markdown table on stdout and
 // report.json, report.md and lateness.png in -out.
-func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+//
+// cleanups (may be nil) gets what runBench registers, so a forced exit (a
+// second signal) removes the work directory too; a -child registers
+// nothing (its -dir is in its parent's work directory).
+func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer, cleanups *exitCleanups) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	quick := fs.Bool("quick", false, "small sizes for a quick look (20 k messages, 200 k pending, 100 k at the kill)")
@@ -70,9 +77,73 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	o.Command = "delaybridge bench " + strings.Join(args, " ")
 	o.Logger = zap.NewNop()
 	o.Progress = stderr
+	return runBench(ctx, o, stdout, cleanups)
+}
+
+// runBench runs benchrun.Run with its scratch space (stores, broker data,
+// the child bridges' configs and logs, the engine children's stores) in a
+// new directory in o.WorkDir (-work; "" is the system temp dir), removed
+// on return and, through cleanups (may be nil), by a forced exit, which
+// also kills the child processes benchrun started (see killChildren).
+// benchrun makes its own work directory inside that one and removes it on
+// return, but a forced exit skips that. Only that new directory is
+// removed: never -work itself or its other entries, never -out (the
+// report, the profiles and whatever else the user keeps there).
+func runBench(ctx context.Context, o benchrun.Options, stdout io.Writer, cleanups *exitCleanups) error {
+	work, remove, err := cleanups.tempDirIn(o.WorkDir, "delaybridge-bench-")
+	if err != nil {
+		return fmt.Errorf("bench: work dir: %w", err)
+	}
+	defer func() { _ = remove() }()
+	unregister, err := cleanups.add("bench's child processes", killChildren)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	defer unregister()
+	o.WorkDir = work
 	r, err := benchrun.Run(ctx, o)
 	if r != nil {
 		fmt.Fprint(stdout, r.Markdown())
 	}
 	return err
+}
+
+// killChildren kills (SIGKILL) every child process of this one, for a
+// forced exit of bench, whose only children are benchrun's. The
+// engine-level children (`bench -child`) are already killed by the first
+// signal (exec.CommandContext with the context it cancels); a child
+// bridge (`delaybridge run`, exec.Command, no Pdeathsig) only gets a
+// SIGTERM when the first signal ends its run, and bench waits up to a
+// minute for it to stop: a forced exit does not wait, and the bridge would
+// outlive it until its graceful stop ends, closing its store in the work
+// directory being removed. It finds the children in
+// /proc/self/task/*/children (Linux); where that does not exist it finds
+// none.
+func killChildren(context.Context) error {
+	files, err := filepath.Glob("/proc/self/task/*/children")
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil { // the thread has exited
+			continue
+		}
+		for _, field := range strings.Fields(string(b)) {
+			pid, err := strconv.Atoi(field)
+			if err != nil {
+				continue
+			}
+			p, err := os.FindProcess(pid)
+			if err == nil {
+				err = p.Kill()
+				_ = p.Release()
+			}
+			if err != nil && !errors.Is(err, os.ErrProcessDone) {
+				errs = append(errs, fmt.Errorf("kill %d: %w", pid, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -18,8 +18,9 @@ const exitCleanupTimeout = 3 * time.Second
 // exitCleanups is what the forced exit (a second signal, see
 // shutdownOnSignal) still does before exiting, since it skips every defer:
 // remove what a command created for itself alone, such as dev's temporary
-// directory. A command that registers nothing (run, whose data dir must
-// outlive it) exits exactly as without it.
+// directory and bench's work directory, and stop bench's child processes.
+// A command that registers nothing (run, whose data dir must outlive it)
+// exits exactly as without it.
 //
 // The zero value is ready to use; a nil *exitCleanups registers nothing and
 // runs nothing.
@@ -38,8 +39,12 @@ type exitHook struct {
 }
 
 // add registers fn (described by what) for the forced exit; remove
-// unregisters it. It fails once the forced exit has started.
+// unregisters it. It fails once the forced exit has started. On a nil c it
+// registers nothing.
 func (c *exitCleanups) add(what string, fn func(context.Context) error) (remove func(), err error) {
+	if c == nil {
+		return func() {}, nil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.addLocked(what, fn)
@@ -70,8 +75,15 @@ func (c *exitCleanups) addLocked(what string, fn func(context.Context) error) (r
 // neither the other entries of the temp dir (another sandbox's, say) nor
 // anything outside it.
 func (c *exitCleanups) tempDir(pattern string) (dir string, remove func() error, err error) {
+	return c.tempDirIn("", pattern)
+}
+
+// tempDirIn is tempDir with the new directory made in parent, as
+// os.MkdirTemp(parent, pattern) does ("" is the system temp dir): bench's
+// -work. parent itself and its other entries are never removed.
+func (c *exitCleanups) tempDirIn(parent, pattern string) (dir string, remove func() error, err error) {
 	if c == nil {
-		dir, err := os.MkdirTemp("", pattern)
+		dir, err := os.MkdirTemp(parent, pattern)
 		if err != nil {
 			return "", nil, err
 		}
@@ -82,7 +94,7 @@ func (c *exitCleanups) tempDir(pattern string) (dir string, remove func() error,
 	if c.exiting {
 		return "", nil, errors.New("exiting")
 	}
-	dir, err = os.MkdirTemp("", pattern)
+	dir, err = os.MkdirTemp(parent, pattern)
 	if err != nil {
 		return "", nil, err
 	}

@@ -50,7 +50,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigs)
-	cleanups := new(exitCleanups) // only dev registers anything
+	cleanups := new(exitCleanups) // dev and bench register what they create; run nothing
 	ctx, stop := shutdownOnSignal(context.Background(), sigs, stderr, os.Exit, cleanups)
 	defer stop()
 	var err error
@@ -60,7 +60,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	case "dev":
 		err = cmdDev(ctx, args[1:], stdout, stderr, cleanups)
 	case "bench":
-		err = cmdBench(ctx, args[1:], stdout, stderr)
+		err = cmdBench(ctx, args[1:], stdout, stderr, cleanups)
 	case "version", "--version", "-v":
 		if err = noArguments(args, stderr, ""); err == nil {
 			fmt.Fprintln(stdout, "delaybridge", versionString())
@@ -156,12 +156,12 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 // signal's number (130 for SIGINT, 143 for SIGTERM), as a shell reports a
 // process killed by it. That exit skips every defer, so just before it, it
 // runs what the command registered in cleanups (may be nil), for at most
-// exitCleanupTimeout: dev's temporary directory. `run` registers nothing
-// and exits at once. Exiting mid-shutdown loses nothing: the
-// store is crash-safe (a source offset is committed only after its task is
-// fsynced, and a task leaves the store only after its target acknowledged
-// it), so the next start replays the WAL and at most redelivers what was in
-// flight, as after kill -9.
+// exitCleanupTimeout: dev's temporary directory, bench's work directory
+// and child processes. `run` registers nothing and exits at once. Exiting
+// mid-shutdown loses nothing: the store is crash-safe (a source offset is
+// committed only after its task is fsynced, and a task leaves the store
+// only after its target acknowledged it), so the next start replays the WAL
+// and at most redelivers what was in flight, as after kill -9.
 //
 // stop cancels the context and ends the watch; once it has returned, no
 // signal is acted on. It may be called more than once.

@@ -483,6 +483,10 @@ func awaitOrders(t *testing.T, ctx context.Context, kafkaAddr string, values ...
 const devChildEnv = "DELAYBRIDGE_TEST_DEV_CHILD"
 
 func TestMain(m *testing.M) {
+	if os.Getenv(blockChildEnv) != "" {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		os.Exit(0)
+	}
 	if dataDir := os.Getenv(devChildEnv); dataDir != "" {
 		devChild(dataDir)
 		os.Exit(3) // devChild returns only on failure
