@@ -97,13 +97,14 @@ type memHandler struct {
 	batches  []*bridge.Batch
 	cps      map[string]int64
 	fps      map[string]uint64 // fingerprints of cps; none: 0 or absent
+	incs     map[string]uint32 // incarnations of cps; 0 or absent: the first
 	attempts int
 	// fail, when set, decides per Handle call whether it fails.
 	fail func(ctx context.Context, b *bridge.Batch) error
 }
 
 func newMemHandler() *memHandler {
-	return &memHandler{cps: make(map[string]int64), fps: make(map[string]uint64)}
+	return &memHandler{cps: make(map[string]int64), fps: make(map[string]uint64), incs: make(map[string]uint32)}
 }
 
 var _ bridge.CheckpointLoader = (*memHandler)(nil)
@@ -128,6 +129,7 @@ func (h *memHandler) Handle(ctx context.Context, b *bridge.Batch) error {
 	for _, cp := range b.Checkpoints {
 		h.cps[cp.Key] = cp.Offset
 		h.fps[cp.Key] = cp.Fingerprint
+		h.incs[cp.Key] = cp.Incarnation
 	}
 	return nil
 }
@@ -146,7 +148,7 @@ func (h *memHandler) LoadCheckpoint(key string) (shard.Checkpoint, bool, error) 
 	if !ok {
 		return shard.Checkpoint{}, false, nil
 	}
-	return shard.Checkpoint{Key: key, Offset: o, Fingerprint: h.fps[key]}, true, nil
+	return shard.Checkpoint{Key: key, Offset: o, Fingerprint: h.fps[key], Incarnation: h.incs[key]}, true, nil
 }
 
 // checkpoint returns the stored checkpoint of key.

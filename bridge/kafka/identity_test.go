@@ -72,6 +72,18 @@ func handled(h *memHandler, from int) []string {
 	return out
 }
 
+// incarnations returns the incarnations of the handled messages from
+// index from on, one entry per run of equal values.
+func incarnations(h *memHandler, from int) []uint32 {
+	var out []uint32
+	for _, m := range h.snapshot()[from:] {
+		if len(out) == 0 || out[len(out)-1] != m.Incarnation {
+			out = append(out, m.Incarnation)
+		}
+	}
+	return out
+}
+
 func wantRecords(g gen, from int) []string {
 	var out []string
 	for i := from; i < from+g.n; i++ {
@@ -112,6 +124,20 @@ func TestSourceRecreatedTopicReadsNewLogFromStart(t *testing.T) {
 			consume(t, c, h, tc.old.n+tc.new.n, int64(tc.new.n))
 			if got, want := handled(h, tc.old.n), wantRecords(tc.new, 0); !slices.Equal(got, want) {
 				t.Fatalf("after the re-creation handled %v, want %v", got, want)
+			}
+			// The old log's messages are incarnation 0, the new one's 1,
+			// and the checkpoint says so for the next start.
+			if got := incarnations(h, 0); !slices.Equal(got, []uint32{0, 1}) {
+				t.Fatalf("incarnations %v, want [0 1]", got)
+			}
+			if cp := h.checkpoint(CheckpointKey("delay", 0)); cp.Incarnation != 1 {
+				t.Fatalf("stored checkpoint %+v, want incarnation 1", cp)
+			}
+			// A restart on the same (new) log stays in incarnation 1.
+			produce(t, producer(t, c), &kgo.Record{Topic: "delay", Partition: 0, Value: []byte("later")})
+			consume(t, c, h, tc.old.n+tc.new.n+1, int64(tc.new.n+1))
+			if got := incarnations(h, tc.old.n); !slices.Equal(got, []uint32{1}) {
+				t.Fatalf("incarnations of the new log after a restart %v, want [1]", got)
 			}
 		})
 	}
@@ -167,6 +193,67 @@ func TestSourceRecreatedTopicWithStore(t *testing.T) {
 	produce(t, producer(t, c), records("new", 10)...)
 	if cp := run(16, 10); cp.Offset != 9 || cp.Fingerprint == 0 {
 		t.Fatalf("stored checkpoint %+v, want offset 9 with a fingerprint", cp)
+	}
+}
+
+// The new log's messages replace the old log's pending tasks with the
+// same ids, although their offsets are lower: the store orders messages
+// of different incarnations by broker time. Without incarnations they were
+// dropped as older than the old log's tasks at higher offsets, and the
+// stale tasks fired instead.
+func TestSourceRecreatedTopicReplacesOldTasks(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	eng, err := shard.Open(shard.Options{Dir: t.TempDir(), Shards: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = eng.Close() }()
+	t0 := time.Now().Truncate(time.Millisecond)
+	records := func(tag string, ids []int, at time.Time) []*kgo.Record {
+		var rs []*kgo.Record
+		for _, i := range ids {
+			rs = append(rs, &kgo.Record{Topic: "delay", Partition: 0, Key: fmt.Appendf(nil, "id-%d", i), Value: []byte(tag), Timestamp: at,
+				Headers: []kgo.RecordHeader{{Key: "delay-after", Value: []byte("1h")}, {Key: "delay-target", Value: []byte("out")}}})
+		}
+		return rs
+	}
+	run := func(pending int64, commitTo int64) {
+		t.Helper()
+		s, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := runSource(t, s, bridge.NewPipeline(eng, nil))
+		waitFor(t, fmt.Sprintf("commit %d", commitTo), func() bool { return committed(c, "g", "delay")[0] == commitTo })
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		if got := eng.Stats().Pending; got != pending {
+			t.Fatalf("%d pending, want %d", got, pending)
+		}
+	}
+	produce(t, producer(t, c), records("old", []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, t0.Add(-time.Minute))...)
+	run(10, 10)
+	recreate(t, c, "delay")
+	// Offsets 0-2 of the new log, ids the old log had at 7-9.
+	produce(t, producer(t, c), records("new", []int{7, 8, 9}, t0)...)
+	run(10, 3)
+	for i := range 10 {
+		id := fmt.Sprintf("id-%d", i)
+		info, err := eng.Lookup("delay", id)
+		if err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		want := fmt.Sprintf("kafka:delay/0@%d", i) // the old log's
+		if i >= 7 {
+			want = fmt.Sprintf("kafka:delay/0@%d", i-7) // the new log's
+		}
+		if info.Origin != want {
+			t.Errorf("%s: origin %s, want %s", id, info.Origin, want)
+		}
+	}
+	if cp, ok, err := eng.LoadCheckpoint(CheckpointKey("delay", 0)); err != nil || !ok || cp.Offset != 2 || cp.Incarnation != 1 {
+		t.Fatalf("stored checkpoint %+v, %v, %v; want offset 2 of incarnation 1", cp, ok, err)
 	}
 }
 
@@ -370,6 +457,9 @@ func TestSourceTopicRecreatedWhileRunning(t *testing.T) {
 			}
 			if got, want := handled(h, tc.old.n), wantRecords(tc.new, 0); !slices.Equal(got, want) {
 				t.Fatalf("after the re-creation handled %v, want %v", got, want)
+			}
+			if got := incarnations(h, 0); !slices.Equal(got, []uint32{0, 1}) {
+				t.Fatalf("incarnations %v, want [0 1]", got)
 			}
 		})
 	}

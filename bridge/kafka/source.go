@@ -359,7 +359,7 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 	go func() {
 		defer wg.Done()
 		defer close(out)
-		s.fetchLoop(wctx, topic, pa.ID, start, st.known, out, lag, log)
+		s.fetchLoop(wctx, topic, pa.ID, start, st.known, st.incarnation, out, lag, log)
 	}()
 	defer func() {
 		cancel()
@@ -419,6 +419,10 @@ type start struct {
 	// none), which the fetcher checks again after the topic was
 	// reported unknown.
 	known shard.Checkpoint
+	// incarnation numbers the logs the partition has had (see
+	// codec.Message.Incarnation): the stored checkpoint's, one more when
+	// the log is another one, 0 without a checkpoint.
+	incarnation uint32
 }
 
 // startOffset is max(committed, stored checkpoint + 1), unless the stored
@@ -459,6 +463,9 @@ func (s *Source) decideStart(ctx context.Context, h bridge.Handler, topic string
 	if !ok {
 		return start{offset: committed}, nil
 	}
+	// Another log is the next incarnation. It is decided again after a
+	// restart until the new log's first batch stores its checkpoint, so
+	// it does not grow while nothing of that log is stored.
 	c, err := s.checkIdentity(ctx, topic, partition, cp)
 	if err != nil {
 		return start{}, fmt.Errorf("check the log against the checkpoint: %w", err)
@@ -470,16 +477,16 @@ func (s *Source) decideStart(ctx context.Context, h bridge.Handler, topic string
 			"ignoring the checkpoint and the group's committed offset",
 			zap.String("reason", c.reason), zap.Int64("stored_offset", cp.Offset),
 			zap.Int64("committed", committed), zap.Int64("log_start", c.first), zap.Int64("log_end", c.end))
-		return start{offset: c.first, rewind: committed > c.first}, nil
+		return start{offset: c.first, rewind: committed > c.first, incarnation: cp.Incarnation + 1}, nil
 	case identitySame:
 		log.Debug("checkpoint matches the log", zap.Int64("stored_offset", cp.Offset))
-		return start{offset: max(committed, cp.Offset+1), known: cp}, nil
+		return start{offset: max(committed, cp.Offset+1), known: cp, incarnation: cp.Incarnation}, nil
 	default:
 		if cp.Fingerprint != 0 {
 			log.Info("checkpoint cannot be checked against the log", zap.String("reason", c.reason),
 				zap.Int64("stored_offset", cp.Offset), zap.Int64("log_start", c.first), zap.Int64("log_end", c.end))
 		}
-		return start{offset: max(committed, cp.Offset+1)}, nil
+		return start{offset: max(committed, cp.Offset+1), incarnation: cp.Incarnation}, nil
 	}
 }
 
@@ -515,8 +522,13 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 // is the last record read (the verified stored checkpoint at first): after
 // a fetch reported the topic unknown (deleted), the fetcher checks that
 // the log it comes back to still holds that record before it reads on.
+//
+// inc is the incarnation of the log at offset; each log that replaces it
+// (rewindTo) is the next one. Messages and checkpoints carry it, so the
+// store orders a new log's messages against the old one's by broker time,
+// not by their offsets, which start again from 0.
 func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, offset int64, known shard.Checkpoint,
-	out chan<- fetched, lag *lagGauge, log *zap.Logger) {
+	inc uint32, out chan<- fetched, lag *lagGauge, log *zap.Logger) {
 	key := CheckpointKey(topic, partition)
 	rules := s.rules[topic]
 	wait := s.cfg.RetryMin
@@ -533,6 +545,7 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 			offset, sent = to, to
 			notes.untimed = nil
 			known = shard.Checkpoint{}
+			inc++
 			return true
 		case <-ctx.Done():
 			return false
@@ -649,8 +662,13 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 			n := min(len(pending), s.cfg.MaxBatch)
 			items := pending[:n:n]
 			pending = pending[n:]
+			if inc != 0 {
+				for i := range items {
+					items[i].Msg.Incarnation = inc
+				}
+			}
 			lm := &items[n-1].Msg
-			cp := shard.Checkpoint{Key: key, Offset: lm.Offset, Fingerprint: fingerprint(lm, notes.untimedAt(lm.Offset))}
+			cp := shard.Checkpoint{Key: key, Offset: lm.Offset, Fingerprint: fingerprint(lm, notes.untimedAt(lm.Offset)), Incarnation: inc}
 			f := fetched{
 				batch: &bridge.Batch{Items: items, Checkpoints: []shard.Checkpoint{cp}},
 				next:  cp.Offset + 1,

@@ -16,6 +16,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/metrics"
+	"github.com/delaybridge/delaybridge/shard"
 )
 
 // jsOptions are the options of an in-process JetStream server on a free port.
@@ -130,11 +131,14 @@ type recorder struct {
 	items   []bridge.Item
 	batches []bridge.Batch
 	cps     map[string]int64
+	fps     map[string]uint64 // fingerprints of cps
 	fail    bool
 	calls   int
 }
 
-func newRecorder() *recorder { return &recorder{cps: map[string]int64{}} }
+func newRecorder() *recorder { return &recorder{cps: map[string]int64{}, fps: map[string]uint64{}} }
+
+var _ bridge.CheckpointLoader = (*recorder)(nil)
 
 func (r *recorder) Handle(_ context.Context, b *bridge.Batch) error {
 	r.mu.Lock()
@@ -147,6 +151,7 @@ func (r *recorder) Handle(_ context.Context, b *bridge.Batch) error {
 	r.batches = append(r.batches, bridge.Batch{Items: slices.Clone(b.Items), Checkpoints: slices.Clone(b.Checkpoints)})
 	for _, c := range b.Checkpoints {
 		r.cps[c.Key] = c.Offset // as the store: the last write wins
+		r.fps[c.Key] = c.Fingerprint
 	}
 	return nil
 }
@@ -156,6 +161,27 @@ func (r *recorder) Checkpoint(key string) (int64, bool, error) {
 	defer r.mu.Unlock()
 	off, ok := r.cps[key]
 	return off, ok, nil
+}
+
+func (r *recorder) LoadCheckpoint(key string) (shard.Checkpoint, bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	off, ok := r.cps[key]
+	return shard.Checkpoint{Key: key, Offset: off, Fingerprint: r.fps[key]}, ok, nil
+}
+
+// incarnations returns the incarnations of the handled messages, one
+// entry per run of equal values.
+func (r *recorder) incarnations() []uint32 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []uint32
+	for _, it := range r.items {
+		if len(out) == 0 || out[len(out)-1] != it.Msg.Incarnation {
+			out = append(out, it.Msg.Incarnation)
+		}
+	}
+	return out
 }
 
 func (r *recorder) setFail(f bool) {

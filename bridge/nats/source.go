@@ -52,6 +52,12 @@ type Source struct {
 	// goroutine only) the one of the stream Run reads: see CheckpointKey.
 	base string
 	key  string
+	// inc (Run's goroutine only) is the incarnation of the stream Run
+	// reads, created at incOf (see incarnation); incKey where it is
+	// stored.
+	inc    uint32
+	incOf  int64
+	incKey string
 
 	consumer atomic.Pointer[consumerRef]
 	consErr  atomic.Pointer[error]
@@ -95,6 +101,7 @@ func NewSource(nc *natsgo.Conn, cfg Config) (*Source, error) {
 		log: cfg.Logger.With(zap.String("stream", cfg.Stream), zap.String("consumer", cfg.Consumer)),
 	}
 	s.base = baseKey(cfg.Stream, s.subjects())
+	s.incKey = IncarnationKey(cfg.Stream)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*cfg.ConnectTimeout)
 	defer cancel()
 	if err := s.ensure(ctx); err != nil {
@@ -130,6 +137,36 @@ func CheckpointKey(stream string, created int64, subjects []string) string {
 func baseKey(stream string, subjects []string) string {
 	fs := slices.Sorted(slices.Values(coveringFilters(subjects)))
 	return "nats|" + stream + "|" + strings.Join(fs, ",")
+}
+
+// IncarnationKey is the shard.Checkpoint key under which the source keeps
+// the incarnation of the stream (see codec.Message.Incarnation): Offset is
+// the incarnation, Fingerprint the creation time (Unix ns) of the stream it
+// belongs to. Every batch stores it with the floor.
+func IncarnationKey(stream string) string { return "nats-incarnation|" + stream }
+
+// incarnation returns the incarnation of the stream created at created:
+// the stored one if it belongs to that stream, one more if it belongs to a
+// stream since deleted, 0 if none is stored (the first stream, or one read
+// by a version before incarnations, whose tasks are incarnation 0 too).
+// Messages of different incarnations are ordered by their stored time,
+// not by their sequences, which a stream created again starts at 1.
+func (s *Source) incarnation(h bridge.Handler, created int64) (uint32, error) {
+	l, ok := h.(bridge.CheckpointLoader)
+	if !ok {
+		return 0, nil // no fingerprint to compare: a single incarnation
+	}
+	cp, ok, err := l.LoadCheckpoint(s.incKey)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("nats source: read the stream incarnation: %w", err)
+	case !ok:
+		return 0, nil
+	case cp.Fingerprint == uint64(created):
+		return uint32(cp.Offset), nil
+	default:
+		return uint32(cp.Offset) + 1, nil
+	}
 }
 
 // createdKey is where a development version stored the stream identity
@@ -470,6 +507,10 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			err = s.storedFloor(h, st)
 		}
 		if err == nil {
+			s.incOf = s.created.Load()
+			s.inc, err = s.incarnation(h, s.incOf)
+		}
+		if err == nil {
 			break
 		}
 		s.log.Warn("nats source: read stream info or checkpoint failed; retrying", zap.Error(err))
@@ -498,10 +539,18 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 				continue
 			}
 			if id := s.created.Load(); id != streamID {
+				inc, err := s.incarnation(h, id)
+				if err != nil {
+					s.log.Warn("nats source: the stream was created again; reading its incarnation failed", zap.Error(err))
+					if !sleepCtx(ctx, bo.next()) {
+						return nil
+					}
+					continue
+				}
 				s.log.Warn("nats source: the stream was created again; reading it from its start",
 					zap.Int64("floor", st.floor), zap.Time("stream_created", time.Unix(0, id)),
-					zap.Time("was_created", time.Unix(0, streamID)))
-				*st, streamID = floorState{}, id
+					zap.Time("was_created", time.Unix(0, streamID)), zap.Uint32("incarnation", inc))
+				*st, streamID, s.inc, s.incOf = floorState{}, id, inc, id
 				s.key = CheckpointKey(s.cfg.Stream, id, s.subjects())
 			}
 			verified = true
@@ -788,13 +837,14 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		}
 		items = append(items, bridge.Item{
 			Msg: codec.Message{
-				Transport: codec.TransportNATS,
-				Source:    s.cfg.Stream,
-				Partition: 0,
-				Offset:    seq,
-				Value:     m.Data(),
-				Headers:   headersIn(m.Headers()),
-				Time:      md.Timestamp,
+				Transport:   codec.TransportNATS,
+				Source:      s.cfg.Stream,
+				Partition:   0,
+				Incarnation: s.inc,
+				Offset:      seq,
+				Value:       m.Data(),
+				Headers:     headersIn(m.Headers()),
+				Time:        md.Timestamp,
 			},
 			Rules: rules,
 		})
@@ -812,7 +862,10 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		}
 		items = slices.CompactFunc(items, func(a, b bridge.Item) bool { return a.Msg.Offset == b.Msg.Offset })
 		cp := st.checkpoint(high)
-		b := &bridge.Batch{Items: items, Checkpoints: []shard.Checkpoint{{Key: s.key, Offset: cp}}}
+		b := &bridge.Batch{Items: items, Checkpoints: []shard.Checkpoint{
+			{Key: s.key, Offset: cp},
+			{Key: s.incKey, Offset: int64(s.inc), Fingerprint: uint64(s.incOf)},
+		}}
 		if err := s.handle(ctx, h, b, batch); err != nil {
 			return &abandonedError{err: err, batch: batch}
 		}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/shard"
 )
 
 func TestNewSourceStreamAndConsumer(t *testing.T) {
@@ -164,10 +165,15 @@ func TestSourceMessages(t *testing.T) {
 		t.Errorf("origin = %q", got)
 	}
 	last := rec.batches[len(rec.batches)-1].Checkpoints
-	// The position in this stream: its creation time is in the key.
-	if len(last) != 1 || last[0].Key != fmt.Sprintf("nats|DELAY|delay.>|%d", src.created.Load()) || src.created.Load() == 0 ||
-		last[0].Offset != int64(ack2.Sequence) {
-		t.Errorf("checkpoints = %+v", last)
+	// The position in this stream: its creation time is in the key; and
+	// the stream's incarnation (the first), tied to that creation time.
+	created := src.created.Load()
+	want := []shard.Checkpoint{
+		{Key: fmt.Sprintf("nats|DELAY|delay.>|%d", created), Offset: int64(ack2.Sequence)},
+		{Key: "nats-incarnation|DELAY", Offset: 0, Fingerprint: uint64(created)},
+	}
+	if created == 0 || !slices.Equal(last, want) {
+		t.Errorf("checkpoints = %+v, want %+v", last, want)
 	}
 }
 
@@ -595,21 +601,27 @@ func TestSourceStreamCreatedAgain(t *testing.T) {
 		// would have written.
 		store func(cps map[string]int64, oldKey string, oldCreated int64)
 		n     int // messages on the new stream
+		// inc is the new stream's incarnation: 1, or 0 when no
+		// incarnation was stored (older versions).
+		inc uint32
 	}{
-		{name: "restart", n: 3},
+		{name: "restart", n: 3, inc: 1},
 		{name: "restart, older version's checkpoint", n: 3, store: func(cps map[string]int64, oldKey string, _ int64) {
 			cps[base] = cps[oldKey]
 			delete(cps, oldKey)
+			delete(cps, IncarnationKey("DELAY"))
 		}},
 		{name: "restart, older version's checkpoint, the new stream already past it", n: 8, store: func(cps map[string]int64, oldKey string, _ int64) {
 			cps[base] = cps[oldKey]
 			delete(cps, oldKey)
+			delete(cps, IncarnationKey("DELAY"))
 		}},
 		{name: "restart, development version's checkpoint", n: 8, store: func(cps map[string]int64, oldKey string, oldCreated int64) {
 			cps[base], cps[base+"|created"] = cps[oldKey], oldCreated
 			delete(cps, oldKey)
+			delete(cps, IncarnationKey("DELAY"))
 		}},
-		{name: "while running", live: true, n: 3},
+		{name: "while running", live: true, n: 3, inc: 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := startServer(t, jsOptions(t))
@@ -685,6 +697,24 @@ func TestSourceStreamCreatedAgain(t *testing.T) {
 			})
 			if got := rec.seqs()[5:]; !slices.Equal(got, want) {
 				t.Fatalf("new stream's sequences handled: %v, want %v", got, want)
+			}
+			// The new stream's messages are of another incarnation than
+			// the old one's, so the store orders them by stored time, not
+			// by their sequences, which started again at 1.
+			wantInc := []uint32{0}
+			if c.inc != 0 {
+				wantInc = append(wantInc, c.inc)
+			}
+			if got := rec.incarnations(); !slices.Equal(got, wantInc) {
+				t.Fatalf("incarnations handled %v, want %v", got, wantInc)
+			}
+			cp, ok, _ := rec.LoadCheckpoint(IncarnationKey("DELAY"))
+			created := src.created.Load()
+			if src2 != nil {
+				created = src2.created.Load()
+			}
+			if !ok || cp.Offset != int64(c.inc) || cp.Fingerprint != uint64(created) {
+				t.Fatalf("stored incarnation %+v (%v), want %d of the stream created at %d", cp, ok, c.inc, created)
 			}
 		})
 	}
