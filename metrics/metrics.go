@@ -50,7 +50,7 @@ func New(r prometheus.Registerer) *Metrics {
 			Name: "delaybridge_dead_lettered_total", Help: "Messages written to a dead-letter destination, by reason code.",
 		}, []string{"reason"}),
 		Cancelled: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "delaybridge_cancelled_total", Help: "Pending tasks cancelled (by delay-cancel, tombstone or admin API).",
+			Name: "delaybridge_cancelled_total", Help: "Pending tasks cancelled (by delay-cancel, tombstone or admin API) and not delivered; one already being published when cancelled counts here only if that publish failed, else as fired.",
 		}, []string{"source"}),
 		Replaced: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "delaybridge_replaced_total", Help: "Pending tasks replaced by a newer schedule with the same id.",

@@ -108,11 +108,13 @@ type shard struct {
 	overlay    map[string]overlayEntry // index decisions of those batches
 	// inflight holds the seqs of the tasks handed to the sink; a replace
 	// or cancel that deletes one meanwhile marks it superseded, so the
-	// outcome is not recorded for it. A task that is not superseded still
-	// owns its index entry (every change of an id's entry deletes the
-	// task it pointed to, under this lock), so the ack deletes both
-	// without reading the index.
-	inflight map[uint64]bool
+	// outcome is not recorded for it (only counted: a cancelled task the
+	// broker acknowledged anyway was fired, one it did not was
+	// cancelled). A task that is not superseded still owns its index
+	// entry (every change of an id's entry deletes the task it pointed
+	// to, under this lock), so the ack deletes both without reading the
+	// index.
+	inflight map[uint64]supersession
 	// deleting holds the seqs of stored tasks that an applied-but-not-yet-
 	// durable (or not yet applied) batch deletes by a replace or cancel:
 	// they may still be visible in Pebble, so claimLocked must not hand them
@@ -293,7 +295,7 @@ func (e *Engine) recover() error {
 			notify:    make(chan struct{}, 1),
 			unwheeled: make(map[uint64]struct{}),
 			overlay:   make(map[string]overlayEntry),
-			inflight:  make(map[uint64]bool),
+			inflight:  make(map[uint64]supersession),
 			deleting:  make(map[uint64]struct{}),
 			rng:       rand.New(rand.NewPCG(uint64(now), uint64(i))),
 		}
@@ -482,16 +484,29 @@ func (s *shard) drainLocked() {
 	s.inWheelG.Set(float64(s.w.Len()))
 }
 
-// supersedeLocked records that pb deletes the stored task seq (a replace
-// or cancel). If the task is in flight its delivery outcome is not
-// recorded; until pb is durable, claimLocked skips it.
-func (s *shard) supersedeLocked(seq uint64, pb *pendingBatch) {
+// supersession is what happened to a task in flight meanwhile.
+type supersession uint8
+
+const (
+	notSuperseded supersession = iota
+	replacedInFlight
+	cancelledInFlight
+)
+
+// supersedeLocked records that pb deletes the stored task seq (a replace,
+// or a cancel when by is cancelledInFlight). If the task is in flight its
+// delivery outcome is not recorded, and inFlight tells the caller so: a
+// cancel is then counted by the delivery, as cancelled only if the
+// broker did not take the task. Until pb is durable, claimLocked skips
+// the task.
+func (s *shard) supersedeLocked(seq uint64, pb *pendingBatch, by supersession) (inFlight bool) {
 	if _, ok := s.inflight[seq]; ok {
-		s.inflight[seq] = true
+		s.inflight[seq], inFlight = by, true
 	}
 	s.deleting[seq] = struct{}{}
 	s.clearLateLocked(seq)
 	pb.dels = append(pb.dels, seq)
+	return inFlight
 }
 
 // abandonLocked drops a batch that will not be applied: its commit failed
@@ -504,7 +519,7 @@ func (s *shard) supersedeLocked(seq uint64, pb *pendingBatch) {
 func (s *shard) abandonLocked(pb *pendingBatch) {
 	for _, seq := range pb.dels {
 		if _, ok := s.inflight[seq]; ok {
-			s.inflight[seq] = false
+			s.inflight[seq] = notSuperseded
 		}
 	}
 	undo := pb.undo
@@ -651,9 +666,14 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 			}
 			continue
 		}
+		var oldInFlight bool
 		if found && !ex.Cancel {
+			by := replacedInFlight
+			if t.Kind == codec.KindCancel {
+				by = cancelledInFlight
+			}
 			a.delOld, a.oldFire, a.oldSeq = true, ex.Fire, ex.Seq
-			s.supersedeLocked(ex.Seq, pb)
+			oldInFlight = s.supersedeLocked(ex.Seq, pb, by)
 			pb.delta--
 		}
 		if t.Kind == codec.KindSchedule {
@@ -670,7 +690,7 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 			}
 		} else {
 			a.entry = indexEntry{Cancel: true, Shard: sh, Order: in, Expiry: now + e.opts.CancelRetention.Milliseconds()}
-			if a.delOld {
+			if a.delOld && !oldInFlight {
 				stats.cancelled = append(stats.cancelled, t.Source)
 			}
 		}
@@ -1026,7 +1046,7 @@ func (e *Engine) Cancel(source, id string) error {
 	pb := &pendingBatch{delta: -1, tk: tk}
 	s.enqueueLocked(pb)
 	s.setOverlayLocked(string(ik), marker, false, pb)
-	s.supersedeLocked(ex.Seq, pb)
+	inFlight := s.supersedeLocked(ex.Seq, pb, cancelledInFlight)
 	s.mu.Unlock()
 
 	b := e.db.NewBatch()
@@ -1052,7 +1072,9 @@ func (e *Engine) Cancel(source, id string) error {
 		return fmt.Errorf("shard: cancel %s/%s: %w", source, id, err)
 	}
 	s.markDurable(pb)
-	e.m.Cancelled.WithLabelValues(source).Inc()
+	if !inFlight {
+		e.m.Cancelled.WithLabelValues(source).Inc()
+	}
 	return nil
 }
 

@@ -388,7 +388,7 @@ func (s *shard) claimLocked(now int64) []fireItem {
 			return // a replace or cancel is deleting it
 		}
 		due = append(due, fireItem{fire: fire, seq: seq})
-		s.inflight[seq] = false
+		s.inflight[seq] = notSuperseded
 	})
 	s.inWheelG.Set(float64(s.w.Len()))
 	return due
@@ -540,7 +540,10 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		key, val []byte
 		readds   []wheelOp
 		acked    []int
-		retried  []int
+		// late: superseded in flight, delivered anyway; cancelled:
+		// cancelled in flight and not delivered.
+		late, cancelled []int
+		retried         []int
 		// unavailable: retried without an attempt charged (ErrUnavailable)
 		unavailable []int
 		outageErr   error
@@ -558,11 +561,18 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		case errs != nil:
 			derr = errs[i]
 		}
-		superseded := s.inflight[it.seq]
+		sup := s.inflight[it.seq]
 		delete(s.inflight, it.seq)
-		if superseded {
+		if sup != notSuperseded {
 			// Replaced or cancelled while in flight: the newer message
-			// deleted this task and owns its index entry.
+			// deleted this task and owns its index entry. Counted only:
+			// delivered anyway, it was fired; not, a cancel cancelled it.
+			switch {
+			case derr == nil:
+				late = append(late, i)
+			case sup == cancelledInFlight:
+				cancelled = append(cancelled, i)
+			}
 			continue
 		}
 		indexed := t.Kind != codec.KindDeadLetter
@@ -669,7 +679,10 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, i := range acked {
+	for _, i := range cancelled {
+		e.m.Cancelled.WithLabelValues(items[i].task.Source).Inc()
+	}
+	fired := func(i int) {
 		t := items[i].task
 		kind := "task"
 		if t.Kind == codec.KindDeadLetter {
@@ -683,6 +696,12 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			// task delivered after retries or an outage was that late.
 			e.m.FireLateness.WithLabelValues(tr).Observe(float64(now-t.Due) / 1000)
 		}
+	}
+	for _, i := range acked {
+		fired(i)
+	}
+	for _, i := range late {
+		fired(i)
 	}
 	for _, i := range retried {
 		e.m.PublishRetries.WithLabelValues(items[i].task.Transport.String()).Inc()

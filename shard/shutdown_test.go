@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"slices"
@@ -10,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/metrics"
 )
 
 // blockingSink holds each Deliver until released, reporting whether its
@@ -19,13 +23,21 @@ type blockingSink struct {
 	entered  chan struct{}
 	release  chan struct{}
 	ctxAlive chan bool
+	fail     error // when set, every task of every batch fails with it
 }
 
 func (s *blockingSink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	s.entered <- struct{}{}
 	<-s.release
 	s.ctxAlive <- ctx.Err() == nil
-	return nil
+	if s.fail == nil {
+		return nil
+	}
+	errs := make([]error, len(batch))
+	for i := range errs {
+		errs[i] = s.fail
+	}
+	return errs
 }
 
 // runUntilInFlight starts the engine's Run with a blocking sink (room for
@@ -71,7 +83,9 @@ func TestShutdownLetsInFlightBatchFinish(t *testing.T) {
 
 // TestSupersededWhileInFlight: a replace or cancel of a task that is being
 // published wins. The ack of the old task must neither delete the entry
-// the newer message wrote nor count the task out twice.
+// the newer message wrote nor count the task out twice. The metrics count
+// what happened: a task the broker acknowledged anyway was fired (not
+// cancelled); a cancelled one it refused was cancelled.
 func TestSupersededWhileInFlight(t *testing.T) {
 	cases := []struct {
 		name      string
@@ -87,27 +101,62 @@ func TestSupersededWhileInFlight(t *testing.T) {
 		}, time.Time{}},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, nil)
-			h.ingest([]codec.Task{sched("x", t0, 1)})
-			sink, cancel, done := runUntilInFlight(t, h, 4)
-			tc.supersede(h) // while x#1 is in flight
-			close(sink.release)
-			h.settle()
-			h.checkPending()
-			checkStoreInvariants(t, h.e)
-			info, err := h.e.Lookup("src", "x")
-			switch {
-			case tc.wantDue.IsZero() && !errors.Is(err, ErrNotFound):
-				t.Fatalf("Lookup after the cancel = %+v, %v; want ErrNotFound", info, err)
-			case !tc.wantDue.IsZero() && (err != nil || !info.Due.Equal(tc.wantDue)):
-				t.Fatalf("Lookup after the replace = %+v, %v; want the replacement due %v", info, err, tc.wantDue)
-			}
-			cancel()
-			if err := <-done; err != nil {
-				t.Fatalf("Run: %v", err)
-			}
-		})
+		for _, delivered := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/delivered=%v", tc.name, delivered), func(t *testing.T) {
+				m := metrics.New(prometheus.NewRegistry())
+				h := newHarness(t, func(o *Options) { o.Metrics = m })
+				h.ingest([]codec.Task{sched("x", t0, 1)})
+				sink, cancel, done := runUntilInFlight(t, h, 4)
+				if !delivered {
+					sink.fail = errors.New("broker says no")
+				}
+				tc.supersede(h) // while x#1 is in flight
+				close(sink.release)
+				h.settle()
+				checkSupersededCounts(t, m, tc.wantDue.IsZero(), delivered)
+				h.checkPending()
+				checkStoreInvariants(t, h.e)
+				info, err := h.e.Lookup("src", "x")
+				switch {
+				case tc.wantDue.IsZero() && !errors.Is(err, ErrNotFound):
+					t.Fatalf("Lookup after the cancel = %+v, %v; want ErrNotFound", info, err)
+				case !tc.wantDue.IsZero() && (err != nil || !info.Due.Equal(tc.wantDue)):
+					t.Fatalf("Lookup after the replace = %+v, %v; want the replacement due %v", info, err, tc.wantDue)
+				}
+				cancel()
+				if err := <-done; err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+			})
+		}
+	}
+}
+
+// checkSupersededCounts checks the metrics of TestSupersededWhileInFlight.
+func checkSupersededCounts(t *testing.T, m *metrics.Metrics, cancel, delivered bool) {
+	t.Helper()
+	wantFired, wantCancelled, wantReplaced := 0.0, 0.0, 0.0
+	if delivered {
+		wantFired = 1
+	}
+	switch {
+	case !cancel:
+		wantReplaced = 1
+	case !delivered:
+		wantCancelled = 1
+	}
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"fired", metricValue(t, m.Fired.WithLabelValues("kafka", "task")), wantFired},
+		{"cancelled", metricValue(t, m.Cancelled.WithLabelValues("src")), wantCancelled},
+		{"replaced", metricValue(t, m.Replaced.WithLabelValues("src")), wantReplaced},
+		{"lateness samples", metricValue(t, m.FireLateness.WithLabelValues("kafka").(prometheus.Metric)), wantFired},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
 	}
 }
 
