@@ -741,6 +741,39 @@ func TestStatsOldestOverdueDuringRetries(t *testing.T) {
 	}
 }
 
+// TestStatsOldestOverdueFailingDeadLetter: a dead letter whose DLQ keeps
+// refusing it waits at its retry time like a task; oldest overdue shows
+// its due time until the DLQ takes it.
+func TestStatsOldestOverdueFailingDeadLetter(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.Retry = RetryPolicy{Initial: time.Second, Max: 10 * time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+	})
+	h.sink.setFail(func(*codec.Task) error { return errors.New("dlq says no") })
+	h.run()
+	due := t0.Add(time.Second)
+	h.set(due)
+	h.ingest([]codec.Task{{Kind: codec.KindDeadLetter, ID: "bad", Source: "src", Origin: "kafka:src/0@9", Stamp: ms(due), Due: ms(due),
+		Transport: codec.TransportKafka, Target: "dlq", Code: codec.CodeBadDue}})
+	for range 4 {
+		h.advance(time.Second)
+	}
+	if n := len(h.sink.all()); n < 2 {
+		t.Fatalf("%d attempts, want a few", n)
+	}
+	if st := h.e.Stats(); !st.OldestOverdue.Equal(due) {
+		t.Fatalf("oldest overdue %v while the DLQ refuses the dead letter, want its due time %v", st.OldestOverdue, due)
+	}
+	h.sink.setFail(nil)
+	h.advance(time.Minute)
+	if acked := h.sink.acked(); !slices.Equal(acked, []string{"bad"}) {
+		t.Fatalf("acknowledged %v, want the dead letter", acked)
+	}
+	if st := h.e.Stats(); !st.OldestOverdue.IsZero() || st.Pending != 0 {
+		t.Fatalf("after the DLQ took it: oldest overdue %v, pending %d", st.OldestOverdue, st.Pending)
+	}
+}
+
 func TestClosedEngine(t *testing.T) {
 	h := newHarness(t, nil)
 	h.close()

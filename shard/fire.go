@@ -636,9 +636,8 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			dlqErr = derr
 		}
 		s.addOpLocked(pb, fire, it.seq)
-		if indexed {
-			s.noteLateLocked(it.seq, t.Due)
-		}
+		// Dead letters too: one whose DLQ keeps failing is work overdue.
+		s.noteLateLocked(it.seq, t.Due)
 		retried = append(retried, i)
 	}
 	if pb.delta != 0 {
