@@ -382,9 +382,11 @@ func (s *Sink) write(ctx context.Context, msgs []kafkago.Message, idx []int, err
 	}
 	err := s.w.WriteMessages(ctx, sub...)
 	if err == nil {
-		written := make([]string, len(sub))
+		var written []string // distinct: a fire batch names few topics
 		for j := range sub {
-			written[j] = sub[j].Topic
+			if t := sub[j].Topic; !slices.Contains(written, t) {
+				written = append(written, t)
+			}
 		}
 		s.setHealth(written, nil, nil)
 		return
