@@ -539,11 +539,11 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	var (
 		key, val []byte
 		readds   []wheelOp
-		acked    []int
-		// late: superseded in flight, delivered anyway; cancelled:
-		// cancelled in flight and not delivered.
-		late, cancelled []int
-		retried         []int
+		// acked: acknowledged by the broker, superseded ones included
+		// (counted as fired); cancelled: cancelled in flight and not
+		// delivered.
+		acked, cancelled []int
+		retried          []int
 		// unavailable: retried without an attempt charged (ErrUnavailable)
 		unavailable []int
 		outageErr   error
@@ -569,7 +569,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			// delivered anyway, it was fired; not, a cancel cancelled it.
 			switch {
 			case derr == nil:
-				late = append(late, i)
+				acked = append(acked, i)
 			case sup == cancelledInFlight:
 				cancelled = append(cancelled, i)
 			}
@@ -681,7 +681,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	for _, i := range cancelled {
 		e.m.Cancelled.WithLabelValues(items[i].task.Source).Inc()
 	}
-	fired := func(i int) {
+	for _, i := range acked {
 		t := items[i].task
 		kind := "task"
 		if t.Kind == codec.KindDeadLetter {
@@ -695,12 +695,6 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			// task delivered after retries or an outage was that late.
 			e.m.FireLateness.WithLabelValues(tr).Observe(float64(now-t.Due) / 1000)
 		}
-	}
-	for _, i := range acked {
-		fired(i)
-	}
-	for _, i := range late {
-		fired(i)
 	}
 	for _, i := range retried {
 		e.m.PublishRetries.WithLabelValues(items[i].task.Transport.String()).Inc()
