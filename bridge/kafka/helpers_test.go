@@ -91,20 +91,21 @@ func produceN(t testing.TB, cl *kgo.Client, topic string, partitions int32, from
 // message and keeps checkpoints like the store does (the last one written,
 // with its fingerprint).
 type memHandler struct {
-	mu       sync.Mutex
-	msgs     []codec.Message
-	rules    []*codec.Rules
-	batches  []*bridge.Batch
-	cps      map[string]int64
-	fps      map[string]uint64 // fingerprints of cps; none: 0 or absent
-	incs     map[string]uint32 // incarnations of cps; 0 or absent: the first
+	mu      sync.Mutex
+	msgs    []codec.Message
+	rules   []*codec.Rules
+	batches []*bridge.Batch
+	cps     map[string]int64
+	// stored are the checkpoints as handed over; cps holds their
+	// offsets (tests set it to fake a stored offset without the rest).
+	stored   map[string]shard.Checkpoint
 	attempts int
 	// fail, when set, decides per Handle call whether it fails.
 	fail func(ctx context.Context, b *bridge.Batch) error
 }
 
 func newMemHandler() *memHandler {
-	return &memHandler{cps: make(map[string]int64), fps: make(map[string]uint64), incs: make(map[string]uint32)}
+	return &memHandler{cps: make(map[string]int64), stored: make(map[string]shard.Checkpoint)}
 }
 
 var _ bridge.CheckpointLoader = (*memHandler)(nil)
@@ -128,8 +129,7 @@ func (h *memHandler) Handle(ctx context.Context, b *bridge.Batch) error {
 	}
 	for _, cp := range b.Checkpoints {
 		h.cps[cp.Key] = cp.Offset
-		h.fps[cp.Key] = cp.Fingerprint
-		h.incs[cp.Key] = cp.Incarnation
+		h.stored[cp.Key] = cp
 	}
 	return nil
 }
@@ -148,7 +148,8 @@ func (h *memHandler) LoadCheckpoint(key string) (shard.Checkpoint, bool, error) 
 	if !ok {
 		return shard.Checkpoint{}, false, nil
 	}
-	return shard.Checkpoint{Key: key, Offset: o, Fingerprint: h.fps[key], Incarnation: h.incs[key]}, true, nil
+	cp := h.stored[key]
+	return shard.Checkpoint{Key: key, Offset: o, Fingerprint: cp.Fingerprint, Incarnation: cp.Incarnation}, true, nil
 }
 
 // checkpoint returns the stored checkpoint of key.
