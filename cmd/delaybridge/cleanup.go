@@ -127,6 +127,19 @@ func removeAllRetry(ctx context.Context, dir string) error {
 	}
 }
 
+// started reports whether the forced exit has begun (run was called). A
+// command's error after that is most likely the cleanup's doing (its
+// directory removed under it): the forced exit owns the exit, its line
+// and its code.
+func (c *exitCleanups) started() bool {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.exiting
+}
+
 // run runs every registered hook, all at once, and returns when they have
 // finished or the timeout has passed, whichever is first; it writes one
 // line to stderr per hook that failed or did not finish. After it has

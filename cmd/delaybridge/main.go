@@ -75,6 +75,9 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "unknown command %q\n%s", args[0], usage)
 		return 2
 	}
+	if err != nil && cleanups.started() {
+		stop() // returns only after the forced exit's exit call (never, but in tests)
+	}
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0

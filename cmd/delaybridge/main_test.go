@@ -314,10 +314,16 @@ func TestExitCleanupsTempDir(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(dir, "store", "wal"), 0o700); err != nil {
 		t.Fatal(err)
 	}
+	if cleanups.started() || (*exitCleanups)(nil).started() {
+		t.Fatal("forced exit started before run")
+	}
 	var errOut bytes.Buffer
 	cleanups.run(&errOut)
 	if errOut.Len() > 0 {
 		t.Errorf("stderr %q", errOut.String())
+	}
+	if !cleanups.started() {
+		t.Error("forced exit not started after run: a command's error would be reported over it")
 	}
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("%s after the forced exit's cleanup: %v, want it removed", dir, err)
@@ -516,6 +522,9 @@ func devChild(dataDir string) {
 	}()
 	err := runDev(context.Background(), devOptions{kafkaPort: 0, natsPort: -1, admin: "127.0.0.1:0", dataDir: dataDir}, io.Discard, zap.NewNop(), cleanups,
 		func(*service.Service, devAddrs) { fmt.Println("ready") })
+	if cleanups.started() {
+		stop() // as realMain: the forced exit owns the exit
+	}
 	fmt.Fprintln(os.Stderr, "dev child: runDev returned:", err)
 }
 
