@@ -112,13 +112,14 @@ func runBench(ctx context.Context, o benchrun.Options, stdout io.Writer, cleanup
 // forced exit of bench, whose only children are benchrun's. The
 // engine-level children (`bench -child`) are already killed by the first
 // signal (exec.CommandContext with the context it cancels); a child
-// bridge (`delaybridge run`, exec.Command, no Pdeathsig) only gets a
-// SIGTERM when the first signal ends its run, and bench waits up to a
-// minute for it to stop: a forced exit does not wait, and the bridge would
-// outlive it until its graceful stop ends, closing its store in the work
-// directory being removed. It finds the children in
-// /proc/self/task/*/children (Linux); where that does not exist it finds
-// none.
+// bridge (`delaybridge run`) only gets a SIGTERM when the first signal
+// ends its run, and bench waits up to a minute for it to stop: a forced
+// exit does not wait, and the bridge would go on until its graceful stop
+// ends, closing its store in the work directory being removed. Every
+// child also has a parent-death signal (benchrun's dieWithParent), but it
+// fires only once this process is gone, after the removal. It finds the
+// children in /proc/self/task/*/children (Linux); where that does not
+// exist it finds none.
 func killChildren(context.Context) error {
 	files, err := filepath.Glob("/proc/self/task/*/children")
 	if err != nil {

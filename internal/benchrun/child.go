@@ -69,6 +69,7 @@ func startChildBridge(ctx context.Context, exe string, b *broker, dataDir string
 		}
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
+	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return nil, fmt.Errorf("benchrun: start bridge: %w", err)

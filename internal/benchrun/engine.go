@@ -253,6 +253,7 @@ func recoveryOpen(dir string, n int, out io.Writer) error {
 func runChild(ctx context.Context, exe string, args []string, onLine func(line string, p *os.Process), v any) error {
 	cmd := exec.CommandContext(ctx, exe, args...)
 	cmd.Stderr = os.Stderr
+	dieWithParent(cmd)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return err
