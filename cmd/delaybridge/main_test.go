@@ -29,7 +29,24 @@ import (
 	"github.com/delaybridge/delaybridge/config"
 )
 
+// withoutBridgeEnv unsets every DELAYBRIDGE_* variable for the test (they
+// come back after it): `run` refuses one that names no config key, and the
+// test harness's own (DELAYBRIDGE_LONG=1 of make test-long) names none.
+func withoutBridgeEnv(t *testing.T) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "DELAYBRIDGE_") {
+			t.Setenv(k, "") // restores the value after the test
+			if err := os.Unsetenv(k); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
 func TestRealMain(t *testing.T) {
+	withoutBridgeEnv(t)
 	dir := t.TempDir()
 	write := func(name, body string) string {
 		p := filepath.Join(dir, name)
