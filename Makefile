@@ -24,7 +24,9 @@ test:
 	go test -count=1 -race -timeout 15m $(RACE_PKGS)
 	go test -count=1 -timeout 15m $$(go list ./... | grep -v -E '/(codec|wheel|shard|internal/.*|config|admin|bridge|bridge/kafka|bridge/nats|bridge/service)$$')
 
-# Long fault and load runs (20+ kill rounds, 10 M task capacity, 1 M recovery).
+# Long fault runs (20+ kill -9 rounds, 30 s broker outages, 10 k bad messages).
+# The 10 M capacity and 1 M recovery runs are benchmarks: `DELAYBRIDGE_LONG=1
+# make bench`, or `delaybridge bench` (docs/benchmarks.md).
 test-long:
 	DELAYBRIDGE_LONG=1 go test -count=1 -timeout 60m ./...
 
