@@ -102,8 +102,7 @@ type logCheck struct {
 // checkIdentity fetches the record at cp.Offset and compares it with
 // cp.Fingerprint. It costs a ListOffsets and one Fetch (a few long polls
 // in the rare case that the readable log ends at cp.Offset) and runs when
-// a partition worker starts, and after the topic was reported unknown, not
-// per batch.
+// a partition worker starts, and after a failed fetch, not per batch.
 func (s *Source) checkIdentity(ctx context.Context, topic string, partition int, cp shard.Checkpoint) (logCheck, error) {
 	if cp.Fingerprint == 0 {
 		return logCheck{verdict: identityUnknown, reason: "no fingerprint stored", first: -1, end: -1}, nil

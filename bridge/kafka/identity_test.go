@@ -418,10 +418,11 @@ func TestSourceCheckpointedRecordDeletedByRetention(t *testing.T) {
 	}
 }
 
-// The topic deleted and created again while the source reads it. A fetch
-// that finds the topic gone makes the worker check the log it comes back
-// to against the last record read; a fetch past the end of a shorter log
-// resets to its start even when no fetch saw the topic gone. Fetches fail
+// The topic deleted and created again while the source reads it. A failed
+// fetch (the topic gone, a server error, a leader moving) makes the worker
+// check the log it comes back to against the last record read, so a
+// longer new log is read from its start too; a fetch past the end of a
+// shorter log resets to its start even without that check. Fetches fail
 // with err while the topic is re-created and filled, so the worker meets
 // the new log only once it is complete.
 func TestSourceTopicRecreatedWhileRunning(t *testing.T) {
@@ -434,6 +435,8 @@ func TestSourceTopicRecreatedWhileRunning(t *testing.T) {
 		{"seen gone, shorter", kerr.UnknownTopicOrPartition, gen{"old", 10, t0}, gen{"new", 3, t0.Add(time.Minute)}},
 		{"seen gone, longer", kerr.UnknownTopicOrPartition, gen{"old", 5, t0}, gen{"new", 20, t0.Add(time.Minute)}},
 		{"not seen gone, shorter", kerr.UnknownServerError, gen{"old", 10, t0}, gen{"new", 3, t0.Add(time.Minute)}},
+		{"not seen gone, longer", kerr.UnknownServerError, gen{"old", 5, t0}, gen{"new", 20, t0.Add(time.Minute)}},
+		{"broker unreachable, longer", kerr.NotLeaderForPartition, gen{"old", 5, t0}, gen{"new", 20, t0.Add(time.Minute)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster(t, kfake.SeedTopics(1, "delay"))

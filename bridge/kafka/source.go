@@ -416,8 +416,7 @@ type start struct {
 	// group's offset) was taken from; offset is its start.
 	rewind bool
 	// known is the checkpoint verified against the log (Fingerprint 0:
-	// none), which the fetcher checks again after the topic was
-	// reported unknown.
+	// none), which the fetcher checks again after a failed fetch.
 	known shard.Checkpoint
 	// incarnation numbers the logs the partition has had (see
 	// codec.Message.Incarnation): the stored checkpoint's, one more when
@@ -536,7 +535,7 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 	var notes decodeNotes
 	warnedLAT, warnedNoTS := false, false
 	sent := offset   // the offset after the last batch handed over
-	recheck := false // a fetch reported the topic unknown
+	recheck := false // a fetch failed: check the log before reading on
 	// rewindTo restarts at to, the start of a log that replaced the one
 	// read so far, and has the handler set the group's offset back to it.
 	rewindTo := func(to int64) bool {
@@ -612,9 +611,14 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 			}
 			fallthrough
 		case err != nil:
-			if errors.Is(err, kafkago.UnknownTopicOrPartition) {
-				recheck = true // deleted: maybe created again by now
-			}
+			// Whatever failed (the topic reported unknown, a broker
+			// unreachable, a leader moving), the topic may have been
+			// deleted and created again meanwhile, and the new log may
+			// already reach past offset: a fetch there would return the
+			// new log's records from offset on and skip those before it.
+			// So the next fetch waits for a check of the record last read
+			// (a ListOffsets and a Fetch, once per failure streak).
+			recheck = true
 			if staleMetadata(err) {
 				// kafka-go's transport refreshes its metadata cache only
 				// every MetadataTTL, never on a leader change; dropping
