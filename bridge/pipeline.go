@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -14,7 +15,7 @@ import (
 
 // Engine is what the pipeline needs of the durable engine (*shard.Engine).
 type Engine interface {
-	Ingest(ctx context.Context, tasks []codec.Task, cps []shard.Checkpoint) error
+	IngestAwait(ctx context.Context, tasks []codec.Task, cps []shard.Checkpoint) (*shard.DeadLetters, error)
 	Checkpoint(key string) (offset int64, ok bool, err error)
 	LoadCheckpoint(key string) (cp shard.Checkpoint, ok bool, err error)
 }
@@ -27,6 +28,8 @@ type Pipeline struct {
 	log *zap.Logger
 	// tasks recycles the per-batch task slices: Ingest does not keep them.
 	tasks sync.Pool
+	// stopGrace: see the constant; tests shorten it.
+	stopGrace time.Duration
 }
 
 // NewPipeline returns a Pipeline ingesting into eng.
@@ -34,12 +37,15 @@ func NewPipeline(eng Engine, log *zap.Logger) *Pipeline {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Pipeline{eng: eng, log: log}
+	return &Pipeline{eng: eng, log: log, stopGrace: stopGrace}
 }
 
 // Handle parses every message of b and ingests the result durably. Messages
 // that cannot be scheduled become dead letters in the same commit, so one bad
-// message never stalls its partition and the offset commit covers it.
+// message never stalls its partition. When the batch has dead letters,
+// Handle returns only once their DLQ acknowledged them (CONTRACT §3), or
+// with ctx's error: the source then does not commit, and a DLQ that cannot
+// be written holds its partition (the bridge is not ready meanwhile).
 func (p *Pipeline) Handle(ctx context.Context, b *Batch) error {
 	if len(b.Items) == 0 && len(b.Checkpoints) == 0 {
 		return nil
@@ -55,7 +61,8 @@ func (p *Pipeline) Handle(ctx context.Context, b *Batch) error {
 		}
 		tasks = append(tasks, codec.Parse(&it.Msg, it.Rules))
 	}
-	if err := p.eng.Ingest(ctx, tasks, b.Checkpoints); err != nil {
+	dls, err := p.eng.IngestAwait(ctx, tasks, b.Checkpoints)
+	if err != nil {
 		return fmt.Errorf("bridge: ingest batch of %d: %w", len(tasks), err)
 	}
 	// The engine counts what it took in (delaybridge_ingested_total); the
@@ -69,11 +76,37 @@ func (p *Pipeline) Handle(ctx context.Context, b *Batch) error {
 				zap.String("dlq", t.Transport.String()+":"+t.Target))
 		}
 	}
+	n := len(tasks)
 	clear(tasks) // drop payload references before pooling
 	tasks = tasks[:0]
 	p.tasks.Put(&tasks)
+	// CONTRACT §3: the source commits only after the DLQ write is
+	// acknowledged. The dead letters are durable already; the fire loop
+	// publishes them at once and retries a failing DLQ (not ready, logged)
+	// until it takes them, so this waits as long.
+	if dls == nil {
+		return nil
+	}
+	// A source that stops cancels ctx; the engine runs until the sources
+	// have stopped, so a working DLQ still acknowledges within moments, and
+	// waiting that long keeps the in-flight batch's commit (and its dead
+	// letters out of the DLQ a second time after the restart).
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(p.stopGrace, cancel)
+		context.AfterFunc(wctx, func() { t.Stop() })
+	})
+	defer stop()
+	if err := dls.Wait(wctx); err != nil {
+		return fmt.Errorf("bridge: batch of %d: %w", n, err)
+	}
 	return nil
 }
+
+// stopGrace is how long Handle still waits for a batch's dead letters to be
+// acknowledged by their DLQ after its context ended.
+const stopGrace = 2 * time.Second
 
 // Checkpoint returns the stored high-water offset for a source partition.
 func (p *Pipeline) Checkpoint(key string) (int64, bool, error) {

@@ -3,7 +3,10 @@ package bridge
 import (
 	"context"
 	"errors"
+	"runtime"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -54,8 +57,22 @@ func TestPipelineHandle(t *testing.T) {
 			eng := openEngine(t, clock.NewFake(now))
 			core, logs := observer.New(zap.WarnLevel)
 			p := NewPipeline(eng, zap.New(core))
-			err := p.Handle(context.Background(), &Batch{Items: tc.items, Checkpoints: []shard.Checkpoint{{Key: "kafka|delay|0", Offset: 41}}})
-			if (err != nil) != tc.wantErr {
+			p.stopGrace = 0
+			ctx := context.Background()
+			if tc.wantDLQLogs != nil {
+				// The engine does not run, so no DLQ acknowledges the
+				// dead letters: Handle waits until ctx ends, with them
+				// durable (TestPipelineWaitsForDLQ runs the engine).
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, 50*time.Millisecond)
+				defer cancel()
+			}
+			err := p.Handle(ctx, &Batch{Items: tc.items, Checkpoints: []shard.Checkpoint{{Key: "kafka|delay|0", Offset: 41}}})
+			if tc.wantDLQLogs != nil {
+				if err == nil || !strings.Contains(err.Error(), "not yet acknowledged by their DLQ") {
+					t.Fatalf("Handle error = %v, want the wait for the DLQ to end with ctx", err)
+				}
+			} else if (err != nil) != tc.wantErr {
 				t.Fatalf("Handle error = %v, want error %v", err, tc.wantErr)
 			}
 			if got := eng.Stats().Pending; got != tc.wantPending {
@@ -158,6 +175,108 @@ func TestPipelineLoadCheckpoint(t *testing.T) {
 		}
 		if off, ok, err := p.Checkpoint(want.Key); err != nil || !ok || off != want.Offset {
 			t.Fatalf("Checkpoint(%s) = %d, %v, %v", want.Key, off, ok, err)
+		}
+	}
+}
+
+// dlqSink fails every delivery until ok is closed, then acknowledges them;
+// it records what it acknowledged.
+type dlqSink struct {
+	ok    chan struct{}
+	tries chan struct{} // one value per failed delivery
+	mu    sync.Mutex
+	acked []string
+}
+
+func (s *dlqSink) Deliver(_ context.Context, batch []*codec.Task) []error {
+	errs := make([]error, len(batch))
+	select {
+	case <-s.ok:
+		s.mu.Lock()
+		for _, t := range batch {
+			s.acked = append(s.acked, string(t.Code))
+		}
+		s.mu.Unlock()
+		return nil
+	default:
+	}
+	for i := range errs {
+		errs[i] = errors.New("dlq down")
+	}
+	select {
+	case s.tries <- struct{}{}:
+	default:
+	}
+	return errs
+}
+
+// CONTRACT §3: Handle, and so the source's commit, waits until the DLQ
+// acknowledged the batch's dead letters; while the DLQ fails, it waits. A
+// source stopping meanwhile (its ctx cancelled) still gets the commit if
+// the DLQ takes them within the stop grace.
+func TestPipelineWaitsForDLQ(t *testing.T) {
+	clk := clock.NewFake(time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC))
+	eng, err := shard.Open(shard.Options{Dir: t.TempDir(), Shards: 2, Clock: clk,
+		Retry: shard.RetryPolicy{Initial: time.Second, Max: time.Second, Jitter: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &dlqSink{ok: make(chan struct{}), tries: make(chan struct{}, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- eng.Run(ctx, sink) }()
+	t.Cleanup(func() {
+		cancel()
+		<-ran
+		_ = eng.Close()
+	})
+	p := NewPipeline(eng, nil)
+	p.stopGrace = time.Hour
+	rules := &codec.Rules{DLQ: "delay.dlq"}
+	bad := Item{Msg: codec.Message{Transport: codec.TransportKafka, Source: "delay", Offset: 7, Value: []byte("v"), Time: clk.Now(),
+		Headers: []codec.Header{{Key: "delay-after", Value: []byte("soon")}, {Key: "delay-target", Value: []byte("t")}}}, Rules: rules}
+	handled := make(chan error, 1)
+	hctx, stopSource := context.WithCancel(context.Background())
+	defer stopSource()
+	go func() {
+		handled <- p.Handle(hctx, &Batch{Items: []Item{bad}, Checkpoints: []shard.Checkpoint{{Key: "kafka|delay|0", Offset: 7}}})
+	}()
+	// Two failed deliveries (the second after the retry's backoff) and
+	// Handle has not returned.
+	for range 2 {
+		select {
+		case <-sink.tries:
+		case err := <-handled:
+			t.Fatalf("Handle returned %v while the DLQ failed", err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("no delivery of the dead letter")
+		}
+		for clk.Timers() == 0 {
+			runtime.Gosched()
+		}
+		clk.Advance(time.Second)
+	}
+	select {
+	case err := <-handled:
+		t.Fatalf("Handle returned %v while the DLQ failed", err)
+	default:
+	}
+	stopSource() // the source stops; the DLQ recovers within the grace
+	close(sink.ok)
+	for {
+		select {
+		case err := <-handled:
+			if err != nil {
+				t.Fatalf("Handle = %v after the DLQ took the dead letter", err)
+			}
+			sink.mu.Lock()
+			defer sink.mu.Unlock()
+			if !slices.Equal(sink.acked, []string{"bad-due"}) {
+				t.Fatalf("DLQ acknowledged %v, want [bad-due]", sink.acked)
+			}
+			return
+		case <-time.After(10 * time.Millisecond):
+			clk.Advance(time.Second) // the retry after the last failure
 		}
 	}
 }

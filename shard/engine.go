@@ -60,6 +60,8 @@ type Engine struct {
 
 	seq atomic.Uint64 // last allocated store sequence
 
+	dl dlWaits // dead letters whose DLQ acknowledgement a source awaits
+
 	// ingestMu orders the decide-and-apply section of Ingest. Nearly every
 	// batch touches every shard, so one mutex hands over faster than a
 	// convoy through the shard locks; those are then held only briefly
@@ -561,19 +563,32 @@ func (s *shard) addLocked(fire int64, seq uint64) {
 // or, if another goroutine held a shard lock at that moment, enter them as
 // soon as the fire loop or the next lock holder drains the shard.
 func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoint) error {
+	_, err := e.ingest(ctx, tasks, cps, false)
+	return err
+}
+
+// IngestAwait is Ingest that also returns a DeadLetters for the batch's
+// dead letters, whose Wait returns once the DLQ broker acknowledged each of
+// them (CONTRACT §3: a source commits its offset only after the DLQ write
+// is acknowledged). Nil when the batch holds no dead letter.
+func (e *Engine) IngestAwait(ctx context.Context, tasks []codec.Task, cps []Checkpoint) (*DeadLetters, error) {
+	return e.ingest(ctx, tasks, cps, true)
+}
+
+func (e *Engine) ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoint, await bool) (*DeadLetters, error) {
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("shard: ingest: %w", err)
+		return nil, fmt.Errorf("shard: ingest: %w", err)
 	}
 	e.closeMu.RLock()
 	defer e.closeMu.RUnlock()
 	if e.closed {
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	if err := e.failed(); err != nil {
-		return err
+		return nil, err
 	}
 	if len(tasks) == 0 && len(cps) == 0 {
-		return nil
+		return nil, nil
 	}
 	sc := getScratch(len(tasks), len(e.shards))
 	defer putScratch(sc)
@@ -586,7 +601,7 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 		case codec.KindDeadLetter:
 			route[i] = e.shardOf(t.Source, t.Origin)
 		default:
-			return fmt.Errorf("%w: task %d (%s/%s): kind %v", ErrInvalidTask, i, t.Source, t.ID, t.Kind)
+			return nil, fmt.Errorf("%w: task %d (%s/%s): kind %v", ErrInvalidTask, i, t.Source, t.ID, t.Kind)
 		}
 		touched[route[i]] = true
 	}
@@ -706,7 +721,7 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 		e.unlockShards(touched)
 		e.ingestMu.Unlock()
 		tk.release()
-		return derr
+		return nil, derr
 	}
 	for _, cp := range cps {
 		tk.dependOn(e.cpOwner[cp.Key])
@@ -780,7 +795,13 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 	if err == nil {
 		b.Close()
 	}
-	// Durable: the wheels may see the tasks.
+	// Durable. Dead letters to await are registered before the wheels see
+	// them, so no delivery can come before its waiter.
+	var dls *DeadLetters
+	if await && err == nil {
+		dls = e.awaitDeadLetters(tasks, acts)
+	}
+	// The wheels may see the tasks.
 	for sh, pb := range pbs {
 		if pb == nil {
 			continue
@@ -795,7 +816,7 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("shard: ingest %d tasks: %w", len(tasks), err)
+		return nil, fmt.Errorf("shard: ingest %d tasks: %w", len(tasks), err)
 	}
 	if len(tasks) > 0 {
 		src, n := tasks[0].Source, 0
@@ -809,7 +830,7 @@ func (e *Engine) Ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 		e.m.Ingested.WithLabelValues(src).Add(float64(n))
 	}
 	stats.report(e.m)
-	return nil
+	return dls, nil
 }
 
 // spans are consecutive pieces of one buffer: piece i ends at end[i] and

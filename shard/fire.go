@@ -590,6 +590,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			acked = append(acked, i)
 			if t.Kind == codec.KindDeadLetter {
 				dlqOK = true
+				e.deadLetterAcked(it.seq)
 			}
 			continue
 		}

@@ -296,6 +296,47 @@ func TestBrokerOutage(t *testing.T) {
 	eventually(t, "readiness after the outage", func() bool { return svc.Ready() == nil })
 }
 
+// TestDLQOutageHoldsCommit is CONTRACT §3 with the DLQ down: the source
+// offset of a bad message is committed only after the DLQ acknowledged its
+// dead letter. While every produce to the DLQ topic fails, the group's
+// offset of the partition stays before the bad message and the bridge is
+// not ready; once the DLQ takes it, the offset moves past it.
+func TestDLQOutageHoldsCommit(t *testing.T) {
+	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 2}\n")
+	svc, _ := e.start()
+	failDLQ := e.failProduceTo(kafkaDLQ)
+	committed := func() (int64, bool) {
+		gi := e.kc.GroupInfo("bridge")
+		if gi == nil {
+			return 0, false
+		}
+		c, ok := gi.Commits[kafkaDelay][0]
+		return c.Offset, ok
+	}
+	// A good message first, so the partition has a commit to compare with.
+	e.publishKafka(0, time.Time{}, []byte("k0"), []byte("good"), "delay-after", "1h", "delay-target", "orders")
+	eventually(t, "the good message's commit", func() bool { off, ok := committed(); return ok && off == 1 })
+
+	failDLQ.Store(true)
+	e.publishKafka(0, time.Time{}, []byte("k1"), []byte("bad"), "delay-target", "orders") // missing-due
+	eventually(t, "readiness to report the DLQ", func() bool { return svc.Ready() != nil })
+	for range 5 { // several failed rounds of the dead letter's delivery
+		e.clk.Advance(2 * time.Second)
+		time.Sleep(20 * time.Millisecond) // real time for a round to fail; correctness does not depend on it
+	}
+	if off, _ := committed(); off != 1 {
+		t.Fatalf("committed offset %d while the DLQ refused the dead letter, want 1 (not past the bad message)", off)
+	}
+
+	failDLQ.Store(false)
+	got := e.advanceUntil("the dead letter", func(ds []delivery) bool { return len(byValue(ds, kafkaDLQ)) > 0 })
+	if dl := byValue(got, kafkaDLQ)["bad"]; len(dl) == 0 || dl[0].header("delay-error") != "missing-due" {
+		t.Fatalf("DLQ deliveries %v, want the bad message with delay-error missing-due", byValue(got, kafkaDLQ))
+	}
+	eventually(t, "the commit past the bad message", func() bool { off, _ := committed(); return off == 2 })
+	eventually(t, "readiness after the DLQ recovered", func() bool { return svc.Ready() == nil })
+}
+
 // TestKafkaPublisherOutageNotReady: the Kafka source keeps fetching while
 // every produce to the target fails at the connection; the publisher alone
 // must make the bridge not ready, and ready again once produces succeed.
