@@ -215,12 +215,18 @@ func Parse(m *Message, r *Rules) Task {
 	// header values (id, origin, due) followed by the target name, one
 	// string copy of it backs Task.ID, Origin and Target, and one slice
 	// holds the headers. Everything else aliases the message.
+	// Layout: id, origin, the default id's incarnation suffix, due,
+	// target; a default id is the origin and its suffix, contiguous.
 	idB, idIsOrigin := p.idBytes()
-	buf := make([]byte, 0, len(idB)+originSize(m)+len(dueLayout)+len(nameB))
+	buf := make([]byte, 0, len(idB)+originSize(m)+incarnationSuffixSize+len(dueLayout)+len(nameB))
 	buf = append(buf, idB...)
 	idEnd := len(buf)
 	buf = m.appendOrigin(buf)
 	originEnd := len(buf)
+	if idIsOrigin {
+		buf = appendIncarnationSuffix(buf, m.Incarnation)
+	}
+	suffixEnd := len(buf)
 	buf = appendDue(buf, due)
 	dueEnd := len(buf)
 	buf = append(buf, nameB...)
@@ -228,7 +234,7 @@ func Parse(m *Message, r *Rules) Task {
 	origin := all[idEnd:originEnd]
 	id, idVal := all[:idEnd], buf[:idEnd:idEnd]
 	if idIsOrigin {
-		id, idVal = origin, buf[idEnd:originEnd:originEnd]
+		id, idVal = all[idEnd:suffixEnd], buf[idEnd:suffixEnd:suffixEnd]
 	}
 	if hasTarget {
 		name = all[dueEnd:]
@@ -253,7 +259,7 @@ func Parse(m *Message, r *Rules) Task {
 	hs = append(hs,
 		Header{Key: HeaderID, Value: idVal},
 		Header{Key: HeaderOrigin, Value: buf[idEnd:originEnd:originEnd]},
-		Header{Key: HeaderDue, Value: buf[originEnd:dueEnd:dueEnd]},
+		Header{Key: HeaderDue, Value: buf[suffixEnd:dueEnd:dueEnd]},
 	)
 
 	return Task{
@@ -328,7 +334,33 @@ func (p *parser) id() string {
 	if id, useOrigin := p.idBytes(); !useOrigin {
 		return string(id)
 	}
-	return p.orig()
+	return DefaultID(p.orig(), p.m.Incarnation)
+}
+
+// incarnationSuffixSize bounds the suffix appendIncarnationSuffix adds.
+const incarnationSuffixSize = len("~i") + 10
+
+// DefaultID is the id of a message with neither delay-id nor key (Kafka)
+// nor Nats-Msg-Id (NATS): its origin, which is unique within one log of
+// the source partition. A topic or stream deleted and created again
+// numbers its messages from the start again, so from the second
+// incarnation on the id carries it ("kafka:delay/0@5~i1"): a keyless
+// message of the new log never replaces an unrelated task the old log
+// left pending. Incarnation 0 adds nothing, so ids of stores written
+// before incarnations existed stay the same.
+func DefaultID(origin string, incarnation uint32) string {
+	if incarnation == 0 {
+		return origin
+	}
+	return string(appendIncarnationSuffix([]byte(origin), incarnation))
+}
+
+func appendIncarnationSuffix(dst []byte, incarnation uint32) []byte {
+	if incarnation == 0 {
+		return dst
+	}
+	dst = append(dst, "~i"...)
+	return strconv.AppendUint(dst, uint64(incarnation), 10)
 }
 
 func (p *parser) cancel(id string) Task {

@@ -345,6 +345,7 @@ func tombstone(m *Message, key string) *Message {
 func TestParseID(t *testing.T) {
 	noKey := func(m *Message) *Message { m.Key = nil; return m }
 	emptyKey := func(m *Message) *Message { m.Key = []byte{}; return m }
+	inc := func(n uint32, m *Message) *Message { m.Incarnation = n; return m }
 	tests := []struct {
 		name string
 		msg  *Message
@@ -362,6 +363,11 @@ func TestParseID(t *testing.T) {
 		{name: "nats delay-id beats msg id", msg: natsMsg(h("Nats-Msg-Id", "m-1"), h("delay-id", "job-9")), id: "job-9"},
 		{name: "nats none", msg: natsMsg(), id: "nats:DELAY#7"},
 		{name: "nats ignores key", msg: func() *Message { m := natsMsg(); m.Key = []byte("k"); return m }(), id: "nats:DELAY#7"},
+		{name: "kafka no key, second log", msg: inc(1, noKey(kafkaMsg())), id: "kafka:delay/3@42~i1"},
+		{name: "kafka no key, later log", msg: inc(4294967295, noKey(kafkaMsg())), id: "kafka:delay/3@42~i4294967295"},
+		{name: "kafka key, second log", msg: inc(1, kafkaMsg()), id: "order-1"},
+		{name: "nats none, second log", msg: inc(2, natsMsg()), id: "nats:DELAY#7~i2"},
+		{name: "nats msg id, second log", msg: inc(2, natsMsg(h("Nats-Msg-Id", "m-1"))), id: "m-1"},
 		{name: "repeated delay-id: last wins", msg: kafkaMsg(h("delay-id", "a"), h("delay-id", "b")), id: "b"},
 	}
 	for _, tt := range tests {
@@ -373,6 +379,19 @@ func TestParseID(t *testing.T) {
 			}
 			if v := header(got.Headers, HeaderID); v != tt.id {
 				t.Fatalf("delay-id header %q, want %q", v, tt.id)
+			}
+			// The origin never carries the incarnation.
+			if o := tt.msg.Origin(); got.Origin != o || header(got.Headers, HeaderOrigin) != o {
+				t.Fatalf("origin %q, header %q, want %q", got.Origin, header(got.Headers, HeaderOrigin), o)
+			}
+			if _, err := time.Parse(time.RFC3339Nano, header(got.Headers, HeaderDue)); err != nil {
+				t.Fatalf("delay-due header: %v", err)
+			}
+			// A cancel without id gets the same default id.
+			c := *tt.msg
+			c.Headers = append(slices.Clone(c.Headers), h("delay-cancel", "true"))
+			if got := Parse(&c, &Rules{DefaultTarget: "orders"}); got.Kind != KindCancel || got.ID != tt.id {
+				t.Fatalf("cancel: got %v id %q, want id %q", got.Kind, got.ID, tt.id)
 			}
 		})
 	}

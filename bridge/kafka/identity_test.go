@@ -209,11 +209,16 @@ func TestSourceRecreatedTopicReplacesOldTasks(t *testing.T) {
 	}
 	defer func() { _ = eng.Close() }()
 	t0 := time.Now().Truncate(time.Millisecond)
+	hs := []kgo.RecordHeader{{Key: "delay-after", Value: []byte("1h")}, {Key: "delay-target", Value: []byte("out")}}
+	// Each log starts with three keyless records (default ids from their
+	// origins), then keyed ones.
 	records := func(tag string, ids []int, at time.Time) []*kgo.Record {
 		var rs []*kgo.Record
+		for range 3 {
+			rs = append(rs, &kgo.Record{Topic: "delay", Partition: 0, Value: []byte(tag), Timestamp: at, Headers: hs})
+		}
 		for _, i := range ids {
-			rs = append(rs, &kgo.Record{Topic: "delay", Partition: 0, Key: fmt.Appendf(nil, "id-%d", i), Value: []byte(tag), Timestamp: at,
-				Headers: []kgo.RecordHeader{{Key: "delay-after", Value: []byte("1h")}, {Key: "delay-target", Value: []byte("out")}}})
+			rs = append(rs, &kgo.Record{Topic: "delay", Partition: 0, Key: fmt.Appendf(nil, "id-%d", i), Value: []byte(tag), Timestamp: at, Headers: hs})
 		}
 		return rs
 	}
@@ -233,27 +238,37 @@ func TestSourceRecreatedTopicReplacesOldTasks(t *testing.T) {
 		}
 	}
 	produce(t, producer(t, c), records("old", []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, t0.Add(-time.Minute))...)
-	run(10, 10)
+	run(13, 13)
 	recreate(t, c, "delay")
-	// Offsets 0-2 of the new log, ids the old log had at 7-9.
+	// Offsets 0-2 of the new log are keyless like the old log's, 3-5 carry
+	// ids the old log had at 10-12. The keyless ones are new tasks: the old
+	// log's keyless tasks at the same offsets stay.
 	produce(t, producer(t, c), records("new", []int{7, 8, 9}, t0)...)
-	run(10, 3)
-	for i := range 10 {
-		id := fmt.Sprintf("id-%d", i)
+	run(16, 6)
+	lookup := func(id, wantOrigin string) {
+		t.Helper()
 		info, err := eng.Lookup("delay", id)
 		if err != nil {
 			t.Fatalf("%s: %v", id, err)
 		}
-		want := fmt.Sprintf("kafka:delay/0@%d", i) // the old log's
-		if i >= 7 {
-			want = fmt.Sprintf("kafka:delay/0@%d", i-7) // the new log's
-		}
-		if info.Origin != want {
-			t.Errorf("%s: origin %s, want %s", id, info.Origin, want)
+		if info.Origin != wantOrigin {
+			t.Errorf("%s: origin %s, want %s", id, info.Origin, wantOrigin)
 		}
 	}
-	if cp, ok, err := eng.LoadCheckpoint(CheckpointKey("delay", 0)); err != nil || !ok || cp.Offset != 2 || cp.Incarnation != 1 {
-		t.Fatalf("stored checkpoint %+v, %v, %v; want offset 2 of incarnation 1", cp, ok, err)
+	for i := range 10 {
+		want := fmt.Sprintf("kafka:delay/0@%d", i+3) // the old log's
+		if i >= 7 {
+			want = fmt.Sprintf("kafka:delay/0@%d", i-4) // the new log's
+		}
+		lookup(fmt.Sprintf("id-%d", i), want)
+	}
+	for off := range 3 {
+		origin := fmt.Sprintf("kafka:delay/0@%d", off)
+		lookup(origin, origin)       // the old log's keyless task
+		lookup(origin+"~i1", origin) // the new log's
+	}
+	if cp, ok, err := eng.LoadCheckpoint(CheckpointKey("delay", 0)); err != nil || !ok || cp.Offset != 5 || cp.Incarnation != 1 {
+		t.Fatalf("stored checkpoint %+v, %v, %v; want offset 5 of incarnation 1", cp, ok, err)
 	}
 }
 
