@@ -143,12 +143,19 @@ var _ bridge.CheckpointLoader = (*recorder)(nil)
 func (r *recorder) Handle(_ context.Context, b *bridge.Batch) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.calls++
-	if r.fail {
-		return errHandle
+	// fail and calls are about message batches: the source's
+	// checkpoint-only writes (the stream's incarnation at start) pass.
+	if len(b.Items) > 0 {
+		r.calls++
+		if r.fail {
+			return errHandle
+		}
 	}
 	r.items = append(r.items, slices.Clone(b.Items)...)
-	r.batches = append(r.batches, bridge.Batch{Items: slices.Clone(b.Items), Checkpoints: slices.Clone(b.Checkpoints)})
+	if len(b.Items) > 0 {
+		// Message batches only, not the source's checkpoint-only writes.
+		r.batches = append(r.batches, bridge.Batch{Items: slices.Clone(b.Items), Checkpoints: slices.Clone(b.Checkpoints)})
+	}
 	for _, c := range b.Checkpoints {
 		r.cps[c.Key] = c.Offset // as the store: the last write wins
 		r.fps[c.Key] = c.Fingerprint

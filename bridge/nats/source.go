@@ -53,10 +53,13 @@ type Source struct {
 	base string
 	key  string
 	// inc (Run's goroutine only) is the incarnation of the stream Run
-	// reads, created at incOf (see incarnation); incKey where it is
-	// stored.
+	// reads, created at incOf (see settleIncarnation); incKey where it is
+	// stored. incDue, when not 0, is the creation time of a stream whose
+	// incarnation is not settled yet, because a floor of an older version
+	// without the stream's identity decides it (see consume).
 	inc    uint32
 	incOf  int64
+	incDue int64
 	incKey string
 
 	consumer atomic.Pointer[consumerRef]
@@ -145,27 +148,62 @@ func baseKey(stream string, subjects []string) string {
 // belongs to. Every batch stores it with the floor.
 func IncarnationKey(stream string) string { return "nats-incarnation|" + stream }
 
-// incarnation returns the incarnation of the stream created at created:
-// the stored one if it belongs to that stream, one more if it belongs to a
-// stream since deleted, 0 if none is stored (the first stream, or one read
-// by a version before incarnations, whose tasks are incarnation 0 too).
+// settleIncarnation sets s.inc to the incarnation of the stream created
+// at id and stores it at once, before any message of it is read, so that
+// a stream deleted and created again later (while the bridge runs or is
+// down, with or without messages in between) is always the next one.
 // Messages of different incarnations are ordered by their stored time,
 // not by their sequences, which a stream created again starts at 1.
-func (s *Source) incarnation(h bridge.Handler, created int64) (uint32, error) {
+// other says that the store's floor belongs to another stream than id
+// (see storedFloor and floorState.adoptLegacy).
+func (s *Source) settleIncarnation(ctx context.Context, h bridge.Handler, id int64, other bool) error {
 	l, ok := h.(bridge.CheckpointLoader)
 	if !ok {
-		return 0, nil // no fingerprint to compare: a single incarnation
+		// Nothing to compare against: a single incarnation.
+		s.inc, s.incOf, s.incDue = 0, id, 0
+		return nil
 	}
-	cp, ok, err := l.LoadCheckpoint(s.incKey)
+	cp, stored, err := l.LoadCheckpoint(s.incKey)
+	if err != nil {
+		return fmt.Errorf("nats source: read the stream incarnation: %w", err)
+	}
+	inc, write := nextIncarnation(cp, stored, id, s.inc, s.incOf, other)
+	if write {
+		b := &bridge.Batch{Checkpoints: []shard.Checkpoint{{Key: s.incKey, Offset: int64(inc), Fingerprint: uint64(id)}}}
+		if err := h.Handle(ctx, b); err != nil {
+			return fmt.Errorf("nats source: store the stream incarnation: %w", err)
+		}
+	}
+	s.inc, s.incOf, s.incDue = inc, id, 0
+	return nil
+}
+
+// nextIncarnation decides the incarnation of the stream created at id
+// from the stored one (cp, if stored) and the one read before (prev, of
+// the stream created at prevOf, 0 if none), and whether to store it.
+//
+//   - stored for this stream: that one;
+//   - stored for another stream: one more;
+//   - none stored (a store written by a version that stored the
+//     incarnation only with a batch), a stream read before: its own if
+//     it is this one, else one more;
+//   - none stored, the store's floor of another stream (other): 1;
+//   - none stored otherwise: 0, the first stream or the one a version
+//     before incarnations read, whose tasks are incarnation 0 too.
+func nextIncarnation(cp shard.Checkpoint, stored bool, id int64, prev uint32, prevOf int64, other bool) (inc uint32, write bool) {
 	switch {
-	case err != nil:
-		return 0, fmt.Errorf("nats source: read the stream incarnation: %w", err)
-	case !ok:
-		return 0, nil
-	case cp.Fingerprint == uint64(created):
-		return uint32(cp.Offset), nil
+	case stored && cp.Fingerprint == uint64(id):
+		return uint32(cp.Offset), false
+	case stored:
+		return uint32(cp.Offset) + 1, true
+	case prevOf == id:
+		return prev, true
+	case prevOf != 0:
+		return prev + 1, true
+	case other:
+		return 1, true
 	default:
-		return uint32(cp.Offset) + 1, nil
+		return 0, true
 	}
 }
 
@@ -403,11 +441,17 @@ type floorState struct {
 // Otherwise it is dropped, and the worst case is ingesting again what the
 // consumer redelivers (a duplicate, never a loss); the server's ack floor
 // still applies. It reports whether the floor was kept.
+// legacyOther reports whether a legacy floor is dropped when the consumer
+// has delivered up to delivered: then it is likely another stream's.
+func (f *floorState) legacyOther(delivered int64) bool {
+	return f.legacy != 0 && delivered < f.legacy
+}
+
 func (f *floorState) adoptLegacy(delivered int64) (kept bool) {
 	if f.legacy == 0 {
 		return false
 	}
-	kept = delivered >= f.legacy
+	kept = !f.legacyOther(delivered)
 	if kept {
 		f.floor = max(f.floor, f.legacy)
 	}
@@ -503,12 +547,18 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 	for {
 		// The stream's identity now, not as NewSource saw it.
 		err := s.reconcile(ctx, false)
+		var other bool
 		if err == nil {
-			err = s.storedFloor(h, st)
+			other, err = s.storedFloor(h, st)
 		}
 		if err == nil {
-			s.incOf = s.created.Load()
-			s.inc, err = s.incarnation(h, s.incOf)
+			if st.legacy != 0 {
+				// Settled in consume, when the legacy floor is kept or
+				// dropped.
+				s.incDue = s.created.Load()
+			} else {
+				err = s.settleIncarnation(ctx, h, s.created.Load(), other)
+			}
 		}
 		if err == nil {
 			break
@@ -539,8 +589,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 				continue
 			}
 			if id := s.created.Load(); id != streamID {
-				inc, err := s.incarnation(h, id)
-				if err != nil {
+				if err := s.settleIncarnation(ctx, h, id, true); err != nil {
 					s.log.Warn("nats source: the stream was created again; reading its incarnation failed", zap.Error(err))
 					if !sleepCtx(ctx, bo.next()) {
 						return nil
@@ -549,8 +598,8 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 				}
 				s.log.Warn("nats source: the stream was created again; reading it from its start",
 					zap.Int64("floor", st.floor), zap.Time("stream_created", time.Unix(0, id)),
-					zap.Time("was_created", time.Unix(0, streamID)), zap.Uint32("incarnation", inc))
-				*st, streamID, s.inc, s.incOf = floorState{}, id, inc, id
+					zap.Time("was_created", time.Unix(0, streamID)), zap.Uint32("incarnation", s.inc))
+				*st, streamID = floorState{}, id
 				s.key = CheckpointKey(s.cfg.Stream, id, s.subjects())
 			}
 			verified = true
@@ -617,22 +666,22 @@ func (s *Source) refreshStream(ctx context.Context) error {
 // st.legacy, to be kept or dropped against the consumer's state when
 // consuming starts (floorState.adoptLegacy). The floor is carried to the
 // new key by the first batch.
-func (s *Source) storedFloor(h bridge.Handler, st *floorState) error {
+func (s *Source) storedFloor(h bridge.Handler, st *floorState) (other bool, err error) {
 	id := s.created.Load()
 	s.key = CheckpointKey(s.cfg.Stream, id, s.subjects())
 	floor, ok, err := h.Checkpoint(s.key)
 	if err != nil || ok {
 		st.floor = floor
-		return err
+		return false, err
 	}
 	floor, ok, err = h.Checkpoint(s.base)
 	if err != nil || !ok || floor <= 0 {
-		return err
+		return false, err
 	}
 	created, ok, err := h.Checkpoint(createdKey(s.base))
 	switch {
 	case err != nil:
-		return err
+		return false, err
 	case !ok:
 		st.legacy = floor
 	case created == id:
@@ -641,8 +690,9 @@ func (s *Source) storedFloor(h bridge.Handler, st *floorState) error {
 		s.log.Warn("nats source: the stream was created again since the store's checkpoint; reading it from its start",
 			zap.Int64("checkpoint", floor), zap.Time("checkpoint_stream_created", time.Unix(0, created)),
 			zap.Time("stream_created", time.Unix(0, id)))
+		return true, nil
 	}
-	return nil
+	return false, nil
 }
 
 func isConsumerGone(err error) bool {
@@ -663,6 +713,15 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	}
 	s.consErr.Store(nil)
 	s.setAckWait(info.Config)
+	if s.incDue != 0 {
+		// A legacy floor to be dropped was likely another stream's: its
+		// tasks are the previous incarnation. Duplicates of what the
+		// consumer redelivers are the price if it was not; new messages
+		// lost to old tasks with the same ids the price of the other way.
+		if err := s.settleIncarnation(ctx, h, s.incDue, st.legacyOther(int64(info.Delivered.Stream))); err != nil {
+			return err
+		}
+	}
 	if st.legacy != 0 {
 		legacy := st.legacy
 		if st.adoptLegacy(int64(info.Delivered.Stream)) {

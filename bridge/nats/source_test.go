@@ -464,8 +464,9 @@ func TestSourceCreateKeepsExistingConsumer(t *testing.T) {
 	}
 }
 
-// blocker is a Handler whose first Handle blocks until released, or
-// fails when its context ends first (a batch in the handler at a stop).
+// blocker is a Handler whose first Handle of messages blocks until
+// released, or fails when its context ends first (a batch in the handler
+// at a stop).
 type blocker struct {
 	*recorder
 	entered chan struct{}
@@ -475,7 +476,9 @@ type blocker struct {
 
 func (b *blocker) Handle(ctx context.Context, batch *bridge.Batch) error {
 	first := false
-	b.once.Do(func() { first = true })
+	if len(batch.Items) > 0 {
+		b.once.Do(func() { first = true })
+	}
 	if first {
 		close(b.entered)
 		select {
@@ -601,11 +604,10 @@ func TestSourceStreamCreatedAgain(t *testing.T) {
 		// would have written.
 		store func(cps map[string]int64, oldKey string, oldCreated int64)
 		n     int // messages on the new stream
-		// inc is the new stream's incarnation: 1, or 0 when no
-		// incarnation was stored (older versions).
-		inc uint32
 	}{
-		{name: "restart", n: 3, inc: 1},
+		{name: "restart", n: 3},
+		// Older versions stored no incarnation; a floor dropped as likely
+		// another stream's makes the new stream the next one.
 		{name: "restart, older version's checkpoint", n: 3, store: func(cps map[string]int64, oldKey string, _ int64) {
 			cps[base] = cps[oldKey]
 			delete(cps, oldKey)
@@ -621,7 +623,12 @@ func TestSourceStreamCreatedAgain(t *testing.T) {
 			delete(cps, oldKey)
 			delete(cps, IncarnationKey("DELAY"))
 		}},
-		{name: "while running", live: true, n: 3, inc: 1},
+		{name: "while running", live: true, n: 3},
+		// A store that never had the incarnation (a version that stored
+		// it only with a batch): the stream read before is incarnation 0.
+		{name: "while running, no incarnation stored", live: true, n: 3, store: func(cps map[string]int64, _ string, _ int64) {
+			delete(cps, IncarnationKey("DELAY"))
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := startServer(t, jsOptions(t))
@@ -701,10 +708,7 @@ func TestSourceStreamCreatedAgain(t *testing.T) {
 			// The new stream's messages are of another incarnation than
 			// the old one's, so the store orders them by stored time, not
 			// by their sequences, which started again at 1.
-			wantInc := []uint32{0}
-			if c.inc != 0 {
-				wantInc = append(wantInc, c.inc)
-			}
+			wantInc := []uint32{0, 1}
 			if got := rec.incarnations(); !slices.Equal(got, wantInc) {
 				t.Fatalf("incarnations handled %v, want %v", got, wantInc)
 			}
@@ -713,8 +717,85 @@ func TestSourceStreamCreatedAgain(t *testing.T) {
 			if src2 != nil {
 				created = src2.created.Load()
 			}
-			if !ok || cp.Offset != int64(c.inc) || cp.Fingerprint != uint64(created) {
-				t.Fatalf("stored incarnation %+v (%v), want %d of the stream created at %d", cp, ok, c.inc, created)
+			if !ok || cp.Offset != 1 || cp.Fingerprint != uint64(created) {
+				t.Fatalf("stored incarnation %+v (%v), want 1 of the stream created at %d", cp, ok, created)
+			}
+		})
+	}
+}
+
+// TestSourceIncarnationStoredAtStart: the source stores the stream's
+// incarnation before any message arrives, so a stream deleted and
+// created again while the bridge is down, with nothing read in between,
+// is still the next incarnation: its messages are not ordered by
+// sequence against the old stream's pending tasks.
+func TestSourceIncarnationStoredAtStart(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	cfg.Create = true
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	rec := newRecorder()
+	stored := func(want int64, created int64) func() bool {
+		return func() bool {
+			cp, ok, _ := rec.LoadCheckpoint(IncarnationKey("DELAY"))
+			return ok && cp.Offset == want && cp.Fingerprint == uint64(created)
+		}
+	}
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runSource(t, src, rec)
+	eventually(t, "incarnation 0 stored with no message", stored(0, src.created.Load()))
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.seqs()) != 0 {
+		t.Fatalf("handled %v, want nothing", rec.seqs())
+	}
+	if err := js.DeleteStream(ctxT(t), cfg.Stream); err != nil {
+		t.Fatal(err)
+	}
+	var src2 *Source
+	eventually(t, "the stream created again", func() bool {
+		src2, err = NewSource(nc, cfg)
+		return err == nil
+	})
+	runSource(t, src2, rec)
+	eventually(t, "incarnation 1 stored with no message", stored(1, src2.created.Load()))
+	publish(t, js, "delay.a", "new", natsgo.Header{"delay-after": {"1s"}})
+	eventually(t, "1 handled", func() bool { return len(rec.seqs()) == 1 })
+	if got := rec.incarnations(); !slices.Equal(got, []uint32{1}) {
+		t.Fatalf("incarnations handled %v, want [1]", got)
+	}
+}
+
+func TestNextIncarnation(t *testing.T) {
+	const a, b = 100, 200 // creation times
+	for _, c := range []struct {
+		name   string
+		cp     shard.Checkpoint
+		stored bool
+		prev   uint32
+		prevOf int64
+		other  bool
+		inc    uint32
+		write  bool
+	}{
+		{name: "nothing stored, first stream", inc: 0, write: true},
+		{name: "stored for this stream", cp: shard.Checkpoint{Offset: 3, Fingerprint: b}, stored: true, inc: 3},
+		{name: "stored for this stream, floor of another", cp: shard.Checkpoint{Offset: 3, Fingerprint: b}, stored: true, other: true, inc: 3},
+		{name: "stored for another stream", cp: shard.Checkpoint{Offset: 3, Fingerprint: a}, stored: true, inc: 4, write: true},
+		{name: "stored 0 for another stream", cp: shard.Checkpoint{Offset: 0, Fingerprint: a}, stored: true, inc: 1, write: true},
+		{name: "nothing stored, another stream read before", prev: 2, prevOf: a, inc: 3, write: true},
+		{name: "nothing stored, this stream read before", prev: 2, prevOf: b, inc: 2, write: true},
+		{name: "nothing stored, floor of another stream", other: true, inc: 1, write: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			inc, write := nextIncarnation(c.cp, c.stored, b, c.prev, c.prevOf, c.other)
+			if inc != c.inc || write != c.write {
+				t.Fatalf("got %d, write %v; want %d, write %v", inc, write, c.inc, c.write)
 			}
 		})
 	}
