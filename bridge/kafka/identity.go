@@ -97,6 +97,9 @@ type logCheck struct {
 	// first and end are the log start and end (high watermark) as listed;
 	// -1 when not listed (no fingerprint to check).
 	first, end int64
+	// absent: identityOther because the log has no record at the offset
+	// (it ends before or at it), not because it holds a different one.
+	absent bool
 }
 
 // checkIdentity fetches the record at cp.Offset and compares it with
@@ -131,7 +134,7 @@ func (s *Source) checkIdentity(ctx context.Context, topic string, partition int,
 				c.verdict, c.reason = identityUnknown, "retention deleted the checkpointed record"
 				return c, nil
 			}
-			c.verdict, c.reason = identityOther, "the log ends before the checkpointed offset"
+			c.verdict, c.reason, c.absent = identityOther, "the log ends before the checkpointed offset", true
 			return c, nil
 		case err != nil:
 			return logCheck{}, fmt.Errorf("fetch the checkpointed record at %d: %w", cp.Offset, err)
@@ -156,7 +159,7 @@ func (s *Source) checkIdentity(ctx context.Context, topic string, partition int,
 		case time.Now().Before(deadline):
 			continue // nothing readable at the offset yet
 		default:
-			c.verdict, c.reason = identityOther, "the readable log ends at the checkpointed offset"
+			c.verdict, c.reason, c.absent = identityOther, "the readable log ends at the checkpointed offset", true
 			return c, nil
 		}
 	}

@@ -622,3 +622,58 @@ func TestCheckIdentity(t *testing.T) {
 		t.Errorf("no record at the offset: checkIdentity = %+v, %v; want verdict %d with the log ending at 9", got, err, identityUnknown)
 	}
 }
+
+// A fetch fails without the topic going missing (a leader moving) and the
+// log the worker comes back to serves nothing at the last offset read yet
+// (the new leader's high watermark lags behind what the old one served),
+// for longer than IdentityWait. That is no proof of another log: the
+// worker reads on from where it was, without re-reading (and re-firing)
+// the whole log. Only a different record at the offset, or a topic
+// reported unknown, would be.
+func TestSourceLaggingLeaderIsNotAnotherLog(t *testing.T) {
+	t0 := time.Now().Add(-time.Hour).Truncate(time.Second)
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	cl := producer(t, c)
+	produce(t, cl, gen{"a", 10, t0}.records("delay", 0)...)
+	h := newMemHandler()
+	s, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runSource(t, s, h)
+	waitFor(t, "the log", func() bool { return h.count() == 10 })
+
+	// Fetches at offset 9 (only the identity check asks there now) see a
+	// log whose high watermark is 9: nothing readable at the offset.
+	var lagged atomic.Int64
+	c.ControlKey(int16(kmsg.Fetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kreq.(*kmsg.FetchRequest)
+		if len(req.Topics) != 1 || len(req.Topics[0].Partitions) != 1 || req.Topics[0].Partitions[0].FetchOffset != 9 {
+			return nil, nil, false
+		}
+		lagged.Add(1)
+		resp := req.ResponseKind().(*kmsg.FetchResponse)
+		rt := kmsg.NewFetchResponseTopic()
+		rt.Topic, rt.TopicID = req.Topics[0].Topic, req.Topics[0].TopicID
+		rp := kmsg.NewFetchResponseTopicPartition()
+		rp.HighWatermark, rp.LastStableOffset, rp.LogStartOffset = 9, 9, 0
+		rt.Partitions = append(rt.Partitions, rp)
+		resp.Topics = append(resp.Topics, rt)
+		return resp, nil, true
+	})
+	fault := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: "delay", Err: kerr.NotLeaderForPartition, Count: 0})
+	waitFor(t, "a failed fetch", func() bool { return fault.Hits() > 0 })
+	waitFor(t, "the identity check at the lagging offset", func() bool { return lagged.Load() > 0 })
+	produce(t, cl, gen{"a", 5, t0}.records("delay", 10)...)
+	waitFor(t, "the commit", func() bool { return committed(c, "g", "delay")[0] == 15 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.offsets("delay")[0]; !slices.Equal(got, []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14}) {
+		t.Fatalf("offsets %v, want 0..14 once", got)
+	}
+	if got := incarnations(h, 0); !slices.Equal(got, []uint32{0}) {
+		t.Fatalf("incarnations %v, want [0]", got)
+	}
+}

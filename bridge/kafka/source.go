@@ -536,6 +536,8 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 	warnedLAT, warnedNoTS := false, false
 	sent := offset   // the offset after the last batch handed over
 	recheck := false // a fetch failed: check the log before reading on
+	// gone: the topic was reported unknown in this failure streak.
+	gone := false
 	// rewindTo restarts at to, the start of a log that replaced the one
 	// read so far, and has the handler set the group's offset back to it.
 	rewindTo := func(to int64) bool {
@@ -567,7 +569,18 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 					wait = backoff(wait, s.cfg.RetryMax)
 					continue
 				}
-				if c.verdict == identityOther {
+				if c.verdict == identityOther && c.absent && !gone {
+					// The topic never went missing: a leader that moved
+					// (its high watermark may lag behind what the old
+					// one served) or a broker outage. A log that truly
+					// ends before offset fails the fetch there with
+					// OffsetOutOfRange, which resets it below; one that
+					// ends at it is waited for. Only a different record
+					// at the offset proves another log without that.
+					log.Info("the log has no record at the last offset read yet; reading on",
+						zap.String("reason", c.reason), zap.Int64("last_read", known.Offset),
+						zap.Int64("log_start", c.first), zap.Int64("log_end", c.end))
+				} else if c.verdict == identityOther {
 					log.Warn("the topic was deleted and the partition now holds another log; reading it from its start",
 						zap.String("reason", c.reason), zap.Int64("last_read", known.Offset),
 						zap.Int64("log_start", c.first), zap.Int64("log_end", c.end))
@@ -576,7 +589,7 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 					}
 				}
 			}
-			recheck = false
+			recheck, gone = false, false
 		}
 		lingered := len(pending) > 0
 		maxWait := s.cfg.MaxWait
@@ -619,6 +632,7 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 			// So the next fetch waits for a check of the record last read
 			// (a ListOffsets and a Fetch, once per failure streak).
 			recheck = true
+			gone = gone || errors.Is(err, kafkago.UnknownTopicOrPartition)
 			if staleMetadata(err) {
 				// kafka-go's transport refreshes its metadata cache only
 				// every MetadataTTL, never on a leader change; dropping
