@@ -141,7 +141,8 @@ func TestContract(t *testing.T) {
 	e.advance(svc, 2*time.Minute, 5*time.Second)
 	got := e.advanceUntil("every delivery", func(ds []delivery) bool {
 		return countDest(ds, func(d delivery) bool { return d.dest == kafkaDLQ || d.dest == "dlq.delay" }) >= len(bad)+2 &&
-			countDest(ds, func(d delivery) bool { return d.dest == kafkaOut || strings.HasPrefix(d.dest, "orders.") }) >= 9
+			// headers, replaced-new, equal-0..4, to-nats, to-kafka, nats-new
+			countDest(ds, func(d delivery) bool { return d.dest == kafkaOut || strings.HasPrefix(d.dest, "orders.") }) >= 10
 	})
 	vals := byValue(got, "")
 
