@@ -83,7 +83,9 @@ func (p *Pipeline) Handle(ctx context.Context, b *Batch) error {
 	// CONTRACT §3: the source commits only after the DLQ write is
 	// acknowledged. The dead letters are durable already; the fire loop
 	// publishes them at once and retries a failing DLQ (not ready, logged)
-	// until it takes them, so this waits as long.
+	// until it takes them, so this waits as long; except for a dead letter
+	// the DLQ refused every attempt of the retry policy, parked in the
+	// store so that it does not stall its partition for good.
 	if dls == nil {
 		return nil
 	}
@@ -100,6 +102,10 @@ func (p *Pipeline) Handle(ctx context.Context, b *Batch) error {
 	defer stop()
 	if err := dls.Wait(wctx); err != nil {
 		return fmt.Errorf("bridge: batch of %d: %w", n, err)
+	}
+	if k := dls.Parked(); k > 0 {
+		p.log.Warn("committing past dead letters their DLQ refused after every attempt; they stay in the store and are retried",
+			zap.Int("parked", k), zap.Int("dead_letters", dls.Len()))
 	}
 	return nil
 }

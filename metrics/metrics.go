@@ -17,24 +17,27 @@ var latencyBuckets = []float64{
 
 // Metrics are the bridge's instruments. The zero value is not usable; call New.
 type Metrics struct {
-	Ingested       *prometheus.CounterVec   // source
-	Fired          *prometheus.CounterVec   // transport, target kind (task|dlq)
-	DeadLettered   *prometheus.CounterVec   // reason
-	Cancelled      *prometheus.CounterVec   // source
-	Replaced       *prometheus.CounterVec   // source
-	Dropped        *prometheus.CounterVec   // source, why (older, cancelled)
-	Pending        *prometheus.GaugeVec     // shard
-	InWheel        *prometheus.GaugeVec     // shard
-	FireLateness   *prometheus.HistogramVec // transport
-	Overdue        prometheus.Counter
-	StoreCommit    *prometheus.HistogramVec // op (ingest|fire|retry)
-	StoreErrors    prometheus.Counter
-	PublishRetries *prometheus.CounterVec   // transport
-	PublishSeconds *prometheus.HistogramVec // transport
-	BestEffort     *prometheus.CounterVec   // transport: deliveries with no broker ack (core NATS)
-	SourceErrors   *prometheus.CounterVec   // source
-	SourceLag      *prometheus.GaugeVec     // source, partition
-	Ready          prometheus.Gauge
+	Ingested     *prometheus.CounterVec // source
+	Fired        *prometheus.CounterVec // transport, target kind (task|dlq)
+	DeadLettered *prometheus.CounterVec // reason
+	// DeadLettersParked: dead letters their DLQ refused Retry.MaxAttempts
+	// times, released so their source commits past them.
+	DeadLettersParked prometheus.Counter
+	Cancelled         *prometheus.CounterVec   // source
+	Replaced          *prometheus.CounterVec   // source
+	Dropped           *prometheus.CounterVec   // source, why (older, cancelled)
+	Pending           *prometheus.GaugeVec     // shard
+	InWheel           *prometheus.GaugeVec     // shard
+	FireLateness      *prometheus.HistogramVec // transport
+	Overdue           prometheus.Counter
+	StoreCommit       *prometheus.HistogramVec // op (ingest|fire|retry)
+	StoreErrors       prometheus.Counter
+	PublishRetries    *prometheus.CounterVec   // transport
+	PublishSeconds    *prometheus.HistogramVec // transport
+	BestEffort        *prometheus.CounterVec   // transport: deliveries with no broker ack (core NATS)
+	SourceErrors      *prometheus.CounterVec   // source
+	SourceLag         *prometheus.GaugeVec     // source, partition
+	Ready             prometheus.Gauge
 }
 
 // New builds the instruments and registers them on r (nil: not registered).
@@ -49,6 +52,9 @@ func New(r prometheus.Registerer) *Metrics {
 		DeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "delaybridge_dead_lettered_total", Help: "Messages written to a dead-letter destination, by reason code.",
 		}, []string{"reason"}),
+		DeadLettersParked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "delaybridge_dead_letters_parked_total", Help: "Dead letters their DLQ refused (not: was unreachable for) every attempt of the retry policy: their source commits past them; they stay in the store and are retried until the DLQ takes them.",
+		}),
 		Cancelled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "delaybridge_cancelled_total", Help: "Pending tasks cancelled (by delay-cancel, tombstone or admin API) and not delivered; one already being published when cancelled counts here only if that publish failed, else as fired.",
 		}, []string{"source"}),
@@ -105,7 +111,7 @@ func New(r prometheus.Registerer) *Metrics {
 		m.DeadLettered.WithLabelValues(string(c))
 	}
 	if r != nil {
-		r.MustRegister(m.Ingested, m.Fired, m.DeadLettered, m.Cancelled, m.Replaced, m.Dropped,
+		r.MustRegister(m.Ingested, m.Fired, m.DeadLettered, m.DeadLettersParked, m.Cancelled, m.Replaced, m.Dropped,
 			m.Pending, m.InWheel, m.FireLateness, m.Overdue, m.StoreCommit, m.StoreErrors,
 			m.PublishRetries, m.PublishSeconds, m.BestEffort, m.SourceErrors, m.SourceLag, m.Ready)
 	}

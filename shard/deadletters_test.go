@@ -3,11 +3,15 @@ package shard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/metrics"
 )
 
 // IngestAwait's DeadLetters: done once the sink acknowledged every dead
@@ -77,4 +81,73 @@ func TestIngestAwaitDeadLetters(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A dead letter its DLQ refuses (a permanent error, not ErrUnavailable)
+// every attempt of the retry policy is parked: the source's wait ends so
+// the partition moves on (CONTRACT §3: one bad message never stalls its
+// partition), the dead letter stays in the store and is retried, and the
+// engine reports the failing DLQ until it takes it. A DLQ that is only
+// unreachable parks nothing, however long it lasts.
+func TestDeadLetterParked(t *testing.T) {
+	ctx := context.Background()
+	dl := codec.Task{Kind: codec.KindDeadLetter, ID: "bad", Source: "src", Origin: "kafka:src/0@1",
+		Transport: codec.TransportKafka, Target: "dlq", Code: codec.CodeBadDue, Detail: "nope"}
+	for _, tc := range []struct {
+		name   string
+		err    error
+		parked bool
+	}{
+		{"refused", errors.New("message too large for the DLQ topic"), true},
+		{"unreachable", fmt.Errorf("dial: connection refused: %w", ErrUnavailable), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := metrics.New(nil)
+			h := newHarness(t, func(o *Options) {
+				o.Retry = RetryPolicy{Initial: 100 * time.Millisecond, Max: time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+				o.Metrics = m
+			})
+			h.sink.setFail(func(*codec.Task) error { return tc.err })
+			h.run()
+			d, err := h.e.IngestAwait(ctx, []codec.Task{dl}, nil)
+			if err != nil || d.Len() != 1 {
+				t.Fatalf("IngestAwait = %d dead letters, %v; want 1", d.Len(), err)
+			}
+			h.settle()
+			for range 10 { // well past three attempts
+				h.advance(time.Second)
+			}
+			short, cancel := context.WithCancel(ctx)
+			cancel()
+			werr := d.Wait(short)
+			if tc.parked {
+				if werr != nil || d.Parked() != 1 {
+					t.Fatalf("Wait = %v, parked %d; want nil, 1", werr, d.Parked())
+				}
+			} else if werr == nil || d.Parked() != 0 {
+				t.Fatalf("Wait = %v, parked %d; want the wait still on, nothing parked", werr, d.Parked())
+			}
+			if got := testutil.ToFloat64(m.DeadLettersParked); (got == 1) != tc.parked || got > 1 {
+				t.Fatalf("parked counter %v", got)
+			}
+			if h.e.Err() == nil {
+				t.Fatal("engine healthy while its DLQ fails")
+			}
+			if n := len(h.sink.acked()); n != 0 {
+				t.Fatalf("%d acknowledged", n)
+			}
+			if p := h.e.Stats().Pending; p != 1 {
+				t.Fatalf("%d pending, want the dead letter kept", p)
+			}
+			// The DLQ takes it at last: delivered, the engine healthy again.
+			h.sink.setFail(nil)
+			h.advance(2 * time.Second)
+			if n := len(h.sink.acked()); n != 1 {
+				t.Fatalf("%d acknowledged after the DLQ recovered, want 1", n)
+			}
+			if err := h.e.Err(); err != nil {
+				t.Fatalf("Err after the DLQ recovered: %v", err)
+			}
+		})
+	}
 }

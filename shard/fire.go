@@ -544,6 +544,8 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		// delivered.
 		acked, cancelled []int
 		retried          []int
+		// parked: dead letters whose source no longer waits for them
+		parked []int
 		// unavailable: retried without an attempt charged (ErrUnavailable)
 		unavailable []int
 		outageErr   error
@@ -635,6 +637,9 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			s.setOverlayLocked(iks.str(i), ne, false, pb)
 		} else {
 			dlqErr = derr
+			if !errors.Is(derr, ErrUnavailable) && int(t.Attempts) >= e.opts.Retry.MaxAttempts && e.deadLetterParked(it.seq) {
+				parked = append(parked, i)
+			}
 		}
 		s.addOpLocked(pb, fire, it.seq)
 		// Dead letters too: one whose DLQ keeps failing is work overdue.
@@ -699,6 +704,13 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	}
 	for _, i := range retried {
 		e.m.PublishRetries.WithLabelValues(items[i].task.Transport.String()).Inc()
+	}
+	for _, i := range parked {
+		t := items[i].task
+		e.m.DeadLettersParked.Inc()
+		e.log.Error("dead letter refused by its DLQ after every attempt; its source commits past it, it stays in the store and is retried until the DLQ takes it",
+			zap.String("dlq", t.Transport.String()+":"+t.Target), zap.String("code", string(t.Code)),
+			zap.String("origin", t.Origin), zap.Uint32("attempts", t.Attempts), zap.Error(dlqErr))
 	}
 	switch {
 	case outageErr != nil:

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 	"github.com/nats-io/nats.go/jetstream"
 	"math/rand/v2"
 	"strconv"
@@ -343,50 +344,75 @@ func TestDLQOutageHoldsCommit(t *testing.T) {
 // DLQ stream refuses every message (its max_msg_size lowered to 1 byte) a
 // dead letter cannot be published, so the bad message stays unacknowledged
 // (the consumer's ack floor stays before it) until the stream takes the
-// dead letter.
+// dead letter. Unless the stream refused it every attempt of the retry
+// policy: then the dead letter is parked in the store so that the subject
+// moves on (CONTRACT §3: one bad message never stalls its partition), the
+// bad message is acked, the bridge stays not ready, and the dead letter is
+// still delivered once the stream takes it.
 func TestNATSDLQOutageHoldsAck(t *testing.T) {
-	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 2}\n")
-	svc, _ := e.start()
-	js, err := jetstream.New(e.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	ackFloor := func() uint64 {
-		c, err := js.Consumer(ctx, "DELAY", "bridge")
-		if err != nil {
-			return 0
-		}
-		info, err := c.Info(ctx)
-		if err != nil {
-			return 0
-		}
-		return info.AckFloor.Stream
-	}
-	e.publishNATS("delay.o", []byte("good"), "delay-after", "1h", "delay-target", "orders.o")
-	eventually(t, "the good message's ack", func() bool { return ackFloor() == 1 })
+	for _, tc := range []struct {
+		name        string
+		maxAttempts int
+		parked      bool
+	}{
+		{"within the retry policy", 1000, false},
+		{"refused every attempt", 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, fmt.Sprintf("retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: %d}\n", tc.maxAttempts))
+			svc, _ := e.start()
+			js, err := jetstream.New(e.nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			ackFloor := func() uint64 {
+				c, err := js.Consumer(ctx, "DELAY", "bridge")
+				if err != nil {
+					return 0
+				}
+				info, err := c.Info(ctx)
+				if err != nil {
+					return 0
+				}
+				return info.AckFloor.Stream
+			}
+			e.publishNATS("delay.o", []byte("good"), "delay-after", "1h", "delay-target", "orders.o")
+			eventually(t, "the good message's ack", func() bool { return ackFloor() == 1 })
 
-	dlqStream := func(maxMsgSize int32) {
-		t.Helper()
-		if _, err := js.UpdateStream(ctx, jetstream.StreamConfig{Name: "DLQ", Subjects: []string{"dlq.>"}, MaxMsgSize: maxMsgSize}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	dlqStream(1)
-	e.publishNATS("delay.o", []byte("bad"), "delay-target", "orders.o") // missing-due
-	eventually(t, "readiness to report the DLQ", func() bool { return svc.Ready() != nil })
-	for range 5 {
-		e.clk.Advance(2 * time.Second)
-		time.Sleep(20 * time.Millisecond) // real time for a round to fail; correctness does not depend on it
-	}
-	if f := ackFloor(); f != 1 {
-		t.Fatalf("ack floor %d while the DLQ could not be written, want 1 (the bad message not acked)", f)
-	}
+			dlqStream := func(maxMsgSize int32) {
+				t.Helper()
+				if _, err := js.UpdateStream(ctx, jetstream.StreamConfig{Name: "DLQ", Subjects: []string{"dlq.>"}, MaxMsgSize: maxMsgSize}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			dlqStream(1)
+			e.publishNATS("delay.o", []byte("bad"), "delay-target", "orders.o") // missing-due
+			eventually(t, "readiness to report the DLQ", func() bool { return svc.Ready() != nil })
+			if tc.parked {
+				e.advanceUntil("the ack of the parked dead letter's message", func([]delivery) bool { return ackFloor() == 2 })
+				if err := svc.Ready(); err == nil {
+					t.Fatal("ready while the DLQ refuses a dead letter")
+				}
+				if n := len(byValue(e.deliveries(), "dlq.delay")["bad"]); n != 0 {
+					t.Fatalf("%d dead letters delivered to a DLQ that refuses them", n)
+				}
+			} else {
+				for range 5 {
+					e.clk.Advance(2 * time.Second)
+					time.Sleep(20 * time.Millisecond) // real time for a round to fail; correctness does not depend on it
+				}
+				if f := ackFloor(); f != 1 {
+					t.Fatalf("ack floor %d while the DLQ could not be written, want 1 (the bad message not acked)", f)
+				}
+			}
 
-	dlqStream(-1)
-	e.advanceUntil("the dead letter", func(ds []delivery) bool { return len(byValue(ds, "dlq.delay")["bad"]) > 0 })
-	eventually(t, "the ack of the bad message", func() bool { return ackFloor() == 2 })
-	eventually(t, "readiness after the DLQ recovered", func() bool { return svc.Ready() == nil })
+			dlqStream(-1)
+			e.advanceUntil("the dead letter", func(ds []delivery) bool { return len(byValue(ds, "dlq.delay")["bad"]) > 0 })
+			eventually(t, "the ack of the bad message", func() bool { return ackFloor() == 2 })
+			eventually(t, "readiness after the DLQ recovered", func() bool { return svc.Ready() == nil })
+		})
+	}
 }
 
 // TestKafkaPublisherOutageNotReady: the Kafka source keeps fetching while
