@@ -306,8 +306,8 @@ func (d *decoder) transport() (Transport, error) {
 
 func (d *decoder) uvarint() (uint64, error) {
 	v, n := binary.Uvarint(d.b[d.off:])
-	if n <= 0 {
-		return 0, fmt.Errorf("%w: bad varint at %d", ErrCorrupt, d.off)
+	if err := d.checkVarint(n); err != nil {
+		return 0, err
 	}
 	d.off += n
 	return v, nil
@@ -315,11 +315,24 @@ func (d *decoder) uvarint() (uint64, error) {
 
 func (d *decoder) varint() (int64, error) {
 	v, n := binary.Varint(d.b[d.off:])
-	if n <= 0 {
-		return 0, fmt.Errorf("%w: bad varint at %d", ErrCorrupt, d.off)
+	if err := d.checkVarint(n); err != nil {
+		return 0, err
 	}
 	d.off += n
 	return v, nil
+}
+
+// checkVarint refuses a varint of n bytes at d.off that did not decode, or
+// that is not the shortest form (a last byte of 0 after the first): the
+// encoder never writes one, so each task has exactly one envelope.
+func (d *decoder) checkVarint(n int) error {
+	if n <= 0 {
+		return fmt.Errorf("%w: bad varint at %d", ErrCorrupt, d.off)
+	}
+	if n > 1 && d.b[d.off+n-1] == 0 {
+		return fmt.Errorf("%w: varint at %d not in its shortest form", ErrCorrupt, d.off)
+	}
+	return nil
 }
 
 // span returns the next n bytes.

@@ -141,6 +141,9 @@ func TestDecodeTaskErrors(t *testing.T) {
 		{"attempts overflow", patch(func(b []byte) []byte {
 			return append(binary.AppendUvarint(b[:4:4], math.MaxUint32+1), b[4+5:]...)
 		}), ErrCorrupt},
+		{"non-minimal varint", patch(func(b []byte) []byte {
+			return append(append(b[:4:4], b[4]|0x80, 0), b[5:]...)
+		}), ErrCorrupt},
 		{"unterminated varint", reseal(append([]byte{1, 1, 1, 1, 0x80, 0x80, 0x80}, 0, 0, 0, 0)), ErrCorrupt},
 		{"body cut", reseal(append(append([]byte(nil), good[:len(good)/2]...), 0, 0, 0, 0)), ErrCorrupt},
 		{"huge string length", reseal(buildBody(func(b []byte) []byte { return binary.AppendUvarint(b, math.MaxUint64) })), ErrCorrupt},

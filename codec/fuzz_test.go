@@ -164,6 +164,11 @@ func FuzzDecodeTask(f *testing.F) {
 			return
 		}
 		enc := AppendTask(nil, &got)
+		if !bytes.Equal(enc, b) {
+			// One envelope per task: anything else accepted is corruption
+			// that happened to pass.
+			t.Fatalf("accepted envelope is not the task's encoding:\n%x\n%x", b, enc)
+		}
 		var again Task
 		if err := DecodeTask(enc, &again); err != nil {
 			t.Fatalf("re-encoded task does not decode: %v", err)

@@ -736,7 +736,7 @@ func (e *Engine) ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 	// Build and apply outside the locks, after the batches this one
 	// depends on (earlier undurable decisions it read, the last writer of
 	// each of its checkpoint keys).
-	b := e.db.NewBatchWithSize(len(envs) + len(iks) + len(tasks)*(2*taskKeyLen+indexEntryLen+32) + 256)
+	b := e.db.NewBatchWithSize(len(envs) + len(iks) + len(tasks)*(2*taskKeyLen+indexEntryLen2+32) + 256)
 	var key, val []byte
 	// t keys first, shard by shard (in task order within a shard, so a
 	// replace's delete still follows the set it deletes): consecutive
