@@ -13,8 +13,10 @@ import (
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/delaybridge/delaybridge/bridge/kafka"
 	"github.com/delaybridge/delaybridge/codec"
@@ -338,6 +340,52 @@ func TestDLQOutageHoldsCommit(t *testing.T) {
 	}
 	eventually(t, "the commit past the bad message", func() bool { off, _ := committed(); return off == 2 })
 	eventually(t, "readiness after the DLQ recovered", func() bool { return svc.Ready() == nil })
+}
+
+// TestDLQRefusalParks: a DLQ topic that refuses a dead letter (here every
+// produce to it answered MESSAGE_TOO_LARGE, as when its max.message.bytes
+// is below the delay topic's) is not an outage: after the retry policy's
+// attempts the dead letter is parked, the partition's offset moves past
+// the bad message (one bad message never stalls its partition), the
+// bridge stays not ready, and the dead letter still reaches the DLQ once
+// the topic takes it.
+func TestDLQRefusalParks(t *testing.T) {
+	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 2}\n")
+	svc, _ := e.start()
+	committed := func() int64 {
+		gi := e.kc.GroupInfo("bridge")
+		if gi == nil {
+			return -1
+		}
+		c, ok := gi.Commits[kafkaDelay][0]
+		if !ok {
+			return -1
+		}
+		return c.Offset
+	}
+	e.publishKafka(0, time.Time{}, []byte("k0"), []byte("good"), "delay-after", "1h", "delay-target", "orders")
+	eventually(t, "the good message's commit", func() bool { return committed() == 1 })
+
+	refuse := e.kc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: kafkaDLQ, Err: kerr.MessageTooLarge, Count: -1})
+	e.publishKafka(0, time.Time{}, []byte("k1"), []byte("bad"), "delay-target", "orders") // missing-due
+	eventually(t, "readiness to report the DLQ", func() bool { return svc.Ready() != nil })
+	e.advanceUntil("the commit past the parked dead letter", func([]delivery) bool { return committed() == 2 })
+	if err := svc.Ready(); err == nil {
+		t.Fatal("ready while the DLQ refuses a dead letter")
+	}
+	if n := len(byValue(e.deliveries(), kafkaDLQ)["bad"]); n != 0 {
+		t.Fatalf("%d dead letters delivered to a DLQ that refuses them", n)
+	}
+	if refuse.Hits() < 2 {
+		t.Fatalf("%d refused produces, want the policy's 2 attempts at least", refuse.Hits())
+	}
+
+	refuse.Remove()
+	got := e.advanceUntil("the dead letter", func(ds []delivery) bool { return len(byValue(ds, kafkaDLQ)["bad"]) > 0 })
+	if dl := byValue(got, kafkaDLQ)["bad"]; dl[0].header("delay-error") != "missing-due" {
+		t.Fatalf("dead letter with delay-error %q, want missing-due", dl[0].header("delay-error"))
+	}
+	eventually(t, "readiness after the DLQ took it", func() bool { return svc.Ready() == nil })
 }
 
 // TestNATSDLQOutageHoldsAck is TestDLQOutageHoldsCommit on NATS: while the
