@@ -39,7 +39,7 @@ type Options struct {
 	// Transports of the throughput and lateness runs: kafka, nats; nil = both.
 	Transports []string
 	Out        string // directory for report.json, lateness.png, report.md
-	Profile    bool   // write a CPU profile of each unpaced bridge run into Out (bridge-TRANSPORT.cpu.pprof)
+	Profile    bool   // write a CPU profile of each bridge run into Out (bridge-TRANSPORT.cpu.pprof, bridge-TRANSPORT-paced.cpu.pprof)
 	Exe        string // this binary: the bridge runs as `Exe run`, engine-level children as `Exe bench -child`; "" = bridge in process
 	WorkDir    string // scratch space (stores, broker data); removed afterwards
 	Command    string // the command line, recorded in the report
@@ -199,7 +199,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.want("lateness") {
 		for _, tr := range o.transports() {
 			o.progress("%s paced at %d msg/s, %d messages", tr, o.Rate, o.PacedN)
-			if run, err := bridgeRun(ctx, tr, o.PacedN, o.Rate, o.Delay, sub(), o.Exe, "", o.Logger); err != nil {
+			prof := ""
+			if o.Profile {
+				prof = filepath.Join(o.Out, "bridge-"+tr+"-paced.cpu.pprof")
+			}
+			if run, err := bridgeRun(ctx, tr, o.PacedN, o.Rate, o.Delay, sub(), o.Exe, prof, o.Logger); err != nil {
 				fail(tr+" paced", err)
 			} else {
 				r.Runs = append(r.Runs, run)
