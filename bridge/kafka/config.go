@@ -121,11 +121,13 @@ type Config struct {
 	MaxBatch      int           // messages per Handle call; default 512
 	FetchMaxBytes int           // per fetch request; default 4 MiB
 	MaxWait       time.Duration // broker long-poll wait for an empty partition; default 500ms
-	// IdentityWait is how long a partition worker waits for the record at
-	// its checkpointed offset to become readable when the log ends exactly
-	// there, before it takes the log for another one (see checkIdentity).
-	// A new leader's high watermark can trail the old one's for up to the
-	// brokers' replica.lag.time.max.ms (30 s by default). Default 30s.
+	// IdentityWait is how long one identity check long-polls for the
+	// record at the checkpointed offset when nothing is readable there
+	// yet, before it asks whether the log ends at that offset (then it is
+	// another log) or reaches past it (then the worker waits and checks
+	// again; see checkIdentity). A new leader's high watermark can trail
+	// the old one's for up to the brokers' replica.lag.time.max.ms (30 s
+	// by default). Default 30s.
 	IdentityWait time.Duration
 	// Linger is how long a worker waits for more records when a fetch
 	// returned fewer than MaxBatch, so trickling traffic still makes

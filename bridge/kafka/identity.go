@@ -86,8 +86,15 @@ const (
 	// checkpoint was taken from.
 	identitySame
 	// identityOther: another log: a different record at the offset, or
-	// none where the old log had one (the log ends before it, or a gap).
+	// none where the old log had one (the log ends before or at it).
 	identityOther
+	// identityPending: the log reaches past the offset, but the record
+	// there is not readable yet: a high watermark that trails after a
+	// leader change, or an open transaction. Check again later; neither
+	// reading on (a new log's records up to the offset would be skipped)
+	// nor reading the log again (every retained schedule would fire
+	// twice) is safe before the record can be compared.
+	identityPending
 )
 
 // logCheck is the outcome of checkIdentity.
@@ -97,15 +104,21 @@ type logCheck struct {
 	// first and end are the log start and end (high watermark) as listed;
 	// -1 when not listed (no fingerprint to check).
 	first, end int64
-	// absent: identityOther because the log has no record at the offset
-	// (it ends before or at it), not because it holds a different one.
-	absent bool
 }
 
 // checkIdentity fetches the record at cp.Offset and compares it with
-// cp.Fingerprint. It costs a ListOffsets and one Fetch (a few long polls
-// in the rare case that the readable log ends at cp.Offset) and runs when
-// a partition worker starts, and after a failed fetch, not per batch.
+// cp.Fingerprint. It costs a ListOffsets and one Fetch (long polls for up
+// to IdentityWait in the rare case that the readable log ends at
+// cp.Offset, then one Fetch at cp.Offset+1) and runs when a partition
+// worker starts, and after a failed fetch, not per batch.
+//
+// Kafka answers a fetch past the log end offset with OffsetOutOfRange,
+// and one at or past the high watermark (the last stable offset under
+// read_committed) but within the log with nothing. So when cp.Offset
+// stays unreadable, a fetch at cp.Offset+1 tells a log that ends exactly
+// at cp.Offset (out of range: the checkpointed record is not there, so
+// another log) from one that holds records there not readable yet
+// (identityPending).
 func (s *Source) checkIdentity(ctx context.Context, topic string, partition int, cp shard.Checkpoint) (logCheck, error) {
 	if cp.Fingerprint == 0 {
 		return logCheck{verdict: identityUnknown, reason: "no fingerprint stored", first: -1, end: -1}, nil
@@ -134,7 +147,7 @@ func (s *Source) checkIdentity(ctx context.Context, topic string, partition int,
 				c.verdict, c.reason = identityUnknown, "retention deleted the checkpointed record"
 				return c, nil
 			}
-			c.verdict, c.reason, c.absent = identityOther, "the log ends before the checkpointed offset", true
+			c.verdict, c.reason = identityOther, "the log ends before the checkpointed offset"
 			return c, nil
 		case err != nil:
 			return logCheck{}, fmt.Errorf("fetch the checkpointed record at %d: %w", cp.Offset, err)
@@ -159,9 +172,33 @@ func (s *Source) checkIdentity(ctx context.Context, topic string, partition int,
 		case time.Now().Before(deadline):
 			continue // nothing readable at the offset yet
 		default:
-			c.verdict, c.reason, c.absent = identityOther, "the readable log ends at the checkpointed offset", true
+			return s.probePastOffset(ctx, topic, partition, cp, c)
+		}
+	}
+}
+
+// probePastOffset decides on a checkpointed offset that stayed unreadable:
+// a fetch at the next offset is out of range only if the log ends exactly
+// at cp.Offset.
+func (s *Source) probePastOffset(ctx context.Context, topic string, partition int, cp shard.Checkpoint, c logCheck) (logCheck, error) {
+	var notes decodeNotes
+	_, _, _, err := fetchItems(ctx, s.client, &s.cfg, topic, partition, cp.Offset+1, s.cfg.MaxWait, nil, nil, &notes)
+	switch {
+	case errors.Is(err, kafkago.OffsetOutOfRange):
+		if c.first, c.end, err = s.logRange(ctx, topic, partition); err != nil {
+			return logCheck{}, err
+		}
+		if cp.Offset < c.first {
+			c.verdict, c.reason = identityUnknown, "retention deleted the checkpointed record"
 			return c, nil
 		}
+		c.verdict, c.reason = identityOther, "the log ends at the checkpointed offset"
+		return c, nil
+	case err != nil:
+		return logCheck{}, fmt.Errorf("fetch past the checkpointed offset %d: %w", cp.Offset, err)
+	default:
+		c.verdict, c.reason = identityPending, "the log reaches past the checkpointed offset, whose record is not readable yet (a trailing high watermark or an open transaction)"
+		return c, nil
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -621,15 +622,32 @@ func TestCheckIdentity(t *testing.T) {
 	if err != nil || got.verdict != identityUnknown || got.end != 9 {
 		t.Errorf("no record at the offset: checkIdentity = %+v, %v; want verdict %d with the log ending at 9", got, err, identityUnknown)
 	}
+	// Records at the offset and past it, in an open transaction: the log
+	// reaches past the offset but nothing there is readable yet.
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	produce(t, txn, &kgo.Record{Topic: "delay", Value: []byte("t9")}, &kgo.Record{Topic: "delay", Value: []byte("t10")})
+	got, err = s.checkIdentity(ctx, "delay", 0, shard.Checkpoint{Offset: 9, Fingerprint: cp.Fingerprint})
+	if err != nil || got.verdict != identityPending {
+		t.Errorf("open transaction at the offset: checkIdentity = %+v, %v; want verdict %d", got, err, identityPending)
+	}
+	if err := txn.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	got, err = s.checkIdentity(ctx, "delay", 0, shard.Checkpoint{Offset: 9, Fingerprint: cp.Fingerprint})
+	if err != nil || got.verdict != identityOther {
+		t.Errorf("the transaction committed: checkIdentity = %+v, %v; want verdict %d", got, err, identityOther)
+	}
 }
 
 // A fetch fails without the topic going missing (a leader moving) and the
 // log the worker comes back to serves nothing at the last offset read yet
-// (the new leader's high watermark lags behind what the old one served),
-// for longer than IdentityWait. That is no proof of another log: the
-// worker reads on from where it was, without re-reading (and re-firing)
-// the whole log. Only a different record at the offset, or a topic
-// reported unknown, would be.
+// (the new leader's high watermark trails what the old one served), for
+// longer than IdentityWait. The log reaches past the offset (a fetch at the
+// next offset is not out of range), so it may be the same log: the worker
+// waits and checks again, and once the record is readable and the same it
+// reads on from where it was, without reading (and firing) the log again.
 func TestSourceLaggingLeaderIsNotAnotherLog(t *testing.T) {
 	t0 := time.Now().Add(-time.Hour).Truncate(time.Second)
 	c := newCluster(t, kfake.SeedTopics(1, "delay"))
@@ -644,12 +662,20 @@ func TestSourceLaggingLeaderIsNotAnotherLog(t *testing.T) {
 	waitFor(t, "the log", func() bool { return h.count() == 10 })
 
 	// Fetches at offset 9 (only the identity check asks there now) see a
-	// log whose high watermark is 9: nothing readable at the offset.
-	var lagged atomic.Int64
+	// log whose high watermark is 9, until the check has asked past the
+	// offset (10, within the log): then the high watermark has caught up.
+	var lagged, probed atomic.Int64
 	c.ControlKey(int16(kmsg.Fetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
 		req := kreq.(*kmsg.FetchRequest)
-		if len(req.Topics) != 1 || len(req.Topics[0].Partitions) != 1 || req.Topics[0].Partitions[0].FetchOffset != 9 {
+		if len(req.Topics) != 1 || len(req.Topics[0].Partitions) != 1 {
+			return nil, nil, false
+		}
+		switch off := req.Topics[0].Partitions[0].FetchOffset; {
+		case off == 10 && lagged.Load() > 0:
+			probed.Add(1)
+			return nil, nil, false
+		case off != 9 || probed.Load() > 0:
 			return nil, nil, false
 		}
 		lagged.Add(1)
@@ -664,7 +690,7 @@ func TestSourceLaggingLeaderIsNotAnotherLog(t *testing.T) {
 	})
 	fault := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: "delay", Err: kerr.NotLeaderForPartition, Count: 0})
 	waitFor(t, "a failed fetch", func() bool { return fault.Hits() > 0 })
-	waitFor(t, "the identity check at the lagging offset", func() bool { return lagged.Load() > 0 })
+	waitFor(t, "the check past the offset", func() bool { return probed.Load() > 0 })
 	produce(t, cl, gen{"a", 5, t0}.records("delay", 10)...)
 	waitFor(t, "the commit", func() bool { return committed(c, "g", "delay")[0] == 15 })
 	if err := stop(); err != nil {
@@ -675,5 +701,109 @@ func TestSourceLaggingLeaderIsNotAnotherLog(t *testing.T) {
 	}
 	if got := incarnations(h, 0); !slices.Equal(got, []uint32{0}) {
 		t.Fatalf("incarnations %v, want [0]", got)
+	}
+}
+
+// The topic is deleted and created again during a failure streak that
+// never reports it unknown (a leader moving), and the new log holds the
+// last offset read inside an open transaction: not readable
+// (read_committed), though the log reaches past it. Reading on after the
+// offset would skip the new log's records up to it, for good; the worker
+// waits until the record can be compared, then reads the new log from its
+// start.
+func TestSourceRecreatedTopicUnreadableAtOffset(t *testing.T) {
+	t0 := time.Now().Add(-time.Hour).Truncate(time.Second)
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	produce(t, producer(t, c), gen{"old", 10, t0}.records("delay", 0)...)
+	h := newMemHandler()
+	s, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runSource(t, s, h)
+	waitFor(t, "the old log", func() bool { return h.count() == 10 })
+	fault := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: "delay", Err: kerr.NotLeaderForPartition, Count: -1})
+	waitFor(t, "a failed fetch", func() bool { return fault.Hits() > 0 })
+	recreate(t, c, "delay")
+	newLog := gen{"new", 15, t0.Add(time.Minute)}
+	rs := newLog.records("delay", 0)
+	produce(t, producer(t, c), rs[:5]...)
+	tx := producer(t, c, kgo.TransactionalID("tx"))
+	if err := tx.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	produce(t, tx, rs[5:]...) // offsets 5..14: 9 among them
+	fault.Remove()
+	// Without the wait the worker read on at offset 10 and, once the
+	// transaction committed, handled new-10..14 only: new-0..9 lost.
+	waitFor(t, "the wait for the record at offset 9", func() bool {
+		err := s.Health()
+		return err != nil && strings.Contains(err.Error(), "to be readable again")
+	})
+	if n := h.count(); n != 10 {
+		t.Fatalf("%d records handled while the record at the offset could not be compared, want the old log's 10", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := tx.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the new log", func() bool { return h.count() >= 10+newLog.n })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := handled(h, 10), wantRecords(newLog, 0); !slices.Equal(got, want) {
+		t.Fatalf("after the re-creation handled %v, want %v", got, want)
+	}
+	if got := incarnations(h, 0); !slices.Equal(got, []uint32{0, 1}) {
+		t.Fatalf("incarnations %v, want [0 1]", got)
+	}
+}
+
+// At start the same: the stored checkpoint's offset lies in an open
+// transaction of a re-created topic's new log. The worker waits, handling
+// nothing, until the record can be compared, then reads the new log from
+// its start.
+func TestSourceStartWaitsForUnreadableCheckpointRecord(t *testing.T) {
+	t0 := time.Now().Add(-time.Hour).Truncate(time.Second)
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	produce(t, producer(t, c), gen{"old", 10, t0}.records("delay", 0)...)
+	h := newMemHandler()
+	consume(t, c, h, 10, 10)
+	recreate(t, c, "delay")
+	newLog := gen{"new", 15, t0.Add(time.Minute)}
+	rs := newLog.records("delay", 0)
+	produce(t, producer(t, c), rs[:5]...)
+	tx := producer(t, c, kgo.TransactionalID("tx"))
+	if err := tx.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	produce(t, tx, rs[5:]...) // offsets 5..14: the checkpointed 9 among them
+	s, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runSource(t, s, h)
+	waitFor(t, "the wait for the checkpointed record", func() bool {
+		err := s.Health()
+		return err != nil && strings.Contains(err.Error(), errNotReadable.Error())
+	})
+	if n := h.count(); n != 10 {
+		t.Fatalf("%d records handled before the checkpointed record could be compared, want the old log's 10", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := tx.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the new log", func() bool { return h.count() >= 10+newLog.n })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := handled(h, 10), wantRecords(newLog, 0); !slices.Equal(got, want) {
+		t.Fatalf("after the re-creation handled %v, want %v", got, want)
+	}
+	if got := incarnations(h, 0); !slices.Equal(got, []uint32{0, 1}) {
+		t.Fatalf("incarnations %v, want [0 1]", got)
 	}
 }

@@ -433,7 +433,8 @@ type start struct {
 // cannot. A checkpoint without fingerprint (stored by an older version)
 // and one whose record retention deleted cannot be checked and start as
 // before. Failures are retried: starting without the checkpoint could
-// ingest twice.
+// ingest twice. So is a record not readable yet (errNotReadable): until
+// it can be compared, neither start is safe.
 func (s *Source) startOffset(ctx context.Context, h bridge.Handler, topic string, partition int, committed int64, log *zap.Logger) (start, bool) {
 	key := CheckpointKey(topic, partition)
 	wait := s.cfg.RetryMin
@@ -454,6 +455,10 @@ func (s *Source) startOffset(ctx context.Context, h bridge.Handler, topic string
 	}
 }
 
+// errNotReadable: the stored checkpoint's record cannot be compared yet;
+// startOffset retries.
+var errNotReadable = errors.New("the checkpointed record is not readable yet")
+
 func (s *Source) decideStart(ctx context.Context, h bridge.Handler, topic string, partition int, committed int64, log *zap.Logger) (start, error) {
 	cp, ok, err := loadCheckpoint(h, CheckpointKey(topic, partition))
 	if err != nil {
@@ -470,6 +475,8 @@ func (s *Source) decideStart(ctx context.Context, h bridge.Handler, topic string
 		return start{}, fmt.Errorf("check the log against the checkpoint: %w", err)
 	}
 	switch c.verdict {
+	case identityPending:
+		return start{}, fmt.Errorf("%w at the stored offset %d: %s", errNotReadable, cp.Offset, c.reason)
 	case identityOther:
 		log.Warn("the partition holds another log than the stored checkpoint was taken from "+
 			"(topic deleted and created again, or another cluster); reading it from its start, "+
@@ -536,8 +543,6 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 	warnedLAT, warnedNoTS := false, false
 	sent := offset   // the offset after the last batch handed over
 	recheck := false // a fetch failed: check the log before reading on
-	// gone: the topic was reported unknown in this failure streak.
-	gone := false
 	// rewindTo restarts at to, the start of a log that replaced the one
 	// read so far, and has the handler set the group's offset back to it.
 	rewindTo := func(to int64) bool {
@@ -569,19 +574,24 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 					wait = backoff(wait, s.cfg.RetryMax)
 					continue
 				}
-				if c.verdict == identityOther && c.absent && !gone {
-					// The topic never went missing: a leader that moved
-					// (its high watermark may lag behind what the old
-					// one served) or a broker outage. A log that truly
-					// ends before offset fails the fetch there with
-					// OffsetOutOfRange, which resets it below; one that
-					// ends at it is waited for. Only a different record
-					// at the offset proves another log without that.
-					log.Info("the log has no record at the last offset read yet; reading on",
+				switch c.verdict {
+				case identityPending:
+					// Neither reading on (a new log's records up to the
+					// offset would be skipped) nor reading the log again
+					// (a leader whose high watermark trails, or an open
+					// transaction, is the same log) is safe before the
+					// record can be compared: wait and check again.
+					s.setHealth(key, fmt.Errorf("kafka: %s/%d: waiting for the record at offset %d, the last one read, to be readable again", topic, partition, known.Offset))
+					log.Info("the record last read is not readable yet; checking again before reading on",
 						zap.String("reason", c.reason), zap.Int64("last_read", known.Offset),
-						zap.Int64("log_start", c.first), zap.Int64("log_end", c.end))
-				} else if c.verdict == identityOther {
-					log.Warn("the topic was deleted and the partition now holds another log; reading it from its start",
+						zap.Int64("log_start", c.first), zap.Int64("log_end", c.end), zap.Duration("backoff", wait))
+					if !sleep(ctx, wait) {
+						return
+					}
+					wait = backoff(wait, s.cfg.RetryMax)
+					continue
+				case identityOther:
+					log.Warn("the partition now holds another log than the one read so far (the topic deleted and created again, or the log truncated); reading it from its start",
 						zap.String("reason", c.reason), zap.Int64("last_read", known.Offset),
 						zap.Int64("log_start", c.first), zap.Int64("log_end", c.end))
 					if !rewindTo(c.first) {
@@ -589,7 +599,7 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 					}
 				}
 			}
-			recheck, gone = false, false
+			recheck = false
 		}
 		lingered := len(pending) > 0
 		maxWait := s.cfg.MaxWait
@@ -632,7 +642,6 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 			// So the next fetch waits for a check of the record last read
 			// (a ListOffsets and a Fetch, once per failure streak).
 			recheck = true
-			gone = gone || errors.Is(err, kafkago.UnknownTopicOrPartition)
 			if staleMetadata(err) {
 				// kafka-go's transport refreshes its metadata cache only
 				// every MetadataTTL, never on a leader change; dropping
