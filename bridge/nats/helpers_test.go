@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -134,6 +135,11 @@ type recorder struct {
 	fps     map[string]uint64 // fingerprints of cps
 	fail    bool
 	calls   int
+	// failCpOnly fails that many checkpoint-only writes (the stream's
+	// incarnation at start); cpOnly counts their attempts.
+	failCpOnly, cpOnly int
+	// itemsBeforeInc: a message batch came while no incarnation was stored.
+	itemsBeforeInc bool
 }
 
 func newRecorder() *recorder { return &recorder{cps: map[string]int64{}, fps: map[string]uint64{}} }
@@ -150,6 +156,15 @@ func (r *recorder) Handle(_ context.Context, b *bridge.Batch) error {
 		if r.fail {
 			return errHandle
 		}
+		if !r.incStoredLocked() {
+			r.itemsBeforeInc = true
+		}
+	} else if len(b.Checkpoints) > 0 {
+		r.cpOnly++
+		if r.failCpOnly > 0 {
+			r.failCpOnly--
+			return errHandle
+		}
 	}
 	r.items = append(r.items, slices.Clone(b.Items)...)
 	if len(b.Items) > 0 {
@@ -161,6 +176,15 @@ func (r *recorder) Handle(_ context.Context, b *bridge.Batch) error {
 		r.fps[c.Key] = c.Fingerprint
 	}
 	return nil
+}
+
+func (r *recorder) incStoredLocked() bool {
+	for k := range r.cps {
+		if strings.HasPrefix(k, IncarnationKey("")) {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *recorder) Checkpoint(key string) (int64, bool, error) {

@@ -653,13 +653,15 @@ func TestSourceStreamCreatedAgain(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := js.DeleteStream(ctxT(t), cfg.Stream); err != nil {
-				t.Fatal(err)
-			}
+			// The store is edited before the stream goes, so a running
+			// source sees the edited store whenever it notices.
 			if c.store != nil {
 				rec.mu.Lock()
 				c.store(rec.cps, oldKey, oldCreated)
 				rec.mu.Unlock()
+			}
+			if err := js.DeleteStream(ctxT(t), cfg.Stream); err != nil {
+				t.Fatal(err)
 			}
 			if c.live {
 				eventually(t, "the stream created again by the source", func() bool {
@@ -768,6 +770,40 @@ func TestSourceIncarnationStoredAtStart(t *testing.T) {
 	eventually(t, "1 handled", func() bool { return len(rec.seqs()) == 1 })
 	if got := rec.incarnations(); !slices.Equal(got, []uint32{1}) {
 		t.Fatalf("incarnations handled %v, want [1]", got)
+	}
+}
+
+// The store refuses the incarnation's write at start: the source retries
+// it and reads no message until it is stored (a message taken in before
+// would carry an incarnation nothing records).
+func TestSourceIncarnationStoreRetried(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	cfg.Create = true
+	nc := connect(t, cfg)
+	rec := newRecorder()
+	rec.failCpOnly = 2
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := newJS(t, nc)
+	publish(t, js, "delay.a", "first", natsgo.Header{"delay-after": {"1s"}})
+	stop := runSource(t, src, rec)
+	eventually(t, "1 handled", func() bool { return len(rec.seqs()) == 1 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if rec.cpOnly < 3 || rec.failCpOnly != 0 {
+		t.Fatalf("%d incarnation writes, %d refusals left; want the two refused ones retried", rec.cpOnly, rec.failCpOnly)
+	}
+	if rec.itemsBeforeInc {
+		t.Fatal("a message was handed over before the incarnation was stored")
+	}
+	if off, ok := rec.cps[IncarnationKey(cfg.Stream)]; !ok || off != 0 {
+		t.Fatalf("stored incarnation %d (%v), want 0", off, ok)
 	}
 }
 
