@@ -28,6 +28,17 @@ var (
 	// without charging an attempt, so an outage of any length never
 	// dead-letters it as publish-failed.
 	ErrUnavailable = errors.New("shard: target broker unavailable")
+	// ErrRefused is wrapped by a Sink's error for a task the target
+	// refused as this message, so it will never take it as is: larger
+	// than the destination allows, or a record the broker rejects itself.
+	// It is not wrapped for a failure of the destination as a whole (no
+	// permission to write it, no stream for the subject, a full stream):
+	// those heal when the operator fixes the destination. For a task it
+	// changes nothing (it is charged an attempt like any failure); a dead
+	// letter its DLQ refuses this way Retry.MaxAttempts times is parked
+	// (see DeadLetters.Wait), while any other DLQ failure holds its
+	// source.
+	ErrRefused = errors.New("shard: target refused the message itself; it will never take it as is")
 )
 
 // Sink delivers due tasks. Deliver returns after the broker acknowledged

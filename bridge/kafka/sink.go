@@ -345,7 +345,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		case t.Target == "":
 			errs[i] = ErrNoTopic
 		case int64(recordSize(&msgs[i])) > s.cfg.BatchBytes:
-			errs[i] = fmt.Errorf("%w: %d bytes to %q, limit %d: %w", ErrTooLarge,
+			errs[i] = fmt.Errorf("%w: %w: %d bytes to %q, limit %d: %w", ErrTooLarge, shard.ErrRefused,
 				recordSize(&msgs[i]), t.Target, s.cfg.BatchBytes, kafkago.MessageSizeTooLarge)
 		default:
 			idx = append(idx, i)
@@ -465,13 +465,30 @@ func staleOnes(errs []error) []int {
 
 // publishError wraps a record's publish failure; one that says the brokers
 // cannot take it now (unavailable) also wraps shard.ErrUnavailable, so the
-// engine retries it without charging an attempt.
+// engine retries it without charging an attempt; one that refuses the
+// record itself (refused) wraps shard.ErrRefused, so a dead letter its DLQ
+// will never take as is can be parked.
 func publishError(topic string, err error) error {
 	err = classify(err)
-	if unavailable(err) {
+	switch {
+	case unavailable(err):
 		return fmt.Errorf("kafka: publish to %q: %w: %w", topic, shard.ErrUnavailable, err)
+	case refused(err):
+		return fmt.Errorf("kafka: publish to %q: %w: %w", topic, shard.ErrRefused, err)
 	}
 	return fmt.Errorf("kafka: publish to %q: %w", topic, err)
+}
+
+// refused reports whether the broker refused the record itself, so that it
+// will never take it as is: larger than the topic or broker allows
+// (MESSAGE_TOO_LARGE, also kafka-go's own check against BatchBytes), or a
+// record the broker rejects (INVALID_RECORD, CORRUPT_MESSAGE: e.g. a
+// record without a key for a compacted topic). A failure of the topic as a
+// whole (missing, not authorized, no leader) is not a refusal: it heals
+// when the operator fixes the topic.
+func refused(err error) bool {
+	return errors.Is(err, kafkago.MessageSizeTooLarge) || errors.Is(err, kafkago.InvalidRecord) ||
+		errors.Is(err, kafkago.InvalidMessage)
 }
 
 // unavailable reports whether a publish failed for want of a working

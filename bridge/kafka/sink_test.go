@@ -350,36 +350,97 @@ func TestSinkHealth(t *testing.T) {
 	}
 }
 
-func TestPublishErrorUnavailable(t *testing.T) {
+// TestPublishErrorClass: a publish failure is unavailable (the engine
+// retries it without charging an attempt), refused (the broker will never
+// take this record as is: a dead letter the DLQ refuses so may be parked),
+// or neither (the topic as a whole fails: missing, not authorized; a dead
+// letter to it holds its source until the operator fixes the topic).
+func TestPublishErrorClass(t *testing.T) {
 	for _, c := range []struct {
-		name string
-		err  error
-		want bool
+		name                 string
+		err                  error
+		unavailable, refused bool
 	}{
-		{"connection refused", &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}, true},
-		{"dropped connection", io.EOF, true},
-		{"timeout", context.DeadlineExceeded, true},
-		{"no leader", kafkago.LeaderNotAvailable, true},
-		{"leader moved", kafkago.NotLeaderForPartition, true},
-		{"too few in-sync replicas", kafkago.NotEnoughReplicas, true},
-		{"storage error", kafkago.KafkaStorageError, true},
-		{"sasl failed", kafkago.SASLAuthenticationFailed, true},
-		{"tls", fmt.Errorf("%w: x509: certificate signed by unknown authority", ErrTLS), true},
-		{"missing topic", kafkago.UnknownTopicOrPartition, false},
-		{"record too large", kafkago.MessageSizeTooLarge, false},
-		{"too large for the writer", kafkago.MessageTooLargeError{}, false},
-		{"topic not authorized", kafkago.TopicAuthorizationFailed, false},
-		{"corrupt record", kafkago.InvalidMessage, false},
-		{"policy violation", kafkago.PolicyViolation, false},
-		{"cancelled", context.Canceled, false},
+		{"connection refused", &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}, true, false},
+		{"dropped connection", io.EOF, true, false},
+		{"timeout", context.DeadlineExceeded, true, false},
+		{"no leader", kafkago.LeaderNotAvailable, true, false},
+		{"leader moved", kafkago.NotLeaderForPartition, true, false},
+		{"too few in-sync replicas", kafkago.NotEnoughReplicas, true, false},
+		{"storage error", kafkago.KafkaStorageError, true, false},
+		{"sasl failed", kafkago.SASLAuthenticationFailed, true, false},
+		{"tls", fmt.Errorf("%w: x509: certificate signed by unknown authority", ErrTLS), true, false},
+		{"missing topic", kafkago.UnknownTopicOrPartition, false, false},
+		{"record too large", kafkago.MessageSizeTooLarge, false, true},
+		{"too large for the writer", kafkago.MessageTooLargeError{}, false, true},
+		{"invalid record", kafkago.InvalidRecord, false, true},
+		{"corrupt record", kafkago.InvalidMessage, false, true},
+		{"topic not authorized", kafkago.TopicAuthorizationFailed, false, false},
+		{"policy violation", kafkago.PolicyViolation, false, false},
+		{"cancelled", context.Canceled, false, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := publishError("out", c.err)
-			if got := errors.Is(err, shard.ErrUnavailable); got != c.want {
-				t.Fatalf("%v: unavailable %v, want %v", err, got, c.want)
+			if got := errors.Is(err, shard.ErrUnavailable); got != c.unavailable {
+				t.Fatalf("%v: unavailable %v, want %v", err, got, c.unavailable)
+			}
+			if got := errors.Is(err, shard.ErrRefused); got != c.refused {
+				t.Fatalf("%v: refused %v, want %v", err, got, c.refused)
 			}
 			if !strings.Contains(err.Error(), c.err.Error()) {
 				t.Fatalf("%v does not say %v", err, c.err)
+			}
+		})
+	}
+}
+
+// TestSinkRefusals: through a broker, the per-record refusals
+// (MESSAGE_TOO_LARGE, INVALID_RECORD, CORRUPT_MESSAGE, and the sink's own
+// size check) wrap shard.ErrRefused; a topic the principal may not write
+// and a missing topic do not (nor ErrUnavailable): a dead letter to such a
+// DLQ must hold its source, never be parked.
+func TestSinkRefusals(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		fault   *kerr.Error // on the produce to topic "out"; nil: none
+		target  string
+		big     bool
+		refused bool
+	}{
+		{"message too large", kerr.MessageTooLarge, "out", false, true},
+		{"invalid record", kerr.InvalidRecord, "out", false, true},
+		{"corrupt message", kerr.CorruptMessage, "out", false, true},
+		{"over batch bytes", nil, "out", true, true},
+		{"topic not authorized", kerr.TopicAuthorizationFailed, "out", false, false},
+		{"policy violation", kerr.PolicyViolation, "out", false, false},
+		{"missing topic", nil, "missing", false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cl := newCluster(t, kfake.SeedTopics(1, "out"), kfake.SeedTopics(1, "fine"))
+			cfg := testConfig(t, cl.ListenAddrs(), "")
+			cfg.WriteAttempts = 1
+			cfg.BatchBytes = 1000
+			s, err := NewSink(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if c.fault != nil {
+				cl.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "out", Err: c.fault, Count: -1})
+			}
+			v := "v"
+			if c.big {
+				v = string(bytes.Repeat([]byte("x"), 1000))
+			}
+			errs := s.Deliver(context.Background(), []*codec.Task{task(c.target, "a", v), task("fine", "b", "ok")})
+			if len(errs) != 2 || errs[0] == nil || errs[1] != nil {
+				t.Fatalf("errs %v: want the first to fail alone", errs)
+			}
+			if got := errors.Is(errs[0], shard.ErrRefused); got != c.refused {
+				t.Fatalf("%v: refused %v, want %v", errs[0], got, c.refused)
+			}
+			if errors.Is(errs[0], shard.ErrUnavailable) {
+				t.Fatalf("%v: unavailable", errs[0])
 			}
 		})
 	}

@@ -457,11 +457,40 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		return nil
 	}
 	for i, err := range errs {
-		if err != nil && ctx.Err() == nil && !errors.Is(err, shard.ErrUnavailable) && unavailable(err) {
+		switch {
+		case err == nil || errors.Is(err, shard.ErrUnavailable) || errors.Is(err, shard.ErrRefused):
+		case refused(err):
+			errs[i] = fmt.Errorf("%w: %w", shard.ErrRefused, err)
+		case ctx.Err() == nil && unavailable(err):
 			errs[i] = fmt.Errorf("%w: %w", shard.ErrUnavailable, err)
 		}
 	}
 	return errs
+}
+
+// refused reports whether a publish failed because of the message itself,
+// so that its subject will never take it as is: larger than the server's
+// max_payload (the client refuses it, nats.ErrMaxPayload) or than its
+// stream's max_msg_size (JetStream error 10054), or than the stream's
+// file store can hold (10077, "message too large"). A stream that is full
+// (its limits with DiscardNew), an account out of JetStream resources and
+// a subject no stream captures are not: they heal when the operator fixes
+// the stream.
+func refused(err error) bool {
+	if errors.Is(err, natsgo.ErrMaxPayload) {
+		return true
+	}
+	var api *jetstream.APIError
+	if !errors.As(err, &api) {
+		return false
+	}
+	switch api.ErrorCode {
+	case jsErrMessageExceedsMaximum:
+		return true
+	case jsErrStreamStoreFailed:
+		return strings.ToLower(api.Description) == "message too large"
+	}
+	return false
 }
 
 // unavailable reports whether a publish failed for want of a working server
@@ -491,6 +520,8 @@ const (
 	jsErrStreamStoreFailed     = 10077 // its limits with DiscardNew, or its storage failing
 	jsErrStreamSequenceNoMatch = 10063 // an expected sequence
 	jsErrInsufficientResources = 10023 // the account's or server's storage limits
+	// jsErrMessageExceedsMaximum (code 400) is the stream's max_msg_size.
+	jsErrMessageExceedsMaximum = 10054
 )
 
 // streamRefusal reports whether a 503 answer is the stream refusing the

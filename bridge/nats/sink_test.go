@@ -264,6 +264,96 @@ func TestSinkUnavailable(t *testing.T) {
 	}
 }
 
+// TestSinkRefused: a publish failure is a refusal of the message itself
+// (shard.ErrRefused: its subject will never take it as is, so a dead
+// letter its DLQ refuses so may be parked) only when it is too large: the
+// server's max_payload, the stream's max_msg_size, the file store's limit.
+// A full stream, an account out of resources, an outage are not: a dead
+// letter to such a DLQ holds its source.
+func TestSinkRefused(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"over max_payload", natsgo.ErrMaxPayload, true},
+		{"over max_msg_size", &jetstream.APIError{Code: 400, ErrorCode: 10054, Description: "message size exceeds maximum allowed"}, true},
+		{"over the file store's limit", &jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "message too large"}, true},
+		{"stream full (DiscardNew)", &jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "maximum messages exceeded"}, false},
+		{"stream bytes full", &jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "maximum bytes exceeded"}, false},
+		{"subject full", &jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "maximum messages per subject exceeded"}, false},
+		{"account storage limit", &jetstream.APIError{Code: 503, ErrorCode: 10023, Description: "insufficient resources"}, false},
+		{"store closed", &jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "store is closed"}, false},
+		{"no stream for the subject", ErrNoTargetStream, false},
+		{"no PubAck in time", ErrPublishTimeout, false},
+		{"disconnected", ErrDisconnected, false},
+		{"wrong transport", ErrWrongTransport, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := refused(fmt.Errorf("nats sink: publish to %q: %w", "dlq.x", c.err)); got != c.want {
+				t.Fatalf("refused(%v) = %v, want %v", c.err, got, c.want)
+			}
+		})
+	}
+}
+
+// TestSinkRefusalsDelivered: through a server, a dead letter over its
+// stream's max_msg_size or the server's max_payload fails with
+// shard.ErrRefused; one to a full stream (DiscardNew) or to a subject no
+// stream captures fails with neither ErrRefused nor ErrUnavailable: the
+// engine holds its source until the operator fixes the stream.
+func TestSinkRefusalsDelivered(t *testing.T) {
+	opts := jsOptions(t)
+	opts.MaxPayload = 8 << 10
+	s := startServer(t, opts)
+	cfg := testConfig(t, serverURL(s))
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	for _, sc := range []jetstream.StreamConfig{
+		{Name: "SMALL", Subjects: []string{"dlq.small"}, MaxMsgSize: 512},
+		{Name: "FULL", Subjects: []string{"dlq.full"}, MaxMsgs: 1, Discard: jetstream.DiscardNew},
+		{Name: "WIDE", Subjects: []string{"dlq.wide"}},
+	} {
+		if _, err := js.CreateStream(ctxT(t), sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sink := newSink(t, nc, cfg)
+	dead := func(id, target string, size int) *codec.Task {
+		dl := task(id, target, string(bytes.Repeat([]byte("x"), size)), 0)
+		dl.Kind, dl.Code = codec.KindDeadLetter, codec.CodeBadDue
+		return dl
+	}
+	if errs := sink.Deliver(ctxT(t), []*codec.Task{dead("first", "dlq.full", 1)}); errs != nil {
+		t.Fatalf("filling dlq.full: %v", errs)
+	}
+	batch := []*codec.Task{
+		dead("a", "dlq.small", 4096),  // over max_msg_size
+		dead("b", "dlq.wide", 16<<10), // over max_payload
+		dead("c", "dlq.full", 1),      // the stream is full
+		dead("d", "dlq.nostream", 1),  // no stream captures it
+		dead("e", "dlq.small", 1),     // fine
+	}
+	errs := sink.Deliver(ctxT(t), batch)
+	if len(errs) != len(batch) || errs[4] != nil {
+		t.Fatalf("errs = %v", errs)
+	}
+	for i, want := range []bool{true, true, false, false} {
+		if errs[i] == nil {
+			t.Fatalf("errs[%d] = nil", i)
+		}
+		if got := errors.Is(errs[i], shard.ErrRefused); got != want {
+			t.Errorf("errs[%d] = %v: refused %v, want %v", i, errs[i], got, want)
+		}
+		if errors.Is(errs[i], shard.ErrUnavailable) {
+			t.Errorf("errs[%d] = %v: unavailable", i, errs[i])
+		}
+	}
+	if !errors.Is(errs[3], ErrNoTargetStream) {
+		t.Errorf("errs[3] = %v, want ErrNoTargetStream", errs[3])
+	}
+}
+
 // TestSinkKafkaHeaderNames: a task from Kafka whose header names NATS
 // cannot carry is delivered (names percent-encoded), not refused forever.
 func TestSinkKafkaHeaderNames(t *testing.T) {
