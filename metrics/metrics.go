@@ -20,24 +20,28 @@ type Metrics struct {
 	Ingested     *prometheus.CounterVec // source
 	Fired        *prometheus.CounterVec // transport, target kind (task|dlq)
 	DeadLettered *prometheus.CounterVec // reason
-	// DeadLettersParked: dead letters their DLQ refused Retry.MaxAttempts
-	// times, released so their source commits past them.
-	DeadLettersParked prometheus.Counter
-	Cancelled         *prometheus.CounterVec   // source
-	Replaced          *prometheus.CounterVec   // source
-	Dropped           *prometheus.CounterVec   // source, why (older, cancelled)
-	Pending           *prometheus.GaugeVec     // shard
-	InWheel           *prometheus.GaugeVec     // shard
-	FireLateness      *prometheus.HistogramVec // transport
-	Overdue           prometheus.Counter
-	StoreCommit       *prometheus.HistogramVec // op (ingest|fire|retry)
-	StoreErrors       prometheus.Counter
-	PublishRetries    *prometheus.CounterVec   // transport
-	PublishSeconds    *prometheus.HistogramVec // transport
-	BestEffort        *prometheus.CounterVec   // transport: deliveries with no broker ack (core NATS)
-	SourceErrors      *prometheus.CounterVec   // source
-	SourceLag         *prometheus.GaugeVec     // source, partition
-	Ready             prometheus.Gauge
+	// DeadLettersParked counts each time a dead letter entered the parked
+	// set: its DLQ refused it as this message (too large, a record the
+	// broker rejects) at its Retry.MaxAttempts-th attempt or later, so its
+	// source commits past it. DeadLettersParkedNow is how many are parked
+	// now (in the store, retried, not yet in their DLQ).
+	DeadLettersParked    prometheus.Counter
+	DeadLettersParkedNow prometheus.Gauge
+	Cancelled            *prometheus.CounterVec   // source
+	Replaced             *prometheus.CounterVec   // source
+	Dropped              *prometheus.CounterVec   // source, why (older, cancelled)
+	Pending              *prometheus.GaugeVec     // shard
+	InWheel              *prometheus.GaugeVec     // shard
+	FireLateness         *prometheus.HistogramVec // transport
+	Overdue              prometheus.Counter
+	StoreCommit          *prometheus.HistogramVec // op (ingest|fire|retry)
+	StoreErrors          prometheus.Counter
+	PublishRetries       *prometheus.CounterVec   // transport
+	PublishSeconds       *prometheus.HistogramVec // transport
+	BestEffort           *prometheus.CounterVec   // transport: deliveries with no broker ack (core NATS)
+	SourceErrors         *prometheus.CounterVec   // source
+	SourceLag            *prometheus.GaugeVec     // source, partition
+	Ready                prometheus.Gauge
 }
 
 // New builds the instruments and registers them on r (nil: not registered).
@@ -53,7 +57,10 @@ func New(r prometheus.Registerer) *Metrics {
 			Name: "delaybridge_dead_lettered_total", Help: "Messages written to a dead-letter destination, by reason code.",
 		}, []string{"reason"}),
 		DeadLettersParked: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "delaybridge_dead_letters_parked_total", Help: "Dead letters their DLQ refused (not: was unreachable for) every attempt of the retry policy: their source commits past them; they stay in the store and are retried until the DLQ takes them.",
+			Name: "delaybridge_dead_letters_parked_total", Help: "Dead letters parked: their DLQ refused them as the message they are (too large, a record the broker rejects; not: unreachable, no permission, no stream, full) at the last attempt of the retry policy or later. Their source commits past them; they stay in the store and are retried until the DLQ takes them.",
+		}),
+		DeadLettersParkedNow: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "delaybridge_dead_letters_parked", Help: "Dead letters parked now (see delaybridge_dead_letters_parked_total): in the store, retried, not yet in their DLQ. Kept in memory: 0 after a restart until a parked dead letter's next retry is refused again.",
 		}),
 		Cancelled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "delaybridge_cancelled_total", Help: "Pending tasks cancelled (by delay-cancel, tombstone or admin API) and not delivered; one already being published when cancelled counts here only if that publish failed, else as fired.",
@@ -111,7 +118,7 @@ func New(r prometheus.Registerer) *Metrics {
 		m.DeadLettered.WithLabelValues(string(c))
 	}
 	if r != nil {
-		r.MustRegister(m.Ingested, m.Fired, m.DeadLettered, m.DeadLettersParked, m.Cancelled, m.Replaced, m.Dropped,
+		r.MustRegister(m.Ingested, m.Fired, m.DeadLettered, m.DeadLettersParked, m.DeadLettersParkedNow, m.Cancelled, m.Replaced, m.Dropped,
 			m.Pending, m.InWheel, m.FireLateness, m.Overdue, m.StoreCommit, m.StoreErrors,
 			m.PublishRetries, m.PublishSeconds, m.BestEffort, m.SourceErrors, m.SourceLag, m.Ready)
 	}

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -61,14 +62,15 @@ func (e *Engine) awaitDeadLetters(tasks []codec.Task, acts []ingestAction) *Dead
 func (e *Engine) deadLetterAcked(seq uint64) { e.releaseDeadLetter(seq, false) }
 
 // deadLetterParked releases the wait for the dead letter seq, which its
-// DLQ refused (not: was unreachable for) Retry.MaxAttempts times, so that
-// one message the DLQ will not take (larger than the DLQ topic allows, a
-// subject the bridge may not publish to) does not stall its source
+// DLQ refused as this message (ErrRefused: larger than the DLQ allows, a
+// record the broker rejects) with Retry.MaxAttempts attempts or more, so
+// that one message the DLQ will never take does not stall its source
 // partition for good (CONTRACT §3: one bad message never stalls its
-// partition). Nothing is dropped: the dead letter stays in the store and
-// is retried at the longest backoff until the DLQ takes it, and the engine
-// reports the failing DLQ (Err) meanwhile. It reports whether a source was
-// waiting for it.
+// partition). Nothing is dropped: the dead letter stays in the store, is
+// retried with backoff until the DLQ takes it, and is in its shard's
+// parked set meanwhile (the engine is not ready, see Err). A DLQ that fails
+// as a whole (unreachable, no permission, no stream, full) releases
+// nothing. It reports whether a source was waiting for it.
 func (e *Engine) deadLetterParked(seq uint64) bool { return e.releaseDeadLetter(seq, true) }
 
 func (e *Engine) releaseDeadLetter(seq uint64, parked bool) bool {
@@ -110,7 +112,8 @@ func (d *DeadLetters) Parked() int {
 // Wait returns nil once the DLQ broker acknowledged every dead letter of
 // the batch, or ctx's error. A dead letter whose DLQ cannot be written is
 // retried by the fire loop until it can: Wait waits as long, unless the
-// DLQ refused it Retry.MaxAttempts times (not: was unreachable), which
+// DLQ refused it as this message (ErrRefused, not: was unreachable or
+// failed as a whole) at its Retry.MaxAttempts-th attempt or later, which
 // parks it in the store and ends its wait (see Parked). After Wait
 // returned an error, the batch's dead letters are no longer watched (they
 // are still delivered, and the source, which did not commit, reads their
@@ -135,4 +138,106 @@ func (d *DeadLetters) Wait(ctx context.Context) error {
 		}
 	}
 	return fmt.Errorf("shard: %d of %d dead letters not yet acknowledged by their DLQ: %w", d.left, len(d.seqs), ctx.Err())
+}
+
+// dlFailure is a dead letter of a shard whose last delivery failed and
+// that its DLQ has not acknowledged since (shard.dlFailing).
+type dlFailure struct {
+	// err is the last failure; for a parked one, the last refusal.
+	err error
+	// at orders failures engine-wide (Engine.dlTick): the highest is the
+	// last one.
+	at     uint64
+	parked bool
+}
+
+// dlFailedLocked records a failed delivery of the dead letter seq. refused
+// says the DLQ refused it as this message (ErrRefused) with
+// Retry.MaxAttempts attempts or more: it enters the parked set, where it
+// stays until its DLQ acknowledges it or it leaves the store. It reports
+// whether it entered the parked set now.
+func (s *shard) dlFailedLocked(seq uint64, err error, refused bool) (parkedNow bool) {
+	e := s.e
+	if s.dlFailing == nil {
+		s.dlFailing = make(map[uint64]dlFailure)
+	}
+	f, ok := s.dlFailing[seq]
+	switch {
+	case refused:
+		f.err, f.at = err, e.dlTick.Add(1)
+		if !f.parked {
+			f.parked, parkedNow = true, true
+			if ok {
+				s.dlHeld--
+			}
+			s.dlParked++
+			e.m.DeadLettersParked.Inc()
+			e.m.DeadLettersParkedNow.Inc()
+		}
+	case f.parked:
+		// Parked already: it stays parked, with its last refusal.
+	default:
+		f.err, f.at = err, e.dlTick.Add(1)
+		if !ok {
+			s.dlHeld++
+		}
+	}
+	s.dlFailing[seq] = f
+	return parkedNow
+}
+
+// dlDoneLocked forgets the dead letter seq: its DLQ acknowledged it, or it
+// left the store. It reports whether it was parked.
+func (s *shard) dlDoneLocked(seq uint64) (wasParked bool) {
+	f, ok := s.dlFailing[seq]
+	if !ok {
+		return false
+	}
+	delete(s.dlFailing, seq)
+	if f.parked {
+		s.dlParked--
+		s.e.m.DeadLettersParkedNow.Dec()
+		return true
+	}
+	s.dlHeld--
+	return false
+}
+
+// deadLetterErr reports the dead letters whose delivery fails, over all
+// shards: those held (their DLQ failing as a whole, or not yet refused
+// Retry.MaxAttempts times) and those parked. Nil when there are none.
+func (e *Engine) deadLetterErr() error {
+	var (
+		nHeld, nParked     int
+		heldErr, parkedErr error
+		heldAt, parkedAt   uint64
+	)
+	for _, s := range e.shards {
+		s.mu.Lock()
+		if s.dlHeld+s.dlParked > 0 {
+			for _, f := range s.dlFailing {
+				switch {
+				case f.parked:
+					nParked++
+					if parkedErr == nil || f.at > parkedAt {
+						parkedErr, parkedAt = f.err, f.at
+					}
+				default:
+					nHeld++
+					if heldErr == nil || f.at > heldAt {
+						heldErr, heldAt = f.err, f.at
+					}
+				}
+			}
+		}
+		s.mu.Unlock()
+	}
+	var errs []error
+	if nHeld > 0 {
+		errs = append(errs, fmt.Errorf("shard: dead-letter delivery failing (%d dead letters, their sources wait; retrying with backoff): %w", nHeld, heldErr))
+	}
+	if nParked > 0 {
+		errs = append(errs, fmt.Errorf("shard: %d dead letters parked: refused by their DLQ, kept in the store and retried with backoff; last refusal: %w", nParked, parkedErr))
+	}
+	return errors.Join(errs...)
 }

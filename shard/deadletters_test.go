@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,52 +84,112 @@ func TestIngestAwaitDeadLetters(t *testing.T) {
 	})
 }
 
-// A dead letter its DLQ refuses (a permanent error, not ErrUnavailable)
-// every attempt of the retry policy is parked: the source's wait ends so
-// the partition moves on (CONTRACT §3: one bad message never stalls its
-// partition), the dead letter stays in the store and is retried, and the
-// engine reports the failing DLQ until it takes it. A DLQ that is only
-// unreachable parks nothing, however long it lasts.
+// parkPolicy: attempts at 0, +100ms, +300ms, then every second or so.
+var parkPolicy = RetryPolicy{Initial: 100 * time.Millisecond, Max: time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+
+// deadLetter is a dead letter of source src with id (and origin offset) n.
+func deadLetter(id string, n int64) codec.Task {
+	return codec.Task{Kind: codec.KindDeadLetter, ID: id, Source: "src", Origin: "kafka:src/0@" + strconv.FormatInt(n, 10),
+		Transport: codec.TransportKafka, Target: "dlq", Code: codec.CodeBadDue, Detail: "nope", Value: []byte(id)}
+}
+
+// deliveriesOf counts the sink's deliveries (failed ones too) of id.
+func (s *recSink) deliveriesOf(id string) int {
+	n := 0
+	for _, d := range s.all() {
+		if d.ID == id {
+			n++
+		}
+	}
+	return n
+}
+
+// advanceUntil moves the fake clock in small steps until cond holds; the
+// bound only turns a hang into a failure.
+func (h *harness) advanceUntil(what string, cond func() bool) {
+	h.t.Helper()
+	for range 1000 {
+		if cond() {
+			return
+		}
+		h.advance(50 * time.Millisecond)
+	}
+	h.t.Fatalf("clock moved 50s, still waiting for %s", what)
+}
+
+// waitReleased reports whether d.Wait would return nil at once, without
+// calling it (a Wait that gives up stops watching the dead letters).
+func waitReleased(d *DeadLetters) (bool, error) {
+	select {
+	case <-d.done:
+		return true, nil
+	default:
+		return false, errors.New("the wait goes on")
+	}
+}
+
+// A dead letter its DLQ refuses as this message (ErrRefused: too large for
+// the DLQ, a record the broker rejects) is parked at the retry policy's
+// last attempt, not before: the source's wait ends so the partition moves
+// on (CONTRACT §3: one bad message never stalls its partition), the dead
+// letter stays in the store and is retried, and the engine is not ready
+// until the DLQ takes it. A DLQ failing as a whole (unreachable, or a
+// failure that is not a refusal of the message: no permission, no stream,
+// a full stream) parks nothing however long it lasts: the source waits.
 func TestDeadLetterParked(t *testing.T) {
 	ctx := context.Background()
-	dl := codec.Task{Kind: codec.KindDeadLetter, ID: "bad", Source: "src", Origin: "kafka:src/0@1",
-		Transport: codec.TransportKafka, Target: "dlq", Code: codec.CodeBadDue, Detail: "nope"}
 	for _, tc := range []struct {
 		name   string
 		err    error
 		parked bool
 	}{
-		{"refused", errors.New("message too large for the DLQ topic"), true},
+		{"refused", fmt.Errorf("kafka: publish to \"dlq\": %w: message too large", ErrRefused), true},
+		{"dlq not authorized", errors.New("kafka: publish to \"dlq\": not authorized to write the topic"), false},
+		{"dlq without a stream", errors.New("nats sink: dead letter: no stream captures the subject \"dlq\""), false},
 		{"unreachable", fmt.Errorf("dial: connection refused: %w", ErrUnavailable), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := metrics.New(nil)
 			h := newHarness(t, func(o *Options) {
-				o.Retry = RetryPolicy{Initial: 100 * time.Millisecond, Max: time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+				o.Retry = parkPolicy
 				o.Metrics = m
 			})
 			h.sink.setFail(func(*codec.Task) error { return tc.err })
 			h.run()
-			d, err := h.e.IngestAwait(ctx, []codec.Task{dl}, nil)
+			d, err := h.e.IngestAwait(ctx, []codec.Task{deadLetter("bad", 1)}, nil)
 			if err != nil || d.Len() != 1 {
 				t.Fatalf("IngestAwait = %d dead letters, %v; want 1", d.Len(), err)
 			}
 			h.settle()
-			for range 10 { // well past three attempts
-				h.advance(time.Second)
+			// One attempt short of the policy: nothing is parked yet.
+			h.advanceUntil("the attempts before the last", func() bool { return h.sink.deliveriesOf("bad") >= parkPolicy.MaxAttempts-1 })
+			if n := h.sink.deliveriesOf("bad"); n != parkPolicy.MaxAttempts-1 {
+				t.Fatalf("%d attempts, want %d", n, parkPolicy.MaxAttempts-1)
 			}
-			short, cancel := context.WithCancel(ctx)
-			cancel()
-			werr := d.Wait(short)
+			if ok, _ := waitReleased(d); ok || d.Parked() != 0 {
+				t.Fatalf("after %d refusals: wait released %v, parked %d; want neither", parkPolicy.MaxAttempts-1, ok, d.Parked())
+			}
+			if got := testutil.ToFloat64(m.DeadLettersParkedNow); got != 0 {
+				t.Fatalf("parked gauge %v before the last attempt", got)
+			}
+			// The last attempt of the policy, and well past it.
+			h.advanceUntil("the last attempt", func() bool { return h.sink.deliveriesOf("bad") >= parkPolicy.MaxAttempts })
 			if tc.parked {
-				if werr != nil || d.Parked() != 1 {
-					t.Fatalf("Wait = %v, parked %d; want nil, 1", werr, d.Parked())
+				if ok, err := waitReleased(d); !ok || d.Parked() != 1 {
+					t.Fatalf("after %d refusals: Wait = %v, parked %d; want nil, 1", parkPolicy.MaxAttempts, err, d.Parked())
 				}
-			} else if werr == nil || d.Parked() != 0 {
-				t.Fatalf("Wait = %v, parked %d; want the wait still on, nothing parked", werr, d.Parked())
 			}
-			if got := testutil.ToFloat64(m.DeadLettersParked); (got == 1) != tc.parked || got > 1 {
-				t.Fatalf("parked counter %v", got)
+			h.advanceUntil("more retries", func() bool { return h.sink.deliveriesOf("bad") >= parkPolicy.MaxAttempts+3 })
+			ok, _ := waitReleased(d)
+			if ok != tc.parked || d.Parked() != map[bool]int{true: 1}[tc.parked] {
+				t.Fatalf("wait released %v, parked %d; want %v", ok, d.Parked(), tc.parked)
+			}
+			want := map[bool]float64{true: 1}[tc.parked]
+			if got := testutil.ToFloat64(m.DeadLettersParked); got != want {
+				t.Fatalf("parked counter %v, want %v (an entry, not a retry)", got, want)
+			}
+			if got := testutil.ToFloat64(m.DeadLettersParkedNow); got != want {
+				t.Fatalf("parked gauge %v, want %v", got, want)
 			}
 			if h.e.Err() == nil {
 				t.Fatal("engine healthy while its DLQ fails")
@@ -141,13 +202,126 @@ func TestDeadLetterParked(t *testing.T) {
 			}
 			// The DLQ takes it at last: delivered, the engine healthy again.
 			h.sink.setFail(nil)
-			h.advance(2 * time.Second)
-			if n := len(h.sink.acked()); n != 1 {
-				t.Fatalf("%d acknowledged after the DLQ recovered, want 1", n)
-			}
+			h.advanceUntil("the DLQ taking it", func() bool { return len(h.sink.acked()) == 1 })
 			if err := h.e.Err(); err != nil {
 				t.Fatalf("Err after the DLQ recovered: %v", err)
 			}
+			if got := testutil.ToFloat64(m.DeadLettersParkedNow); got != 0 {
+				t.Fatalf("parked gauge %v after the DLQ took it", got)
+			}
+			if ok, err := waitReleased(d); !ok {
+				t.Fatalf("Wait after the DLQ took it = %v", err)
+			}
 		})
+	}
+}
+
+// A parked dead letter keeps the engine not ready, and the gauge at 1,
+// while other dead letters of its shard, to the same DLQ, are acknowledged;
+// both change only when the DLQ takes the parked one.
+func TestDeadLetterParkedSticky(t *testing.T) {
+	ctx := context.Background()
+	m := metrics.New(nil)
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.Retry = parkPolicy
+		o.Metrics = m
+	})
+	refusal := fmt.Errorf("kafka: publish to \"dlq\": %w: message too large", ErrRefused)
+	h.sink.setFail(func(t *codec.Task) error {
+		if t.ID == "big" {
+			return refusal
+		}
+		return nil
+	})
+	h.run()
+	d, err := h.e.IngestAwait(ctx, []codec.Task{deadLetter("big", 1)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+	h.advanceUntil("the park", func() bool { return d.Parked() == 1 })
+	if err := h.e.Err(); err == nil || !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "1 dead letters parked") {
+		t.Fatalf("Err = %v, want the parked dead letter and its refusal", err)
+	}
+	d2, err := h.e.IngestAwait(ctx, []codec.Task{deadLetter("small", 2)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d2.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+	if got := h.sink.acked(); len(got) != 1 || got[0] != "small" {
+		t.Fatalf("acknowledged %v, want [small]", got)
+	}
+	if err := h.e.Err(); err == nil || !errors.Is(err, ErrRefused) {
+		t.Fatalf("Err = %v after another dead letter was acknowledged, want the parked one still reported", err)
+	}
+	if got := testutil.ToFloat64(m.DeadLettersParkedNow); got != 1 {
+		t.Fatalf("parked gauge %v, want 1", got)
+	}
+	if p := h.e.Stats().Pending; p != 1 {
+		t.Fatalf("%d pending, want the parked dead letter", p)
+	}
+	// More refusals: still one entry into the parked set.
+	n := h.sink.deliveriesOf("big")
+	h.advanceUntil("more refusals", func() bool { return h.sink.deliveriesOf("big") >= n+2 })
+	if got := testutil.ToFloat64(m.DeadLettersParked); got != 1 {
+		t.Fatalf("parked counter %v, want 1", got)
+	}
+	h.sink.setFail(nil)
+	h.advanceUntil("the DLQ taking it", func() bool { return len(h.sink.acked()) == 2 })
+	if err := h.e.Err(); err != nil {
+		t.Fatalf("Err after the DLQ took the parked dead letter: %v", err)
+	}
+	if got := testutil.ToFloat64(m.DeadLettersParkedNow); got != 0 {
+		t.Fatalf("parked gauge %v, want 0", got)
+	}
+}
+
+// A dead letter whose DLQ fails as a whole holds its source and keeps the
+// engine not ready until that dead letter is delivered, although another
+// dead letter of its shard (another source's DLQ) is acknowledged
+// meanwhile.
+func TestDeadLetterHeldSticky(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.Retry = parkPolicy
+	})
+	denied := errors.New("kafka: publish to \"dlq\": not authorized to write the topic")
+	h.sink.setFail(func(t *codec.Task) error {
+		if t.Target == "dlq" {
+			return denied
+		}
+		return nil
+	})
+	h.run()
+	d, err := h.e.IngestAwait(ctx, []codec.Task{deadLetter("held", 1)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+	other := deadLetter("other", 2)
+	other.Source, other.Target = "src2", "dlq2"
+	d2, err := h.e.IngestAwait(ctx, []codec.Task{other}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d2.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+	if err := h.e.Err(); err == nil || !errors.Is(err, denied) {
+		t.Fatalf("Err = %v after another DLQ took its dead letter, want the held one reported", err)
+	}
+	if ok, _ := waitReleased(d); ok {
+		t.Fatal("the held dead letter's wait ended")
+	}
+	h.sink.setFail(nil)
+	h.advanceUntil("the DLQ taking it", func() bool { return len(h.sink.acked()) == 2 })
+	if err := h.e.Err(); err != nil {
+		t.Fatalf("Err after the DLQ took it: %v", err)
 	}
 }

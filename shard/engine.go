@@ -61,6 +61,8 @@ type Engine struct {
 	seq atomic.Uint64 // last allocated store sequence
 
 	dl dlWaits // dead letters whose DLQ acknowledgement a source awaits
+	// dlTick orders the failures of dead letters (dlFailure.at).
+	dlTick atomic.Uint64
 
 	// ingestMu orders the decide-and-apply section of Ingest. Nearly every
 	// batch touches every shard, so one mutex hands over faster than a
@@ -130,8 +132,12 @@ type shard struct {
 	late      map[uint64]int64
 	lateMin   int64 // smallest of late unless lateDirty
 	lateDirty bool
-	dlqErr    error // last failed dead-letter delivery, nil after one succeeds
-	outageErr error // last ErrUnavailable from the sink, nil after a delivery succeeds
+	// dlFailing: the shard's dead letters whose last delivery failed, by
+	// seq, until their DLQ acknowledges them or they leave the store; of
+	// them, dlParked are parked (see dlFailedLocked), dlHeld not.
+	dlFailing        map[uint64]dlFailure
+	dlHeld, dlParked int
+	outageErr        error // last ErrUnavailable from the sink, nil after a delivery succeeds
 
 	// Fire-loop parking, so Ingest can wake the loop for an earlier due and
 	// tests can tell when the loop is idle.
@@ -1171,20 +1177,17 @@ func (s *shard) firstStoredLocked(from int64) (int64, bool) {
 }
 
 // Err is nil when the engine is healthy. It reports the sticky store error,
-// or a failing dead-letter destination until a dead letter is delivered.
+// or dead letters whose delivery fails: held ones (their DLQ failing, their
+// source waiting) until each is delivered, and parked ones (refused by
+// their DLQ as the message they are, see deadLetterParked) until each is
+// delivered or leaves the store. The parked set is in memory: after a
+// restart a parked dead letter is reported again only once its next
+// retry is refused.
 func (e *Engine) Err() error {
 	if err := e.failed(); err != nil {
 		return err
 	}
-	for _, s := range e.shards {
-		s.mu.Lock()
-		err := s.dlqErr
-		s.mu.Unlock()
-		if err != nil {
-			return fmt.Errorf("shard %d: dead-letter delivery failing: %w", s.id, err)
-		}
-	}
-	return nil
+	return e.deadLetterErr()
 }
 
 // Close flushes and closes the store. Call it after Run returned. Every

@@ -97,6 +97,9 @@ type fireItem struct {
 	fire int64
 	seq  uint64
 	task *codec.Task
+	// corrupt: dropped because its envelope cannot be decoded (it stays
+	// in the store); a dropped item without it is gone from the store.
+	corrupt bool
 }
 
 func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit) {
@@ -447,6 +450,7 @@ func (s *shard) readClaimed(claimed []fireItem) (items, dropped, retry []fireIte
 			// is; leave it in the store and say so.
 			s.e.log.Error("fire: undecodable task left in store", zap.Int("shard", s.id),
 				zap.Int64("fire_ms", it.fire), zap.Uint64("seq", it.seq), zap.Error(err))
+			it.corrupt = true
 			dropped = append(dropped, it)
 			continue
 		}
@@ -457,8 +461,8 @@ func (s *shard) readClaimed(claimed []fireItem) (items, dropped, retry []fireIte
 }
 
 // settleClaimed releases claimed entries that will not be delivered:
-// dropped ones leave the in-flight set, retry ones also go back to the
-// wheel.
+// dropped ones leave the in-flight set (and, when gone from the store, the
+// failing dead letters), retry ones also go back to the wheel.
 func (s *shard) settleClaimed(dropped, retry []fireItem) {
 	if len(dropped) == 0 && len(retry) == 0 {
 		return
@@ -468,6 +472,9 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 	for _, it := range dropped {
 		delete(s.inflight, it.seq)
 		s.clearLateLocked(it.seq)
+		if !it.corrupt {
+			s.dlDoneLocked(it.seq)
+		}
 	}
 	for _, it := range retry {
 		delete(s.inflight, it.seq)
@@ -544,15 +551,17 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		// delivered.
 		acked, cancelled []int
 		retried          []int
-		// parked: dead letters whose source no longer waits for them
-		parked []int
+		// parkedNow: dead letters that entered the parked set, with
+		// their refusal; unparked: parked ones their DLQ took at last
+		parkedNow []dlRefusal
+		unparked  []int
 		// unavailable: retried without an attempt charged (ErrUnavailable)
 		unavailable []int
 		outageErr   error
-		dlqErr      error
-		dlqOK       bool
+		heldErr     error // a dead letter's failure that holds its source
 		anyRetry    bool
 	)
+	heldBefore := s.dlHeld
 	for i := range items {
 		it := &items[i]
 		t := it.task
@@ -591,8 +600,10 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			pb.delta--
 			acked = append(acked, i)
 			if t.Kind == codec.KindDeadLetter {
-				dlqOK = true
 				e.deadLetterAcked(it.seq)
+				if s.dlDoneLocked(it.seq) {
+					unparked = append(unparked, i)
+				}
 			}
 			continue
 		}
@@ -636,9 +647,19 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			b.Set(ik, appendIndexEntry(nil, &ne), nil)
 			s.setOverlayLocked(iks.str(i), ne, false, pb)
 		} else {
-			dlqErr = derr
-			if !errors.Is(derr, ErrUnavailable) && int(t.Attempts) >= e.opts.Retry.MaxAttempts && e.deadLetterParked(it.seq) {
-				parked = append(parked, i)
+			// A dead letter. Only a refusal of this message (ErrRefused)
+			// parks it, and only once the retry policy is used up: a DLQ
+			// failing as a whole (unreachable, no permission, no stream,
+			// full) holds its source until it is fixed (CONTRACT §3).
+			refused := errors.Is(derr, ErrRefused) && int(t.Attempts) >= e.opts.Retry.MaxAttempts
+			if refused {
+				e.deadLetterParked(it.seq)
+			}
+			if s.dlFailedLocked(it.seq, derr, refused) {
+				parkedNow = append(parkedNow, dlRefusal{i, derr})
+			}
+			if heldErr == nil && !s.dlFailing[it.seq].parked {
+				heldErr = derr
 			}
 		}
 		s.addOpLocked(pb, fire, it.seq)
@@ -646,6 +667,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		s.noteLateLocked(it.seq, t.Due)
 		retried = append(retried, i)
 	}
+	heldAfter := s.dlHeld
 	if pb.delta != 0 {
 		b.Merge(countKey(s.id), u64(uint64(pb.delta)), nil)
 	}
@@ -705,12 +727,18 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	for _, i := range retried {
 		e.m.PublishRetries.WithLabelValues(items[i].task.Transport.String()).Inc()
 	}
-	for _, i := range parked {
-		t := items[i].task
-		e.m.DeadLettersParked.Inc()
-		e.log.Error("dead letter refused by its DLQ after every attempt; its source commits past it, it stays in the store and is retried until the DLQ takes it",
+	for _, p := range parkedNow {
+		t := items[p.i].task
+		e.log.Error("dead letter parked: its DLQ refused it as this message at the last attempt of the retry policy; its source commits past it, it stays in the store and is retried with backoff until the DLQ takes it",
+			zap.Int("shard", s.id), zap.String("source", t.Source), zap.String("origin", t.Origin),
 			zap.String("dlq", t.Transport.String()+":"+t.Target), zap.String("code", string(t.Code)),
-			zap.String("origin", t.Origin), zap.Uint32("attempts", t.Attempts), zap.Error(dlqErr))
+			zap.Uint32("attempts", t.Attempts), zap.Error(p.err))
+	}
+	for _, i := range unparked {
+		t := items[i].task
+		e.log.Info("parked dead letter taken by its DLQ at last", zap.Int("shard", s.id),
+			zap.String("source", t.Source), zap.String("origin", t.Origin),
+			zap.String("dlq", t.Transport.String()+":"+t.Target), zap.Uint32("attempts", t.Attempts))
 	}
 	switch {
 	case outageErr != nil:
@@ -724,19 +752,20 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		s.outageErr = nil
 	}
 	switch {
-	case dlqOK:
-		if s.dlqErr != nil {
-			e.log.Info("dead-letter delivery recovered", zap.Int("shard", s.id))
-		}
-		s.dlqErr = nil
-	case dlqErr != nil:
-		if s.dlqErr == nil {
-			e.log.Error("dead-letter delivery failing; retrying with backoff, nothing is dropped",
-				zap.Int("shard", s.id), zap.Error(dlqErr))
-		}
-		s.dlqErr = dlqErr
+	case heldBefore == 0 && heldAfter > 0:
+		e.log.Error("dead-letter delivery failing; their sources wait, retrying with backoff, nothing is dropped",
+			zap.Int("shard", s.id), zap.Int("dead_letters", heldAfter), zap.Error(heldErr))
+	case heldBefore > 0 && heldAfter == 0 && len(parkedNow) == 0:
+		e.log.Info("dead-letter delivery recovered", zap.Int("shard", s.id))
 	}
 	return fc
+}
+
+// dlRefusal is a dead letter of a fire batch (its index) that entered the
+// parked set, with the refusal that parked it.
+type dlRefusal struct {
+	i   int
+	err error
 }
 
 // outageBackoff is the wait before the next try of a task that failed
