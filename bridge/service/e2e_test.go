@@ -388,23 +388,74 @@ func TestDLQRefusalParks(t *testing.T) {
 	eventually(t, "readiness after the DLQ took it", func() bool { return svc.Ready() == nil })
 }
 
+// TestDLQNotAuthorizedHoldsCommit: a DLQ topic the bridge may not write
+// (every produce to it answered TOPIC_AUTHORIZATION_FAILED) fails as a
+// whole, not as this message: however many attempts past the retry policy,
+// the dead letter is not parked, the partition's offset stays before the
+// bad message (CONTRACT §3: the bridge does not commit, retries with
+// backoff, reports not-ready) and moves past it once the DLQ takes it.
+func TestDLQNotAuthorizedHoldsCommit(t *testing.T) {
+	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 2}\n")
+	svc, _ := e.start()
+	committed := func() int64 {
+		gi := e.kc.GroupInfo("bridge")
+		if gi == nil {
+			return -1
+		}
+		c, ok := gi.Commits[kafkaDelay][0]
+		if !ok {
+			return -1
+		}
+		return c.Offset
+	}
+	e.publishKafka(0, time.Time{}, []byte("k0"), []byte("good"), "delay-after", "1h", "delay-target", "orders")
+	eventually(t, "the good message's commit", func() bool { return committed() == 1 })
+
+	deny := e.kc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: kafkaDLQ, Err: kerr.TopicAuthorizationFailed, Count: -1})
+	e.publishKafka(0, time.Time{}, []byte("k1"), []byte("bad"), "delay-target", "orders") // missing-due
+	eventually(t, "readiness to report the DLQ", func() bool { return svc.Ready() != nil })
+	// Three times the policy's attempts.
+	e.advanceUntil("refused produces past the retry policy", func([]delivery) bool { return deny.Hits() >= 6 })
+	if off := committed(); off != 1 {
+		t.Fatalf("committed offset %d while the DLQ topic may not be written, want 1 (not past the bad message)", off)
+	}
+	if err := svc.Ready(); err == nil {
+		t.Fatal("ready while the DLQ topic may not be written")
+	}
+	if n := len(byValue(e.deliveries(), kafkaDLQ)["bad"]); n != 0 {
+		t.Fatalf("%d dead letters delivered to a DLQ that refuses them", n)
+	}
+
+	deny.Remove()
+	got := e.advanceUntil("the dead letter", func(ds []delivery) bool { return len(byValue(ds, kafkaDLQ)["bad"]) > 0 })
+	if dl := byValue(got, kafkaDLQ)["bad"]; dl[0].header("delay-error") != "missing-due" {
+		t.Fatalf("dead letter with delay-error %q, want missing-due", dl[0].header("delay-error"))
+	}
+	eventually(t, "the commit past the bad message", func() bool { return committed() == 2 })
+	eventually(t, "readiness after the DLQ took it", func() bool { return svc.Ready() == nil })
+}
+
 // TestNATSDLQOutageHoldsAck is TestDLQOutageHoldsCommit on NATS: while the
-// DLQ stream refuses every message (its max_msg_size lowered to 1 byte) a
-// dead letter cannot be published, so the bad message stays unacknowledged
-// (the consumer's ack floor stays before it) until the stream takes the
-// dead letter. Unless the stream refused it every attempt of the retry
-// policy: then the dead letter is parked in the store so that the subject
-// moves on (CONTRACT §3: one bad message never stalls its partition), the
-// bad message is acked, the bridge stays not ready, and the dead letter is
-// still delivered once the stream takes it.
+// DLQ stream cannot store a dead letter, the bad message stays
+// unacknowledged (the consumer's ack floor stays before it) until the
+// stream takes the dead letter. A stream full with DiscardNew fails as a
+// whole: it holds the ack however many attempts past the retry policy. A
+// stream whose max_msg_size refuses the dead letter as this message holds
+// it too within the retry policy; at its last attempt the dead letter is
+// parked in the store so that the subject moves on (CONTRACT §3: one bad
+// message never stalls its partition): the bad message is acked, the
+// bridge stays not ready, and the dead letter is still delivered once the
+// stream takes it.
 func TestNATSDLQOutageHoldsAck(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		maxAttempts int
+		full        bool // the DLQ stream is full (DiscardNew); else its max_msg_size refuses the dead letter
 		parked      bool
 	}{
-		{"within the retry policy", 1000, false},
-		{"refused every attempt", 2, true},
+		{"too large, within the retry policy", 1000, false, false},
+		{"too large every attempt", 2, false, true},
+		{"stream full, past the retry policy", 2, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, fmt.Sprintf("retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: %d}\n", tc.maxAttempts))
@@ -425,12 +476,29 @@ func TestNATSDLQOutageHoldsAck(t *testing.T) {
 				}
 				return info.AckFloor.Stream
 			}
+			// Every publish of the dead letter, stored or not, reaches a
+			// core subscriber of its subject: the attempts.
+			attempts, err := e.nc.SubscribeSync("dlq.delay")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer attempts.Unsubscribe()
+			tried := func() int { n, _, _ := attempts.Pending(); return n }
 			e.publishNATS("delay.o", []byte("good"), "delay-after", "1h", "delay-target", "orders.o")
 			eventually(t, "the good message's ack", func() bool { return ackFloor() == 1 })
 
-			dlqStream := func(maxMsgSize int32) {
+			dlqStream := func(limit int64) {
 				t.Helper()
-				if _, err := js.UpdateStream(ctx, jetstream.StreamConfig{Name: "DLQ", Subjects: []string{"dlq.>"}, MaxMsgSize: maxMsgSize}); err != nil {
+				cfg := jetstream.StreamConfig{Name: "DLQ", Subjects: []string{"dlq.>"}, MaxMsgSize: int32(limit)}
+				if tc.full {
+					cfg = jetstream.StreamConfig{Name: "DLQ", Subjects: []string{"dlq.>"}, MaxMsgs: limit, Discard: jetstream.DiscardNew}
+				}
+				if _, err := js.UpdateStream(ctx, cfg); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.full {
+				if _, err := js.Publish(ctx, "dlq.filler", []byte("filler")); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -446,12 +514,13 @@ func TestNATSDLQOutageHoldsAck(t *testing.T) {
 					t.Fatalf("%d dead letters delivered to a DLQ that refuses them", n)
 				}
 			} else {
-				for range 5 {
-					e.clk.Advance(2 * time.Second)
-					time.Sleep(20 * time.Millisecond) // real time for a round to fail; correctness does not depend on it
-				}
+				// Three times the (short) policy's attempts.
+				e.advanceUntil("failed attempts", func([]delivery) bool { return tried() >= 6 })
 				if f := ackFloor(); f != 1 {
-					t.Fatalf("ack floor %d while the DLQ could not be written, want 1 (the bad message not acked)", f)
+					t.Fatalf("ack floor %d after %d attempts while the DLQ could not be written, want 1 (the bad message not acked)", f, tried())
+				}
+				if err := svc.Ready(); err == nil {
+					t.Fatal("ready while the DLQ cannot be written")
 				}
 			}
 
