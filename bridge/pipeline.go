@@ -45,7 +45,12 @@ func NewPipeline(eng Engine, log *zap.Logger) *Pipeline {
 // message never stalls its partition. When the batch has dead letters,
 // Handle returns only once their DLQ acknowledged them (CONTRACT §3), or
 // with ctx's error: the source then does not commit, and a DLQ that cannot
-// be written holds its partition (the bridge is not ready meanwhile).
+// be written (unreachable, not authorized, no stream, full) holds its
+// partition, the bridge not ready meanwhile. The exception is a dead letter
+// its DLQ refuses as this message (shard.ErrRefused: over its size limit, a
+// record the broker rejects) at the last attempt of the retry policy: it is
+// parked (kept in the store, retried, the bridge not ready) and Handle
+// returns, so the source commits past it.
 func (p *Pipeline) Handle(ctx context.Context, b *Batch) error {
 	if len(b.Items) == 0 && len(b.Checkpoints) == 0 {
 		return nil
@@ -84,8 +89,9 @@ func (p *Pipeline) Handle(ctx context.Context, b *Batch) error {
 	// acknowledged. The dead letters are durable already; the fire loop
 	// publishes them at once and retries a failing DLQ (not ready, logged)
 	// until it takes them, so this waits as long; except for a dead letter
-	// the DLQ refused every attempt of the retry policy, parked in the
-	// store so that it does not stall its partition for good.
+	// the DLQ refused as this message (shard.ErrRefused) at the last
+	// attempt of the retry policy, parked in the store so that it does not
+	// stall its partition for good.
 	if dls == nil {
 		return nil
 	}
@@ -104,7 +110,7 @@ func (p *Pipeline) Handle(ctx context.Context, b *Batch) error {
 		return fmt.Errorf("bridge: batch of %d: %w", n, err)
 	}
 	if k := dls.Parked(); k > 0 {
-		p.log.Warn("committing past dead letters their DLQ refused after every attempt; they stay in the store and are retried",
+		p.log.Warn("committing past dead letters their DLQ refused as these messages at the last attempt of the retry policy; they stay in the store and are retried",
 			zap.Int("parked", k), zap.Int("dead_letters", dls.Len()))
 	}
 	return nil

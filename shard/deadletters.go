@@ -115,9 +115,12 @@ func (d *DeadLetters) Parked() int {
 // DLQ refused it as this message (ErrRefused, not: was unreachable or
 // failed as a whole) at its Retry.MaxAttempts-th attempt or later, which
 // parks it in the store and ends its wait (see Parked). After Wait
-// returned an error, the batch's dead letters are no longer watched (they
-// are still delivered, and the source, which did not commit, reads their
-// messages again after a restart or rebalance). A nil DeadLetters is done.
+// returned an error, the batch's dead letters are no longer watched: they
+// are still delivered from the store. The source did not commit, but the
+// batch's checkpoint is stored with its dead letters, so after a restart
+// it resumes past them and does not wait for them again; only a source
+// with another store (a rebalance to another bridge) reads their messages
+// again. A nil DeadLetters is done.
 func (d *DeadLetters) Wait(ctx context.Context) error {
 	if d == nil {
 		return nil
