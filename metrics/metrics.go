@@ -60,7 +60,7 @@ func New(r prometheus.Registerer) *Metrics {
 			Name: "delaybridge_dead_letters_parked_total", Help: "Dead letters parked: their DLQ refused them as the message they are (too large, a record the broker rejects; not: unreachable, no permission, no stream, full) at the last attempt of the retry policy or later. Their source commits past them; they stay in the store and are retried until the DLQ takes them.",
 		}),
 		DeadLettersParkedNow: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "delaybridge_dead_letters_parked", Help: "Dead letters parked now (see delaybridge_dead_letters_parked_total): in the store, retried, not yet in their DLQ. Kept in memory: 0 after a restart until a parked dead letter's next retry is refused again.",
+			Name: "delaybridge_dead_letters_parked", Help: "Dead letters parked now (see delaybridge_dead_letters_parked_total): in the store, retried, not yet in their DLQ. Stored with each retry, so it survives a restart.",
 		}),
 		Cancelled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "delaybridge_cancelled_total", Help: "Pending tasks cancelled (by delay-cancel, tombstone or admin API) and not delivered; one already being published when cancelled counts here only if that publish failed, else as fired.",

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/delaybridge/delaybridge/codec"
 )
@@ -244,3 +247,66 @@ func (e *Engine) deadLetterErr() error {
 	}
 	return errors.Join(errs...)
 }
+
+// loadDLFailuresLocked restores at open the shard's dead letters whose
+// last delivery failed before the restart (prefixDLFailure records), so
+// that Err and the parked gauge report them at once rather than after
+// their next failed try. A record whose dead letter is not stored where it
+// says (a version without these records retried or delivered it) is
+// dropped.
+func (s *shard) loadDLFailuresLocked() error {
+	e := s.e
+	lo := dlFailureKey(s.id, 0)
+	hi := dlFailureKey(s.id+1, 0)
+	var stale [][]byte
+	err := safeCall(func() error {
+		it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+		if err != nil {
+			return err
+		}
+		for it.First(); it.Valid(); it.Next() {
+			_, seq, fire, parked, text, ok := parseDLFailure(it.Key(), it.Value())
+			if ok {
+				_, found, gerr := getCopy(e.db, appendTaskKey(nil, s.id, fire, seq))
+				if gerr != nil {
+					it.Close()
+					return gerr
+				}
+				ok = found
+			}
+			if !ok {
+				stale = append(stale, slices.Clone(it.Key()))
+				continue
+			}
+			if s.dlFailing == nil {
+				s.dlFailing = make(map[uint64]dlFailure)
+			}
+			s.dlFailing[seq] = dlFailure{err: fmt.Errorf("%w (before the last restart): %s", errDLFailedBefore, text), at: e.dlTick.Add(1), parked: parked}
+			if parked {
+				s.dlParked++
+				e.m.DeadLettersParkedNow.Inc()
+			} else {
+				s.dlHeld++
+			}
+		}
+		return it.Close()
+	})
+	if err != nil {
+		return fmt.Errorf("shard %d: read failing dead letters: %w", s.id, err)
+	}
+	if len(stale) > 0 {
+		b := e.db.NewBatch()
+		defer b.Close()
+		for _, k := range stale {
+			b.Delete(k, nil)
+		}
+		if err := safeCall(func() error { return b.Commit(pebble.NoSync) }); err != nil {
+			return fmt.Errorf("shard %d: drop stale dead-letter failure records: %w", s.id, err)
+		}
+	}
+	return nil
+}
+
+// errDLFailedBefore wraps the failure of a dead letter recorded before a
+// restart: its text is all that is kept.
+var errDLFailedBefore = errors.New("dead-letter delivery failed")

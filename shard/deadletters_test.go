@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/delaybridge/delaybridge/codec"
@@ -323,5 +324,119 @@ func TestDeadLetterHeldSticky(t *testing.T) {
 	h.advanceUntil("the DLQ taking it", func() bool { return len(h.sink.acked()) == 2 })
 	if err := h.e.Err(); err != nil {
 		t.Fatalf("Err after the DLQ took it: %v", err)
+	}
+}
+
+// Failing and parked dead letters survive a restart: the reopened engine
+// reports them at once (not ready, the parked gauge), before their next
+// try, and forgets them, in the store too, once their DLQ took them. A
+// record whose dead letter is not stored where it says is dropped.
+func TestDeadLetterFailuresSurviveRestart(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 2
+		o.Retry = parkPolicy
+		o.Metrics = metrics.New(nil)
+	})
+	refusal := fmt.Errorf("kafka: publish to \"dlq\": %w: message too large", ErrRefused)
+	denied := errors.New("kafka: publish to \"dlq\": not authorized to write the topic")
+	h.sink.setFail(func(t *codec.Task) error {
+		switch t.ID {
+		case "big":
+			return refusal
+		case "held":
+			return denied
+		}
+		return nil
+	})
+	h.run()
+	d, err := h.e.IngestAwait(ctx, []codec.Task{deadLetter("big", 1), deadLetter("held", 2)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+	h.advanceUntil("the park", func() bool { return d.Parked() == 1 })
+	restart := func() *metrics.Metrics {
+		t.Helper()
+		h.stop()
+		m := metrics.New(nil) // a new process
+		h.opts.Metrics = m
+		h.reopen()
+		return m
+	}
+	m := restart()
+	err = h.e.Err()
+	if err == nil || !errors.Is(err, errDLFailedBefore) ||
+		!strings.Contains(err.Error(), "1 dead letters parked") || !strings.Contains(err.Error(), "failing (1 dead letters") ||
+		!strings.Contains(err.Error(), "message too large") {
+		t.Fatalf("Err after the restart = %v, want one parked (message too large) and one failing dead letter", err)
+	}
+	if got := testutil.ToFloat64(m.DeadLettersParkedNow); got != 1 {
+		t.Fatalf("parked gauge after the restart %v, want 1", got)
+	}
+	h.sink.setFail(nil)
+	h.run()
+	h.advanceUntil("both delivered", func() bool { return len(h.sink.acked()) == 2 })
+	if err := h.e.Err(); err != nil {
+		t.Fatalf("Err after both were delivered: %v", err)
+	}
+	if got := testutil.ToFloat64(m.DeadLettersParkedNow); got != 0 {
+		t.Fatalf("parked gauge %v, want 0", got)
+	}
+	// A record of a dead letter the store does not hold there (a version
+	// without these records delivered or retried it).
+	if err := h.e.db.Set(dlFailureKey(1, 999), appendDLFailure(nil, 5, true, refusal), pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	m = restart()
+	if err := h.e.Err(); err != nil {
+		t.Fatalf("Err after a restart with nothing failing: %v", err)
+	}
+	if got := testutil.ToFloat64(m.DeadLettersParkedNow); got != 0 {
+		t.Fatalf("parked gauge %v, want 0", got)
+	}
+	for sh := range 2 {
+		it, err := h.e.db.NewIter(&pebble.IterOptions{LowerBound: dlFailureKey(sh, 0), UpperBound: dlFailureKey(sh+1, 0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for it.First(); it.Valid(); it.Next() {
+			t.Errorf("shard %d: failure record %x left in the store", sh, it.Key())
+		}
+		if err := it.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestDLFailureRecord(t *testing.T) {
+	long := errors.New(strings.Repeat("x", 2*dlFailureMaxText))
+	for _, tc := range []struct {
+		name   string
+		fire   int64
+		parked bool
+		err    error
+		text   string
+	}{
+		{"parked", 1234, true, errors.New("too large"), "too large"},
+		{"held", 0, false, errors.New("denied"), "denied"},
+		{"no error", 7, false, nil, ""},
+		{"long error cut", 9, true, long, strings.Repeat("x", dlFailureMaxText)},
+	} {
+		k, v := dlFailureKey(3, 42), appendDLFailure(nil, tc.fire, tc.parked, tc.err)
+		sh, seq, fire, parked, text, ok := parseDLFailure(k, v)
+		if !ok || sh != 3 || seq != 42 || fire != tc.fire || parked != tc.parked || text != tc.text {
+			t.Errorf("%s: parsed %d %d %d %v %q %v", tc.name, sh, seq, fire, parked, text, ok)
+		}
+	}
+	for _, bad := range []struct{ k, v []byte }{
+		{dlFailureKey(0, 1)[:5], appendDLFailure(nil, 1, false, nil)},
+		{dlFailureKey(0, 1), []byte{1, 2, 3}},
+		{dlFailureKey(0, 1), append(appendDLFailure(nil, 1, false, nil)[:8], 2)},
+		{append([]byte{prefixTask}, dlFailureKey(0, 1)[1:]...), appendDLFailure(nil, 1, false, nil)},
+	} {
+		if _, _, _, _, _, ok := parseDLFailure(bad.k, bad.v); ok {
+			t.Errorf("parseDLFailure(%x, %x) accepted", bad.k, bad.v)
+		}
 	}
 }

@@ -334,7 +334,9 @@ func (e *Engine) recover() error {
 			defer func() { <-sem }()
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			errs[i] = s.loadLocked(now)
+			if errs[i] = s.loadLocked(now); errs[i] == nil {
+				errs[i] = s.loadDLFailuresLocked()
+			}
 		}()
 	}
 	wg.Wait()
@@ -1180,9 +1182,8 @@ func (s *shard) firstStoredLocked(from int64) (int64, bool) {
 // or dead letters whose delivery fails: held ones (their DLQ failing, their
 // source waiting) until each is delivered, and parked ones (refused by
 // their DLQ as the message they are, see deadLetterParked) until each is
-// delivered or leaves the store. The parked set is in memory: after a
-// restart a parked dead letter is reported again only once its next
-// retry is refused.
+// delivered or leaves the store. Both survive a restart (see
+// loadDLFailuresLocked).
 func (e *Engine) Err() error {
 	if err := e.failed(); err != nil {
 		return err

@@ -601,6 +601,9 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			acked = append(acked, i)
 			if t.Kind == codec.KindDeadLetter {
 				e.deadLetterAcked(it.seq)
+				if _, failing := s.dlFailing[it.seq]; failing {
+					b.Delete(dlFailureKey(s.id, it.seq), nil)
+				}
 				if s.dlDoneLocked(it.seq) {
 					unparked = append(unparked, i)
 				}
@@ -658,6 +661,10 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			if s.dlFailedLocked(it.seq, derr, refused) {
 				parkedNow = append(parkedNow, dlRefusal{i, derr})
 			}
+			// Kept with the retry, so that after a restart the engine
+			// still reports it failing (or parked) before its next try.
+			f := s.dlFailing[it.seq]
+			b.Set(dlFailureKey(s.id, it.seq), appendDLFailure(nil, fire, f.parked, f.err), nil)
 			if heldErr == nil && !s.dlFailing[it.seq].parked {
 				heldErr = derr
 			}

@@ -36,6 +36,9 @@ const (
 	prefixCount  = 'c'
 	prefixSeq    = 'm'
 	prefixShards = 'n'
+	// prefixDLFailure: a dead letter whose last delivery failed (see
+	// appendDLFailure), so a restart knows it is still failing.
+	prefixDLFailure = 'f'
 )
 
 const taskKeyLen = 1 + 2 + 8 + 8
@@ -117,6 +120,47 @@ func countKey(shard int) []byte {
 }
 
 func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
+
+const dlFailureKeyLen = 1 + 2 + 8
+
+func dlFailureKey(shard int, seq uint64) []byte {
+	k := make([]byte, 0, dlFailureKeyLen)
+	k = append(k, prefixDLFailure)
+	k = binary.BigEndian.AppendUint16(k, uint16(shard))
+	return binary.BigEndian.AppendUint64(k, seq)
+}
+
+// dlFailureMaxText bounds the error text kept with a failing dead letter.
+const dlFailureMaxText = 512
+
+// appendDLFailure encodes a failing dead letter's record: its t key's fire
+// time (so a restart can tell the record still matches a stored dead
+// letter), whether it is parked, and its last error's text.
+func appendDLFailure(dst []byte, fire int64, parked bool, err error) []byte {
+	dst = binary.BigEndian.AppendUint64(dst, fireU64(fire))
+	flag := byte(0)
+	if parked {
+		flag = 1
+	}
+	dst = append(dst, flag)
+	text := ""
+	if err != nil {
+		text = err.Error()
+	}
+	if len(text) > dlFailureMaxText {
+		text = text[:dlFailureMaxText]
+	}
+	return append(dst, text...)
+}
+
+// parseDLFailure decodes a record of appendDLFailure.
+func parseDLFailure(k, v []byte) (shard int, seq uint64, fire int64, parked bool, text string, ok bool) {
+	if len(k) != dlFailureKeyLen || k[0] != prefixDLFailure || len(v) < 9 || v[8] > 1 {
+		return 0, 0, 0, false, "", false
+	}
+	return int(binary.BigEndian.Uint16(k[1:3])), binary.BigEndian.Uint64(k[3:11]),
+		int64(binary.BigEndian.Uint64(v[:8])), v[8] == 1, string(v[9:]), true
+}
 
 // order is the replace/cancel stamp of CONTRACT §1.
 type order struct {
