@@ -440,3 +440,30 @@ func TestDLFailureRecord(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseDLFailure: a failure record read back from the store never
+// panics the decoder, and an accepted one is exactly the encoding of what
+// it decoded to.
+func FuzzParseDLFailure(f *testing.F) {
+	f.Add(dlFailureKey(2, 7), appendDLFailure(nil, 1234, true, errors.New("too large")))
+	f.Add(dlFailureKey(0, 0), appendDLFailure(nil, 0, false, nil))
+	f.Add([]byte{prefixDLFailure}, []byte{})
+	f.Fuzz(func(t *testing.T, k, v []byte) {
+		sh, seq, fire, parked, text, ok := parseDLFailure(k, v)
+		if !ok {
+			return
+		}
+		if got := dlFailureKey(sh, seq); string(got) != string(k) {
+			t.Fatalf("key %x decoded to shard %d seq %d, which encode to %x", k, sh, seq, got)
+		}
+		var err error
+		if text != "" {
+			err = errors.New(text)
+		}
+		if fire >= 0 && len(text) <= dlFailureMaxText {
+			if got := appendDLFailure(nil, fire, parked, err); string(got) != string(v) {
+				t.Fatalf("value %x decoded to %d %v %q, which encode to %x", v, fire, parked, text, got)
+			}
+		}
+	})
+}
