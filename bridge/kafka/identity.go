@@ -134,7 +134,7 @@ func (s *Source) checkIdentity(ctx context.Context, topic string, partition int,
 			c.verdict, c.reason = identityUnknown, "retention deleted the checkpointed record"
 			return c, nil
 		}
-		var notes decodeNotes
+		notes := decodeNotes{probe: true, probeAt: cp.Offset}
 		items, next, _, err := fetchItems(ctx, s.client, &s.cfg, topic, partition, cp.Offset, s.cfg.MaxWait, nil, nil, &notes)
 		switch {
 		case errors.Is(err, kafkago.OffsetOutOfRange):
@@ -158,15 +158,26 @@ func (s *Source) checkIdentity(ctx context.Context, topic string, partition int,
 				c.verdict, c.reason = identityOther, "a different record at the checkpointed offset"
 			}
 			return c, nil
+		case notes.atControl || notes.atAborted:
+			// The checkpointed record was a data record of the log or of
+			// a committed transaction (read_committed reads no other), and
+			// in one log an offset keeps its record until compaction or
+			// retention removes it. A marker or an aborted record there
+			// is another log's.
+			c.verdict = identityOther
+			c.reason = "a transaction marker at the checkpointed offset, where the log read had a data record"
+			if notes.atAborted {
+				c.reason = "a record of an aborted transaction at the checkpointed offset, where the log read had a committed one"
+			}
+			return c, nil
 		case len(items) > 0 || next > cp.Offset:
 			// The checkpointed record was a committed data record; here
-			// the offset holds nothing any more (compaction removed it: a
+			// the offset holds nothing any more: compaction removed it (a
 			// delay topic keyed by id is a natural candidate for
-			// cleanup.policy=compact), or, in another log, a transaction
-			// marker or an aborted record. Compaction is the common case,
-			// and taking it for another log would read the whole log
-			// again and fire every retained schedule twice: resume after
-			// the offset, as without a fingerprint.
+			// cleanup.policy=compact) or emptied its batch. Taking that for
+			// another log would read the whole log again and fire every
+			// retained schedule twice: resume after the offset, as without
+			// a fingerprint.
 			c.verdict, c.reason = identityUnknown, "no record at the checkpointed offset any more (compacted away?)"
 			return c, nil
 		case time.Now().Before(deadline):

@@ -604,11 +604,9 @@ func TestCheckIdentity(t *testing.T) {
 			t.Errorf("%s: checkIdentity = %+v, %v; want verdict %d", tc.name, got, err, tc.want)
 		}
 	}
-	// No data record at the offset any more, inside the log: what
-	// compaction leaves (a delay topic keyed by id may be compacted), here
-	// made with a transaction's commit marker (offset 7). Taking it for
-	// another log would read the whole log again and fire every retained
-	// schedule twice; it cannot be told, so the source resumes after it.
+	// A transaction's records and its commit marker (offset 7): a marker
+	// where the checkpoint had a data record is another log's (in one log
+	// an offset keeps its record until compaction or retention removes it).
 	txn := producer(t, c, kgo.TransactionalID("tx"))
 	if err := txn.BeginTransaction(); err != nil {
 		t.Fatal(err)
@@ -619,6 +617,24 @@ func TestCheckIdentity(t *testing.T) {
 	}
 	produce(t, producer(t, c), &kgo.Record{Topic: "delay", Value: []byte("after")})
 	got, err := s.checkIdentity(ctx, "delay", 0, shard.Checkpoint{Offset: 7, Fingerprint: cp.Fingerprint})
+	if err != nil || got.verdict != identityOther || !strings.Contains(got.reason, "marker") {
+		t.Errorf("a marker at the offset: checkIdentity = %+v, %v; want verdict %d (a marker)", got, err, identityOther)
+	}
+	// No record at the offset any more, inside the log: what compaction
+	// leaves (a delay topic keyed by id may be compacted; kfake does not
+	// compact, so the broker is asked from offset 8 when the check asks
+	// for record 6). It cannot be told, so the source resumes after it:
+	// taking it for another log would read the whole log again and fire
+	// every retained schedule twice.
+	c.ControlKey(int16(kmsg.Fetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kreq.(*kmsg.FetchRequest)
+		if len(req.Topics) == 1 && len(req.Topics[0].Partitions) == 1 && req.Topics[0].Partitions[0].FetchOffset == 6 {
+			req.Topics[0].Partitions[0].FetchOffset = 8
+		}
+		return nil, nil, false
+	})
+	got, err = s.checkIdentity(ctx, "delay", 0, shard.Checkpoint{Offset: 6, Fingerprint: cp.Fingerprint})
 	if err != nil || got.verdict != identityUnknown || got.end != 9 {
 		t.Errorf("no record at the offset: checkIdentity = %+v, %v; want verdict %d with the log ending at 9", got, err, identityUnknown)
 	}
@@ -638,6 +654,20 @@ func TestCheckIdentity(t *testing.T) {
 	got, err = s.checkIdentity(ctx, "delay", 0, shard.Checkpoint{Offset: 9, Fingerprint: cp.Fingerprint})
 	if err != nil || got.verdict != identityOther {
 		t.Errorf("the transaction committed: checkIdentity = %+v, %v; want verdict %d", got, err, identityOther)
+	}
+	// An aborted transaction's records at 12 and 13 (marker 14): a record
+	// of an aborted transaction where the checkpoint had a committed one
+	// is another log's too.
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	produce(t, txn, &kgo.Record{Topic: "delay", Value: []byte("t12")}, &kgo.Record{Topic: "delay", Value: []byte("t13")})
+	if err := txn.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		t.Fatal(err)
+	}
+	got, err = s.checkIdentity(ctx, "delay", 0, shard.Checkpoint{Offset: 12, Fingerprint: cp.Fingerprint})
+	if err != nil || got.verdict != identityOther || !strings.Contains(got.reason, "aborted") {
+		t.Errorf("an aborted record at the offset: checkIdentity = %+v, %v; want verdict %d (aborted)", got, err, identityOther)
 	}
 }
 
@@ -713,50 +743,66 @@ func TestSourceLaggingLeaderIsNotAnotherLog(t *testing.T) {
 // start.
 func TestSourceRecreatedTopicUnreadableAtOffset(t *testing.T) {
 	t0 := time.Now().Add(-time.Hour).Truncate(time.Second)
-	c := newCluster(t, kfake.SeedTopics(1, "delay"))
-	produce(t, producer(t, c), gen{"old", 10, t0}.records("delay", 0)...)
-	h := newMemHandler()
-	s, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runSource(t, s, h)
-	waitFor(t, "the old log", func() bool { return h.count() == 10 })
-	fault := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: "delay", Err: kerr.NotLeaderForPartition, Count: -1})
-	waitFor(t, "a failed fetch", func() bool { return fault.Hits() > 0 })
-	recreate(t, c, "delay")
-	newLog := gen{"new", 15, t0.Add(time.Minute)}
-	rs := newLog.records("delay", 0)
-	produce(t, producer(t, c), rs[:5]...)
-	tx := producer(t, c, kgo.TransactionalID("tx"))
-	if err := tx.BeginTransaction(); err != nil {
-		t.Fatal(err)
-	}
-	produce(t, tx, rs[5:]...) // offsets 5..14: 9 among them
-	fault.Remove()
-	// Without the wait the worker read on at offset 10 and, once the
-	// transaction committed, handled new-10..14 only: new-0..9 lost.
-	waitFor(t, "the wait for the record at offset 9", func() bool {
-		err := s.Health()
-		return err != nil && strings.Contains(err.Error(), "to be readable again")
-	})
-	if n := h.count(); n != 10 {
-		t.Fatalf("%d records handled while the record at the offset could not be compared, want the old log's 10", n)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := tx.EndTransaction(ctx, kgo.TryCommit); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the new log", func() bool { return h.count() >= 10+newLog.n })
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := handled(h, 10), wantRecords(newLog, 0); !slices.Equal(got, want) {
-		t.Fatalf("after the re-creation handled %v, want %v", got, want)
-	}
-	if got := incarnations(h, 0); !slices.Equal(got, []uint32{0, 1}) {
-		t.Fatalf("incarnations %v, want [0 1]", got)
+	for _, tc := range []struct {
+		name string
+		end  kgo.TransactionEndTry
+		want func(newLog gen) []string
+	}{
+		{"committed", kgo.TryCommit, func(g gen) []string { return append(wantRecords(g, 0), "16:later") }},
+		// The record at the offset turns out aborted: another log too.
+		{"aborted", kgo.TryAbort, func(g gen) []string { return append(wantRecords(gen{g.tag, 5, g.ts}, 0), "16:later") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, kfake.SeedTopics(1, "delay"))
+			produce(t, producer(t, c), gen{"old", 10, t0}.records("delay", 0)...)
+			h := newMemHandler()
+			s, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runSource(t, s, h)
+			waitFor(t, "the old log", func() bool { return h.count() == 10 })
+			fault := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: "delay", Err: kerr.NotLeaderForPartition, Count: -1})
+			waitFor(t, "a failed fetch", func() bool { return fault.Hits() > 0 })
+			recreate(t, c, "delay")
+			newLog := gen{"new", 15, t0.Add(time.Minute)}
+			rs := newLog.records("delay", 0)
+			plain := producer(t, c)
+			produce(t, plain, rs[:5]...)
+			tx := producer(t, c, kgo.TransactionalID("tx"))
+			if err := tx.BeginTransaction(); err != nil {
+				t.Fatal(err)
+			}
+			produce(t, tx, rs[5:]...) // offsets 5..14: 9 among them
+			fault.Remove()
+			// Without the wait the worker read on at offset 10 and, once the
+			// transaction ended, handled new-10..14 only (or nothing of the
+			// new log, if it aborted): new-0..9 lost.
+			waitFor(t, "the wait for the record at offset 9", func() bool {
+				err := s.Health()
+				return err != nil && strings.Contains(err.Error(), "to be readable again")
+			})
+			if n := h.count(); n != 10 {
+				t.Fatalf("%d records handled while the record at the offset could not be compared, want the old log's 10", n)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if err := tx.EndTransaction(ctx, tc.end); err != nil {
+				t.Fatal(err)
+			}
+			produce(t, plain, &kgo.Record{Topic: "delay", Partition: 0, Key: []byte("l"), Value: []byte("later"), Timestamp: t0.Add(2 * time.Minute)}) // offset 16, after the marker
+			want := tc.want(newLog)
+			waitFor(t, "the new log", func() bool { return h.count() >= 10+len(want) })
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			if got := handled(h, 10); !slices.Equal(got, want) {
+				t.Fatalf("after the re-creation handled %v, want %v", got, want)
+			}
+			if got := incarnations(h, 0); !slices.Equal(got, []uint32{0, 1}) {
+				t.Fatalf("incarnations %v, want [0 1]", got)
+			}
+		})
 	}
 }
 

@@ -743,6 +743,13 @@ type decodeNotes struct {
 	// untimed holds the offsets of those records in ascending order, until
 	// untimedAt passes them: their fingerprint hashes no time.
 	untimed []int64
+	// An identity check sets probe and probeAt to learn what occupies
+	// the offset probeAt beside a readable record: a commit or abort
+	// marker (atControl), or a record of an aborted transaction
+	// (atAborted).
+	probe                bool
+	probeAt              int64
+	atControl, atAborted bool
 }
 
 // untimedAt reports whether the record at offset had no timestamp and
@@ -894,6 +901,10 @@ func decodeRecords(rr kafkago.RecordReader, topic string, partition int, offset 
 			}
 			if rec.Offset >= next {
 				next = rec.Offset + 1
+			}
+			if notes.probe && rec.Offset == notes.probeAt {
+				notes.atControl = notes.atControl || control
+				notes.atAborted = notes.atAborted || (skip && !control)
 			}
 			if control {
 				// An abort marker ends the producer's aborted transaction.
