@@ -22,8 +22,12 @@ import (
 
 // Sink publishes fired tasks to Kafka topics. It implements shard.Sink.
 type Sink struct {
-	cfg       Config
-	w         *kafkago.Writer
+	cfg Config
+	w   *kafkago.Writer
+	// alone is a producer that puts every record in a produce batch of
+	// its own (BatchSize 1), for records w's batch got refused (see
+	// resendAlone). It shares w's transport.
+	alone     *kafkago.Writer
 	transport *kafkago.Transport
 	log       *zap.Logger
 	m         *metrics.Metrics
@@ -277,6 +281,8 @@ func NewSink(cfg Config) (*Sink, error) {
 	}
 	s.probeCtx, s.stopProbe = context.WithCancel(context.Background())
 	s.w = newWriter(&cfg, s.transport, s.log)
+	s.alone = newWriter(&cfg, s.transport, s.log)
+	s.alone.BatchSize = 1
 	return s, nil
 }
 
@@ -308,14 +314,14 @@ func (s *Sink) Check(ctx context.Context) error {
 	return check(ctx, &s.cfg, nil)
 }
 
-// Close stops the probe, then flushes and closes the producer.
+// Close stops the probe, then flushes and closes the producers.
 func (s *Sink) Close() error {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
 	s.stopProbe()
 	s.probes.Wait()
-	err := s.w.Close()
+	err := errors.Join(s.w.Close(), s.alone.Close())
 	s.transport.CloseIdleConnections()
 	if err != nil {
 		return fmt.Errorf("kafka: close writer: %w", err)
@@ -331,6 +337,11 @@ func (s *Sink) Close() error {
 // kafka-go keeps writing a batch in the background after ctx ends, so a
 // cancelled Deliver may still publish (at-least-once, as the contract
 // allows).
+//
+// A refusal of a record batch (see batchRefusal) does not tell which of
+// its records the broker refused, so the records it came back for are sent
+// again, each in a batch of its own (see resendAlone), and only a record
+// refused alone wraps shard.ErrRefused.
 func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	if len(batch) == 0 {
 		return nil
@@ -351,7 +362,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 			idx = append(idx, i)
 		}
 	}
-	s.write(ctx, msgs, idx, errs, true)
+	s.write(ctx, s.w, msgs, idx, errs, true)
 	if retry := staleOnes(errs); len(retry) > 0 && ctx.Err() == nil {
 		// A leader moved. kafka-go's transport would keep its stale
 		// metadata until MetadataTTL; drop its pools so the retry (and
@@ -360,7 +371,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		for _, i := range retry {
 			errs[i] = nil
 		}
-		s.write(ctx, msgs, retry, errs, true)
+		s.write(ctx, s.w, msgs, retry, errs, true)
 	}
 	s.m.PublishSeconds.WithLabelValues(codec.TransportKafka.String()).Observe(time.Since(start).Seconds())
 	for _, err := range errs {
@@ -371,8 +382,10 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	return nil
 }
 
-// write sends msgs[idx] in one call and records per-message errors.
-func (s *Sink) write(ctx context.Context, msgs []kafkago.Message, idx []int, errs []error, split bool) {
+// write sends msgs[idx] in one call to w (s.w or s.alone) and records
+// per-message errors. The records s.w got a batch refusal for are sent
+// again through s.alone (see resendAlone).
+func (s *Sink) write(ctx context.Context, w *kafkago.Writer, msgs []kafkago.Message, idx []int, errs []error, split bool) {
 	if len(idx) == 0 {
 		return
 	}
@@ -380,7 +393,7 @@ func (s *Sink) write(ctx context.Context, msgs []kafkago.Message, idx []int, err
 	for j, i := range idx {
 		sub[j] = msgs[i]
 	}
-	err := s.w.WriteMessages(ctx, sub...)
+	err := w.WriteMessages(ctx, sub...)
 	if err == nil {
 		var written []string // distinct: a fire batch names few topics
 		for j := range sub {
@@ -400,6 +413,7 @@ func (s *Sink) write(ctx context.Context, msgs []kafkago.Message, idx []int, err
 		// up. A protocol error is an answer: it changes nothing.
 		var written, down []string
 		var connErr error
+		var again []int // refused with a batch: sent again alone
 		for j, e := range werrs {
 			topic := msgs[idx[j]].Topic
 			var protoErr kafkago.Error
@@ -413,7 +427,11 @@ func (s *Sink) write(ctx context.Context, msgs []kafkago.Message, idx []int, err
 					connErr = e
 				}
 			}
-			if e != nil {
+			switch {
+			case e != nil && w != s.alone && batchRefusal(e):
+				again = append(again, idx[j])
+				errs[idx[j]] = e
+			case e != nil:
 				errs[idx[j]] = publishError(topic, e)
 			}
 		}
@@ -423,6 +441,7 @@ func (s *Sink) write(ctx context.Context, msgs []kafkago.Message, idx []int, err
 			connErr = nil
 		}
 		s.setHealth(written, connErr, down)
+		s.resendAlone(ctx, msgs, again, errs)
 		return
 	}
 	// A whole-call failure: a metadata error for one topic (missing
@@ -448,8 +467,61 @@ func (s *Sink) write(ctx context.Context, msgs []kafkago.Message, idx []int, err
 		return
 	}
 	for _, t := range order {
-		s.write(ctx, msgs, byTopic[t], errs, false)
+		s.write(ctx, w, msgs, byTopic[t], errs, false)
 	}
+}
+
+// resendAlone sends msgs[idx] again, each record in a produce batch of its
+// own, and records their errors; errs[idx] hold the batch refusals s.w got
+// for them.
+//
+// A broker checks the size limit (max.message.bytes) against the whole
+// record batch of a partition, and rejects a whole batch as invalid or
+// corrupt if one record in it is; kafka-go hands the batch's error to every
+// record in it, and the batch may have held records of other Deliver calls
+// (s.w batches across concurrent calls). So the refusal does not say that
+// the topic will never take a given record: only its answer to the record
+// alone does. s.alone (BatchSize 1) sends every record in a batch of its
+// own, in one call: a refusal from it is the record's own.
+//
+// This runs only after a batch refusal, never on success; a record the
+// topic refuses alone is sent twice per Deliver (a parked dead letter, once
+// per retry).
+func (s *Sink) resendAlone(ctx context.Context, msgs []kafkago.Message, idx []int, errs []error) {
+	if len(idx) == 0 {
+		return
+	}
+	if ctx.Err() != nil {
+		// Stopping: the refusal stays unexplained, so it is no
+		// refusal of the record (a dead letter holds its source).
+		for _, i := range idx {
+			errs[i] = fmt.Errorf("kafka: publish to %q: %w, to a batch of several records; not sent again alone: %w",
+				msgs[i].Topic, errs[i], ctx.Err())
+		}
+		return
+	}
+	s.log.Debug("kafka refused a record batch; sending its records again one per batch",
+		zap.Int("records", len(idx)), zap.Error(errs[idx[0]]))
+	for _, i := range idx {
+		errs[i] = nil
+	}
+	s.write(ctx, s.alone, msgs, idx, errs, true)
+}
+
+// batchRefusal reports whether err is a refusal that a broker gives a
+// whole record batch for one of its records, or for their sum: kafka-go
+// reports it for every record of the batch (see resendAlone). These are
+// the broker's answers refused treats as refusals of the record. kafka-go's
+// own size check (MessageTooLargeError, against BatchBytes) is not one: it
+// names the one record too large (the sink checks every record against
+// BatchBytes before sending, see Deliver).
+func batchRefusal(err error) bool {
+	var own kafkago.MessageTooLargeError
+	if errors.As(err, &own) {
+		return false
+	}
+	return errors.Is(err, kafkago.MessageSizeTooLarge) || errors.Is(err, kafkago.InvalidRecord) ||
+		errors.Is(err, kafkago.InvalidMessage)
 }
 
 // staleOnes returns the indexes of errors caused by a moved leader.
