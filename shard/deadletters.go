@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
+	"go.uber.org/zap"
 
 	"github.com/delaybridge/delaybridge/codec"
 )
@@ -29,13 +31,45 @@ type DeadLetters struct {
 // dlWaits is the registry of awaited dead letters, by store sequence.
 type dlWaits struct {
 	mu sync.Mutex
-	m  map[uint64]*DeadLetters
+	// m: the Handle waits (DeadLetters) of batches still watched.
+	m map[uint64]*DeadLetters
+	// held: the dead letters a source waits for, with their batch's
+	// checkpoint keys, from their ingest (or the restart that read their
+	// prefixDLWait record) until their DLQ acknowledged them or they were
+	// parked. Unlike m, a Wait that gives up leaves them here: the source
+	// that starts reading their checkpoint key again waits for them
+	// (AwaitStored).
+	held map[uint64][]string
+	// byKey counts the held dead letters of each checkpoint key.
+	byKey map[string]*keyHold
+}
+
+// keyHold is what a checkpoint key waits for: n held dead letters; done is
+// closed when the last of them is released.
+type keyHold struct {
+	n    int
+	done chan struct{}
+}
+
+// dlWaitKeys is the checkpoint keys an awaited dead letter's record names:
+// those of its batch that the record can hold (see appendDLWait).
+func dlWaitKeys(cps []Checkpoint) []string {
+	var keys []string
+	for _, cp := range cps {
+		if cp.Key != "" && len(cp.Key) <= math.MaxUint16 && len(keys) < dlWaitMaxKeys && !slices.Contains(keys, cp.Key) {
+			keys = append(keys, cp.Key)
+		}
+	}
+	return keys
 }
 
 // awaitDeadLetters registers the batch's dead letters (acts hold their
-// sequences). It runs after the batch is durable and before the wheels see
-// it, so no delivery comes before its waiter. Nil without dead letters.
-func (e *Engine) awaitDeadLetters(tasks []codec.Task, acts []ingestAction) *DeadLetters {
+// sequences) as awaited by its Handle and, with keys (the batch's
+// checkpoint keys, whose prefixDLWait records the batch stored), as held
+// for those keys. It runs after the batch is durable and before the wheels
+// see it, so no delivery comes before its waiter. Nil without dead
+// letters.
+func (e *Engine) awaitDeadLetters(tasks []codec.Task, acts []ingestAction, keys []string) *DeadLetters {
 	var d *DeadLetters
 	for i := range tasks {
 		if tasks[i].Kind != codec.KindDeadLetter || acts[i].seq == 0 {
@@ -56,13 +90,41 @@ func (e *Engine) awaitDeadLetters(tasks []codec.Task, acts []ingestAction) *Dead
 	}
 	for _, seq := range d.seqs {
 		e.dl.m[seq] = d
+		if len(keys) > 0 {
+			e.holdLocked(seq, keys)
+		}
 	}
 	d.left = len(d.seqs)
 	return d
 }
 
-// deadLetterAcked marks the dead letter seq as acknowledged by its DLQ.
-func (e *Engine) deadLetterAcked(seq uint64) { e.releaseDeadLetter(seq, false) }
+// holdLocked registers the dead letter seq as held for keys.
+func (e *Engine) holdLocked(seq uint64, keys []string) {
+	if _, ok := e.dl.held[seq]; ok {
+		return
+	}
+	if e.dl.held == nil {
+		e.dl.held = make(map[uint64][]string)
+		e.dl.byKey = make(map[string]*keyHold)
+	}
+	e.dl.held[seq] = keys
+	for _, k := range keys {
+		h := e.dl.byKey[k]
+		if h == nil {
+			h = &keyHold{done: make(chan struct{})}
+			e.dl.byKey[k] = h
+		}
+		h.n++
+	}
+}
+
+// deadLetterAcked marks the dead letter seq as acknowledged by its DLQ. It
+// reports whether a source held for it (its prefixDLWait record is to be
+// deleted with it).
+func (e *Engine) deadLetterAcked(seq uint64) (held bool) {
+	_, held = e.releaseDeadLetter(seq, false)
+	return held
+}
 
 // deadLetterParked releases the wait for the dead letter seq, which its
 // DLQ refused as this message (ErrRefused: larger than the DLQ allows, a
@@ -73,15 +135,31 @@ func (e *Engine) deadLetterAcked(seq uint64) { e.releaseDeadLetter(seq, false) }
 // retried with backoff until the DLQ takes it, and is in its shard's
 // parked set meanwhile (the engine is not ready, see Err). A DLQ that fails
 // as a whole (unreachable, no permission, no stream, full) releases
-// nothing. It reports whether a source was waiting for it.
-func (e *Engine) deadLetterParked(seq uint64) bool { return e.releaseDeadLetter(seq, true) }
+// nothing. It reports whether a Handle waited for it and whether a source
+// held for it (its prefixDLWait record is to be deleted in the commit
+// that parks it).
+func (e *Engine) deadLetterParked(seq uint64) (waited, held bool) {
+	return e.releaseDeadLetter(seq, true)
+}
 
-func (e *Engine) releaseDeadLetter(seq uint64, parked bool) bool {
+func (e *Engine) releaseDeadLetter(seq uint64, parked bool) (waited, held bool) {
 	e.dl.mu.Lock()
 	defer e.dl.mu.Unlock()
+	if keys, ok := e.dl.held[seq]; ok {
+		held = true
+		delete(e.dl.held, seq)
+		for _, k := range keys {
+			if h := e.dl.byKey[k]; h != nil {
+				if h.n--; h.n == 0 {
+					close(h.done)
+					delete(e.dl.byKey, k)
+				}
+			}
+		}
+	}
 	d, ok := e.dl.m[seq]
 	if !ok {
-		return false
+		return false, held
 	}
 	delete(e.dl.m, seq)
 	if parked {
@@ -90,7 +168,46 @@ func (e *Engine) releaseDeadLetter(seq uint64, parked bool) bool {
 	if d.left--; d.left == 0 {
 		close(d.done)
 	}
-	return true
+	return true, held
+}
+
+// AwaitedDeadLetters is how many dead letters the source of checkpoint key
+// waits for (see AwaitStored).
+func (e *Engine) AwaitedDeadLetters(key string) int {
+	e.dl.mu.Lock()
+	defer e.dl.mu.Unlock()
+	if h := e.dl.byKey[key]; h != nil {
+		return h.n
+	}
+	return 0
+}
+
+// AwaitStored returns nil once no dead letter of a batch with checkpoint
+// key is awaited any more: each was acknowledged by its DLQ or parked (see
+// deadLetterParked), or ctx's error. A source calls it when it starts
+// reading the partition (stream) of key, before it commits or acks
+// anything of it: the wait of a batch's Handle ends when its source stops
+// (a restart, a rebalance), but the batch's checkpoint is stored with its
+// dead letters, so the source resumes past them and would otherwise commit
+// past messages whose dead letters the DLQ never took (CONTRACT §3). The
+// held dead letters survive a restart (prefixDLWait records). A dead
+// letter whose DLQ cannot be written is retried by the fire loop until it
+// can (the engine is not ready meanwhile, see Err): AwaitStored waits as
+// long.
+func (e *Engine) AwaitStored(ctx context.Context, key string) error {
+	for {
+		e.dl.mu.Lock()
+		h := e.dl.byKey[key]
+		e.dl.mu.Unlock()
+		if h == nil {
+			return nil
+		}
+		select {
+		case <-h.done:
+		case <-ctx.Done():
+			return fmt.Errorf("shard: %d dead letters of %q not yet acknowledged by their DLQ: %w", e.AwaitedDeadLetters(key), key, ctx.Err())
+		}
+	}
 }
 
 // Len is how many dead letters the batch holds.
@@ -118,12 +235,14 @@ func (d *DeadLetters) Parked() int {
 // DLQ refused it as this message (ErrRefused, not: was unreachable or
 // failed as a whole) at its Retry.MaxAttempts-th attempt or later, which
 // parks it in the store and ends its wait (see Parked). After Wait
-// returned an error, the batch's dead letters are no longer watched: they
-// are still delivered from the store. The source did not commit, but the
-// batch's checkpoint is stored with its dead letters, so after a restart
-// it resumes past them and does not wait for them again; only a source
-// with another store (a rebalance to another bridge) reads their messages
-// again. A nil DeadLetters is done.
+// returned an error, this Wait no longer watches the batch's dead letters:
+// they are still delivered from the store, and still held for the batch's
+// checkpoint keys. The source did not commit, and the batch's checkpoint
+// is stored with its dead letters, so when it reads the partition again
+// (after a restart or a rebalance back to this bridge) it resumes past
+// them, but first waits for them with AwaitStored, which holds the
+// partition as this Wait did. A source with another store (a rebalance to
+// another bridge) reads their messages again. A nil DeadLetters is done.
 func (d *DeadLetters) Wait(ctx context.Context) error {
 	if d == nil {
 		return nil
@@ -310,3 +429,74 @@ func (s *shard) loadDLFailuresLocked() error {
 // errDLFailedBefore wraps the failure of a dead letter recorded before a
 // restart: its text is all that is kept.
 var errDLFailedBefore = errors.New("dead-letter delivery failed")
+
+// loadDLWaitsLocked restores at open the shard's dead letters a source
+// waits for (prefixDLWait records), so that a source that starts reading
+// their checkpoint key waits for them (AwaitStored) as the Handle of their
+// batch did before the restart. It runs after loadDLFailuresLocked. A
+// record is dropped when it does not decode, when its dead letter is
+// parked (the commit that parks one deletes its record), or when its dead
+// letter is not stored where it says (a version without these records
+// delivered it).
+func (s *shard) loadDLWaitsLocked() error {
+	e := s.e
+	var stale [][]byte
+	type held struct {
+		seq  uint64
+		keys []string
+	}
+	var found []held
+	err := safeCall(func() error {
+		it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: dlWaitKey(s.id, 0), UpperBound: dlWaitKey(s.id+1, 0)})
+		if err != nil {
+			return err
+		}
+		for it.First(); it.Valid(); it.Next() {
+			_, seq, fire, keys, perr := parseDLWait(it.Key(), it.Value())
+			ok := perr == nil
+			if !ok {
+				e.log.Error("dropping an awaited dead-letter record that does not decode", zap.Int("shard", s.id), zap.Error(perr))
+			}
+			if ok {
+				if f, failing := s.dlFailing[seq]; failing {
+					// loadDLFailuresLocked checked it is stored.
+					ok = !f.parked
+				} else {
+					_, stored, gerr := getCopy(e.db, appendTaskKey(nil, s.id, fire, seq))
+					if gerr != nil {
+						it.Close()
+						return gerr
+					}
+					ok = stored
+				}
+			}
+			if !ok {
+				stale = append(stale, slices.Clone(it.Key()))
+				continue
+			}
+			found = append(found, held{seq, keys})
+		}
+		return it.Close()
+	})
+	if err != nil {
+		return fmt.Errorf("shard %d: read awaited dead letters: %w", s.id, err)
+	}
+	if len(found) > 0 {
+		e.dl.mu.Lock()
+		for _, h := range found {
+			e.holdLocked(h.seq, h.keys)
+		}
+		e.dl.mu.Unlock()
+	}
+	if len(stale) > 0 {
+		b := e.db.NewBatch()
+		defer b.Close()
+		for _, k := range stale {
+			b.Delete(k, nil)
+		}
+		if err := safeCall(func() error { return b.Commit(pebble.NoSync) }); err != nil {
+			return fmt.Errorf("shard %d: drop stale awaited dead-letter records: %w", s.id, err)
+		}
+	}
+	return nil
+}

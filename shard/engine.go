@@ -337,6 +337,9 @@ func (e *Engine) recover() error {
 			if errs[i] = s.loadLocked(now); errs[i] == nil {
 				errs[i] = s.loadDLFailuresLocked()
 			}
+			if errs[i] == nil {
+				errs[i] = s.loadDLWaitsLocked()
+			}
 		}()
 	}
 	wg.Wait()
@@ -792,6 +795,22 @@ func (e *Engine) ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 	for _, cp := range cps {
 		b.Set(offsetKey(cp.Key), appendCheckpointValue(nil, cp), nil)
 	}
+	// The dead letters the source waits for, with the batch's checkpoint
+	// keys: a restart holds the source of those keys for them again (see
+	// AwaitStored). Not those of a batch without checkpoints: no source
+	// resumes past them.
+	var waitKeys []string
+	if await {
+		waitKeys = dlWaitKeys(cps)
+	}
+	if len(waitKeys) > 0 {
+		for i := range tasks {
+			if a := &acts[i]; tasks[i].Kind == codec.KindDeadLetter && a.seq != 0 {
+				val = appendDLWait(val[:0], a.fire, waitKeys)
+				b.Set(dlWaitKey(route[i], a.seq), val, nil)
+			}
+		}
+	}
 	start := time.Now()
 	applied, err := e.applyInOrder(tk, b, "ingest")
 	if applied {
@@ -807,7 +826,7 @@ func (e *Engine) ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 	// them, so no delivery can come before its waiter.
 	var dls *DeadLetters
 	if await && err == nil {
-		dls = e.awaitDeadLetters(tasks, acts)
+		dls = e.awaitDeadLetters(tasks, acts, waitKeys)
 	}
 	// The wheels may see the tasks.
 	for sh, pb := range pbs {

@@ -600,7 +600,9 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			pb.delta--
 			acked = append(acked, i)
 			if t.Kind == codec.KindDeadLetter {
-				e.deadLetterAcked(it.seq)
+				if e.deadLetterAcked(it.seq) {
+					b.Delete(dlWaitKey(s.id, it.seq), nil)
+				}
 				if _, failing := s.dlFailing[it.seq]; failing {
 					b.Delete(dlFailureKey(s.id, it.seq), nil)
 				}
@@ -656,7 +658,11 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			// full) holds its source until it is fixed (CONTRACT §3).
 			refused := errors.Is(derr, ErrRefused) && int(t.Attempts) >= e.opts.Retry.MaxAttempts
 			if refused {
-				e.deadLetterParked(it.seq)
+				if _, held := e.deadLetterParked(it.seq); held {
+					// Its source no longer waits for it, after a
+					// restart neither.
+					b.Delete(dlWaitKey(s.id, it.seq), nil)
+				}
 			}
 			if s.dlFailedLocked(it.seq, derr, refused) {
 				parkedNow = append(parkedNow, dlRefusal{i, derr})

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -24,6 +25,9 @@ import (
 //	c|shard u16                       -> pending count i64 (merge: sum)
 //	m                                 -> last sequence u64 (merge: max)
 //	n                                 -> shard count u16 (fixed at creation)
+//	f|shard u16|seq u64               -> failing dead letter (appendDLFailure)
+//	w|shard u16|seq u64               -> awaited dead letter: fire u64, its
+//	                                     batch's checkpoint keys (appendDLWait)
 //
 // The pending counters and the sequence are merge operands, so concurrent
 // batches never read-modify-write them and recovery reads N+1 keys instead
@@ -39,6 +43,9 @@ const (
 	// prefixDLFailure: a dead letter whose last delivery failed (see
 	// appendDLFailure), so a restart knows it is still failing.
 	prefixDLFailure = 'f'
+	// prefixDLWait: a dead letter a source waits for (see appendDLWait),
+	// so that after a restart its partition still waits for it.
+	prefixDLWait = 'w'
 )
 
 const taskKeyLen = 1 + 2 + 8 + 8
@@ -160,6 +167,79 @@ func parseDLFailure(k, v []byte) (shard int, seq uint64, fire int64, parked bool
 	}
 	return int(binary.BigEndian.Uint16(k[1:3])), binary.BigEndian.Uint64(k[3:11]),
 		int64(binary.BigEndian.Uint64(v[:8])), v[8] == 1, string(v[9:]), true
+}
+
+const dlWaitKeyLen = 1 + 2 + 8
+
+func dlWaitKey(shard int, seq uint64) []byte {
+	k := make([]byte, 0, dlWaitKeyLen)
+	k = append(k, prefixDLWait)
+	k = binary.BigEndian.AppendUint16(k, uint16(shard))
+	return binary.BigEndian.AppendUint64(k, seq)
+}
+
+// dlWaitMaxKeys bounds the checkpoint keys of one awaited dead letter's
+// record (a batch has one or two).
+const dlWaitMaxKeys = 64
+
+// appendDLWait encodes the record of a dead letter a source waits for: the
+// fire time it was stored with (so a restart can tell the record still
+// matches a stored dead letter) and the checkpoint keys of its batch, each
+// a u16 length and the key:
+//
+//	fire u64 | n u16 | n × (len u16 | key)
+//
+// Keys longer than 65535 bytes or more than dlWaitMaxKeys keys are not
+// written (checkpoint keys are short): the caller passes what fits.
+func appendDLWait(dst []byte, fire int64, keys []string) []byte {
+	dst = binary.BigEndian.AppendUint64(dst, fireU64(fire))
+	dst = binary.BigEndian.AppendUint16(dst, uint16(len(keys)))
+	for _, k := range keys {
+		dst = binary.BigEndian.AppendUint16(dst, uint16(len(k)))
+		dst = append(dst, k...)
+	}
+	return dst
+}
+
+// errDLWaitRecord: a stored awaited-dead-letter record that does not decode.
+var errDLWaitRecord = errors.New("corrupt awaited dead-letter record")
+
+// parseDLWait decodes a record of appendDLWait: at least one key, none
+// empty, no trailing bytes.
+func parseDLWait(k, v []byte) (shard int, seq uint64, fire int64, keys []string, err error) {
+	if len(k) != dlWaitKeyLen || k[0] != prefixDLWait {
+		return 0, 0, 0, nil, fmt.Errorf("%w: key %x", errDLWaitRecord, k)
+	}
+	if len(v) < 10 {
+		return 0, 0, 0, nil, fmt.Errorf("%w: value of %d bytes", errDLWaitRecord, len(v))
+	}
+	shard, seq = int(binary.BigEndian.Uint16(k[1:3])), binary.BigEndian.Uint64(k[3:11])
+	f := binary.BigEndian.Uint64(v[:8])
+	if f > math.MaxInt64 {
+		return 0, 0, 0, nil, fmt.Errorf("%w: fire time %d", errDLWaitRecord, f)
+	}
+	n := int(binary.BigEndian.Uint16(v[8:10]))
+	if n == 0 || n > dlWaitMaxKeys {
+		return 0, 0, 0, nil, fmt.Errorf("%w: %d checkpoint keys", errDLWaitRecord, n)
+	}
+	rest := v[10:]
+	keys = make([]string, 0, n)
+	for range n {
+		if len(rest) < 2 {
+			return 0, 0, 0, nil, fmt.Errorf("%w: truncated", errDLWaitRecord)
+		}
+		l := int(binary.BigEndian.Uint16(rest))
+		rest = rest[2:]
+		if l == 0 || len(rest) < l {
+			return 0, 0, 0, nil, fmt.Errorf("%w: key of %d bytes, %d left", errDLWaitRecord, l, len(rest))
+		}
+		keys = append(keys, string(rest[:l]))
+		rest = rest[l:]
+	}
+	if len(rest) != 0 {
+		return 0, 0, 0, nil, fmt.Errorf("%w: %d trailing bytes", errDLWaitRecord, len(rest))
+	}
+	return shard, seq, int64(f), keys, nil
 }
 
 // order is the replace/cancel stamp of CONTRACT §1.
