@@ -46,6 +46,21 @@ type CheckpointLoader interface {
 	LoadCheckpoint(key string) (cp shard.Checkpoint, ok bool, err error)
 }
 
+// DeadLetterAwaiter is implemented by Handlers that keep, across restarts
+// and partition hand-overs, the dead letters whose DLQ acknowledgement a
+// source waits for (the Pipeline does). Handle's wait for a batch's dead
+// letters ends when its source stops, but the batch's checkpoint is stored
+// with them, so a source that reads the partition (stream) again resumes
+// past their messages. Before it commits or acks anything of a checkpoint
+// key, it calls AwaitDeadLetters, which returns once every dead letter of
+// that key's batches was acknowledged by its DLQ or parked, or with ctx's
+// error (CONTRACT §3).
+type DeadLetterAwaiter interface {
+	// AwaitedDeadLetters is how many dead letters key waits for now.
+	AwaitedDeadLetters(key string) int
+	AwaitDeadLetters(ctx context.Context, key string) error
+}
+
 // Item is a source message and the rules of the configured source it came from.
 type Item struct {
 	Msg   codec.Message

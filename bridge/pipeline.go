@@ -133,6 +133,35 @@ func (p *Pipeline) LoadCheckpoint(key string) (shard.Checkpoint, bool, error) {
 
 var _ CheckpointLoader = (*Pipeline)(nil)
 
+// storedAwaiter is what an Engine offers to hold a source for dead letters
+// stored before it started (*shard.Engine does).
+type storedAwaiter interface {
+	AwaitedDeadLetters(key string) int
+	AwaitStored(ctx context.Context, key string) error
+}
+
+// AwaitedDeadLetters implements DeadLetterAwaiter: 0 with an engine that
+// keeps no awaited dead letters.
+func (p *Pipeline) AwaitedDeadLetters(key string) int {
+	if a, ok := p.eng.(storedAwaiter); ok {
+		return a.AwaitedDeadLetters(key)
+	}
+	return 0
+}
+
+// AwaitDeadLetters implements DeadLetterAwaiter; with an engine that keeps
+// no awaited dead letters it returns nil at once.
+func (p *Pipeline) AwaitDeadLetters(ctx context.Context, key string) error {
+	if a, ok := p.eng.(storedAwaiter); ok {
+		if err := a.AwaitStored(ctx, key); err != nil {
+			return fmt.Errorf("bridge: %w", err)
+		}
+	}
+	return nil
+}
+
+var _ DeadLetterAwaiter = (*Pipeline)(nil)
+
 // ErrNoTransport is returned for a task aimed at a transport the bridge has
 // no publisher for (e.g. "nats:x" on a Kafka-only bridge whose config changed
 // after the task was stored). The engine retries it and finally dead-letters

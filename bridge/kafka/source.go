@@ -315,6 +315,9 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 	stop := context.AfterFunc(gctx, cancel)
 	defer stop()
 
+	if !s.awaitDeadLetters(wctx, h, key, log) {
+		return
+	}
 	st, ok := s.startOffset(wctx, h, topic, pa.ID, pa.Offset, log)
 	if !ok {
 		return
