@@ -1,0 +1,76 @@
+package service
+
+import (
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// TestDLQNotAuthorizedHoldsCommitAcrossRestart is
+// TestDLQNotAuthorizedHoldsCommit with a restart while the DLQ topic may
+// not be written (CONTRACT §3): the bad message's checkpoint is stored
+// with its dead letter, so the restarted bridge resumes past it, but it
+// holds the partition until the DLQ took the dead letter: the group's
+// offset stays at the bad message and the good messages after it are not
+// read, while the other partitions go on. Once the DLQ may be written, the
+// dead letter goes out, the commit moves past and the good messages are
+// delivered.
+func TestDLQNotAuthorizedHoldsCommitAcrossRestart(t *testing.T) {
+	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 2}\n")
+	svc, stop := e.start()
+	committed := func(partition int32) int64 {
+		gi := e.kc.GroupInfo("bridge")
+		if gi == nil {
+			return -1
+		}
+		c, ok := gi.Commits[kafkaDelay][partition]
+		if !ok {
+			return -1
+		}
+		return c.Offset
+	}
+	e.publishKafka(0, time.Time{}, []byte("k0"), []byte("good"), "delay-after", "1h", "delay-target", "orders")
+	eventually(t, "the good message's commit", func() bool { return committed(0) == 1 })
+
+	deny := e.kc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: kafkaDLQ, Err: kerr.TopicAuthorizationFailed, Count: -1})
+	e.publishKafka(0, time.Time{}, []byte("k1"), []byte("bad"), "delay-target", "orders") // missing-due
+	eventually(t, "readiness to report the DLQ", func() bool { return svc.Ready() != nil })
+	e.advanceUntil("refused produces", func([]delivery) bool { return deny.Hits() >= 2 })
+	if off := committed(0); off != 1 {
+		t.Fatalf("committed offset %d while the DLQ topic may not be written, want 1", off)
+	}
+
+	stop() // Handle gives up its wait; nothing committed
+	if off := committed(0); off != 1 {
+		t.Fatalf("committed offset %d after the stop, want 1", off)
+	}
+	svc2, _ := e.start()
+	e.publishKafka(0, time.Time{}, []byte("k2"), []byte("after-0"), "delay-after", "1s", "delay-target", "orders")
+	e.publishKafka(1, time.Time{}, []byte("k3"), []byte("other-1"), "delay-after", "1s", "delay-target", "orders")
+	// The restarted bridge runs: it retries the dead letter, and reads
+	// and delivers partition 1.
+	hits := deny.Hits()
+	e.advanceUntil("partition 1 delivered and the dead letter retried", func(ds []delivery) bool {
+		return len(byValue(ds, kafkaOut)["other-1"]) > 0 && deny.Hits() >= hits+3
+	})
+	eventually(t, "partition 1's commit", func() bool { return committed(1) == 1 })
+	if off := committed(0); off != 1 {
+		t.Fatalf("committed offset %d after the restart while the DLQ topic may not be written, want 1 (not past the bad message)", off)
+	}
+	if n := len(byValue(e.deliveries(), kafkaOut)["after-0"]); n != 0 {
+		t.Fatalf("%d deliveries of a message after the held bad message", n)
+	}
+	if err := svc2.Ready(); err == nil {
+		t.Fatal("ready after the restart while the DLQ topic may not be written")
+	}
+
+	deny.Remove()
+	e.advanceUntil("the dead letter and the message after it", func(ds []delivery) bool {
+		return len(byValue(ds, kafkaDLQ)["bad"]) > 0 && len(byValue(ds, kafkaOut)["after-0"]) > 0
+	})
+	eventually(t, "the commit past the bad message", func() bool { return committed(0) == 3 })
+	eventually(t, "readiness after the DLQ took it", func() bool { return svc2.Ready() == nil })
+}
