@@ -707,6 +707,9 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 		return ErrNoConsumer
 	}
 	cons := ref.c
+	if err := s.awaitDeadLetters(ctx, h); err != nil {
+		return err
+	}
 	info, err := cons.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("nats source: consumer info: %w", err)

@@ -1,9 +1,11 @@
 package service
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -73,4 +75,79 @@ func TestDLQNotAuthorizedHoldsCommitAcrossRestart(t *testing.T) {
 	})
 	eventually(t, "the commit past the bad message", func() bool { return committed(0) == 3 })
 	eventually(t, "readiness after the DLQ took it", func() bool { return svc2.Ready() == nil })
+}
+
+// TestNATSDLQOutageHoldsAckAcrossRestart is TestNATSDLQOutageHoldsAck
+// (the DLQ stream full, DiscardNew: it fails as a whole) with a restart
+// meanwhile: the stored floor is past the bad message, but the restarted
+// consumer holds until the DLQ took its dead letter, so neither the
+// redelivered bad message nor a message after it is acked; then both go
+// through.
+func TestNATSDLQOutageHoldsAckAcrossRestart(t *testing.T) {
+	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 2}\n")
+	svc, stop := e.start()
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ackFloor := func() uint64 {
+		c, err := js.Consumer(ctx, "DELAY", "bridge")
+		if err != nil {
+			return 0
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return 0
+		}
+		return info.AckFloor.Stream
+	}
+	attempts, err := e.nc.SubscribeSync("dlq.delay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer attempts.Unsubscribe()
+	tried := func() int { n, _, _ := attempts.Pending(); return n }
+	e.publishNATS("delay.o", []byte("good"), "delay-after", "1h", "delay-target", "orders.o")
+	eventually(t, "the good message's ack", func() bool { return ackFloor() == 1 })
+
+	dlqStream := func(limit int64) {
+		t.Helper()
+		cfg := jetstream.StreamConfig{Name: "DLQ", Subjects: []string{"dlq.>"}, MaxMsgs: limit, Discard: jetstream.DiscardNew}
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := js.Publish(ctx, "dlq.filler", []byte("filler")); err != nil {
+		t.Fatal(err)
+	}
+	dlqStream(1)
+	e.publishNATS("delay.o", []byte("bad"), "delay-target", "orders.o") // missing-due
+	eventually(t, "readiness to report the DLQ", func() bool { return svc.Ready() != nil })
+	e.advanceUntil("failed attempts", func([]delivery) bool { return tried() >= 2 })
+
+	stop()
+	if f := ackFloor(); f != 1 {
+		t.Fatalf("ack floor %d after the stop, want 1", f)
+	}
+	svc2, _ := e.start()
+	e.publishNATS("delay.o", []byte("after"), "delay-after", "1s", "delay-target", "orders.o")
+	n := tried()
+	e.advanceUntil("the dead letter retried after the restart", func([]delivery) bool { return tried() >= n+3 })
+	if f := ackFloor(); f != 1 {
+		t.Fatalf("ack floor %d after the restart while the DLQ cannot be written, want 1 (the bad message not acked)", f)
+	}
+	if k := len(byValue(e.deliveries(), "orders.o")["after"]); k != 0 {
+		t.Fatalf("%d deliveries of a message after the held bad message", k)
+	}
+	if err := svc2.Ready(); err == nil {
+		t.Fatal("ready after the restart while the DLQ cannot be written")
+	}
+
+	dlqStream(-1)
+	e.advanceUntil("the dead letter and the message after it", func(ds []delivery) bool {
+		return len(byValue(ds, "dlq.delay")["bad"]) > 0 && len(byValue(ds, "orders.o")["after"]) > 0
+	})
+	eventually(t, "the acks past the bad message", func() bool { return ackFloor() == 3 })
+	eventually(t, "readiness after the DLQ recovered", func() bool { return svc2.Ready() == nil })
 }
