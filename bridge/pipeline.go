@@ -50,7 +50,11 @@ func NewPipeline(eng Engine, log *zap.Logger) *Pipeline {
 // its DLQ refuses as this message (shard.ErrRefused: over its size limit, a
 // record the broker rejects) at the last attempt of the retry policy: it is
 // parked (kept in the store, retried, the bridge not ready) and Handle
-// returns, so the source commits past it.
+// returns, so the source commits past it. A Handle that returns ctx's error
+// leaves the batch's dead letters held for its checkpoint keys, in the
+// store too: the source that reads that partition again, after a restart
+// or a rebalance back to this bridge, waits for them (AwaitDeadLetters)
+// before it commits anything of it.
 func (p *Pipeline) Handle(ctx context.Context, b *Batch) error {
 	if len(b.Items) == 0 && len(b.Checkpoints) == 0 {
 		return nil
