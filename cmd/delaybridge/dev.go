@@ -19,6 +19,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/bridge/service"
 	"github.com/delaybridge/delaybridge/config"
+	"github.com/delaybridge/delaybridge/internal/benchrun"
 )
 
 // devOptions are the flags of `delaybridge dev`.
@@ -105,6 +106,7 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger
 		kfake.Ports(o.kafkaPort),
 		kfake.SeedTopics(3, "delay", "delay.dlq", "orders"),
 		kfake.AllowAutoTopicCreation(),
+		kfake.BrokerConfigs(benchrun.KfakeBrokerConfigs()),
 	}
 	if o.dataDir != "" {
 		kopts = append(kopts, kfake.DataDir(filepath.Join(root, "kafka")))

@@ -37,12 +37,29 @@ type broker struct {
 	dir       string
 }
 
+// KfakeSegmentBytes is log.segment.bytes of the in-process Kafka broker
+// (kfake) of bench and dev. kfake keeps a segment in memory in one byte
+// slice that doubles when full: copying a 32 or 64 MiB segment (its
+// 100 MiB default allows that) under the broker's lock stalled every
+// produce and fetch for 30-100 ms, about once a second at 5000 msg/s,
+// which showed as the bridge's p99 lateness (a probe client of the bench
+// process stalled at the same moments as the bridge's publishes). With
+// 4 MiB segments a doubling copies at most 2 MiB. A real broker appends to
+// files; Kafka's own minimum is 1 MiB.
+const KfakeSegmentBytes = 4 << 20
+
+// KfakeBrokerConfigs is the broker configuration bench and dev give kfake.
+func KfakeBrokerConfigs() map[string]string {
+	return map[string]string{"log.segment.bytes": strconv.Itoa(KfakeSegmentBytes)}
+}
+
 func startBroker(transport, dir string) (*broker, error) {
 	b := &broker{transport: transport, dir: dir}
 	switch transport {
 	case Kafka:
 		kc, err := kfake.NewCluster(kfake.NumBrokers(1),
-			kfake.SeedTopics(3, "delay", "delay.dlq", "orders", "raw.in", "raw.out"))
+			kfake.SeedTopics(3, "delay", "delay.dlq", "orders", "raw.in", "raw.out"),
+			kfake.BrokerConfigs(KfakeBrokerConfigs()))
 		if err != nil {
 			return nil, fmt.Errorf("benchrun: kfake: %w", err)
 		}
