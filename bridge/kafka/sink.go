@@ -520,8 +520,16 @@ func batchRefusal(err error) bool {
 	if errors.As(err, &own) {
 		return false
 	}
-	return errors.Is(err, kafkago.MessageSizeTooLarge) || errors.Is(err, kafkago.InvalidRecord) ||
-		errors.Is(err, kafkago.InvalidMessage)
+	return recordRefusal(err)
+}
+
+// recordRefusal reports whether err is a broker answer that refuses a
+// record or its batch as such: MESSAGE_TOO_LARGE (max.message.bytes),
+// RECORD_LIST_TOO_LARGE (a batch larger than the topic's segment.bytes),
+// INVALID_RECORD and CORRUPT_MESSAGE.
+func recordRefusal(err error) bool {
+	return errors.Is(err, kafkago.MessageSizeTooLarge) || errors.Is(err, kafkago.RecordListTooLarge) ||
+		errors.Is(err, kafkago.InvalidRecord) || errors.Is(err, kafkago.InvalidMessage)
 }
 
 // staleOnes returns the indexes of errors caused by a moved leader.
@@ -553,14 +561,14 @@ func publishError(topic string, err error) error {
 
 // refused reports whether the broker refused the record itself, so that it
 // will never take it as is: larger than the topic or broker allows
-// (MESSAGE_TOO_LARGE, also kafka-go's own check against BatchBytes), or a
+// (MESSAGE_TOO_LARGE, also kafka-go's own check against BatchBytes;
+// RECORD_LIST_TOO_LARGE, larger than a log segment), or a
 // record the broker rejects (INVALID_RECORD, CORRUPT_MESSAGE: e.g. a
 // record without a key for a compacted topic). A failure of the topic as a
 // whole (missing, not authorized, no leader) is not a refusal: it heals
 // when the operator fixes the topic.
 func refused(err error) bool {
-	return errors.Is(err, kafkago.MessageSizeTooLarge) || errors.Is(err, kafkago.InvalidRecord) ||
-		errors.Is(err, kafkago.InvalidMessage)
+	return recordRefusal(err)
 }
 
 // unavailable reports whether a publish failed for want of a working

@@ -395,8 +395,8 @@ func TestPublishErrorClass(t *testing.T) {
 }
 
 // TestSinkRefusals: through a broker, the per-record refusals
-// (MESSAGE_TOO_LARGE, INVALID_RECORD, CORRUPT_MESSAGE, and the sink's own
-// size check) wrap shard.ErrRefused; a topic the principal may not write
+// (MESSAGE_TOO_LARGE, INVALID_RECORD, CORRUPT_MESSAGE, RECORD_LIST_TOO_LARGE
+// and the sink's own size check) wrap shard.ErrRefused; a topic the principal may not write
 // and a missing topic do not (nor ErrUnavailable): a dead letter to such a
 // DLQ must hold its source, never be parked.
 func TestSinkRefusals(t *testing.T) {
@@ -410,6 +410,7 @@ func TestSinkRefusals(t *testing.T) {
 		{"message too large", kerr.MessageTooLarge, "out", false, true},
 		{"invalid record", kerr.InvalidRecord, "out", false, true},
 		{"corrupt message", kerr.CorruptMessage, "out", false, true},
+		{"record list too large", kerr.RecordListTooLarge, "out", false, true},
 		{"over batch bytes", nil, "out", true, true},
 		{"topic not authorized", kerr.TopicAuthorizationFailed, "out", false, false},
 		{"policy violation", kerr.PolicyViolation, "out", false, false},

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -196,6 +197,42 @@ func TestSinkBatchInvalidRefusesOnlyTheBadRecord(t *testing.T) {
 	}
 }
 
+// A record larger than the topic's segment.bytes makes the broker refuse
+// its batch as RECORD_LIST_TOO_LARGE (the batch must fit in one segment):
+// only that record is refused.
+func TestSinkBatchRecordListTooLargeRefusesOnlyTheHugeRecord(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "dlq"))
+	var faulted atomic.Int64
+	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "dlq", Err: kerr.RecordListTooLarge, Count: -1,
+		When: func(req kmsg.Request) bool {
+			for _, rt := range req.(*kmsg.ProduceRequest).Topics {
+				for _, rp := range rt.Partitions {
+					if bytes.Contains(rp.Records, []byte("huge")) {
+						faulted.Add(1)
+						return true
+					}
+				}
+			}
+			return false
+		}})
+	s := newSplitSink(t, c)
+	batch := []*codec.Task{task("dlq", "a", "good-a"), task("dlq", "h", "huge"), task("dlq", "b", "good-b")}
+	errs := s.Deliver(context.Background(), batch)
+	if len(errs) != 3 || errs[0] != nil || errs[2] != nil {
+		t.Fatalf("Deliver: %v, want only the huge record to fail", errs)
+	}
+	if !errors.Is(errs[1], shard.ErrRefused) || !errors.Is(errs[1], kafkago.RecordListTooLarge) {
+		t.Fatalf("huge record: %v, want shard.ErrRefused and RECORD_LIST_TOO_LARGE", errs[1])
+	}
+	if n := faulted.Load(); n != 2 { // in the batch of three, then alone
+		t.Fatalf("%d batches held the huge record, want 2", n)
+	}
+	got := consumeAll(t, c, "dlq", 2)
+	if len(got) != 2 || string(got[0].Value) != "good-a" || string(got[1].Value) != "good-b" {
+		t.Fatalf("dlq holds %d records: %v", len(got), got)
+	}
+}
+
 // kafka-go batches the records of concurrent calls together: a record sent
 // alone in its Deliver call may still share a refused batch. Each is sent
 // again alone and acknowledged.
@@ -242,6 +279,7 @@ func TestBatchRefusal(t *testing.T) {
 		{"message too large", kafkago.MessageSizeTooLarge, true},
 		{"invalid record", kafkago.InvalidRecord, true},
 		{"corrupt message", kafkago.InvalidMessage, true},
+		{"record list too large", kafkago.RecordListTooLarge, true},
 		{"wrapped", fmt.Errorf("x: %w", kafkago.InvalidRecord), true},
 		{"over BatchBytes", kafkago.MessageTooLargeError{}, false},
 		{"missing topic", kafkago.UnknownTopicOrPartition, false},
