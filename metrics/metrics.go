@@ -42,6 +42,11 @@ type Metrics struct {
 	SourceErrors         *prometheus.CounterVec   // source
 	SourceLag            *prometheus.GaugeVec     // source, partition
 	Ready                prometheus.Gauge
+
+	// StuckDropped counts the stuck entries an operator removed from the
+	// store (admin DELETE /v1/stuck/...), by their state then: held or
+	// parked dead letters, undecodable envelopes.
+	StuckDropped *prometheus.CounterVec // state
 }
 
 // New builds the instruments and registers them on r (nil: not registered).
@@ -62,6 +67,9 @@ func New(r prometheus.Registerer) *Metrics {
 		DeadLettersParkedNow: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "delaybridge_dead_letters_parked", Help: "Dead letters parked now (see delaybridge_dead_letters_parked_total): in the store, retried, not yet in their DLQ. Stored with each retry, so it survives a restart.",
 		}),
+		StuckDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "delaybridge_stuck_dropped_total", Help: "Stuck store entries an operator dropped for good through the admin API (DELETE /v1/stuck/{shard}/{seq}), by state: held (a dead letter whose DLQ fails), parked (a dead letter its DLQ refuses as this message), undecodable (an envelope that cannot be decoded). A dead letter dropped while being published that its DLQ took anyway counts as dead-lettered instead.",
+		}, []string{"state"}),
 		Cancelled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "delaybridge_cancelled_total", Help: "Pending tasks cancelled (by delay-cancel, tombstone or admin API) and not delivered; one already being published when cancelled counts here only if that publish failed, else as fired.",
 		}, []string{"source"}),
@@ -117,8 +125,11 @@ func New(r prometheus.Registerer) *Metrics {
 	for _, c := range codec.Codes {
 		m.DeadLettered.WithLabelValues(string(c))
 	}
+	for _, st := range []string{"held", "parked", "undecodable"} {
+		m.StuckDropped.WithLabelValues(st)
+	}
 	if r != nil {
-		r.MustRegister(m.Ingested, m.Fired, m.DeadLettered, m.DeadLettersParked, m.DeadLettersParkedNow, m.Cancelled, m.Replaced, m.Dropped,
+		r.MustRegister(m.Ingested, m.Fired, m.DeadLettered, m.DeadLettersParked, m.DeadLettersParkedNow, m.StuckDropped, m.Cancelled, m.Replaced, m.Dropped,
 			m.Pending, m.InWheel, m.FireLateness, m.Overdue, m.StoreCommit, m.StoreErrors,
 			m.PublishRetries, m.PublishSeconds, m.BestEffort, m.SourceErrors, m.SourceLag, m.Ready)
 	}

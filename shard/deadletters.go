@@ -26,6 +26,9 @@ type DeadLetters struct {
 	// parked: dead letters released without an acknowledgement, because
 	// their DLQ refused them Retry.MaxAttempts times (under e.dl.mu).
 	parked int
+	// dropped: dead letters an operator removed from the store
+	// (Engine.DropStuck) before their DLQ took them (under e.dl.mu).
+	dropped int
 }
 
 // dlWaits is the registry of awaited dead letters, by store sequence.
@@ -122,7 +125,7 @@ func (e *Engine) holdLocked(seq uint64, keys []string) {
 // reports whether a source held for it (its prefixDLWait record is to be
 // deleted with it).
 func (e *Engine) deadLetterAcked(seq uint64) (held bool) {
-	_, held = e.releaseDeadLetter(seq, false)
+	_, held = e.releaseDeadLetter(seq, releaseAcked)
 	return held
 }
 
@@ -139,10 +142,22 @@ func (e *Engine) deadLetterAcked(seq uint64) (held bool) {
 // held for it (its prefixDLWait record is to be deleted in the commit
 // that parks it).
 func (e *Engine) deadLetterParked(seq uint64) (waited, held bool) {
-	return e.releaseDeadLetter(seq, true)
+	return e.releaseDeadLetter(seq, releaseParked)
 }
 
-func (e *Engine) releaseDeadLetter(seq uint64, parked bool) (waited, held bool) {
+// release is why an awaited dead letter stops being awaited.
+type release uint8
+
+const (
+	releaseAcked   release = iota // its DLQ acknowledged it
+	releaseParked                 // parked (deadLetterParked)
+	releaseDropped                // an operator dropped it (Engine.DropStuck)
+)
+
+// releaseDeadLetter ends every wait for the dead letter seq: its Handle's
+// (DeadLetters) and the hold of its checkpoint keys (AwaitStored). A dead
+// letter released already is not released again.
+func (e *Engine) releaseDeadLetter(seq uint64, why release) (waited, held bool) {
 	e.dl.mu.Lock()
 	defer e.dl.mu.Unlock()
 	if keys, ok := e.dl.held[seq]; ok {
@@ -162,8 +177,11 @@ func (e *Engine) releaseDeadLetter(seq uint64, parked bool) (waited, held bool) 
 		return false, held
 	}
 	delete(e.dl.m, seq)
-	if parked {
+	switch why {
+	case releaseParked:
 		d.parked++
+	case releaseDropped:
+		d.dropped++
 	}
 	if d.left--; d.left == 0 {
 		close(d.done)
@@ -229,12 +247,25 @@ func (d *DeadLetters) Parked() int {
 	return d.parked
 }
 
+// Dropped is how many of the batch's dead letters an operator removed from
+// the store (Engine.DropStuck) before their DLQ acknowledged them: they
+// are in neither.
+func (d *DeadLetters) Dropped() int {
+	if d == nil {
+		return 0
+	}
+	d.e.dl.mu.Lock()
+	defer d.e.dl.mu.Unlock()
+	return d.dropped
+}
+
 // Wait returns nil once the DLQ broker acknowledged every dead letter of
 // the batch, or ctx's error. A dead letter whose DLQ cannot be written is
 // retried by the fire loop until it can: Wait waits as long, unless the
 // DLQ refused it as this message (ErrRefused, not: was unreachable or
 // failed as a whole) at its Retry.MaxAttempts-th attempt or later, which
-// parks it in the store and ends its wait (see Parked). After Wait
+// parks it in the store and ends its wait (see Parked), or an operator
+// dropped it (Engine.DropStuck, see Dropped). After Wait
 // returned an error, this Wait no longer watches the batch's dead letters:
 // they are still delivered from the store, and still held for the batch's
 // checkpoint keys. The source did not commit, and the batch's checkpoint
@@ -274,6 +305,9 @@ type dlFailure struct {
 	// last one.
 	at     uint64
 	parked bool
+	// fire is where its t key is: the next try (as of the last failure,
+	// or the prefixDLFailure record read at open).
+	fire int64
 }
 
 // dlFailedLocked records a failed delivery of the dead letter seq. refused
@@ -281,7 +315,7 @@ type dlFailure struct {
 // Retry.MaxAttempts attempts or more: it enters the parked set, where it
 // stays until its DLQ acknowledges it or it leaves the store. It reports
 // whether it entered the parked set now.
-func (s *shard) dlFailedLocked(seq uint64, err error, refused bool) (parkedNow bool) {
+func (s *shard) dlFailedLocked(seq uint64, fire int64, err error, refused bool) (parkedNow bool) {
 	e := s.e
 	if s.dlFailing == nil {
 		s.dlFailing = make(map[uint64]dlFailure)
@@ -307,6 +341,7 @@ func (s *shard) dlFailedLocked(seq uint64, err error, refused bool) (parkedNow b
 			s.dlHeld++
 		}
 	}
+	f.fire = fire
 	s.dlFailing[seq] = f
 	return parkedNow
 }
@@ -400,7 +435,7 @@ func (s *shard) loadDLFailuresLocked() error {
 			if s.dlFailing == nil {
 				s.dlFailing = make(map[uint64]dlFailure)
 			}
-			s.dlFailing[seq] = dlFailure{err: fmt.Errorf("%w (before the last restart): %s", errDLFailedBefore, text), at: e.dlTick.Add(1), parked: parked}
+			s.dlFailing[seq] = dlFailure{err: fmt.Errorf("%w (before the last restart): %s", errDLFailedBefore, text), at: e.dlTick.Add(1), parked: parked, fire: fire}
 			if parked {
 				s.dlParked++
 				e.m.DeadLettersParkedNow.Inc()

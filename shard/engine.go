@@ -78,7 +78,7 @@ type Engine struct {
 	closed  bool
 	running atomic.Bool
 
-	commitIngest, commitFire, commitRetry, commitCancel prometheus.Observer
+	commitIngest, commitFire, commitRetry, commitCancel, commitDrop prometheus.Observer
 
 	// Index filters (filter.go): a background loop builds them at open and
 	// when one is full.
@@ -138,6 +138,11 @@ type shard struct {
 	dlFailing        map[uint64]dlFailure
 	dlHeld, dlParked int
 	outageErr        error // last ErrUnavailable from the sink, nil after a delivery succeeds
+
+	// undecodable: stored tasks whose envelope the fire loop could not
+	// decode, by seq (see stuck.go); they stay in the store, out of the
+	// wheel, until an operator drops them.
+	undecodable map[uint64]undecodable
 
 	// Fire-loop parking, so Ingest can wake the loop for an earlier due and
 	// tests can tell when the loop is idle.
@@ -248,6 +253,7 @@ func Open(opts Options) (*Engine, error) {
 	e.commitFire = e.m.StoreCommit.WithLabelValues("fire")
 	e.commitRetry = e.m.StoreCommit.WithLabelValues("retry")
 	e.commitCancel = e.m.StoreCommit.WithLabelValues("cancel")
+	e.commitDrop = e.m.StoreCommit.WithLabelValues("drop")
 	if err := e.recover(); err != nil {
 		db.Close()
 		return nil, err
@@ -477,6 +483,12 @@ func (s *shard) drainLocked() {
 		head := s.queue[0]
 		s.queue[0] = nil
 		s.queue = s.queue[1:]
+		if len(s.undecodable) > 0 {
+			// Replaced or cancelled by id, or dropped: gone from the store.
+			for _, seq := range head.dels {
+				delete(s.undecodable, seq)
+			}
+		}
 		s.dropOverlayLocked(head)
 		for _, op := range head.ops {
 			delete(s.unwheeled, op.seq)
@@ -504,7 +516,24 @@ const (
 	notSuperseded supersession = iota
 	replacedInFlight
 	cancelledInFlight
+	// An operator dropped a failing dead letter (Engine.DropStuck) held,
+	// or parked.
+	droppedHeldInFlight
+	droppedParkedInFlight
 )
+
+// dropped reports whether an operator's drop superseded the task.
+func (s supersession) dropped() bool {
+	return s == droppedHeldInFlight || s == droppedParkedInFlight
+}
+
+// state is the state of a dropped dead letter at its drop.
+func (s supersession) state() StuckState {
+	if s == droppedParkedInFlight {
+		return StuckParked
+	}
+	return StuckHeld
+}
 
 // supersedeLocked records that pb deletes the stored task seq (a replace,
 // or a cancel when by is cancelledInFlight). If the task is in flight its

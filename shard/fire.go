@@ -98,8 +98,10 @@ type fireItem struct {
 	seq  uint64
 	task *codec.Task
 	// corrupt: dropped because its envelope cannot be decoded (it stays
-	// in the store); a dropped item without it is gone from the store.
-	corrupt bool
+	// in the store, see shard.undecodable); a dropped item without it is
+	// gone from the store. decodeErr says why.
+	corrupt   bool
+	decodeErr error
 }
 
 func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit) {
@@ -450,7 +452,7 @@ func (s *shard) readClaimed(claimed []fireItem) (items, dropped, retry []fireIte
 			// is; leave it in the store and say so.
 			s.e.log.Error("fire: undecodable task left in store", zap.Int("shard", s.id),
 				zap.Int64("fire_ms", it.fire), zap.Uint64("seq", it.seq), zap.Error(err))
-			it.corrupt = true
+			it.corrupt, it.decodeErr = true, err
 			dropped = append(dropped, it)
 			continue
 		}
@@ -462,7 +464,9 @@ func (s *shard) readClaimed(claimed []fireItem) (items, dropped, retry []fireIte
 
 // settleClaimed releases claimed entries that will not be delivered:
 // dropped ones leave the in-flight set (and, when gone from the store, the
-// failing dead letters), retry ones also go back to the wheel.
+// failing dead letters; when undecodable, they join the shard's
+// undecodable set unless a replace, cancel or drop is deleting them),
+// retry ones also go back to the wheel.
 func (s *shard) settleClaimed(dropped, retry []fireItem) {
 	if len(dropped) == 0 && len(retry) == 0 {
 		return
@@ -470,10 +474,14 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, it := range dropped {
+		sup := s.inflight[it.seq]
 		delete(s.inflight, it.seq)
 		s.clearLateLocked(it.seq)
-		if !it.corrupt {
+		switch {
+		case !it.corrupt:
 			s.dlDoneLocked(it.seq)
+		case sup == notSuperseded:
+			s.noteUndecodableLocked(it.fire, it.seq, it.decodeErr)
 		}
 	}
 	for _, it := range retry {
@@ -557,9 +565,14 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		unparked  []int
 		// unavailable: retried without an attempt charged (ErrUnavailable)
 		unavailable []int
-		outageErr   error
-		heldErr     error // a dead letter's failure that holds its source
-		anyRetry    bool
+		// droppedNow: dead letters an operator dropped while in flight,
+		// which their DLQ did not take (counted as dropped);
+		// droppedAcked: such ones it took anyway (counted as fired).
+		droppedNow   []dlDrop
+		droppedAcked []int
+		outageErr    error
+		heldErr      error // a dead letter's failure that holds its source
+		anyRetry     bool
 	)
 	heldBefore := s.dlHeld
 	for i := range items {
@@ -581,8 +594,13 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			switch {
 			case derr == nil:
 				acked = append(acked, i)
+				if sup.dropped() {
+					droppedAcked = append(droppedAcked, i)
+				}
 			case sup == cancelledInFlight:
 				cancelled = append(cancelled, i)
+			case sup.dropped():
+				droppedNow = append(droppedNow, dlDrop{i, sup.state()})
 			}
 			continue
 		}
@@ -664,7 +682,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 					b.Delete(dlWaitKey(s.id, it.seq), nil)
 				}
 			}
-			if s.dlFailedLocked(it.seq, derr, refused) {
+			if s.dlFailedLocked(it.seq, fire, derr, refused) {
 				parkedNow = append(parkedNow, dlRefusal{i, derr})
 			}
 			// Kept with the retry, so that after a restart the engine
@@ -722,6 +740,15 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	for _, i := range cancelled {
 		e.m.Cancelled.WithLabelValues(items[i].task.Source).Inc()
 	}
+	for _, d := range droppedNow {
+		e.m.StuckDropped.WithLabelValues(string(d.state)).Inc()
+	}
+	for _, i := range droppedAcked {
+		t := items[i].task
+		e.log.Info("a dead letter dropped by an operator while it was being published reached its DLQ anyway",
+			zap.Int("shard", s.id), zap.Uint64("seq", items[i].seq), zap.String("source", t.Source),
+			zap.String("origin", t.Origin), zap.String("dlq", t.Transport.String()+":"+t.Target))
+	}
 	for _, i := range acked {
 		t := items[i].task
 		kind := "task"
@@ -772,6 +799,13 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		e.log.Info("dead-letter delivery recovered", zap.Int("shard", s.id))
 	}
 	return fc
+}
+
+// dlDrop is a dead letter of a fire batch (its index) that an operator
+// dropped while it was in flight, with its state at the drop.
+type dlDrop struct {
+	i     int
+	state StuckState
 }
 
 // dlRefusal is a dead letter of a fire batch (its index) that entered the
