@@ -117,6 +117,10 @@ func (p *Pipeline) Handle(ctx context.Context, b *Batch) error {
 		p.log.Warn("committing past dead letters their DLQ refused as these messages at the last attempt of the retry policy; they stay in the store and are retried",
 			zap.Int("parked", k), zap.Int("dead_letters", dls.Len()))
 	}
+	if k := dls.Dropped(); k > 0 {
+		p.log.Warn("committing past dead letters an operator dropped from the store (admin API); they never reached their DLQ",
+			zap.Int("dropped", k), zap.Int("dead_letters", dls.Len()))
+	}
 	return nil
 }
 
