@@ -1,8 +1,9 @@
 // Package admin serves delaybridge's operator HTTP API (CONTRACT §7):
-// liveness and readiness probes, Prometheus metrics, and task lookup, cancel
-// and engine statistics. Handlers are thin: each calls one typed method of
-// the engine and only encodes its result, so the same data is available to
-// Go callers and tests without HTTP.
+// liveness and readiness probes, Prometheus metrics, task lookup, cancel
+// and engine statistics, and (an extension of the contract) the stuck
+// entries of the store with a way to drop one. Handlers are thin: each
+// calls one typed method of the engine and only encodes its result, so the
+// same data is available to Go callers and tests without HTTP.
 //
 // Routes:
 //
@@ -12,6 +13,8 @@
 //	GET    /v1/tasks/{source}/{id}   JSON shard.TaskInfo; 404 if no task is pending
 //	DELETE /v1/tasks/{source}/{id}   204 after cancelling; 404 if no task is pending
 //	GET    /v1/stats                 JSON shard.Stats
+//	GET    /v1/stuck?limit=N         JSON shard.StuckList: held and parked dead letters, undecodable entries
+//	DELETE /v1/stuck/{shard}/{seq}   204 after dropping that entry for good; 404 if it is not listed
 //	GET    /debug/pprof/...          Go runtime profiles, only with Options.Pprof
 //
 // {source} is the delay topic (Kafka) or stream (NATS) the task came from.
@@ -19,6 +22,17 @@
 // raw ("a/b"): everything after the source segment is the id. Ids with
 // empty, "." or ".." segments ("a//b", "a/../b") must be escaped; sent raw
 // they are refused with 400 rather than redirected to another id.
+//
+// /v1/stuck lists what will not leave the store by itself (see
+// shard.StuckState): dead letters whose DLQ fails (held: their source
+// partition waits) or refuses them (parked), and entries whose envelope
+// does not decode, which may be ordinary tasks. They are not all dead
+// letters and have no usable (source, id) (dead letters have no id index
+// entry; an undecodable envelope cannot say its id), so the route is
+// /v1/stuck and an entry is named by its place in the store, {shard} and
+// {seq} as listed. limit is 1..1000 (default 100; larger is cut to
+// 1000); "total" counts them all. Dropping is an operator's decision to
+// lose that message: a held dead letter's source then commits past it.
 //
 // When Options.Token is set, /metrics, /v1/* and /debug/pprof/* require
 // "Authorization: Bearer <token>"; the probes stay open for the kubelet.
@@ -37,6 +51,7 @@ import (
 	"net/http/pprof"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -56,6 +71,11 @@ type Engine interface {
 	// shard.ErrNotFound.
 	Cancel(source, id string) error
 	Stats() shard.Stats
+	// StuckEntries lists the stuck entries, at most limit.
+	StuckEntries(limit int) (shard.StuckList, error)
+	// DropStuck removes a listed stuck entry for good, or returns
+	// shard.ErrNotFound.
+	DropStuck(shard int, seq uint64) error
 }
 
 // Options configure the handler.
@@ -133,6 +153,8 @@ func NewHandler(o Options) http.Handler {
 		http.MethodDelete: s.deleteTask,
 	})
 	route("/v1/stats", true, map[string]http.HandlerFunc{http.MethodGet: s.stats})
+	route("/v1/stuck", true, map[string]http.HandlerFunc{http.MethodGet: s.listStuck})
+	route("/v1/stuck/{shard}/{seq}", true, map[string]http.HandlerFunc{http.MethodDelete: s.dropStuck})
 	if o.Pprof {
 		// Index also serves the named profiles (heap, goroutine, ...).
 		for path, h := range map[string]http.HandlerFunc{
@@ -262,6 +284,53 @@ func (s *server) stats(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, s.o.Engine.Stats())
+}
+
+func (s *server) listStuck(w http.ResponseWriter, r *http.Request) {
+	limit := shard.DefaultStuckLimit
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit %q: want an integer from 1 to %d", v, shard.MaxStuckLimit))
+			return
+		}
+		limit = min(n, shard.MaxStuckLimit)
+	}
+	if !s.haveEngine(w) {
+		return
+	}
+	list, err := s.o.Engine.StuckEntries(limit)
+	if err != nil {
+		s.engineError(w, "stuck", "", "", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+func (s *server) dropStuck(w http.ResponseWriter, r *http.Request) {
+	sh, err1 := strconv.ParseUint(r.PathValue("shard"), 10, 16)
+	seq, err2 := strconv.ParseUint(r.PathValue("seq"), 10, 64)
+	if err1 != nil || err2 != nil {
+		writeError(w, http.StatusBadRequest, "want /v1/stuck/{shard}/{seq} with the decimal shard and seq of an entry GET /v1/stuck lists")
+		return
+	}
+	if !s.haveEngine(w) {
+		return
+	}
+	if err := s.o.Engine.DropStuck(int(sh), seq); err != nil {
+		if errors.Is(err, shard.ErrNotFound) {
+			writeError(w, http.StatusNotFound, fmt.Sprintf("no stuck entry %d/%d (GET /v1/stuck lists them)", sh, seq))
+			return
+		}
+		s.engineError(w, "drop stuck", "", fmt.Sprintf("%d/%d", sh, seq), err)
+		return
+	}
+	// The engine logs the drop with what it knew of the entry; this says
+	// who asked.
+	s.log.Info("admin: stuck entry dropped", zap.Uint64("shard", sh), zap.Uint64("seq", seq),
+		zap.String("remote", r.RemoteAddr))
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *server) haveEngine(w http.ResponseWriter) bool {

@@ -138,6 +138,11 @@ func TestAuth(t *testing.T) {
 		{"stats right", "GET", "/v1/stats", "Bearer " + token, 200, false},
 		{"scheme case-insensitive", "GET", "/v1/stats", "bearer " + token, 200, false},
 		{"task right", "GET", "/v1/tasks/delay/order-1", "Bearer " + token, 200, false},
+		{"stuck missing", "GET", "/v1/stuck", "", 401, true},
+		{"drop stuck missing", "DELETE", "/v1/stuck/0/1", "", 401, true},
+		{"drop stuck wrong", "DELETE", "/v1/stuck/0/1", "Bearer nope", 401, true},
+		{"stuck right", "GET", "/v1/stuck", "Bearer " + token, 200, false},
+		{"drop stuck right, nothing listed", "DELETE", "/v1/stuck/0/1", "Bearer " + token, 404, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -359,6 +364,10 @@ func TestMethodsAndPaths(t *testing.T) {
 		allow        string
 	}{
 		{"POST", "/v1/stats", 405, "GET, HEAD"},
+		{"POST", "/v1/stuck", 405, "GET, HEAD"},
+		{"DELETE", "/v1/stuck", 405, "GET, HEAD"},
+		{"GET", "/v1/stuck/0/1", 405, "DELETE"},
+		{"PUT", "/v1/stuck/0/1", 405, "DELETE"},
 		{"PUT", "/v1/tasks/delay/order-1", 405, "DELETE, GET, HEAD"},
 		{"POST", "/healthz", 405, "GET, HEAD"},
 		{"DELETE", "/readyz", 405, "GET, HEAD"},
@@ -388,6 +397,10 @@ type errEngine struct{ err error }
 func (e errEngine) Lookup(string, string) (shard.TaskInfo, error) { return shard.TaskInfo{}, e.err }
 func (e errEngine) Cancel(string, string) error                   { return e.err }
 func (e errEngine) Stats() shard.Stats                            { return shard.Stats{} }
+func (e errEngine) StuckEntries(int) (shard.StuckList, error) {
+	return shard.StuckList{}, e.err
+}
+func (e errEngine) DropStuck(int, uint64) error { return e.err }
 
 func TestEngineErrors(t *testing.T) {
 	tests := []struct {
@@ -405,12 +418,18 @@ func TestEngineErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := httptest.NewServer(NewHandler(Options{Engine: tt.engine, Gatherer: prometheus.NewRegistry()}))
 			defer srv.Close()
-			for _, m := range []string{"GET", "DELETE"} {
-				r := do(t, m, srv.URL+"/v1/tasks/delay/x", "")
+			for _, c := range [][2]string{{"GET", "/v1/tasks/delay/x"}, {"DELETE", "/v1/tasks/delay/x"},
+				{"DELETE", "/v1/stuck/0/1"}} {
+				r := do(t, c[0], srv.URL+c[1], "")
 				if r.code != tt.code {
-					t.Fatalf("%s = %d %q, want %d", m, r.code, r.body, tt.code)
+					t.Fatalf("%s %s = %d %q, want %d", c[0], c[1], r.code, r.body, tt.code)
 				}
 				jsonError(t, r)
+			}
+			if tt.code != 404 { // listing has nothing to find
+				if r := do(t, "GET", srv.URL+"/v1/stuck", ""); r.code != tt.code {
+					t.Fatalf("GET /v1/stuck = %d %q, want %d", r.code, r.body, tt.code)
+				}
 			}
 		})
 	}
