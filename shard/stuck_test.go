@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -42,6 +43,19 @@ func recordsOf(t *testing.T, e *Engine, p byte) [][]byte {
 		out = append(out, slices.Clone(it.Key()))
 	}
 	return out
+}
+
+// released returns what AwaitStored (awaitAsync) returned; the deadline
+// only turns a hang into a failure.
+func released(t *testing.T, ch chan error) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(20 * time.Second):
+		t.Fatal("AwaitStored still waits")
+		return nil
+	}
 }
 
 // taskKeys returns the t keys in the store.
@@ -123,8 +137,13 @@ func TestDropStuckDeadLetter(t *testing.T) {
 			if err := h.e.DropStuck(got.Shard, got.Seq); err != nil {
 				t.Fatalf("DropStuck: %v", err)
 			}
-			if err := <-awaited; err != nil {
+			if err := released(t, awaited); err != nil {
 				t.Fatalf("AwaitStored after the drop = %v", err)
+			}
+			for p, name := range map[byte]string{prefixDLFailure: "f", prefixDLWait: "w"} {
+				if recs := recordsOf(t, h.e, p); len(recs) != 0 {
+					t.Fatalf("%s records after the drop: %x", name, recs)
+				}
 			}
 			if ok, err := waitReleased(d); !ok {
 				t.Fatalf("Handle wait after the drop: %v", err)
@@ -243,8 +262,11 @@ func TestDropStuckUndecodable(t *testing.T) {
 			t.Fatalf("DropStuck(0, %d): %v", seq, err)
 		}
 	}
-	if err := <-awaited; err != nil {
+	if err := released(t, awaited); err != nil {
 		t.Fatalf("AwaitStored after the drop = %v", err)
+	}
+	if recs := recordsOf(t, h.e, prefixDLWait); len(recs) != 0 {
+		t.Fatalf("w records after the drop: %x", recs)
 	}
 	if got := testutil.ToFloat64(m.StuckDropped.WithLabelValues(string(StuckUndecodable))); got != 2 {
 		t.Fatalf("dropped counter %v, want 2", got)
@@ -372,6 +394,9 @@ func TestDropStuckInFlight(t *testing.T) {
 			denied := errors.New("kafka: publish to \"dlq\": TOPIC_AUTHORIZATION_FAILED")
 			h.sink.setFail(func(*codec.Task) error { return denied })
 			g := &gateSink{recSink: h.sink, entered: make(chan struct{}), release: make(chan struct{})}
+			var once sync.Once
+			release := func() { once.Do(func() { close(g.release) }) }
+			t.Cleanup(release) // before the harness stops the loop blocked in the sink
 			ctxRun, cancel := context.WithCancel(ctx)
 			h.cancel, h.done = cancel, make(chan error, 1)
 			go func() { h.done <- h.e.Run(ctxRun, g) }()
@@ -390,7 +415,11 @@ func TestDropStuckInFlight(t *testing.T) {
 			gate := "bad"
 			g.gate.Store(&gate)
 			h.clk.Set(l[0].NextFire)
-			<-g.entered
+			select {
+			case <-g.entered:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the retry did not reach the sink")
+			}
 			if acked {
 				h.sink.setFail(nil)
 			}
@@ -400,11 +429,11 @@ func TestDropStuckInFlight(t *testing.T) {
 			if ok, err := waitReleased(d); !ok {
 				t.Fatalf("Handle wait after the drop: %v", err)
 			}
-			if err := h.e.AwaitStored(ctx, key); err != nil {
+			if err := released(t, awaitAsync(h.e, key)); err != nil {
 				t.Fatal(err)
 			}
 			g.gate.Store(nil)
-			close(g.release)
+			release()
 			h.settle()
 			h.advance(10 * time.Second)
 			if n := h.sink.deliveriesOf("bad"); n != 2 {
@@ -445,5 +474,60 @@ func TestDropStuckInFlight(t *testing.T) {
 				t.Fatalf("after a restart: Err %v, awaited %d, pending %d", h.e.Err(), h.e.AwaitedDeadLetters(key), h.e.Stats().Pending)
 			}
 		})
+	}
+}
+
+// An undecodable task that a replace is deleting (decided, not yet
+// applied) is no longer stuck: it is not listed and DropStuck does not
+// touch it, so the pending count is taken down once, by the replace.
+func TestDropStuckWhileReplaced(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, func(o *Options) { o.Shards = 1 })
+	due := t0.Add(time.Second)
+	h.ingest([]codec.Task{sched("a", due, 1)})
+	corrupt(t, h.e, taskKeys(t, h.e)[0])
+	h.run()
+	h.set(due)
+	if l := stuckOf(t, h.e); len(l) != 1 || l[0].Seq != 1 {
+		t.Fatalf("stuck entries %+v, want the undecodable task", l)
+	}
+	decided, proceed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	resume := func() { once.Do(func() { close(proceed) }) }
+	t.Cleanup(resume)
+	h.e.testHookIngestDecided = func() { close(decided); <-proceed }
+	ingested := make(chan error, 1)
+	go func() { ingested <- h.e.Ingest(ctx, []codec.Task{sched("a", due.Add(time.Second), 2)}, nil) }()
+	<-decided
+	h.e.testHookIngestDecided = nil
+	if l := stuckOf(t, h.e); len(l) != 0 {
+		t.Fatalf("listed while a replace deletes it: %+v", l)
+	}
+	dropped := make(chan error, 1)
+	go func() { dropped <- h.e.DropStuck(0, 1) }()
+	select {
+	case err := <-dropped:
+		if !errors.Is(err, ErrNotFound) {
+			t.Fatalf("DropStuck while a replace deletes it = %v, want ErrNotFound", err)
+		}
+	case <-time.After(20 * time.Second): // only turns a hang into a failure
+		resume()
+		t.Fatalf("DropStuck waits for the replace: %v", <-dropped)
+	}
+	resume()
+	if err := <-ingested; err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+	if l := stuckOf(t, h.e); len(l) != 0 {
+		t.Fatalf("listed after the replace deleted it: %+v", l)
+	}
+	if p := h.e.Stats().Pending; p != 1 {
+		t.Fatalf("%d pending, want the new a", p)
+	}
+	h.checkPending()
+	h.advance(time.Second)
+	if got := h.sink.acked(); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("delivered %v, want the new a once", got)
 	}
 }
