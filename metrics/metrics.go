@@ -47,6 +47,11 @@ type Metrics struct {
 	// store (admin DELETE /v1/stuck/...), by their state then: held or
 	// parked dead letters, undecodable envelopes.
 	StuckDropped *prometheus.CounterVec // state
+	// Undecodable is how many stored entries the fire loops found with an
+	// envelope that does not decode (since the process started: the set
+	// lives in memory and is found again after a restart as the entries
+	// come due).
+	Undecodable prometheus.Gauge
 }
 
 // New builds the instruments and registers them on r (nil: not registered).
@@ -63,6 +68,9 @@ func New(r prometheus.Registerer) *Metrics {
 		}, []string{"reason"}),
 		DeadLettersParked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "delaybridge_dead_letters_parked_total", Help: "Dead letters parked: their DLQ refused them as the message they are (too large, a record the broker rejects; not: unreachable, no permission, no stream, full) at the last attempt of the retry policy or later. Their source commits past them; they stay in the store and are retried until the DLQ takes them.",
+		}),
+		Undecodable: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "delaybridge_undecodable_entries", Help: "Stored tasks and dead letters whose envelope does not decode, found by the fire loops since start: they cannot be delivered and stay in the store (an awaited dead letter among them holds its source) until dropped with DELETE /v1/stuck/{shard}/{seq}.",
 		}),
 		DeadLettersParkedNow: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "delaybridge_dead_letters_parked", Help: "Dead letters parked now (see delaybridge_dead_letters_parked_total): in the store, retried, not yet in their DLQ. Stored with each retry, so it survives a restart.",
@@ -129,7 +137,7 @@ func New(r prometheus.Registerer) *Metrics {
 		m.StuckDropped.WithLabelValues(st)
 	}
 	if r != nil {
-		r.MustRegister(m.Ingested, m.Fired, m.DeadLettered, m.DeadLettersParked, m.DeadLettersParkedNow, m.StuckDropped, m.Cancelled, m.Replaced, m.Dropped,
+		r.MustRegister(m.Ingested, m.Fired, m.DeadLettered, m.DeadLettersParked, m.DeadLettersParkedNow, m.StuckDropped, m.Undecodable, m.Cancelled, m.Replaced, m.Dropped,
 			m.Pending, m.InWheel, m.FireLateness, m.Overdue, m.StoreCommit, m.StoreErrors,
 			m.PublishRetries, m.PublishSeconds, m.BestEffort, m.SourceErrors, m.SourceLag, m.Ready)
 	}

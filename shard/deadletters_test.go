@@ -359,10 +359,18 @@ func TestDeadLetterFailuresSurviveRestart(t *testing.T) {
 	restart := func() *metrics.Metrics {
 		t.Helper()
 		h.stop()
+		prev := h.opts.Metrics
 		m := metrics.New(nil) // a new process
 		h.opts.Metrics = m
 		h.reopen()
+		// The closed engine took its parked dead letters off the gauge.
+		if got := testutil.ToFloat64(prev.DeadLettersParkedNow); got != 0 {
+			t.Fatalf("parked gauge of the closed engine %v, want 0", got)
+		}
 		return m
+	}
+	if got := testutil.ToFloat64(h.opts.Metrics.DeadLettersParkedNow); got != 1 {
+		t.Fatalf("parked gauge %v, want 1", got)
 	}
 	m := restart()
 	err = h.e.Err()

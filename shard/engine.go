@@ -486,7 +486,7 @@ func (s *shard) drainLocked() {
 		if len(s.undecodable) > 0 {
 			// Replaced or cancelled by id, or dropped: gone from the store.
 			for _, seq := range head.dels {
-				delete(s.undecodable, seq)
+				s.forgetUndecodableLocked(seq)
 			}
 		}
 		s.dropOverlayLocked(head)
@@ -1231,12 +1231,15 @@ func (s *shard) firstStoredLocked(from int64) (int64, bool) {
 // source waiting) until each is delivered, and parked ones (refused by
 // their DLQ as the message they are, see deadLetterParked) until each is
 // delivered or leaves the store. Both survive a restart (see
-// loadDLFailuresLocked).
+// loadDLFailuresLocked). It also reports the entries the fire loops found
+// undecodable (see StuckEntries) until they leave the store: they can
+// never be delivered, and an awaited dead letter among them holds its
+// source. That set is found again after a restart as the entries come due.
 func (e *Engine) Err() error {
 	if err := e.failed(); err != nil {
 		return err
 	}
-	return e.deadLetterErr()
+	return errors.Join(e.deadLetterErr(), e.undecodableErr())
 }
 
 // Close flushes and closes the store. Call it after Run returned. Every
@@ -1260,6 +1263,14 @@ func (e *Engine) close(flush bool) error {
 	e.closed = true
 	e.bgCancel()
 	<-e.bgDone
+	// The gauges of state this engine holds in memory leave with it (a
+	// store reopened in the same process counts its own again).
+	for _, sh := range e.shards {
+		sh.mu.Lock()
+		e.m.Undecodable.Sub(float64(len(sh.undecodable)))
+		e.m.DeadLettersParkedNow.Sub(float64(sh.dlParked))
+		sh.mu.Unlock()
+	}
 	var errs []error
 	if flush && e.failed() == nil {
 		// Pebble treats a store directory gone from under it as fatal

@@ -106,7 +106,49 @@ func (s *shard) noteUndecodableLocked(fire int64, seq uint64, err error) {
 	if err == nil {
 		err = errUndecodable
 	}
+	if _, ok := s.undecodable[seq]; !ok {
+		s.e.m.Undecodable.Inc()
+	}
 	s.undecodable[seq] = undecodable{fire: fire, err: err}
+}
+
+// forgetUndecodableLocked takes seq out of the undecodable set: it left the
+// store (replaced, cancelled or dropped).
+func (s *shard) forgetUndecodableLocked(seq uint64) {
+	if _, ok := s.undecodable[seq]; ok {
+		delete(s.undecodable, seq)
+		s.e.m.Undecodable.Dec()
+	}
+}
+
+// undecodableErr reports the undecodable entries of all shards, and how
+// many of them are dead letters a source waits for. Nil when there are
+// none.
+func (e *Engine) undecodableErr() error {
+	var n, held int
+	var first error
+	var firstSeq uint64
+	for _, s := range e.shards {
+		s.mu.Lock()
+		if len(s.undecodable) > 0 {
+			e.dl.mu.Lock()
+			for seq, u := range s.undecodable {
+				n++
+				if _, ok := e.dl.held[seq]; ok {
+					held++
+				}
+				if first == nil || seq < firstSeq {
+					first, firstSeq = u.err, seq
+				}
+			}
+			e.dl.mu.Unlock()
+		}
+		s.mu.Unlock()
+	}
+	if n == 0 {
+		return nil
+	}
+	return fmt.Errorf("shard: %d stored entries cannot be decoded and stay in the store, %d of them dead letters their sources wait for (GET /v1/stuck lists them, DELETE /v1/stuck/{shard}/{seq} drops one): %w", n, held, first)
 }
 
 var errUndecodable = errors.New("envelope does not decode")
@@ -368,7 +410,7 @@ func (e *Engine) DropStuck(shardID int, seq uint64) error {
 	s.mu.Lock()
 	// The fire loop may have done it already, having found the key gone.
 	s.dlDoneLocked(seq)
-	delete(s.undecodable, seq)
+	s.forgetUndecodableLocked(seq)
 	s.mu.Unlock()
 	e.releaseDeadLetter(seq, releaseDropped)
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -236,6 +237,14 @@ func TestDropStuckUndecodable(t *testing.T) {
 		l[0].Error == "" || l[0].Code != "" || !slices.Equal(l[0].HeldKeys, []string{key}) {
 		t.Fatalf("stuck entries %+v, want the undecodable dead letter holding %s", l, key)
 	}
+	// Not ready: the dead letter's source waits for it for good.
+	if err := h.e.Err(); err == nil || !strings.Contains(err.Error(), "1 stored entries cannot be decoded") ||
+		!strings.Contains(err.Error(), "1 of them dead letters their sources wait for") {
+		t.Fatalf("Err = %v, want the undecodable held dead letter", err)
+	}
+	if got := testutil.ToFloat64(m.Undecodable); got != 1 {
+		t.Fatalf("undecodable gauge %v, want 1", got)
+	}
 	// Found again after a restart.
 	h.stop()
 	h.reopen()
@@ -248,6 +257,13 @@ func TestDropStuckUndecodable(t *testing.T) {
 	if len(l) != 2 || l[0].Seq != dlSeq || l[1].Seq != taskSeq || l[1].State != StuckUndecodable ||
 		!l[1].NextFire.Equal(due) || len(l[1].HeldKeys) != 0 {
 		t.Fatalf("stuck entries after the restart %+v, want the dead letter, then the task", l)
+	}
+	if err := h.e.Err(); err == nil || !strings.Contains(err.Error(), "2 stored entries cannot be decoded") ||
+		!strings.Contains(err.Error(), "1 of them dead letters") {
+		t.Fatalf("Err after the restart = %v, want both undecodable entries", err)
+	}
+	if got := testutil.ToFloat64(m.Undecodable); got != 2 {
+		t.Fatalf("undecodable gauge %v after the restart, want 2", got)
 	}
 	if lim, err := h.e.StuckEntries(1); err != nil || lim.Total != 2 || len(lim.Entries) != 1 || lim.Entries[0].Seq != dlSeq {
 		t.Fatalf("StuckEntries(1) = %+v, %v", lim, err)
@@ -273,6 +289,12 @@ func TestDropStuckUndecodable(t *testing.T) {
 	}
 	if l := stuckOf(t, h.e); len(l) != 0 {
 		t.Fatalf("listed after the drop: %+v", l)
+	}
+	if err := h.e.Err(); err != nil {
+		t.Fatalf("Err after the drops = %v", err)
+	}
+	if got := testutil.ToFloat64(m.Undecodable); got != 0 {
+		t.Fatalf("undecodable gauge %v after the drops, want 0", got)
 	}
 	if _, err := h.e.Lookup("src", "a"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Lookup of the dropped task = %v, want ErrNotFound", err)
