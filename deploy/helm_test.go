@@ -1180,7 +1180,7 @@ func TestHelmNotes(t *testing.T) {
 		"single-instance per consumer group",
 		"kcat -P -b kafka:9092 -t delay", "-H delay-after=30s", "-H delay-at=", "-H delay-target=orders.expire",
 		"nats --server nats://nats:4222 pub delay.reminder", "-H delay-after:15m", "-H delay-at:", "-H delay-target:reminders.send",
-		"port-forward svc/db-delaybridge 8080:http", "/v1/stats", "Authorization: Bearer",
+		"port-forward svc/db-delaybridge 8080:http", "/v1/stats", "/v1/stuck", "DELETE /v1/stuck/SHARD/SEQ", "Authorization: Bearer",
 	} {
 		if !strings.Contains(all, want) {
 			t.Errorf("NOTES.txt (all features) does not contain %q:\n%s", want, all)
