@@ -289,12 +289,17 @@ func (s *server) stats(w http.ResponseWriter, _ *http.Request) {
 func (s *server) listStuck(w http.ResponseWriter, r *http.Request) {
 	limit := shard.DefaultStuckLimit
 	if v := r.URL.Query().Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
+		// Digits only: a number above the maximum (however large) is cut
+		// to it, as the route's doc says.
+		n, err := strconv.ParseUint(v, 10, 64)
+		if errors.Is(err, strconv.ErrRange) {
+			n, err = shard.MaxStuckLimit, nil
+		}
 		if err != nil || n < 1 {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit %q: want an integer from 1 to %d", v, shard.MaxStuckLimit))
 			return
 		}
-		limit = min(n, shard.MaxStuckLimit)
+		limit = int(min(n, shard.MaxStuckLimit))
 	}
 	if !s.haveEngine(w) {
 		return

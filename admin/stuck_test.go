@@ -132,6 +132,8 @@ func TestStuck(t *testing.T) {
 		}},
 		{"list limit", "GET", "/v1/stuck?limit=1", auth, 200, nil},
 		{"list limit over the max", "GET", "/v1/stuck?limit=100000", auth, 200, nil},
+		{"list limit over int64", "GET", "/v1/stuck?limit=99999999999999999999", auth, 200, nil},
+		{"list limit plus-signed", "GET", "/v1/stuck?limit=+5", auth, 400, nil},
 		{"list limit 0", "GET", "/v1/stuck?limit=0", auth, 400, nil},
 		{"list limit negative", "GET", "/v1/stuck?limit=-3", auth, 400, nil},
 		{"list limit not a number", "GET", "/v1/stuck?limit=ten", auth, 400, nil},

@@ -118,7 +118,7 @@ func (p *Pipeline) Handle(ctx context.Context, b *Batch) error {
 			zap.Int("parked", k), zap.Int("dead_letters", dls.Len()))
 	}
 	if k := dls.Dropped(); k > 0 {
-		p.log.Warn("committing past dead letters an operator dropped from the store (admin API); they never reached their DLQ",
+		p.log.Warn("committing past dead letters an operator dropped from the store (admin API); unless one was being published at the drop and its DLQ took it, they are in neither the store nor the DLQ",
 			zap.Int("dropped", k), zap.Int("dead_letters", dls.Len()))
 	}
 	return nil

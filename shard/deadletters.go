@@ -249,7 +249,9 @@ func (d *DeadLetters) Parked() int {
 
 // Dropped is how many of the batch's dead letters an operator removed from
 // the store (Engine.DropStuck) before their DLQ acknowledged them: they
-// are in neither.
+// are in neither, except one whose publish was under way at the drop and
+// that its DLQ took after all (it counts as dead-lettered in the metrics,
+// and here as dropped: the drop decides before that publish ends).
 func (d *DeadLetters) Dropped() int {
 	if d == nil {
 		return 0

@@ -483,11 +483,13 @@ func (s *shard) drainLocked() {
 		head := s.queue[0]
 		s.queue[0] = nil
 		s.queue = s.queue[1:]
-		if len(s.undecodable) > 0 {
-			// Replaced or cancelled by id, or dropped: gone from the store.
-			for _, seq := range head.dels {
-				s.forgetUndecodableLocked(seq)
-			}
+		// Replaced or cancelled by id, or dropped: gone from the store,
+		// so neither undecodable nor a failing dead letter any more. For
+		// a drop this must happen here, with its deleting mark cleared,
+		// or a second drop of the same entry would find it stuck again.
+		for _, seq := range head.dels {
+			s.forgetUndecodableLocked(seq)
+			s.dlDoneLocked(seq)
 		}
 		s.dropOverlayLocked(head)
 		for _, op := range head.ops {

@@ -225,6 +225,7 @@ func (e *Engine) StuckEntries(limit int) (StuckList, error) {
 		all := s.stuckAllLocked()
 		s.mu.Unlock()
 		list.Total += len(all)
+		first := len(list.Entries)
 		for _, st := range all {
 			if len(list.Entries) == limit {
 				break
@@ -235,6 +236,10 @@ func (e *Engine) StuckEntries(limit int) (StuckList, error) {
 			}
 			list.Entries = append(list.Entries, ent)
 		}
+		// A dead letter retried meanwhile is described at its new place.
+		slices.SortStableFunc(list.Entries[first:], func(a, b StuckEntry) int {
+			return cmp.Or(a.NextFire.Compare(b.NextFire), cmp.Compare(a.Seq, b.Seq))
+		})
 	}
 	return list, nil
 }
@@ -323,6 +328,16 @@ func (e *Engine) DropStuck(shardID int, seq uint64) error {
 	s.mu.Lock()
 	s.drainLocked()
 	st, ok := s.stuckLocked(seq)
+	// A dead letter (failing, or awaited by a source) has no index entry:
+	// no need to search the index for one.
+	_, deadLetter := s.dlFailing[seq]
+	if !deadLetter {
+		e.dl.mu.Lock()
+		_, held := e.dl.held[seq]
+		_, waited := e.dl.m[seq]
+		deadLetter = held || waited
+		e.dl.mu.Unlock()
+	}
 	s.mu.Unlock()
 	if !ok {
 		return ErrNotFound
@@ -334,7 +349,7 @@ func (e *Engine) DropStuck(shardID int, seq uint64) error {
 	// that points to it, without the lock (a long scan), and the find is
 	// checked again under it.
 	var ik []byte
-	if st.state == StuckUndecodable {
+	if st.state == StuckUndecodable && !deadLetter {
 		var err error
 		if ik, err = s.indexKeyOf(seq); err != nil {
 			return fmt.Errorf("shard: drop %d/%d: %w", shardID, seq, err)

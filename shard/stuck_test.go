@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -131,15 +132,22 @@ func TestDropStuckDeadLetter(t *testing.T) {
 				t.Fatalf("%d failure records, want 1", n)
 			}
 			awaited := awaitAsync(h.e, key)
-			if err, done := pendingErr(awaited); done && tc.state == StuckHeld {
+			if tc.state == StuckParked {
+				// Its park released the source already.
+				if err := released(t, awaited); err != nil {
+					t.Fatalf("AwaitStored of a parked dead letter's key = %v", err)
+				}
+			} else if err, done := pendingErr(awaited); done {
 				t.Fatalf("AwaitStored returned %v while the dead letter is held", err)
 			}
 
 			if err := h.e.DropStuck(got.Shard, got.Seq); err != nil {
 				t.Fatalf("DropStuck: %v", err)
 			}
-			if err := released(t, awaited); err != nil {
-				t.Fatalf("AwaitStored after the drop = %v", err)
+			if tc.state == StuckHeld {
+				if err := released(t, awaited); err != nil {
+					t.Fatalf("AwaitStored after the drop = %v", err)
+				}
 			}
 			for p, name := range map[byte]string{prefixDLFailure: "f", prefixDLWait: "w"} {
 				if recs := recordsOf(t, h.e, p); len(recs) != 0 {
@@ -551,5 +559,83 @@ func TestDropStuckWhileReplaced(t *testing.T) {
 	h.advance(time.Second)
 	if got := h.sink.acked(); !slices.Equal(got, []string{"a"}) {
 		t.Fatalf("delivered %v, want the new a once", got)
+	}
+}
+
+// Once a drop's commit is durable and drained by whoever holds the shard
+// lock next, the entry is no longer stuck, before DropStuck itself takes
+// the lock again: a second drop deciding in between would otherwise drop
+// it twice (the pending count and the stored count key one too low for
+// good).
+func TestDropStuckDrainedDropIsNotStuck(t *testing.T) {
+	for _, parked := range []bool{false, true} {
+		t.Run(fmt.Sprintf("parked=%v", parked), func(t *testing.T) {
+			h := newHarness(t, func(o *Options) { o.Shards = 1; o.Retry = parkPolicy })
+			fail := errors.New("kafka: publish to \"dlq\": TOPIC_AUTHORIZATION_FAILED")
+			if parked {
+				fail = fmt.Errorf("kafka: publish to \"dlq\": %w: message too large", ErrRefused)
+			}
+			h.sink.setFail(func(*codec.Task) error { return fail })
+			h.run()
+			if _, err := h.e.IngestAwait(context.Background(), []codec.Task{deadLetter("bad", 1)}, []Checkpoint{{Key: "k", Offset: 1}}); err != nil {
+				t.Fatal(err)
+			}
+			want := StuckHeld
+			if parked {
+				want = StuckParked
+			}
+			h.settle()
+			h.advanceUntil("stuck", func() bool {
+				l := stuckOf(t, h.e)
+				return len(l) == 1 && l[0].State == want
+			})
+			h.stop()
+			seq := stuckOf(t, h.e)[0].Seq
+			s := h.e.shards[0]
+			done := make(chan error, 1)
+			go func() { done <- h.e.DropStuck(0, seq) }()
+			// Hold the lock from the drop's decision on, so that its own
+			// clean-up after the commit has to wait for it.
+			var pb *pendingBatch
+			deadline := time.Now().Add(10 * time.Second)
+			for pb == nil {
+				s.mu.Lock()
+				for _, q := range s.queue {
+					if slices.Contains(q.dels, seq) {
+						pb = q
+					}
+				}
+				if pb == nil {
+					s.mu.Unlock()
+					if time.Now().After(deadline) {
+						t.Fatal("the drop never decided")
+					}
+					runtime.Gosched()
+				}
+			}
+			for !pb.synced.Load() {
+				if time.Now().After(deadline) {
+					s.mu.Unlock()
+					t.Fatal("the drop's commit never became durable")
+				}
+				runtime.Gosched()
+			}
+			s.drainLocked() // what the next lock holder does
+			st, stuck := s.stuckLocked(seq)
+			s.mu.Unlock()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if stuck {
+				t.Fatalf("seq %d is stuck (%+v) after its drop was drained: a second drop would drop it again", seq, st)
+			}
+			if err := h.e.DropStuck(0, seq); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("second DropStuck = %v, want ErrNotFound", err)
+			}
+			if p := h.e.Stats().Pending; p != 0 {
+				t.Fatalf("%d pending after the drop, want 0", p)
+			}
+			h.checkPending()
+		})
 	}
 }
