@@ -119,7 +119,7 @@ type Config struct {
 
 	// Source knobs.
 	MaxBatch      int           // messages per Handle call; default 512
-	FetchMaxBytes int           // per fetch request; default 4 MiB
+	FetchMaxBytes int           // per fetch request and partition; default 1 MiB
 	MaxWait       time.Duration // broker long-poll wait for an empty partition; default 500ms
 	// IdentityWait is how long one identity check long-polls for the
 	// record at the checkpointed offset when nothing is readable there
@@ -170,7 +170,12 @@ func (c *Config) setDefaults() {
 		c.MaxBatch = 512
 	}
 	if c.FetchMaxBytes <= 0 {
-		c.FetchMaxBytes = 4 << 20
+		// Kafka's own consumer default per partition
+		// (max.partition.fetch.bytes). A partition worker holds up to two
+		// fetches (one being handed over, one read ahead), decompressed:
+		// with 4 MiB the bridge's peak RSS in bench was 690-740 MB
+		// against 570-580 MB, and fresh memory costs page faults.
+		c.FetchMaxBytes = 1 << 20
 	}
 	def(&c.MaxWait, 500*time.Millisecond)
 	def(&c.IdentityWait, 30*time.Second)

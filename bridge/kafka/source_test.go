@@ -419,3 +419,49 @@ func TestSourceLagMetric(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A record larger than FetchMaxBytes (the default, 1 MiB) is still read:
+// the broker returns the first record batch of a fetch whatever its size
+// (KIP-74), so a large message is taken in (and dead-lettered as too-large
+// if it is) rather than stalling its partition. Records before and after it
+// are read too, uncompressed and compressed.
+func TestSourceReadsRecordLargerThanFetchMaxBytes(t *testing.T) {
+	for _, codecName := range []string{"none", "snappy"} {
+		t.Run(codecName, func(t *testing.T) {
+			c := newCluster(t)
+			if err := c.CreateTopic("delay", 1, map[string]string{"max.message.bytes": fmt.Sprint(8 << 20)}); err != nil {
+				t.Fatal(err)
+			}
+			opts := []kgo.Opt{kgo.ProducerBatchMaxBytes(8 << 20), kgo.ProducerBatchCompression(kgo.NoCompression())}
+			if codecName == "snappy" {
+				opts[1] = kgo.ProducerBatchCompression(kgo.SnappyCompression())
+			}
+			cl := producer(t, c, opts...)
+			big := make([]byte, 3<<20)
+			for i := range big {
+				big[i] = byte(i * 7919 >> 8) // not all one byte: compresses, but not to nothing
+			}
+			produce(t, cl, &kgo.Record{Topic: "delay", Value: []byte("before")})
+			produce(t, cl, &kgo.Record{Topic: "delay", Value: big})
+			produce(t, cl, &kgo.Record{Topic: "delay", Value: []byte("after")})
+			cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
+			s, err := NewSource(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.cfg.FetchMaxBytes >= len(big) {
+				t.Fatalf("FetchMaxBytes %d: the record is not larger", s.cfg.FetchMaxBytes)
+			}
+			h := newMemHandler()
+			stop := runSource(t, s, h)
+			waitFor(t, "3 messages", func() bool { return h.count() == 3 })
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			got := h.snapshot()
+			if string(got[0].Value) != "before" || !bytes.Equal(got[1].Value, big) || string(got[2].Value) != "after" {
+				t.Fatalf("read %d messages, sizes %d/%d/%d", len(got), len(got[0].Value), len(got[1].Value), len(got[2].Value))
+			}
+		})
+	}
+}
