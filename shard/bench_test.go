@@ -53,16 +53,34 @@ func benchParallel(b *testing.B, fn func(batch int64)) {
 }
 
 // BenchmarkStoreIngest: 1 KB payloads in synced batches of 128 through
-// Engine.Ingest (index lookups, index writes, envelope, counters).
-func BenchmarkStoreIngest(b *testing.B) { benchStoreIngest(b, false) }
+// Engine.Ingest (index lookups, index writes, envelope, counters). Every
+// batch's tasks are due in the same 128 ms, a day ahead: each batch's t
+// keys land among those of all earlier batches.
+func BenchmarkStoreIngest(b *testing.B) { benchStoreIngest(b, false, false) }
 
 // BenchmarkStoreIngestRandomIDs is BenchmarkStoreIngest with ids spread over
 // the key space like UUIDs or hashed order numbers: each index write and
 // lookup lands at a random place in the memtable rather than next to the
 // previous batch's.
-func BenchmarkStoreIngestRandomIDs(b *testing.B) { benchStoreIngest(b, true) }
+func BenchmarkStoreIngestRandomIDs(b *testing.B) { benchStoreIngest(b, true, false) }
 
-func benchStoreIngest(b *testing.B, randomIDs bool) {
+// BenchmarkStoreIngestRisingDue is BenchmarkStoreIngest with due times
+// that rise from batch to batch (batch n's 128 tasks are due 128 ms after
+// batch n-1's), as "now + delay" does for a steady delay: t keys arrive in
+// about key order, so flushed files overlap little. Compare it with
+// BenchmarkPebbleRawSyncedBatchRisingDue.
+func BenchmarkStoreIngestRisingDue(b *testing.B) { benchStoreIngest(b, false, true) }
+
+// benchDue is the due time of task i of batch n: base+i, or with rising
+// base+n*benchBatch+i.
+func benchDue(base, n int64, i int, rising bool) int64 {
+	if rising {
+		return base + n*benchBatch + int64(i)
+	}
+	return base + int64(i)
+}
+
+func benchStoreIngest(b *testing.B, randomIDs, rising bool) {
 	e, err := Open(Options{Dir: b.TempDir(), Logger: zap.NewNop()})
 	if err != nil {
 		b.Fatal(err)
@@ -77,7 +95,7 @@ func benchStoreIngest(b *testing.B, randomIDs bool) {
 			if randomIDs {
 				id = fmt.Sprintf("%016x", xxhash.Sum64String(id))
 			}
-			batch[i] = benchTask(id, due+int64(i))
+			batch[i] = benchTask(id, benchDue(due, n, i, rising))
 		}
 		if err := e.Ingest(ctx, batch, []Checkpoint{{Key: fmt.Sprintf("kafka|bench|%d", n%benchWriters), Offset: n}}); err != nil {
 			b.Fatal(err)
@@ -88,13 +106,17 @@ func benchStoreIngest(b *testing.B, randomIDs bool) {
 // BenchmarkPebbleRawSyncedBatch writes the same envelopes under the same
 // t keys in synced batches of 128 straight to Pebble (same options): the
 // ceiling BenchmarkStoreIngest is compared with.
-func BenchmarkPebbleRawSyncedBatch(b *testing.B) { benchRawSyncedBatch(b, rawOneKey) }
+func BenchmarkPebbleRawSyncedBatch(b *testing.B) { benchRawSyncedBatch(b, rawOneKey, false) }
+
+// BenchmarkPebbleRawSyncedBatchRisingDue is BenchmarkPebbleRawSyncedBatch
+// with the due times of BenchmarkStoreIngestRisingDue.
+func BenchmarkPebbleRawSyncedBatchRisingDue(b *testing.B) { benchRawSyncedBatch(b, rawOneKey, true) }
 
 // BenchmarkPebbleRawSyncedBatchByID writes each envelope once, under a key
 // ordered by a hash of its id: the single key per task of a layout that
 // finds tasks by id without a separate index. It shows what such a layout
 // would cost the one-key baseline before any engine work.
-func BenchmarkPebbleRawSyncedBatchByID(b *testing.B) { benchRawSyncedBatch(b, rawByID) }
+func BenchmarkPebbleRawSyncedBatchByID(b *testing.B) { benchRawSyncedBatch(b, rawByID, false) }
 
 // BenchmarkPebbleRawSyncedBatchWithIndex is the raw baseline writing
 // exactly what Ingest writes for a batch of new ids (each envelope under
@@ -102,7 +124,15 @@ func BenchmarkPebbleRawSyncedBatchByID(b *testing.B) { benchRawSyncedBatch(b, ra
 // entry under its i key, the sequence and per-shard count merges and the
 // checkpoint), without lookups or bookkeeping: it separates the cost of
 // the engine's key layout from the engine's own.
-func BenchmarkPebbleRawSyncedBatchWithIndex(b *testing.B) { benchRawSyncedBatch(b, rawWithIndex) }
+func BenchmarkPebbleRawSyncedBatchWithIndex(b *testing.B) {
+	benchRawSyncedBatch(b, rawWithIndex, false)
+}
+
+// BenchmarkPebbleRawSyncedBatchWithIndexRisingDue is
+// BenchmarkPebbleRawSyncedBatchWithIndex with rising due times.
+func BenchmarkPebbleRawSyncedBatchWithIndexRisingDue(b *testing.B) {
+	benchRawSyncedBatch(b, rawWithIndex, true)
+}
 
 type rawLayout int
 
@@ -112,7 +142,7 @@ const (
 	rawWithIndex
 )
 
-func benchRawSyncedBatch(b *testing.B, layout rawLayout) {
+func benchRawSyncedBatch(b *testing.B, layout rawLayout, rising bool) {
 	withIndex := layout == rawWithIndex
 	db, err := openPebble(b.TempDir(), nil, zap.NewNop(), 0, 0)
 	if err != nil {
@@ -127,7 +157,7 @@ func benchRawSyncedBatch(b *testing.B, layout rawLayout) {
 		var counts [benchShards]uint64
 		var last uint64
 		for i := 0; i < benchBatch; i++ {
-			t := benchTask(fmt.Sprintf("b%d-%d", n, i), due+int64(i))
+			t := benchTask(fmt.Sprintf("b%d-%d", n, i), benchDue(due, n, i, rising))
 			s := seq.Add(1)
 			sh := 0
 			if withIndex {
