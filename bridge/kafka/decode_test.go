@@ -3,7 +3,9 @@ package kafka
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"hash/crc32"
+	"slices"
 	"testing"
 	"time"
 
@@ -18,8 +20,16 @@ import (
 // what a fetch would give it.
 func wireBatch(t *testing.T, base int64, attrs int16, firstTS, maxTS int64, lastDelta int32, recs []kmsg.Record) protocol.RecordReader {
 	t.Helper()
+	return readRecordSet(t, encodeBatch(base, attrs, firstTS, maxTS, lastDelta, recs))
+}
+
+// encodeBatch is one v2 record batch as a broker stores and sends it.
+func encodeBatch(base int64, attrs int16, firstTS, maxTS int64, lastDelta int32, recs []kmsg.Record) []byte {
 	var body []byte
-	for _, r := range recs {
+	for i, r := range recs {
+		if r.OffsetDelta == 0 {
+			r.OffsetDelta = int32(i)
+		}
 		r.Length = int32(len(r.AppendTo(nil)) - 1)
 		body = r.AppendTo(body)
 	}
@@ -31,9 +41,16 @@ func wireBatch(t *testing.T, base int64, attrs int16, firstTS, maxTS int64, last
 	raw := b.AppendTo(nil)
 	binary.BigEndian.PutUint32(raw[8:12], uint32(len(raw)-12))                                          // batch length
 	binary.BigEndian.PutUint32(raw[17:21], crc32.Checksum(raw[21:], crc32.MakeTable(crc32.Castagnoli))) // crc
-	set := binary.BigEndian.AppendUint32(nil, uint32(len(raw)))
+	return raw
+}
+
+// readRecordSet reads the batches of a fetch response's record set with
+// kafka-go, as the source does.
+func readRecordSet(t *testing.T, batches []byte) protocol.RecordReader {
+	t.Helper()
+	set := binary.BigEndian.AppendUint32(nil, uint32(len(batches)))
 	var rs protocol.RecordSet
-	if _, err := rs.ReadFrom(bytes.NewReader(append(set, raw...))); err != nil {
+	if _, err := rs.ReadFrom(bytes.NewReader(append(set, batches...))); err != nil {
 		t.Fatalf("read record set: %v", err)
 	}
 	return rs.Records
@@ -66,6 +83,13 @@ func TestDecodeRecordsEdgeBatches(t *testing.T) {
 		// what the batch surely covers instead of fetching it forever.
 		{name: "empty batch at the fetch offset", base: 10, lastDelta: 4, from: 10, wantNext: 11},
 		{name: "empty batch covering the fetch offset", base: 10, lastDelta: 4, from: 12, wantNext: 13},
+		// Compaction removed a batch's last records and kept its last
+		// offset: fetched at the offset after its last record, it holds
+		// nothing from there, and the position steps past that offset.
+		{name: "tail-compacted batch covering the fetch offset", base: 0, firstTS: ts, lastDelta: 9, recs: sixRecords(),
+			from: 6, wantNext: 7},
+		{name: "tail-compacted batch read from before its end", base: 0, firstTS: ts, lastDelta: 9, recs: sixRecords(),
+			from: 3, wantItems: 3, wantNext: 6, wantTime: time.UnixMilli(ts)},
 		{name: "plain record", base: 5, firstTS: ts, recs: []kmsg.Record{delayRecord("1m")}, from: 5,
 			wantItems: 1, wantNext: 6, wantTime: time.UnixMilli(ts)},
 		// No timestamp (-1, an old message format): the fetch time, not 1969.
@@ -91,6 +115,62 @@ func TestDecodeRecordsEdgeBatches(t *testing.T) {
 			}
 			if notes.logAppendTime != c.wantLAT || notes.noTimestamp != c.wantNoTime {
 				t.Fatalf("notes %+v", notes)
+			}
+		})
+	}
+}
+
+// sixRecords are records at offset deltas 0..5.
+func sixRecords() []kmsg.Record {
+	recs := make([]kmsg.Record, 6)
+	for i := range recs {
+		recs[i] = delayRecord("1m")
+		recs[i].OffsetDelta = int32(i)
+	}
+	return recs
+}
+
+// A fetch at the offset after a tail-compacted batch's last record returns
+// that batch again, then as much of the next batch as fits in the fetch
+// size, which kafka-go drops when it is cut short. The position must still
+// move, or the partition is fetched at the same offset for good; stepping
+// one offset per fetch reaches the next batch, which then comes first and
+// whole.
+func TestDecodeTailCompactedBatchBeforeATruncatedOne(t *testing.T) {
+	first := encodeBatch(0, 0, 1, 1, 9, sixRecords()) // offsets 0..5 kept, 6..9 compacted away
+	big := delayRecord("1m")
+	big.Value = make([]byte, 1<<20)
+	second := encodeBatch(10, 0, 1, 1, 0, []kmsg.Record{big})
+	for _, cut := range []bool{false, true} {
+		t.Run(fmt.Sprintf("next batch cut=%v", cut), func(t *testing.T) {
+			offset := int64(6)
+			for fetches := 1; ; fetches++ {
+				set := append(slices.Clone(first), second...)
+				if offset >= 10 {
+					set = slices.Clone(second) // the broker starts at the batch holding the offset
+				} else if cut {
+					set = set[:len(first)+len(second)/2] // what a smaller fetch size returns
+				}
+				items, next, err := decodeRecords(readRecordSet(t, set), "delay", 0, offset, &codec.Rules{}, nil, nil, time.Now(), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if next <= offset {
+					t.Fatalf("fetch %d at %d: %d items, next %d: no progress", fetches, offset, len(items), next)
+				}
+				if len(items) > 0 {
+					if len(items) != 1 || items[0].Msg.Offset != 10 || len(items[0].Msg.Value) != 1<<20 {
+						t.Fatalf("fetch %d at %d: %d items, first at %d", fetches, offset, len(items), items[0].Msg.Offset)
+					}
+					if next != 11 {
+						t.Fatalf("next %d after the big record, want 11", next)
+					}
+					return
+				}
+				if fetches > 10 {
+					t.Fatalf("no record after %d fetches", fetches)
+				}
+				offset = next
 			}
 		})
 	}

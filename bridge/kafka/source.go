@@ -883,15 +883,21 @@ func decodeRecords(rr kafkago.RecordReader, topic string, partition int, offset 
 		case *protocol.ControlBatch:
 			control, pid, base = true, b.ProducerID, b.BaseOffset
 		}
+		last := int64(-1) // the highest record offset read from this batch
 		for read := 0; ; read++ {
 			rec, err := r.ReadRecord()
 			if errors.Is(err, io.EOF) {
-				if read == 0 && base >= 0 {
-					// A batch compaction emptied (kept for its producer
-					// state): its offsets hold nothing. kafka-go drops its
-					// last offset, so step past what it surely covers
-					// (the broker returned it, so it reaches the fetch
-					// offset) rather than fetch it again forever.
+				if base >= 0 && last < offset {
+					// A batch whose records all lie before the fetch
+					// offset (compaction removed its last ones, keeping
+					// its last offset for the producer state), or none at
+					// all (compaction emptied it): the broker returned it,
+					// so its range reaches the fetch offset, and nothing
+					// is stored from its last record to there. kafka-go
+					// drops the batch's last offset, so step past what it
+					// surely covers rather than fetch it again forever:
+					// the next batch may not fit beside it in the
+					// response, and kafka-go drops a batch cut short.
 					next = max(next, max(base, offset)+1)
 				}
 				break
@@ -902,6 +908,7 @@ func decodeRecords(rr kafkago.RecordReader, topic string, partition int, offset 
 				}
 				return items, next, err
 			}
+			last = max(last, rec.Offset)
 			if rec.Offset >= next {
 				next = rec.Offset + 1
 			}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -438,8 +439,9 @@ func TestSourceReadsRecordLargerThanFetchMaxBytes(t *testing.T) {
 			}
 			cl := producer(t, c, opts...)
 			big := make([]byte, 3<<20)
+			rng := rand.New(rand.NewPCG(1, 2))
 			for i := range big {
-				big[i] = byte(i * 7919 >> 8) // not all one byte: compresses, but not to nothing
+				big[i] = byte(rng.Uint32()) // incompressible: the compressed batch is larger than the fetch size too
 			}
 			produce(t, cl, &kgo.Record{Topic: "delay", Value: []byte("before")})
 			produce(t, cl, &kgo.Record{Topic: "delay", Value: big})
