@@ -255,6 +255,13 @@ func Open(opts Options) (*Engine, error) {
 	e.commitCancel = e.m.StoreCommit.WithLabelValues("cancel")
 	e.commitDrop = e.m.StoreCommit.WithLabelValues("drop")
 	if err := e.recover(); err != nil {
+		// The shards recovered so far may have counted parked dead
+		// letters in; a failed Open leaves no engine to take them out.
+		for _, sh := range e.shards {
+			if sh != nil {
+				e.m.DeadLettersParkedNow.Sub(float64(sh.dlParked))
+			}
+		}
 		db.Close()
 		return nil, err
 	}
