@@ -1,6 +1,7 @@
 package service
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -51,23 +53,7 @@ func TestDropHeldDeadLetter(t *testing.T) {
 
 	srv := httptest.NewServer(svc.AdminHandler())
 	defer srv.Close()
-	call := func(method, path string) (int, string) {
-		t.Helper()
-		req, err := http.NewRequest(method, srv.URL+path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer r.Body.Close()
-		b, err := io.ReadAll(r.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r.StatusCode, string(b)
-	}
+	call := func(method, path string) (int, string) { return adminCall(t, srv, method, path) }
 	code, body := call("GET", "/v1/stuck")
 	var l shard.StuckList
 	if err := json.Unmarshal([]byte(body), &l); code != 200 || err != nil {
@@ -100,5 +86,94 @@ func TestDropHeldDeadLetter(t *testing.T) {
 	e.advanceUntil("the next dead letter", func(ds []delivery) bool { return len(byValue(ds, kafkaDLQ)["bad-2"]) > 0 })
 	if n := len(byValue(e.deliveries(), kafkaDLQ)["bad"]); n != 0 {
 		t.Fatalf("the dropped dead letter reached the DLQ %d times", n)
+	}
+}
+
+// adminCall sends one request to the admin API and returns its status and
+// body.
+func adminCall(t *testing.T, srv *httptest.Server, method, path string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, srv.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.StatusCode, string(b)
+}
+
+// TestNATSDropHeldDeadLetter: the same on NATS. A full DLQ stream
+// (DiscardNew) holds the consumer's ack floor before the bad message; an
+// operator drops the held dead letter through the admin API, and the
+// consumer acks past it and delivers the message after it.
+func TestNATSDropHeldDeadLetter(t *testing.T) {
+	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 2}\n")
+	svc, _ := e.start()
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ackFloor := func() uint64 {
+		c, err := js.Consumer(ctx, "DELAY", "bridge")
+		if err != nil {
+			return 0
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return 0
+		}
+		return info.AckFloor.Stream
+	}
+	attempts, err := e.nc.SubscribeSync("dlq.delay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer attempts.Unsubscribe()
+	tried := func() int { n, _, _ := attempts.Pending(); return n }
+	e.publishNATS("delay.o", []byte("good"), "delay-after", "1h", "delay-target", "orders.o")
+	eventually(t, "the good message's ack", func() bool { return ackFloor() == 1 })
+
+	if _, err := js.Publish(ctx, "dlq.filler", []byte("filler")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.UpdateStream(ctx, jetstream.StreamConfig{Name: "DLQ", Subjects: []string{"dlq.>"}, MaxMsgs: 1, Discard: jetstream.DiscardNew}); err != nil {
+		t.Fatal(err)
+	}
+	e.publishNATS("delay.o", []byte("bad"), "delay-target", "orders.o") // missing-due
+	e.publishNATS("delay.o", []byte("after"), "delay-after", "1s", "delay-target", "orders.o")
+	eventually(t, "readiness to report the DLQ", func() bool { return svc.Ready() != nil })
+	e.advanceUntil("failed attempts past the retry policy", func([]delivery) bool { return tried() >= 3 })
+	if f := ackFloor(); f != 1 {
+		t.Fatalf("ack floor %d while the DLQ stream is full, want 1", f)
+	}
+
+	srv := httptest.NewServer(svc.AdminHandler())
+	defer srv.Close()
+	code, body := adminCall(t, srv, "GET", "/v1/stuck")
+	var l shard.StuckList
+	if err := json.Unmarshal([]byte(body), &l); code != 200 || err != nil {
+		t.Fatalf("GET /v1/stuck = %d %q (%v)", code, body, err)
+	}
+	if l.Total != 1 || l.Entries[0].State != shard.StuckHeld || l.Entries[0].Code != "missing-due" ||
+		l.Entries[0].Destination != "nats:dlq.delay" || len(l.Entries[0].HeldKeys) == 0 {
+		t.Fatalf("stuck entries %+v, want the held missing-due dead letter", l)
+	}
+	ent := l.Entries[0]
+	if code, body := adminCall(t, srv, "DELETE", fmt.Sprintf("/v1/stuck/%d/%d", ent.Shard, ent.Seq)); code != 204 {
+		t.Fatalf("DELETE = %d %q", code, body)
+	}
+	e.advanceUntil("the message after it", func(ds []delivery) bool { return len(byValue(ds, "orders.o")["after"]) > 0 })
+	eventually(t, "the ack past the dropped dead letter", func() bool { return ackFloor() == 3 })
+	eventually(t, "readiness after the drop", func() bool { return svc.Ready() == nil })
+	if code, body := adminCall(t, srv, "GET", "/v1/stuck"); code != 200 || body != "{\"entries\":[],\"total\":0}\n" {
+		t.Fatalf("GET /v1/stuck after the drop = %d %q", code, body)
 	}
 }
