@@ -1140,24 +1140,9 @@ func (e *Engine) Cancel(source, id string) error {
 	b.Set(ik, appendIndexEntry(nil, &marker), nil)
 	b.Set(appendExpiryKey(nil, s.id, marker.Expiry, source, id), nil, nil)
 	b.Merge(countKey(s.id), u64(math.MaxUint64), nil) // -1
-	start := time.Now()
-	applied, err := e.applyInOrder(tk, b, "cancel")
-	if applied {
-		if err = b.SyncWait(); err != nil {
-			err = e.fail("cancel", err)
-		}
-		e.commitCancel.Observe(time.Since(start).Seconds())
-	}
-	if err == nil {
-		b.Close()
-	}
-	if err != nil {
-		s.mu.Lock()
-		s.abandonLocked(pb)
-		s.mu.Unlock()
+	if err := s.commitDecided(tk, pb, b, "cancel", e.commitCancel); err != nil {
 		return fmt.Errorf("shard: cancel %s/%s: %w", source, id, err)
 	}
-	s.markDurable(pb)
 	if !inFlight {
 		e.m.Cancelled.WithLabelValues(source).Inc()
 	}

@@ -357,22 +357,9 @@ func (s *shard) sweep(now int64) error {
 	}
 	s.enqueueLocked(pb)
 	s.mu.Unlock()
-	applied, err := e.applyInOrder(tk, b, "sweep")
-	if applied {
-		if err = b.SyncWait(); err != nil {
-			err = e.fail("sweep", err)
-		}
-	}
-	if err == nil {
-		b.Close()
-	}
-	if err != nil {
-		s.mu.Lock()
-		s.abandonLocked(pb)
-		s.mu.Unlock()
+	if err := s.commitDecided(tk, pb, b, "sweep", nil); err != nil {
 		return err
 	}
-	s.markDurable(pb)
 	return lookErr
 }
 

@@ -3,8 +3,10 @@ package shard
 import (
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Writers (ingest, fire commits, admin cancel, marker sweep) decide under
@@ -86,6 +88,36 @@ func (e *Engine) applyInOrder(tk *commitTicket, b *pebble.Batch, op string) (app
 		return false, err
 	}
 	return true, nil
+}
+
+// commitDecided applies b, whose decisions pb holds, in ticket order, waits
+// for its fsync (timed by obs when not nil) and then marks pb durable. On
+// failure the decisions are taken back (abandonLocked) and the error,
+// sticky once the store failed, is returned. It is the tail of every
+// single-shard write decided under the shard lock (cancel, drop, the
+// cancel-marker sweep).
+func (s *shard) commitDecided(tk *commitTicket, pb *pendingBatch, b *pebble.Batch, op string, obs prometheus.Observer) error {
+	e := s.e
+	start := time.Now()
+	applied, err := e.applyInOrder(tk, b, op)
+	if applied {
+		if err = b.SyncWait(); err != nil {
+			err = e.fail(op, err)
+		}
+		if obs != nil {
+			obs.Observe(time.Since(start).Seconds())
+		}
+	}
+	if err != nil {
+		// Not closed: after a failed commit the pipeline may still hold b.
+		s.mu.Lock()
+		s.abandonLocked(pb)
+		s.mu.Unlock()
+		return err
+	}
+	b.Close()
+	s.markDurable(pb)
+	return nil
 }
 
 // overlayEntry is an index change decided but possibly not yet visible in

@@ -404,24 +404,9 @@ func (e *Engine) DropStuck(shardID int, seq uint64) error {
 	b.Delete(dlFailureKey(s.id, seq), nil)
 	b.Delete(dlWaitKey(s.id, seq), nil)
 	b.Merge(countKey(s.id), u64(math.MaxUint64), nil) // -1
-	start := time.Now()
-	applied, err := e.applyInOrder(tk, b, "drop")
-	if applied {
-		if err = b.SyncWait(); err != nil {
-			err = e.fail("drop", err)
-		}
-		e.commitDrop.Observe(time.Since(start).Seconds())
-	}
-	if err == nil {
-		b.Close()
-	}
-	if err != nil {
-		s.mu.Lock()
-		s.abandonLocked(pb)
-		s.mu.Unlock()
+	if err := s.commitDecided(tk, pb, b, "drop", e.commitDrop); err != nil {
 		return fmt.Errorf("shard: drop %d/%d: %w", shardID, seq, err)
 	}
-	s.markDurable(pb)
 	s.mu.Lock()
 	// The fire loop may have done it already, having found the key gone.
 	s.dlDoneLocked(seq)
