@@ -412,8 +412,34 @@ func (e *Engine) deadLetterErr() error {
 // dropped.
 func (s *shard) loadDLFailuresLocked() error {
 	e := s.e
-	lo := dlFailureKey(s.id, 0)
-	hi := dlFailureKey(s.id+1, 0)
+	return s.loadRecords(dlFailureKey(s.id, 0), dlFailureKey(s.id+1, 0), "dead-letter failure", func(k, v []byte) (bool, error) {
+		_, seq, fire, parked, text, ok := parseDLFailure(k, v)
+		if !ok {
+			return false, nil
+		}
+		if _, found, err := getCopy(e.db, appendTaskKey(nil, s.id, fire, seq)); err != nil || !found {
+			return false, err
+		}
+		if s.dlFailing == nil {
+			s.dlFailing = make(map[uint64]dlFailure)
+		}
+		s.dlFailing[seq] = dlFailure{err: fmt.Errorf("%w (before the last restart): %s", errDLFailedBefore, text), at: e.dlTick.Add(1), parked: parked, fire: fire}
+		if parked {
+			s.dlParked++
+			e.m.DeadLettersParkedNow.Inc()
+		} else {
+			s.dlHeld++
+		}
+		return true, nil
+	})
+}
+
+// loadRecords reads the shard's records in [lo, hi) at open: visit says
+// whether to keep each one; those it does not keep are deleted in one
+// unsynced commit (losing that delete in a crash only means dropping them
+// again at the next open). A read error of visit stops the scan.
+func (s *shard) loadRecords(lo, hi []byte, what string, visit func(k, v []byte) (keep bool, err error)) error {
+	e := s.e
 	var stale [][]byte
 	err := safeCall(func() error {
 		it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
@@ -421,44 +447,30 @@ func (s *shard) loadDLFailuresLocked() error {
 			return err
 		}
 		for it.First(); it.Valid(); it.Next() {
-			_, seq, fire, parked, text, ok := parseDLFailure(it.Key(), it.Value())
-			if ok {
-				_, found, gerr := getCopy(e.db, appendTaskKey(nil, s.id, fire, seq))
-				if gerr != nil {
-					it.Close()
-					return gerr
-				}
-				ok = found
+			keep, err := visit(it.Key(), it.Value())
+			if err != nil {
+				it.Close()
+				return err
 			}
-			if !ok {
+			if !keep {
 				stale = append(stale, slices.Clone(it.Key()))
-				continue
-			}
-			if s.dlFailing == nil {
-				s.dlFailing = make(map[uint64]dlFailure)
-			}
-			s.dlFailing[seq] = dlFailure{err: fmt.Errorf("%w (before the last restart): %s", errDLFailedBefore, text), at: e.dlTick.Add(1), parked: parked, fire: fire}
-			if parked {
-				s.dlParked++
-				e.m.DeadLettersParkedNow.Inc()
-			} else {
-				s.dlHeld++
 			}
 		}
 		return it.Close()
 	})
 	if err != nil {
-		return fmt.Errorf("shard %d: read failing dead letters: %w", s.id, err)
+		return fmt.Errorf("shard %d: read %s records: %w", s.id, what, err)
 	}
-	if len(stale) > 0 {
-		b := e.db.NewBatch()
-		defer b.Close()
-		for _, k := range stale {
-			b.Delete(k, nil)
-		}
-		if err := safeCall(func() error { return b.Commit(pebble.NoSync) }); err != nil {
-			return fmt.Errorf("shard %d: drop stale dead-letter failure records: %w", s.id, err)
-		}
+	if len(stale) == 0 {
+		return nil
+	}
+	b := e.db.NewBatch()
+	defer b.Close()
+	for _, k := range stale {
+		b.Delete(k, nil)
+	}
+	if err := safeCall(func() error { return b.Commit(pebble.NoSync) }); err != nil {
+		return fmt.Errorf("shard %d: drop stale %s records: %w", s.id, what, err)
 	}
 	return nil
 }
@@ -477,63 +489,35 @@ var errDLFailedBefore = errors.New("dead-letter delivery failed")
 // delivered it).
 func (s *shard) loadDLWaitsLocked() error {
 	e := s.e
-	var stale [][]byte
 	type held struct {
 		seq  uint64
 		keys []string
 	}
 	var found []held
-	err := safeCall(func() error {
-		it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: dlWaitKey(s.id, 0), UpperBound: dlWaitKey(s.id+1, 0)})
+	err := s.loadRecords(dlWaitKey(s.id, 0), dlWaitKey(s.id+1, 0), "awaited dead-letter", func(k, v []byte) (bool, error) {
+		_, seq, fire, keys, err := parseDLWait(k, v)
 		if err != nil {
-			return err
+			e.log.Error("dropping an awaited dead-letter record that does not decode", zap.Int("shard", s.id), zap.Error(err))
+			return false, nil
 		}
-		for it.First(); it.Valid(); it.Next() {
-			_, seq, fire, keys, perr := parseDLWait(it.Key(), it.Value())
-			ok := perr == nil
-			if !ok {
-				e.log.Error("dropping an awaited dead-letter record that does not decode", zap.Int("shard", s.id), zap.Error(perr))
+		if f, failing := s.dlFailing[seq]; failing {
+			// loadDLFailuresLocked checked it is stored.
+			if f.parked {
+				return false, nil
 			}
-			if ok {
-				if f, failing := s.dlFailing[seq]; failing {
-					// loadDLFailuresLocked checked it is stored.
-					ok = !f.parked
-				} else {
-					_, stored, gerr := getCopy(e.db, appendTaskKey(nil, s.id, fire, seq))
-					if gerr != nil {
-						it.Close()
-						return gerr
-					}
-					ok = stored
-				}
-			}
-			if !ok {
-				stale = append(stale, slices.Clone(it.Key()))
-				continue
-			}
-			found = append(found, held{seq, keys})
+		} else if _, stored, err := getCopy(e.db, appendTaskKey(nil, s.id, fire, seq)); err != nil || !stored {
+			return false, err
 		}
-		return it.Close()
+		found = append(found, held{seq, keys})
+		return true, nil
 	})
 	if err != nil {
-		return fmt.Errorf("shard %d: read awaited dead letters: %w", s.id, err)
+		return err
 	}
-	if len(found) > 0 {
-		e.dl.mu.Lock()
-		for _, h := range found {
-			e.holdLocked(h.seq, h.keys)
-		}
-		e.dl.mu.Unlock()
+	e.dl.mu.Lock()
+	for _, h := range found {
+		e.holdLocked(h.seq, h.keys)
 	}
-	if len(stale) > 0 {
-		b := e.db.NewBatch()
-		defer b.Close()
-		for _, k := range stale {
-			b.Delete(k, nil)
-		}
-		if err := safeCall(func() error { return b.Commit(pebble.NoSync) }); err != nil {
-			return fmt.Errorf("shard %d: drop stale awaited dead-letter records: %w", s.id, err)
-		}
-	}
+	e.dl.mu.Unlock()
 	return nil
 }
