@@ -128,14 +128,18 @@ func countKey(shard int) []byte {
 
 func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
-const dlFailureKeyLen = 1 + 2 + 8
+// shardSeqKeyLen is the length of a record key named by shard and seq:
+// prefix | shard u16 | seq u64 (the f and w records of a dead letter).
+const shardSeqKeyLen = 1 + 2 + 8
 
-func dlFailureKey(shard int, seq uint64) []byte {
-	k := make([]byte, 0, dlFailureKeyLen)
-	k = append(k, prefixDLFailure)
+func shardSeqKey(prefix byte, shard int, seq uint64) []byte {
+	k := make([]byte, 0, shardSeqKeyLen)
+	k = append(k, prefix)
 	k = binary.BigEndian.AppendUint16(k, uint16(shard))
 	return binary.BigEndian.AppendUint64(k, seq)
 }
+
+func dlFailureKey(shard int, seq uint64) []byte { return shardSeqKey(prefixDLFailure, shard, seq) }
 
 // dlFailureMaxText bounds the error text kept with a failing dead letter.
 const dlFailureMaxText = 512
@@ -162,21 +166,14 @@ func appendDLFailure(dst []byte, fire int64, parked bool, err error) []byte {
 
 // parseDLFailure decodes a record of appendDLFailure.
 func parseDLFailure(k, v []byte) (shard int, seq uint64, fire int64, parked bool, text string, ok bool) {
-	if len(k) != dlFailureKeyLen || k[0] != prefixDLFailure || len(v) < 9 || v[8] > 1 {
+	if len(k) != shardSeqKeyLen || k[0] != prefixDLFailure || len(v) < 9 || v[8] > 1 {
 		return 0, 0, 0, false, "", false
 	}
 	return int(binary.BigEndian.Uint16(k[1:3])), binary.BigEndian.Uint64(k[3:11]),
 		int64(binary.BigEndian.Uint64(v[:8])), v[8] == 1, string(v[9:]), true
 }
 
-const dlWaitKeyLen = 1 + 2 + 8
-
-func dlWaitKey(shard int, seq uint64) []byte {
-	k := make([]byte, 0, dlWaitKeyLen)
-	k = append(k, prefixDLWait)
-	k = binary.BigEndian.AppendUint16(k, uint16(shard))
-	return binary.BigEndian.AppendUint64(k, seq)
-}
+func dlWaitKey(shard int, seq uint64) []byte { return shardSeqKey(prefixDLWait, shard, seq) }
 
 // dlWaitMaxKeys bounds the checkpoint keys of one awaited dead letter's
 // record (a batch has one or two).
@@ -207,7 +204,7 @@ var errDLWaitRecord = errors.New("corrupt awaited dead-letter record")
 // parseDLWait decodes a record of appendDLWait: at least one key, none
 // empty, no trailing bytes.
 func parseDLWait(k, v []byte) (shard int, seq uint64, fire int64, keys []string, err error) {
-	if len(k) != dlWaitKeyLen || k[0] != prefixDLWait {
+	if len(k) != shardSeqKeyLen || k[0] != prefixDLWait {
 		return 0, 0, 0, nil, fmt.Errorf("%w: key %x", errDLWaitRecord, k)
 	}
 	if len(v) < 10 {
