@@ -430,6 +430,7 @@ func TestDLFailureRecord(t *testing.T) {
 		{"held", 0, false, errors.New("denied"), "denied"},
 		{"no error", 7, false, nil, ""},
 		{"long error cut", 9, true, long, strings.Repeat("x", dlFailureMaxText)},
+		{"long error cut at a rune start", 9, true, errors.New("x" + strings.Repeat("é", dlFailureMaxText)), "x" + strings.Repeat("é", (dlFailureMaxText-1)/2)},
 	} {
 		k, v := dlFailureKey(3, 42), appendDLFailure(nil, tc.fire, tc.parked, tc.err)
 		sh, seq, fire, parked, text, ok := parseDLFailure(k, v)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
@@ -159,7 +160,12 @@ func appendDLFailure(dst []byte, fire int64, parked bool, err error) []byte {
 		text = err.Error()
 	}
 	if len(text) > dlFailureMaxText {
-		text = text[:dlFailureMaxText]
+		// Cut at a rune start: the text is logged and served as JSON.
+		n := dlFailureMaxText
+		for n > 0 && !utf8.RuneStart(text[n]) {
+			n--
+		}
+		text = text[:n]
 	}
 	return append(dst, text...)
 }
