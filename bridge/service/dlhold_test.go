@@ -86,28 +86,8 @@ func TestDLQNotAuthorizedHoldsCommitAcrossRestart(t *testing.T) {
 func TestNATSDLQOutageHoldsAckAcrossRestart(t *testing.T) {
 	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 2}\n")
 	svc, stop := e.start()
-	js, err := jetstream.New(e.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, ackFloor, tried := watchNATSHold(t, e)
 	ctx := context.Background()
-	ackFloor := func() uint64 {
-		c, err := js.Consumer(ctx, "DELAY", "bridge")
-		if err != nil {
-			return 0
-		}
-		info, err := c.Info(ctx)
-		if err != nil {
-			return 0
-		}
-		return info.AckFloor.Stream
-	}
-	attempts, err := e.nc.SubscribeSync("dlq.delay")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer attempts.Unsubscribe()
-	tried := func() int { n, _, _ := attempts.Pending(); return n }
 	e.publishNATS("delay.o", []byte("good"), "delay-after", "1h", "delay-target", "orders.o")
 	eventually(t, "the good message's ack", func() bool { return ackFloor() == 1 })
 
@@ -150,4 +130,36 @@ func TestNATSDLQOutageHoldsAckAcrossRestart(t *testing.T) {
 	})
 	eventually(t, "the acks past the bad message", func() bool { return ackFloor() == 3 })
 	eventually(t, "readiness after the DLQ recovered", func() bool { return svc2.Ready() == nil })
+}
+
+// watchNATSHold returns a JetStream handle and what the NATS dead-letter
+// hold tests watch: the bridge consumer's ack floor on stream DELAY (0
+// while it cannot be read) and how many publishes of dead letters reached
+// a core subscriber of dlq.delay, stored by the DLQ stream or not (the
+// attempts).
+func watchNATSHold(t *testing.T, e *env) (js jetstream.JetStream, ackFloor func() uint64, tried func() int) {
+	t.Helper()
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ackFloor = func() uint64 {
+		ctx := context.Background()
+		c, err := js.Consumer(ctx, "DELAY", "bridge")
+		if err != nil {
+			return 0
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return 0
+		}
+		return info.AckFloor.Stream
+	}
+	attempts, err := e.nc.SubscribeSync("dlq.delay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = attempts.Unsubscribe() })
+	tried = func() int { n, _, _ := attempts.Pending(); return n }
+	return js, ackFloor, tried
 }

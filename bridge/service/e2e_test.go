@@ -460,30 +460,8 @@ func TestNATSDLQOutageHoldsAck(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, fmt.Sprintf("retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: %d}\n", tc.maxAttempts))
 			svc, _ := e.start()
-			js, err := jetstream.New(e.nc)
-			if err != nil {
-				t.Fatal(err)
-			}
+			js, ackFloor, tried := watchNATSHold(t, e)
 			ctx := context.Background()
-			ackFloor := func() uint64 {
-				c, err := js.Consumer(ctx, "DELAY", "bridge")
-				if err != nil {
-					return 0
-				}
-				info, err := c.Info(ctx)
-				if err != nil {
-					return 0
-				}
-				return info.AckFloor.Stream
-			}
-			// Every publish of the dead letter, stored or not, reaches a
-			// core subscriber of its subject: the attempts.
-			attempts, err := e.nc.SubscribeSync("dlq.delay")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer attempts.Unsubscribe()
-			tried := func() int { n, _, _ := attempts.Pending(); return n }
 			e.publishNATS("delay.o", []byte("good"), "delay-after", "1h", "delay-target", "orders.o")
 			eventually(t, "the good message's ack", func() bool { return ackFloor() == 1 })
 

@@ -116,28 +116,8 @@ func adminCall(t *testing.T, srv *httptest.Server, method, path string) (int, st
 func TestNATSDropHeldDeadLetter(t *testing.T) {
 	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 2}\n")
 	svc, _ := e.start()
-	js, err := jetstream.New(e.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, ackFloor, tried := watchNATSHold(t, e)
 	ctx := context.Background()
-	ackFloor := func() uint64 {
-		c, err := js.Consumer(ctx, "DELAY", "bridge")
-		if err != nil {
-			return 0
-		}
-		info, err := c.Info(ctx)
-		if err != nil {
-			return 0
-		}
-		return info.AckFloor.Stream
-	}
-	attempts, err := e.nc.SubscribeSync("dlq.delay")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer attempts.Unsubscribe()
-	tried := func() int { n, _, _ := attempts.Pending(); return n }
 	e.publishNATS("delay.o", []byte("good"), "delay-after", "1h", "delay-target", "orders.o")
 	eventually(t, "the good message's ack", func() bool { return ackFloor() == 1 })
 
