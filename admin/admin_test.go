@@ -35,7 +35,9 @@ type fixture struct {
 	srv *httptest.Server
 }
 
-func newFixture(t *testing.T, token string, ready func() error) *fixture {
+// openEngine opens a 4-shard engine on a fake clock at t0, closed with the
+// test, and the registry of its metrics.
+func openEngine(t *testing.T) (*shard.Engine, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	e, err := shard.Open(shard.Options{
@@ -53,6 +55,12 @@ func newFixture(t *testing.T, token string, ready func() error) *fixture {
 			t.Errorf("engine close: %v", err)
 		}
 	})
+	return e, reg
+}
+
+func newFixture(t *testing.T, token string, ready func() error) *fixture {
+	t.Helper()
+	e, reg := openEngine(t)
 	tasks := []codec.Task{task("order-1", 1, time.Hour), task("tenant/42", 2, 2*time.Hour)}
 	if err := e.Ingest(context.Background(), tasks, nil); err != nil {
 		t.Fatalf("Ingest: %v", err)

@@ -11,13 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/delaybridge/delaybridge/codec"
-	"github.com/delaybridge/delaybridge/internal/clock"
-	"github.com/delaybridge/delaybridge/metrics"
 	"github.com/delaybridge/delaybridge/shard"
 )
 
@@ -37,22 +34,7 @@ func (denySink) Deliver(_ context.Context, batch []*codec.Task) []error {
 // as held, with a pending task beside it, behind the handler.
 func newStuckFixture(t *testing.T, token string) (*fixture, shard.StuckEntry) {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	e, err := shard.Open(shard.Options{
-		Dir:     t.TempDir(),
-		Shards:  4,
-		Clock:   clock.NewFake(t0),
-		Logger:  zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
-		Metrics: metrics.New(reg),
-	})
-	if err != nil {
-		t.Fatalf("shard.Open: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := e.Close(); err != nil {
-			t.Errorf("engine close: %v", err)
-		}
-	})
+	e, reg := openEngine(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx, denySink{}) }()
@@ -74,6 +56,7 @@ func newStuckFixture(t *testing.T, token string) (*fixture, shard.StuckEntry) {
 		if time.Now().After(deadline) {
 			t.Fatal("the dead letter's first delivery did not fail")
 		}
+		var err error
 		if l, err = e.StuckEntries(0); err != nil {
 			t.Fatal(err)
 		}
