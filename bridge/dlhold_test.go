@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/delaybridge/delaybridge/codec"
-	"github.com/delaybridge/delaybridge/internal/clock"
 	"github.com/delaybridge/delaybridge/shard"
 )
 
@@ -15,21 +14,7 @@ import (
 // letters held for its checkpoint key: AwaitDeadLetters waits until the
 // DLQ took them, for that key only.
 func TestPipelineAwaitDeadLettersAfterStop(t *testing.T) {
-	clk := clock.NewFake(time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC))
-	eng, err := shard.Open(shard.Options{Dir: t.TempDir(), Shards: 2, Clock: clk,
-		Retry: shard.RetryPolicy{Initial: time.Second, Max: time.Second, Jitter: -1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sink := &dlqSink{ok: make(chan struct{}), tries: make(chan struct{}, 1)}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- eng.Run(ctx, sink) }()
-	t.Cleanup(func() {
-		cancel()
-		<-ran
-		_ = eng.Close()
-	})
+	clk, eng, sink := runDLQEngine(t)
 	p := NewPipeline(eng, nil)
 	p.stopGrace = 0
 	const key = "kafka|delay|0"

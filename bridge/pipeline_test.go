@@ -210,11 +210,10 @@ func (s *dlqSink) Deliver(_ context.Context, batch []*codec.Task) []error {
 	return errs
 }
 
-// CONTRACT §3: Handle, and so the source's commit, waits until the DLQ
-// acknowledged the batch's dead letters; while the DLQ fails, it waits. A
-// source stopping meanwhile (its ctx cancelled) still gets the commit if
-// the DLQ takes them within the stop grace.
-func TestPipelineWaitsForDLQ(t *testing.T) {
+// runDLQEngine runs a 2-shard engine on a fake clock (retries a second
+// apart) against a dlqSink, until the test ends.
+func runDLQEngine(t *testing.T) (*clock.Fake, *shard.Engine, *dlqSink) {
+	t.Helper()
 	clk := clock.NewFake(time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC))
 	eng, err := shard.Open(shard.Options{Dir: t.TempDir(), Shards: 2, Clock: clk,
 		Retry: shard.RetryPolicy{Initial: time.Second, Max: time.Second, Jitter: -1}})
@@ -230,6 +229,15 @@ func TestPipelineWaitsForDLQ(t *testing.T) {
 		<-ran
 		_ = eng.Close()
 	})
+	return clk, eng, sink
+}
+
+// CONTRACT §3: Handle, and so the source's commit, waits until the DLQ
+// acknowledged the batch's dead letters; while the DLQ fails, it waits. A
+// source stopping meanwhile (its ctx cancelled) still gets the commit if
+// the DLQ takes them within the stop grace.
+func TestPipelineWaitsForDLQ(t *testing.T) {
+	clk, eng, sink := runDLQEngine(t)
 	p := NewPipeline(eng, nil)
 	p.stopGrace = time.Hour
 	rules := &codec.Rules{DLQ: "delay.dlq"}
