@@ -23,17 +23,7 @@ import (
 func TestDLQNotAuthorizedHoldsCommitAcrossRestart(t *testing.T) {
 	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 2}\n")
 	svc, stop := e.start()
-	committed := func(partition int32) int64 {
-		gi := e.kc.GroupInfo("bridge")
-		if gi == nil {
-			return -1
-		}
-		c, ok := gi.Commits[kafkaDelay][partition]
-		if !ok {
-			return -1
-		}
-		return c.Offset
-	}
+	committed := e.committedOffset
 	e.publishKafka(0, time.Time{}, []byte("k0"), []byte("good"), "delay-after", "1h", "delay-target", "orders")
 	eventually(t, "the good message's commit", func() bool { return committed(0) == 1 })
 

@@ -352,17 +352,7 @@ func TestDLQOutageHoldsCommit(t *testing.T) {
 func TestDLQRefusalParks(t *testing.T) {
 	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 2}\n")
 	svc, _ := e.start()
-	committed := func() int64 {
-		gi := e.kc.GroupInfo("bridge")
-		if gi == nil {
-			return -1
-		}
-		c, ok := gi.Commits[kafkaDelay][0]
-		if !ok {
-			return -1
-		}
-		return c.Offset
-	}
+	committed := func() int64 { return e.committedOffset(0) }
 	e.publishKafka(0, time.Time{}, []byte("k0"), []byte("good"), "delay-after", "1h", "delay-target", "orders")
 	eventually(t, "the good message's commit", func() bool { return committed() == 1 })
 
@@ -397,17 +387,7 @@ func TestDLQRefusalParks(t *testing.T) {
 func TestDLQNotAuthorizedHoldsCommit(t *testing.T) {
 	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 2}\n")
 	svc, _ := e.start()
-	committed := func() int64 {
-		gi := e.kc.GroupInfo("bridge")
-		if gi == nil {
-			return -1
-		}
-		c, ok := gi.Commits[kafkaDelay][0]
-		if !ok {
-			return -1
-		}
-		return c.Offset
-	}
+	committed := func() int64 { return e.committedOffset(0) }
 	e.publishKafka(0, time.Time{}, []byte("k0"), []byte("good"), "delay-after", "1h", "delay-target", "orders")
 	eventually(t, "the good message's commit", func() bool { return committed() == 1 })
 

@@ -432,3 +432,17 @@ func testLogLevel() zapcore.Level {
 	}
 	return zap.WarnLevel
 }
+
+// committedOffset is the bridge group's committed offset of a partition of
+// the Kafka delay topic, -1 while it has none.
+func (e *env) committedOffset(partition int32) int64 {
+	gi := e.kc.GroupInfo("bridge")
+	if gi == nil {
+		return -1
+	}
+	c, ok := gi.Commits[kafkaDelay][partition]
+	if !ok {
+		return -1
+	}
+	return c.Offset
+}
