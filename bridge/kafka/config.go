@@ -119,7 +119,7 @@ type Config struct {
 
 	// Source knobs.
 	MaxBatch      int           // messages per Handle call; default 512
-	FetchMaxBytes int           // per fetch request and partition; default 1 MiB
+	FetchMaxBytes int           // decoded record bytes a partition fetches at once (see fetchSizer); default 1 MiB
 	MaxWait       time.Duration // broker long-poll wait for an empty partition; default 500ms
 	// IdentityWait is how long one identity check long-polls for the
 	// record at the checkpointed offset when nothing is readable there
@@ -171,10 +171,11 @@ func (c *Config) setDefaults() {
 	}
 	if c.FetchMaxBytes <= 0 {
 		// Kafka's own consumer default per partition
-		// (max.partition.fetch.bytes). A partition worker holds up to two
-		// fetches (one being handed over, one read ahead), decompressed:
-		// with 4 MiB the bridge's peak RSS in bench was 690-740 MB
-		// against 570-580 MB, and fresh memory costs page faults.
+		// (max.partition.fetch.bytes), counted decoded here (fetchSizer).
+		// A partition worker holds up to two fetches (one being handed
+		// over, one read ahead): with 4 MiB (stored bytes) the bridge's
+		// peak RSS in bench was 690-740 MB against 570-580 MB, and fresh
+		// memory costs page faults.
 		c.FetchMaxBytes = 1 << 20
 	}
 	def(&c.MaxWait, 500*time.Millisecond)

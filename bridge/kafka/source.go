@@ -41,6 +41,10 @@ type Source struct {
 	closeOnce sync.Once
 	closed    chan struct{}
 	runDone   chan struct{} // closed when the running Run returns
+
+	// testHookFetched, when set, sees each fetch of a partition worker:
+	// the byte limit it asked for and the bytes of records it decoded.
+	testHookFetched func(limit, decoded int)
 }
 
 var (
@@ -543,6 +547,7 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 	wait := s.cfg.RetryMin
 	var pending []bridge.Item
 	var notes decodeNotes
+	size := newFetchSizer(s.cfg.FetchMaxBytes)
 	warnedLAT, warnedNoTS := false, false
 	sent := offset   // the offset after the last batch handed over
 	recheck := false // a fetch failed: check the log before reading on
@@ -611,7 +616,14 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 		}
 		var hw int64
 		var err error
-		pending, offset, hw, err = s.fetch(ctx, topic, partition, offset, maxWait, rules, pending, &notes)
+		before, limit := len(pending), size.limit()
+		notes.stepped = false
+		pending, offset, hw, err = s.fetch(ctx, topic, partition, offset, maxWait, limit, rules, pending, &notes)
+		decoded := decodedBytes(pending[before:])
+		size.next(decoded, notes.stepped && len(pending) == before)
+		if s.testHookFetched != nil {
+			s.testHookFetched(limit, decoded)
+		}
 		if notes.logAppendTime && !warnedLAT {
 			warnedLAT = true
 			log.Warn("topic uses message.timestamp.type=LogAppendTime: delay-after is measured from the producer's record timestamp (CreateTime), which the client library reports; use CreateTime on delay topics")
@@ -730,9 +742,9 @@ func staleMetadata(err error) bool {
 
 // fetch reads one fetch response into items. It returns the next offset to
 // fetch and the high watermark (-1 when unknown).
-func (s *Source) fetch(ctx context.Context, topic string, partition int, offset int64, maxWait time.Duration,
+func (s *Source) fetch(ctx context.Context, topic string, partition int, offset int64, maxWait time.Duration, maxBytes int,
 	rules *codec.Rules, items []bridge.Item, notes *decodeNotes) ([]bridge.Item, int64, int64, error) {
-	return fetchItems(ctx, s.client, &s.cfg, topic, partition, offset, maxWait, rules, items, notes)
+	return fetchItems(ctx, s.client, &s.cfg, topic, partition, offset, maxWait, maxBytes, rules, items, notes)
 }
 
 // decodeNotes are facts about fetched batches that the caller may log.
@@ -753,6 +765,10 @@ type decodeNotes struct {
 	probe                bool
 	probeAt              int64
 	atControl, atAborted bool
+	// stepped: the position moved past the fetch offset because a batch
+	// whose records all lie before it (compaction removed its last ones)
+	// came first, not because a record was read (see fetchSizer.next).
+	stepped bool
 }
 
 // untimedAt reports whether the record at offset had no timestamp and
@@ -771,7 +787,7 @@ func (n *decodeNotes) untimedAt(offset int64) bool {
 }
 
 func fetchItems(ctx context.Context, client *kafkago.Client, cfg *Config, topic string, partition int, offset int64,
-	maxWait time.Duration, rules *codec.Rules, items []bridge.Item, notes *decodeNotes) ([]bridge.Item, int64, int64, error) {
+	maxWait time.Duration, maxBytes int, rules *codec.Rules, items []bridge.Item, notes *decodeNotes) ([]bridge.Item, int64, int64, error) {
 	if offset < 0 {
 		// FirstOffset / LastOffset: resolve once, so the fetch position
 		// (and the lag) is a real offset from here on.
@@ -793,7 +809,7 @@ func fetchItems(ctx context.Context, client *kafkago.Client, cfg *Config, topic 
 		ReplicaID:      -1,
 		MaxWaitTime:    int32(maxWait.Milliseconds()),
 		MinBytes:       1,
-		MaxBytes:       int32(cfg.FetchMaxBytes),
+		MaxBytes:       int32(maxBytes),
 		IsolationLevel: int8(kafkago.ReadCommitted),
 		SessionID:      -1,
 		SessionEpoch:   -1,
@@ -804,7 +820,7 @@ func fetchItems(ctx context.Context, client *kafkago.Client, cfg *Config, topic 
 				CurrentLeaderEpoch: -1,
 				FetchOffset:        offset,
 				LogStartOffset:     -1,
-				PartitionMaxBytes:  int32(cfg.FetchMaxBytes),
+				PartitionMaxBytes:  int32(maxBytes),
 			}},
 		}},
 	})
@@ -898,7 +914,9 @@ func decodeRecords(rr kafkago.RecordReader, topic string, partition int, offset 
 					// surely covers rather than fetch it again forever:
 					// the next batch may not fit beside it in the
 					// response, and kafka-go drops a batch cut short.
-					next = max(next, max(base, offset)+1)
+					if step := max(base, offset) + 1; step > next {
+						next, notes.stepped = step, true
+					}
 				}
 				break
 			}

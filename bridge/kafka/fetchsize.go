@@ -1,0 +1,75 @@
+package kafka
+
+import "github.com/delaybridge/delaybridge/bridge"
+
+// Fetch sizing. A fetch's byte limit counts record batches as stored,
+// compressed; kafka-go decompresses a whole response as it reads it, and a
+// partition worker holds what it decoded until the store took it (one batch
+// handled, one queued, the rest of the fetch). With a fixed limit the
+// memory of a partition worker grows with the compression ratio of its
+// records: in bench (1 KB records of repeated letters, snappy) up to 42 000
+// decoded messages waited in the source on three partitions, and the Go
+// heap reached 224 MB (docs/benchmarks.md). Kafka's Java consumer
+// decompresses lazily instead, batch by batch as records are polled;
+// kafka-go cannot. So each partition asks for as many stored bytes as
+// decode to about Config.FetchMaxBytes, learning the ratio from its
+// previous fetch.
+
+// minFetchBytes is the smallest limit a partition asks for. The broker
+// returns the first batch of a fetch whole even when it is larger, so a
+// small limit never stops progress; it only costs round trips.
+const minFetchBytes = 16 << 10
+
+// stepGrowthLimit bounds how far a partition's limit grows, as a multiple
+// of Config.FetchMaxBytes, while it steps past the compacted tail of a
+// batch (see fetchSizer.next).
+const stepGrowthLimit = 64
+
+// fetchSizer is one partition's fetch limit.
+type fetchSizer struct {
+	cur    int // the limit of the next fetch, in stored bytes
+	target int // decoded bytes aimed at per fetch (Config.FetchMaxBytes)
+}
+
+func newFetchSizer(target int) fetchSizer {
+	target = max(target, 1)
+	// Start small: after a restart every partition of a backlog fetches
+	// at once, before any of them has seen its compression ratio.
+	return fetchSizer{cur: min(target, max(minFetchBytes, target/16)), target: target}
+}
+
+// limit is the byte limit of the next fetch.
+func (f *fetchSizer) limit() int { return f.cur }
+
+// next adjusts the limit after a fetch that decoded decoded bytes of
+// records (keys, values and headers of the records handed over). stepped
+// says the fetch only moved the position past offsets compaction emptied
+// at the end of a batch (decodeRecords): the batch after it did not fit
+// in the response, and only a larger limit brings it, so the limit
+// doubles (bounded) until it does. A fetch that decoded nothing else
+// (empty, or only markers and aborted records) leaves the limit as it is.
+func (f *fetchSizer) next(decoded int, stepped bool) {
+	switch {
+	case decoded > 0:
+		// cur stored bytes decoded to decoded: ask for what decodes to
+		// about target. Integer math in int64: cur*target may pass 2^31.
+		want := int64(f.cur) * int64(f.target) / int64(decoded)
+		f.cur = int(min(max(want, int64(min(minFetchBytes, f.target))), int64(f.target)))
+	case stepped:
+		f.cur = int(min(int64(f.cur)*2, int64(f.target)*stepGrowthLimit, 1<<30))
+	}
+}
+
+// decodedBytes is what items hold of their records: keys, values and
+// headers.
+func decodedBytes(items []bridge.Item) int {
+	n := 0
+	for i := range items {
+		m := &items[i].Msg
+		n += len(m.Key) + len(m.Value)
+		for _, h := range m.Headers {
+			n += len(h.Key) + len(h.Value)
+		}
+	}
+	return n
+}
