@@ -431,6 +431,7 @@ func TestDLFailureRecord(t *testing.T) {
 		{"no error", 7, false, nil, ""},
 		{"long error cut", 9, true, long, strings.Repeat("x", dlFailureMaxText)},
 		{"long error cut at a rune start", 9, true, errors.New("x" + strings.Repeat("é", dlFailureMaxText)), "x" + strings.Repeat("é", (dlFailureMaxText-1)/2)},
+		{"long error that is not UTF-8 cut at the limit", 9, true, errors.New(strings.Repeat("\x80", dlFailureMaxText+5)), strings.Repeat("\x80", dlFailureMaxText)},
 	} {
 		k, v := dlFailureKey(3, 42), appendDLFailure(nil, tc.fire, tc.parked, tc.err)
 		sh, seq, fire, parked, text, ok := parseDLFailure(k, v)

@@ -161,9 +161,14 @@ func appendDLFailure(dst []byte, fire int64, parked bool, err error) []byte {
 	}
 	if len(text) > dlFailureMaxText {
 		// Cut at a rune start: the text is logged and served as JSON.
+		// A rune is at most utf8.UTFMax bytes; text that is not UTF-8
+		// is cut at the limit rather than backed up to nothing.
 		n := dlFailureMaxText
-		for n > 0 && !utf8.RuneStart(text[n]) {
+		for n > dlFailureMaxText-utf8.UTFMax+1 && !utf8.RuneStart(text[n]) {
 			n--
+		}
+		if !utf8.RuneStart(text[n]) {
+			n = dlFailureMaxText
 		}
 		text = text[:n]
 	}
