@@ -7,6 +7,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -65,8 +66,11 @@ func TestSmallReport(t *testing.T) {
 			t.Errorf("%s %s: rate %v, bench CPU %v µs/msg", run.Transport, run.Mode, run.Rate, run.BenchCPUUs)
 		}
 	}
+	if runtime.GOOS == "linux" && r.Machine.FreshPageUs <= 0 {
+		t.Errorf("fresh page cost %v µs, want it measured", r.Machine.FreshPageUs)
+	}
 	md := r.Markdown()
-	for _, want := range []string{"bridge / raw pipe throughput", "both read at a target consumer", "| nats | raw pipe, rate at a consumer", "p99 lateness at 2000 msg/s", "| kafka | raw pipe"} {
+	for _, want := range []string{"bridge page faults /msg", "bridge / raw pipe throughput", "both read at a target consumer", "| nats | raw pipe, rate at a consumer", "p99 lateness at 2000 msg/s", "| kafka | raw pipe"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
 		}
@@ -93,5 +97,38 @@ func TestCapacityChild(t *testing.T) {
 	}
 	if c.Tasks != 3000 || c.Pending != 3000 || c.PeakRSSMB <= 0 || c.DiskGB <= 0 {
 		t.Fatalf("capacity result %+v", c)
+	}
+}
+
+func TestStatMinorFaults(t *testing.T) {
+	tests := []struct {
+		name, stat string
+		want       float64
+	}{
+		{"plain", "4242 (delaybridge) S 1 4242 4242 0 -1 4194560 180321 0 0 0 700 80 0 0 20 0 9 0", 180321},
+		{"command with spaces and parentheses", "77 (a (b) c) R 1 77 77 0 -1 0 12 5 0 0", 12},
+		{"too few fields", "77 (x) R 1 77", 0},
+		{"no command", "77 x R 1 77 77 0 -1 0 12", 0},
+		{"not a number", "77 (x) R 1 77 77 0 -1 0 many 0", 0},
+		{"empty", "", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := statMinorFaults(tt.stat); got != tt.want {
+				t.Fatalf("statMinorFaults(%q) = %v, want %v", tt.stat, got, tt.want)
+			}
+		})
+	}
+	if runtime.GOOS != "linux" {
+		return
+	}
+	before := selfMinorFaults()
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := selfMinorFaults()
+	if got := statMinorFaults(string(b)); got <= 0 || got < before || got > after {
+		t.Fatalf("this process: %v minor faults from /proc/self/stat, getrusage %v before and %v after", got, before, after)
 	}
 }

@@ -27,12 +27,17 @@ type bridgeRunner interface {
 	// cpuSeconds is the bridge's own CPU time so far (user + system), or
 	// 0 when it shares the benchmark process.
 	cpuSeconds() float64
+	// minorFaults is the bridge's own minor page faults so far, or 0
+	// when it shares the benchmark process.
+	minorFaults() float64
 	close() error
 }
 
 func (br *bridge) peakRSSMB() float64 { return 0 }
 
 func (br *bridge) cpuSeconds() float64 { return 0 }
+
+func (br *bridge) minorFaults() float64 { return 0 }
 
 func (cb *childBridge) cpuSeconds() float64 { return cb.counter("process_cpu_seconds_total") }
 
@@ -174,6 +179,14 @@ func (cb *childBridge) cpuProfile(secs int, path string) error {
 		return fmt.Errorf("benchrun: cpu profile: %w", err)
 	}
 	return f.Close()
+}
+
+func (cb *childBridge) minorFaults() float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cb.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	return statMinorFaults(string(b))
 }
 
 func (cb *childBridge) peakRSSMB() float64 {

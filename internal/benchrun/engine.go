@@ -361,6 +361,36 @@ func statusField(status, field string) float64 {
 
 func peakRSSMB() float64 { return rssMB("VmHWM") }
 
+// selfMinorFaults is the minor page faults this process has taken (first
+// touches of memory pages).
+func selfMinorFaults() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return float64(ru.Minflt)
+}
+
+// statMinorFaults reads minflt, the tenth field of a /proc/PID/stat text;
+// the second field (the command, in parentheses) may hold spaces and
+// parentheses, so the fields are counted after its last ')'. 0 when the
+// text does not parse.
+func statMinorFaults(stat string) float64 {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(stat[i+1:]) // from the third field, state, on
+	if len(f) < 8 {
+		return 0
+	}
+	n, err := strconv.ParseUint(f[7], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return float64(n)
+}
+
 // selfCPUSeconds is the CPU time (user + system) this process has used:
 // the in-process brokers, publishers, readers and, in a raw run, the pipe.
 func selfCPUSeconds() float64 {

@@ -369,8 +369,14 @@ type Measurement struct {
 	// the target consumer and, in a raw run, the pipe itself (and the
 	// bridge, when it runs in process). With the bridge child's it
 	// accounts for the whole machine's work.
-	BenchCPUUs float64   `json:"bench_cpu_us_per_msg,omitempty"`
-	samples    []float64 // lateness in ms, for the chart
+	BenchCPUUs float64 `json:"bench_cpu_us_per_msg,omitempty"`
+	// BridgeFaults and BenchFaults are the minor page faults (first
+	// touches of memory pages) per message over the same span, of the
+	// bridge child and of this process. Where a fresh page is expensive
+	// (Machine.FreshPageUs) they are a large part of the CPU columns.
+	BridgeFaults float64   `json:"bridge_faults_per_msg,omitempty"`
+	BenchFaults  float64   `json:"bench_faults_per_msg,omitempty"`
+	samples      []float64 // lateness in ms, for the chart
 }
 
 // Summary is a lateness distribution in milliseconds.
@@ -420,7 +426,7 @@ func rawRun(ctx context.Context, transport string, n int, dir string, read bool)
 		return nil, err
 	}
 	defer pub.close()
-	cpu0 := selfCPUSeconds()
+	cpu0, faults0 := selfCPUSeconds(), selfMinorFaults()
 	start := time.Now()
 	pubErr := make(chan error, 1)
 	go func() { pubErr <- pub.publish(ctx, 0, n, 0, nil) }()
@@ -451,6 +457,7 @@ func rawRun(ctx context.Context, transport string, n int, dir string, read bool)
 	run.Seconds = end.Sub(start).Seconds()
 	run.Rate = float64(n) / run.Seconds
 	run.BenchCPUUs = (selfCPUSeconds() - cpu0) / float64(n) * 1e6
+	run.BenchFaults = (selfMinorFaults() - faults0) / float64(n)
 	run.PeakRSSMB = peakRSSMB()
 	return run, nil
 }
@@ -526,6 +533,7 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 		profErr <- nil
 	}
 	cpu0, self0 := br.cpuSeconds(), selfCPUSeconds()
+	faults0, selfFaults0 := br.minorFaults(), selfMinorFaults()
 	start := time.Now()
 	pubErr := make(chan error, 1)
 	go func() {
@@ -543,6 +551,11 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 		return nil, fmt.Errorf("benchrun: %s bridge: %d of %d delivered within %v: %w", transport, tr.count(), n, limit, werr)
 	}
 	benchUs := (selfCPUSeconds() - self0) / float64(n) * 1e6
+	benchFaults := (selfMinorFaults() - selfFaults0) / float64(n)
+	var bridgeFaults float64
+	if f := br.minorFaults(); f > 0 {
+		bridgeFaults = (f - faults0) / float64(n)
+	}
 	var cpuUs float64
 	if cpu := br.cpuSeconds(); cpu > 0 {
 		cpuUs = (cpu - cpu0) / float64(n) * 1e6
@@ -568,7 +581,7 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 	secs := last.Sub(start).Seconds() - delay.Seconds()
 	run := &Measurement{Transport: transport, Mode: mode, N: n, PublishRate: rate, DelayMs: delay.Milliseconds(), Seconds: secs,
 		Rate: float64(n) / secs, Lateness: summarize(lat), Duplicates: dups, PeakRSSMB: peakRSSMB(), samples: lat,
-		BridgeRSSMB: br.peakRSSMB(), BridgeCPUUs: cpuUs, BenchCPUUs: benchUs}
+		BridgeRSSMB: br.peakRSSMB(), BridgeCPUUs: cpuUs, BenchCPUUs: benchUs, BridgeFaults: bridgeFaults, BenchFaults: benchFaults}
 	if at := ingestedAt.Load(); at > 0 {
 		run.IngestRate = float64(n) / time.Unix(0, at).Sub(start).Seconds()
 	}
