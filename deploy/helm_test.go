@@ -591,8 +591,8 @@ func checkStatefulSet(t *testing.T, sts appsv1.StatefulSet, configMap string, cf
 		t.Errorf("resources %+v: want cpu/memory requests and a memory limit", c.Resources)
 	}
 
-	// GOMEMLIMIT: 90% of the memory limit beside the store's cache (768
-	// MiB by default, outside the Go heap), below the OOM killer.
+	// GOMEMLIMIT: 90% of the memory limit, below the OOM killer; the
+	// image is built without cgo, so the store's cache is Go heap too.
 	gomem := ""
 	seen := map[string]bool{}
 	for _, e := range c.Env {
@@ -606,8 +606,8 @@ func checkStatefulSet(t *testing.T, sts appsv1.StatefulSet, configMap string, cf
 	}
 	if limit := c.Resources.Limits.Memory().Value(); limit > 0 {
 		n, err := strconv.ParseInt(gomem, 10, 64)
-		if want := (limit - 768<<20) * 9 / 10; err != nil || n < want-1 || n > want+1 {
-			t.Errorf("GOMEMLIMIT %q, want 90%% of the %d byte limit less the 768 MiB cache (%d)", gomem, limit, want)
+		if want := limit * 9 / 10; err != nil || n < want-1 || n > want+1 {
+			t.Errorf("GOMEMLIMIT %q, want 90%% of the %d byte limit (%d)", gomem, limit, want)
 		}
 	}
 
@@ -870,7 +870,7 @@ func TestHelmTemplateRefuses(t *testing.T) {
 	}
 	decodeAll(t, render(t, append([]string{"--set", "config.shutdown_timeout=29s999ms"}, withToken...)...))
 	decodeAll(t, render(t, append([]string{"--set", "config.shutdown_timeout=null", "--set", "terminationGracePeriodSeconds=11"}, withToken...)...))
-	// A smaller cache leaves the Go heap more of the same limit.
+	// The cache is Go heap: its size does not change the limit.
 	m := decodeAll(t, render(t, append([]string{"--set", "config.store.cache_mb=512", "--set", "resources.limits.memory=1Gi"}, withToken...)...))
 	var gomem string
 	for _, e := range m.statefulSets[0].Spec.Template.Spec.Containers[0].Env {
@@ -878,8 +878,8 @@ func TestHelmTemplateRefuses(t *testing.T) {
 			gomem = e.Value
 		}
 	}
-	if want := strconv.FormatInt((1<<30-512<<20)*9/10, 10); gomem != want {
-		t.Errorf("GOMEMLIMIT %q with a 1Gi limit and a 512 MiB cache, want %s", gomem, want)
+	if want := strconv.FormatInt((1<<30)*9/10, 10); gomem != want {
+		t.Errorf("GOMEMLIMIT %q with a 1Gi limit and a 512 MiB cache, want 90%% of the limit, %s", gomem, want)
 	}
 	decodeAll(t, render(t, append([]string{"--set", "config.admin.allow_insecure_listen=true"}, kafka...)...))
 }
@@ -1230,11 +1230,10 @@ func TestHelmAdminBlock(t *testing.T) {
 }
 
 // TestHelmGoMemLimitQuantities renders resources.limits.memory in the forms
-// Kubernetes accepts and checks GOMEMLIMIT is 90% of the limit less the
-// store's cache, the limit read as Kubernetes reads it (resource.Quantity,
-// fractional bytes rounded up). A limit the chart cannot read fails the
-// render: falling back to the whole limit would let the Go heap grow into
-// the memory the cache holds, and the pod be OOM-killed.
+// Kubernetes accepts and checks GOMEMLIMIT is 90% of the limit, read as
+// Kubernetes reads it (resource.Quantity, fractional bytes rounded up),
+// whatever the store's cache (Go heap in the image). A limit the chart
+// cannot read fails the render rather than leave the heap unbounded.
 func TestHelmGoMemLimitQuantities(t *testing.T) {
 	base := []string{"-f", filepath.Join(chartDir, "ci", "default-values.yaml")}
 	const valuesFile = "values file: " // the rest of the argument is written to a file passed with -f
@@ -1313,8 +1312,8 @@ func TestHelmGoMemLimitQuantities(t *testing.T) {
 					gomem = &c.Env[i]
 				}
 			}
-			left := limit.Value() - tc.cacheMB<<20
-			want := strconv.FormatInt(left/10*9+left%10*9/10, 10) // 9*left/10 without overflow
+			v := limit.Value()
+			want := strconv.FormatInt(v/10*9+v%10*9/10, 10) // 9*v/10 without overflow
 			if gomem == nil || gomem.ValueFrom != nil || gomem.Value != want {
 				t.Errorf("GOMEMLIMIT %+v with a %s limit and a %d MiB cache, want value %s", gomem, tc.limit, tc.cacheMB, want)
 			}
@@ -1330,7 +1329,7 @@ func TestHelmGoMemLimitQuantities(t *testing.T) {
 // other extraEnv leaves the computed one in place.
 func TestHelmGoMemLimitExtraEnv(t *testing.T) {
 	base := []string{"-f", filepath.Join(chartDir, "ci", "default-values.yaml")}
-	computed := strconv.FormatInt((1536<<20-768<<20)*9/10, 10) // the default 1536Mi limit less the 768 MiB cache
+	computed := strconv.FormatInt((1536<<20)*9/10, 10) // 90% of the default 1536Mi limit
 	for _, tc := range []struct {
 		name   string
 		values string // written to a file passed with -f after base

@@ -236,6 +236,7 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer func() { _ = log.Sync() }()
 	log.Info("starting delaybridge", zap.String("version", versionString()), zap.Object("config", cfg.Redacted()))
+	logMemory(log, cfg.Store.CacheMB)
 	svc, err := service.New(ctx, cfg, service.Options{Logger: log})
 	if err != nil {
 		log.Error("start failed", zap.Error(err))
