@@ -311,7 +311,7 @@ func BenchmarkBoundedMemory10M(b *testing.B) {
 		for _, s := range e.Stats().Shards {
 			inWheel += s.InWheel
 		}
-		b.Logf("%d tasks loaded in %v (%.0f tasks/s), %d in wheels, process RSS %d MB (Pebble's block cache and memtables live outside the Go heap)",
+		b.Logf("%d tasks loaded in %v (%.0f tasks/s), %d in wheels, process RSS %d MB (Pebble's block cache and memtables live outside the Go heap in a cgo build)",
 			n, el, float64(n)/el.Seconds(), inWheel, rssMB())
 		b.ReportMetric(float64(heap)/(1<<20), "heap-MB")
 		b.ReportMetric(float64(heap-min(before, heap))/float64(n), "heap-bytes/task")
