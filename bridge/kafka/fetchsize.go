@@ -17,8 +17,10 @@ import "github.com/delaybridge/delaybridge/bridge"
 
 // minFetchBytes is the smallest limit a partition asks for. The broker
 // returns the first batch of a fetch whole even when it is larger, so a
-// small limit never stops progress; it only costs round trips.
-const minFetchBytes = 16 << 10
+// small limit never stops progress; it only costs round trips, and only
+// for records that compress over target/minFetchBytes times (1 024 with the
+// default target).
+const minFetchBytes = 1 << 10
 
 // stepGrowthLimit bounds how far a partition's limit grows, as a multiple
 // of Config.FetchMaxBytes, while it steps past the compacted tail of a
@@ -29,6 +31,9 @@ const stepGrowthLimit = 64
 type fetchSizer struct {
 	cur    int // the limit of the next fetch, in stored bytes
 	target int // decoded bytes aimed at per fetch (Config.FetchMaxBytes)
+	// beforeSteps is the limit before a run of steps past a compacted
+	// tail doubled it, 0 outside such a run.
+	beforeSteps int
 }
 
 func newFetchSizer(target int) fetchSizer {
@@ -42,22 +47,46 @@ func newFetchSizer(target int) fetchSizer {
 func (f *fetchSizer) limit() int { return f.cur }
 
 // next adjusts the limit after a fetch that decoded decoded bytes of
-// records (keys, values and headers of the records handed over). stepped
-// says the fetch only moved the position past offsets compaction emptied
-// at the end of a batch (decodeRecords): the batch after it did not fit
-// in the response, and only a larger limit brings it, so the limit
-// doubles (bounded) until it does. A fetch that decoded nothing else
-// (empty, or only markers and aborted records) leaves the limit as it is.
-func (f *fetchSizer) next(decoded int, stepped bool) {
-	switch {
-	case decoded > 0:
-		// cur stored bytes decoded to decoded: ask for what decodes to
-		// about target. Integer math in int64: cur*target may pass 2^31.
-		want := int64(f.cur) * int64(f.target) / int64(decoded)
-		f.cur = int(min(max(want, int64(min(minFetchBytes, f.target))), int64(f.target)))
-	case stepped:
+// records (keys, values and headers of the records handed over).
+//
+// A fetch that did not reach the end of what is readable filled its limit
+// (the broker adds batches until the next would pass it), so limit and
+// decoded give the compression ratio, and the next limit is what decodes
+// to about target. A fetch that reached it (caughtUp: the log ended, or
+// the last stable offset) holds less than its limit and says nothing of
+// the ratio: the limit may only shrink then, or a trickle would raise it
+// to target stored bytes and the next burst decode to many times target.
+//
+// stepped says the fetch only moved the position past offsets compaction
+// emptied at the end of a batch (decodeRecords): the batch after it did
+// not fit in the response, and only a larger limit brings it, so the
+// limit doubles (bounded) until it does, and the first fetch that is not
+// such a step goes back to the limit from before them. A fetch that
+// decoded nothing else (empty, or only markers and aborted records)
+// leaves the limit as it is.
+func (f *fetchSizer) next(decoded int, stepped, caughtUp bool) {
+	if stepped {
+		if f.beforeSteps == 0 {
+			f.beforeSteps = f.cur
+		}
 		f.cur = int(min(int64(f.cur)*2, int64(f.target)*stepGrowthLimit, 1<<30))
+		return
 	}
+	if f.beforeSteps != 0 {
+		// A response the steps made large says nothing of the ratio.
+		f.cur, f.beforeSteps = f.beforeSteps, 0
+		return
+	}
+	if decoded <= 0 {
+		return
+	}
+	// cur stored bytes decoded to decoded: ask for what decodes to about
+	// target. Integer math in int64: cur*target may pass 2^31.
+	want := int64(f.cur) * int64(f.target) / int64(decoded)
+	if caughtUp {
+		want = min(want, int64(f.cur))
+	}
+	f.cur = int(min(max(want, int64(min(minFetchBytes, f.target))), int64(f.target)))
 }
 
 // decodedBytes is what items hold of their records: keys, values and
@@ -73,3 +102,9 @@ func decodedBytes(items []bridge.Item) int {
 	}
 	return n
 }
+
+// probeFetchBytes is the limit of the identity checks' fetches. They look
+// at the record at one offset, whose batch the broker returns whole as
+// the first one, and every partition of the group checks at once at
+// start: the smallest limit serves.
+func probeFetchBytes(cfg *Config) int { return min(minFetchBytes, cfg.FetchMaxBytes) }

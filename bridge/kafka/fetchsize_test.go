@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -17,35 +19,51 @@ import (
 
 func TestFetchSizer(t *testing.T) {
 	const mib = 1 << 20
+	type fetch struct {
+		decoded           int
+		stepped, caughtUp bool
+	}
+	step := fetch{stepped: true}
 	tests := []struct {
 		name    string
 		target  int
 		cur     int // 0: the initial limit
-		decoded int
-		stepped bool
+		fetches []fetch
 		want    int
 	}{
 		{name: "starts at a sixteenth of the target", target: mib, want: 64 << 10},
-		{name: "starts at the floor", target: 100 << 10, want: minFetchBytes},
-		{name: "a target under the floor is the limit", target: 4 << 10, want: 4 << 10},
-		{name: "incompressible records grow it to the target", target: mib, cur: 64 << 10, decoded: 64 << 10, want: mib},
-		{name: "partly full fetch grows it, bounded by the target", target: mib, cur: 64 << 10, decoded: 1 << 10, want: mib},
-		{name: "records decoding to 14 times their size", target: mib, cur: mib, decoded: 14 * mib, want: mib / 14},
-		{name: "never under the floor", target: mib, cur: 64 << 10, decoded: 1 << 30, want: minFetchBytes},
-		{name: "nothing decoded leaves it", target: mib, cur: 200 << 10, want: 200 << 10},
-		{name: "a step past a compacted tail doubles it", target: mib, cur: 200 << 10, stepped: true, want: 400 << 10},
-		{name: "past the target while stepping", target: mib, cur: mib, stepped: true, want: 2 * mib},
-		{name: "stepping is bounded", target: mib, cur: 40 * mib, stepped: true, want: stepGrowthLimit * mib},
-		{name: "stepping is bounded below 2^31", target: 64 << 20, cur: 1 << 30, stepped: true, want: 1 << 30},
-		{name: "records read win over a step", target: mib, cur: 4 * mib, decoded: 2 * mib, stepped: true, want: mib},
-		{name: "no overflow of cur times target", target: 1 << 30, cur: 1 << 30, decoded: 1 << 29, want: 1 << 30},
+		{name: "a sixteenth over the floor", target: 100 << 10, want: 100 << 10 / 16},
+		{name: "starts at the floor", target: 8 << 10, want: minFetchBytes},
+		{name: "a target under the floor is the limit", target: 512, want: 512},
+		{name: "incompressible records grow it to the target", target: mib, cur: 64 << 10, fetches: []fetch{{decoded: 64 << 10}}, want: mib},
+		{name: "records decoding to 14 times their size", target: mib, cur: mib, fetches: []fetch{{decoded: 14 * mib}}, want: mib / 14},
+		{name: "never under the floor", target: mib, cur: 64 << 10, fetches: []fetch{{decoded: 1 << 30}}, want: minFetchBytes},
+		{name: "never over the target", target: mib, cur: 512 << 10, fetches: []fetch{{decoded: 1 << 10}}, want: mib},
+		{name: "nothing decoded leaves it", target: mib, cur: 200 << 10, fetches: []fetch{{}}, want: 200 << 10},
+		{name: "caught up: a trickle does not grow it", target: mib, cur: 64 << 10, fetches: []fetch{{decoded: 1 << 10, caughtUp: true}}, want: 64 << 10},
+		{name: "caught up: it may shrink", target: mib, cur: mib, fetches: []fetch{{decoded: 14 * mib, caughtUp: true}}, want: mib / 14},
+		{name: "caught up, then a backlog grows it", target: mib, cur: 64 << 10,
+			fetches: []fetch{{decoded: 1 << 10, caughtUp: true}, {decoded: 64 << 10}}, want: mib},
+		{name: "a step past a compacted tail doubles it", target: mib, cur: 200 << 10, fetches: []fetch{step}, want: 400 << 10},
+		{name: "steps double it past the target", target: mib, cur: mib, fetches: []fetch{step, step, step}, want: 8 * mib},
+		{name: "stepping is bounded", target: mib, cur: 40 * mib, fetches: []fetch{step}, want: stepGrowthLimit * mib},
+		{name: "stepping is bounded below 2^31", target: 64 << 20, cur: 1 << 30, fetches: []fetch{step}, want: 1 << 30},
+		{name: "the batch after the steps: back to the limit before them", target: mib, cur: 200 << 10,
+			fetches: []fetch{step, step, step, {decoded: 3 * mib}}, want: 200 << 10},
+		{name: "an empty fetch after the steps: back too", target: mib, cur: 200 << 10,
+			fetches: []fetch{step, step, {caughtUp: true}}, want: 200 << 10},
+		{name: "then sized as before", target: mib, cur: 200 << 10,
+			fetches: []fetch{step, {decoded: 3 * mib}, {decoded: 400 << 10}}, want: 512 << 10},
+		{name: "no overflow of cur times target", target: 1 << 30, cur: 1 << 30, fetches: []fetch{{decoded: 1 << 29}}, want: 1 << 30},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFetchSizer(tt.target)
 			if tt.cur != 0 {
 				f.cur = tt.cur
-				f.next(tt.decoded, tt.stepped)
+			}
+			for _, ft := range tt.fetches {
+				f.next(ft.decoded, ft.stepped, ft.caughtUp)
 			}
 			if got := f.limit(); got != tt.want {
 				t.Fatalf("limit %d, want %d", got, tt.want)
@@ -74,18 +92,24 @@ func TestFetchSizerPassesACompactedTail(t *testing.T) {
 		if offset < 10000 {
 			set = append(slices.Clone(first), second[:min(len(second), max(0, size.limit()-len(first)))]...)
 		}
-		notes.stepped = false
 		items, next, err := decodeRecords(readRecordSet(t, set), "delay", 0, offset, &codec.Rules{}, nil, nil, time.Now(), &notes)
 		if err != nil {
 			t.Fatal(err)
 		}
-		size.next(decodedBytes(items), notes.stepped && len(items) == 0)
+		if len(items) == 0 && !notes.stepped {
+			t.Fatalf("fetch %d at %d: no items, not stepped", fetches, offset)
+		}
+		size.next(decodedBytes(items), notes.stepped && len(items) == 0, false)
 		if len(items) > 0 {
 			if items[0].Msg.Offset != 10000 || len(items[0].Msg.Value) != 1<<20 {
 				t.Fatalf("fetch %d at %d: first item at %d, %d bytes", fetches, offset, items[0].Msg.Offset, len(items[0].Msg.Value))
 			}
 			if fetches > 8 {
 				t.Fatalf("%d fetches to pass the compacted tail", fetches)
+			}
+			// stepped is a fact of one fetch: the next one starts clean.
+			if _, _, err := decodeRecords(readRecordSet(t, second), "delay", 0, 10000, &codec.Rules{}, nil, nil, time.Now(), &notes); err != nil || notes.stepped {
+				t.Fatalf("a fetch after the steps: stepped %v (%v)", notes.stepped, err)
 			}
 			return
 		}
@@ -133,11 +157,11 @@ func TestSourceFetchesAboutFetchMaxBytesDecoded(t *testing.T) {
 				t.Fatal(err)
 			}
 			var mu sync.Mutex
-			var decoded []int // per fetch that read records
-			s.testHookFetched = func(_, d int) {
+			var limits, decoded []int // per fetch that read records
+			s.testHookFetched = func(l, d int) {
 				if d > 0 {
 					mu.Lock()
-					decoded = append(decoded, d)
+					limits, decoded = append(limits, l), append(decoded, d)
 					mu.Unlock()
 				}
 			}
@@ -157,11 +181,123 @@ func TestSourceFetchesAboutFetchMaxBytesDecoded(t *testing.T) {
 			if most := slices.Max(decoded); most > 2*target {
 				t.Errorf("a fetch decoded %d bytes, over twice FetchMaxBytes (%d); per fetch: %v", most, target, decoded)
 			}
+			// The first fetch, at the starting limit, decodes over the
+			// target here: the next asks for less.
+			if compressible && (len(decoded) < 2 || decoded[0] <= target || limits[1] >= limits[0]) {
+				t.Errorf("limits %v for decoded %v: want the first over the target and the second limit smaller", limits, decoded)
+			}
 			// n*size is 2 MiB, eight times the target: about eight fetches
 			// at the full limit, a few more while it grows.
 			if !compressible && len(decoded) > 12 {
 				t.Errorf("%d fetches for %d bytes of incompressible records at a %d byte target: %v", len(decoded), n*size, target, decoded)
 			}
 		})
+	}
+}
+
+// After a partition caught up with its log, a fetch returns less than its
+// limit and tells nothing of the compression ratio: a trickle must not
+// raise the limit, or the next burst of compressible records is read at
+// FetchMaxBytes stored bytes and decodes to many times that (review
+// finding: 0.6-1.8 MiB per fetch at a 256 KiB target).
+func TestSourceFetchSizeAfterCatchingUp(t *testing.T) {
+	const target = 256 << 10
+	const size = 2 << 10
+	c := newCluster(t)
+	if err := c.CreateTopic("delay", 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	cl := producer(t, c, kgo.ProducerBatchMaxBytes(32<<10), kgo.ProducerBatchCompression(kgo.SnappyCompression()))
+	records := func(from, n int) []*kgo.Record {
+		rs := make([]*kgo.Record, n)
+		for i := range rs {
+			rs[i] = &kgo.Record{Topic: "delay", Value: bytes.Repeat([]byte{byte(from + i)}, size)}
+		}
+		return rs
+	}
+	produce(t, cl, records(0, 1000)...) // a backlog: the worker learns the ratio
+	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
+	cfg.FetchMaxBytes = target
+	s, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var limits, decoded []int
+	s.testHookFetched = func(l, d int) {
+		mu.Lock()
+		limits, decoded = append(limits, l), append(decoded, d)
+		mu.Unlock()
+	}
+	h := newMemHandler()
+	stop := runSource(t, s, h)
+	waitFor(t, "the backlog", func() bool { return h.count() == 1000 })
+	for i := range 3 { // a trickle, read while caught up
+		produce(t, cl, records(1000+i, 1)...)
+		waitFor(t, "a trickle record", func() bool { return h.count() == 1001+i })
+	}
+	mu.Lock()
+	mark := len(decoded)
+	mu.Unlock()
+	produce(t, cl, records(1003, 1000)...) // a burst
+	waitFor(t, "the burst", func() bool { return h.count() == 2003 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := mark; i < len(decoded); i++ {
+		if decoded[i] > 2*target {
+			t.Errorf("fetch %d of the burst (limit %d) decoded %d bytes, over twice FetchMaxBytes %d; limits %v, decoded %v",
+				i-mark, limits[i], decoded[i], target, limits, decoded)
+		}
+	}
+}
+
+// The identity check fetches the checkpointed record alone: the broker
+// returns its batch whole at any limit, and at start every partition
+// checks at once, so it asks for the smallest limit, not FetchMaxBytes
+// (review finding: 2 MB decoded per partition to compare one record).
+func TestIdentityCheckFetchesOneBatch(t *testing.T) {
+	t0 := time.Now().Add(-time.Hour).Truncate(time.Second)
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	produce(t, producer(t, c), gen{"a", 6, t0}.records("delay", 0)...)
+	h := newMemHandler()
+	consume(t, c, h, 6, 6)
+	cp := h.checkpoint(CheckpointKey("delay", 0))
+	s, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var asked []int32
+	c.ControlKey(int16(kmsg.Fetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kreq.(*kmsg.FetchRequest)
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, req.MaxBytes)
+		for _, rt := range req.Topics {
+			for _, rp := range rt.Partitions {
+				asked = append(asked, rp.PartitionMaxBytes)
+			}
+		}
+		return nil, nil, false
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	got, err := s.checkIdentity(ctx, "delay", 0, cp)
+	if err != nil || got.verdict != identitySame {
+		t.Fatalf("checkIdentity = %+v, %v; want the same record", got, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) == 0 {
+		t.Fatal("no fetch seen")
+	}
+	for _, n := range asked {
+		if n > minFetchBytes {
+			t.Fatalf("identity check fetches asked for %v bytes, want at most %d", asked, minFetchBytes)
+		}
 	}
 }

@@ -135,7 +135,7 @@ func (s *Source) checkIdentity(ctx context.Context, topic string, partition int,
 			return c, nil
 		}
 		notes := decodeNotes{probe: true, probeAt: cp.Offset}
-		items, next, _, err := fetchItems(ctx, s.client, &s.cfg, topic, partition, cp.Offset, s.cfg.MaxWait, s.cfg.FetchMaxBytes, nil, nil, &notes)
+		items, next, _, err := fetchItems(ctx, s.client, &s.cfg, topic, partition, cp.Offset, s.cfg.MaxWait, probeFetchBytes(&s.cfg), nil, nil, &notes)
 		switch {
 		case errors.Is(err, kafkago.OffsetOutOfRange):
 			// Past the log end, or retention moved the start past it
@@ -193,7 +193,7 @@ func (s *Source) checkIdentity(ctx context.Context, topic string, partition int,
 // at cp.Offset.
 func (s *Source) probePastOffset(ctx context.Context, topic string, partition int, cp shard.Checkpoint, c logCheck) (logCheck, error) {
 	var notes decodeNotes
-	_, _, _, err := fetchItems(ctx, s.client, &s.cfg, topic, partition, cp.Offset+1, s.cfg.MaxWait, s.cfg.FetchMaxBytes, nil, nil, &notes)
+	_, _, _, err := fetchItems(ctx, s.client, &s.cfg, topic, partition, cp.Offset+1, s.cfg.MaxWait, probeFetchBytes(&s.cfg), nil, nil, &notes)
 	switch {
 	case errors.Is(err, kafkago.OffsetOutOfRange):
 		if c.first, c.end, err = s.logRange(ctx, topic, partition); err != nil {

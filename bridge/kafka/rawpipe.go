@@ -72,13 +72,13 @@ func RawPipe(ctx context.Context, brokers []string, from, to string, n int) (tim
 			defer wg.Done()
 			offset := kafkago.FirstOffset
 			var items []bridge.Item
-			var notes decodeNotes
 			size := newFetchSizer(cfg.FetchMaxBytes) // as the source sizes its fetches
 			for ctx.Err() == nil {
 				var err error
-				notes.stepped = false
-				items, offset, _, err = fetchItems(ctx, client, &cfg, from, p, offset, cfg.MaxWait, size.limit(), nil, items[:0], &notes)
-				size.next(decodedBytes(items), notes.stepped && len(items) == 0)
+				var hw int64
+				var notes decodeNotes
+				items, offset, hw, err = fetchItems(ctx, client, &cfg, from, p, offset, cfg.MaxWait, size.limit(), nil, items[:0], &notes)
+				size.next(decodedBytes(items), notes.stepped && len(items) == 0, err == nil && hw >= 0 && offset >= hw)
 				if err != nil {
 					if ctx.Err() == nil {
 						fail(fmt.Errorf("kafka: rawpipe: fetch %s/%d: %w", from, p, err))

@@ -617,10 +617,9 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 		var hw int64
 		var err error
 		before, limit := len(pending), size.limit()
-		notes.stepped = false
 		pending, offset, hw, err = s.fetch(ctx, topic, partition, offset, maxWait, limit, rules, pending, &notes)
 		decoded := decodedBytes(pending[before:])
-		size.next(decoded, notes.stepped && len(pending) == before)
+		size.next(decoded, notes.stepped && len(pending) == before, err == nil && hw >= 0 && offset >= hw)
 		if s.testHookFetched != nil {
 			s.testHookFetched(limit, decoded)
 		}
@@ -875,6 +874,7 @@ func decodeRecords(rr kafkago.RecordReader, topic string, partition int, offset 
 	if notes == nil {
 		notes = new(decodeNotes)
 	}
+	notes.stepped = false // a fact of this fetch
 	readers := []kafkago.RecordReader{rr}
 	if st, ok := rr.(*protocol.RecordStream); ok {
 		readers = st.Records
