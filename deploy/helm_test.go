@@ -846,7 +846,7 @@ func TestHelmTemplateRefuses(t *testing.T) {
 		{"binary default shutdown_timeout over grace period", append([]string{"--set", "config.shutdown_timeout=null", "--set", "terminationGracePeriodSeconds=10"}, withToken...),
 			"config.shutdown_timeout (10s, the default) must be below terminationGracePeriodSeconds (10)"},
 		{"memory limit below the store cache", append([]string{"--set", "resources.limits.memory=768Mi"}, withToken...),
-			"resources.limits.memory 768Mi leaves less than 128Mi beside config.store.cache_mb (768 MiB)"},
+			"resources.limits.memory 768Mi gives a GOMEMLIMIT (90% of it) that leaves less than 128Mi beside config.store.cache_mb (768 MiB)"},
 		{"memtable over the schema bound", append([]string{"--set", "config.store.memtable_mb=2"}, withToken...),
 			"memtable_mb"},
 	}
@@ -1254,7 +1254,7 @@ func TestHelmGoMemLimitQuantities(t *testing.T) {
 		{"Ti", "1Ti", []string{"--set-string", "resources.limits.memory=1Ti"}, 768, ""},
 		{"plain bytes string", "1610612736", []string{"--set-string", "resources.limits.memory=1610612736"}, 768, ""},
 		{"plain bytes int", "1610612736", []string{"--set", "resources.limits.memory=1610612736"}, 768, ""},
-		{"exponent", "1e9", []string{"--set-string", "resources.limits.memory=1e9"}, 768, ""},
+		{"exponent", "1.2e9", []string{"--set-string", "resources.limits.memory=1.2e9"}, 768, ""},
 		{"signed exponent", "2E+09", []string{"--set-string", "resources.limits.memory=2E+09"}, 768, ""},
 		{"leading plus", "+2Gi", []string{"--set-string", "resources.limits.memory=+2Gi"}, 768, ""},
 		{"milli", "1610612736000m", []string{"--set-string", "resources.limits.memory=1610612736000m"}, 768, ""},
@@ -1273,7 +1273,12 @@ func TestHelmGoMemLimitQuantities(t *testing.T) {
 		{"negative", "", []string{"--set-string", "resources.limits.memory=-2Gi"}, 0,
 			`resources.limits.memory "-2Gi" is not a Kubernetes quantity`},
 		{"decimal unit below the cache", "", []string{"--set-string", "resources.limits.memory=900M"}, 0,
-			"resources.limits.memory 900M leaves less than 128Mi beside config.store.cache_mb (768 MiB)"},
+			"resources.limits.memory 900M gives a GOMEMLIMIT (90% of it) that leaves less than 128Mi beside config.store.cache_mb (768 MiB)"},
+		// 90% of 995Mi is 895.5Mi, under 768+128: the GC would thrash
+		// once the cache filled (review finding: 896Mi-995Mi rendered).
+		{"limit whose 90% is under cache + 128Mi", "", []string{"--set-string", "resources.limits.memory=995Mi"}, 0,
+			"resources.limits.memory 995Mi gives a GOMEMLIMIT (90% of it) that leaves less than 128Mi beside config.store.cache_mb (768 MiB)"},
+		{"smallest limit whose 90% leaves 128Mi", "996Mi", []string{"--set-string", "resources.limits.memory=996Mi"}, 768, ""},
 		{"too large", "", []string{"--set-string", "resources.limits.memory=1e30"}, 0,
 			"resources.limits.memory 1e30 is too large for GOMEMLIMIT"},
 	} {

@@ -264,12 +264,12 @@ a string or as a YAML number (which Helm holds as a float and prints as
 1.610612736e+09). Fractional bytes round up, as Kubernetes rounds them.
 Anything else fails the render rather than render no limit: without one
 the GC lets the heap, the cache in it, grow to twice its live size. Fails
-too when the limit does not leave 128 MiB beside the cache.
+too when that 90% does not leave 128 MiB beside the cache.
 */}}
 {{- define "delaybridge.goMemLimit" -}}
 {{- $m := toString .Values.resources.limits.memory }}
 {{- if not (regexMatch "^\\+?([0-9]+(\\.[0-9]*)?|\\.[0-9]+)([eE][-+]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$" $m) }}
-{{- fail (printf "resources.limits.memory %q is not a Kubernetes quantity the chart can read (e.g. 1536Mi, 1.5Gi, 2G, 1610612736): write it in Mi or Gi, or set goMemLimitFromResources: false and GOMEMLIMIT yourself through extraEnv (at most 90%% of the limit less config.store.cache_mb)" $m) }}
+{{- fail (printf "resources.limits.memory %q is not a Kubernetes quantity the chart can read (e.g. 1536Mi, 1.5Gi, 2G, 1610612736): write it in Mi or Gi, or set goMemLimitFromResources: false and GOMEMLIMIT yourself through extraEnv (about 90%% of the limit, at least config.store.cache_mb + 128Mi: the cache is Go heap in this image)" $m) }}
 {{- end }}
 {{- $parts := regexSplit "(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)$" (trimPrefix "+" $m) -1 }}
 {{- $num := index $parts 0 }}
@@ -281,10 +281,10 @@ too when the limit does not leave 128 MiB beside the cache.
 {{- end }}
 {{- $cacheMB := 768 }}
 {{- with .Values.config }}{{- with .store }}{{- with .cache_mb }}{{- $cacheMB = int64 . }}{{- end }}{{- end }}{{- end }}
-{{- $left := sub (int64 $bytes) (mul $cacheMB 1048576) }}
-{{- if lt $left 134217728 }}
-{{- fail (printf "resources.limits.memory %s leaves less than 128Mi beside config.store.cache_mb (%d MiB): raise the limit or lower the cache" $m $cacheMB) }}
-{{- end }}
 {{- /* floor(9*bytes/10) without the product overflowing int64 */}}
-{{- sub (int64 $bytes) (div (add (int64 $bytes) 9) 10) }}
+{{- $limit := sub (int64 $bytes) (div (add (int64 $bytes) 9) 10) }}
+{{- if lt (sub $limit (mul $cacheMB 1048576)) 134217728 }}
+{{- fail (printf "resources.limits.memory %s gives a GOMEMLIMIT (90%% of it) that leaves less than 128Mi beside config.store.cache_mb (%d MiB), which is Go heap in this image: the GC would run back to back once the cache fills; raise the limit or lower the cache" $m $cacheMB) }}
+{{- end }}
+{{- $limit }}
 {{- end }}
