@@ -58,8 +58,8 @@ func TestSmallReport(t *testing.T) {
 	if len(r.Errors) > 0 {
 		t.Fatalf("errors: %v", r.Errors)
 	}
-	if len(r.Runs) != 8 {
-		t.Fatalf("%d runs, want 8", len(r.Runs))
+	if len(r.Runs) != 10 {
+		t.Fatalf("%d runs, want 10", len(r.Runs))
 	}
 	for _, run := range r.Runs {
 		if run.Rate <= 0 || run.BenchCPUUs <= 0 {
@@ -70,7 +70,8 @@ func TestSmallReport(t *testing.T) {
 		t.Errorf("fresh page cost %v µs, want it measured", r.Machine.FreshPageUs)
 	}
 	md := r.Markdown()
-	for _, want := range []string{"bridge page faults /msg", "bridge / raw pipe throughput", "both read at a target consumer", "| nats | raw pipe, rate at a consumer", "p99 lateness at 2000 msg/s", "| kafka | raw pipe"} {
+	for _, want := range []string{"bridge page faults /msg", "| kafka | bridge, delay 1000 ms, unpaced, after 500 through the same process |",
+		"bridge after 500 through the same process / raw pipe, both read at a target consumer (for information) | nats", "bridge / raw pipe throughput", "both read at a target consumer", "| nats | raw pipe, rate at a consumer", "p99 lateness at 2000 msg/s", "| kafka | raw pipe"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
 		}

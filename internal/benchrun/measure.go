@@ -29,6 +29,10 @@ const msgSize = 1024
 // up.
 const warmupID = math.MaxUint32
 
+// warmBase is the first id of a warm-up burst (bridgeRun's warm), far from
+// the measured ids (0..n-1).
+const warmBase = 1 << 31
+
 func value(id uint32) []byte {
 	v := make([]byte, msgSize)
 	binary.BigEndian.PutUint32(v, id)
@@ -177,11 +181,18 @@ type targetReader struct {
 	dups    int
 	changed chan struct{}
 	stop    func()
+	// ignoreFrom, when not 0: ids from it on (a warm-up burst's, but
+	// warmupID) are no longer recorded (see forget).
+	ignoreFrom uint32
 }
 
 func (r *targetReader) add(id uint32, due int64) {
 	now := time.Now()
 	r.mu.Lock()
+	if r.ignoreFrom != 0 && id >= r.ignoreFrom && id != warmupID {
+		r.mu.Unlock()
+		return
+	}
 	if _, ok := r.got[id]; ok {
 		r.dups++
 	} else {
@@ -199,6 +210,32 @@ func (r *targetReader) has(id uint32) bool {
 	defer r.mu.Unlock()
 	_, ok := r.got[id]
 	return ok
+}
+
+// forget drops what arrived so far but the warm-up message, and from now
+// on ignores the ids from `from` on, those of a warm-up burst: the
+// measurement after it starts clean.
+func (r *targetReader) forget(from uint32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	kept := map[uint32]receipt{}
+	if rc, ok := r.got[warmupID]; ok {
+		kept[warmupID] = rc
+	}
+	r.got, r.dups, r.ignoreFrom = kept, 0, from
+}
+
+// countFrom is how many distinct ids from `from` on (but warmupID) arrived.
+func (r *targetReader) countFrom(from uint32) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for id := range r.got {
+		if id >= from && id != warmupID {
+			n++
+		}
+	}
+	return n
 }
 
 func (r *targetReader) count() int {
@@ -326,9 +363,11 @@ type Measurement struct {
 	Transport string `json:"transport"`
 	// Mode: "raw" (RawPipe, no delay, no store), "raw-read" (the same with
 	// a consumer reading its target), "bridge" (as fast as the publisher
-	// goes) or "paced" (publisher paced at Rate msg/s).
+	// goes), "bridge-warm" (the same after Warm messages went through the
+	// same bridge process) or "paced" (publisher paced at Rate msg/s).
 	Mode        string  `json:"mode"`
 	N           int     `json:"n"`
+	Warm        int     `json:"warm,omitempty"`         // messages through the bridge before the measured ones
 	PublishRate int     `json:"publish_rate,omitempty"` // paced target, msg/s
 	DelayMs     int64   `json:"delay_ms"`
 	Seconds     float64 `json:"seconds"` // the denominator of Rate
@@ -469,7 +508,14 @@ const profileSecs = 3
 // of delay to the delay source, read at the target. With profile set (and
 // the bridge a child process) the first profileSecs of the measured run
 // are recorded as a CPU profile of the bridge into that file.
-func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Duration, dir, exe, profile string, log *zap.Logger) (*Measurement, error) {
+//
+// warm > 0 first sends warm messages the same way (ids from warmBase on)
+// and waits for all of them at the target: the measured run then finds the
+// bridge process as a long-running one would, its memory already taken
+// from the system (the memtable arenas, the heap). On a machine where a
+// fresh page is expensive (Machine.FreshPageUs) that is most of the
+// difference to the first run.
+func bridgeRun(ctx context.Context, transport string, n, rate, warm int, delay time.Duration, dir, exe, profile string, log *zap.Logger) (*Measurement, error) {
 	b, err := startBroker(transport, dir)
 	if err != nil {
 		return nil, err
@@ -508,6 +554,19 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 	}
 	if err := tr.wait(wctx, func() bool { return tr.has(warmupID) }); err != nil {
 		return nil, fmt.Errorf("benchrun: %s bridge: warm-up message not delivered: %w", transport, err)
+	}
+	if warm > 0 {
+		hdrs := []codec.Header{{Key: codec.HeaderAfter, Value: []byte(fmt.Sprint(delay.Milliseconds()))}, {Key: codec.HeaderTarget, Value: []byte(target)}}
+		limit := time.Duration(warm/1000)*time.Second + 5*time.Minute
+		bctx, cancel := context.WithTimeout(ctx, limit)
+		defer cancel()
+		if err := pub.publish(bctx, warmBase, warm, 0, hdrs); err != nil {
+			return nil, err
+		}
+		if err := tr.wait(bctx, func() bool { return tr.countFrom(warmBase) >= warm }); err != nil {
+			return nil, fmt.Errorf("benchrun: %s bridge: %d of %d warm-up messages delivered within %v: %w", transport, tr.countFrom(warmBase), warm, limit, err)
+		}
+		tr.forget(warmBase)
 	}
 
 	var ingestedAt atomic.Int64
@@ -575,11 +634,14 @@ func bridgeRun(ctx context.Context, transport string, n, rate int, delay time.Du
 	tr.mu.Unlock()
 
 	mode := "bridge"
-	if rate > 0 {
+	switch {
+	case rate > 0:
 		mode = "paced"
+	case warm > 0:
+		mode = "bridge-warm"
 	}
 	secs := last.Sub(start).Seconds() - delay.Seconds()
-	run := &Measurement{Transport: transport, Mode: mode, N: n, PublishRate: rate, DelayMs: delay.Milliseconds(), Seconds: secs,
+	run := &Measurement{Transport: transport, Mode: mode, N: n, Warm: warm, PublishRate: rate, DelayMs: delay.Milliseconds(), Seconds: secs,
 		Rate: float64(n) / secs, Lateness: summarize(lat), Duplicates: dups, PeakRSSMB: peakRSSMB(), samples: lat,
 		BridgeRSSMB: br.peakRSSMB(), BridgeCPUUs: cpuUs, BenchCPUUs: benchUs, BridgeFaults: bridgeFaults, BenchFaults: benchFaults}
 	if at := ingestedAt.Load(); at > 0 {
