@@ -36,7 +36,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer, clea
 	only := fs.String("only", "", "comma-separated parts to run: throughput,lateness,capacity,recovery (default all)")
 	transports := fs.String("transports", "", "comma-separated transports of the throughput and lateness runs: kafka,nats (default both)")
 	out := fs.String("out", "bench-out", "directory for report.json, report.md and lateness.png")
-	profile := fs.Bool("profile", false, "write a 3 s CPU profile of each bridge run into -out (bridge-kafka.cpu.pprof, bridge-nats.cpu.pprof; paced runs: bridge-kafka-paced.cpu.pprof, ...)")
+	profile := fs.Bool("profile", false, "write a 3 s CPU profile of each bridge run (not the warm ones) into -out (bridge-kafka.cpu.pprof, bridge-nats.cpu.pprof; paced runs: bridge-kafka-paced.cpu.pprof, ...)")
 	work := fs.String("work", "", "scratch directory for stores and broker data (default the system temp dir)")
 	child := fs.String("child", "", "internal: run one engine-level measurement in this process")
 	dir := fs.String("dir", "", "internal: the child's store directory")
