@@ -1,0 +1,35 @@
+package main
+
+import (
+	"testing"
+	"testing/fstest"
+)
+
+func TestContainerMemoryLimit(t *testing.T) {
+	file := func(s string) *fstest.MapFile { return &fstest.MapFile{Data: []byte(s)} }
+	tests := []struct {
+		name   string
+		files  fstest.MapFS
+		cgroup string
+		want   int64
+	}{
+		{"v2, own cgroup", fstest.MapFS{"sys/fs/cgroup/kubepods/pod1/memory.max": file("1610612736\n")}, "0::/kubepods/pod1\n", 1610612736},
+		{"v2, namespaced root", fstest.MapFS{"sys/fs/cgroup/memory.max": file("1073741824\n")}, "0::/\n", 1 << 30},
+		{"v2, own path not mounted: the root's", fstest.MapFS{"sys/fs/cgroup/memory.max": file("1073741824\n")}, "0::/elsewhere\n", 1 << 30},
+		{"v2, no limit", fstest.MapFS{"sys/fs/cgroup/memory.max": file("max\n")}, "0::/\n", 0},
+		{"v1, own cgroup", fstest.MapFS{"sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes": file("536870912\n")},
+			"12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n", 512 << 20},
+		{"v1, no limit", fstest.MapFS{"sys/fs/cgroup/memory/memory.limit_in_bytes": file("9223372036854771712\n")}, "4:memory:/\n", 0},
+		{"v1 and an empty v2 line (hybrid)", fstest.MapFS{"sys/fs/cgroup/memory/memory.limit_in_bytes": file("2147483648\n")}, "4:memory:/\n0::/\n", 2 << 30},
+		{"garbage", fstest.MapFS{"sys/fs/cgroup/memory.max": file("lots\n")}, "0::/\n", 0},
+		{"nothing to read", fstest.MapFS{}, "0::/\n", 0},
+		{"no /proc/self/cgroup", fstest.MapFS{"sys/fs/cgroup/memory.max": file("1073741824\n")}, "", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := containerMemoryLimit(tt.files, tt.cgroup); got != tt.want {
+				t.Fatalf("containerMemoryLimit = %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
