@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -299,5 +300,92 @@ func TestIdentityCheckFetchesOneBatch(t *testing.T) {
 		if n > minFetchBytes {
 			t.Fatalf("identity check fetches asked for %v bytes, want at most %d", asked, minFetchBytes)
 		}
+	}
+}
+
+// A fetch that fails or comes back empty does not run decodeRecords: the
+// step note of an earlier fetch must not carry over, or every idle poll
+// after steps past a compacted tail doubles the limit again, up to 64
+// times FetchMaxBytes for the next burst (review finding: 64 MiB after a
+// second of idle polls). Here the steps 1->2->3 double it (a batch after
+// the tail might not have fit), the step to the log end does not, and the
+// idle polls after it are back at the limit from before the steps.
+func TestFetchSizeAfterStepsToTheLogEnd(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	now := time.Now().UnixMilli()
+	batch := encodeBatch(0, 0, now, now, 4, []kmsg.Record{delayRecord("1m")}) // offsets 1..4 compacted away
+	c.ControlKey(int16(kmsg.Fetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kreq.(*kmsg.FetchRequest)
+		if len(req.Topics) != 1 || len(req.Topics[0].Partitions) != 1 {
+			return nil, nil, false
+		}
+		resp := req.ResponseKind().(*kmsg.FetchResponse)
+		rt := kmsg.NewFetchResponseTopic()
+		rt.Topic, rt.TopicID = req.Topics[0].Topic, req.Topics[0].TopicID
+		rp := kmsg.NewFetchResponseTopicPartition()
+		rp.HighWatermark, rp.LastStableOffset, rp.LogStartOffset = 5, 5, 0
+		if req.Topics[0].Partitions[0].FetchOffset < 5 {
+			rp.RecordBatches = batch
+		}
+		rt.Partitions = append(rt.Partitions, rp)
+		resp.Topics = append(resp.Topics, rt)
+		return resp, nil, true
+	})
+	s, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var limits []int
+	s.testHookFetched = func(l, _ int) {
+		mu.Lock()
+		limits = append(limits, l)
+		mu.Unlock()
+	}
+	h := newMemHandler()
+	stop := runSource(t, s, h)
+	waitFor(t, "record 0", func() bool { return h.count() == 1 })
+	waitFor(t, "ten more fetches", func() bool { mu.Lock(); defer mu.Unlock(); return len(limits) >= 12 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if most := slices.Max(limits); most > 8*s.cfg.FetchMaxBytes {
+		t.Fatalf("a fetch asked for %d bytes, over 8 times FetchMaxBytes (three doublings): limits %v", most, limits)
+	}
+	for i, l := range limits[len(limits)-5:] {
+		if l > s.cfg.FetchMaxBytes {
+			t.Fatalf("idle poll %d asked for %d bytes, over FetchMaxBytes %d: limits %v", i, l, s.cfg.FetchMaxBytes, limits)
+		}
+	}
+}
+
+// The step note is a fact of one fetch: a fetch that fails or comes back
+// empty clears it too (it returns before decodeRecords), or a stale note
+// would double the limit on every retry of a failing fetch.
+func TestFetchItemsClearsTheStepNote(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
+	cfg.setDefaults()
+	client := &kafkago.Client{Addr: kafkago.TCP(c.ListenAddrs()...), Transport: cfg.transport()}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		name  string
+		topic string
+		fails bool
+	}{{"empty", "delay", false}, {"failed", "no-such-topic", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			notes := decodeNotes{stepped: true}
+			items, _, _, err := fetchItems(ctx, client, &cfg, tc.topic, 0, 0, 10*time.Millisecond, 1<<10, nil, nil, &notes)
+			if (err != nil) != tc.fails || len(items) != 0 {
+				t.Fatalf("fetch: %d items, %v", len(items), err)
+			}
+			if notes.stepped {
+				t.Fatal("the step note of an earlier fetch survived")
+			}
+		})
 	}
 }

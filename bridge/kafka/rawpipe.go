@@ -78,7 +78,8 @@ func RawPipe(ctx context.Context, brokers []string, from, to string, n int) (tim
 				var hw int64
 				var notes decodeNotes
 				items, offset, hw, err = fetchItems(ctx, client, &cfg, from, p, offset, cfg.MaxWait, size.limit(), nil, items[:0], &notes)
-				size.next(decodedBytes(items), notes.stepped && len(items) == 0, err == nil && hw >= 0 && offset >= hw)
+				caughtUp := err == nil && hw >= 0 && offset >= hw
+				size.next(decodedBytes(items), notes.stepped && len(items) == 0 && !caughtUp, caughtUp)
 				if err != nil {
 					if ctx.Err() == nil {
 						fail(fmt.Errorf("kafka: rawpipe: fetch %s/%d: %w", from, p, err))

@@ -619,7 +619,9 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 		before, limit := len(pending), size.limit()
 		pending, offset, hw, err = s.fetch(ctx, topic, partition, offset, maxWait, limit, rules, pending, &notes)
 		decoded := decodedBytes(pending[before:])
-		size.next(decoded, notes.stepped && len(pending) == before, err == nil && hw >= 0 && offset >= hw)
+		caughtUp := err == nil && hw >= 0 && offset >= hw
+		// A step that reached the end of the log left no batch out.
+		size.next(decoded, notes.stepped && len(pending) == before && !caughtUp, caughtUp)
 		if s.testHookFetched != nil {
 			s.testHookFetched(limit, decoded)
 		}
@@ -695,7 +697,6 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 			}
 			continue
 		}
-		caughtUp := err == nil && hw >= 0 && offset >= hw
 		if !lingered && caughtUp && s.cfg.Linger > 0 && len(pending) < s.cfg.MaxBatch {
 			continue
 		}
@@ -787,6 +788,9 @@ func (n *decodeNotes) untimedAt(offset int64) bool {
 
 func fetchItems(ctx context.Context, client *kafkago.Client, cfg *Config, topic string, partition int, offset int64,
 	maxWait time.Duration, maxBytes int, rules *codec.Rules, items []bridge.Item, notes *decodeNotes) ([]bridge.Item, int64, int64, error) {
+	if notes != nil {
+		notes.stepped = false // a fact of this fetch, also when it fails or is empty
+	}
 	if offset < 0 {
 		// FirstOffset / LastOffset: resolve once, so the fetch position
 		// (and the lag) is a real offset from here on.
