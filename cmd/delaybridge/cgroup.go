@@ -10,11 +10,13 @@ import (
 // containerMemoryLimit is the memory limit of the cgroup this process
 // runs in, in bytes, or 0 when there is none or it cannot be read. root
 // is the file system root ("/" in production); procCgroup is the text of
-// /proc/self/cgroup. cgroup v2 ("0::PATH", file memory.max, "max" when
-// unlimited) is tried first, then v1 (the "memory" controller, file
-// memory.limit_in_bytes, a huge number when unlimited); in each, the
-// process's own cgroup directory, then the mount's root (what a container
-// with its own cgroup namespace sees as its cgroup).
+// /proc/self/cgroup. The limit that holds is the smallest on the path from
+// the process's cgroup up to the root (a pod's limit may sit above the
+// container's own cgroup); a level without a limit, or whose file is not
+// there (a cgroup namespace shows its own cgroup as the mount's root),
+// does not count. cgroup v2 ("0::PATH", file memory.max, "max" when
+// unlimited) is read first, then v1 (the "memory" controller, file
+// memory.limit_in_bytes, a huge number when unlimited).
 func containerMemoryLimit(root fs.FS, procCgroup string) int64 {
 	var v2, v1 string
 	for _, line := range strings.Split(procCgroup, "\n") {
@@ -29,34 +31,32 @@ func containerMemoryLimit(root fs.FS, procCgroup string) int64 {
 			v1 = parts[2]
 		}
 	}
-	try := func(dir, own, file string) (int64, bool) {
-		for _, d := range []string{path.Join(dir, own), dir} {
-			b, err := fs.ReadFile(root, strings.TrimPrefix(path.Join(d, file), "/"))
-			if err != nil {
-				continue
+	// smallest reads file in mount/own and each directory above it, up to
+	// mount itself; found says some level had the file.
+	smallest := func(mount, own, file string) (limit int64, found bool) {
+		for d := path.Join("/", own); ; d = path.Dir(d) {
+			b, err := fs.ReadFile(root, strings.TrimPrefix(path.Join(mount, d, file), "/"))
+			if err == nil {
+				found = true
+				s := strings.TrimSpace(string(b))
+				if n, err := strconv.ParseInt(s, 10, 64); err == nil && n > 0 && n < 1<<60 { // 1<<60 and up: v1's "no limit"
+					if limit == 0 || n < limit {
+						limit = n
+					}
+				}
 			}
-			s := strings.TrimSpace(string(b))
-			if s == "max" {
-				return 0, true
+			if d == "/" {
+				return limit, found
 			}
-			n, err := strconv.ParseInt(s, 10, 64)
-			if err != nil || n <= 0 {
-				continue
-			}
-			if n >= 1<<60 { // v1's "no limit" (page-rounded MaxInt64)
-				return 0, true
-			}
-			return n, true
 		}
-		return 0, false
 	}
 	if v2 != "" {
-		if n, ok := try("/sys/fs/cgroup", v2, "memory.max"); ok {
+		if n, ok := smallest("/sys/fs/cgroup", v2, "memory.max"); ok {
 			return n
 		}
 	}
 	if v1 != "" {
-		if n, ok := try("/sys/fs/cgroup/memory", v1, "memory.limit_in_bytes"); ok {
+		if n, ok := smallest("/sys/fs/cgroup/memory", v1, "memory.limit_in_bytes"); ok {
 			return n
 		}
 	}

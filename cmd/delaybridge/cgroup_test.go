@@ -21,6 +21,18 @@ func TestContainerMemoryLimit(t *testing.T) {
 			"12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n", 512 << 20},
 		{"v1, no limit", fstest.MapFS{"sys/fs/cgroup/memory/memory.limit_in_bytes": file("9223372036854771712\n")}, "4:memory:/\n", 0},
 		{"v1 and an empty v2 line (hybrid)", fstest.MapFS{"sys/fs/cgroup/memory/memory.limit_in_bytes": file("2147483648\n")}, "4:memory:/\n0::/\n", 2 << 30},
+		{"v2, a limited parent over an unlimited child", fstest.MapFS{
+			"sys/fs/cgroup/kubepods/pod1/memory.max":      file("1610612736\n"),
+			"sys/fs/cgroup/kubepods/pod1/ctr1/memory.max": file("max\n"),
+		}, "0::/kubepods/pod1/ctr1\n", 1610612736},
+		{"v2, the smallest on the path", fstest.MapFS{
+			"sys/fs/cgroup/a/memory.max":     file("1073741824\n"),
+			"sys/fs/cgroup/a/b/memory.max":   file("2147483648\n"),
+			"sys/fs/cgroup/a/b/c/memory.max": file("max\n"),
+		}, "0::/a/b/c\n", 1 << 30},
+		{"v1, a limited parent only", fstest.MapFS{"sys/fs/cgroup/memory/kubepods/memory.limit_in_bytes": file("1073741824\n"),
+			"sys/fs/cgroup/memory/kubepods/pod1/memory.limit_in_bytes": file("9223372036854771712\n")}, "4:memory:/kubepods/pod1\n", 1 << 30},
+		{"a path out of the mount stays in it", fstest.MapFS{"sys/fs/cgroup/memory.max": file("1073741824\n")}, "0::/../../etc\n", 1 << 30},
 		{"garbage", fstest.MapFS{"sys/fs/cgroup/memory.max": file("lots\n")}, "0::/\n", 0},
 		{"nothing to read", fstest.MapFS{}, "0::/\n", 0},
 		{"no /proc/self/cgroup", fstest.MapFS{"sys/fs/cgroup/memory.max": file("1073741824\n")}, "", 0},

@@ -27,8 +27,8 @@ func memoryWarning(inGoHeap bool, limit int64, cacheMB int, container int64) str
 		return "the store's cache is Go heap in this build (no cgo) and GOMEMLIMIT is not set: the heap may grow to twice its live size; set GOMEMLIMIT to about 90% of the memory the process may use"
 	case inGoHeap && limit < cache+128<<20:
 		return "GOMEMLIMIT leaves less than 128 MiB beside the store's cache, which is Go heap in this build (no cgo): once the cache fills, the GC will run back to back; raise GOMEMLIMIT or lower store.cache_mb"
-	case inGoHeap && container > 0 && limit > container:
-		return "GOMEMLIMIT is above the container's memory limit: the kernel would kill the process before the GC works hard; set it to about 90% of the container's limit"
+	case inGoHeap && container > 0 && limit >= container:
+		return "GOMEMLIMIT is not below the container's memory limit: the kernel would kill the process before the GC works hard; set it to about 90% of the container's limit"
 	case !inGoHeap && set && container > 0 && limit+cache > container:
 		return "GOMEMLIMIT plus the store's cache (outside the Go heap in this build, with cgo) exceed the container's memory limit: set GOMEMLIMIT to about 90% of what the cache leaves"
 	}

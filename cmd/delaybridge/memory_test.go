@@ -26,7 +26,8 @@ func TestMemoryWarning(t *testing.T) {
 		{"no cgo, the old chart's 90% of the limit less the cache", true, (pod - cache<<20) * 9 / 10, pod, "less than 128 MiB beside the store's cache"},
 		{"no cgo, exactly cache + 128 MiB", true, (cache + 128) << 20, 0, ""},
 		{"no cgo, one byte under", true, (cache+128)<<20 - 1, 0, "less than 128 MiB"},
-		{"no cgo, over the container", true, pod + 1, pod, "above the container's memory limit"},
+		{"no cgo, over the container", true, pod + 1, pod, "not below the container's memory limit"},
+		{"no cgo, at the container's limit", true, pod, pod, "not below the container's memory limit"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
