@@ -157,15 +157,7 @@ func TestSourceFetchesAboutFetchMaxBytesDecoded(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var mu sync.Mutex
-			var limits, decoded []int // per fetch that read records
-			s.testHookFetched = func(l, d int) {
-				if d > 0 {
-					mu.Lock()
-					limits, decoded = append(limits, l), append(decoded, d)
-					mu.Unlock()
-				}
-			}
+			fetches := recordFetches(s, true) // per fetch that read records
 			h := newMemHandler()
 			stop := runSource(t, s, h)
 			waitFor(t, "all messages", func() bool { return h.count() == n })
@@ -177,8 +169,7 @@ func TestSourceFetchesAboutFetchMaxBytesDecoded(t *testing.T) {
 					t.Fatalf("message %d: offset %d, %d bytes", i, m.Offset, len(m.Value))
 				}
 			}
-			mu.Lock()
-			defer mu.Unlock()
+			limits, decoded := fetches.get()
 			if most := slices.Max(decoded); most > 2*target {
 				t.Errorf("a fetch decoded %d bytes, over twice FetchMaxBytes (%d); per fetch: %v", most, target, decoded)
 			}
@@ -223,13 +214,7 @@ func TestSourceFetchSizeAfterCatchingUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var limits, decoded []int
-	s.testHookFetched = func(l, d int) {
-		mu.Lock()
-		limits, decoded = append(limits, l), append(decoded, d)
-		mu.Unlock()
-	}
+	fetches := recordFetches(s, false)
 	h := newMemHandler()
 	stop := runSource(t, s, h)
 	waitFor(t, "the backlog", func() bool { return h.count() == 1000 })
@@ -237,16 +222,13 @@ func TestSourceFetchSizeAfterCatchingUp(t *testing.T) {
 		produce(t, cl, records(1000+i, 1)...)
 		waitFor(t, "a trickle record", func() bool { return h.count() == 1001+i })
 	}
-	mu.Lock()
-	mark := len(decoded)
-	mu.Unlock()
+	mark := fetches.count()
 	produce(t, cl, records(1003, 1000)...) // a burst
 	waitFor(t, "the burst", func() bool { return h.count() == 2003 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	limits, decoded := fetches.get()
 	for i := mark; i < len(decoded); i++ {
 		if decoded[i] > 2*target {
 			t.Errorf("fetch %d of the burst (limit %d) decoded %d bytes, over twice FetchMaxBytes %d; limits %v, decoded %v",
@@ -260,12 +242,7 @@ func TestSourceFetchSizeAfterCatchingUp(t *testing.T) {
 // checks at once, so it asks for the smallest limit, not FetchMaxBytes
 // (review finding: 2 MB decoded per partition to compare one record).
 func TestIdentityCheckFetchesOneBatch(t *testing.T) {
-	t0 := time.Now().Add(-time.Hour).Truncate(time.Second)
-	c := newCluster(t, kfake.SeedTopics(1, "delay"))
-	produce(t, producer(t, c), gen{"a", 6, t0}.records("delay", 0)...)
-	h := newMemHandler()
-	consume(t, c, h, 6, 6)
-	cp := h.checkpoint(CheckpointKey("delay", 0))
+	c, _, cp := consumedLog(t)
 	s, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
 	if err != nil {
 		t.Fatal(err)
@@ -336,22 +313,15 @@ func TestFetchSizeAfterStepsToTheLogEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var limits []int
-	s.testHookFetched = func(l, _ int) {
-		mu.Lock()
-		limits = append(limits, l)
-		mu.Unlock()
-	}
+	fetches := recordFetches(s, false)
 	h := newMemHandler()
 	stop := runSource(t, s, h)
 	waitFor(t, "record 0", func() bool { return h.count() == 1 })
-	waitFor(t, "ten more fetches", func() bool { mu.Lock(); defer mu.Unlock(); return len(limits) >= 12 })
+	waitFor(t, "ten more fetches", func() bool { return fetches.count() >= 12 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	limits, _ := fetches.get()
 	if most := slices.Max(limits); most > 8*s.cfg.FetchMaxBytes {
 		t.Fatalf("a fetch asked for %d bytes, over 8 times FetchMaxBytes (three doublings): limits %v", most, limits)
 	}
@@ -388,4 +358,38 @@ func TestFetchItemsClearsTheStepNote(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fetchLog keeps what a Source's testHookFetched reports: the limit asked
+// for and the bytes decoded, one entry per fetch.
+type fetchLog struct {
+	mu              sync.Mutex
+	limits, decoded []int
+}
+
+// recordFetches logs the fetches of s; withRecords keeps only those that
+// decoded records.
+func recordFetches(s *Source, withRecords bool) *fetchLog {
+	f := &fetchLog{}
+	s.testHookFetched = func(limit, decoded int) {
+		if withRecords && decoded == 0 {
+			return
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.limits, f.decoded = append(f.limits, limit), append(f.decoded, decoded)
+	}
+	return f
+}
+
+func (f *fetchLog) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.limits)
+}
+
+func (f *fetchLog) get() (limits, decoded []int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.limits), slices.Clone(f.decoded)
 }

@@ -567,12 +567,7 @@ func TestUntimedRecordFingerprintStable(t *testing.T) {
 // compared; another fingerprint, an offset past the end and one below the
 // log start get their verdicts.
 func TestCheckIdentity(t *testing.T) {
-	t0 := time.Now().Add(-time.Hour).Truncate(time.Second)
-	c := newCluster(t, kfake.SeedTopics(1, "delay"))
-	produce(t, producer(t, c), gen{"a", 6, t0}.records("delay", 0)...)
-	h := newMemHandler()
-	consume(t, c, h, 6, 6)
-	cp := h.checkpoint(CheckpointKey("delay", 0))
+	c, h, cp := consumedLog(t)
 	msgs := h.snapshot()
 	if cp.Offset != 5 || cp.Fingerprint != fingerprint(&msgs[5], false) {
 		t.Fatalf("checkpoint %+v, want offset 5 with the fingerprint of record 5", cp)
@@ -852,4 +847,16 @@ func TestSourceStartWaitsForUnreadableCheckpointRecord(t *testing.T) {
 	if got := incarnations(h, 0); !slices.Equal(got, []uint32{0, 1}) {
 		t.Fatalf("incarnations %v, want [0 1]", got)
 	}
+}
+
+// consumedLog is a cluster whose partition delay/0 holds six records, all
+// consumed by h, and the checkpoint h stored for it.
+func consumedLog(t *testing.T) (*kfake.Cluster, *memHandler, shard.Checkpoint) {
+	t.Helper()
+	t0 := time.Now().Add(-time.Hour).Truncate(time.Second)
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	produce(t, producer(t, c), gen{"a", 6, t0}.records("delay", 0)...)
+	h := newMemHandler()
+	consume(t, c, h, 6, 6)
+	return c, h, h.checkpoint(CheckpointKey("delay", 0))
 }
