@@ -280,23 +280,30 @@ func TestIdentityCheckFetchesOneBatch(t *testing.T) {
 	}
 }
 
-// A fetch that fails or comes back empty does not run decodeRecords: the
-// step note of an earlier fetch must not carry over, or every idle poll
-// after steps past a compacted tail doubles the limit again, up to 64
-// times FetchMaxBytes for the next burst (review finding: 64 MiB after a
-// second of idle polls). Here the steps 1->2->3 double it (a batch after
-// the tail might not have fit), the step to the log end does not, and the
-// idle polls after it are back at the limit from before the steps.
+// Steps past a compacted tail double the limit (a batch after the tail
+// might not have fit), a step that reaches the end of the log does not,
+// and the idle polls after it are back at the limit from before the steps
+// (review finding: idle polls after steps kept doubling it, 64 MiB after a
+// second). Here the steps 1->2->3->4 each double it and 4->5 reaches the
+// end. TestFetchItemsClearsTheStepNote covers the note of a step short of
+// the end surviving into a failed fetch.
 func TestFetchSizeAfterStepsToTheLogEnd(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(1, "delay"))
 	now := time.Now().UnixMilli()
 	batch := encodeBatch(0, 0, now, now, 4, []kmsg.Record{delayRecord("1m")}) // offsets 1..4 compacted away
+	var askedMu sync.Mutex
+	asked := map[int64]int32{} // the limit of the first fetch at each offset
 	c.ControlKey(int16(kmsg.Fetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
 		req := kreq.(*kmsg.FetchRequest)
 		if len(req.Topics) != 1 || len(req.Topics[0].Partitions) != 1 {
 			return nil, nil, false
 		}
+		askedMu.Lock()
+		if qp := req.Topics[0].Partitions[0]; asked[qp.FetchOffset] == 0 {
+			asked[qp.FetchOffset] = qp.PartitionMaxBytes
+		}
+		askedMu.Unlock()
 		resp := req.ResponseKind().(*kmsg.FetchResponse)
 		rt := kmsg.NewFetchResponseTopic()
 		rt.Topic, rt.TopicID = req.Topics[0].Topic, req.Topics[0].TopicID
@@ -329,6 +336,16 @@ func TestFetchSizeAfterStepsToTheLogEnd(t *testing.T) {
 		if l > s.cfg.FetchMaxBytes {
 			t.Fatalf("idle poll %d asked for %d bytes, over FetchMaxBytes %d: limits %v", i, l, s.cfg.FetchMaxBytes, limits)
 		}
+	}
+	askedMu.Lock()
+	defer askedMu.Unlock()
+	for at := int64(2); at <= 4; at++ {
+		if asked[at] != 2*asked[at-1] {
+			t.Errorf("the fetch at %d after a step asked for %d bytes, want twice the %d at %d (limits by offset %v)", at, asked[at], asked[at-1], at-1, asked)
+		}
+	}
+	if asked[5] != asked[1] {
+		t.Errorf("the fetch at the end of the log asked for %d bytes, want the %d from before the steps (limits by offset %v)", asked[5], asked[1], asked)
 	}
 }
 
@@ -392,4 +409,44 @@ func (f *fetchLog) get() (limits, decoded []int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.limits), slices.Clone(f.decoded)
+}
+
+// A fetch response without records reports the end of the log a
+// read_committed reader can reach: the last stable offset while a
+// transaction is open, as one with records does (review finding: the
+// high watermark was returned, so idle polls at the last stable offset
+// did not count as caught up and the lag gauge counted the open
+// transaction's records).
+func TestFetchItemsEmptyResponseEndsAtTheLastStableOffset(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	c.ControlKey(int16(kmsg.Fetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kreq.(*kmsg.FetchRequest)
+		resp := req.ResponseKind().(*kmsg.FetchResponse)
+		for _, qt := range req.Topics {
+			rt := kmsg.NewFetchResponseTopic()
+			rt.Topic, rt.TopicID = qt.Topic, qt.TopicID
+			for _, qp := range qt.Partitions {
+				rp := kmsg.NewFetchResponseTopicPartition()
+				rp.Partition = qp.Partition
+				rp.HighWatermark, rp.LastStableOffset, rp.LogStartOffset = 10, 5, 0
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, true
+	})
+	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
+	cfg.setDefaults()
+	client := &kafkago.Client{Addr: kafkago.TCP(c.ListenAddrs()...), Transport: cfg.transport()}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var notes decodeNotes
+	items, next, hw, err := fetchItems(ctx, client, &cfg, "delay", 0, 5, 10*time.Millisecond, 1<<10, nil, nil, &notes)
+	if err != nil || len(items) != 0 || next != 5 {
+		t.Fatalf("fetch at 5: %d items, next %d, %v", len(items), next, err)
+	}
+	if hw != 5 {
+		t.Fatalf("end of the log %d, want the last stable offset 5 (high watermark 10)", hw)
+	}
 }

@@ -841,18 +841,20 @@ func fetchItems(ctx context.Context, client *kafkago.Client, cfg *Config, topic 
 	if p.ErrorCode != 0 {
 		return items, offset, -1, kafkago.Error(p.ErrorCode)
 	}
+	// read_committed cannot read past the last stable offset: it is the
+	// end of the log for this worker while a transaction is open.
+	hw := p.HighWatermark
+	if p.LastStableOffset >= 0 && p.LastStableOffset < hw {
+		hw = p.LastStableOffset
+	}
 	if p.RecordSet.Records == nil {
-		return items, offset, p.HighWatermark, nil
+		return items, offset, hw, nil
 	}
 	aborted := slices.Clone(p.AbortedTransactions)
 	slices.SortFunc(aborted, func(a, b fetchAPI.ResponseTransaction) int { return cmp.Compare(a.FirstOffset, b.FirstOffset) })
 	items, next, err := decodeRecords(p.RecordSet.Records, topic, partition, offset, rules, aborted, items, time.Now(), notes)
 	if err != nil {
 		return items, next, -1, fmt.Errorf("decode fetch response: %w", err)
-	}
-	hw := p.HighWatermark
-	if p.LastStableOffset >= 0 && p.LastStableOffset < hw {
-		hw = p.LastStableOffset // read_committed cannot read past it
 	}
 	return items, next, hw, nil
 }

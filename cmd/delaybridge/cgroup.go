@@ -37,9 +37,12 @@ func containerMemoryLimit(root fs.FS, procCgroup string) int64 {
 		for d := path.Join("/", own); ; d = path.Dir(d) {
 			b, err := fs.ReadFile(root, strings.TrimPrefix(path.Join(mount, d, file), "/"))
 			if err == nil {
-				found = true
 				s := strings.TrimSpace(string(b))
-				if n, err := strconv.ParseInt(s, 10, 64); err == nil && n > 0 && n < 1<<60 { // 1<<60 and up: v1's "no limit"
+				n, err := strconv.ParseInt(s, 10, 64)
+				// Only a readable level counts as found: an unparsable
+				// file does not stop the fall back to cgroup v1.
+				found = found || s == "max" || err == nil
+				if err == nil && n > 0 && n < 1<<60 { // 1<<60 and up: v1's "no limit"
 					if limit == 0 || n < limit {
 						limit = n
 					}
