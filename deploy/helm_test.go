@@ -1189,6 +1189,22 @@ func TestHelmNotes(t *testing.T) {
 	if strings.Contains(all, "WARNING") {
 		t.Errorf("NOTES.txt warns although targets are allowed and a token is set:\n%s", all)
 	}
+	// kcat sends no message for an empty line: a cancel example must
+	// have a body. The delay-at examples are due after the install, not
+	// at a date that has passed.
+	if strings.Contains(all, "echo ''") {
+		t.Errorf("NOTES.txt pipes an empty line to kcat (it sends nothing):\n%s", all)
+	}
+	ats := regexp.MustCompile(`delay-at[=:](\S+)`).FindAllStringSubmatch(all, -1)
+	if len(ats) != 2 {
+		t.Errorf("NOTES.txt has %d delay-at examples, want 2 (Kafka and NATS):\n%s", len(ats), all)
+	}
+	for _, m := range ats {
+		at, err := time.Parse(time.RFC3339, m[1])
+		if err != nil || !at.After(time.Now()) {
+			t.Errorf("NOTES.txt example delay-at %q: %v; want an RFC 3339 time after now", m[1], err)
+		}
+	}
 	insecure := renderNotes(t, "--set", "config.admin.allow_insecure_listen=true", "--set", "config.nats.enabled=true",
 		"--set", "config.nats.sources[0].subject=delay.>", "--set", "config.nats.sources[0].dlq=dlq.delay")
 	for _, want := range []string{"config.targets.allow is empty, so NO delay-target is allowed", "is served without a"} {

@@ -200,8 +200,10 @@ Kafka, with kcat (apt-get install kcat):
   # deliver in 10 seconds
   echo '{"order":42,"action":"close-unpaid"}' | kcat -P -b ` + kafkaAddr + ` -t delay -k order-42 \
       -H delay-after=10s -H delay-target=orders
-  # cancel it (same key = same task id)
-  echo '' | kcat -P -b ` + kafkaAddr + ` -t delay -k order-42 -H delay-cancel=true
+  # cancel it (same key = same task id; the body is ignored, but kcat skips an empty line)
+  echo cancel | kcat -P -b ` + kafkaAddr + ` -t delay -k order-42 -H delay-cancel=true
+  # or cancel with a tombstone (key order-42, null value)
+  echo 'order-42:' | kcat -P -Z -K: -b ` + kafkaAddr + ` -t delay
   # cross to NATS at an absolute time
   echo 'hello' | kcat -P -b ` + kafkaAddr + ` -t delay -H delay-at=` + at.Format(time.RFC3339) + ` -H delay-target=nats:orders.reminders
 
