@@ -294,6 +294,54 @@ func verdict(ok bool) string {
 	return "**missed**"
 }
 
+// goalRows are the rows of the goals table for the parts that ran: the
+// throughput ratios and lateness of each transport, the capacity run's
+// peak RSS and the recovery run's time to ready and lost tasks.
+func (r *Report) goalRows() string {
+	var b strings.Builder
+	for _, tr := range []string{Kafka, NATS} {
+		raw, read, br := r.find(tr, "raw"), r.find(tr, "raw-read"), r.find(tr, "bridge")
+		if raw != nil && br != nil {
+			ratio := br.Rate / raw.Rate
+			fmt.Fprintf(&b, "| bridge / raw pipe throughput | %s | %.2f | >= 0.5 | %s |\n", tr, ratio, verdict(ratio >= 0.5))
+		}
+		if read != nil && br != nil {
+			ratio := br.Rate / read.Rate
+			fmt.Fprintf(&b, "| bridge / raw pipe throughput, both read at a target consumer | %s | %.2f | >= 0.5 | %s |\n", tr, ratio, verdict(ratio >= 0.5))
+		}
+		// The same bridge process after a first burst: a long-running
+		// bridge's memory is taken already. For information: the
+		// goal's rows are those of the first run above.
+		if w := r.find(tr, "bridge-warm"); w != nil {
+			for _, base := range []*Measurement{raw, read} {
+				if base == nil {
+					continue
+				}
+				how := "at its producer acks"
+				if base == read {
+					how = "both read at a target consumer"
+				}
+				ratio := w.Rate / base.Rate
+				fmt.Fprintf(&b, "| bridge after %d through the same process / raw pipe, %s | %s | %.2f | (>= 0.5) | for information |\n", w.Warm, how, tr, ratio)
+			}
+		}
+		if p := r.find(tr, "paced"); p != nil && p.Lateness != nil {
+			fmt.Fprintf(&b, "| p99 lateness at %d msg/s | %s | %.1f ms | <= 50 ms | %s |\n", p.PublishRate, tr, p.Lateness.P99, verdict(p.Lateness.P99 <= 50))
+		}
+	}
+	if c := r.Capacity; c != nil {
+		// The store's fixed memory (its cache, memtables included)
+		// plus 256 MB for everything else.
+		limit := float64(shard.DefaultCacheBytes>>20) + 256
+		fmt.Fprintf(&b, "| peak RSS with %d pending | engine | %.0f MB | < %.0f MB (store cache + 256) | %s |\n", c.Tasks, c.PeakRSSMB, limit, verdict(c.PeakRSSMB < limit))
+	}
+	if rc := r.Recovery; rc != nil {
+		fmt.Fprintf(&b, "| ready after kill -9 with %d pending (process start to open) | engine | %.2f s | <= 3 s | %s |\n", rc.Pending, rc.ReadySecs, verdict(rc.ReadySecs <= 3))
+		fmt.Fprintf(&b, "| acknowledged tasks lost at the kill -9 | engine | %d | 0 | %s |\n", rc.Lost, verdict(rc.Lost == 0))
+	}
+	return b.String()
+}
+
 // Markdown renders the report as the tables of docs/benchmarks.md.
 func (r *Report) Markdown() string {
 	var b strings.Builder
@@ -338,44 +386,9 @@ func (r *Report) Markdown() string {
 				orDash(run.IngestRate), orDash(run.FireRate), lat, run.Duplicates, commits, pubs, cpu, run.BenchCPUUs, faults, run.BenchFaults, orDash(run.BridgeRSSMB), run.PeakRSSMB)
 		}
 		b.WriteString("\n")
-		fmt.Fprintf(&b, "| goal | transport | value | goal | verdict |\n|---|---|---:|---:|---|\n")
-		for _, tr := range []string{Kafka, NATS} {
-			raw, read, br := r.find(tr, "raw"), r.find(tr, "raw-read"), r.find(tr, "bridge")
-			if raw != nil && br != nil {
-				ratio := br.Rate / raw.Rate
-				fmt.Fprintf(&b, "| bridge / raw pipe throughput | %s | %.2f | >= 0.5 | %s |\n", tr, ratio, verdict(ratio >= 0.5))
-			}
-			if read != nil && br != nil {
-				ratio := br.Rate / read.Rate
-				fmt.Fprintf(&b, "| bridge / raw pipe throughput, both read at a target consumer | %s | %.2f | >= 0.5 | %s |\n", tr, ratio, verdict(ratio >= 0.5))
-			}
-			// The same bridge process after a first burst: a long-running
-			// bridge's memory is taken already. For information: the
-			// goal's rows are those of the first run above.
-			if w := r.find(tr, "bridge-warm"); w != nil {
-				for _, base := range []*Measurement{raw, read} {
-					if base == nil {
-						continue
-					}
-					how := "at its producer acks"
-					if base == read {
-						how = "both read at a target consumer"
-					}
-					ratio := w.Rate / base.Rate
-					fmt.Fprintf(&b, "| bridge after %d through the same process / raw pipe, %s | %s | %.2f | (>= 0.5) | for information |\n", w.Warm, how, tr, ratio)
-				}
-			}
-			if p := r.find(tr, "paced"); p != nil && p.Lateness != nil {
-				fmt.Fprintf(&b, "| p99 lateness at %d msg/s | %s | %.1f ms | <= 50 ms | %s |\n", p.PublishRate, tr, p.Lateness.P99, verdict(p.Lateness.P99 <= 50))
-			}
-		}
-		if c := r.Capacity; c != nil {
-			// The store's fixed memory (its cache, memtables included)
-			// plus 256 MB for everything else.
-			limit := float64(shard.DefaultCacheBytes>>20) + 256
-			fmt.Fprintf(&b, "| peak RSS with %d pending | engine | %.0f MB | < %.0f MB (store cache + 256) | %s |\n", c.Tasks, c.PeakRSSMB, limit, verdict(c.PeakRSSMB < limit))
-		}
-		b.WriteString("\n")
+	}
+	if goals := r.goalRows(); goals != "" {
+		fmt.Fprintf(&b, "| goal | transport | value | goal | verdict |\n|---|---|---:|---:|---|\n%s\n", goals)
 	}
 	if c := r.Capacity; c != nil {
 		fmt.Fprintf(&b, "### Pending capacity (engine, child process, shipped defaults: 8 shards, 10 min horizon)\n\n")

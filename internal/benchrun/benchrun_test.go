@@ -133,3 +133,59 @@ func TestStatMinorFaults(t *testing.T) {
 		t.Fatalf("this process: %v minor faults from /proc/self/stat, getrusage %v before and %v after", got, before, after)
 	}
 }
+
+// The goals table holds a row per goal of the parts that ran, and is
+// there whichever parts ran (with -only capacity,recovery it was left out
+// with the throughput tables).
+func TestGoalRows(t *testing.T) {
+	tests := []struct {
+		name string
+		r    Report
+		want []string // rows, in order
+	}{
+		{"nothing ran", Report{}, nil},
+		{"capacity and recovery", Report{
+			Capacity: &Capacity{Tasks: 10_000_000, PeakRSSMB: 1157},
+			Recovery: &Recovery{Pending: 1_000_000, ReadySecs: 1.16},
+		}, []string{
+			"| peak RSS with 10000000 pending | engine | 1157 MB | < 1024 MB (store cache + 256) | **missed** |",
+			"| ready after kill -9 with 1000000 pending (process start to open) | engine | 1.16 s | <= 3 s | met |",
+			"| acknowledged tasks lost at the kill -9 | engine | 0 | 0 | met |",
+		}},
+		{"a slow recovery that lost tasks", Report{Recovery: &Recovery{Pending: 10, ReadySecs: 3.5, Lost: 2}}, []string{
+			"| ready after kill -9 with 10 pending (process start to open) | engine | 3.50 s | <= 3 s | **missed** |",
+			"| acknowledged tasks lost at the kill -9 | engine | 2 | 0 | **missed** |",
+		}},
+		{"throughput and lateness", Report{Runs: []*Measurement{
+			{Transport: Kafka, Mode: "raw", Rate: 1000},
+			{Transport: Kafka, Mode: "raw-read", Rate: 800},
+			{Transport: Kafka, Mode: "bridge", Rate: 450},
+			{Transport: Kafka, Mode: "paced", PublishRate: 5000, Lateness: &Summary{P99: 51}},
+		}}, []string{
+			"| bridge / raw pipe throughput | kafka | 0.45 | >= 0.5 | **missed** |",
+			"| bridge / raw pipe throughput, both read at a target consumer | kafka | 0.56 | >= 0.5 | met |",
+			"| p99 lateness at 5000 msg/s | kafka | 51.0 ms | <= 50 ms | **missed** |",
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rows := strings.Split(strings.TrimSuffix(tt.r.goalRows(), "\n"), "\n")
+			if len(tt.want) == 0 {
+				if got := tt.r.goalRows(); got != "" {
+					t.Fatalf("goal rows %q, want none", got)
+				}
+				if strings.Contains(tt.r.Markdown(), "| goal |") {
+					t.Fatal("a goals table without rows")
+				}
+				return
+			}
+			if strings.Join(rows, "\n") != strings.Join(tt.want, "\n") {
+				t.Fatalf("goal rows:\n%s\nwant:\n%s", strings.Join(rows, "\n"), strings.Join(tt.want, "\n"))
+			}
+			md := tt.r.Markdown()
+			if !strings.Contains(md, "| goal | transport | value | goal | verdict |\n|---|---|---:|---:|---|\n"+strings.Join(tt.want, "\n")+"\n") {
+				t.Fatalf("the report lacks the goals table:\n%s", md)
+			}
+		})
+	}
+}
