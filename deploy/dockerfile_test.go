@@ -132,3 +132,31 @@ func TestAdminListenSuggestion(t *testing.T) {
 		}
 	}
 }
+
+// TestKcatCancelExamples: kcat sends no message for an empty input line,
+// so a cancel example must pipe a body (tried by hand: `echo ” | kcat
+// ... -H delay-cancel=true` cancelled nothing); the README also shows the
+// tombstone form, whose empty value -Z sends as null.
+func TestKcatCancelExamples(t *testing.T) {
+	for _, tc := range []struct {
+		file string
+		want []string
+	}{
+		{"../README.md", []string{"echo cancel | kcat -P", "-H delay-cancel=true", "echo 'order-42:' | kcat -P -Z -K:"}},
+		{"helm/delaybridge/templates/NOTES.txt", []string{"echo cancel | kcat -P", "-H delay-cancel=true"}},
+	} {
+		raw, err := os.ReadFile(tc.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := string(raw)
+		if strings.Contains(text, "echo '' |") {
+			t.Errorf("%s pipes an empty line to kcat, which sends nothing", tc.file)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(text, w) {
+				t.Errorf("%s lacks the cancel example %q", tc.file, w)
+			}
+		}
+	}
+}

@@ -121,7 +121,7 @@ func New(r prometheus.Registerer) *Metrics {
 			Name: "delaybridge_source_errors_total", Help: "Errors fetching from or committing to a delay source.",
 		}, []string{"source"}),
 		SourceLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "delaybridge_source_lag_messages", Help: "Messages in a delay source not yet taken in.",
+			Name: "delaybridge_source_lag_messages", Help: "Messages in a delay source not yet taken in; on Kafka up to the last stable offset (read_committed: records behind an open transaction are not readable yet and not counted).",
 		}, []string{"source", "partition"}),
 		Ready: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "delaybridge_ready", Help: "1 when the bridge is ready (recovered, store and sources healthy).",

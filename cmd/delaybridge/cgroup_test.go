@@ -34,6 +34,10 @@ func TestContainerMemoryLimit(t *testing.T) {
 			"sys/fs/cgroup/memory/kubepods/pod1/memory.limit_in_bytes": file("9223372036854771712\n")}, "4:memory:/kubepods/pod1\n", 1 << 30},
 		{"a path out of the mount stays in it", fstest.MapFS{"sys/fs/cgroup/memory.max": file("1073741824\n")}, "0::/../../etc\n", 1 << 30},
 		{"garbage", fstest.MapFS{"sys/fs/cgroup/memory.max": file("lots\n")}, "0::/\n", 0},
+		{"v2 unlimited beside a v1 limit (hybrid): v2 holds", fstest.MapFS{
+			"sys/fs/cgroup/memory.max":                   file("max\n"),
+			"sys/fs/cgroup/memory/memory.limit_in_bytes": file("2147483648\n"),
+		}, "4:memory:/\n0::/\n", 0},
 		{"unreadable v2 level, v1 limit (hybrid)", fstest.MapFS{
 			"sys/fs/cgroup/memory.max":                   file("lots\n"),
 			"sys/fs/cgroup/memory/memory.limit_in_bytes": file("2147483648\n"),

@@ -294,6 +294,10 @@ func verdict(ok bool) string {
 	return "**missed**"
 }
 
+// recoveryGoalPending is the pending count the recovery goal (ready in
+// <= 3 s after kill -9) is set at.
+const recoveryGoalPending = 1_000_000
+
 // goalRows are the rows of the goals table for the parts that ran: the
 // throughput ratios and lateness of each transport, the capacity run's
 // peak RSS and the recovery run's time to ready and lost tasks.
@@ -336,7 +340,13 @@ func (r *Report) goalRows() string {
 		fmt.Fprintf(&b, "| peak RSS with %d pending | engine | %.0f MB | < %.0f MB (store cache + 256) | %s |\n", c.Tasks, c.PeakRSSMB, limit, verdict(c.PeakRSSMB < limit))
 	}
 	if rc := r.Recovery; rc != nil {
-		fmt.Fprintf(&b, "| ready after kill -9 with %d pending (process start to open) | engine | %.2f s | <= 3 s | %s |\n", rc.Pending, rc.ReadySecs, verdict(rc.ReadySecs <= 3))
+		// The goal is set at 1 M pending: fewer (-quick, -recovery N)
+		// say little about it.
+		v, goal := verdict(rc.ReadySecs <= 3), "<= 3 s"
+		if rc.Pending < recoveryGoalPending {
+			v, goal = "for information", "(<= 3 s at 1 M)"
+		}
+		fmt.Fprintf(&b, "| ready after kill -9 with %d pending (process start to open) | engine | %.2f s | %s | %s |\n", rc.Pending, rc.ReadySecs, goal, v)
 		fmt.Fprintf(&b, "| acknowledged tasks lost at the kill -9 | engine | %d | 0 | %s |\n", rc.Lost, verdict(rc.Lost == 0))
 	}
 	return b.String()
@@ -388,7 +398,7 @@ func (r *Report) Markdown() string {
 		b.WriteString("\n")
 	}
 	if goals := r.goalRows(); goals != "" {
-		fmt.Fprintf(&b, "| goal | transport | value | goal | verdict |\n|---|---|---:|---:|---|\n%s\n", goals)
+		fmt.Fprintf(&b, "### Goals\n\n| goal | transport | value | goal | verdict |\n|---|---|---:|---:|---|\n%s\n", goals)
 	}
 	if c := r.Capacity; c != nil {
 		fmt.Fprintf(&b, "### Pending capacity (engine, child process, shipped defaults: 8 shards, 10 min horizon)\n\n")
