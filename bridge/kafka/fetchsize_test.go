@@ -354,11 +354,7 @@ func TestFetchSizeAfterStepsToTheLogEnd(t *testing.T) {
 // would double the limit on every retry of a failing fetch.
 func TestFetchItemsClearsTheStepNote(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(1, "delay"))
-	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
-	cfg.setDefaults()
-	client := &kafkago.Client{Addr: kafkago.TCP(c.ListenAddrs()...), Transport: cfg.transport()}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	client, cfg, ctx := fetchClient(t, c)
 	for _, tc := range []struct {
 		name  string
 		topic string
@@ -366,7 +362,7 @@ func TestFetchItemsClearsTheStepNote(t *testing.T) {
 	}{{"empty", "delay", false}, {"failed", "no-such-topic", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			notes := decodeNotes{stepped: true}
-			items, _, _, err := fetchItems(ctx, client, &cfg, tc.topic, 0, 0, 10*time.Millisecond, 1<<10, nil, nil, &notes)
+			items, _, _, err := fetchItems(ctx, client, cfg, tc.topic, 0, 0, 10*time.Millisecond, 1<<10, nil, nil, &notes)
 			if (err != nil) != tc.fails || len(items) != 0 {
 				t.Fatalf("fetch: %d items, %v", len(items), err)
 			}
@@ -436,17 +432,25 @@ func TestFetchItemsEmptyResponseEndsAtTheLastStableOffset(t *testing.T) {
 		}
 		return resp, nil, true
 	})
-	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
-	cfg.setDefaults()
-	client := &kafkago.Client{Addr: kafkago.TCP(c.ListenAddrs()...), Transport: cfg.transport()}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	client, cfg, ctx := fetchClient(t, c)
 	var notes decodeNotes
-	items, next, hw, err := fetchItems(ctx, client, &cfg, "delay", 0, 5, 10*time.Millisecond, 1<<10, nil, nil, &notes)
+	items, next, hw, err := fetchItems(ctx, client, cfg, "delay", 0, 5, 10*time.Millisecond, 1<<10, nil, nil, &notes)
 	if err != nil || len(items) != 0 || next != 5 {
 		t.Fatalf("fetch at 5: %d items, next %d, %v", len(items), next, err)
 	}
 	if hw != 5 {
 		t.Fatalf("end of the log %d, want the last stable offset 5 (high watermark 10)", hw)
 	}
+}
+
+// fetchClient is what fetchItems needs to fetch from c directly: a client,
+// a Config with its defaults and a context ending with the test.
+func fetchClient(t *testing.T, c *kfake.Cluster) (*kafkago.Client, *Config, context.Context) {
+	t.Helper()
+	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
+	cfg.setDefaults()
+	client := &kafkago.Client{Addr: kafkago.TCP(c.ListenAddrs()...), Transport: cfg.transport()}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return client, &cfg, ctx
 }
