@@ -41,6 +41,8 @@ type Metrics struct {
 	BestEffort           *prometheus.CounterVec   // transport: deliveries with no broker ack (core NATS)
 	SourceErrors         *prometheus.CounterVec   // source
 	SourceLag            *prometheus.GaugeVec     // source, partition
+	SourceUnstable       *prometheus.GaugeVec     // source, partition (Kafka)
+	SourceStableStalled  *prometheus.GaugeVec     // source, partition (Kafka)
 	Ready                prometheus.Gauge
 
 	// StuckDropped counts the stuck entries an operator removed from the
@@ -123,6 +125,12 @@ func New(r prometheus.Registerer) *Metrics {
 		SourceLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "delaybridge_source_lag_messages", Help: "Messages in a delay source not yet taken in; on Kafka up to the last stable offset (read_committed: records behind an open transaction are not readable yet and not counted).",
 		}, []string{"source", "partition"}),
+		SourceUnstable: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "delaybridge_source_unstable_messages", Help: "Kafka: offsets of a delay partition between its last stable offset and its high watermark, i.e. behind an open transaction; read_committed takes none of them in (nor anything after them) until the transaction ends. 0 while no transaction is open.",
+		}, []string{"source", "partition"}),
+		SourceStableStalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "delaybridge_source_stable_offset_stalled_seconds", Help: "Kafka: how long a delay partition's last stable offset has not moved while records lie beyond it (an open transaction holds the partition), timed from when this member first saw it; 0 when nothing is held. Longer than the producers' transaction.timeout.ms means a hanging transaction: the partition's delays after it are not taken in.",
+		}, []string{"source", "partition"}),
 		Ready: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "delaybridge_ready", Help: "1 when the bridge is ready (recovered, store and sources healthy).",
 		}),
@@ -139,7 +147,7 @@ func New(r prometheus.Registerer) *Metrics {
 	if r != nil {
 		r.MustRegister(m.Ingested, m.Fired, m.DeadLettered, m.DeadLettersParked, m.DeadLettersParkedNow, m.StuckDropped, m.Undecodable, m.Cancelled, m.Replaced, m.Dropped,
 			m.Pending, m.InWheel, m.FireLateness, m.Overdue, m.StoreCommit, m.StoreErrors,
-			m.PublishRetries, m.PublishSeconds, m.BestEffort, m.SourceErrors, m.SourceLag, m.Ready)
+			m.PublishRetries, m.PublishSeconds, m.BestEffort, m.SourceErrors, m.SourceLag, m.SourceUnstable, m.SourceStableStalled, m.Ready)
 	}
 	return m
 }

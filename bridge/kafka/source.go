@@ -20,6 +20,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/metrics"
 	"github.com/delaybridge/delaybridge/shard"
 )
 
@@ -45,6 +46,9 @@ type Source struct {
 	// testHookFetched, when set, sees each fetch of a partition worker:
 	// the byte limit it asked for and the bytes of records it decoded.
 	testHookFetched func(limit, decoded int)
+	// now is the clock of the transaction stall gauge (time.Now; tests
+	// set it before Run).
+	now func() time.Time
 }
 
 var (
@@ -65,6 +69,7 @@ func NewSource(cfg Config) (*Source, error) {
 		log:    cfg.Logger.With(zap.String("component", "kafka-source"), zap.String("group", cfg.Group)),
 		health: make(map[string]error),
 		closed: make(chan struct{}),
+		now:    time.Now,
 	}
 	for _, sc := range cfg.Sources {
 		s.topics = append(s.topics, sc.Topic)
@@ -293,6 +298,48 @@ func (l *lagGauge) update() {
 	if hw, st := l.hw.Load(), l.stored.Load(); hw >= 0 && st >= 0 {
 		l.g.Set(float64(max(hw-st, 0)))
 	}
+}
+
+// stallGauge reports what open transactions hold back in a partition the
+// worker reads: the offsets between the last stable offset and the high
+// watermark, and how long the last stable offset has not moved while there
+// are any. read_committed reads nothing past the LSO, so a transaction left
+// open (a producer that hung or died, a hanging transaction on the broker)
+// stops the partition's delays from being taken in while the lag gauge,
+// which counts up to the LSO, shows nothing.
+type stallGauge struct {
+	unstable, stalled prometheus.Gauge
+	lso               int64     // the last stable offset the stall is timed at
+	since             time.Time // when it was first seen; zero: no stall
+}
+
+func newStallGauge(m *metrics.Metrics, topic string, partition int) *stallGauge {
+	p := strconv.Itoa(partition)
+	return &stallGauge{
+		unstable: m.SourceUnstable.WithLabelValues(topic, p),
+		stalled:  m.SourceStableStalled.WithLabelValues(topic, p),
+	}
+}
+
+// observe takes a fetch's last stable offset and the offsets beyond it.
+func (g *stallGauge) observe(lso, unstable int64, now time.Time) {
+	if unstable <= 0 {
+		g.reset()
+		return
+	}
+	g.unstable.Set(float64(unstable))
+	if g.since.IsZero() || lso != g.lso {
+		g.lso, g.since = lso, now
+	}
+	g.stalled.Set(now.Sub(g.since).Seconds())
+}
+
+// reset reports no stall: none seen, or the worker no longer reads the
+// partition (another member times it from when it took the partition).
+func (g *stallGauge) reset() {
+	g.since = time.Time{}
+	g.unstable.Set(0)
+	g.stalled.Set(0)
 }
 
 // fetched is a batch ready for the handler, with the offset to commit after
@@ -547,6 +594,8 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 	wait := s.cfg.RetryMin
 	var pending []bridge.Item
 	var notes decodeNotes
+	stall := newStallGauge(s.cfg.Metrics, topic, partition)
+	defer stall.reset()
 	size := newFetchSizer(s.cfg.FetchMaxBytes)
 	warnedLAT, warnedNoTS := false, false
 	sent := offset   // the offset after the last batch handed over
@@ -681,6 +730,7 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 			if hw >= 0 {
 				lag.hw.Store(hw)
 				lag.update()
+				stall.observe(hw, notes.unstable, s.now())
 			}
 		}
 		if len(pending) == 0 {
@@ -758,6 +808,10 @@ type decodeNotes struct {
 	// untimed holds the offsets of those records in ascending order, until
 	// untimedAt passes them: their fingerprint hashes no time.
 	untimed []int64
+	// unstable: the offsets between the last stable offset and the high
+	// watermark in the last response (records of open transactions, not
+	// readable under read_committed yet); -1 when the fetch failed.
+	unstable int64
 	// An identity check sets probe and probeAt to learn what occupies
 	// the offset probeAt beside a readable record: a commit or abort
 	// marker (atControl), or a record of an aborted transaction
@@ -789,7 +843,9 @@ func (n *decodeNotes) untimedAt(offset int64) bool {
 func fetchItems(ctx context.Context, client *kafkago.Client, cfg *Config, topic string, partition int, offset int64,
 	maxWait time.Duration, maxBytes int, rules *codec.Rules, items []bridge.Item, notes *decodeNotes) ([]bridge.Item, int64, int64, error) {
 	if notes != nil {
-		notes.stepped = false // a fact of this fetch, also when it fails or is empty
+		// Facts of this fetch, also when it fails or is empty.
+		notes.stepped = false
+		notes.unstable = -1
 	}
 	if offset < 0 {
 		// FirstOffset / LastOffset: resolve once, so the fetch position
@@ -846,6 +902,9 @@ func fetchItems(ctx context.Context, client *kafkago.Client, cfg *Config, topic 
 	hw := p.HighWatermark
 	if p.LastStableOffset >= 0 && p.LastStableOffset < hw {
 		hw = p.LastStableOffset
+	}
+	if notes != nil {
+		notes.unstable = p.HighWatermark - hw
 	}
 	if p.RecordSet.Records == nil {
 		return items, offset, hw, nil

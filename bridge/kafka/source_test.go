@@ -20,6 +20,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/clock"
 	"github.com/delaybridge/delaybridge/metrics"
 )
 
@@ -418,6 +419,106 @@ func TestSourceLagMetric(t *testing.T) {
 	waitFor(t, "lag 0", func() bool { return gaugeValue(t, lag) == 0 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A transaction left open holds the partition at its last stable offset:
+// the lag gauge (up to the LSO) shows nothing, the unstable gauge counts the
+// records behind it and the stall gauge times how long the LSO has not
+// moved, by the source's clock. A plain record after the transaction stays
+// unread until it ends; then both gauges go back to 0.
+func TestSourceTransactionStallMetrics(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	txn := producer(t, c, kgo.TransactionalID("tx"))
+	plain := producer(t, c)
+	produce(t, plain, &kgo.Record{Topic: "delay", Value: []byte("before")})
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	produce(t, txn, &kgo.Record{Topic: "delay", Value: []byte("t1")}, &kgo.Record{Topic: "delay", Value: []byte("t2")})
+	produce(t, plain, &kgo.Record{Topic: "delay", Value: []byte("after")})
+
+	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
+	cfg.Metrics = metrics.New(nil)
+	cfg.MaxWait = 20 * time.Millisecond
+	lag := cfg.Metrics.SourceLag.WithLabelValues("delay", "0")
+	unstable := cfg.Metrics.SourceUnstable.WithLabelValues("delay", "0")
+	stalled := cfg.Metrics.SourceStableStalled.WithLabelValues("delay", "0")
+	s, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clock.NewFake(time.Unix(1_800_000_000, 0))
+	s.now = clk.Now
+	h := newMemHandler()
+	stop := runSource(t, s, h)
+	// Offsets: 0 before, 1-2 the open transaction, 3 after: the LSO is 1.
+	waitFor(t, "3 unstable", func() bool { return gaugeValue(t, unstable) == 3 })
+	waitFor(t, "the record before", func() bool { return h.count() == 1 })
+	if v := gaugeValue(t, lag); v != 0 {
+		t.Fatalf("lag %v with the partition read up to its LSO, want 0", v)
+	}
+	if v := gaugeValue(t, stalled); v != 0 {
+		t.Fatalf("stalled %v s before the clock moved, want 0", v)
+	}
+	clk.Advance(20 * time.Minute)
+	waitFor(t, "stalled 1200 s", func() bool { return gaugeValue(t, stalled) == 1200 })
+	if n := h.count(); n != 1 {
+		t.Fatalf("%d records taken in past an open transaction, want 1", n)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := txn.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the transaction and the record after it", func() bool { return h.count() == 4 })
+	waitFor(t, "unstable 0", func() bool { return gaugeValue(t, unstable) == 0 })
+	waitFor(t, "stalled 0", func() bool { return gaugeValue(t, stalled) == 0 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range h.snapshot() {
+		got = append(got, string(m.Value))
+	}
+	if !slices.Equal(got, []string{"before", "t1", "t2", "after"}) {
+		t.Fatalf("handled %q", got)
+	}
+}
+
+// TestStallGauge pins the stall clock: it starts when records lie past the
+// LSO, restarts when the LSO moves (another transaction is now the oldest
+// open one), and stops when nothing is held.
+func TestStallGauge(t *testing.T) {
+	m := metrics.New(nil)
+	g := newStallGauge(m, "d", 0)
+	t0 := time.Unix(1_800_000_000, 0)
+	for i, st := range []struct {
+		lso, unstable int64
+		at            time.Duration
+		want          float64
+	}{
+		{lso: 10, unstable: 0, at: 0, want: 0},
+		{lso: 10, unstable: 5, at: time.Second, want: 0},
+		{lso: 10, unstable: 7, at: 61 * time.Second, want: 60},
+		{lso: 12, unstable: 5, at: 70 * time.Second, want: 0}, // the LSO moved
+		{lso: 12, unstable: 5, at: 75 * time.Second, want: 5},
+		{lso: 20, unstable: 0, at: 80 * time.Second, want: 0}, // nothing held
+		{lso: 20, unstable: 1, at: 90 * time.Second, want: 0},
+		{lso: 20, unstable: 1, at: 95 * time.Second, want: 5},
+	} {
+		g.observe(st.lso, st.unstable, t0.Add(st.at))
+		if got := gaugeValue(t, g.stalled); got != st.want {
+			t.Errorf("step %d: stalled %v, want %v", i, got, st.want)
+		}
+		if got := gaugeValue(t, g.unstable); got != float64(st.unstable) {
+			t.Errorf("step %d: unstable %v, want %d", i, got, st.unstable)
+		}
+	}
+	g.reset()
+	if gaugeValue(t, g.stalled) != 0 || gaugeValue(t, g.unstable) != 0 {
+		t.Error("reset left a stall reported")
 	}
 }
 
