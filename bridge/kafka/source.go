@@ -419,6 +419,9 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 		cancel()
 		wg.Wait()
 		s.setHealth(key, nil)
+		// This member no longer reads the partition: its lag is the next
+		// owner's to report (a sum over members stays right).
+		lag.g.Set(0)
 	}()
 
 	for f := range out {

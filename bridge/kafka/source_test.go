@@ -487,6 +487,68 @@ func TestSourceTransactionStallMetrics(t *testing.T) {
 	}
 }
 
+// A member that stops reading a partition reports no lag and no stall for
+// it any more: the gauges are the next owner's, and a value frozen at the
+// last fetch would add a phantom backlog to every sum over members.
+func TestSourceGaugesClearedWhenThePartitionIsLeft(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	plain := producer(t, c)
+	produceN(t, plain, "delay", 1, 0, 10)
+	txn := producer(t, c, kgo.TransactionalID("tx"))
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	produce(t, txn, &kgo.Record{Topic: "delay", Value: []byte("open")})
+	produce(t, plain, &kgo.Record{Topic: "delay", Value: []byte("after")})
+
+	// hold: the handler holds the first batch until the stop, so the lag
+	// is above 0 then; otherwise the worker reads up to the open
+	// transaction and times the stall.
+	for _, hold := range []bool{true, false} {
+		t.Run(fmt.Sprintf("hold=%v", hold), func(t *testing.T) {
+			cfg := testConfig(t, c.ListenAddrs(), fmt.Sprintf("g-%v", hold), "delay")
+			cfg.Metrics = metrics.New(nil)
+			cfg.MaxBatch = 4
+			cfg.MaxWait = 20 * time.Millisecond
+			gauges := map[string]prometheus.Gauge{
+				"lag":      cfg.Metrics.SourceLag.WithLabelValues("delay", "0"),
+				"unstable": cfg.Metrics.SourceUnstable.WithLabelValues("delay", "0"),
+				"stalled":  cfg.Metrics.SourceStableStalled.WithLabelValues("delay", "0"),
+			}
+			h := newMemHandler()
+			if hold {
+				h.setFail(func(ctx context.Context, _ *bridge.Batch) error {
+					<-ctx.Done()
+					return ctx.Err()
+				})
+			}
+			s, err := NewSource(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			clk := clock.NewFake(time.Unix(1_800_000_000, 0))
+			s.now = clk.Now
+			stop := runSource(t, s, h)
+			waitFor(t, "unstable reported", func() bool { return gaugeValue(t, gauges["unstable"]) == 2 })
+			if hold {
+				waitFor(t, "lag reported", func() bool { return gaugeValue(t, gauges["lag"]) > 0 })
+			} else {
+				waitFor(t, "10 handled", func() bool { return h.count() == 10 })
+				clk.Advance(time.Minute)
+				waitFor(t, "a stall reported", func() bool { return gaugeValue(t, gauges["stalled"]) == 60 })
+			}
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			for name, g := range gauges {
+				if v := gaugeValue(t, g); v != 0 {
+					t.Errorf("%s %v after the source stopped, want 0", name, v)
+				}
+			}
+		})
+	}
+}
+
 // TestStallGauge pins the stall clock: it starts when records lie past the
 // LSO, restarts when the LSO moves (another transaction is now the oldest
 // open one), and stops when nothing is held.
