@@ -123,7 +123,7 @@ func New(r prometheus.Registerer) *Metrics {
 			Name: "delaybridge_source_errors_total", Help: "Errors fetching from or committing to a delay source.",
 		}, []string{"source"}),
 		SourceLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "delaybridge_source_lag_messages", Help: "Messages in a delay source not yet taken in; on Kafka up to the last stable offset (read_committed: records behind an open transaction are not readable yet and not counted).",
+			Name: "delaybridge_source_lag_messages", Help: "Messages in a delay source not yet taken in; on Kafka up to the last stable offset (read_committed: records behind an open transaction are not readable yet and not counted), reported by the member that reads the partition (0 elsewhere). On NATS the JetStream consumer's pending count, which every instance sharing the consumer reports: take the max per source and partition over instances, not the sum.",
 		}, []string{"source", "partition"}),
 		SourceUnstable: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "delaybridge_source_unstable_messages", Help: "Kafka: offsets of a delay partition between its last stable offset and its high watermark, i.e. behind an open transaction; read_committed takes none of them in (nor anything after them) until the transaction ends. 0 while no transaction is open.",
