@@ -129,7 +129,7 @@ func New(r prometheus.Registerer) *Metrics {
 			Name: "delaybridge_source_unstable_messages", Help: "Kafka: offsets of a delay partition between its last stable offset and its high watermark, i.e. behind an open transaction; read_committed takes none of them in (nor anything after them) until the transaction ends. 0 while no transaction is open.",
 		}, []string{"source", "partition"}),
 		SourceStableStalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "delaybridge_source_stable_offset_stalled_seconds", Help: "Kafka: how long a delay partition's last stable offset has not moved while records lie beyond it (an open transaction holds the partition), timed from when this member first saw it; 0 when nothing is held. Longer than the producers' transaction.timeout.ms means a hanging transaction: the partition's delays after it are not taken in.",
+			Name: "delaybridge_source_stable_offset_stalled_seconds", Help: "Kafka: how long a delay partition's last stable offset has not moved while records lie beyond it (an open transaction holds the partition), timed from when this member first saw it (it holds its last value while fetches fail); 0 when nothing is held. Longer than the broker's transaction.max.timeout.ms means a hanging transaction: the partition's delays after it are not taken in.",
 		}, []string{"source", "partition"}),
 		Ready: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "delaybridge_ready", Help: "1 when the bridge is ready (recovered, store and sources healthy).",

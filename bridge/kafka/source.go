@@ -612,6 +612,7 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 			notes.untimed = nil
 			known = shard.Checkpoint{}
 			inc++
+			stall.reset() // another log: its LSO says nothing of the old one's
 			return true
 		case <-ctx.Done():
 			return false
@@ -813,7 +814,9 @@ type decodeNotes struct {
 	untimed []int64
 	// unstable: the offsets between the last stable offset and the high
 	// watermark in the last response (records of open transactions, not
-	// readable under read_committed yet); -1 when the fetch failed.
+	// readable under read_committed yet). Fetch versions below 4 (brokers
+	// before 0.11, which have no transactions) carry no LSO, and kafka-go
+	// decodes it as 0 there; read_committed needs v4+ anyway.
 	unstable int64
 	// An identity check sets probe and probeAt to learn what occupies
 	// the offset probeAt beside a readable record: a commit or abort
@@ -848,7 +851,7 @@ func fetchItems(ctx context.Context, client *kafkago.Client, cfg *Config, topic 
 	if notes != nil {
 		// Facts of this fetch, also when it fails or is empty.
 		notes.stepped = false
-		notes.unstable = -1
+		notes.unstable = 0
 	}
 	if offset < 0 {
 		// FirstOffset / LastOffset: resolve once, so the fetch position
