@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
@@ -85,6 +87,15 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger
 		root = tmp
 	}
 
+	if o.natsPort > 0 {
+		// nats-server only logs a port it cannot listen on (and has no
+		// logger here), then never becomes ready: find out first.
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(o.natsPort)))
+		if err != nil {
+			return portHint(fmt.Errorf("dev: nats server on port %d: %w", o.natsPort, err), "-nats-port")
+		}
+		_ = l.Close()
+	}
 	ns, err := natsserver.NewServer(&natsserver.Options{
 		Host: "127.0.0.1", Port: o.natsPort, JetStream: true,
 		StoreDir: filepath.Join(root, "jetstream"), NoSigs: true,
@@ -113,7 +124,7 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger
 	}
 	kc, err := kfake.NewCluster(kopts...)
 	if err != nil {
-		return fmt.Errorf("dev: kafka broker on port %d: %w", o.kafkaPort, err)
+		return portHint(fmt.Errorf("dev: kafka broker on port %d: %w", o.kafkaPort, err), "-kafka-port")
 	}
 	defer kc.Close()
 	kafkaAddr := kc.ListenAddrs()[0]
@@ -130,7 +141,16 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger
 	if ready != nil {
 		ready(svc, devAddrs{kafka: kafkaAddr, nats: natsURL})
 	}
-	return svc.Run(ctx)
+	return portHint(svc.Run(ctx), "-admin")
+}
+
+// portHint adds to an address-in-use error the flag that moves the port:
+// the usual cause is a dev sandbox still running.
+func portHint(err error, flag string) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("%w (is another delaybridge dev running? %s picks another)", err, flag)
+	}
+	return err
 }
 
 // devNATSTargets creates a JetStream stream for the example target subjects

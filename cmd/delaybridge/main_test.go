@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -352,6 +353,34 @@ func TestExitCleanupsTempDir(t *testing.T) {
 	}
 	if _, _, err := cleanups.tempDir("delaybridge-dev-"); err == nil {
 		t.Error("tempDir made a directory after the forced exit started")
+	}
+}
+
+// TestDevPortInUse: a port the sandbox cannot take is refused at once with
+// the flag that moves it (nats-server alone would only log it and never
+// become ready, a 10 s wait without a reason).
+func TestDevPortInUse(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	for _, tc := range []struct {
+		name string
+		o    devOptions
+		flag string
+	}{
+		{"nats", devOptions{kafkaPort: 0, natsPort: port, admin: "127.0.0.1:0"}, "-nats-port"},
+		{"kafka", devOptions{kafkaPort: port, natsPort: -1, admin: "127.0.0.1:0"}, "-kafka-port"},
+		{"admin", devOptions{kafkaPort: 0, natsPort: -1, admin: l.Addr().String()}, "-admin"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := runDev(context.Background(), tc.o, io.Discard, zap.NewNop(), nil, nil)
+			if !errors.Is(err, syscall.EADDRINUSE) || !strings.Contains(err.Error(), tc.flag+" picks another") {
+				t.Fatalf("runDev = %v, want address in use naming %s", err, tc.flag)
+			}
+		})
 	}
 }
 
