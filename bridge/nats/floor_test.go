@@ -9,14 +9,17 @@ import (
 // Steps: "start" a=ack floor, b=delivered stream seq, c=delivered
 // consumer seq (iterator start from consumer info); "see" c=consumer seq,
 // a=stream seq (a delivery; held = skipped); "batch" a=highest new stream
-// seq (checkpoint, then handled); "ackfloor" a=server ack floor.
+// seq (checkpoint, then handled); "ackfloor" a=server ack floor,
+// b=delivered stream seq (consumer info). A "see" is a first delivery
+// unless redelivery is set.
 func TestFloorState(t *testing.T) {
 	type step struct {
-		op       string
-		a, b     int64
-		c        uint64
-		wantHeld bool  // for see
-		wantCP   int64 // for batch; and the floor after every step
+		op         string
+		a, b       int64
+		c          uint64
+		redelivery bool  // for see
+		wantHeld   bool  // for see
+		wantCP     int64 // for batch; and the floor after every step
 	}
 	tests := []struct {
 		name      string
@@ -79,6 +82,41 @@ func TestFloorState(t *testing.T) {
 			wantFloor: 3,
 		},
 		{
+			// Another instance sharing the consumer took the first
+			// delivery of 11 (dseq 11) and died; this one sees a
+			// redelivery of 9 next, then 12, then 11 come back.
+			name: "a delivery missed before a redelivery: the barrier waits for what the consumer had delivered",
+			steps: []step{
+				{op: "start", a: 0, b: 0, c: 0},
+				{op: "see", c: 1, a: 1}, {op: "see", c: 2, a: 2}, {op: "see", c: 3, a: 3},
+				{op: "see", c: 4, a: 4}, {op: "see", c: 5, a: 5}, {op: "see", c: 6, a: 6},
+				{op: "see", c: 7, a: 7}, {op: "see", c: 8, a: 8}, {op: "see", c: 9, a: 9},
+				{op: "see", c: 10, a: 10},
+				{op: "batch", a: 10, wantCP: 10},
+				{op: "see", c: 12, a: 9, redelivery: true, wantHeld: true},
+				{op: "see", c: 13, a: 12},
+				{op: "batch", a: 12, wantCP: 10},
+				{op: "ackfloor", a: 10, b: 12}, // 11 unacked: the barrier is 12 now, not 10
+				{op: "see", c: 14, a: 11, redelivery: true},
+				{op: "batch", a: 11, wantCP: 10},
+				{op: "ackfloor", a: 12, b: 12},
+				{op: "see", c: 15, a: 13},
+				{op: "batch", a: 13, wantCP: 13},
+			},
+			wantFloor: 13,
+		},
+		{
+			name: "a delivery missed before a redelivery, the ack floor already past what was delivered",
+			steps: []step{
+				{op: "start", a: 0, b: 0, c: 0},
+				{op: "see", c: 1, a: 1}, {op: "see", c: 2, a: 2},
+				{op: "batch", a: 2, wantCP: 2},
+				{op: "see", c: 4, a: 1, redelivery: true, wantHeld: true}, // dseq 3 elsewhere
+				{op: "ackfloor", a: 3, b: 3}, // that delivery (seq 3) was acked
+			},
+			wantFloor: 3,
+		},
+		{
 			name:   "clean restart: nothing pending, no barrier",
 			stored: 10,
 			steps: []step{
@@ -108,7 +146,7 @@ func TestFloorState(t *testing.T) {
 				case "start":
 					f.start(s.a, s.b, s.c)
 				case "see":
-					if held := f.see(s.c, s.a); held != s.wantHeld {
+					if held := f.see(s.c, s.a, !s.redelivery); held != s.wantHeld {
 						t.Fatalf("step %d: see(%d, %d) held = %v, want %v", i, s.c, s.a, held, s.wantHeld)
 					}
 				case "batch":
@@ -122,7 +160,7 @@ func TestFloorState(t *testing.T) {
 					if f.barrier != 0 && !f.wantAckFloor(now) {
 						t.Fatalf("step %d: barrier set but no ack floor check wanted", i)
 					}
-					f.ackFloor(s.a)
+					f.ackFloor(s.a, s.b)
 				}
 			}
 			if f.floor != tt.wantFloor {

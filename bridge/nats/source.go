@@ -417,6 +417,13 @@ func (s *Source) Close() error {
 // iterator started and not yet acked; a gap in consumer sequences, meaning
 // a delivery was lost in transit or went to another client), a barrier
 // holds the floor back until the server's ack floor has passed the barrier.
+// The barrier must be at least the sequence of every delivery missed. One
+// missed right before a first delivery was of a lower sequence (first
+// deliveries come in stream order, and a redelivered message was first
+// delivered before); one missed right before a redelivery may have been
+// of any sequence the consumer had delivered by then (a first delivery to
+// another instance sharing the consumer), so the next consumer info's
+// delivered sequence bounds it before the ack floor is compared.
 //
 // floorState is pure: the Source feeds it consumer info and deliveries.
 type floorState struct {
@@ -425,7 +432,11 @@ type floorState struct {
 	barrier    int64  // 0: none; else the floor waits for ack floor >= barrier
 	lastDseq   uint64 // last consumer (delivery) sequence seen
 	maxSeen    int64  // highest stream sequence seen
-	lastCheck  time.Time
+	// unbounded: a delivery was missed right before a redelivery; the
+	// barrier is raised to the consumer's delivered sequence at the next
+	// ack floor check (see ackFloor) before it may clear.
+	unbounded bool
+	lastCheck time.Time
 	// legacy is a stored floor without the stream identity (written by an
 	// older version), not yet trusted: see adoptLegacy.
 	legacy int64
@@ -472,12 +483,17 @@ func (f *floorState) start(ackFloor, delivered int64, deliveredDseq uint64) {
 	}
 }
 
-// see registers a delivery and reports whether the message is already held.
-func (f *floorState) see(dseq uint64, seq int64) (held bool) {
+// see registers a delivery (first: its first delivery) and reports whether
+// the message is already held.
+func (f *floorState) see(dseq uint64, seq int64, first bool) (held bool) {
 	if dseq != f.lastDseq+1 {
 		// A delivery this iterator did not see: lost in transit or taken
-		// by another client. It was of a sequence at most this high.
+		// by another client. Before a first delivery it was of a lower
+		// sequence; before a redelivery of any the consumer had delivered.
 		f.barrier = max(f.barrier, f.maxSeen, seq)
+		if !first {
+			f.unbounded = true
+		}
 	}
 	f.lastDseq = max(f.lastDseq, dseq)
 	f.maxSeen = max(f.maxSeen, seq)
@@ -508,10 +524,18 @@ func (f *floorState) wantAckFloor(now time.Time) bool {
 	return true
 }
 
-// ackFloor feeds the server's ack floor: once it passes the barrier,
-// everything up to the barrier is acked and, the consumer sequences since
-// having been contiguous, every message seen after it is handled.
-func (f *floorState) ackFloor(af int64) {
+// ackFloor feeds the server's ack floor and the stream sequence the
+// consumer has delivered up to, read together after the deliveries seen so
+// far: once the ack floor passes the barrier, everything up to the barrier
+// is acked and, the consumer sequences since having been contiguous, every
+// message seen after it is handled. A barrier left unbounded by a missed
+// delivery is first raised to delivered, which is at least that delivery's
+// sequence.
+func (f *floorState) ackFloor(af, delivered int64) {
+	if f.unbounded {
+		f.barrier = max(f.barrier, delivered)
+		f.unbounded = false
+	}
 	if f.barrier != 0 && af >= f.barrier {
 		f.floor = max(f.floor, af, f.maxHandled)
 		f.barrier = 0
@@ -886,7 +910,7 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 			// has checked the stream's identity.
 			return &abandonedError{err: fmt.Errorf("%w: delivery %d after %d", errConsumerSeqBack, md.Sequence.Consumer, st.lastDseq), batch: batch}
 		}
-		if st.see(md.Sequence.Consumer, seq) {
+		if st.see(md.Sequence.Consumer, seq, md.NumDelivered <= 1) {
 			continue // already held (e.g. before a crash): acked below, not handed over
 		}
 		rules, ok := rulesFor(s.cfg.Sources, m.Subject())
@@ -941,7 +965,7 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 	}
 	if st.wantAckFloor(time.Now()) {
 		if info, err := cons.Info(ctx); err == nil {
-			st.ackFloor(int64(info.AckFloor.Stream))
+			st.ackFloor(int64(info.AckFloor.Stream), int64(info.Delivered.Stream))
 		}
 	}
 	return nil
