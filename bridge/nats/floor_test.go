@@ -112,7 +112,7 @@ func TestFloorState(t *testing.T) {
 				{op: "see", c: 1, a: 1}, {op: "see", c: 2, a: 2},
 				{op: "batch", a: 2, wantCP: 2},
 				{op: "see", c: 4, a: 1, redelivery: true, wantHeld: true}, // dseq 3 elsewhere
-				{op: "ackfloor", a: 3, b: 3}, // that delivery (seq 3) was acked
+				{op: "ackfloor", a: 3, b: 3},                              // that delivery (seq 3) was acked
 			},
 			wantFloor: 3,
 		},
