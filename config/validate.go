@@ -194,6 +194,13 @@ func (c *Config) validateNATS(v *validator, n *NATS) {
 	for _, u := range urls {
 		u = strings.TrimSpace(u)
 		p, err := url.Parse(u)
+		if strings.Contains(u, "@") && (err != nil || p.User == nil) {
+			// A "/", "?" or "#" in a token or password ends the user
+			// information early: the credential would be taken for a host
+			// name (or not parse) and show in every connection error.
+			v.add("nats.url", "%q: a \"/\", \"?\", \"#\" or \"%%\" in the token or password ends the URL's user information or does not parse; percent-encode them (%%2F, %%3F, %%23, %%25)", redactURLs(u))
+			continue
+		}
 		if err != nil || p.Host == "" {
 			v.add("nats.url", "%q is not a URL like nats://host:4222", redactURLs(u))
 			continue

@@ -284,15 +284,21 @@ func redactURL(s string) string {
 	for i, p := range parts {
 		p = strings.TrimSpace(p)
 		u, err := url.Parse(p)
-		if err != nil || u.User == nil {
-			if err != nil && strings.Contains(p, "@") {
-				p = "[unparsable url]"
+		switch {
+		case err == nil && u.User != nil:
+			u.User = nil
+			parts[i] = u.String()
+		case strings.Contains(p, "@"):
+			// Unparsable, or a "/", "?" or "#" in a token or password
+			// ended the user information early: all before the last "@"
+			// may be credential.
+			parts[i] = "[url with credentials]"
+			if at, scheme := strings.LastIndex(p, "@"), strings.Index(p, "://"); scheme >= 0 && at > scheme {
+				parts[i] = p[:scheme+len("://")] + "REDACTED" + p[at:]
 			}
+		default:
 			parts[i] = p
-			continue
 		}
-		u.User = nil
-		parts[i] = u.String()
 	}
 	return strings.Join(parts, ",")
 }

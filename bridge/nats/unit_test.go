@@ -240,14 +240,20 @@ func TestRedactURL(t *testing.T) {
 		"nats://user:secret@localhost:4222": "nats://localhost:4222",
 		"nats://tok@a:1, nats://u:p@b:2":    "nats://a:1,nats://b:2",
 		"tls://user:pass@host:4443":         "tls://host:4443",
-		"nats://us%er:p@ss@host:1":          "[unparsable url]",
+		"nats://us%er:p@ss@host:1":          "nats://REDACTED@host:1",
+		// A "/", "?" or "#" in the credential ends the user information:
+		// url.Parse sees no user, and the credential as host or path.
+		"nats://secret/dG9rZW4=@host:4222": "nats://REDACTED@host:4222",
+		"nats://u:pa?ss@host:1":            "nats://REDACTED@host:1",
+		"tls://secret#x@host:1":            "tls://REDACTED@host:1",
+		"secret/x@host:1":                  "[url with credentials]",
 	}
 	for in, want := range tests {
 		got := redactURL(in)
 		if got != want {
 			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
 		}
-		if strings.Contains(got, "secret") || strings.Contains(got, "pass") {
+		if strings.Contains(got, "secret") || strings.Contains(got, "pass") || strings.Contains(got, "pa?ss") || strings.Contains(got, "dG9rZW4") {
 			t.Errorf("redactURL(%q) leaks a secret: %q", in, got)
 		}
 	}
