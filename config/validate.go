@@ -104,12 +104,19 @@ func (c *Config) validate(v *validator) {
 	}
 }
 
+// maxRetryWait bounds retry.max: a publish retried less than once a year
+// is a slip of the unit, not a policy.
+const maxRetryWait = Duration(365 * 24 * time.Hour)
+
 func (r *Retry) validate(v *validator) {
 	if r.Initial <= 0 {
 		v.add("retry.initial", "must be positive, got %s", r.Initial)
 	}
 	if r.Max < r.Initial {
 		v.add("retry.max", "must be at least retry.initial (%s), got %s", r.Initial, r.Max)
+	}
+	if r.Max > maxRetryWait {
+		v.add("retry.max", "must be at most 365d, got %s", r.Max)
 	}
 	if !(r.Multiplier >= 1) { // also catches NaN
 		v.add("retry.multiplier", "must be at least 1, got %g", r.Multiplier)

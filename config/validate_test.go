@@ -38,6 +38,8 @@ func TestValidate(t *testing.T) {
 		{"store memtable zero", func(c *Config) { c.Store.MemtableMB = 0 }, "store.memtable_mb: must be between"},
 		{"retry.initial", func(c *Config) { c.Retry.Initial = 0 }, "retry.initial: must be positive"},
 		{"retry.max below initial", func(c *Config) { c.Retry.Max = Duration(time.Millisecond) }, "retry.max: must be at least retry.initial"},
+		{"retry.max above a year", func(c *Config) { c.Retry.Max = Duration(366 * 24 * time.Hour) }, "retry.max: must be at most 365d"},
+		{"retry.max a year ok", func(c *Config) { c.Retry.Max = Duration(365 * 24 * time.Hour) }, ""},
 		{"retry.multiplier", func(c *Config) { c.Retry.Multiplier = 0.5 }, "retry.multiplier: must be at least 1"},
 		{"retry.multiplier NaN", func(c *Config) { c.Retry.Multiplier = math.NaN() }, "retry.multiplier"},
 		{"retry.multiplier 1 ok", func(c *Config) { c.Retry.Multiplier = 1 }, ""},

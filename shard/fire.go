@@ -809,10 +809,7 @@ type dlRefusal struct {
 func (s *shard) outageBackoff(overdueMs int64) time.Duration {
 	r := s.e.opts.Retry
 	d := min(max(time.Duration(min(max(overdueMs, 0), math.MaxInt64/int64(time.Millisecond)))*time.Millisecond, r.Initial), r.Max)
-	if r.Jitter > 0 {
-		d = time.Duration(float64(d) * (1 + r.Jitter*(2*s.rng.Float64()-1)))
-	}
-	return max(d, time.Millisecond)
+	return jitterDuration(float64(d), r.Jitter, s.rng.Float64())
 }
 
 // backoff is the delay before attempt n+1 after n failed publishes:
@@ -823,8 +820,19 @@ func (s *shard) backoff(attempts uint32) time.Duration {
 	if d > float64(r.Max) || math.IsInf(d, 0) || math.IsNaN(d) {
 		d = float64(r.Max)
 	}
-	if r.Jitter > 0 {
-		d *= 1 + r.Jitter*(2*s.rng.Float64()-1)
+	return jitterDuration(d, r.Jitter, s.rng.Float64())
+}
+
+// jitterDuration is d nanoseconds moved by up to +-jitter (u: a uniform
+// draw in [0, 1)), at least 1 ms. A wait past the Duration range (a
+// Retry.Max of centuries, raised by the jitter) is clamped to it: converted
+// as it is, it wrapped to a negative Duration, and so to 1 ms.
+func jitterDuration(d, jitter, u float64) time.Duration {
+	if jitter > 0 {
+		d *= 1 + jitter*(2*u-1)
+	}
+	if !(d < float64(math.MaxInt64)) { // also NaN
+		return math.MaxInt64
 	}
 	return max(time.Duration(d), time.Millisecond)
 }
