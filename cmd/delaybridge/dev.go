@@ -43,8 +43,8 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer, cleanu
 	var o devOptions
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.IntVar(&o.kafkaPort, "kafka-port", 9092, "port of the in-process Kafka-protocol broker")
-	fs.IntVar(&o.natsPort, "nats-port", 4222, "port of the embedded NATS server")
+	fs.IntVar(&o.kafkaPort, "kafka-port", 9092, "port of the in-process Kafka-protocol broker (0: any free port)")
+	fs.IntVar(&o.natsPort, "nats-port", 4222, "port of the embedded NATS server (0: any free port)")
 	fs.StringVar(&o.admin, "admin", "127.0.0.1:8080", "admin HTTP listen address")
 	fs.StringVar(&o.dataDir, "data-dir", "", "keep the sandbox (the bridge's store and both brokers' data) in this directory across runs (default: a temporary directory removed on exit)")
 	if err := parseFlags(fs, args); err != nil {
@@ -87,6 +87,9 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger
 		root = tmp
 	}
 
+	if o.natsPort == 0 {
+		o.natsPort = natsserver.RANDOM_PORT // nats-server's 0 is its default, 4222
+	}
 	if o.natsPort > 0 {
 		// nats-server only logs a port it cannot listen on (and has no
 		// logger here), then never becomes ready: find out first.

@@ -393,7 +393,7 @@ func TestDev(t *testing.T) {
 	ready := make(chan devAddrs, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- runDev(ctx, devOptions{kafkaPort: 0, natsPort: -1, admin: "127.0.0.1:0"}, &out, zaptest.NewLogger(t), nil,
+		done <- runDev(ctx, devOptions{kafkaPort: 0, natsPort: 0, admin: "127.0.0.1:0"}, &out, zaptest.NewLogger(t), nil,
 			func(_ *service.Service, a devAddrs) { ready <- a })
 	}()
 	var addrs devAddrs
@@ -403,6 +403,9 @@ func TestDev(t *testing.T) {
 		t.Fatalf("dev stopped: %v", err)
 	case <-time.After(60 * time.Second):
 		t.Fatal("dev did not start")
+	}
+	if strings.HasSuffix(addrs.nats, ":4222") || strings.HasSuffix(addrs.kafka, ":9092") {
+		t.Errorf("ports 0 gave %s and %s, want free ports (nats-server's own 0 is 4222)", addrs.nats, addrs.kafka)
 	}
 	for _, want := range []string{"kcat -P -b " + addrs.kafka, "nats -s " + addrs.nats, "delay-after"} {
 		if !strings.Contains(out.String(), want) {
