@@ -447,7 +447,8 @@ func (s *Service) Run(ctx context.Context) error {
 	// reserve for closing the store. Out of time, the store is closed
 	// without its flush, so the process still exits within the timeout.
 	timeout := s.cfg.ShutdownTimeout.Std()
-	deadline := time.Now().Add(timeout - min(closeReserve, timeout/5))
+	start := time.Now()
+	deadline := start.Add(timeout - min(closeReserve, timeout/5))
 	if !waitUntil(func() { srcWG.Wait() }, deadline) {
 		s.lateShutdown = true
 		s.log.Warn("sources did not stop in time; their uncommitted messages will be redelivered")
@@ -463,7 +464,11 @@ func (s *Service) Run(ctx context.Context) error {
 		s.lateShutdown = true
 		s.log.Warn("admin requests did not finish in time")
 	}
-	if err := s.closeAll(); err != nil {
+	// Closing the sinks waits for their in-flight publishes (kafka-go's
+	// Writer.Close, up to WriteTimeout times WriteAttempts), which a hung
+	// broker can stretch past the timeout: what is not closed by then is
+	// left to the process exit, and the store is still closed.
+	if err := s.closeAllBy(start.Add(timeout), engDone); err != nil {
 		s.log.Error("close", zap.Error(err))
 		if fatal == nil {
 			fatal = err
@@ -471,6 +476,49 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	s.log.Info("stopped; pending tasks are kept in the store")
 	return fatal
+}
+
+// closeAllBy is closeAll within deadline: each closer but the store's (the
+// first) gets until deadline less the store's share, and one still running
+// then is left behind (logged). The store closes once the fire loops have
+// stopped (engDone); if they outlast the deadline too (a publish still
+// held), it closes when they stop, unless the process exits first, which
+// the store recovers from as from a crash (every commit was synced).
+func (s *Service) closeAllBy(deadline time.Time, engDone <-chan struct{}) error {
+	if len(s.closers) == 0 {
+		return nil
+	}
+	store := s.closers[0]
+	others := deadline.Add(-min(closeReserve, max(time.Until(deadline), 0)/2))
+	var errs []error
+	for i := len(s.closers) - 1; i >= 1; i-- {
+		var err error
+		closer := s.closers[i] // not s.closers in the goroutine: it may outlive this
+		if !waitUntil(func() { err = closer() }, others) {
+			s.lateShutdown = true
+			s.log.Warn("shutting down: a publisher or source did not close in time; left to the process exit",
+				zap.Int("closer", i))
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.closers = nil
+	if !waitUntil(func() { <-engDone }, deadline) {
+		s.log.Warn("shutting down: a fire loop is still in a publish; the store closes when it returns or stays to the process exit, which it recovers from like a crash")
+		go func() {
+			<-engDone
+			if err := store(); err != nil {
+				s.log.Error("close store", zap.Error(err))
+			}
+		}()
+		return errors.Join(errs...)
+	}
+	if err := store(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // closeReserve is the part of shutdown_timeout (at most a fifth of it)

@@ -1,0 +1,109 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/delaybridge/delaybridge/bridge/kafka"
+	"github.com/delaybridge/delaybridge/bridge/nats"
+	"github.com/delaybridge/delaybridge/shard"
+)
+
+// A target broker that holds a produce at the moment of SIGTERM does not
+// hold the shutdown: closing the Kafka publisher waits for its in-flight
+// write (kafka-go's Writer.Close, here with a 10 min WriteTimeout), so it
+// is left to the process exit once shutdown_timeout is up, and the store
+// is still closed with the task in it. Run must return while the produce
+// is held; the broker releases it only after the test's checks.
+func TestShutdownDoesNotWaitForAHeldPublish(t *testing.T) {
+	e := newEnv(t, "shutdown_timeout: 3s\n")
+	release := make(chan struct{})
+	held := make(chan struct{}, 1)
+	var refuse atomic.Bool
+	e.kc.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.kc.KeepControl()
+		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
+			if tp.Topic == kafkaOut {
+				select {
+				case held <- struct{}{}:
+				default:
+				}
+				e.kc.SleepControl(func() { <-release })
+				if refuse.Load() {
+					return nil, errors.New("test: connection dropped"), true
+				}
+				return nil, nil, false
+			}
+		}
+		return nil, nil, false
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	svc, err := New(ctx, e.config(), Options{
+		Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())),
+		Clock:  e.clk,
+		Kafka: func(c *kafka.Config) {
+			c.HeartbeatInterval = 100 * time.Millisecond
+			c.SessionTimeout = 6 * time.Second
+			c.RebalanceTimeout = 2 * time.Second
+			c.JoinBackoff = 100 * time.Millisecond
+			c.MaxWait = 50 * time.Millisecond
+			c.WriteTimeout = 10 * time.Minute // only the shutdown can end the held write
+		},
+		NATS: func(c *nats.Config) { c.ReconnectWait = 50 * time.Millisecond },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	e.publishKafka(0, time.Time{}, []byte("k"), []byte("v"), "delay-after", "0", "delay-target", kafkaOut)
+	watchdog := time.After(60 * time.Second)
+	for waiting := true; waiting; {
+		e.clk.Advance(time.Second)
+		select {
+		case <-held:
+			waiting = false
+		case <-time.After(50 * time.Millisecond):
+		case <-watchdog:
+			t.Fatal("the fire loop never published")
+		}
+	}
+	cancel() // SIGTERM, with the produce held
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-watchdog:
+		t.Fatal("Run waited for the held produce: shutdown_timeout not kept")
+	}
+	// The fire loop is still in the held publish, so the store stays open
+	// until it returns (in production the process exits first). Once the
+	// broker lets go, the store closes and still holds the task, whose
+	// publish the broker refused.
+	refuse.Store(true)
+	close(release)
+	var eng *shard.Engine
+	for eng == nil {
+		eng, err = shard.Open(shard.Options{Dir: e.dataDir, Shards: e.config().Shards, Logger: zap.NewNop()})
+		if err != nil {
+			select {
+			case <-watchdog:
+				t.Fatalf("reopen the store: %v", err)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	defer eng.Close()
+	if p := eng.Stats().Pending; p != 1 {
+		t.Fatalf("%d tasks pending after the shutdown, want the unacknowledged one", p)
+	}
+}
