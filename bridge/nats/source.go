@@ -585,6 +585,9 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			}
 		}
 		if err == nil {
+			err = s.checkRestored(ctx, h, st)
+		}
+		if err == nil {
 			break
 		}
 		s.log.Warn("nats source: read stream info or checkpoint failed; retrying", zap.Error(err))
@@ -625,6 +628,12 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 					zap.Time("was_created", time.Unix(0, streamID)), zap.Uint32("incarnation", s.inc))
 				*st, streamID = floorState{}, id
 				s.key = CheckpointKey(s.cfg.Stream, id, s.subjects())
+			} else if err := s.checkRestored(ctx, h, st); err != nil {
+				s.log.Warn("nats source: the stream went back below the floor; storing the new floor failed", zap.Error(err))
+				if !sleepCtx(ctx, bo.next()) {
+					return nil
+				}
+				continue
 			}
 			verified = true
 		}
@@ -643,6 +652,52 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		}
 		verified = false
 	}
+	return nil
+}
+
+// checkRestored handles a stream whose last sequence is below the floor
+// (or the highest sequence handled) under the same identity: the stream was
+// restored from a backup (nats stream restore, a copy of the server's
+// store, a cluster's assignment on a node that lost its disk), which keeps
+// its creation time but numbers the messages published since from the
+// backup's end. Those would be at or below the floor and acked as held,
+// unread. Which of the restored stream's messages are the backup's is not
+// known (some new ones may be in already), but the restored consumer's ack
+// floor is at most the backup's end: the floor goes back to it, and the
+// backup's messages above it are taken in again (a duplicate at worst,
+// never a loss). The messages from there on get a new incarnation, so
+// replacing by id compares them with the tasks already held by broker
+// time, not by sequences that now repeat. Both are stored before consuming
+// goes on. A restored stream that has grown past the old floor before this
+// check (the bridge down, or not yet delivered to, meanwhile) is not
+// detected.
+func (s *Source) checkRestored(ctx context.Context, h bridge.Handler, st *floorState) error {
+	last := int64(s.lastSeq.Load())
+	if st.legacy != 0 || max(st.floor, st.maxHandled) <= last {
+		return nil
+	}
+	ref := s.consumer.Load()
+	if ref == nil {
+		return ErrNoConsumer
+	}
+	info, err := ref.c.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("nats source: consumer info: %w", err)
+	}
+	floor := min(last, int64(info.AckFloor.Stream))
+	inc := s.inc + 1
+	b := &bridge.Batch{Checkpoints: []shard.Checkpoint{
+		{Key: s.key, Offset: floor},
+		{Key: s.incKey, Offset: int64(inc), Fingerprint: uint64(s.incOf)},
+	}}
+	if err := h.Handle(ctx, b); err != nil {
+		return fmt.Errorf("nats source: store the floor of a restored stream: %w", err)
+	}
+	s.log.Warn("nats source: the stream's last sequence is below the floor read so far, its creation time unchanged: restored from a backup? Reading on from the consumer's ack floor, as a new incarnation",
+		zap.Uint64("last_seq", uint64(last)), zap.Int64("floor_was", st.floor), zap.Int64("handled", st.maxHandled),
+		zap.Int64("floor", floor), zap.Uint32("incarnation", inc))
+	s.inc = inc
+	*st = floorState{floor: floor}
 	return nil
 }
 
