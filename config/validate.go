@@ -201,7 +201,7 @@ func (c *Config) validateNATS(v *validator, n *NATS) {
 	for _, u := range urls {
 		u = strings.TrimSpace(u)
 		p, err := url.Parse(u)
-		if strings.Contains(u, "@") && (err != nil || p.User == nil) {
+		if strings.Contains(u, "@") && (err != nil || p.User == nil || strings.Contains(p.Host+p.Path+p.RawQuery+p.Fragment+p.Opaque, "@")) {
 			// A "/", "?" or "#" in a token or password ends the user
 			// information early: the credential would be taken for a host
 			// name (or not parse) and show in every connection error.

@@ -109,6 +109,8 @@ func TestValidate(t *testing.T) {
 		{"nats.url credential ok", func(c *Config) { c.NATS.URL = "nats://u:p%2Fw@a:1,nats://tok%3Fen@b:2" }, ""},
 		{"nats.url unescaped / in token", func(c *Config) { c.NATS.URL = "nats://c2VjcmV0/dG9rZW4=@a:1" },
 			`nats.url: "nats://REDACTED@a:1": a "/", "?", "#" or "%" in the token or password ends the URL's user information or does not parse; percent-encode them`},
+		{"nats.url unescaped @ and / in token", func(c *Config) { c.NATS.URL = "nats://tok@en/x@b:2" },
+			`nats.url: "nats://REDACTED@b:2": a "/", "?", "#" or "%"`},
 		{"nats.url unescaped ? in password", func(c *Config) { c.NATS.URL = "nats://a:1,nats://u:p?w@b:2" },
 			`nats.url: "nats://REDACTED@b:2": a "/", "?", "#" or "%"`},
 		{"nats.stream required", func(c *Config) { c.NATS.Stream = "" }, "nats.stream: required"},

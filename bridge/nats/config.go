@@ -285,13 +285,13 @@ func redactURL(s string) string {
 		p = strings.TrimSpace(p)
 		u, err := url.Parse(p)
 		switch {
-		case err == nil && u.User != nil:
+		case err == nil && u.User != nil && !strings.Contains(u.Host+u.Path+u.RawQuery+u.Fragment, "@"):
 			u.User = nil
 			parts[i] = u.String()
 		case strings.Contains(p, "@"):
 			// Unparsable, or a "/", "?" or "#" in a token or password
-			// ended the user information early: all before the last "@"
-			// may be credential.
+			// ended the user information early (a second "@" after it):
+			// all before the last "@" may be credential.
 			parts[i] = "[url with credentials]"
 			if at, scheme := strings.LastIndex(p, "@"), strings.Index(p, "://"); scheme >= 0 && at > scheme {
 				parts[i] = p[:scheme+len("://")] + "REDACTED" + p[at:]

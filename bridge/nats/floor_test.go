@@ -117,6 +117,22 @@ func TestFloorState(t *testing.T) {
 			wantFloor: 3,
 		},
 		{
+			// Another instance holds 2; the barrier (3) stays, but the
+			// floor follows the server's ack floor meanwhile.
+			name: "the floor follows the ack floor below an uncleared barrier",
+			steps: []step{
+				{op: "start", a: 0, b: 0, c: 0},
+				{op: "see", c: 1, a: 1},
+				{op: "batch", a: 1, wantCP: 1},
+				{op: "see", c: 3, a: 3}, // dseq 2 (seq 2) went elsewhere
+				{op: "batch", a: 3, wantCP: 1},
+				{op: "ackfloor", a: 2, b: 3},
+				{op: "see", c: 4, a: 4},
+				{op: "batch", a: 4, wantCP: 2},
+			},
+			wantFloor: 2,
+		},
+		{
 			name:   "clean restart: nothing pending, no barrier",
 			stored: 10,
 			steps: []step{

@@ -532,6 +532,10 @@ func (f *floorState) wantAckFloor(now time.Time) bool {
 // delivery is first raised to delivered, which is at least that delivery's
 // sequence.
 func (f *floorState) ackFloor(af, delivered int64) {
+	// Whoever handled them, the messages up to the ack floor are acked:
+	// with instances sharing the consumer the barrier may rarely clear,
+	// but the floor still follows the server's.
+	f.floor = max(f.floor, af)
 	if f.unbounded {
 		f.barrier = max(f.barrier, delivered)
 		f.unbounded = false

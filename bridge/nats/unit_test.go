@@ -247,6 +247,7 @@ func TestRedactURL(t *testing.T) {
 		"nats://u:pa?ss@host:1":            "nats://REDACTED@host:1",
 		"tls://secret#x@host:1":            "tls://REDACTED@host:1",
 		"secret/x@host:1":                  "[url with credentials]",
+		"nats://tok@secret/x@host:1":       "nats://REDACTED@host:1",
 	}
 	for in, want := range tests {
 		got := redactURL(in)

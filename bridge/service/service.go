@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -478,9 +479,10 @@ func (s *Service) Run(ctx context.Context) error {
 	return fatal
 }
 
-// closeAllBy is closeAll within deadline: each closer but the store's (the
-// first) gets until deadline less the store's share, and one still running
-// then is left behind (logged). The store closes once the fire loops have
+// closeAllBy is closeAll within deadline: the closers but the store's (the
+// first) run in order until deadline less the store's share, and one still
+// running then is left behind with those after it (logged). The store
+// closes once the fire loops have
 // stopped (engDone); if they outlast the deadline too (a publish still
 // held), it closes when they stop, unless the process exits first, which
 // the store recovers from as from a crash (every commit was synced).
@@ -488,23 +490,28 @@ func (s *Service) closeAllBy(deadline time.Time, engDone <-chan struct{}) error 
 	if len(s.closers) == 0 {
 		return nil
 	}
-	store := s.closers[0]
-	others := deadline.Add(-min(closeReserve, max(time.Until(deadline), 0)/2))
-	var errs []error
-	for i := len(s.closers) - 1; i >= 1; i-- {
-		var err error
-		closer := s.closers[i] // not s.closers in the goroutine: it may outlive this
-		if !waitUntil(func() { err = closer() }, others) {
-			s.lateShutdown = true
-			s.log.Warn("shutting down: a publisher or source did not close in time; left to the process exit",
-				zap.Int("closer", i))
-			continue
-		}
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
+	store, rest := s.closers[0], slices.Clone(s.closers[1:])
 	s.closers = nil
+	others := deadline.Add(-min(closeReserve, max(time.Until(deadline), 0)/2))
+	// In their order (a source before its connection), in one goroutine
+	// that a late one leaves behind with those after it.
+	var mu sync.Mutex
+	var closeErrs []error // the goroutine's, under mu
+	if !waitUntil(func() {
+		for i := len(rest) - 1; i >= 0; i-- {
+			if err := rest[i](); err != nil {
+				mu.Lock()
+				closeErrs = append(closeErrs, err)
+				mu.Unlock()
+			}
+		}
+	}, others) {
+		s.lateShutdown = true
+		s.log.Warn("shutting down: a publisher or source did not close in time; it and those after it are left to the process exit")
+	}
+	mu.Lock()
+	errs := slices.Clone(closeErrs)
+	mu.Unlock()
 	if !waitUntil(func() { <-engDone }, deadline) {
 		s.log.Warn("shutting down: a fire loop is still in a publish; the store closes when it returns or stays to the process exit, which it recovers from like a crash")
 		go func() {
