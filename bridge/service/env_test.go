@@ -272,24 +272,25 @@ admin:
 	return cfg
 }
 
+// fastKafka and fastNATS shorten the clients' waits for tests: group
+// joins, fetch waits and reconnects take milliseconds, not seconds.
+func fastKafka(c *kafka.Config) {
+	c.HeartbeatInterval = 100 * time.Millisecond
+	c.SessionTimeout = 6 * time.Second
+	c.RebalanceTimeout = 2 * time.Second
+	c.JoinBackoff = 100 * time.Millisecond
+	c.MaxWait = 50 * time.Millisecond
+}
+
+func fastNATS(c *nats.Config) { c.ReconnectWait = 50 * time.Millisecond }
+
 // start runs a bridge process on e's brokers and data dir; stop shuts it
 // down the way SIGTERM does and waits for Run to return.
 func (e *env) start() (svc *Service, stop func()) {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	log := zaptest.NewLogger(e.t, zaptest.Level(testLogLevel()))
-	svc, err := New(ctx, e.config(), Options{
-		Logger: log,
-		Clock:  e.clk,
-		Kafka: func(c *kafka.Config) {
-			c.HeartbeatInterval = 100 * time.Millisecond
-			c.SessionTimeout = 6 * time.Second
-			c.RebalanceTimeout = 2 * time.Second
-			c.JoinBackoff = 100 * time.Millisecond
-			c.MaxWait = 50 * time.Millisecond
-		},
-		NATS: func(c *nats.Config) { c.ReconnectWait = 50 * time.Millisecond },
-	})
+	svc, err := New(ctx, e.config(), Options{Logger: log, Clock: e.clk, Kafka: fastKafka, NATS: fastNATS})
 	if err != nil {
 		cancel()
 		e.t.Fatalf("start bridge: %v", err)

@@ -12,7 +12,6 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/delaybridge/delaybridge/bridge/kafka"
-	"github.com/delaybridge/delaybridge/bridge/nats"
 	"github.com/delaybridge/delaybridge/shard"
 )
 
@@ -50,14 +49,10 @@ func TestShutdownDoesNotWaitForAHeldPublish(t *testing.T) {
 		Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())),
 		Clock:  e.clk,
 		Kafka: func(c *kafka.Config) {
-			c.HeartbeatInterval = 100 * time.Millisecond
-			c.SessionTimeout = 6 * time.Second
-			c.RebalanceTimeout = 2 * time.Second
-			c.JoinBackoff = 100 * time.Millisecond
-			c.MaxWait = 50 * time.Millisecond
+			fastKafka(c)
 			c.WriteTimeout = 10 * time.Minute // only the shutdown can end the held write
 		},
-		NATS: func(c *nats.Config) { c.ReconnectWait = 50 * time.Millisecond },
+		NATS: fastNATS,
 	})
 	if err != nil {
 		t.Fatal(err)
