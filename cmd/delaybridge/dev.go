@@ -45,7 +45,7 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer, cleanu
 	fs.SetOutput(stderr)
 	fs.IntVar(&o.kafkaPort, "kafka-port", 9092, "port of the in-process Kafka-protocol broker (0: any free port)")
 	fs.IntVar(&o.natsPort, "nats-port", 4222, "port of the embedded NATS server (0: any free port)")
-	fs.StringVar(&o.admin, "admin", "127.0.0.1:8080", "admin HTTP listen address")
+	fs.StringVar(&o.admin, "admin", "127.0.0.1:8080", "admin HTTP listen address, on loopback (the sandbox's admin API has no token)")
 	fs.StringVar(&o.dataDir, "data-dir", "", "keep the sandbox (the bridge's store and both brokers' data) in this directory across runs (default: a temporary directory removed on exit)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -77,6 +77,12 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger
 	// holds each partition's high-water offset and the source starts after
 	// it, so a store kept across runs with brokers that start empty would
 	// skip that many new messages.
+	if err := config.CheckListen(o.admin, "", true); err != nil {
+		return fmt.Errorf("dev: -admin: %w", err)
+	}
+	if config.CheckListen(o.admin, "", false) != nil {
+		return fmt.Errorf("dev: -admin %s: the sandbox's admin API has no token, so it listens on a loopback address only (127.0.0.1:PORT); use delaybridge run with admin.token to serve it further", o.admin)
+	}
 	root := o.dataDir
 	if root == "" {
 		tmp, remove, err := cleanups.tempDir("delaybridge-dev-")

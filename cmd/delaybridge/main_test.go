@@ -384,6 +384,22 @@ func TestDevPortInUse(t *testing.T) {
 	}
 }
 
+// TestDevAdminOnLoopbackOnly: the sandbox has no admin token, so an
+// -admin reachable from other hosts is refused before anything starts,
+// saying so (not with advice to set a token dev cannot take).
+func TestDevAdminOnLoopbackOnly(t *testing.T) {
+	for _, c := range []struct{ admin, want string }{
+		{"0.0.0.0:0", "loopback address only"},
+		{":0", "loopback address only"},
+		{"127.0.0.1", "admin.listen"},
+	} {
+		err := runDev(context.Background(), devOptions{kafkaPort: 0, natsPort: -1, admin: c.admin}, io.Discard, zap.NewNop(), nil, nil)
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "set admin.token") {
+			t.Errorf("-admin %s: %v, want an error saying %q", c.admin, err, c.want)
+		}
+	}
+}
+
 // TestDev runs the sandbox on free ports and sends a delayed message
 // through it with a real Kafka client.
 func TestDev(t *testing.T) {
