@@ -93,6 +93,7 @@ type Engine struct {
 	// Test hooks, nil outside tests.
 	testHookFilterScan    func() error // a build installed its filters, before the scan; an error fails it
 	testHookIngestDecided func()       // an Ingest decided, before it applies
+	testHookLookupWaits   func()       // a Lookup waits for the write its entry comes from
 }
 
 // shard is one slice of the keyspace with its wheel and fire loop. mu
@@ -1061,25 +1062,34 @@ func (e *Engine) Lookup(source, id string) (TaskInfo, error) {
 		return TaskInfo{}, ErrClosed
 	}
 	s := e.shards[e.shardOf(source, id)]
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.drainLocked()
-	idx := indexReader{db: e.db}
-	defer idx.close()
 	var ex indexEntry
-	found, err := s.lookupLocked(&idx, appendIndexKey(nil, source, id), &ex, nil)
-	if err != nil {
-		return TaskInfo{}, fmt.Errorf("shard: lookup: %w", err)
-	}
-	if !found || ex.Cancel {
-		return TaskInfo{}, ErrNotFound
-	}
-	v, ok, err := getCopy(e.db, appendTaskKey(nil, s.id, ex.Fire, ex.Seq))
-	if err != nil {
-		return TaskInfo{}, fmt.Errorf("shard: lookup: read task: %w", err)
-	}
-	if !ok {
-		return TaskInfo{}, ErrNotFound // its batch is not applied yet
+	var v []byte
+	for attempt := 0; ; attempt++ {
+		// tk collects the write the entry comes from when that is not
+		// applied yet (a new task, a retry moving its key): the task key
+		// is then missing for a moment, and Lookup waits for it rather
+		// than report a pending task as not found.
+		tk := newTicket()
+		found, ok, val, err := s.lookupTask(appendIndexKey(nil, source, id), &ex, tk)
+		if err != nil {
+			return TaskInfo{}, err
+		}
+		if !found {
+			return TaskInfo{}, ErrNotFound
+		}
+		if ok {
+			v = val
+			break
+		}
+		if len(tk.deps) == 0 || attempt == 2 {
+			return TaskInfo{}, ErrNotFound
+		}
+		if e.testHookLookupWaits != nil {
+			e.testHookLookupWaits()
+		}
+		if !awaitApplied(tk.deps, time.Second) {
+			return TaskInfo{}, ErrNotFound
+		}
 	}
 	var t codec.Task
 	if err := codec.DecodeTask(v, &t); err != nil {
@@ -1095,6 +1105,43 @@ func (e *Engine) Lookup(source, id string) (TaskInfo, error) {
 		Attempts: t.Attempts,
 		Shard:    s.id,
 	}, nil
+}
+
+// lookupTask reads the index entry of key into ex and its task envelope
+// (ok false: the task key is missing), under the shard's lock; tk
+// collects the write the entry comes from if it is not applied yet.
+func (s *shard) lookupTask(key []byte, ex *indexEntry, tk *commitTicket) (found, ok bool, v []byte, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.drainLocked()
+	idx := indexReader{db: s.e.db}
+	defer idx.close()
+	found, err = s.lookupLocked(&idx, key, ex, tk)
+	if err != nil {
+		return false, false, nil, fmt.Errorf("shard: lookup: %w", err)
+	}
+	if !found || ex.Cancel {
+		return false, false, nil, nil
+	}
+	v, ok, err = getCopy(s.e.db, appendTaskKey(nil, s.id, ex.Fire, ex.Seq))
+	if err != nil {
+		return false, false, nil, fmt.Errorf("shard: lookup: read task: %w", err)
+	}
+	return true, ok, v, nil
+}
+
+// awaitApplied waits up to d for every ticket in deps to be applied.
+func awaitApplied(deps []*commitTicket, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for _, dep := range deps {
+		select {
+		case <-dep.applied:
+		case <-t.C:
+			return false
+		}
+	}
+	return true
 }
 
 // Cancel removes the pending task (source, id) like a delay-cancel stamped

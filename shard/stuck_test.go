@@ -617,3 +617,34 @@ func TestDropStuckDrainedDropIsNotStuck(t *testing.T) {
 		})
 	}
 }
+
+// TestLookupWaitsForTheWriteItsEntryComesFrom: between a decision and its
+// batch being applied (a new task here; a retry moving a task's key is the
+// same case) the index entry is known and the task key not yet written.
+// Lookup waits for that write instead of reporting the pending task as not
+// found, which an operator could take for "gone" and publish it again.
+func TestLookupWaitsForTheWriteItsEntryComesFrom(t *testing.T) {
+	h := newHarness(t, nil)
+	decided, proceed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	resume := func() { once.Do(func() { close(proceed) }) }
+	t.Cleanup(resume)
+	h.e.testHookIngestDecided = func() { close(decided); <-proceed }
+	ingested := make(chan error, 1)
+	go func() {
+		ingested <- h.e.Ingest(context.Background(), []codec.Task{sched("a", t0.Add(time.Hour), 1)}, nil)
+	}()
+	<-decided
+	h.e.testHookIngestDecided = nil
+	h.e.testHookLookupWaits = resume // the apply goes on once Lookup waits for it
+	info, err := h.e.Lookup("src", "a")
+	if err != nil {
+		t.Fatalf("Lookup of a task whose write is under way: %v, want it found", err)
+	}
+	if !info.Due.Equal(t0.Add(time.Hour)) {
+		t.Fatalf("Lookup = %+v", info)
+	}
+	if err := <-ingested; err != nil {
+		t.Fatal(err)
+	}
+}
