@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go/protocol"
+	fetchAPI "github.com/segmentio/kafka-go/protocol/fetch"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/delaybridge/delaybridge/codec"
@@ -25,6 +26,32 @@ func wireBatch(t *testing.T, base int64, attrs int16, firstTS, maxTS int64, last
 
 // encodeBatch is one v2 record batch as a broker stores and sends it.
 func encodeBatch(base int64, attrs int16, firstTS, maxTS int64, lastDelta int32, recs []kmsg.Record) []byte {
+	return encodeProducerBatch(base, -1, attrs, firstTS, maxTS, lastDelta, recs)
+}
+
+// Batch attributes of transactions.
+const (
+	attrTransactional = 0x10
+	attrControl       = 0x20
+)
+
+// txnBatch is a transactional batch of producer pid at base.
+func txnBatch(base, pid int64, recs ...kmsg.Record) []byte {
+	return encodeProducerBatch(base, pid, attrTransactional, 1, 1, int32(len(recs)-1), recs)
+}
+
+// txnMarker is producer pid's commit or abort marker at base.
+func txnMarker(base, pid int64, commit bool) []byte {
+	typ := byte(controlAbort)
+	if commit {
+		typ = 1
+	}
+	return encodeProducerBatch(base, pid, attrTransactional|attrControl, 1, 1, 0,
+		[]kmsg.Record{{Key: []byte{0, 0, 0, typ}, Value: []byte{0, 0, 0, 0, 0, 0}}})
+}
+
+// encodeProducerBatch is encodeBatch by producer pid (-1: none).
+func encodeProducerBatch(base, pid int64, attrs int16, firstTS, maxTS int64, lastDelta int32, recs []kmsg.Record) []byte {
 	var body []byte
 	for i, r := range recs {
 		if r.OffsetDelta == 0 {
@@ -35,7 +62,7 @@ func encodeBatch(base int64, attrs int16, firstTS, maxTS int64, lastDelta int32,
 	}
 	b := kmsg.RecordBatch{
 		FirstOffset: base, Magic: 2, Attributes: attrs, LastOffsetDelta: lastDelta,
-		FirstTimestamp: firstTS, MaxTimestamp: maxTS, ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1,
+		FirstTimestamp: firstTS, MaxTimestamp: maxTS, ProducerID: pid, ProducerEpoch: -1, FirstSequence: -1,
 		NumRecords: int32(len(recs)), Records: body,
 	}
 	raw := b.AppendTo(nil)
@@ -188,5 +215,52 @@ func TestNoTimestampDelayedFromFetch(t *testing.T) {
 	task := codec.Parse(&items[0].Msg, items[0].Rules)
 	if want := fetchedAt.Add(time.Hour).UnixMilli(); task.Kind != codec.KindSchedule || task.Due != want {
 		t.Fatalf("%v due %s, want a schedule due %s", task.Kind, codec.FormatDue(task.Due), codec.FormatDue(want))
+	}
+}
+
+// TestDecodeTransactions filters like a read_committed Java consumer: a
+// batch of a producer whose transaction the broker lists as aborted is
+// dropped until that producer's abort marker, including when the fetch
+// starts at the marker (the aborted batch read by an earlier fetch).
+func TestDecodeTransactions(t *testing.T) {
+	rec := func(v string) kmsg.Record { r := delayRecord("1m"); r.Value = []byte(v); return r }
+	abortedAt := func(pid, first int64) []fetchAPI.ResponseTransaction {
+		return []fetchAPI.ResponseTransaction{{ProducerID: pid, FirstOffset: first}}
+	}
+	for _, c := range []struct {
+		name     string
+		set      []byte
+		aborted  []fetchAPI.ResponseTransaction
+		from     int64
+		want     []string
+		wantNext int64
+	}{
+		{name: "aborted, then committed",
+			set:     slices.Concat(txnBatch(0, 7, rec("a")), txnMarker(1, 7, false), txnBatch(2, 7, rec("c")), txnMarker(3, 7, true)),
+			aborted: abortedAt(7, 0), from: 0, want: []string{"c"}, wantNext: 4},
+		{name: "the fetch starts at the abort marker",
+			set:     slices.Concat(txnMarker(1, 7, false), txnBatch(2, 7, rec("c")), txnMarker(3, 7, true)),
+			aborted: abortedAt(7, 0), from: 1, want: []string{"c"}, wantNext: 4},
+		{name: "two producers interleaved, one aborts",
+			set: slices.Concat(txnBatch(0, 7, rec("a")), txnBatch(1, 8, rec("b")), txnMarker(2, 7, false),
+				txnMarker(3, 8, true), txnBatch(4, 7, rec("c")), txnMarker(5, 7, true)),
+			aborted: abortedAt(7, 0), from: 0, want: []string{"b", "c"}, wantNext: 6},
+		{name: "an abort listed for a later transaction only",
+			set:     slices.Concat(txnBatch(0, 7, rec("c")), txnMarker(1, 7, true), txnBatch(2, 7, rec("a")), txnMarker(3, 7, false)),
+			aborted: abortedAt(7, 2), from: 0, want: []string{"c"}, wantNext: 4},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			items, next, err := decodeRecords(readRecordSet(t, c.set), "delay", 0, c.from, &codec.Rules{}, c.aborted, nil, time.Now(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, it := range items {
+				got = append(got, string(it.Msg.Value))
+			}
+			if !slices.Equal(got, c.want) || next != c.wantNext {
+				t.Fatalf("read %q, next %d; want %q, next %d", got, next, c.want, c.wantNext)
+			}
+		})
 	}
 }

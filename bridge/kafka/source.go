@@ -968,6 +968,15 @@ func decodeRecords(rr kafkago.RecordReader, topic string, partition int, offset 
 				notes.logAppendTime = true
 			}
 		case *protocol.ControlBatch:
+			// A fetch may start at an abort marker, with the aborted
+			// transaction it ends still listed: take the list up to here
+			// first, as for a record batch, so the marker ends it rather
+			// than leave it to mark the producer's next (committed)
+			// transaction aborted.
+			for len(aborted) > 0 && aborted[0].FirstOffset <= b.BaseOffset {
+				abortedPIDs[aborted[0].ProducerID] = true
+				aborted = aborted[1:]
+			}
 			control, pid, base = true, b.ProducerID, b.BaseOffset
 		}
 		last := int64(-1) // the highest record offset read from this batch

@@ -357,6 +357,43 @@ func TestSourceDropsAbortedTransactions(t *testing.T) {
 	}
 }
 
+// A worker that starts at an abort marker (the aborted batch before it
+// read by the run before) gets the aborted transaction listed in its first
+// fetch: the marker must end it, and the producer's next transaction,
+// committed, must be taken in.
+func TestSourceStartsAtAnAbortMarker(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	plain := producer(t, c)
+	txn := producer(t, c, kgo.TransactionalID("tx"))
+	produce(t, plain, &kgo.Record{Topic: "delay", Value: []byte("seed")}) // 0
+	for _, end := range []kgo.TransactionEndTry{kgo.TryAbort, kgo.TryCommit} {
+		if err := txn.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		produce(t, txn, &kgo.Record{Topic: "delay", Value: []byte(fmt.Sprint(end))}) // 1 aborted, 3 committed
+		if err := txn.EndTransaction(ctx, end); err != nil { // markers 2 and 4
+			t.Fatal(err)
+		}
+	}
+	produce(t, plain, &kgo.Record{Topic: "delay", Value: []byte("after")}) // 5
+	h := newMemHandler()
+	h.cps[CheckpointKey("delay", 0)] = 1 // 0 and 1 taken in before: start at the abort marker
+	s, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runSource(t, s, h)
+	waitFor(t, "offset 5", func() bool { return slices.Contains(h.offsets("delay")[0], 5) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.offsets("delay")[0]; !slices.Equal(got, []int64{3, 5}) {
+		t.Fatalf("handled offsets %v, want the committed transaction's 3 and 5", got)
+	}
+}
+
 // A failed offset commit (not a generation change) is logged and covered
 // by the next one; consumption goes on.
 func TestSourceCommitErrorIsCoveredByTheNext(t *testing.T) {
