@@ -373,7 +373,7 @@ func TestSourceStartsAtAnAbortMarker(t *testing.T) {
 			t.Fatal(err)
 		}
 		produce(t, txn, &kgo.Record{Topic: "delay", Value: []byte(fmt.Sprint(end))}) // 1 aborted, 3 committed
-		if err := txn.EndTransaction(ctx, end); err != nil { // markers 2 and 4
+		if err := txn.EndTransaction(ctx, end); err != nil {                         // markers 2 and 4
 			t.Fatal(err)
 		}
 	}
