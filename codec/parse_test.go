@@ -218,6 +218,8 @@ func TestParseTargetRules(t *testing.T) {
 		{name: "nats tab", msg: natsMsg(h("delay-target", "a\tb")), code: CodeBadTarget},
 		{name: "nats control", msg: natsMsg(h("delay-target", "a\x00b")), code: CodeBadTarget},
 		{name: "nats prefix empty", msg: natsMsg(h("delay-target", "nats:")), code: CodeBadTarget},
+		{name: "nats 1024 bytes", msg: natsMsg(h("delay-target", "a."+strings.Repeat("b", 1022))), tr: TransportNATS, target: "a." + strings.Repeat("b", 1022)},
+		{name: "nats 1025 bytes", msg: natsMsg(h("delay-target", "a."+strings.Repeat("b", 1023))), code: CodeBadTarget},
 		{name: "allow refuses", msg: kafkaMsg(h("delay-target", "secret")), rules: Rules{Allow: func(_ Transport, n string) bool { return n != "secret" }}, code: CodeTargetNotAllowed},
 		{name: "allow accepts", msg: kafkaMsg(h("delay-target", "public")), rules: Rules{Allow: func(_ Transport, n string) bool { return n != "secret" }}, tr: TransportKafka, target: "public"},
 		{name: "allow sees resolved transport and name", msg: kafkaMsg(h("delay-target", "nats:a.b")), rules: Rules{Transports: both, Allow: func(t Transport, n string) bool { return t == TransportNATS && n == "a.b" }}, tr: TransportNATS, target: "a.b"},

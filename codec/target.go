@@ -12,6 +12,12 @@ var ErrBadTarget = errors.New("codec: bad target")
 // maxTopicLen is Kafka's limit on topic names.
 const maxTopicLen = 249
 
+// MaxSubjectLen bounds a NATS target subject. The server closes the
+// connection of a client whose control line (HPUB subject reply sizes) is
+// longer than its max_control_line, 4096 bytes by default: a longer subject
+// would not fail alone but cut the bridge's connection on every retry.
+const MaxSubjectLen = 1024
+
 // ParseTarget resolves a delay-target value. A bare name is a topic or
 // subject on own, the source's transport; "kafka:NAME" and "nats:SUBJECT"
 // name a transport explicitly. The text before the first ':' is always read
@@ -20,9 +26,9 @@ const maxTopicLen = 249
 // for every source is easier to explain than one per transport, and
 // "nats:foo:bar" still reaches that subject. The returned name has no prefix
 // and is valid for its transport: a Kafka topic of 1..249 characters from
-// [a-zA-Z0-9._-], not "." or ".."; a NATS publish subject of non-empty
-// '.'-separated tokens without whitespace or control characters and without
-// the wildcard tokens "*" and ">".
+// [a-zA-Z0-9._-], not "." or ".."; a NATS publish subject of at most
+// MaxSubjectLen bytes of non-empty '.'-separated tokens without whitespace
+// or control characters and without the wildcard tokens "*" and ">".
 func ParseTarget(s string, own Transport) (Transport, string, error) {
 	t, name, err := parseTarget(s, own)
 	if err != nil {
@@ -95,6 +101,9 @@ func checkTopic[S ~string | ~[]byte](name S) error {
 func checkSubject[S ~string | ~[]byte](name S) error {
 	if len(name) == 0 {
 		return errors.New("empty NATS subject")
+	}
+	if len(name) > MaxSubjectLen {
+		return fmt.Errorf("NATS subject longer than %d bytes", MaxSubjectLen)
 	}
 	start, high := 0, false
 	for i := 0; i <= len(name); i++ {

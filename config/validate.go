@@ -428,6 +428,9 @@ func checkSubject(s string, wildcards bool) error {
 	if s == "" {
 		return errors.New("empty subject")
 	}
+	if len(s) > codec.MaxSubjectLen {
+		return fmt.Errorf("subject %q... is longer than %d bytes", s[:32], codec.MaxSubjectLen)
+	}
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; c <= ' ' || c == 0x7f {
 			return fmt.Errorf("subject %q contains white space or a control character", s)

@@ -123,6 +123,7 @@ func TestValidate(t *testing.T) {
 		{"nats subject empty token", func(c *Config) { c.NATS.Sources[0].Subject = "a..b" }, "nats.sources[0].subject: subject \"a..b\" has an empty token"},
 		{"nats subject > not last", func(c *Config) { c.NATS.Sources[0].Subject = "a.>.b" }, "nats.sources[0].subject: subject \"a.>.b\": '>' must be the last token"},
 		{"nats subject partial wildcard", func(c *Config) { c.NATS.Sources[0].Subject = "a.b*" }, "nats.sources[0].subject:"},
+		{"nats dlq too long", func(c *Config) { c.NATS.Sources[0].DLQ = "dlq." + strings.Repeat("x", 1021) }, "is longer than 1024 bytes"},
 		{"nats subject dup", func(c *Config) {
 			c.NATS.Sources = append(c.NATS.Sources, NATSSource{Subject: "delay.>", DLQ: "x.y"})
 		}, `nats.sources[1].subject: "delay.>" is listed twice`},
