@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -44,6 +45,44 @@ type Sink struct {
 	lookupErr   error
 	lookupUntil time.Time
 	now         func() time.Time
+	// denied: subjects the server refused the bridge's user a publish to
+	// (an async "permissions violation"), and when; see noteAsyncError.
+	denied map[string]time.Time
+}
+
+// maxDenied bounds Sink.denied; past it the set starts over.
+const maxDenied = 1024
+
+// publishDeniedRe finds the subject in the server's permissions error.
+var publishDeniedRe = regexp.MustCompile(`(?i)publish to "([^"]+)"`)
+
+// noteAsyncError takes the connection's async errors. The server answers a
+// publish the user may not make with an -ERR, which nats.go passes only to
+// the async handler: the publish itself just gets no PubAck. Noting the
+// subject lets Deliver tell that timeout from an outage.
+func (s *Sink) noteAsyncError(err error) {
+	if !errors.Is(err, natsgo.ErrPermissionViolation) {
+		return
+	}
+	m := publishDeniedRe.FindStringSubmatch(err.Error())
+	if m == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.denied) >= maxDenied {
+		clear(s.denied)
+	}
+	s.denied[m[1]] = s.now()
+}
+
+// deniedSince reports whether a publish to subject was refused for
+// permissions at or after t.
+func (s *Sink) deniedSince(subject string, t time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, ok := s.denied[subject]
+	return ok && !at.Before(t)
 }
 
 // verdict is what the Sink knows about a target subject.
@@ -82,7 +121,7 @@ func NewSink(nc *natsgo.Conn, cfg Config) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nats sink: jetstream context: %w", err)
 	}
-	return &Sink{
+	s := &Sink{
 		nc:  nc,
 		js:  js,
 		cfg: cfg,
@@ -94,7 +133,16 @@ func NewSink(nc *natsgo.Conn, cfg Config) (*Sink, error) {
 		probeWait: min(defaultProbeWait, cfg.PublishTimeout/2),
 		verdicts:  map[string]verdict{},
 		now:       time.Now,
-	}, nil
+		denied:    map[string]time.Time{},
+	}
+	prev := nc.ErrorHandler()
+	nc.SetErrorHandler(func(c *natsgo.Conn, sub *natsgo.Subscription, err error) {
+		s.noteAsyncError(err)
+		if prev != nil {
+			prev(c, sub, err)
+		}
+	})
+	return s, nil
 }
 
 // Health is nil while the connection is up.
@@ -246,7 +294,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	if len(batch) == 0 {
 		return nil
 	}
-	start := time.Now()
+	start, began := time.Now(), s.now()
 	errs := make([]error, len(batch))
 	failed := false
 	fail := func(i int, err error) {
@@ -459,6 +507,12 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	for i, err := range errs {
 		switch {
 		case err == nil || errors.Is(err, shard.ErrUnavailable) || errors.Is(err, shard.ErrRefused):
+		case s.deniedSince(batch[i].Target, began):
+			// Not an outage: the server refused the bridge's user this
+			// subject, so the attempt counts (publish-failed at the end
+			// of the retry policy) rather than wait forever.
+			errs[i] = fmt.Errorf("nats sink: publish to %q: %w (the server refused the bridge's user this subject; see its publish permissions): %v",
+				batch[i].Target, natsgo.ErrPermissionViolation, err)
 		case refused(err):
 			errs[i] = fmt.Errorf("%w: %w", shard.ErrRefused, err)
 		case ctx.Err() == nil && unavailable(err):

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -335,5 +336,52 @@ func TestSinkWithoutStreamLookupPermission(t *testing.T) {
 	}
 	if got := counterValue(t, cfg.Metrics.BestEffort.WithLabelValues("nats")); got != 0 {
 		t.Errorf("best effort = %v", got)
+	}
+}
+
+// TestSinkPublishDenied: a target subject the bridge's user may not publish
+// to gets no PubAck (nats.go passes the server's permissions error to the
+// async handler only). That is the task's failure, charged an attempt and
+// publish-failed at the end of the retry policy, not an outage retried
+// forever without one. A permitted subject in the same batch is delivered,
+// and the connection's own async error handler still sees the error.
+func TestSinkPublishDenied(t *testing.T) {
+	s := configServer(t, `accounts { A { jetstream: enabled, users: [
+  {user: admin, password: a},
+  {user: bridge, password: b, permissions: { publish: { allow: [">"], deny: ["secret.>"] } } }
+] } }`)
+	acfg := testConfig(t, serverURL(s))
+	acfg.User, acfg.Password = "admin", "a"
+	ajs := newJS(t, connect(t, acfg))
+	for _, st := range []jetstream.StreamConfig{{Name: "SECRET", Subjects: []string{"secret.>"}}, {Name: "OPEN", Subjects: []string{"open.>"}}} {
+		if _, err := ajs.CreateStream(ctxT(t), st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := testConfig(t, serverURL(s))
+	cfg.User, cfg.Password = "bridge", "b"
+	cfg.PublishTimeout = time.Second
+	nc := connect(t, cfg)
+	var seen atomic.Int32
+	nc.SetErrorHandler(func(_ *natsgo.Conn, _ *natsgo.Subscription, err error) {
+		if errors.Is(err, natsgo.ErrPermissionViolation) {
+			seen.Add(1)
+		}
+	})
+	sink := newSink(t, nc, cfg)
+	for try := range 2 {
+		errs := sink.Deliver(ctxT(t), []*codec.Task{task("x", "secret.x", "v", 0), task("y", "open.y", "v", 0)})
+		if errs == nil || errs[0] == nil {
+			t.Fatalf("try %d: the denied publish succeeded", try)
+		}
+		if errors.Is(errs[0], shard.ErrUnavailable) || !errors.Is(errs[0], natsgo.ErrPermissionViolation) {
+			t.Fatalf("try %d: %v, want a permissions failure, not an outage", try, errs[0])
+		}
+		if errs[1] != nil {
+			t.Fatalf("try %d: the permitted subject failed too: %v", try, errs[1])
+		}
+	}
+	if seen.Load() == 0 {
+		t.Error("the connection's own async error handler no longer sees the error")
 	}
 }
