@@ -295,12 +295,37 @@ func atMs(s string) (int64, error) {
 		}
 		return n, nil
 	}
-	t, err := time.Parse(time.RFC3339, s)
+	t, err := parseRFC3339(s)
 	if err != nil {
 		return 0, badDelay("%s is neither RFC 3339 with an offset nor Unix milliseconds", short(s))
 	}
 	// Parse only yields four-digit years, so UnixMilli cannot overflow.
 	return t.UnixMilli(), nil
+}
+
+// parseRFC3339 is time.Parse(time.RFC3339, s) with what RFC 3339 allows
+// and Go's layout does not: a lower-case "t" and "z" (section 5.6), and a
+// leap second (:60), read as the instant after :59.
+func parseRFC3339(s string) (time.Time, error) {
+	if len(s) > len("2006-01-02T") && (s[10] == 't' || s[len(s)-1] == 'z') {
+		b := []byte(s)
+		if b[10] == 't' {
+			b[10] = 'T'
+		}
+		if b[len(b)-1] == 'z' {
+			b[len(b)-1] = 'Z'
+		}
+		s = string(b)
+	}
+	leap := len(s) > len("2006-01-02T15:04:60") && s[13] == ':' && s[16] == ':' && s[17:19] == "60"
+	if leap {
+		s = s[:17] + "59" + s[19:]
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil || !leap {
+		return t, err
+	}
+	return t.Add(time.Second).Truncate(time.Second), nil
 }
 
 // isInteger reports whether s is an optionally negative run of ASCII digits.

@@ -73,6 +73,11 @@ func TestParseDue(t *testing.T) {
 		{name: "at before 1970", hs: []Header{h("delay-at", "1969-12-31T23:59:59.999Z")}, code: CodeBadDue},
 		{name: "at offset pushes past 9999", hs: []Header{h("delay-at", "9999-12-31T23:59:59Z-01:00")}, code: CodeBadDue},
 		{name: "at without offset", hs: []Header{h("delay-at", "2026-11-22T16:00:00")}, code: CodeBadDue},
+		// RFC 3339 5.6: "T" and "Z" may be lower case; 5.7: a leap second.
+		{name: "at lower-case t and z", hs: []Header{h("delay-at", "2026-11-22t16:00:00z")}, due: mustMs("2026-11-22T16:00:00Z")},
+		{name: "at lower-case t, offset", hs: []Header{h("delay-at", "2026-11-22t18:00:00+02:00")}, due: mustMs("2026-11-22T16:00:00Z")},
+		{name: "at leap second", hs: []Header{h("delay-at", "2016-12-31T23:59:60Z")}, due: mustMs("2017-01-01T00:00:00Z")},
+		{name: "at second 61", hs: []Header{h("delay-at", "2016-12-31T23:59:61Z")}, code: CodeBadDue},
 		{name: "at date only", hs: []Header{h("delay-at", "2026-11-22")}, code: CodeBadDue},
 		{name: "at garbage", hs: []Header{h("delay-at", "tomorrow")}, code: CodeBadDue},
 		{name: "at empty", hs: []Header{h("delay-at", "")}, code: CodeBadDue},
