@@ -27,6 +27,12 @@ import (
 //   - "\x" matches x literally;
 //   - ">" as the last token matches one or more tokens, as in NATS:
 //     "events.>" matches "events.a" and "events.a.b", not "events".
+//
+// NATS subjects of the server's own APIs and replies ("$JS.API.…",
+// "$SYS.…", "$KV.…", any "$…", and "_INBOX.…") are matched only by a
+// pattern that names them literally ("$KV.>", "nats:_INBOX.x"), never by
+// "*", ">" or a leading wildcard token: the bridge publishes with its own
+// credentials, which may include $JS.API subjects of the delay stream.
 func (c *Config) AllowTarget(t codec.Transport, name string) bool {
 	for _, p := range c.Targets.Allow {
 		if matchTarget(p, t, name) {
@@ -38,7 +44,7 @@ func (c *Config) AllowTarget(t codec.Transport, name string) bool {
 
 func matchTarget(pattern string, t codec.Transport, name string) bool {
 	if pattern == "*" {
-		return name != ""
+		return name != "" && !systemSubject(t, name)
 	}
 	if rest, ok := strings.CutPrefix(pattern, "kafka:"); ok {
 		if t != codec.TransportKafka {
@@ -51,7 +57,22 @@ func matchTarget(pattern string, t codec.Transport, name string) bool {
 		}
 		pattern = rest
 	}
+	if systemSubject(t, name) && !namesSystemSubject(pattern) {
+		return false
+	}
 	return matchName(pattern, name)
+}
+
+// systemSubject reports whether name is a NATS subject of the server's own
+// APIs ("$…") or replies ("_INBOX.…").
+func systemSubject(t codec.Transport, name string) bool {
+	return t == codec.TransportNATS && (strings.HasPrefix(name, "$") || strings.HasPrefix(name, "_INBOX."))
+}
+
+// namesSystemSubject reports whether a name pattern starts with a literal
+// "$" or "_INBOX." token, the only kind that may match a system subject.
+func namesSystemSubject(pattern string) bool {
+	return strings.HasPrefix(pattern, "$") || strings.HasPrefix(pattern, "_INBOX.")
 }
 
 // matchName matches a name pattern (no transport prefix) against name.

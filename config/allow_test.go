@@ -74,6 +74,18 @@ func TestAllowTarget(t *testing.T) {
 		{[]string{"é?"}, K, "éé", true},
 		{[]string{`a\*`}, K, "a*", true},
 		{[]string{`a\*`}, K, "ab", false},
+
+		// NATS system and reply subjects: only a pattern naming them.
+		{[]string{"*"}, N, "$JS.API.STREAM.DELETE.DELAY", false},
+		{[]string{"nats:>"}, N, "$SYS.REQ.SERVER.PING", false},
+		{[]string{"*.>"}, N, "$KV.cfg.a", false},
+		{[]string{"?JS.>"}, N, "$JS.ACK.DELAY.bridge.1.1.1.1.0", false},
+		{[]string{">"}, N, "_INBOX.abc", false},
+		{[]string{"$KV.>"}, N, "$KV.cfg.a", true},
+		{[]string{"nats:$KV.cfg.*"}, N, "$KV.cfg.a", true},
+		{[]string{"_INBOX.>"}, N, "_INBOX.abc", true},
+		{[]string{"*"}, K, "$weird", true}, // Kafka topics cannot start with $ anyway; not NATS
+		{[]string{"*"}, N, "_INBOXES.x", true},
 	}
 	for _, tt := range tests {
 		c := &Config{Targets: Targets{Allow: tt.allow}}
