@@ -510,7 +510,6 @@ func TestDropStuckInFlight(t *testing.T) {
 // applied) is no longer stuck: it is not listed and DropStuck does not
 // touch it, so the pending count is taken down once, by the replace.
 func TestDropStuckWhileReplaced(t *testing.T) {
-	ctx := context.Background()
 	h := newHarness(t, func(o *Options) { o.Shards = 1 })
 	due := t0.Add(time.Second)
 	h.ingest([]codec.Task{sched("a", due, 1)})
@@ -520,15 +519,7 @@ func TestDropStuckWhileReplaced(t *testing.T) {
 	if l := stuckOf(t, h.e); len(l) != 1 || l[0].Seq != 1 {
 		t.Fatalf("stuck entries %+v, want the undecodable task", l)
 	}
-	decided, proceed := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	resume := func() { once.Do(func() { close(proceed) }) }
-	t.Cleanup(resume)
-	h.e.testHookIngestDecided = func() { close(decided); <-proceed }
-	ingested := make(chan error, 1)
-	go func() { ingested <- h.e.Ingest(ctx, []codec.Task{sched("a", due.Add(time.Second), 2)}, nil) }()
-	<-decided
-	h.e.testHookIngestDecided = nil
+	ingested, resume := ingestHeld(t, h, sched("a", due.Add(time.Second), 2))
 	if l := stuckOf(t, h.e); len(l) != 0 {
 		t.Fatalf("listed while a replace deletes it: %+v", l)
 	}
@@ -625,17 +616,7 @@ func TestDropStuckDrainedDropIsNotStuck(t *testing.T) {
 // found, which an operator could take for "gone" and publish it again.
 func TestLookupWaitsForTheWriteItsEntryComesFrom(t *testing.T) {
 	h := newHarness(t, nil)
-	decided, proceed := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	resume := func() { once.Do(func() { close(proceed) }) }
-	t.Cleanup(resume)
-	h.e.testHookIngestDecided = func() { close(decided); <-proceed }
-	ingested := make(chan error, 1)
-	go func() {
-		ingested <- h.e.Ingest(context.Background(), []codec.Task{sched("a", t0.Add(time.Hour), 1)}, nil)
-	}()
-	<-decided
-	h.e.testHookIngestDecided = nil
+	ingested, resume := ingestHeld(t, h, sched("a", t0.Add(time.Hour), 1))
 	h.e.testHookLookupWaits = resume // the apply goes on once Lookup waits for it
 	info, err := h.e.Lookup("src", "a")
 	if err != nil {
@@ -647,4 +628,21 @@ func TestLookupWaitsForTheWriteItsEntryComesFrom(t *testing.T) {
 	if err := <-ingested; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// ingestHeld starts an Ingest of task and returns once it has decided,
+// before its batch is applied; the apply goes on at resume (also called at
+// the test's end). ingested gets Ingest's result.
+func ingestHeld(t *testing.T, h *harness, task codec.Task) (ingested chan error, resume func()) {
+	t.Helper()
+	decided, proceed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	resume = func() { once.Do(func() { close(proceed) }) }
+	t.Cleanup(resume)
+	h.e.testHookIngestDecided = func() { close(decided); <-proceed }
+	ingested = make(chan error, 1)
+	go func() { ingested <- h.e.Ingest(context.Background(), []codec.Task{task}, nil) }()
+	<-decided
+	h.e.testHookIngestDecided = nil
+	return ingested, resume
 }
