@@ -299,13 +299,15 @@ func atMs(s string) (int64, error) {
 	if err != nil {
 		return 0, badDelay("%s is neither RFC 3339 with an offset nor Unix milliseconds", short(s))
 	}
-	// Parse only yields four-digit years, so UnixMilli cannot overflow.
+	// Parse only yields four-digit years (a leap second at the end of 9999
+	// reaches 10000-01-01), so UnixMilli cannot overflow; Parse's MaxDue
+	// check refuses what is past 9999.
 	return t.UnixMilli(), nil
 }
 
 // parseRFC3339 is time.Parse(time.RFC3339, s) with what RFC 3339 allows
 // and Go's layout does not: a lower-case "t" and "z" (section 5.6), and a
-// leap second (:60), read as the instant after :59.
+// leap second, 23:59:60 in UTC (section 5.7), read as the next second.
 func parseRFC3339(s string) (time.Time, error) {
 	if len(s) > len("2006-01-02T") && (s[10] == 't' || s[len(s)-1] == 'z') {
 		b := []byte(s)
@@ -324,6 +326,9 @@ func parseRFC3339(s string) (time.Time, error) {
 	t, err := time.Parse(time.RFC3339, s)
 	if err != nil || !leap {
 		return t, err
+	}
+	if u := t.UTC(); u.Hour() != 23 || u.Minute() != 59 {
+		return time.Time{}, fmt.Errorf("second 60 outside 23:59 UTC")
 	}
 	return t.Add(time.Second).Truncate(time.Second), nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -53,8 +54,9 @@ type Sink struct {
 // maxDenied bounds Sink.denied; past it the set starts over.
 const maxDenied = 1024
 
-// publishDeniedRe finds the subject in the server's permissions error.
-var publishDeniedRe = regexp.MustCompile(`(?i)publish to "([^"]+)"`)
+// publishDeniedRe finds the subject in the server's permissions error,
+// which quotes it Go-style (%q): escapes are undone with strconv.Unquote.
+var publishDeniedRe = regexp.MustCompile(`(?i)publish to ("(?:[^"\\]|\\.)*")`)
 
 // noteAsyncError takes the connection's async errors. The server answers a
 // publish the user may not make with an -ERR, which nats.go passes only to
@@ -68,12 +70,16 @@ func (s *Sink) noteAsyncError(err error) {
 	if m == nil {
 		return
 	}
+	subject, uerr := strconv.Unquote(m[1])
+	if uerr != nil {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.denied) >= maxDenied {
 		clear(s.denied)
 	}
-	s.denied[m[1]] = s.now()
+	s.denied[subject] = s.now()
 }
 
 // deniedSince reports whether a publish to subject was refused for
@@ -378,6 +384,13 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 			fail(i, fmt.Errorf("%w: %s to %q", ErrWrongTransport, t.Transport, t.Target))
 			continue
 		}
+		if len(t.Target) > codec.MaxSubjectLen {
+			// Stored before Parse bounded subjects: published, its
+			// control line could pass the server's max_control_line,
+			// which closes the connection the source shares.
+			fail(i, fmt.Errorf("nats sink: subject %.64q... is longer than %d bytes", t.Target, codec.MaxSubjectLen))
+			continue
+		}
 		msgs[i] = &natsgo.Msg{Subject: t.Target, Data: t.Value, Header: headersOut(t.Headers, DeliveryID(t))}
 		v, ok := verdictOf(t.Target)
 		if ok && v.core {
@@ -507,14 +520,14 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	for i, err := range errs {
 		switch {
 		case err == nil || errors.Is(err, shard.ErrUnavailable) || errors.Is(err, shard.ErrRefused):
+		case refused(err):
+			errs[i] = fmt.Errorf("%w: %w", shard.ErrRefused, err)
 		case s.deniedSince(batch[i].Target, began):
 			// Not an outage: the server refused the bridge's user this
 			// subject, so the attempt counts (publish-failed at the end
 			// of the retry policy) rather than wait forever.
 			errs[i] = fmt.Errorf("nats sink: publish to %q: %w (the server refused the bridge's user this subject; see its publish permissions): %v",
 				batch[i].Target, natsgo.ErrPermissionViolation, err)
-		case refused(err):
-			errs[i] = fmt.Errorf("%w: %w", shard.ErrRefused, err)
 		case ctx.Err() == nil && unavailable(err):
 			errs[i] = fmt.Errorf("%w: %w", shard.ErrUnavailable, err)
 		}

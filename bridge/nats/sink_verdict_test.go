@@ -385,3 +385,52 @@ func TestSinkPublishDenied(t *testing.T) {
 		t.Error("the connection's own async error handler no longer sees the error")
 	}
 }
+
+// TestNoteAsyncError reads the subject of the server's permissions error,
+// which quotes it Go-style: subjects with quotes, backslashes or
+// non-printable characters are escaped there.
+func TestNoteAsyncError(t *testing.T) {
+	at := time.Unix(1_800_000_000, 0)
+	for _, c := range []struct {
+		name, text, subject string
+		denied              bool
+	}{
+		{"plain", `Permissions Violation for Publish to "secret.x"`, "secret.x", true},
+		{"quote", `Permissions Violation for Publish to "secret.a\"b"`, `secret.a"b`, true},
+		{"backslash", `Permissions Violation for Publish to "secret.a\\b"`, `secret.a\b`, true},
+		{"no-break space", `Permissions Violation for Publish to "secret.a\u00a0b"`, "secret.a\u00a0b", true},
+		{"subscribe", `Permissions Violation for Subscription to "secret.x"`, "secret.x", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := &Sink{denied: map[string]time.Time{}, now: func() time.Time { return at }}
+			s.noteAsyncError(fmt.Errorf("%w: %s", natsgo.ErrPermissionViolation, c.text))
+			if got := s.deniedSince(c.subject, at); got != c.denied {
+				t.Fatalf("deniedSince(%q) = %v after %s, want %v", c.subject, got, c.text, c.denied)
+			}
+		})
+	}
+}
+
+// TestSinkRefusesOverlongSubject: a task stored before Parse bounded NATS
+// subjects fails alone, not as an outage, and is never published (the
+// server would close the connection the source shares).
+func TestSinkRefusesOverlongSubject(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	nc := connect(t, cfg)
+	if _, err := newJS(t, nc).CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	sink := newSink(t, nc, cfg)
+	long := "out." + strings.Repeat("x", codec.MaxSubjectLen)
+	errs := sink.Deliver(ctxT(t), []*codec.Task{task("x", long, "v", 0), task("y", "out.y", "v", 0)})
+	if errs == nil || errs[0] == nil || errors.Is(errs[0], shard.ErrUnavailable) {
+		t.Fatalf("overlong subject: %v, want a failure of its own", errs)
+	}
+	if errs[1] != nil {
+		t.Fatalf("the other task failed too: %v", errs[1])
+	}
+	if !nc.IsConnected() {
+		t.Fatal("the connection was closed")
+	}
+}
