@@ -49,6 +49,8 @@ type Sink struct {
 	// denied: subjects the server refused the bridge's user a publish to
 	// (an async "permissions violation"), and when; see noteAsyncError.
 	denied map[string]time.Time
+	// noAckStreams: whether a stream is configured with no_ack; see noAck.
+	noAckStreams map[string]noAckVerdict
 }
 
 // maxDenied bounds Sink.denied; past it the set starts over.
@@ -140,6 +142,8 @@ func NewSink(nc *natsgo.Conn, cfg Config) (*Sink, error) {
 		verdicts:  map[string]verdict{},
 		now:       time.Now,
 		denied:    map[string]time.Time{},
+
+		noAckStreams: map[string]noAckVerdict{},
 	}
 	prev := nc.ErrorHandler()
 	nc.SetErrorHandler(func(c *natsgo.Conn, sub *natsgo.Subscription, err error) {
@@ -284,6 +288,36 @@ func (s *Sink) lookupStream(ctx context.Context, subject string) (name string, f
 	return "", false, err
 }
 
+// noAck reports whether stream is configured with no_ack (it stores
+// publishes but never acknowledges one). The answer, or a failure to get
+// it (false), stands for NoStreamTTL, so PubAck timeouts during a
+// JetStream outage do not add a stream info request each.
+func (s *Sink) noAck(ctx context.Context, stream string) bool {
+	s.mu.Lock()
+	if v, ok := s.noAckStreams[stream]; ok && s.now().Before(v.until) {
+		s.mu.Unlock()
+		return v.noAck
+	}
+	s.mu.Unlock()
+	lctx, cancel := context.WithTimeout(ctx, min(streamLookupTimeout, s.cfg.PublishTimeout))
+	st, err := s.js.Stream(lctx, stream)
+	cancel()
+	noAck := err == nil && st.CachedInfo().Config.NoAck
+	s.mu.Lock()
+	if len(s.noAckStreams) >= maxDenied {
+		clear(s.noAckStreams)
+	}
+	s.noAckStreams[stream] = noAckVerdict{noAck: noAck, until: s.now().Add(s.cfg.NoStreamTTL)}
+	s.mu.Unlock()
+	return noAck
+}
+
+// noAckVerdict is what Sink.noAck found out about a stream.
+type noAckVerdict struct {
+	noAck bool
+	until time.Time
+}
+
 // Deliver publishes the batch: JetStream async publishes with at most
 // PublishWindow in flight, then waits for every PubAck (at most
 // PublishTimeout). errs[i] is nil when batch[i] was acknowledged (or, with
@@ -422,17 +456,25 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	// subscribers (they got the message; nobody acknowledges it, or a
 	// service answered something else) or a slow stream. If no stream
 	// captures the subject, the publish was a core one.
-	lookups := map[string]error{} // per subject: nil = no stream captures it
-	lookup := func(subject string) error {
-		err, ok := lookups[subject]
+	type lookedUp struct {
+		stream string // "": none captures it
+		err    error
+	}
+	lookups := map[string]lookedUp{} // per subject
+	streamOf := func(subject string) (string, error) {
+		l, ok := lookups[subject]
 		if !ok {
-			var name string
-			var found bool
-			name, found, err = s.lookupStream(ctx, subject)
-			if err == nil && found {
-				err = fmt.Errorf("stream %q captures it", name)
-			}
-			lookups[subject] = err
+			name, _, err := s.lookupStream(ctx, subject)
+			l = lookedUp{stream: name, err: err}
+			lookups[subject] = l
+		}
+		return l.stream, l.err
+	}
+	// lookup is nil when no stream captures subject.
+	lookup := func(subject string) error {
+		name, err := streamOf(subject)
+		if err == nil && name != "" {
+			err = fmt.Errorf("stream %q captures it", name)
 		}
 		return err
 	}
@@ -517,6 +559,13 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	if !failed {
 		return nil
 	}
+	// noAckStreamOf names the stream capturing subject if it is no_ack.
+	noAckStreamOf := func(subject string) string {
+		if name, err := streamOf(subject); err == nil && name != "" && s.noAck(ctx, name) {
+			return name
+		}
+		return ""
+	}
 	for i, err := range errs {
 		switch {
 		case err == nil || errors.Is(err, shard.ErrUnavailable) || errors.Is(err, shard.ErrRefused):
@@ -528,6 +577,11 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 			// of the retry policy) rather than wait forever.
 			errs[i] = fmt.Errorf("nats sink: publish to %q: %w (the server refused the bridge's user this subject; see its publish permissions): %v",
 				batch[i].Target, natsgo.ErrPermissionViolation, err)
+		case ctx.Err() == nil && (errors.Is(err, ErrPublishTimeout) || errors.Is(err, jetstream.ErrAsyncPublishTimeout)) && noAckStreamOf(batch[i].Target) != "":
+			// Not an outage either: such a stream never acknowledges, so
+			// the attempt counts rather than wait (and store a copy) forever.
+			errs[i] = fmt.Errorf("nats sink: publish to %q: stream %q is configured with no_ack, so no publish to it is ever acknowledged: %v",
+				batch[i].Target, noAckStreamOf(batch[i].Target), err)
 		case ctx.Err() == nil && unavailable(err):
 			errs[i] = fmt.Errorf("%w: %w", shard.ErrUnavailable, err)
 		}

@@ -59,6 +59,12 @@ func (f *fakeJS) PublishMsgAsync(m *natsgo.Msg, _ ...jetstream.PublishOpt) (jets
 	return fut, nil
 }
 
+// Stream: the fake knows streams by name only (StreamNameBySubject), not
+// their configuration, so none is no_ack.
+func (f *fakeJS) Stream(context.Context, string) (jetstream.Stream, error) {
+	return nil, jetstream.ErrStreamNotFound
+}
+
 func (f *fakeJS) StreamNameBySubject(_ context.Context, subject string) (string, error) {
 	f.mu.Lock()
 	f.lookups++
@@ -152,9 +158,11 @@ func TestSinkVerdicts(t *testing.T) {
 			answer:  func(int) (*jetstream.PubAck, error) { return nil, nil },
 			lookup:  func(string) (string, error) { return "", errNoPermission },
 			deliver: 1, wantErr: ErrPublishTimeout, wantUnavailable: true, wantPubs: 1, wantLookups: 1},
+		// A PubAck timeout asks which stream captures the subject, to
+		// tell a no_ack stream (never acknowledges) from an outage.
 		{name: "library publish timeout",
 			answer: func(int) (*jetstream.PubAck, error) { return nil, jetstream.ErrAsyncPublishTimeout }, lookup: stream,
-			deliver: 1, wantErr: jetstream.ErrAsyncPublishTimeout, wantUnavailable: true, wantPubs: 1},
+			deliver: 1, wantErr: jetstream.ErrAsyncPublishTimeout, wantUnavailable: true, wantPubs: 1, wantLookups: 1},
 		{name: "connection reconnecting",
 			answer: func(int) (*jetstream.PubAck, error) { return nil, natsgo.ErrConnectionReconnecting }, lookup: stream,
 			deliver: 1, wantErr: natsgo.ErrConnectionReconnecting, wantUnavailable: true, wantPubs: 1},
@@ -432,5 +440,32 @@ func TestSinkRefusesOverlongSubject(t *testing.T) {
 	}
 	if !nc.IsConnected() {
 		t.Fatal("the connection was closed")
+	}
+}
+
+// TestSinkNoAckStream: a stream with no_ack stores publishes but never
+// acknowledges them. A task aimed at it is the task's failure (charged an
+// attempt, publish-failed at the end of the retries), not an outage
+// retried, and stored again, forever.
+func TestSinkNoAckStream(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	cfg.PublishTimeout = time.Second
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	for _, st := range []jetstream.StreamConfig{{Name: "QUIET", Subjects: []string{"quiet.>"}, NoAck: true}, {Name: "OUT", Subjects: []string{"out.>"}}} {
+		if _, err := js.CreateStream(ctxT(t), st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sink := newSink(t, nc, cfg)
+	for try := range 2 {
+		errs := sink.Deliver(ctxT(t), []*codec.Task{task("x", "quiet.x", "v", 0), task("y", "out.y", "v", 0)})
+		if errs == nil || errs[0] == nil || errors.Is(errs[0], shard.ErrUnavailable) || !strings.Contains(errs[0].Error(), `stream "QUIET" is configured with no_ack`) {
+			t.Fatalf("try %d, no_ack stream: %v, want a failure of its own naming the stream", try, errs)
+		}
+		if errs[1] != nil {
+			t.Fatalf("try %d: the other task failed too: %v", try, errs[1])
+		}
 	}
 }
