@@ -303,6 +303,9 @@ func (s *Sink) noAck(ctx context.Context, stream string) bool {
 	st, err := s.js.Stream(lctx, stream)
 	cancel()
 	noAck := err == nil && st.CachedInfo().Config.NoAck
+	if ctx.Err() != nil {
+		return noAck // the caller gave up: no answer to keep
+	}
 	s.mu.Lock()
 	if len(s.noAckStreams) >= maxDenied {
 		clear(s.noAckStreams)
@@ -559,14 +562,32 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	if !failed {
 		return nil
 	}
-	// noAckStreamOf names the stream capturing subject if it is no_ack.
-	noAckStreamOf := func(subject string) string {
-		if name, err := streamOf(subject); err == nil && name != "" && s.noAck(ctx, name) {
+	corePub := make(map[int]bool, len(flushed)) // core publishes: no PubAck to wait for
+	for _, i := range flushed {
+		corePub[i] = true
+	}
+	// noAckStreamOf names the stream capturing batch[i]'s subject if it is
+	// no_ack, for a JetStream publish whose PubAck did not come. Not asked
+	// for a subject a stream acknowledged within NoStreamTTL (a no_ack
+	// stream never does): an outage then costs no lookups.
+	noAckStreamOf := func(i int, err error) string {
+		if corePub[i] || !(errors.Is(err, ErrPublishTimeout) || errors.Is(err, jetstream.ErrAsyncPublishTimeout)) {
+			return ""
+		}
+		if v, ok := verdictOf(batch[i].Target); ok && !v.core {
+			return ""
+		}
+		if name, lerr := streamOf(batch[i].Target); lerr == nil && name != "" && s.noAck(ctx, name) {
 			return name
 		}
 		return ""
 	}
 	for i, err := range errs {
+		var noAckStream string
+		if err != nil && ctx.Err() == nil && !errors.Is(err, shard.ErrUnavailable) && !errors.Is(err, shard.ErrRefused) &&
+			!refused(err) && !s.deniedSince(batch[i].Target, began) {
+			noAckStream = noAckStreamOf(i, err)
+		}
 		switch {
 		case err == nil || errors.Is(err, shard.ErrUnavailable) || errors.Is(err, shard.ErrRefused):
 		case refused(err):
@@ -577,11 +598,11 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 			// of the retry policy) rather than wait forever.
 			errs[i] = fmt.Errorf("nats sink: publish to %q: %w (the server refused the bridge's user this subject; see its publish permissions): %v",
 				batch[i].Target, natsgo.ErrPermissionViolation, err)
-		case ctx.Err() == nil && (errors.Is(err, ErrPublishTimeout) || errors.Is(err, jetstream.ErrAsyncPublishTimeout)) && noAckStreamOf(batch[i].Target) != "":
+		case noAckStream != "":
 			// Not an outage either: such a stream never acknowledges, so
 			// the attempt counts rather than wait (and store a copy) forever.
 			errs[i] = fmt.Errorf("nats sink: publish to %q: stream %q is configured with no_ack, so no publish to it is ever acknowledged: %v",
-				batch[i].Target, noAckStreamOf(batch[i].Target), err)
+				batch[i].Target, noAckStream, err)
 		case ctx.Err() == nil && unavailable(err):
 			errs[i] = fmt.Errorf("%w: %w", shard.ErrUnavailable, err)
 		}

@@ -158,6 +158,16 @@ func TestSinkVerdicts(t *testing.T) {
 			answer:  func(int) (*jetstream.PubAck, error) { return nil, nil },
 			lookup:  func(string) (string, error) { return "", errNoPermission },
 			deliver: 1, wantErr: ErrPublishTimeout, wantUnavailable: true, wantPubs: 1, wantLookups: 1},
+		// A stream acknowledged the subject: later timeouts are an outage
+		// (a no_ack stream never acknowledges), with no lookups.
+		{name: "PubAck timeouts right after a stream acknowledged the subject",
+			answer: func(d int) (*jetstream.PubAck, error) {
+				if d == 0 {
+					return ack, nil
+				}
+				return nil, jetstream.ErrAsyncPublishTimeout
+			}, lookup: stream,
+			deliver: 3, wantErr: jetstream.ErrAsyncPublishTimeout, wantUnavailable: true, wantPubs: 3},
 		// A PubAck timeout asks which stream captures the subject, to
 		// tell a no_ack stream (never acknowledges) from an outage.
 		{name: "library publish timeout",
