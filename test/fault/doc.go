@@ -2,7 +2,8 @@
 // and "nothing blocks" rules of the contract (CONTRACT §3, §4) against the
 // process as shipped. The tests build the delaybridge binary once, run real
 // brokers in the test process (kfake for Kafka, nats-server with JetStream)
-// and drive the bridge as a child process: kill -9 under load, broker
+// and drive the bridge as a child process: kill -9 under load (also of one
+// of two bridges sharing the Kafka group and the NATS consumer), broker
 // outages, bad input. Store write errors and wall-clock steps are tested in
 // process through bridge/service, where a failing file system and a fake
 // clock can be injected.
