@@ -1,36 +1,12 @@
 package nats
 
 import (
-	"context"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/delaybridge/delaybridge/bridge"
 )
-
-// holdFirst is a recorder that holds its first message batch until release
-// is closed; held is closed when it does.
-type holdFirst struct {
-	*recorder
-	release, held chan struct{}
-	once          bool
-}
-
-func (h *holdFirst) Handle(ctx context.Context, b *bridge.Batch) error {
-	if len(b.Items) > 0 && !h.once {
-		h.once = true
-		close(h.held)
-		select {
-		case <-h.release:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return h.recorder.Handle(ctx, b)
-}
 
 // TestSourceGapBeforeRedelivery: another instance sharing the consumer
 // takes the first deliveries of 3 and 4, gives 3 back (a nak) and keeps 4.
@@ -41,12 +17,12 @@ func (h *holdFirst) Handle(ctx context.Context, b *bridge.Batch) error {
 // AckWait is a minute, so every redelivery here is a nak's.
 func TestSourceGapBeforeRedelivery(t *testing.T) {
 	_, _, js, src := createdSource(t, func(c *Config) { c.AckWait, c.BatchSize, c.Linger = time.Minute, 1, time.Millisecond })
-	h := &holdFirst{recorder: newRecorder(), release: make(chan struct{}), held: make(chan struct{})}
+	h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
 	runSource(t, src, h)
 	publish(t, js, "delay.a", "1", nil)
 	publish(t, js, "delay.a", "2", nil)
 	select {
-	case <-h.held: // 1 in the handler, 2 in the source's buffer: it pulls no more
+	case <-h.entered: // 1 in the handler, 2 in the source's buffer: it pulls no more
 	case <-time.After(15 * time.Second):
 		t.Fatal("the first batch never reached the handler")
 	}
