@@ -159,19 +159,37 @@ func TestKill9UnderLoad(t *testing.T) {
 	col := b.collect(t)
 	r := newRunner(t, b, bridgeConfig{fireBatch: fireBatch})
 	l := startLoad(t, b, 4*time.Millisecond)
+	p := killRounds(t, r, rounds, 500*time.Millisecond, 2500*time.Millisecond)
+	checkDrained(t, b, l, col, rounds*shards*fireBatch, p)
+}
+
+// killRounds starts r's bridge rounds times and SIGKILLs each at a random
+// moment between minWait and minWait+spread after its sources run (the
+// load runs meanwhile), then starts one more and returns it, running.
+func killRounds(t *testing.T, r *runner, rounds int, minWait, spread time.Duration) *proc {
+	t.Helper()
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	for round := range rounds {
 		p := r.start()
 		// Kill only once the sources run (the kill moment within the
 		// load is random); readiness over HTTP is TestBrokerOutage's job.
 		p.waitLog(90*time.Second, "delaybridge running")
-		wait := time.Duration(500+rng.IntN(2500)) * time.Millisecond
+		wait := minWait + time.Duration(rng.Int64N(int64(spread)))
 		time.Sleep(wait) // real load runs meanwhile; the kill moment is random
 		p.kill()
 		t.Logf("round %d: killed %v after ready", round+1, wait)
 	}
 	p := r.start()
 	p.waitLog(90*time.Second, "delaybridge running")
+	return p
+}
+
+// checkDrained stops the load a second later, waits for every acknowledged
+// message to reach its target, stops procs, and fails on a loss, on more
+// than maxDups duplicates (what can be in flight at the kills) or on a
+// good message dead-lettered.
+func checkDrained(t *testing.T, b *brokers, l *load, col *collector, maxDups int, procs ...*proc) {
+	t.Helper()
 	time.Sleep(time.Second)
 	sent := l.finish()
 	var tl tally
@@ -181,11 +199,13 @@ func TestKill9UnderLoad(t *testing.T) {
 		return tl.lost == 0
 	})
 	drained := time.Since(drainStart)
-	if err := p.term(); err != nil {
-		t.Errorf("final bridge: %v", err)
+	for _, p := range procs {
+		if err := p.term(); err != nil {
+			t.Errorf("bridge: %v", err)
+		}
 	}
-	t.Logf("%d kills: drained %v after the load stopped; sent %d (publisher errors %d), delivered %d unique, %d duplicates, %d lost, %d delivered whose publish reported an error",
-		rounds, drained.Round(time.Millisecond), tl.sent, l.fails.Load(), tl.delivered, tl.duplicates, tl.lost, tl.unsent)
+	t.Logf("drained %v after the load stopped; sent %d (publisher errors %d), delivered %d unique, %d duplicates, %d lost, %d delivered whose publish reported an error",
+		drained.Round(time.Millisecond), tl.sent, l.fails.Load(), tl.delivered, tl.duplicates, tl.lost, tl.unsent)
 	if !ok || tl.lost > 0 {
 		lostBy := map[string]int{}
 		for v := range sent {
@@ -197,9 +217,8 @@ func TestKill9UnderLoad(t *testing.T) {
 		t.Logf("Kafka group at the end: %s", describeGroup(t, b))
 		t.Fatalf("%d acknowledged messages not delivered within %v of the load stopping (lost, or stalled in the source)", tl.lost, drainWait)
 	}
-	if limit := rounds * shards * fireBatch; tl.duplicates > limit {
-		t.Errorf("%d duplicates, more than the %d that can be in flight at %d kills (%d shards x fire_batch %d)",
-			tl.duplicates, limit, rounds, shards, fireBatch)
+	if tl.duplicates > maxDups {
+		t.Errorf("%d duplicates, more than the %d that can be in flight at the kills (shards x fire_batch each)", tl.duplicates, maxDups)
 	}
 	if dl := col.byValue(isDLQ); len(dl) > 0 {
 		t.Errorf("%d good messages dead-lettered", len(dl))
