@@ -53,8 +53,9 @@ type Sink struct {
 	noAckStreams map[string]noAckVerdict
 }
 
-// maxDenied bounds Sink.denied; past it the set starts over.
-const maxDenied = 1024
+// maxNoted bounds Sink.denied and Sink.noAckStreams; past it a map starts
+// over.
+const maxNoted = 1024
 
 // publishDeniedRe finds the subject in the server's permissions error,
 // which quotes it Go-style (%q): escapes are undone with strconv.Unquote.
@@ -78,7 +79,7 @@ func (s *Sink) noteAsyncError(err error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.denied) >= maxDenied {
+	if len(s.denied) >= maxNoted {
 		clear(s.denied)
 	}
 	s.denied[subject] = s.now()
@@ -307,7 +308,7 @@ func (s *Sink) noAck(ctx context.Context, stream string) bool {
 		return noAck // the caller gave up: no answer to keep
 	}
 	s.mu.Lock()
-	if len(s.noAckStreams) >= maxDenied {
+	if len(s.noAckStreams) >= maxNoted {
 		clear(s.noAckStreams)
 	}
 	s.noAckStreams[stream] = noAckVerdict{noAck: noAck, until: s.now().Add(s.cfg.NoStreamTTL)}
@@ -583,11 +584,6 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		return ""
 	}
 	for i, err := range errs {
-		var noAckStream string
-		if err != nil && ctx.Err() == nil && !errors.Is(err, shard.ErrUnavailable) && !errors.Is(err, shard.ErrRefused) &&
-			!refused(err) && !s.deniedSince(batch[i].Target, began) {
-			noAckStream = noAckStreamOf(i, err)
-		}
 		switch {
 		case err == nil || errors.Is(err, shard.ErrUnavailable) || errors.Is(err, shard.ErrRefused):
 		case refused(err):
@@ -598,12 +594,14 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 			// of the retry policy) rather than wait forever.
 			errs[i] = fmt.Errorf("nats sink: publish to %q: %w (the server refused the bridge's user this subject; see its publish permissions): %v",
 				batch[i].Target, natsgo.ErrPermissionViolation, err)
-		case noAckStream != "":
-			// Not an outage either: such a stream never acknowledges, so
-			// the attempt counts rather than wait (and store a copy) forever.
-			errs[i] = fmt.Errorf("nats sink: publish to %q: stream %q is configured with no_ack, so no publish to it is ever acknowledged: %v",
-				batch[i].Target, noAckStream, err)
 		case ctx.Err() == nil && unavailable(err):
+			if stream := noAckStreamOf(i, err); stream != "" {
+				// Not an outage: such a stream never acknowledges, so the
+				// attempt counts rather than wait (and store a copy) forever.
+				errs[i] = fmt.Errorf("nats sink: publish to %q: stream %q is configured with no_ack, so no publish to it is ever acknowledged: %v",
+					batch[i].Target, stream, err)
+				break
+			}
 			errs[i] = fmt.Errorf("%w: %w", shard.ErrUnavailable, err)
 		}
 	}
