@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -482,36 +481,26 @@ func (s *Service) Run(ctx context.Context) error {
 // closeAllBy is closeAll within deadline: the closers but the store's (the
 // first) run in order until deadline less the store's share, and one still
 // running then is left behind with those after it (logged). The store
-// closes once the fire loops have
-// stopped (engDone); if they outlast the deadline too (a publish still
-// held), it closes when they stop, unless the process exits first, which
-// the store recovers from as from a crash (every commit was synced).
+// closes once the fire loops have stopped (engDone); if they outlast the
+// deadline too (a publish still held), it closes when they stop, unless the
+// process exits first, which the store recovers from as from a crash
+// (every commit was synced).
 func (s *Service) closeAllBy(deadline time.Time, engDone <-chan struct{}) error {
 	if len(s.closers) == 0 {
 		return nil
 	}
-	store, rest := s.closers[0], slices.Clone(s.closers[1:])
+	store, rest := s.closers[0], s.closers[1:]
 	s.closers = nil
 	others := deadline.Add(-min(closeReserve, max(time.Until(deadline), 0)/2))
-	// In their order (a source before its connection), in one goroutine
-	// that a late one leaves behind with those after it.
-	var mu sync.Mutex
-	var closeErrs []error // the goroutine's, under mu
-	if !waitUntil(func() {
-		for i := len(rest) - 1; i >= 0; i-- {
-			if err := rest[i](); err != nil {
-				mu.Lock()
-				closeErrs = append(closeErrs, err)
-				mu.Unlock()
-			}
-		}
-	}, others) {
+	// In one goroutine, so a late closer is left behind with those after
+	// it; restErr is read only if it returned.
+	var restErr, err error
+	if waitUntil(func() { restErr = closeEach(rest) }, others) {
+		err = restErr
+	} else {
 		s.lateShutdown = true
 		s.log.Warn("shutting down: a publisher or source did not close in time; it and those after it are left to the process exit")
 	}
-	mu.Lock()
-	errs := slices.Clone(closeErrs)
-	mu.Unlock()
 	if !waitUntil(func() { <-engDone }, deadline) {
 		s.log.Warn("shutting down: a fire loop is still in a publish; the store closes when it returns or stays to the process exit, which it recovers from like a crash")
 		go func() {
@@ -520,12 +509,9 @@ func (s *Service) closeAllBy(deadline time.Time, engDone <-chan struct{}) error 
 				s.log.Error("close store", zap.Error(err))
 			}
 		}()
-		return errors.Join(errs...)
+		return err
 	}
-	if err := store(); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	return errors.Join(err, store())
 }
 
 // closeReserve is the part of shutdown_timeout (at most a fifth of it)
@@ -553,13 +539,19 @@ func waitUntil(wait func(), deadline time.Time) bool {
 // closeAll closes what New opened, newest first (sources before
 // connections, the store last).
 func (s *Service) closeAll() error {
+	err := closeEach(s.closers)
+	s.closers = nil
+	return err
+}
+
+// closeEach runs closers newest first and joins their errors.
+func closeEach(closers []func() error) error {
 	var errs []error
-	for i := len(s.closers) - 1; i >= 0; i-- {
-		if err := s.closers[i](); err != nil {
+	for i := len(closers) - 1; i >= 0; i-- {
+		if err := closers[i](); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	s.closers = nil
 	return errors.Join(errs...)
 }
 
