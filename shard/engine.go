@@ -1087,7 +1087,7 @@ func (e *Engine) Lookup(source, id string) (TaskInfo, error) {
 		if e.testHookLookupWaits != nil {
 			e.testHookLookupWaits()
 		}
-		if !awaitApplied(tk.deps, time.Second) {
+		if !tk.awaitDeps(time.Second) {
 			return TaskInfo{}, ErrNotFound
 		}
 	}
@@ -1128,20 +1128,6 @@ func (s *shard) lookupTask(key []byte, ex *indexEntry, tk *commitTicket) (found,
 		return false, false, nil, fmt.Errorf("shard: lookup: read task: %w", err)
 	}
 	return true, ok, v, nil
-}
-
-// awaitApplied waits up to d for every ticket in deps to be applied.
-func awaitApplied(deps []*commitTicket, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	for _, dep := range deps {
-		select {
-		case <-dep.applied:
-		case <-t.C:
-			return false
-		}
-	}
-	return true
 }
 
 // Cancel removes the pending task (source, id) like a delay-cancel stamped

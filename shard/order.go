@@ -63,6 +63,21 @@ func (t *commitTicket) dependOn(o *commitTicket) {
 
 func (t *commitTicket) release() { t.once.Do(func() { close(t.applied) }) }
 
+// awaitDeps waits up to d for the decisions t depends on to be applied
+// (applyInOrder waits without a bound).
+func (t *commitTicket) awaitDeps(d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for _, dep := range t.deps {
+		select {
+		case <-dep.applied:
+		case <-timer.C:
+			return false
+		}
+	}
+	return true
+}
+
 // applyInOrder applies b (ApplyNoSyncWait) once the batches it depends on
 // are applied. An empty batch is not applied unless its decisions read
 // undurable ones: it then carries an empty WAL record, whose sync makes
