@@ -220,6 +220,30 @@ func (s *Source) subjects() []string {
 	return coveringFilters(out)
 }
 
+// MinDuplicateWindow is the duplicate window of a delay stream the Source
+// creates: the smallest nats-server accepts (0 would mean its default,
+// 2 min). JetStream drops a message whose Nats-Msg-Id it stored within the
+// window, before any consumer sees it, and Nats-Msg-Id is the default task
+// id (CONTRACT §1), so a replace or cancel that repeats its schedule's
+// Nats-Msg-Id within the window would be lost. The bridge needs no
+// publisher dedup of its own: a publish retried after the window is the
+// same id again, which replaces the task with itself.
+const MinDuplicateWindow = 100 * time.Millisecond
+
+// warnDuplicateWindow says, once per start, that the delay stream drops
+// replaces and cancels by Nats-Msg-Id within its duplicate window, when
+// that window is longer than MinDuplicateWindow (a stream made by an
+// operator, with the server's 2 min default).
+func warnDuplicateWindow(log *zap.Logger, window time.Duration) {
+	if window <= MinDuplicateWindow {
+		return
+	}
+	log.Warn("nats source: the delay stream drops a message that repeats a Nats-Msg-Id it stored within its duplicate window, "+
+		"so a replace or cancel relying on the default task id (Nats-Msg-Id) within that window never reaches the bridge; "+
+		"replace and cancel with delay-id and a new Nats-Msg-Id, or set the stream's duplicate_window to 100ms",
+		zap.Duration("duplicate_window", window))
+}
+
 // ensure looks up (or creates) the stream and the consumer and keeps the
 // consumer handle for Run.
 func (s *Source) ensure(ctx context.Context) error {
@@ -235,6 +259,7 @@ func (s *Source) ensure(ctx context.Context) error {
 			Subjects:    subjects,
 			Retention:   jetstream.WorkQueuePolicy,
 			Storage:     jetstream.FileStorage,
+			Duplicates:  MinDuplicateWindow,
 		})
 		if err != nil {
 			return fmt.Errorf("nats source: create stream %q with subjects %v: %w", s.cfg.Stream, subjects, err)
@@ -267,6 +292,7 @@ func (s *Source) ensure(ctx context.Context) error {
 	}
 
 	if info := stream.CachedInfo(); info != nil {
+		warnDuplicateWindow(s.log, info.Config.Duplicates)
 		s.created.Store(info.Created.UnixNano())
 		s.lastSeq.Store(info.State.LastSeq)
 	}

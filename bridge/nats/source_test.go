@@ -14,6 +14,8 @@ import (
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
@@ -88,7 +90,8 @@ func TestNewSourceStreamAndConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := st2.CachedInfo().Config; c.Retention != jetstream.WorkQueuePolicy || !reflect.DeepEqual(c.Subjects, []string{"delay.>"}) {
+	if c := st2.CachedInfo().Config; c.Retention != jetstream.WorkQueuePolicy || !reflect.DeepEqual(c.Subjects, []string{"delay.>"}) ||
+		c.Duplicates != MinDuplicateWindow {
 		t.Errorf("created stream config = %+v", c)
 	}
 }
@@ -932,5 +935,57 @@ func TestSourceStopNaksPrefetched(t *testing.T) {
 	eventually(t, "every message handled after the restart", func() bool { return len(second.seqs()) == n })
 	if got := second.seqs(); !slices.Equal(got, []int64{1, 2, 3, 4, 5}) {
 		t.Fatalf("handled %v after the restart, want 1..5", got)
+	}
+}
+
+// TestSourceWarnsDuplicateWindow: a delay stream whose duplicate window is
+// longer than MinDuplicateWindow drops replaces and cancels that repeat a
+// schedule's Nats-Msg-Id (the default task id) before the bridge sees them,
+// so the Source says so at start, with the window; a stream it created
+// itself has the smallest window and no warning.
+func TestSourceWarnsDuplicateWindow(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		window time.Duration // of a stream made beforehand; 0: made by the Source
+		warn   bool
+	}{
+		{"server default", 0, false},
+		{"operator stream, default window", -1, true},
+		{"operator stream, 1s", time.Second, true},
+		{"operator stream, 100ms", 100 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startServer(t, jsOptions(t))
+			cfg := testConfig(t, serverURL(s))
+			cfg.Create = true
+			core, logs := observer.New(zap.WarnLevel)
+			cfg.Logger = zap.New(core)
+			nc := connect(t, cfg)
+			if tc.window != 0 {
+				sc := jetstream.StreamConfig{Name: "DELAY", Subjects: []string{"delay.>"}}
+				if tc.window > 0 {
+					sc.Duplicates = tc.window
+				}
+				if _, err := newJS(t, nc).CreateStream(ctxT(t), sc); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := NewSource(nc, cfg); err != nil {
+				t.Fatal(err)
+			}
+			warned := logs.FilterMessageSnippet("duplicate window").All()
+			if got := len(warned) > 0; got != tc.warn {
+				t.Fatalf("warned = %v, want %v (%v)", got, tc.warn, warned)
+			}
+			if tc.warn {
+				want := tc.window
+				if want < 0 {
+					want = 2 * time.Minute
+				}
+				if got := warned[0].ContextMap()["duplicate_window"]; got != want {
+					t.Errorf("duplicate_window = %v, want %v", got, want)
+				}
+			}
+		})
 	}
 }
