@@ -139,6 +139,10 @@ type shard struct {
 	dlFailing        map[uint64]dlFailure
 	dlHeld, dlParked int
 	outageErr        error // last ErrUnavailable from the sink, nil after a delivery succeeds
+	// publishingDue: the earliest due time of the batch in the sink's
+	// Deliver, noDue when none; Stats counts it as overdue, since the
+	// batch is claimed (out of the wheel) but not delivered yet.
+	publishingDue int64
 
 	// undecodable: stored tasks whose envelope the fire loop could not
 	// decode, by seq (see stuck.go); they stay in the store, out of the
@@ -320,6 +324,8 @@ func (e *Engine) recover() error {
 			inflight:  make(map[uint64]supersession),
 			deleting:  make(map[uint64]struct{}),
 			rng:       rand.New(rand.NewPCG(uint64(now), uint64(i))),
+
+			publishingDue: noDue,
 		}
 		s.pendingG = e.m.Pending.WithLabelValues(s.label)
 		s.inWheelG = e.m.InWheel.WithLabelValues(s.label)
@@ -1159,8 +1165,12 @@ func (e *Engine) Cancel(source, id string) error {
 		return ErrNotFound
 	}
 	now := e.nowMs()
-	// Partition -1 matches no source partition, so the stamp decides.
-	marker := indexEntry{Cancel: true, Shard: s.id, Order: order{Stamp: now, Partition: -1, Offset: -1},
+	// Partition -1 matches no source partition, so the stamp decides. The
+	// marker is at least as new as the task it cancels, whose broker time
+	// may be ahead of this clock (a producer's CreateTime, skew): that
+	// message read again, or an older schedule of the id from another
+	// partition, must not be scheduled again.
+	marker := indexEntry{Cancel: true, Shard: s.id, Order: order{Stamp: max(now, ex.Order.Stamp), Partition: -1, Offset: -1},
 		Expiry: now + e.opts.CancelRetention.Milliseconds()}
 	pb := &pendingBatch{delta: -1, tk: tk}
 	s.enqueueLocked(pb)
@@ -1211,6 +1221,9 @@ func (e *Engine) Stats() Stats {
 			next, ok = s.firstStoredLocked(from)
 		}
 		late, isLate := s.oldestLateLocked()
+		if pd := s.publishingDue; pd <= now && (!isLate || pd < late) {
+			late, isLate = pd, true
+		}
 		horizon = min(horizon, s.horizonEnd)
 		s.mu.Unlock()
 		if ok {

@@ -688,6 +688,68 @@ func TestStatsNextDueExact(t *testing.T) {
 // TestStatsOldestOverdueDuringRetries: a task whose publishes fail waits
 // at its retry time; it is overdue since its due time all along, refused or
 // unreachable, and no longer once delivered, replaced or cancelled.
+// TestAdminCancelMarkerNotOlderThanItsTask: an admin cancel is stamped
+// with the bridge clock, but the task it cancels may carry a broker time
+// ahead of it (a producer's CreateTime, clock skew). The marker must still
+// win over that task's message read again and over an older schedule of
+// the id from another partition, or a 204'd cancel would be delivered.
+func TestAdminCancelMarkerNotOlderThanItsTask(t *testing.T) {
+	due := t0.Add(time.Hour)
+	x := at(0, 7, 5000, sched("x", due, 1)) // broker time t0+5 s, bridge clock t0
+	for _, tc := range []struct {
+		name  string
+		again codec.Task
+		want  error // from Lookup after the cancel and the ingest of again
+	}{
+		{"the same message read again", x, ErrNotFound},
+		{"an older schedule from another partition", at(1, 3, 4000, sched("x", due, 2)), ErrNotFound},
+		{"a newer schedule from another partition", at(1, 4, 6000, sched("x", due, 3)), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			h.run()
+			h.ingest([]codec.Task{x})
+			if err := h.e.Cancel("src", "x"); err != nil {
+				t.Fatal(err)
+			}
+			h.ingest([]codec.Task{tc.again})
+			if _, err := h.e.Lookup("src", "x"); !errors.Is(err, tc.want) {
+				t.Fatalf("Lookup after the cancel and %s: %v, want %v", tc.name, err, tc.want)
+			}
+			h.set(due)
+			wantFired := 0
+			if tc.want == nil {
+				wantFired = 1
+			}
+			if got := h.sink.acked(); len(got) != wantFired {
+				t.Fatalf("fired %v, want %d", got, wantFired)
+			}
+		})
+	}
+}
+
+// TestStatsOldestOverdueWhilePublishing: a claimed batch is out of the
+// wheel but not delivered while the sink publishes it (a slow or hanging
+// target); Stats still counts its due time as overdue.
+func TestStatsOldestOverdueWhilePublishing(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Shards = 1 })
+	due := t0.Add(-time.Minute)
+	h.ingest([]codec.Task{sched("x", due, 1)})
+	sink, cancel, done := runUntilInFlight(t, h, 1)
+	st := h.e.Stats()
+	close(sink.release)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if !st.OldestOverdue.Equal(due) || st.Pending != 1 {
+		t.Fatalf("while its publish is in flight: oldest overdue %v, pending %d; want %v, 1", st.OldestOverdue, st.Pending, due)
+	}
+	if st := h.e.Stats(); !st.OldestOverdue.IsZero() || st.Pending != 0 {
+		t.Fatalf("after the delivery: oldest overdue %v, pending %d; want none", st.OldestOverdue, st.Pending)
+	}
+}
+
 func TestStatsOldestOverdueDuringRetries(t *testing.T) {
 	down := fmt.Errorf("dial: connection refused: %w", ErrUnavailable)
 	for _, tc := range []struct {

@@ -510,6 +510,15 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	for i := range items {
 		batch[i] = items[i].task
 	}
+	// Until Deliver returns the batch is not delivered: Stats reports its
+	// earliest due time as overdue meanwhile.
+	minDue := int64(noDue)
+	for _, t := range batch {
+		minDue = min(minDue, t.Due)
+	}
+	s.mu.Lock()
+	s.publishingDue = minDue
+	s.mu.Unlock()
 	// The sinks time their publishes (delaybridge_publish_seconds, by
 	// transport: a batch may go to both).
 	dctx, release := drainContext(ctx)
@@ -535,6 +544,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	now := ackAt.UnixMilli()
 
 	s.mu.Lock()
+	s.publishingDue = noDue
 	b := e.db.NewBatch()
 	tk := newTicket()
 	pb := &pendingBatch{tk: tk}
