@@ -138,7 +138,10 @@ type shard struct {
 	// them, dlParked are parked (see dlFailedLocked), dlHeld not.
 	dlFailing        map[uint64]dlFailure
 	dlHeld, dlParked int
-	outageErr        error // last ErrUnavailable from the sink, nil after a delivery succeeds
+	// outage: per target transport, the last ErrUnavailable from the
+	// sink and when (ms), until a delivery to that transport succeeds.
+	// One transport's deliveries say nothing about the other's.
+	outage [outageSlots]outageState
 	// publishingDue: the earliest due time of the batch in the sink's
 	// Deliver, noDue when none; Stats counts it as overdue, since the
 	// batch is claimed (out of the wheel) but not delivered yet.
@@ -1279,7 +1282,7 @@ func (e *Engine) Err() error {
 	if err := e.failed(); err != nil {
 		return err
 	}
-	return errors.Join(e.deadLetterErr(), e.undecodableErr())
+	return errors.Join(e.deadLetterErr(), e.undecodableErr(), e.outageErr())
 }
 
 // Close flushes and closes the store. Call it after Run returned. Every

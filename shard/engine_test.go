@@ -750,6 +750,68 @@ func TestStatsOldestOverdueWhilePublishing(t *testing.T) {
 	}
 }
 
+// TestOutageReported: tasks waiting for an unreachable target make Err
+// (readiness) name the target transport, per transport: a delivery to the
+// other transport does not clear it, one to the same transport does, and
+// an outage no task confirmed for twice Retry.Max (its tasks cancelled)
+// is dropped.
+func TestOutageReported(t *testing.T) {
+	down := fmt.Errorf("NOT_ENOUGH_REPLICAS: %w", ErrUnavailable)
+	for _, tc := range []struct {
+		name string
+		end  func(h *harness)
+		want bool // Err still reports the outage after end
+	}{
+		{"a delivery to the other transport", func(h *harness) {
+			n := sched("n", h.clk.Now(), 2)
+			n.Transport = codec.TransportNATS
+			h.ingest([]codec.Task{n})
+			h.advance(time.Second)
+		}, true},
+		{"a delivery to the same transport", func(h *harness) {
+			h.sink.setFail(nil)
+			h.advance(10 * time.Second)
+		}, false},
+		{"its task cancelled, then twice retry.max", func(h *harness) {
+			h.ingest([]codec.Task{cancelTask("x", 3)})
+			h.advance(21 * time.Second)
+		}, false},
+		{"its task cancelled, less than twice retry.max", func(h *harness) {
+			h.ingest([]codec.Task{cancelTask("x", 3)})
+			h.advance(15 * time.Second)
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(o *Options) {
+				o.Shards = 1
+				o.Retry = RetryPolicy{Initial: time.Second, Max: 10 * time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 2}
+			})
+			h.sink.setFail(func(t *codec.Task) error {
+				if t.Transport == codec.TransportKafka {
+					return down
+				}
+				return nil
+			})
+			h.run()
+			if err := h.e.Err(); err != nil {
+				t.Fatalf("Err before the outage: %v", err)
+			}
+			h.ingest([]codec.Task{sched("x", t0, 1)})
+			for range 3 {
+				h.advance(time.Second)
+			}
+			err := h.e.Err()
+			if err == nil || !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "kafka target unavailable") {
+				t.Fatalf("Err during the outage = %v, want the kafka target unavailable", err)
+			}
+			tc.end(h)
+			if err := h.e.Err(); (err != nil) != tc.want {
+				t.Fatalf("Err after %s = %v, want reported %v", tc.name, err, tc.want)
+			}
+		})
+	}
+}
+
 func TestStatsOldestOverdueDuringRetries(t *testing.T) {
 	down := fmt.Errorf("dial: connection refused: %w", ErrUnavailable)
 	for _, tc := range []struct {

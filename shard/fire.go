@@ -560,16 +560,20 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		// their refusal; unparked: parked ones their DLQ took at last
 		parkedNow []dlRefusal
 		unparked  []int
-		// unavailable: retried without an attempt charged (ErrUnavailable)
-		unavailable []int
 		// droppedNow: dead letters an operator dropped while in flight,
 		// which their DLQ did not take (counted as dropped);
 		// droppedAcked: such ones it took anyway (counted as fired).
 		droppedNow   []dlDrop
 		droppedAcked []int
-		outageErr    error
-		heldErr      error // a dead letter's failure that holds its source
-		anyRetry     bool
+		// outageErr: per target transport, a failure that charged no
+		// attempt (ErrUnavailable), and waiting how many tasks of the
+		// batch it held back; ackedTr: transports a delivery of this
+		// batch reached.
+		outageErr [outageSlots]error
+		waiting   [outageSlots]int
+		ackedTr   [outageSlots]bool
+		heldErr   error // a dead letter's failure that holds its source
+		anyRetry  bool
 	)
 	heldBefore := s.dlHeld
 	for i := range items {
@@ -641,7 +645,8 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			// dead-letters it. It waits as long again as it is overdue
 			// (doubling, within Initial..Max).
 			wait = s.outageBackoff(now - t.Due)
-			unavailable, outageErr = append(unavailable, i), derr
+			outageErr[outageSlot(t.Transport)] = derr
+			waiting[outageSlot(t.Transport)]++
 		} else {
 			t.Attempts++
 			wait = s.backoff(t.Attempts)
@@ -777,16 +782,23 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			zap.String("source", t.Source), zap.String("origin", t.Origin),
 			zap.String("dlq", t.Transport.String()+":"+t.Target), zap.Uint32("attempts", t.Attempts))
 	}
-	switch {
-	case outageErr != nil:
-		if s.outageErr == nil {
-			e.log.Warn("target broker unreachable; due tasks wait for it without using their retry budget",
-				zap.Int("shard", s.id), zap.Int("tasks", len(unavailable)), zap.Error(outageErr))
+	for _, i := range acked {
+		ackedTr[outageSlot(items[i].task.Transport)] = true
+	}
+	for tr := range outageErr {
+		o := &s.outage[tr]
+		switch {
+		case outageErr[tr] != nil:
+			if o.err == nil {
+				e.log.Warn("target broker unreachable; due tasks wait for it without using their retry budget",
+					zap.Int("shard", s.id), zap.String("transport", codec.Transport(tr).String()),
+					zap.Int("tasks", waiting[tr]), zap.Error(outageErr[tr]))
+			}
+			o.err, o.at = outageErr[tr], now
+		case ackedTr[tr] && o.err != nil:
+			e.log.Info("target broker reachable again", zap.Int("shard", s.id), zap.String("transport", codec.Transport(tr).String()))
+			o.err = nil
 		}
-		s.outageErr = outageErr
-	case len(acked) > 0 && s.outageErr != nil:
-		e.log.Info("target broker reachable again", zap.Int("shard", s.id))
-		s.outageErr = nil
 	}
 	switch {
 	case heldBefore == 0 && heldAfter > 0:
@@ -845,4 +857,57 @@ func jitterDuration(d, jitter, u float64) time.Duration {
 		return math.MaxInt64
 	}
 	return max(time.Duration(d), time.Millisecond)
+}
+
+// outageSlots indexes shard.outage by codec.Transport (its values are
+// small: 1 Kafka, 2 NATS; 0 and others share slot 0).
+const outageSlots = 3
+
+func outageSlot(t codec.Transport) int {
+	if int(t) < outageSlots {
+		return int(t)
+	}
+	return 0
+}
+
+// outageState is a shard's view of one target transport's outage.
+type outageState struct {
+	err error // the last ErrUnavailable; nil when none or recovered
+	at  int64 // when (ms, engine clock)
+}
+
+// outageErr reports the target transports whose last delivery failed as
+// unavailable (the tasks wait without using their retry budget), so that
+// readiness says why due tasks are not delivered. A sink's own Health
+// only sees connection-level failures; a broker that answers "cannot take
+// writes now" (no leader, too few in-sync replicas, JetStream 503) is an
+// outage too. An outage not confirmed for twice Retry.Max (every waiting
+// task is retried within Retry.Max) is stale: its tasks left the store
+// some other way (cancelled, replaced, dropped).
+func (e *Engine) outageErr() error {
+	now := e.nowMs()
+	stale := 2 * max(e.opts.Retry.Max, time.Second).Milliseconds()
+	var last [outageSlots]error
+	var at [outageSlots]int64
+	var shards [outageSlots]int
+	for _, s := range e.shards {
+		s.mu.Lock()
+		for tr, o := range s.outage {
+			if o.err != nil && now-o.at <= stale {
+				shards[tr]++
+				if last[tr] == nil || o.at > at[tr] {
+					last[tr], at[tr] = o.err, o.at
+				}
+			}
+		}
+		s.mu.Unlock()
+	}
+	var errs []error
+	for tr := range last {
+		if last[tr] != nil {
+			errs = append(errs, fmt.Errorf("shard: %s target unavailable (%d shards with due tasks waiting for it, no retry budget used): %w",
+				codec.Transport(tr), shards[tr], last[tr]))
+		}
+	}
+	return errors.Join(errs...)
 }
