@@ -541,6 +541,11 @@ func checkStatefulSet(t *testing.T, sts appsv1.StatefulSet, configMap string, cf
 	if sts.Spec.Replicas == nil || *sts.Spec.Replicas != 1 {
 		t.Errorf("replicas %v, want 1 (single instance per consumer group)", sts.Spec.Replicas)
 	}
+	// OrderedReady would never replace a pod that is not ready, so an
+	// upgrade fixing a bridge stuck not-ready would not roll it.
+	if sts.Spec.PodManagementPolicy != appsv1.ParallelPodManagement {
+		t.Errorf("podManagementPolicy %q, want Parallel", sts.Spec.PodManagementPolicy)
+	}
 	pod := sts.Spec.Template.Spec
 	if len(pod.Containers) != 1 {
 		t.Fatalf("%d containers, want 1", len(pod.Containers))
@@ -849,6 +854,16 @@ func TestHelmTemplateRefuses(t *testing.T) {
 			"resources.limits.memory 768Mi gives a GOMEMLIMIT (90% of it) that leaves less than 128Mi beside config.store.cache_mb (768 MiB)"},
 		{"memtable over the schema bound", append([]string{"--set", "config.store.memtable_mb=2"}, withToken...),
 			"memtable_mb"},
+		// extraEnv would slip past the chart's own checks and wiring.
+		{"extraEnv admin.listen", append([]string{"--set", "extraEnv[0].name=DELAYBRIDGE_ADMIN_LISTEN", "--set", "extraEnv[0].value=:9090"}, withToken...),
+			"extraEnv DELAYBRIDGE_ADMIN_LISTEN would override a key the chart owns or checks"},
+		{"extraEnv shutdown_timeout", append([]string{"--set", "extraEnv[0].name=GOGC", "--set", "extraEnv[0].value=50",
+			"--set", "extraEnv[1].name=DELAYBRIDGE_SHUTDOWN_TIMEOUT", "--set", "extraEnv[1].value=1m"}, withToken...),
+			"extraEnv DELAYBRIDGE_SHUTDOWN_TIMEOUT would override"},
+		{"extraEnv store cache", append([]string{"--set", "extraEnv[0].name=DELAYBRIDGE_STORE_CACHE_MB", "--set", "extraEnv[0].value=4096"}, withToken...),
+			"extraEnv DELAYBRIDGE_STORE_CACHE_MB would override"},
+		{"a duration as a non-zero integer", append([]string{"--set", "config.max_delay=5"}, withToken...),
+			"max_delay"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -882,6 +897,13 @@ func TestHelmTemplateRefuses(t *testing.T) {
 		t.Errorf("GOMEMLIMIT %q with a 1Gi limit and a 512 MiB cache, want 90%% of the limit, %s", gomem, want)
 	}
 	decodeAll(t, render(t, append([]string{"--set", "config.admin.allow_insecure_listen=true"}, kafka...)...))
+	// Other extraEnv names are the user's; 0 as an integer is a duration
+	// the bridge takes ("no bound" for max_delay).
+	m = decodeAll(t, render(t, append([]string{"--set", "extraEnv[0].name=DELAYBRIDGE_KAFKA_GROUP", "--set", "extraEnv[0].value=g2",
+		"--set", "config.max_delay=0"}, withToken...)...))
+	if cfg := loadRendered(t, m, nil); cfg.Kafka == nil || cfg.Kafka.Group != "g2" || cfg.MaxDelay != 0 {
+		t.Errorf("extraEnv DELAYBRIDGE_KAFKA_GROUP and max_delay 0: loaded group %v, max_delay %v", cfg.Kafka, cfg.MaxDelay)
+	}
 }
 
 func TestHelmDefaultsDenyAllTargets(t *testing.T) {
@@ -1201,9 +1223,15 @@ func TestHelmNotes(t *testing.T) {
 			t.Errorf("NOTES.txt example delay-at %q: %v; want an RFC 3339 time after now", m[1], err)
 		}
 	}
+	if !strings.Contains(all, "a target subject without a JetStream stream is best effort") {
+		t.Errorf("NOTES.txt with nats.core_targets does not say a subject without a stream is best effort:\n%s", all)
+	}
 	insecure := renderNotes(t, "--set", "config.admin.allow_insecure_listen=true", "--set", "config.nats.enabled=true",
-		"--set", "config.nats.sources[0].subject=delay.>", "--set", "config.nats.sources[0].dlq=dlq.delay")
-	for _, want := range []string{"config.targets.allow is empty, so NO delay-target is allowed", "is served without a"} {
+		"--set", "config.nats.sources[0].subject=delay.>", "--set", "config.nats.sources[0].dlq=dlq.delay",
+		"--set", "networkPolicy.enabled=true", "--set", "serviceMonitor.enabled=true")
+	for _, want := range []string{"config.targets.allow is empty, so NO delay-target is allowed", "is served without a",
+		"dead-lettered as publish-failed: config.nats.core_targets is false",
+		"networkPolicy.ingressFrom admits only pods of namespace"} {
 		if !strings.Contains(insecure, want) {
 			t.Errorf("NOTES.txt does not warn %q:\n%s", want, insecure)
 		}
