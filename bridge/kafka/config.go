@@ -58,6 +58,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -325,8 +326,9 @@ func (s scramSession) Next(_ context.Context, challenge []byte) (bool, []byte, e
 	return s.s.Challenge(challenge)
 }
 
-// check dials the brokers in order until one answers, authenticates, and
-// reads the partitions of topics (all topics when none are given). It
+// check dials the brokers in order until one answers, authenticates and
+// reads the cluster's brokers, then asks that broker whether each of topics
+// exists. It
 // classifies the failure as ErrAuth, ErrTLS or ErrUnreachable.
 func check(ctx context.Context, c *Config, topics []string) error {
 	d := c.dialer()
@@ -345,8 +347,16 @@ func check(ctx context.Context, c *Config, topics []string) error {
 		} else {
 			_ = conn.SetDeadline(time.Now().Add(c.DialTimeout))
 		}
-		err = readTopics(conn, topics)
+		_, err = conn.Brokers()
 		_ = conn.Close()
+		if err == nil && len(topics) > 0 {
+			// Not conn.ReadPartitions: its metadata request allows topic
+			// auto-creation, so on a broker with
+			// auto.create.topics.enable a missing source topic would be
+			// created (with the broker's default partition count) instead
+			// of reported.
+			err = readTopicsNoCreate(ctx, c, addr, topics)
+		}
 		if err != nil {
 			return classify(fmt.Errorf("kafka: read metadata from %s: %w", addr, err))
 		}
@@ -359,20 +369,40 @@ func check(ctx context.Context, c *Config, topics []string) error {
 	return fmt.Errorf("%w: %w", ErrUnreachable, err)
 }
 
-// readTopics reads the cluster metadata and reports the topics that do not
-// exist by name (kafka-go's ReadPartitions fails without saying which).
-func readTopics(conn *kafkago.Conn, topics []string) error {
-	if len(topics) == 0 {
-		_, err := conn.Brokers()
+// readTopicsNoCreate reports the topics that do not exist by name, asking
+// the broker at addr for the first offset of each one's partition 0: a
+// ListOffsets, unlike a Metadata request from kafka-go (which allows
+// auto-creation), never creates a topic. A partition led by another broker
+// answers NotLeaderForPartition: the topic exists.
+func readTopicsNoCreate(ctx context.Context, c *Config, addr string, topics []string) error {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
 		return err
 	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return err
+	}
+	d := c.dialer()
 	var missing []string
 	for _, t := range topics {
-		_, err := conn.ReadPartitions(t)
+		conn, err := d.DialPartition(ctx, "tcp", addr, kafkago.Partition{Topic: t, ID: 0, Leader: kafkago.Broker{Host: host, Port: port}})
+		if err != nil {
+			return err
+		}
+		if dl, ok := ctx.Deadline(); ok {
+			_ = conn.SetDeadline(dl)
+		} else {
+			_ = conn.SetDeadline(time.Now().Add(c.DialTimeout))
+		}
+		_, err = conn.ReadFirstOffset()
+		_ = conn.Close()
 		switch {
+		case err == nil, errors.Is(err, kafkago.NotLeaderForPartition), errors.Is(err, kafkago.LeaderNotAvailable),
+			errors.Is(err, kafkago.ReplicaNotAvailable):
 		case errors.Is(err, kafkago.UnknownTopicOrPartition):
 			missing = append(missing, t)
-		case err != nil:
+		default:
 			return fmt.Errorf("topic %q: %w", t, err)
 		}
 	}

@@ -171,58 +171,35 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		}
 	}()
 
-	// Join only when every source topic exists: kafka-go's group with a
-	// missing topic assigns nothing and starts a new generation in a tight
-	// loop (its partition watcher ends each one at once).
-	for wait := s.cfg.RetryMin; ; wait = backoff(wait, s.cfg.RetryMax) {
-		err := s.Check(ctx)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		if errors.Is(err, ErrAuth) || errors.Is(err, ErrTLS) {
-			return err
-		}
-		s.setHealth("group", err)
-		s.log.Warn("kafka source not ready; retrying", zap.Duration("backoff", wait), zap.Error(err))
-		if !sleep(ctx, wait) {
-			return nil
-		}
-	}
-	s.setHealth("group", nil)
-
-	cg, err := kafkago.NewConsumerGroup(kafkago.ConsumerGroupConfig{
-		ID:                    s.cfg.Group,
-		Brokers:               s.cfg.Brokers,
-		Dialer:                s.cfg.dialer(),
-		Topics:                s.topics,
-		HeartbeatInterval:     s.cfg.HeartbeatInterval,
-		SessionTimeout:        s.cfg.SessionTimeout,
-		RebalanceTimeout:      s.cfg.RebalanceTimeout,
-		JoinGroupBackoff:      s.cfg.JoinBackoff,
-		WatchPartitionChanges: true,
-		StartOffset:           kafkago.FirstOffset,
-		Timeout:               s.cfg.DialTimeout,
-		Logger:                zapLogger(s.log, logDebug),
-		ErrorLogger:           zapLogger(s.log, logWarn),
-	})
-	if err != nil {
-		return fmt.Errorf("%w: consumer group: %w", ErrConfig, err)
-	}
 	// On return, first let the partition workers (they watch ctx) commit
 	// what they stored and exit, then close the group: closing it first
 	// would end the generation under them and skip that last commit. Close
 	// leaves the group.
 	var workers sync.WaitGroup
+	var cg *kafkago.ConsumerGroup
 	defer func() {
 		workers.Wait()
-		_ = cg.Close()
+		if cg != nil {
+			_ = cg.Close()
+		}
 	}()
 
 	joined := false
 	for {
+		if cg == nil {
+			// Join only when every source topic exists: kafka-go's group
+			// with a missing topic assigns no partition of any topic and
+			// starts a new generation in a tight loop (its partition
+			// watcher ends each one at once).
+			if err := s.awaitTopics(ctx, joined); err != nil || ctx.Err() != nil {
+				return err
+			}
+			var err error
+			cg, err = kafkago.NewConsumerGroup(s.groupConfig())
+			if err != nil {
+				return fmt.Errorf("%w: consumer group: %w", ErrConfig, err)
+			}
+		}
 		gen, err := cg.Next(ctx)
 		if ctx.Err() != nil {
 			return nil
@@ -242,6 +219,17 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			continue
 		}
 		joined = true
+		// A source topic deleted while we run: leave the group and wait
+		// for it as at the start, not ready, rather than spin through
+		// empty generations with every topic unassigned.
+		if cerr := s.Check(ctx); errors.Is(cerr, ErrTopicMissing) {
+			s.log.Warn("a source topic is missing; leaving the group until it exists", zap.Error(cerr))
+			s.setHealth("group", cerr)
+			workers.Wait()
+			_ = cg.Close()
+			cg = nil
+			continue
+		}
 		s.setHealth("group", nil)
 		s.log.Info("joined group", zap.Int32("generation", gen.ID),
 			zap.String("member", gen.MemberID), zap.Any("assignments", assignmentsOf(gen)))
@@ -271,6 +259,49 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			defer workers.Done()
 			cm.run(ctx, gctx, workersDone)
 		})
+	}
+}
+
+// awaitTopics waits until every source topic exists (Health says why
+// not). Before the first join it returns refused credentials and TLS
+// failures; after it, it retries them like any other failure. It returns
+// nil when ctx ends.
+func (s *Source) awaitTopics(ctx context.Context, joined bool) error {
+	for wait := s.cfg.RetryMin; ; wait = backoff(wait, s.cfg.RetryMax) {
+		err := s.Check(ctx)
+		if err == nil {
+			s.setHealth("group", nil)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !joined && (errors.Is(err, ErrAuth) || errors.Is(err, ErrTLS)) {
+			return err
+		}
+		s.setHealth("group", err)
+		s.log.Warn("kafka source not ready; retrying", zap.Duration("backoff", wait), zap.Error(err))
+		if !sleep(ctx, wait) {
+			return nil
+		}
+	}
+}
+
+func (s *Source) groupConfig() kafkago.ConsumerGroupConfig {
+	return kafkago.ConsumerGroupConfig{
+		ID:                    s.cfg.Group,
+		Brokers:               s.cfg.Brokers,
+		Dialer:                s.cfg.dialer(),
+		Topics:                s.topics,
+		HeartbeatInterval:     s.cfg.HeartbeatInterval,
+		SessionTimeout:        s.cfg.SessionTimeout,
+		RebalanceTimeout:      s.cfg.RebalanceTimeout,
+		JoinGroupBackoff:      s.cfg.JoinBackoff,
+		WatchPartitionChanges: true,
+		StartOffset:           kafkago.FirstOffset,
+		Timeout:               s.cfg.DialTimeout,
+		Logger:                zapLogger(s.log, logDebug),
+		ErrorLogger:           zapLogger(s.log, logWarn),
 	}
 }
 
@@ -502,6 +533,9 @@ func (s *Source) startOffset(ctx context.Context, h bridge.Handler, topic string
 		}
 		if ctx.Err() != nil {
 			return start{}, false
+		}
+		if staleMetadata(err) {
+			s.transport.CloseIdleConnections() // reload the transport's metadata
 		}
 		log.Warn("start position failed; retrying", zap.Error(err))
 		s.setHealth(key, fmt.Errorf("kafka: checkpoint %s: %w", key, err))
@@ -786,6 +820,9 @@ func staleMetadata(err error) bool {
 		kafkago.NotLeaderForPartition, kafkago.LeaderNotAvailable, kafkago.UnknownTopicOrPartition,
 		kafkago.ReplicaNotAvailable, kafkago.FencedLeaderEpoch, kafkago.UnknownLeaderEpoch,
 		kafkago.KafkaStorageError, kafkago.BrokerNotAvailable,
+		// The transport's own metadata cache does not know the topic or
+		// partition yet: partitions added, or the topic created again.
+		protocol.ErrNoTopic, protocol.ErrNoPartition, protocol.ErrNoLeader,
 	} {
 		if errors.Is(err, e) {
 			return true

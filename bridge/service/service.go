@@ -255,8 +255,13 @@ func (s *Service) setupKafka(ctx context.Context, o Options) error {
 		return fmt.Errorf("kafka source: %w", err)
 	}
 	s.closers = append(s.closers, src.Close)
-	if err := src.Check(ctx); err != nil {
+	// A delay topic that does not exist yet is not a reason to stop: the
+	// source waits for it, not ready (its Health names the topic), while
+	// the engine fires what is stored and the other sources run.
+	if err := src.Check(ctx); err != nil && !errors.Is(err, kafka.ErrTopicMissing) {
 		return fmt.Errorf("kafka source topics: %w", err)
+	} else if err != nil {
+		s.log.Warn("kafka source topic missing; waiting for it", zap.Error(err))
 	}
 	s.sources = append(s.sources, src)
 	s.health = append(s.health, src)
