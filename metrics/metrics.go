@@ -63,7 +63,7 @@ func New(r prometheus.Registerer) *Metrics {
 			Name: "delaybridge_ingested_total", Help: "Source messages durably taken in (tasks, cancels and dead letters).",
 		}, []string{"source"}),
 		Fired: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "delaybridge_fired_total", Help: "Tasks delivered to their target and acknowledged by the broker.",
+			Name: "delaybridge_fired_total", Help: "Tasks delivered to their target and acknowledged by the broker (kind=task), and dead letters taken by their DLQ (kind=dlq).",
 		}, []string{"transport", "kind"}),
 		DeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "delaybridge_dead_lettered_total", Help: "Messages written to a dead-letter destination, by reason code.",
@@ -90,13 +90,13 @@ func New(r prometheus.Registerer) *Metrics {
 			Name: "delaybridge_dropped_total", Help: "Schedules dropped because a newer schedule or cancel with the same id was already held.",
 		}, []string{"source", "why"}),
 		Pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "delaybridge_pending_tasks", Help: "Tasks held in the store, waiting to fire.",
+			Name: "delaybridge_pending_tasks", Help: "Tasks held in the store, waiting to fire, dead letters waiting for their DLQ included.",
 		}, []string{"shard"}),
 		InWheel: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "delaybridge_wheel_entries", Help: "Entries in the in-memory timing wheel (tasks due within the horizon).",
 		}, []string{"shard"}),
 		FireLateness: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "delaybridge_fire_lateness_seconds", Help: "Broker acknowledgement time minus due time of delivered tasks (retries and outages included; dead letters not).",
+			Name: "delaybridge_fire_lateness_seconds", Help: "Broker acknowledgement time minus due time of delivered tasks (retries and outages included; dead letters not). A task published already overdue (delay-at in the past, counted by delaybridge_overdue_total) counts from its source broker time instead.",
 			Buckets: latencyBuckets,
 		}, []string{"transport"}),
 		Overdue: prometheus.NewCounter(prometheus.CounterOpts{
@@ -110,7 +110,7 @@ func New(r prometheus.Registerer) *Metrics {
 			Name: "delaybridge_store_errors_total", Help: "Store write failures; the first one makes the store refuse writes.",
 		}),
 		PublishRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "delaybridge_publish_retries_total", Help: "Fire-time publishes that failed and were rescheduled with backoff.",
+			Name: "delaybridge_publish_retries_total", Help: "Fire-time publishes that failed and were rescheduled with backoff, per task: attempts charged to the retry policy and waits for an unreachable target broker (no attempt charged) alike; the last attempt, which dead-letters, is not counted.",
 		}, []string{"transport"}),
 		PublishSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "delaybridge_publish_seconds", Help: "Duration of a fire batch publish until the broker acknowledged it.",
@@ -123,7 +123,7 @@ func New(r prometheus.Registerer) *Metrics {
 			Name: "delaybridge_source_errors_total", Help: "Errors fetching from or committing to a delay source.",
 		}, []string{"source"}),
 		SourceLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "delaybridge_source_lag_messages", Help: "Messages in a delay source not yet taken in; on Kafka up to the last stable offset (read_committed: records behind an open transaction are not readable yet and not counted), reported by the member that reads the partition (0 elsewhere). On NATS the JetStream consumer's pending count, which every instance sharing the consumer reports: take the max per source and partition over instances, not the sum.",
+			Name: "delaybridge_source_lag_messages", Help: "Messages in a delay source not yet taken in; on Kafka up to the last stable offset (read_committed: records behind an open transaction are not readable yet and not counted), reported by the member that reads the partition (0 elsewhere), refreshed every second while the partition is held. On NATS the JetStream consumer's pending count (while a batch is held: refreshed every second, as pending plus delivered but not acked), which every instance sharing the consumer reports: take the max per source and partition over instances, not the sum.",
 		}, []string{"source", "partition"}),
 		SourceUnstable: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "delaybridge_source_unstable_messages", Help: "Kafka: offsets of a delay partition between its last stable offset and its high watermark, i.e. behind an open transaction; read_committed takes none of them in (nor anything after them) until the transaction ends. 0 while no transaction is open.",

@@ -763,7 +763,11 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		if kind == "task" {
 			// From the task's due time, not its place in the store: a
 			// task delivered after retries or an outage was that late.
-			e.m.FireLateness.WithLabelValues(tr).Observe(float64(now-t.Due) / 1000)
+			// A task published already overdue (delay-at in the past)
+			// counts from its broker time: the bridge could not fire it
+			// before it existed (delaybridge_overdue_total counts it).
+			from := max(t.Due, t.Stamp)
+			e.m.FireLateness.WithLabelValues(tr).Observe(float64(max(now-from, 0)) / 1000)
 		}
 	}
 	for _, i := range retried {

@@ -79,9 +79,11 @@ import (
 var (
 	// ErrConfig is wrapped by every configuration error.
 	ErrConfig = errors.New("kafka: invalid config")
-	// ErrAuth means the brokers refused the SASL credentials or mechanism.
+	// ErrAuth means the brokers refused the SASL credentials or mechanism,
+	// or the user may not use a topic or the group (an authorization
+	// failure).
 	// Retrying does not help; Run returns it instead of looping.
-	ErrAuth = errors.New("kafka: authentication failed")
+	ErrAuth = errors.New("kafka: authentication or authorization failed")
 	// ErrTLS means the TLS handshake failed (unknown CA, wrong host name,
 	// refused client certificate, or a broker that does not speak TLS).
 	ErrTLS = errors.New("kafka: tls handshake failed")

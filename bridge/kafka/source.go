@@ -803,15 +803,67 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 				batch: &bridge.Batch{Items: items, Checkpoints: []shard.Checkpoint{cp}},
 				next:  cp.Offset + 1,
 			}
-			select {
-			case out <- f:
-				sent, known = f.next, cp
-			case <-ctx.Done():
+			if !s.sendRefreshingLag(ctx, out, f, topic, partition, lag) {
 				return
 			}
+			sent, known = f.next, cp
 		}
 		pending = nil
 	}
+}
+
+// lagRefresh is how often a fetch loop blocked on its handler (a batch
+// held, e.g. by a DLQ that cannot be written) reads the partition's last
+// stable offset, so delaybridge_source_lag_messages keeps counting what
+// is published meanwhile instead of freezing at the last fetch.
+var lagRefresh = time.Second
+
+// sendRefreshingLag hands f to the handler loop; while that waits, it
+// refreshes the lag gauge from ListOffsets (read_committed: the last stable
+// offset, as fetches report it). False when ctx ended first.
+func (s *Source) sendRefreshingLag(ctx context.Context, out chan<- fetched, f fetched, topic string, partition int, lag *lagGauge) bool {
+	select {
+	case out <- f:
+		return true
+	case <-ctx.Done():
+		return false
+	default:
+	}
+	t := time.NewTicker(lagRefresh)
+	defer t.Stop()
+	for {
+		select {
+		case out <- f:
+			return true
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			if hw, err := lastStableOffset(ctx, s.client, topic, partition); err == nil && hw >= 0 {
+				lag.hw.Store(hw)
+				lag.update()
+			}
+		}
+	}
+}
+
+// lastStableOffset is the offset a read_committed consumer reads up to.
+func lastStableOffset(ctx context.Context, client *kafkago.Client, topic string, partition int) (int64, error) {
+	resp, err := client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{
+		Topics:         map[string][]kafkago.OffsetRequest{topic: {kafkago.LastOffsetOf(partition)}},
+		IsolationLevel: kafkago.ReadCommitted,
+	})
+	if err != nil {
+		return -1, err
+	}
+	for _, p := range resp.Topics[topic] {
+		if p.Partition == partition {
+			if p.Error != nil {
+				return -1, p.Error
+			}
+			return p.LastOffset, nil
+		}
+	}
+	return -1, fmt.Errorf("list offsets %s/%d: partition missing from the answer", topic, partition)
 }
 
 // staleMetadata reports errors that mean the partition leader moved.

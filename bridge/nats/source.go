@@ -1037,7 +1037,10 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 			{Key: s.key, Offset: cp},
 			{Key: s.incKey, Offset: int64(s.inc), Fingerprint: uint64(s.incOf)},
 		}}
-		if err := s.handle(ctx, h, b, batch); err != nil {
+		stopLag := s.refreshLagWhile(ctx, cons)
+		err := s.handle(ctx, h, b, batch)
+		stopLag()
+		if err != nil {
 			return &abandonedError{err: err, batch: batch}
 		}
 		st.handled(high, cp)
@@ -1054,6 +1057,41 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		}
 	}
 	return nil
+}
+
+// lagRefresh is how often a source held by its handler (a batch whose
+// dead letters wait for a DLQ that cannot be written) reads the consumer's
+// pending count, so delaybridge_source_lag_messages keeps counting what is
+// published meanwhile instead of freezing at the last batch's metadata.
+var lagRefresh = time.Second
+
+// refreshLagWhile sets the lag gauge from the consumer's info every
+// lagRefresh until stop is called.
+func (s *Source) refreshLagWhile(ctx context.Context, cons jetstream.Consumer) (stop func()) {
+	if cons == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(lagRefresh)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if info, err := cons.Info(ctx); err == nil {
+					// Delivered but not acked (the held batch, and what
+					// the pull iterator buffered behind it) is not taken
+					// in either.
+					s.cfg.Metrics.SourceLag.WithLabelValues(s.cfg.Stream, "0").Set(float64(info.NumPending + uint64(info.NumAckPending)))
+				}
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 func byOffset(a, b bridge.Item) int { return cmp.Compare(a.Msg.Offset, b.Msg.Offset) }
