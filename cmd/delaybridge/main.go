@@ -48,7 +48,15 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	// SIGHUP (the terminal of a foreground dev or run closed, an ssh
+	// session dropped) stops as SIGTERM does, so dev still forgets its
+	// sandbox; a process started with SIGHUP ignored (nohup) keeps
+	// ignoring it.
+	stopSigs := []os.Signal{syscall.SIGTERM, syscall.SIGINT}
+	if !signal.Ignored(syscall.SIGHUP) {
+		stopSigs = append(stopSigs, syscall.SIGHUP)
+	}
+	signal.Notify(sigs, stopSigs...)
 	defer signal.Stop(sigs)
 	cleanups := new(exitCleanups) // dev and bench register what they create; run nothing
 	ctx, stop := shutdownOnSignal(context.Background(), sigs, stderr, os.Exit, cleanups)

@@ -558,6 +558,9 @@ func TestMain(m *testing.M) {
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		os.Exit(0)
 	}
+	if args := os.Getenv(mainChildEnv); args != "" {
+		os.Exit(realMain(strings.Fields(args), os.Stdout, os.Stderr))
+	}
 	if dataDir := os.Getenv(devChildEnv); dataDir != "" {
 		devChild(dataDir)
 		os.Exit(3) // devChild returns only on failure

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// mainChildEnv makes the test binary run realMain with these
+// (space-separated) arguments, as the delaybridge binary does (see TestMain).
+const mainChildEnv = "DELAYBRIDGE_TEST_MAIN_CHILD"
+
+// TestDevSIGHUPForgetsSandbox: `delaybridge dev` run from a terminal gets a
+// SIGHUP when that terminal is closed (or an ssh session drops). The README
+// promises that without --data-dir "everything is kept in a temporary
+// directory and forgotten on exit"; a SIGHUP must not leave the sandbox's
+// directory (its store with a preallocated WAL, ~140 MB, and JetStream
+// data) behind in $TMPDIR.
+func TestDevSIGHUPForgetsSandbox(t *testing.T) {
+	tmpRoot := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(),
+		mainChildEnv+"=dev -nats-port 0 -kafka-port 0 -admin 127.0.0.1:0",
+		"TMPDIR="+tmpRoot)
+	var errOut bytes.Buffer
+	cmd.Stderr = &errOut
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	running := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		once := false
+		for sc.Scan() {
+			if !once && strings.Contains(sc.Text(), "sandbox is running") {
+				once = true
+				close(running)
+			}
+		}
+	}()
+	select {
+	case <-running:
+	case <-ctx.Done():
+		t.Fatalf("the sandbox did not start; stderr: %s", errOut.String())
+	}
+	dirs, _ := filepath.Glob(filepath.Join(tmpRoot, "delaybridge-dev-*"))
+	if len(dirs) != 1 {
+		t.Fatalf("sandbox temp dirs %q, want one", dirs)
+	}
+	if _, err := os.Stat(filepath.Join(dirs[0], "store")); err != nil {
+		t.Fatalf("no store in the sandbox dir: %v", err)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil { // the terminal closes
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	t.Logf("exit: %v", cmd.ProcessState)
+	if _, err := os.Stat(dirs[0]); err == nil {
+		t.Errorf("after SIGHUP (%v) the sandbox's temporary directory %s is left behind", cmd.ProcessState, dirs[0])
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("exit code %d after SIGHUP, want 0 (a graceful shutdown)", code)
+	}
+}
