@@ -233,7 +233,11 @@ func (s *server) healthz(w http.ResponseWriter, _ *http.Request) {
 func (s *server) readyz(w http.ResponseWriter, _ *http.Request) {
 	if s.o.Ready != nil {
 		if err := s.o.Ready(); err != nil {
-			writeText(w, http.StatusServiceUnavailable, "not ready: "+err.Error())
+			msg := err.Error()
+			if !strings.HasPrefix(msg, "not ready") { // the service's own reason says it already
+				msg = "not ready: " + msg
+			}
+			writeText(w, http.StatusServiceUnavailable, msg)
 			return
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -195,11 +196,13 @@ func TestReadyTransitions(t *testing.T) {
 		{nil, 200, "ok"},
 		{errors.New("kafka: dlq delay.dlq unwritable"), 503, "not ready: kafka: dlq delay.dlq unwritable"},
 		{nil, 200, "ok"},
+		// A reason that says it already is not prefixed twice.
+		{fmt.Errorf("%w: connecting to brokers", errors.New("not ready")), 503, "\nnot ready: connecting to brokers"},
 	}
 	for i, s := range steps {
 		set(s.state)
 		r := do(t, "GET", f.srv.URL+"/readyz", "")
-		if r.code != s.code || !strings.Contains(r.body, s.contains) {
+		if r.code != s.code || !strings.Contains("\n"+r.body, s.contains) || strings.Contains(r.body, "not ready: not ready") {
 			t.Fatalf("step %d: %d %q, want %d %q", i, r.code, r.body, s.code, s.contains)
 		}
 		// Liveness does not follow readiness.

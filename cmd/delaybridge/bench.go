@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -47,19 +48,26 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer, clea
 		return benchrun.Child(ctx, *child, *dir, *capacity+*recovery, *payload, stdout)
 	}
 	o := benchrun.Defaults(*quick)
-	set := func(dst *int, v int) {
-		if v > 0 {
-			*dst = v
+	for _, f := range []struct {
+		name string
+		v    int
+		dst  *int
+	}{{"n", *n, &o.N}, {"paced-n", *paced, &o.PacedN}, {"rate", *rate, &o.Rate},
+		{"capacity", *capacity, &o.Capacity}, {"payload", *payload, &o.Payload}, {"recovery", *recovery, &o.Recovery}} {
+		switch {
+		case f.v < 0:
+			return usagef(fs, "bench: -%s: %d is negative (0 or no flag: the default)", f.name, f.v)
+		case f.v > 0:
+			*f.dst = f.v
 		}
 	}
-	set(&o.N, *n)
-	set(&o.PacedN, *paced)
-	set(&o.Rate, *rate)
-	set(&o.Capacity, *capacity)
-	set(&o.Payload, *payload)
-	set(&o.Recovery, *recovery)
 	if *only != "" {
-		o.Parts = strings.Split(*only, ",")
+		for _, part := range strings.Split(*only, ",") {
+			if !slices.Contains(benchrun.Parts, part) {
+				return usagef(fs, "bench: -only: unknown part %q (%s)", part, strings.Join(benchrun.Parts, ", "))
+			}
+			o.Parts = append(o.Parts, part)
+		}
 	}
 	if *transports != "" {
 		for _, tr := range strings.Split(*transports, ",") {

@@ -86,6 +86,9 @@ func TestRealMain(t *testing.T) {
 		{"run refuses an unknown key", []string{"run", "--config", unknownKey}, 1, "", []string{"unknown.yaml", "max_dleay: unknown key"}},
 		{"run names every invalid key", []string{"run", "--config", invalid}, 1, "", []string{"shards", "kafka.sources[0].dlq"}},
 		{"bench refuses an unknown transport", []string{"bench", "-transports", "kafka,amqp"}, 2, "", []string{`unknown transport "amqp"`, "-transports string"}},
+		{"bench refuses an unknown part", []string{"bench", "-only", "throughput,latency"}, 2, "", []string{`-only: unknown part "latency" (throughput, lateness, capacity, recovery)`}},
+		{"bench refuses a part with a space", []string{"bench", "-only", "throughput, lateness"}, 2, "", []string{`unknown part " lateness"`}},
+		{"bench refuses a negative count", []string{"bench", "-n", "-5"}, 2, "", []string{`bench: -n: -5 is negative`}},
 		// The bad flag values make a regression fail fast (exit 1) instead
 		// of starting the sandbox or the benchmark.
 		{"bench refuses an argument", []string{"bench", "-transports", "amqp", "quick"}, 2, "", []string{`bench: unexpected argument "quick"`, "-transports string"}},

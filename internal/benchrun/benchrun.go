@@ -100,6 +100,9 @@ func machine() Machine {
 	return m
 }
 
+// Parts are the parts of a report Options.Parts may name.
+var Parts = []string{"throughput", "lateness", "capacity", "recovery"}
+
 func (o *Options) want(part string) bool {
 	if len(o.Parts) == 0 {
 		return true
