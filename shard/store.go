@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -560,6 +561,10 @@ func openPebble(dir string, fs vfs.FS, log *zap.Logger, cacheBytes, memTableByte
 	// that do read a block.
 	po.Levels[0].BlockSize = flushBlockBytes
 	db, err := pebble.Open(dir, po)
+	if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EWOULDBLOCK) {
+		// Pebble's LOCK file is held: another process has the store open.
+		return nil, fmt.Errorf("store: open %s: the store is in use by another process (another delaybridge on this data_dir?): %w", dir, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", dir, err)
 	}

@@ -1,7 +1,15 @@
 package shard
 
 import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
+
+	"go.uber.org/zap"
 )
 
 func TestIndexEntryRoundTrip(t *testing.T) {
@@ -169,3 +177,46 @@ func TestIngestScratchReuse(t *testing.T) {
 		})
 	}
 }
+
+// TestOpenStoreInUse: Open of a store directory another process holds
+// (another delaybridge on the same data_dir) fails with an error that says
+// so, not a bare "resource temporarily unavailable". The holder is this
+// test binary run again as a child that opens the store and waits.
+func TestOpenStoreInUse(t *testing.T) {
+	if dir := os.Getenv(holdStoreEnv); dir != "" {
+		e, err := Open(Options{Dir: dir, Logger: zap.NewNop()})
+		if err != nil {
+			fmt.Println("open:", err)
+			os.Exit(1)
+		}
+		fmt.Println("held")
+		_, _ = io.Copy(io.Discard, os.Stdin) // until the parent closes stdin
+		_ = e.Close()
+		os.Exit(0)
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestOpenStoreInUse$")
+	cmd.Env = append(os.Environ(), holdStoreEnv+"="+dir)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = stdin.Close(); _ = cmd.Wait() }()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "held\n" {
+		t.Fatalf("child: %q, %v", line, err)
+	}
+	_, err = Open(Options{Dir: dir, Logger: zap.NewNop()})
+	if err == nil || !strings.Contains(err.Error(), "in use by another process") {
+		t.Fatalf("Open of a store another process holds = %v, want it in use", err)
+	}
+}
+
+const holdStoreEnv = "DELAYBRIDGE_HOLD_STORE"
