@@ -88,6 +88,11 @@ type Options struct {
 	// now+Horizon, the rest stays on disk until the loader reaches it.
 	Horizon   time.Duration // default 10m
 	FireBatch int           // max tasks per Deliver call; default 512
+	// LaneGrace is how long (real time) a fire batch may be in the sink
+	// before its target transport's lane counts as stuck: the shard then
+	// claims and delivers the other transport's due tasks without waiting
+	// for it (see lane.go). Default 2s.
+	LaneGrace time.Duration
 	// CacheBytes is Pebble's memory: its block cache, from which the
 	// memtables are reserved too. Default DefaultCacheBytes.
 	CacheBytes int64

@@ -142,10 +142,10 @@ type shard struct {
 	// sink and when (ms), until a delivery to that transport succeeds.
 	// One transport's deliveries say nothing about the other's.
 	outage [outageSlots]outageState
-	// publishingDue: the earliest due time of the batch in the sink's
-	// Deliver, noDue when none; Stats counts it as overdue, since the
-	// batch is claimed (out of the wheel) but not delivered yet.
-	publishingDue int64
+	// lanes: the fire batches in flight, one per target transport (see
+	// lane.go), so a target that holds a publish delays only its own
+	// transport's tasks.
+	lanes [outageSlots]lane
 
 	// undecodable: stored tasks whose envelope the fire loop could not
 	// decode, by seq (see stuck.go); they stay in the store, out of the
@@ -185,6 +185,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.FireBatch <= 0 {
 		o.FireBatch = 512
+	}
+	if o.LaneGrace <= 0 {
+		o.LaneGrace = 2 * time.Second
 	}
 	if o.CancelRetention == 0 {
 		o.CancelRetention = 24 * time.Hour
@@ -327,8 +330,9 @@ func (e *Engine) recover() error {
 			inflight:  make(map[uint64]supersession),
 			deleting:  make(map[uint64]struct{}),
 			rng:       rand.New(rand.NewPCG(uint64(now), uint64(i))),
-
-			publishingDue: noDue,
+		}
+		for l := range s.lanes {
+			s.lanes[l].publishingDue = noDue
 		}
 		s.pendingG = e.m.Pending.WithLabelValues(s.label)
 		s.inWheelG = e.m.InWheel.WithLabelValues(s.label)
@@ -1223,8 +1227,13 @@ func (e *Engine) Stats() Stats {
 		if ok || s.pending > 0 {
 			next, ok = s.firstStoredLocked(from)
 		}
+		if pf, parked := s.lanesParkedFireLocked(); parked && (!ok || pf < next) {
+			next, ok = pf, true // set aside while their lane is stuck
+		}
 		late, isLate := s.oldestLateLocked()
-		if pd := s.publishingDue; pd <= now && (!isLate || pd < late) {
+		// Claimed but not delivered yet: a batch being published, and
+		// due tasks set aside while their lane is stuck.
+		if pd := s.lanesDueLocked(); pd <= now && (!isLate || pd < late) {
 			late, isLate = pd, true
 		}
 		horizon = min(horizon, s.horizonEnd)

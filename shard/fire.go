@@ -107,6 +107,17 @@ type fireItem struct {
 func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit) {
 	timer := s.e.clk.NewTimer(time.Hour)
 	defer timer.Stop()
+	// The lanes' batches finish (and send their commits) before the loop
+	// returns; what they left parked goes back in the wheel for a next Run.
+	var lanes sync.WaitGroup
+	defer func() {
+		lanes.Wait()
+		s.mu.Lock()
+		for l := range s.lanes {
+			s.unparkLocked(&s.lanes[l])
+		}
+		s.mu.Unlock()
+	}()
 	for {
 		if ctx.Err() != nil {
 			return
@@ -124,6 +135,12 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 		s.mu.Lock()
 		s.drainLocked()
 		err := s.housekeepLocked(now)
+		if wait, busy := s.laneWaitLocked(time.Now()); err == nil && busy {
+			// A batch is being published: wait for it, unless it is stuck.
+			s.mu.Unlock()
+			s.awaitLane(ctx, wait)
+			continue
+		}
 		var claimed []fireItem
 		if err == nil {
 			claimed = s.claimLocked(now)
@@ -151,9 +168,7 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 		if len(items) == 0 {
 			continue // all claimed entries were gone: look again
 		}
-		if fc := s.deliver(ctx, sink, items); fc != nil {
-			commits <- fc
-		}
+		s.dispatch(ctx, sink, items, commits, &lanes)
 	}
 }
 
@@ -511,13 +526,15 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		batch[i] = items[i].task
 	}
 	// Until Deliver returns the batch is not delivered: Stats reports its
-	// earliest due time as overdue meanwhile.
+	// earliest due time as overdue meanwhile. Every task of a batch is of
+	// one lane (see dispatch).
+	ln := &s.lanes[outageSlot(batch[0].Transport)]
 	minDue := int64(noDue)
 	for _, t := range batch {
 		minDue = min(minDue, t.Due)
 	}
 	s.mu.Lock()
-	s.publishingDue = minDue
+	ln.publishingDue = minDue
 	s.mu.Unlock()
 	// The sinks time their publishes (delaybridge_publish_seconds, by
 	// transport: a batch may go to both).
@@ -544,7 +561,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	now := ackAt.UnixMilli()
 
 	s.mu.Lock()
-	s.publishingDue = noDue
+	ln.publishingDue = noDue
 	b := e.db.NewBatch()
 	tk := newTicket()
 	pb := &pendingBatch{tk: tk}

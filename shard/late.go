@@ -53,5 +53,5 @@ func (s *shard) oldestLateLocked() (int64, bool) {
 	return s.lateMin, true
 }
 
-// noDue is shard.publishingDue when no batch is in the sink's Deliver.
+// noDue is lane.publishingDue when no batch is in the sink's Deliver.
 const noDue = int64(^uint64(0) >> 1)

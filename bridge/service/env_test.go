@@ -288,9 +288,20 @@ func fastNATS(c *nats.Config) { c.ReconnectWait = 50 * time.Millisecond }
 // down the way SIGTERM does and waits for Run to return.
 func (e *env) start() (svc *Service, stop func()) {
 	e.t.Helper()
+	return e.startWith(nil)
+}
+
+// startWith is start with kafkaHook (if not nil) adjusting the Kafka
+// adapter's config after fastKafka.
+func (e *env) startWith(kafkaHook func(*kafka.Config)) (svc *Service, stop func()) {
+	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	log := zaptest.NewLogger(e.t, zaptest.Level(testLogLevel()))
-	svc, err := New(ctx, e.config(), Options{Logger: log, Clock: e.clk, Kafka: fastKafka, NATS: fastNATS})
+	kafkaOpts := fastKafka
+	if kafkaHook != nil {
+		kafkaOpts = func(c *kafka.Config) { fastKafka(c); kafkaHook(c) }
+	}
+	svc, err := New(ctx, e.config(), Options{Logger: log, Clock: e.clk, Kafka: kafkaOpts, NATS: fastNATS})
 	if err != nil {
 		cancel()
 		e.t.Fatalf("start bridge: %v", err)

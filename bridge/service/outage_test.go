@@ -2,13 +2,17 @@ package service
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/delaybridge/delaybridge/bridge/kafka"
 )
 
 // TestTargetRefusingWritesNotReady: a target broker that answers but
@@ -61,4 +65,64 @@ func TestTargetRefusingWritesNotReady(t *testing.T) {
 	if up := logs.FilterMessageSnippet("target broker reachable again").Len(); up != 1 {
 		t.Fatalf("logged the Kafka target reachable again %d times after the outage, want once", up)
 	}
+}
+
+// TestHeldKafkaProduceDoesNotHoldNATS: a Kafka target broker that takes a
+// produce and never answers (a hung broker, a black-holed leader; kafka-go
+// waits WriteTimeout per attempt, 10 min here) must not hold the NATS
+// tasks of the same shard: once the Kafka batch has been in the sink for
+// the lane grace (2 s), the NATS task due after it is delivered, and the
+// Kafka task is delivered once the broker answers.
+func TestHeldKafkaProduceDoesNotHoldNATS(t *testing.T) {
+	e := newEnv(t, "shards: 1\n")
+	release := make(chan struct{})
+	var released atomic.Bool
+	held := make(chan struct{}, 1)
+	e.kc.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.kc.KeepControl()
+		if released.Load() {
+			return nil, nil, false
+		}
+		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
+			if tp.Topic == kafkaOut {
+				select {
+				case held <- struct{}{}:
+				default:
+				}
+				e.kc.SleepControl(func() { <-release })
+				return nil, nil, false
+			}
+		}
+		return nil, nil, false
+	})
+	unblock := func() {
+		if released.CompareAndSwap(false, true) {
+			close(release)
+		}
+	}
+	t.Cleanup(unblock)
+	svc, _ := e.startWith(func(c *kafka.Config) { c.WriteTimeout = 10 * time.Minute })
+	e.publishKafka(0, time.Time{}, []byte("k"), []byte("to-kafka"), "delay-after", "0", "delay-target", kafkaOut)
+	eventually(t, "the Kafka produce held", func() bool {
+		select {
+		case <-held:
+			return true
+		default:
+			e.clk.Advance(time.Second)
+			return false
+		}
+	})
+	e.publishNATS("delay.hol", []byte("to-nats"), "delay-after", "1s", "delay-target", "orders.hol")
+	waitIngested(t, svc, 2)
+	e.clk.Advance(2 * time.Second)
+	e.waitFor("the NATS delivery while the Kafka produce is held", func(ds []delivery) bool {
+		return len(byValue(ds, "orders.hol")["to-nats"]) > 0
+	})
+	if n := len(byValue(e.deliveries(), kafkaOut)); n != 0 {
+		t.Fatalf("%d Kafka deliveries while its produce is held", n)
+	}
+	unblock()
+	e.advanceUntil("the Kafka delivery once the broker answers", func(ds []delivery) bool {
+		return len(byValue(ds, kafkaOut)["to-kafka"]) > 0
+	})
 }

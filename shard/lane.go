@@ -1,0 +1,161 @@
+package shard
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Lanes. A fire batch goes to the sink one target transport at a time:
+// each shard keeps one lane per transport (codec.Transport, as outageSlot
+// indexes it), and each lane has at most one batch in the sink. While a
+// lane publishes, the fire loop waits for it, as it always did (the loop
+// neither claims nor reads ahead: on two cores that took CPU from the
+// publishes, docs/benchmarks.md). But a lane whose batch has been in the
+// sink for longer than Options.LaneGrace is stuck (a broker that holds a
+// produce without answering: kafka-go waits WriteTimeout per attempt, a
+// JetStream without PubAcks PublishTimeout), and the loop goes on without
+// it: it claims the next due tasks, hands the other transport's to their
+// lane, and sets the stuck lane's aside (parked: their fire time and seq
+// only, the envelope is dropped) until its batch returns. Then they go
+// back into the wheel, due, and are read again. So a target that hangs
+// delays its own transport's tasks, not the other's, and costs one extra
+// read of its due tasks per stuck period.
+//
+// A parked task stays in flight for replace and cancel (it was claimed,
+// and the sink may yet get it): a cancel that meets it is counted when it
+// leaves the lane, as for a batch the broker did not take.
+
+// lane is one target transport's fire batches in a shard (under shard.mu).
+type lane struct {
+	busy  bool      // a batch of this lane is in the sink
+	since time.Time // when it was handed to the sink (real time)
+	// publishingDue: the earliest due time of that batch, noDue when
+	// none. Stats counts it as overdue: claimed, not delivered yet.
+	publishingDue int64
+	parked        []parkedTask
+}
+
+// parkedTask is a due task claimed while its lane was stuck.
+type parkedTask struct {
+	fire   int64
+	seq    uint64
+	due    int64  // for Stats: a retry's fire time is after its due
+	source string // for the cancelled metric
+}
+
+// laneWaitLocked reports whether a lane is publishing a batch for less
+// than LaneGrace, and how long until it would count as stuck.
+func (s *shard) laneWaitLocked(now time.Time) (wait time.Duration, busy bool) {
+	for l := range s.lanes {
+		ln := &s.lanes[l]
+		if !ln.busy {
+			continue
+		}
+		if left := s.e.opts.LaneGrace - now.Sub(ln.since); left > 0 && (!busy || left < wait) {
+			wait, busy = left, true
+		}
+	}
+	return wait, busy
+}
+
+// awaitLane waits until a lane returns its batch (or anything else wakes
+// the loop), d passes, or ctx is done.
+func (s *shard) awaitLane(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-s.notify:
+	}
+}
+
+// dispatch hands each lane its part of items, in due order: to a goroutine
+// that delivers it and sends its commit, or, while the lane still has a
+// batch in the sink, to the lane's parked tasks.
+func (s *shard) dispatch(ctx context.Context, sink Sink, items []fireItem, commits chan<- *fireCommit, wg *sync.WaitGroup) {
+	var parts [outageSlots][]fireItem
+	for _, it := range items {
+		l := outageSlot(it.task.Transport)
+		parts[l] = append(parts[l], it)
+	}
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for l, part := range parts {
+		if len(part) == 0 {
+			continue
+		}
+		ln := &s.lanes[l]
+		if ln.busy {
+			for _, it := range part {
+				ln.parked = append(ln.parked, parkedTask{fire: it.fire, seq: it.seq, due: it.task.Due, source: it.task.Source})
+			}
+			continue
+		}
+		ln.busy, ln.since = true, now
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if fc := s.deliver(ctx, sink, part); fc != nil {
+				commits <- fc
+			}
+			s.mu.Lock()
+			ln.busy = false
+			s.unparkLocked(ln)
+			s.mu.Unlock()
+			select {
+			case s.notify <- struct{}{}:
+			default:
+			}
+		}()
+	}
+}
+
+// unparkLocked puts a lane's parked tasks back in the wheel. One that a
+// cancel met meanwhile is counted cancelled now (the broker did not take
+// it), one an operator dropped as dropped; they go back in the wheel all
+// the same, where the claim finds their key gone (or skips it while the
+// deleting batch is not durable; abandoned, the task is simply due).
+func (s *shard) unparkLocked(ln *lane) {
+	for _, p := range ln.parked {
+		sup := s.inflight[p.seq]
+		delete(s.inflight, p.seq)
+		switch {
+		case sup == cancelledInFlight:
+			s.e.m.Cancelled.WithLabelValues(p.source).Inc()
+		case sup.dropped():
+			s.e.m.StuckDropped.WithLabelValues(string(sup.state())).Inc()
+		}
+		s.addLocked(p.fire, p.seq)
+	}
+	clear(ln.parked)
+	ln.parked = ln.parked[:0]
+	s.inWheelG.Set(float64(s.w.Len()))
+}
+
+// lanesDueLocked is the earliest due time of the tasks claimed but not
+// delivered: the batches in the sink and the parked tasks (noDue if none).
+func (s *shard) lanesDueLocked() int64 {
+	due := noDue
+	for l := range s.lanes {
+		ln := &s.lanes[l]
+		due = min(due, ln.publishingDue)
+		for _, p := range ln.parked {
+			due = min(due, p.due)
+		}
+	}
+	return due
+}
+
+// lanesParkedFireLocked is the earliest fire time of the parked tasks.
+func (s *shard) lanesParkedFireLocked() (int64, bool) {
+	fire, ok := noDue, false
+	for l := range s.lanes {
+		for _, p := range s.lanes[l].parked {
+			fire, ok = min(fire, p.fire), true
+		}
+	}
+	return fire, ok
+}
