@@ -29,6 +29,7 @@ test:
 # make bench`, or `delaybridge bench` (docs/benchmarks.md).
 test-long:
 	DELAYBRIDGE_LONG=1 go test -count=1 -timeout 60m ./...
+	DELAYBRIDGE_LANE_GRACE=1ms go test -race -count=1 ./shard
 
 bench:
 	go test -run '^$$' -bench . -benchmem ./...

@@ -94,6 +94,7 @@ type Engine struct {
 	testHookFilterScan    func() error // a build installed its filters, before the scan; an error fails it
 	testHookIngestDecided func()       // an Ingest decided, before it applies
 	testHookLookupWaits   func()       // a Lookup waits for the write its entry comes from
+	testHookClaimRead     func(n int)  // a fire loop read the envelopes of n claimed entries, before it hands them to their lanes
 }
 
 // shard is one slice of the keyspace with its wheel and fire loop. mu

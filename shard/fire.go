@@ -143,7 +143,7 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 		}
 		var claimed []fireItem
 		if err == nil {
-			claimed = s.claimLocked(now)
+			claimed = append(s.takeParkedLocked(s.e.opts.FireBatch), s.claimLocked(now)...)
 		}
 		if err == nil && len(claimed) == 0 {
 			wake := s.horizonEnd - s.e.horizonMs()/2 // or the wheel's next due: park looks
@@ -157,6 +157,9 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 			var dropped, retry []fireItem
 			items, dropped, retry, err = s.readClaimed(claimed)
 			s.settleClaimed(dropped, retry)
+			if h := s.e.testHookClaimRead; h != nil {
+				h(len(claimed))
+			}
 		}
 		if err != nil {
 			s.e.log.Error("fire loop: store read failed", zap.Int("shard", s.id), zap.Error(err))
@@ -191,6 +194,10 @@ func (s *shard) park(ctx context.Context, timer interface {
 	default:
 	}
 	s.drainLocked()
+	if !hold && s.lanesReadyLocked() {
+		s.mu.Unlock() // a lane returned: its parked tasks are due
+		return
+	}
 	now := s.e.clk.Now()
 	if next, ok := s.w.Next(); ok && next < wake && !hold {
 		wake = next
@@ -242,12 +249,13 @@ func (s *shard) housekeepLocked(now int64) error {
 // clearFiredLocked covers the point tombstones that fired tasks left before
 // the shard's first stored task with one range deletion, so recovery and
 // the loader do not step over them one by one and compactions can drop
-// them. It runs only when no batch of the shard is in flight (every
-// decided batch is applied and drained, and no new one can be decided
-// while the lock is held), so the range holds nothing but tombstones; the
-// deletion is applied before the lock is released, so every later write
-// has a higher sequence number. A lost (unsynced) range deletion is
-// harmless.
+// them. It runs only when every decided batch of the shard is applied and
+// drained (and no new one can be decided while the lock is held), so the
+// range holds nothing but tombstones: a batch a lane is publishing is
+// still stored, so the first stored task is at or before it. The deletion
+// is applied before the lock is released, so every later write (that
+// batch's deletes and retries included) has a higher sequence number. A
+// lost (unsynced) range deletion is harmless.
 func (s *shard) clearFiredLocked() {
 	if len(s.queue) != 0 || s.e.failed() != nil {
 		return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -37,10 +38,11 @@ func newHarness(t testing.TB, mod func(*Options)) *harness {
 	t.Helper()
 	clk := clock.NewFake(t0)
 	opts := Options{
-		Dir:    t.TempDir(),
-		Shards: 4,
-		Clock:  clk,
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
+		Dir:       t.TempDir(),
+		Shards:    4,
+		Clock:     clk,
+		Logger:    zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
+		LaneGrace: laneGraceForTests(t),
 	}
 	if mod != nil {
 		mod(&opts)
@@ -97,8 +99,9 @@ func (h *harness) reopen() {
 }
 
 // settle waits until every fire loop is parked on a timer that has not
-// fired yet: after it, nothing happens until the clock moves or a task is
-// ingested. The deadline only turns a hang into a failure.
+// fired yet, with no batch in a lane and none set aside: after it, nothing
+// happens until the clock moves or a task is ingested. The deadline only
+// turns a hang into a failure.
 func (h *harness) settle() {
 	h.t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
@@ -115,6 +118,9 @@ func (e *Engine) settled() bool {
 	for _, s := range e.shards {
 		s.mu.Lock()
 		ok := s.parked && now.Before(s.parkUntil) && len(s.notify) == 0 && len(s.queue) == 0
+		for l := range s.lanes { // a stuck lane's batch, or tasks waiting aside
+			ok = ok && !s.lanes[l].busy && len(s.lanes[l].parked) == 0
+		}
 		s.mu.Unlock()
 		if !ok {
 			return false
@@ -267,4 +273,19 @@ func at(p int32, off, stamp int64, t codec.Task) codec.Task {
 func inc(n uint32, t codec.Task) codec.Task {
 	t.Incarnation = n
 	return t
+}
+
+// laneGraceForTests is the harness's Options.LaneGrace: the default unless
+// DELAYBRIDGE_LANE_GRACE gives one (make test-long runs the package with
+// 1ms, so that every engine test also runs with lanes going stuck).
+func laneGraceForTests(t testing.TB) time.Duration {
+	v := os.Getenv("DELAYBRIDGE_LANE_GRACE")
+	if v == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		t.Fatalf("DELAYBRIDGE_LANE_GRACE=%q: want a positive duration", v)
+	}
+	return d
 }

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 )
@@ -17,14 +18,20 @@ import (
 // JetStream without PubAcks PublishTimeout), and the loop goes on without
 // it: it claims the next due tasks, hands the other transport's to their
 // lane, and sets the stuck lane's aside (parked: their fire time and seq
-// only, the envelope is dropped) until its batch returns. Then they go
-// back into the wheel, due, and are read again. So a target that hangs
-// delays its own transport's tasks, not the other's, and costs one extra
-// read of its due tasks per stuck period.
+// only, the envelope is dropped; still claimed) until its batch returns.
+// Then the loop takes them back first, a batch at a time, and reads them
+// once more (takeParkedLocked), rather than putting them in the wheel,
+// where every stuck period of a slow target would claim, read and set
+// aside its whole backlog again. So a target that hangs, or is slow,
+// delays its own transport's tasks, not the other's, and each task is
+// read at most twice.
 //
-// A parked task stays in flight for replace and cancel (it was claimed,
-// and the sink may yet get it): a cancel that meets it is counted when it
-// leaves the lane, as for a batch the broker did not take.
+// A parked task stays in flight for replace and cancel (it was claimed):
+// one that a replace, cancel or drop meets is never handed to the sink;
+// it goes back to the wheel, where the claim finds its key gone, and a
+// cancel is counted then. The same holds for a claimed task superseded
+// before its lane hands it to the sink (dispatch), so a cancel that
+// returned before the publish began always holds.
 
 // lane is one target transport's fire batches in a shard (under shard.mu).
 type lane struct {
@@ -94,6 +101,26 @@ func (s *shard) dispatch(ctx context.Context, sink Sink, items []fireItem, commi
 			}
 			continue
 		}
+		// Replaced, cancelled or dropped since the claim (while its
+		// envelope was read, or while it waited aside): not handed to the
+		// sink, so a cancel that returned before the publish began holds.
+		part = slices.DeleteFunc(part, func(it fireItem) bool {
+			if s.inflight[it.seq] == notSuperseded {
+				return false
+			}
+			s.unparkOneLocked(parkedTask{fire: it.fire, seq: it.seq, due: it.task.Due, source: it.task.Source})
+			return true
+		})
+		if len(part) == 0 {
+			continue
+		}
+		if max := s.e.opts.FireBatch; len(part) > max {
+			// Parked tasks taken back plus new ones: the rest waits.
+			for _, it := range part[max:] {
+				ln.parked = append(ln.parked, parkedTask{fire: it.fire, seq: it.seq, due: it.task.Due, source: it.task.Source})
+			}
+			part = part[:max]
+		}
 		ln.busy, ln.since = true, now
 		wg.Add(1)
 		go func() {
@@ -101,9 +128,12 @@ func (s *shard) dispatch(ctx context.Context, sink Sink, items []fireItem, commi
 			if fc := s.deliver(ctx, sink, part); fc != nil {
 				commits <- fc
 			}
+			// Its parked tasks stay claimed: the loop hands them to the
+			// lane next (takeParkedLocked), read once more, rather than
+			// putting them back in the wheel, where every stuck period
+			// would claim, read and set aside the whole backlog again.
 			s.mu.Lock()
 			ln.busy = false
-			s.unparkLocked(ln)
 			s.mu.Unlock()
 			select {
 			case s.notify <- struct{}{}:
@@ -113,6 +143,46 @@ func (s *shard) dispatch(ctx context.Context, sink Sink, items []fireItem, commi
 	}
 }
 
+// takeParkedLocked takes up to max parked tasks of the lanes that have no
+// batch in the sink, oldest first, as claimed items (still in flight) for
+// the loop to read and dispatch. One a replace, cancel or drop met
+// meanwhile goes back to the wheel as unparkLocked does.
+func (s *shard) takeParkedLocked(max int) []fireItem {
+	var out []fireItem
+	for l := range s.lanes {
+		ln := &s.lanes[l]
+		if ln.busy || len(ln.parked) == 0 {
+			continue
+		}
+		k := 0
+		for ; k < len(ln.parked) && len(out) < max; k++ {
+			p := ln.parked[k]
+			if s.inflight[p.seq] != notSuperseded {
+				s.unparkOneLocked(p)
+				continue
+			}
+			out = append(out, fireItem{fire: p.fire, seq: p.seq})
+		}
+		ln.parked = ln.parked[k:]
+		if len(ln.parked) == 0 {
+			ln.parked = nil
+		}
+	}
+	s.inWheelG.Set(float64(s.w.Len()))
+	return out
+}
+
+// lanesReadyLocked reports whether a lane with no batch in the sink has
+// parked tasks to take.
+func (s *shard) lanesReadyLocked() bool {
+	for l := range s.lanes {
+		if ln := &s.lanes[l]; !ln.busy && len(ln.parked) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // unparkLocked puts a lane's parked tasks back in the wheel. One that a
 // cancel met meanwhile is counted cancelled now (the broker did not take
 // it), one an operator dropped as dropped; they go back in the wheel all
@@ -120,19 +190,22 @@ func (s *shard) dispatch(ctx context.Context, sink Sink, items []fireItem, commi
 // deleting batch is not durable; abandoned, the task is simply due).
 func (s *shard) unparkLocked(ln *lane) {
 	for _, p := range ln.parked {
-		sup := s.inflight[p.seq]
-		delete(s.inflight, p.seq)
-		switch {
-		case sup == cancelledInFlight:
-			s.e.m.Cancelled.WithLabelValues(p.source).Inc()
-		case sup.dropped():
-			s.e.m.StuckDropped.WithLabelValues(string(sup.state())).Inc()
-		}
-		s.addLocked(p.fire, p.seq)
+		s.unparkOneLocked(p)
 	}
-	clear(ln.parked)
-	ln.parked = ln.parked[:0]
+	ln.parked = nil
 	s.inWheelG.Set(float64(s.w.Len()))
+}
+
+func (s *shard) unparkOneLocked(p parkedTask) {
+	sup := s.inflight[p.seq]
+	delete(s.inflight, p.seq)
+	switch {
+	case sup == cancelledInFlight:
+		s.e.m.Cancelled.WithLabelValues(p.source).Inc()
+	case sup.dropped():
+		s.e.m.StuckDropped.WithLabelValues(string(sup.state())).Inc()
+	}
+	s.addLocked(p.fire, p.seq)
 }
 
 // lanesDueLocked is the earliest due time of the tasks claimed but not
@@ -143,7 +216,9 @@ func (s *shard) lanesDueLocked() int64 {
 		ln := &s.lanes[l]
 		due = min(due, ln.publishingDue)
 		for _, p := range ln.parked {
-			due = min(due, p.due)
+			if s.inflight[p.seq] == notSuperseded { // else gone from the store
+				due = min(due, p.due)
+			}
 		}
 	}
 	return due
@@ -154,7 +229,9 @@ func (s *shard) lanesParkedFireLocked() (int64, bool) {
 	fire, ok := noDue, false
 	for l := range s.lanes {
 		for _, p := range s.lanes[l].parked {
-			fire, ok = min(fire, p.fire), true
+			if s.inflight[p.seq] == notSuperseded {
+				fire, ok = min(fire, p.fire), true
+			}
 		}
 	}
 	return fire, ok

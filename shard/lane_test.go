@@ -164,3 +164,37 @@ func TestLaneShutdownWhileStuck(t *testing.T) {
 		t.Fatalf("delivered %v after Run again, want k1, k2", got)
 	}
 }
+
+// TestCancelBetweenClaimAndPublish: a cancel that returns after its task
+// was claimed but before its lane hands it to the sink (here: after the
+// fire loop read the claimed envelopes) holds: the task is not
+// published, and it is counted cancelled.
+func TestCancelBetweenClaimAndPublish(t *testing.T) {
+	m := metrics.New(nil)
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.Metrics = m
+	})
+	h.ingest([]codec.Task{sched("x", t0, 1)})
+	var once atomic.Bool
+	h.e.testHookClaimRead = func(int) {
+		if once.CompareAndSwap(false, true) {
+			if err := h.e.Cancel("src", "x"); err != nil {
+				t.Errorf("Cancel while x is claimed: %v", err)
+			}
+		}
+	}
+	h.run()
+	eventuallyTrue(t, "x gone", func() bool { return h.e.Stats().Pending == 0 })
+	h.settle()
+	if !once.Load() {
+		t.Fatal("x was never claimed")
+	}
+	if got := h.sink.all(); len(got) != 0 {
+		t.Fatalf("published %+v although its cancel returned before the publish began", got)
+	}
+	if c := testutil.ToFloat64(m.Cancelled.WithLabelValues("src")); c != 1 {
+		t.Fatalf("cancelled_total = %v, want 1", c)
+	}
+	h.checkPending()
+}
