@@ -326,6 +326,72 @@ func (e *env) startWith(kafkaHook func(*kafka.Config)) (svc *Service, stop func(
 	return svc, stop
 }
 
+// heldProduce is a Kafka target broker that takes produce requests for a
+// topic and does not answer until released (see holdProduceTo).
+type heldProduce struct {
+	held     chan struct{} // a value when a produce is held
+	release  chan struct{}
+	refuse   atomic.Bool // released with refuse: the held produces fail at the connection
+	released atomic.Bool
+	once     sync.Once
+}
+
+// holdProduceTo makes kfake hold every produce request for topic until
+// Release; after it they go through, or with Release(true) fail at the
+// connection, the held ones and all later ones.
+func (e *env) holdProduceTo(topic string) *heldProduce {
+	h := &heldProduce{held: make(chan struct{}, 1), release: make(chan struct{})}
+	e.kc.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.kc.KeepControl()
+		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
+			if tp.Topic != topic {
+				continue
+			}
+			if !h.released.Load() {
+				select {
+				case h.held <- struct{}{}:
+				default:
+				}
+				e.kc.SleepControl(func() { <-h.release })
+			}
+			if h.refuse.Load() {
+				return nil, errors.New("test: connection dropped"), true
+			}
+			return nil, nil, false
+		}
+		return nil, nil, false
+	})
+	e.t.Cleanup(func() { h.Release(false) })
+	return h
+}
+
+// Release lets the held produces go (with refuse: fail at the connection,
+// as every later one does).
+func (h *heldProduce) Release(refuse bool) {
+	h.once.Do(func() {
+		h.refuse.Store(refuse) // before released: no produce slips through
+		h.released.Store(true)
+		close(h.release)
+	})
+}
+
+// awaitHeld moves the bridge clock a second at a time until a produce is
+// held (the fire loop published), or fails after a minute.
+func (e *env) awaitHeld(h *heldProduce) {
+	e.t.Helper()
+	watchdog := time.After(60 * time.Second)
+	for {
+		e.clk.Advance(time.Second)
+		select {
+		case <-h.held:
+			return
+		case <-time.After(50 * time.Millisecond):
+		case <-watchdog:
+			e.t.Fatal("the fire loop never published")
+		}
+	}
+}
+
 // failProduceTo makes kfake drop the connection of every produce request
 // for topic while the returned flag is set.
 func (e *env) failProduceTo(topic string) *atomic.Bool {

@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -75,43 +74,10 @@ func TestTargetRefusingWritesNotReady(t *testing.T) {
 // Kafka task is delivered once the broker answers.
 func TestHeldKafkaProduceDoesNotHoldNATS(t *testing.T) {
 	e := newEnv(t, "shards: 1\n")
-	release := make(chan struct{})
-	var released atomic.Bool
-	held := make(chan struct{}, 1)
-	e.kc.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		e.kc.KeepControl()
-		if released.Load() {
-			return nil, nil, false
-		}
-		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
-			if tp.Topic == kafkaOut {
-				select {
-				case held <- struct{}{}:
-				default:
-				}
-				e.kc.SleepControl(func() { <-release })
-				return nil, nil, false
-			}
-		}
-		return nil, nil, false
-	})
-	unblock := func() {
-		if released.CompareAndSwap(false, true) {
-			close(release)
-		}
-	}
-	t.Cleanup(unblock)
+	hold := e.holdProduceTo(kafkaOut)
 	svc, _ := e.startWith(func(c *kafka.Config) { c.WriteTimeout = 10 * time.Minute })
 	e.publishKafka(0, time.Time{}, []byte("k"), []byte("to-kafka"), "delay-after", "0", "delay-target", kafkaOut)
-	eventually(t, "the Kafka produce held", func() bool {
-		select {
-		case <-held:
-			return true
-		default:
-			e.clk.Advance(time.Second)
-			return false
-		}
-	})
+	e.awaitHeld(hold)
 	e.publishNATS("delay.hol", []byte("to-nats"), "delay-after", "1s", "delay-target", "orders.hol")
 	waitIngested(t, svc, 2)
 	e.clk.Advance(2 * time.Second)
@@ -121,7 +87,7 @@ func TestHeldKafkaProduceDoesNotHoldNATS(t *testing.T) {
 	if n := len(byValue(e.deliveries(), kafkaOut)); n != 0 {
 		t.Fatalf("%d Kafka deliveries while its produce is held", n)
 	}
-	unblock()
+	hold.Release(false)
 	e.advanceUntil("the Kafka delivery once the broker answers", func(ds []delivery) bool {
 		return len(byValue(ds, kafkaOut)["to-kafka"]) > 0
 	})

@@ -2,12 +2,9 @@ package service
 
 import (
 	"context"
-	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -23,26 +20,7 @@ import (
 // is held; the broker releases it only after the test's checks.
 func TestShutdownDoesNotWaitForAHeldPublish(t *testing.T) {
 	e := newEnv(t, "shutdown_timeout: 3s\n")
-	release := make(chan struct{})
-	held := make(chan struct{}, 1)
-	var refuse atomic.Bool
-	e.kc.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		e.kc.KeepControl()
-		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
-			if tp.Topic == kafkaOut {
-				select {
-				case held <- struct{}{}:
-				default:
-				}
-				e.kc.SleepControl(func() { <-release })
-				if refuse.Load() {
-					return nil, errors.New("test: connection dropped"), true
-				}
-				return nil, nil, false
-			}
-		}
-		return nil, nil, false
-	})
+	hold := e.holdProduceTo(kafkaOut)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	svc, err := New(ctx, e.config(), Options{
@@ -60,17 +38,8 @@ func TestShutdownDoesNotWaitForAHeldPublish(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(ctx) }()
 	e.publishKafka(0, time.Time{}, []byte("k"), []byte("v"), "delay-after", "0", "delay-target", kafkaOut)
+	e.awaitHeld(hold)
 	watchdog := time.After(60 * time.Second)
-	for waiting := true; waiting; {
-		e.clk.Advance(time.Second)
-		select {
-		case <-held:
-			waiting = false
-		case <-time.After(50 * time.Millisecond):
-		case <-watchdog:
-			t.Fatal("the fire loop never published")
-		}
-	}
 	cancel() // SIGTERM, with the produce held
 	select {
 	case err := <-done:
@@ -84,8 +53,7 @@ func TestShutdownDoesNotWaitForAHeldPublish(t *testing.T) {
 	// until it returns (in production the process exits first). Once the
 	// broker lets go, the store closes and still holds the task, whose
 	// publish the broker refused.
-	refuse.Store(true)
-	close(release)
+	hold.Release(true)
 	var eng *shard.Engine
 	for eng == nil {
 		eng, err = shard.Open(shard.Options{Dir: e.dataDir, Shards: e.config().Shards, Logger: zap.NewNop()})
