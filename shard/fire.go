@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -529,19 +530,31 @@ func drainContext(ctx context.Context) (dctx context.Context, release func()) {
 // backoff or dead-lettered.
 func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireCommit {
 	e := s.e
-	batch := make([]*codec.Task, len(items))
-	for i := range items {
-		batch[i] = items[i].task
+	// Every task of a batch is of one lane (see dispatch).
+	ln := &s.lanes[outageSlot(items[0].task.Transport)]
+	s.mu.Lock()
+	// Replaced, cancelled or dropped since the claim (while the envelopes
+	// were read, while it waited aside, or since dispatch): not handed to
+	// the sink, so a cancel that returned before the publish began holds.
+	items = slices.DeleteFunc(items, func(it fireItem) bool {
+		if s.inflight[it.seq] == notSuperseded {
+			return false
+		}
+		s.unparkOneLocked(parkedTask{fire: it.fire, seq: it.seq, due: it.task.Due, source: it.task.Source})
+		return true
+	})
+	if len(items) == 0 {
+		s.mu.Unlock()
+		return nil
 	}
 	// Until Deliver returns the batch is not delivered: Stats reports its
-	// earliest due time as overdue meanwhile. Every task of a batch is of
-	// one lane (see dispatch).
-	ln := &s.lanes[outageSlot(batch[0].Transport)]
+	// earliest due time as overdue meanwhile.
+	batch := make([]*codec.Task, len(items))
 	minDue := int64(noDue)
-	for _, t := range batch {
-		minDue = min(minDue, t.Due)
+	for i := range items {
+		batch[i] = items[i].task
+		minDue = min(minDue, batch[i].Due)
 	}
-	s.mu.Lock()
 	ln.publishingDue = minDue
 	s.mu.Unlock()
 	// The sinks time their publishes (delaybridge_publish_seconds, by
@@ -922,7 +935,9 @@ func (e *Engine) outageErr() error {
 	for _, s := range e.shards {
 		s.mu.Lock()
 		for tr, o := range s.outage {
-			if o.err != nil && now-o.at <= stale {
+			// Not stale while a batch of that transport is in the sink:
+			// its retry has not answered yet (a held produce).
+			if o.err != nil && (now-o.at <= stale || s.lanes[tr].busy) {
 				shards[tr]++
 				if last[tr] == nil || o.at > at[tr] {
 					last[tr], at[tr] = o.err, o.at

@@ -2,7 +2,6 @@ package shard
 
 import (
 	"context"
-	"slices"
 	"sync"
 	"time"
 )
@@ -30,8 +29,9 @@ import (
 // one that a replace, cancel or drop meets is never handed to the sink;
 // it goes back to the wheel, where the claim finds its key gone, and a
 // cancel is counted then. The same holds for a claimed task superseded
-// before its lane hands it to the sink (dispatch), so a cancel that
-// returned before the publish began always holds.
+// before its lane hands it to the sink (deliver checks under the lock,
+// right before the publish), so a cancel that returned before the publish
+// began always holds.
 
 // lane is one target transport's fire batches in a shard (under shard.mu).
 type lane struct {
@@ -99,19 +99,6 @@ func (s *shard) dispatch(ctx context.Context, sink Sink, items []fireItem, commi
 			for _, it := range part {
 				ln.parked = append(ln.parked, parkedTask{fire: it.fire, seq: it.seq, due: it.task.Due, source: it.task.Source})
 			}
-			continue
-		}
-		// Replaced, cancelled or dropped since the claim (while its
-		// envelope was read, or while it waited aside): not handed to the
-		// sink, so a cancel that returned before the publish began holds.
-		part = slices.DeleteFunc(part, func(it fireItem) bool {
-			if s.inflight[it.seq] == notSuperseded {
-				return false
-			}
-			s.unparkOneLocked(parkedTask{fire: it.fire, seq: it.seq, due: it.task.Due, source: it.task.Source})
-			return true
-		})
-		if len(part) == 0 {
 			continue
 		}
 		if max := s.e.opts.FireBatch; len(part) > max {
