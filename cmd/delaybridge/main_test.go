@@ -599,6 +599,36 @@ func devChild(dataDir string) {
 	fmt.Fprintln(os.Stderr, "dev child: runDev returned:", err)
 }
 
+// startChild runs this test binary again as a child process (see
+// TestMain) with env added and TMPDIR=tmpRoot, for at most 2 minutes. It
+// returns the child, its stdout lines (closed when the child closes its
+// stdout) and its stderr.
+func startChild(t *testing.T, tmpRoot string, env ...string) (*exec.Cmd, <-chan string, *bytes.Buffer) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), env...), "TMPDIR="+tmpRoot)
+	errOut := new(bytes.Buffer)
+	cmd.Stderr = errOut
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 2)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	return cmd, lines, errOut
+}
+
 // TestDevForcedExit forces the exit (two signals) of a running sandbox in
 // a child process: the sandbox's temporary directory (its store and
 // JetStream data) is gone when the process has exited with 130, and
@@ -632,27 +662,7 @@ func TestDevForcedExit(t *testing.T) {
 				dataDir = filepath.Join(t.TempDir(), "sandbox")
 			}
 
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), devChildEnv+"="+dataDir, "TMPDIR="+tmpRoot)
-			var errOut bytes.Buffer
-			cmd.Stderr = &errOut
-			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			lines := make(chan string, 2)
-			go func() {
-				defer close(lines)
-				sc := bufio.NewScanner(stdout)
-				for sc.Scan() {
-					lines <- sc.Text()
-				}
-			}()
+			cmd, lines, errOut := startChild(t, tmpRoot, devChildEnv+"="+dataDir)
 			await := func(want string) {
 				t.Helper()
 				select {

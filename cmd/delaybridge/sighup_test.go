@@ -1,16 +1,11 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
-	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 )
 
 // mainChildEnv makes the test binary run realMain with these
@@ -25,37 +20,22 @@ const mainChildEnv = "DELAYBRIDGE_TEST_MAIN_CHILD"
 // data) behind in $TMPDIR.
 func TestDevSIGHUPForgetsSandbox(t *testing.T) {
 	tmpRoot := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(),
-		mainChildEnv+"=dev -nats-port 0 -kafka-port 0 -admin 127.0.0.1:0",
-		"TMPDIR="+tmpRoot)
-	var errOut bytes.Buffer
-	cmd.Stderr = &errOut
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	running := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		once := false
-		for sc.Scan() {
-			if !once && strings.Contains(sc.Text(), "sandbox is running") {
-				once = true
-				close(running)
-			}
+	cmd, lines, errOut := startChild(t, tmpRoot, mainChildEnv+"=dev -nats-port 0 -kafka-port 0 -admin 127.0.0.1:0")
+	running := false
+	for line := range lines {
+		if strings.Contains(line, "sandbox is running") {
+			running = true
+			break
 		}
-	}()
-	select {
-	case <-running:
-	case <-ctx.Done():
+	}
+	if !running {
+		_ = cmd.Wait()
 		t.Fatalf("the sandbox did not start; stderr: %s", errOut.String())
 	}
+	go func() { // drain, so the child never blocks on its stdout
+		for range lines {
+		}
+	}()
 	dirs, _ := filepath.Glob(filepath.Join(tmpRoot, "delaybridge-dev-*"))
 	if len(dirs) != 1 {
 		t.Fatalf("sandbox temp dirs %q, want one", dirs)
