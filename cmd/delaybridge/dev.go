@@ -62,6 +62,7 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer, cleanu
 type devAddrs struct {
 	kafka string // host:port
 	nats  string // nats:// URL
+	admin string // host:port
 }
 
 // runDev is cmdDev after flag parsing; ready (if not nil) is called with the
@@ -83,6 +84,15 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger
 	if config.CheckListen(o.admin, "", false) != nil {
 		return fmt.Errorf("dev: -admin %s: the sandbox's admin API has no token, so it listens on a loopback address only (127.0.0.1:PORT); use delaybridge run with admin.token to serve it further", o.admin)
 	}
+	// The admin port first: one in use fails before the brokers start and
+	// the banner is printed, and port 0 becomes the port the banner shows.
+	// The listener is closed again for the service to take.
+	l, err := net.Listen("tcp", o.admin)
+	if err != nil {
+		return portHint(fmt.Errorf("dev: admin on %s: %w", o.admin, err), "-admin")
+	}
+	o.admin = l.Addr().String()
+	_ = l.Close()
 	root := o.dataDir
 	if root == "" {
 		tmp, remove, err := cleanups.tempDir("delaybridge-dev-")
@@ -148,7 +158,7 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger
 	}
 	fmt.Fprint(stdout, devBanner(kafkaAddr, natsURL, o.admin, time.Now(), o.dataDir))
 	if ready != nil {
-		ready(svc, devAddrs{kafka: kafkaAddr, nats: natsURL})
+		ready(svc, devAddrs{kafka: kafkaAddr, nats: natsURL, admin: o.admin})
 	}
 	return portHint(svc.Run(ctx), "-admin")
 }
@@ -239,7 +249,11 @@ Kafka, with kcat (apt-get install kcat):
 NATS, with the nats CLI (go install github.com/nats-io/natscli/nats@latest):
   nats -s ` + natsURL + ` sub 'orders.>'
   nats -s ` + natsURL + ` pub delay.orders '{"order":7}' -H delay-after:5s -H delay-target:orders.closed -H Nats-Msg-Id:order-7
+  # cancel it (a new Nats-Msg-Id, or none: JetStream drops a repeated one)
+  nats -s ` + natsURL + ` pub delay.orders '' -H delay-cancel:true -H delay-id:order-7
 
-A message that cannot be scheduled (try one without delay-after) lands in the DLQ with a delay-error header.
+A message that cannot be scheduled (try one without delay-after) lands in the DLQ with a delay-error header:
+  kcat -C -b ` + kafkaAddr + ` -t delay.dlq -f 'key=%k value=%s headers=%h\n'
+  nats -s ` + natsURL + ` sub 'dlq.>'
 `
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -426,10 +427,27 @@ func TestDev(t *testing.T) {
 	if strings.HasSuffix(addrs.nats, ":4222") || strings.HasSuffix(addrs.kafka, ":9092") {
 		t.Errorf("ports 0 gave %s and %s, want free ports (nats-server's own 0 is 4222)", addrs.nats, addrs.kafka)
 	}
-	for _, want := range []string{"kcat -P -b " + addrs.kafka, "nats -s " + addrs.nats, "delay-after"} {
+	if strings.HasSuffix(addrs.admin, ":0") {
+		t.Errorf("-admin 127.0.0.1:0 gave %s, want the port taken", addrs.admin)
+	}
+	for _, want := range []string{"kcat -P -b " + addrs.kafka, "nats -s " + addrs.nats, "delay-after", "http://" + addrs.admin + "/v1/stats"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("banner lacks %q", want)
 		}
+	}
+	eventuallyOK := time.Now().Add(30 * time.Second)
+	for {
+		r, err := http.Get("http://" + addrs.admin + "/healthz")
+		if err == nil {
+			r.Body.Close()
+			if r.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(eventuallyOK) {
+			t.Fatalf("admin at %s (the banner's address): %v", addrs.admin, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs.kafka), kgo.ConsumeTopics("orders"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
