@@ -409,7 +409,26 @@ func readTopicsNoCreate(ctx context.Context, c *Config, addr string, topics []st
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("%w: %s", ErrTopicMissing, strings.Join(missing, ", "))
+		return &topicsMissingError{topics: missing}
+	}
+	return nil
+}
+
+// topicsMissingError is ErrTopicMissing with the topics that are missing.
+type topicsMissingError struct{ topics []string }
+
+func (e *topicsMissingError) Error() string {
+	return ErrTopicMissing.Error() + ": " + strings.Join(e.topics, ", ")
+}
+
+func (e *topicsMissingError) Unwrap() error { return ErrTopicMissing }
+
+// missingTopics returns the topics err says are missing (none for another
+// error or nil).
+func missingTopics(err error) []string {
+	var m *topicsMissingError
+	if errors.As(err, &m) {
+		return m.topics
 	}
 	return nil
 }

@@ -185,24 +185,53 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 	}()
 
 	joined := false
+	// A group reads the source topics that exist: while one is missing (at
+	// start, or deleted while we run) the others go on, the source reports
+	// the missing one (not ready), and watchTopics ends the group once it
+	// exists, so that the next joins with every topic. kafka-go's group
+	// cannot take a missing topic: it assigns no partition of any topic
+	// and starts a new generation in a tight loop.
+	var (
+		groupCtx    context.Context
+		groupCancel context.CancelFunc = func() {}
+		topics      []string           // the group's
+		missingErr  error              // the topics it lacks, or nil
+	)
+	defer func() { groupCancel() }()
+	leave := func() {
+		groupCancel()
+		workers.Wait()
+		_ = cg.Close()
+		cg = nil
+	}
 	for {
 		if cg == nil {
-			// Join only when every source topic exists: kafka-go's group
-			// with a missing topic assigns no partition of any topic and
-			// starts a new generation in a tight loop (its partition
-			// watcher ends each one at once).
-			if err := s.awaitTopics(ctx, joined); err != nil || ctx.Err() != nil {
+			var err error
+			topics, missingErr, err = s.awaitTopics(ctx, joined)
+			if err != nil || ctx.Err() != nil {
 				return err
 			}
-			var err error
-			cg, err = kafkago.NewConsumerGroup(s.groupConfig())
+			groupCtx, groupCancel = groupContext(ctx) // cancelled by leave, or the deferred call
+			cfg := s.groupConfig()
+			cfg.Topics = topics
+			cg, err = kafkago.NewConsumerGroup(cfg)
 			if err != nil {
 				return fmt.Errorf("%w: consumer group: %w", ErrConfig, err)
 			}
+			if missingErr != nil {
+				s.log.Warn("some source topics are missing; reading the others until they exist",
+					zap.Strings("topics", topics), zap.Error(missingErr))
+				go s.watchTopics(groupCtx, groupCancel)
+			}
 		}
-		gen, err := cg.Next(ctx)
+		gen, err := cg.Next(groupCtx)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if groupCtx.Err() != nil {
+			s.log.Info("the missing source topics exist now; joining again with every topic")
+			leave()
+			continue
 		}
 		if err != nil {
 			err = classify(err)
@@ -219,18 +248,16 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			continue
 		}
 		joined = true
-		// A source topic deleted while we run: leave the group and wait
-		// for it as at the start, not ready, rather than spin through
+		// A topic of this group deleted while we run: leave the group and
+		// join again with those that exist, rather than spin through
 		// empty generations with every topic unassigned.
-		if cerr := s.Check(ctx); errors.Is(cerr, ErrTopicMissing) {
-			s.log.Warn("a source topic is missing; leaving the group until it exists", zap.Error(cerr))
+		if cerr := s.Check(ctx); slices.ContainsFunc(missingTopics(cerr), func(t string) bool { return slices.Contains(topics, t) }) {
+			s.log.Warn("a source topic is missing; leaving the group to join again without it", zap.Error(cerr))
 			s.setHealth("group", cerr)
-			workers.Wait()
-			_ = cg.Close()
-			cg = nil
+			leave()
 			continue
 		}
-		s.setHealth("group", nil)
+		s.setHealth("group", missingErr)
 		s.log.Info("joined group", zap.Int32("generation", gen.ID),
 			zap.String("member", gen.MemberID), zap.Any("assignments", assignmentsOf(gen)))
 		// One committer per generation sends the partitions' offsets;
@@ -238,6 +265,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		cm := newCommitter(gen.CommitOffsets, s.cfg.RetryMin, s.log.With(zap.Int32("generation", gen.ID)),
 			func(topic string) { s.cfg.Metrics.SourceErrors.WithLabelValues(topic).Inc() })
 		var genWorkers sync.WaitGroup
+		wctx := groupCtx // leaving the group stops the workers as a shutdown does: they commit what is stored
 		for topic, parts := range gen.Assignments {
 			for _, pa := range parts {
 				workers.Add(1)
@@ -245,7 +273,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 				gen.Start(func(gctx context.Context) {
 					defer workers.Done()
 					defer genWorkers.Done()
-					s.runPartition(ctx, gctx, gen, cm, h, topic, pa)
+					s.runPartition(wctx, gctx, gen, cm, h, topic, pa)
 				})
 			}
 		}
@@ -257,32 +285,53 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		workers.Add(1)
 		gen.Start(func(gctx context.Context) {
 			defer workers.Done()
-			cm.run(ctx, gctx, workersDone)
+			cm.run(wctx, gctx, workersDone)
 		})
 	}
 }
 
-// awaitTopics waits until every source topic exists (Health says why
-// not). Before the first join it returns refused credentials and TLS
-// failures; after it, it retries them like any other failure. It returns
-// nil when ctx ends.
-func (s *Source) awaitTopics(ctx context.Context, joined bool) error {
+// groupContext is the context of one consumer group's workers.
+func groupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithCancel(ctx)
+}
+
+// awaitTopics waits until at least one source topic exists (Health says
+// why not) and returns those that do, with the error naming the missing
+// ones (nil when none is). Before the first join it returns refused
+// credentials and TLS failures; after it, it retries them like any other
+// failure. It returns no topics when ctx ends.
+func (s *Source) awaitTopics(ctx context.Context, joined bool) (present []string, missing error, err error) {
 	for wait := s.cfg.RetryMin; ; wait = backoff(wait, s.cfg.RetryMax) {
 		err := s.Check(ctx)
 		if err == nil {
 			s.setHealth("group", nil)
-			return nil
+			return s.topics, nil, nil
 		}
 		if ctx.Err() != nil {
-			return nil
+			return nil, nil, nil
+		}
+		if gone := missingTopics(err); len(gone) > 0 && len(gone) < len(s.topics) {
+			s.setHealth("group", err)
+			return slices.DeleteFunc(slices.Clone(s.topics), func(t string) bool { return slices.Contains(gone, t) }), err, nil
 		}
 		if !joined && (errors.Is(err, ErrAuth) || errors.Is(err, ErrTLS)) {
-			return err
+			return nil, nil, err
 		}
 		s.setHealth("group", err)
 		s.log.Warn("kafka source not ready; retrying", zap.Duration("backoff", wait), zap.Error(err))
 		if !sleep(ctx, wait) {
-			return nil
+			return nil, nil, nil
+		}
+	}
+}
+
+// watchTopics checks, with backoff, whether every source topic exists,
+// and calls done when they do (or returns when ctx ends).
+func (s *Source) watchTopics(ctx context.Context, done context.CancelFunc) {
+	for wait := s.cfg.RetryMin; sleep(ctx, wait); wait = backoff(wait, s.cfg.RetryMax) {
+		if s.Check(ctx) == nil {
+			done()
+			return
 		}
 	}
 }

@@ -72,8 +72,9 @@ func TestSourcePartitionsAddedWhileRunning(t *testing.T) {
 }
 
 // One delay topic deleted while the bridge runs: Health must say the topic
-// is missing and the member must not spin through generations; once the
-// topic is back, every topic is read again, the new log from its start.
+// is missing, the member must not spin through generations, and the other
+// topic is read meanwhile; once the topic is back, every topic is read
+// again, the new log from its start.
 func TestSourceTopicDeletedWhileRunning(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(1, "delay", "other"))
 	cl := producer(t, c)
@@ -105,6 +106,11 @@ func TestSourceTopicDeletedWhileRunning(t *testing.T) {
 		t.Fatalf("%d generations since the topic was deleted: the member spins through empty generations; Health = %v", n, s.Health())
 	}
 	produceN(t, cl, "other", 1, 2, 3)
+	// The topic that still exists is read while the other is missing.
+	waitFor(t, "other read while delay is missing", func() bool { return len(h.offsets("other")[0]) == 5 })
+	if err := s.Health(); !errors.Is(err, ErrTopicMissing) {
+		t.Fatalf("Health while delay is missing = %v, want ErrTopicMissing", err)
+	}
 	if err := c.CreateTopic("delay", 1, nil); err != nil {
 		t.Fatal(err)
 	}
