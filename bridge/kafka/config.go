@@ -360,7 +360,13 @@ func check(ctx context.Context, c *Config, topics []string) error {
 			err = readTopicsNoCreate(ctx, c, addr, topics)
 		}
 		if err != nil {
-			return classify(fmt.Errorf("kafka: read metadata from %s: %w", addr, err))
+			err = classify(fmt.Errorf("kafka: read metadata from %s: %w", addr, err))
+			if !errors.Is(err, ErrAuth) && !errors.Is(err, ErrTLS) && !errors.Is(err, ErrTopicMissing) {
+				// A connection lost or refused while asking: retried as
+				// an unreachable broker, not a reason to stop.
+				err = fmt.Errorf("%w: %w", ErrUnreachable, err)
+			}
+			return err
 		}
 		return nil
 	}

@@ -327,3 +327,21 @@ func TestSourcePartitionsAddedLongMetadataTTL(t *testing.T) {
 	waitFor(t, "p1", func() bool { return h.count() >= 4 })
 	_ = stop()
 }
+
+// TestCheckConnectionLostIsUnreachable: a broker that answers the metadata
+// read but drops the connection while the check asks about a topic is an
+// unreachable broker (retried), not an error that ends the process.
+func TestCheckConnectionLostIsUnreachable(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	c.ControlKey(int16(kmsg.ListOffsets), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		return nil, errors.New("test: connection dropped"), true
+	})
+	src, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Check(context.Background()); !errors.Is(err, ErrUnreachable) {
+		t.Fatalf("Check = %v, want ErrUnreachable", err)
+	}
+}
