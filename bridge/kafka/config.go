@@ -361,12 +361,17 @@ func check(ctx context.Context, c *Config, topics []string) error {
 		}
 		if err != nil {
 			err = classify(fmt.Errorf("kafka: read metadata from %s: %w", addr, err))
-			if !errors.Is(err, ErrAuth) && !errors.Is(err, ErrTLS) && !errors.Is(err, ErrTopicMissing) {
-				// A connection lost or refused while asking: retried as
-				// an unreachable broker, not a reason to stop.
-				err = fmt.Errorf("%w: %w", ErrUnreachable, err)
+			if errors.Is(err, ErrAuth) || errors.Is(err, ErrTLS) || errors.Is(err, ErrTopicMissing) {
+				return err
 			}
-			return err
+			// A connection lost or refused while asking: the next broker
+			// may answer; if none does, the brokers are unreachable
+			// (retried), not a reason to stop.
+			errs = append(errs, err)
+			if ctx.Err() != nil {
+				break
+			}
+			continue
 		}
 		return nil
 	}

@@ -440,6 +440,10 @@ type fetched struct {
 func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation, cm *committer, h bridge.Handler, topic string, pa kafkago.PartitionAssignment) {
 	key := CheckpointKey(topic, pa.ID)
 	log := s.log.With(zap.String("topic", topic), zap.Int("partition", pa.ID), zap.Int32("generation", gen.ID))
+	// Whatever this worker reported of the partition (a failing start
+	// position, rewind or fetch) is not this member's to report once it
+	// stops: the next owner may be another member.
+	defer s.setHealth(key, nil)
 
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()

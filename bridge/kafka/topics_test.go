@@ -345,3 +345,24 @@ func TestCheckConnectionLostIsUnreachable(t *testing.T) {
 		t.Fatalf("Check = %v, want ErrUnreachable", err)
 	}
 }
+
+// TestCheckNextBrokerAfterConnectionLost: the first broker drops the
+// connection while the check asks about a topic; the next one answers, so
+// the check passes (it gave up at the first broker before).
+func TestCheckNextBrokerAfterConnectionLost(t *testing.T) {
+	c := newCluster(t, kfake.NumBrokers(2), kfake.SeedTopics(1, "delay"))
+	c.ControlKey(int16(kmsg.ListOffsets), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if c.CurrentNode() == 0 {
+			return nil, errors.New("test: connection dropped"), true
+		}
+		return nil, nil, false
+	})
+	src, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Check(context.Background()); err != nil {
+		t.Fatalf("Check = %v, want nil (the second broker answers)", err)
+	}
+}
