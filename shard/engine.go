@@ -139,14 +139,10 @@ type shard struct {
 	// them, dlParked are parked (see dlFailedLocked), dlHeld not.
 	dlFailing        map[uint64]dlFailure
 	dlHeld, dlParked int
-	// outage: per target transport, the last ErrUnavailable from the
-	// sink and when (ms), until a delivery to that transport succeeds.
-	// One transport's deliveries say nothing about the other's.
-	outage [outageSlots]outageState
-	// lanes: the fire batches in flight, one per target transport (see
-	// lane.go), so a target that holds a publish delays only its own
-	// transport's tasks.
-	lanes [outageSlots]lane
+	// lanes: per target transport, the fire batch in flight and its
+	// outage (see lane.go), so a target that holds a publish or cannot be
+	// reached delays only its own transport's tasks.
+	lanes [transportSlots]lane
 
 	// undecodable: stored tasks whose envelope the fire loop could not
 	// decode, by seq (see stuck.go); they stay in the store, out of the
@@ -489,6 +485,12 @@ func (s *shard) markDurable(pb *pendingBatch) {
 		s.mu.Unlock()
 		return
 	}
+	s.wake()
+}
+
+// wake tells the fire loop to look again (a wake-up already pending is
+// enough).
+func (s *shard) wake() {
 	select {
 	case s.notify <- struct{}{}:
 	default:
@@ -614,10 +616,7 @@ func (s *shard) addLocked(fire int64, seq uint64) {
 	s.w.Add(fire, seq)
 	if s.parked && fire < s.wakeAt {
 		s.parked = false
-		select {
-		case s.notify <- struct{}{}:
-		default:
-		}
+		s.wake()
 	}
 }
 
@@ -1228,14 +1227,15 @@ func (e *Engine) Stats() Stats {
 		if ok || s.pending > 0 {
 			next, ok = s.firstStoredLocked(from)
 		}
-		if pf, parked := s.lanesParkedFireLocked(); parked && (!ok || pf < next) {
-			next, ok = pf, true // set aside while their lane is stuck
-		}
-		late, isLate := s.oldestLateLocked()
 		// Claimed but not delivered yet: a batch being published, and
 		// due tasks set aside while their lane is stuck.
-		if pd := s.lanesDueLocked(); pd <= now && (!isLate || pd < late) {
-			late, isLate = pd, true
+		claimedDue, parkedFire, parked := s.lanesDueLocked()
+		if parked && (!ok || parkedFire < next) {
+			next, ok = parkedFire, true
+		}
+		late, isLate := s.oldestLateLocked()
+		if claimedDue <= now && (!isLate || claimedDue < late) {
+			late, isLate = claimedDue, true
 		}
 		horizon = min(horizon, s.horizonEnd)
 		s.mu.Unlock()

@@ -530,8 +530,10 @@ func drainContext(ctx context.Context) (dctx context.Context, release func()) {
 // backoff or dead-lettered.
 func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireCommit {
 	e := s.e
-	// Every task of a batch is of one lane (see dispatch).
-	ln := &s.lanes[outageSlot(items[0].task.Transport)]
+	// Every task of a batch is of one lane, its target transport's (see
+	// dispatch).
+	tr := items[0].task.Transport
+	ln := &s.lanes[transportSlot(tr)]
 	s.mu.Lock()
 	// Replaced, cancelled or dropped since the claim (while the envelopes
 	// were read, while it waited aside, or since dispatch): not handed to
@@ -540,7 +542,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		if s.inflight[it.seq] == notSuperseded {
 			return false
 		}
-		s.unparkOneLocked(parkedTask{fire: it.fire, seq: it.seq, due: it.task.Due, source: it.task.Source})
+		s.unparkOneLocked(parkedOf(it))
 		return true
 	})
 	if len(items) == 0 {
@@ -603,13 +605,10 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		// droppedAcked: such ones it took anyway (counted as fired).
 		droppedNow   []dlDrop
 		droppedAcked []int
-		// outageErr: per target transport, a failure that charged no
-		// attempt (ErrUnavailable), and waiting how many tasks of the
-		// batch it held back; ackedTr: transports a delivery of this
-		// batch reached.
-		outageErr [outageSlots]error
-		waiting   [outageSlots]int
-		ackedTr   [outageSlots]bool
+		// outageErr: a failure that charged no attempt (ErrUnavailable),
+		// and waiting how many tasks of the batch it held back.
+		outageErr error
+		waiting   int
 		heldErr   error // a dead letter's failure that holds its source
 		anyRetry  bool
 	)
@@ -683,8 +682,8 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			// dead-letters it. It waits as long again as it is overdue
 			// (doubling, within Initial..Max).
 			wait = s.outageBackoff(now - t.Due)
-			outageErr[outageSlot(t.Transport)] = derr
-			waiting[outageSlot(t.Transport)]++
+			outageErr = derr
+			waiting++
 		} else {
 			t.Attempts++
 			wait = s.backoff(t.Attempts)
@@ -824,23 +823,19 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			zap.String("source", t.Source), zap.String("origin", t.Origin),
 			zap.String("dlq", t.Transport.String()+":"+t.Target), zap.Uint32("attempts", t.Attempts))
 	}
-	for _, i := range acked {
-		ackedTr[outageSlot(items[i].task.Transport)] = true
-	}
-	for tr := range outageErr {
-		o := &s.outage[tr]
-		switch {
-		case outageErr[tr] != nil:
-			if o.err == nil {
-				e.log.Warn("target broker unreachable; due tasks wait for it without using their retry budget",
-					zap.Int("shard", s.id), zap.String("transport", codec.Transport(tr).String()),
-					zap.Int("tasks", waiting[tr]), zap.Error(outageErr[tr]))
-			}
-			o.err, o.at = outageErr[tr], now
-		case ackedTr[tr] && o.err != nil:
-			e.log.Info("target broker reachable again", zap.Int("shard", s.id), zap.String("transport", codec.Transport(tr).String()))
-			o.err = nil
+	// The lane's transport is in an outage from a delivery that charged
+	// no attempt until one is acknowledged: the other transport's
+	// deliveries say nothing about it.
+	switch o := &ln.outage; {
+	case outageErr != nil:
+		if o.err == nil {
+			e.log.Warn("target broker unreachable; due tasks wait for it without using their retry budget",
+				zap.Int("shard", s.id), zap.Stringer("transport", tr), zap.Int("tasks", waiting), zap.Error(outageErr))
 		}
+		o.err, o.at = outageErr, now
+	case len(acked) > 0 && o.err != nil:
+		e.log.Info("target broker reachable again", zap.Int("shard", s.id), zap.Stringer("transport", tr))
+		o.err = nil
 	}
 	switch {
 	case heldBefore == 0 && heldAfter > 0:
@@ -901,12 +896,13 @@ func jitterDuration(d, jitter, u float64) time.Duration {
 	return max(time.Duration(d), time.Millisecond)
 }
 
-// outageSlots indexes shard.outage by codec.Transport (its values are
-// small: 1 Kafka, 2 NATS; 0 and others share slot 0).
-const outageSlots = 3
+// transportSlots indexes per-transport state (shard.lanes) by
+// codec.Transport (its values are small: 1 Kafka, 2 NATS; 0 and others
+// share slot 0).
+const transportSlots = 3
 
-func outageSlot(t codec.Transport) int {
-	if int(t) < outageSlots {
+func transportSlot(t codec.Transport) int {
+	if int(t) < transportSlots {
 		return int(t)
 	}
 	return 0
@@ -929,15 +925,16 @@ type outageState struct {
 func (e *Engine) outageErr() error {
 	now := e.nowMs()
 	stale := 2 * max(e.opts.Retry.Max, time.Second).Milliseconds()
-	var last [outageSlots]error
-	var at [outageSlots]int64
-	var shards [outageSlots]int
+	var last [transportSlots]error
+	var at [transportSlots]int64
+	var shards [transportSlots]int
 	for _, s := range e.shards {
 		s.mu.Lock()
-		for tr, o := range s.outage {
+		for tr := range s.lanes {
+			ln := &s.lanes[tr]
 			// Not stale while a batch of that transport is in the sink:
 			// its retry has not answered yet (a held produce).
-			if o.err != nil && (now-o.at <= stale || s.lanes[tr].busy) {
+			if o := ln.outage; o.err != nil && (now-o.at <= stale || ln.busy) {
 				shards[tr]++
 				if last[tr] == nil || o.at > at[tr] {
 					last[tr], at[tr] = o.err, o.at

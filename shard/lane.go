@@ -7,8 +7,8 @@ import (
 )
 
 // Lanes. A fire batch goes to the sink one target transport at a time:
-// each shard keeps one lane per transport (codec.Transport, as outageSlot
-// indexes it), and each lane has at most one batch in the sink. While a
+// each shard keeps one lane per transport (codec.Transport, as
+// transportSlot indexes it), and each lane has at most one batch in the sink. While a
 // lane publishes, the fire loop waits for it, as it always did (the loop
 // neither claims nor reads ahead: on two cores that took CPU from the
 // publishes, docs/benchmarks.md). But a lane whose batch has been in the
@@ -41,6 +41,7 @@ type lane struct {
 	// none. Stats counts it as overdue: claimed, not delivered yet.
 	publishingDue int64
 	parked        []parkedTask
+	outage        outageState // the transport's, until a delivery to it is acknowledged
 }
 
 // parkedTask is a due task claimed while its lane was stuck.
@@ -49,6 +50,11 @@ type parkedTask struct {
 	seq    uint64
 	due    int64  // for Stats: a retry's fire time is after its due
 	source string // for the cancelled metric
+}
+
+// parkedOf is the parked form of a claimed item.
+func parkedOf(it fireItem) parkedTask {
+	return parkedTask{fire: it.fire, seq: it.seq, due: it.task.Due, source: it.task.Source}
 }
 
 // laneWaitLocked reports whether a lane is publishing a batch for less
@@ -82,9 +88,9 @@ func (s *shard) awaitLane(ctx context.Context, d time.Duration) {
 // that delivers it and sends its commit, or, while the lane still has a
 // batch in the sink, to the lane's parked tasks.
 func (s *shard) dispatch(ctx context.Context, sink Sink, items []fireItem, commits chan<- *fireCommit, wg *sync.WaitGroup) {
-	var parts [outageSlots][]fireItem
+	var parts [transportSlots][]fireItem
 	for _, it := range items {
-		l := outageSlot(it.task.Transport)
+		l := transportSlot(it.task.Transport)
 		parts[l] = append(parts[l], it)
 	}
 	now := time.Now()
@@ -95,18 +101,18 @@ func (s *shard) dispatch(ctx context.Context, sink Sink, items []fireItem, commi
 			continue
 		}
 		ln := &s.lanes[l]
+		// While the lane has a batch in the sink, all of its part waits;
+		// else what exceeds a batch (parked tasks taken back plus new
+		// ones) does.
+		n := min(len(part), s.e.opts.FireBatch)
 		if ln.busy {
-			for _, it := range part {
-				ln.parked = append(ln.parked, parkedTask{fire: it.fire, seq: it.seq, due: it.task.Due, source: it.task.Source})
-			}
-			continue
+			n = 0
 		}
-		if max := s.e.opts.FireBatch; len(part) > max {
-			// Parked tasks taken back plus new ones: the rest waits.
-			for _, it := range part[max:] {
-				ln.parked = append(ln.parked, parkedTask{fire: it.fire, seq: it.seq, due: it.task.Due, source: it.task.Source})
-			}
-			part = part[:max]
+		for _, it := range part[n:] {
+			ln.parked = append(ln.parked, parkedOf(it))
+		}
+		if part = part[:n]; len(part) == 0 {
+			continue
 		}
 		ln.busy, ln.since = true, now
 		wg.Add(1)
@@ -122,10 +128,7 @@ func (s *shard) dispatch(ctx context.Context, sink Sink, items []fireItem, commi
 			s.mu.Lock()
 			ln.busy = false
 			s.mu.Unlock()
-			select {
-			case s.notify <- struct{}{}:
-			default:
-			}
+			s.wake()
 		}()
 	}
 }
@@ -195,31 +198,21 @@ func (s *shard) unparkOneLocked(p parkedTask) {
 	s.addLocked(p.fire, p.seq)
 }
 
-// lanesDueLocked is the earliest due time of the tasks claimed but not
-// delivered: the batches in the sink and the parked tasks (noDue if none).
-func (s *shard) lanesDueLocked() int64 {
-	due := noDue
+// lanesDueLocked reports, for Stats, the tasks claimed but not delivered:
+// due is the earliest due time of the batches in the sink and the parked
+// tasks (noDue if none), fire the earliest fire time of the parked ones
+// (ok false if none). A parked task a replace or cancel met is gone from
+// the store and not counted.
+func (s *shard) lanesDueLocked() (due, fire int64, ok bool) {
+	due, fire = noDue, noDue
 	for l := range s.lanes {
 		ln := &s.lanes[l]
 		due = min(due, ln.publishingDue)
 		for _, p := range ln.parked {
-			if s.inflight[p.seq] == notSuperseded { // else gone from the store
-				due = min(due, p.due)
-			}
-		}
-	}
-	return due
-}
-
-// lanesParkedFireLocked is the earliest fire time of the parked tasks.
-func (s *shard) lanesParkedFireLocked() (int64, bool) {
-	fire, ok := noDue, false
-	for l := range s.lanes {
-		for _, p := range s.lanes[l].parked {
 			if s.inflight[p.seq] == notSuperseded {
-				fire, ok = min(fire, p.fire), true
+				due, fire, ok = min(due, p.due), min(fire, p.fire), true
 			}
 		}
 	}
-	return fire, ok
+	return due, fire, ok
 }

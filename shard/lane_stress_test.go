@@ -34,7 +34,7 @@ type stressSink struct {
 func (s *stressSink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	n := s.calls.Add(1)
 	for _, t := range batch {
-		if outageSlot(t.Transport) != outageSlot(batch[0].Transport) {
+		if transportSlot(t.Transport) != transportSlot(batch[0].Transport) {
 			s.mixed.Add(1)
 		}
 	}

@@ -49,7 +49,7 @@ func (e *Engine) parkedIn(tr codec.Transport) int {
 	n := 0
 	for _, s := range e.shards {
 		s.mu.Lock()
-		n += len(s.lanes[outageSlot(tr)].parked)
+		n += len(s.lanes[transportSlot(tr)].parked)
 		s.mu.Unlock()
 	}
 	return n
