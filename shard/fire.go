@@ -560,7 +560,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	ln.publishingDue = minDue
 	s.mu.Unlock()
 	// The sinks time their publishes (delaybridge_publish_seconds, by
-	// transport: a batch may go to both).
+	// transport).
 	dctx, release := drainContext(ctx)
 	errs := sink.Deliver(dctx, batch)
 	release()

@@ -344,11 +344,7 @@ func check(ctx context.Context, c *Config, topics []string) error {
 			}
 			continue
 		}
-		if dl, ok := ctx.Deadline(); ok {
-			_ = conn.SetDeadline(dl)
-		} else {
-			_ = conn.SetDeadline(time.Now().Add(c.DialTimeout))
-		}
+		c.setDeadline(ctx, conn)
 		_, err = conn.Brokers()
 		_ = conn.Close()
 		if err == nil && len(topics) > 0 {
@@ -382,6 +378,16 @@ func check(ctx context.Context, c *Config, topics []string) error {
 	return fmt.Errorf("%w: %w", ErrUnreachable, err)
 }
 
+// setDeadline bounds a check's exchange on conn by ctx's deadline, or
+// DialTimeout without one.
+func (c *Config) setDeadline(ctx context.Context, conn *kafkago.Conn) {
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	} else {
+		_ = conn.SetDeadline(time.Now().Add(c.DialTimeout))
+	}
+}
+
 // readTopicsNoCreate reports the topics that do not exist by name, asking
 // the broker at addr for the first offset of each one's partition 0: a
 // ListOffsets, unlike a Metadata request from kafka-go (which allows
@@ -403,11 +409,7 @@ func readTopicsNoCreate(ctx context.Context, c *Config, addr string, topics []st
 		if err != nil {
 			return err
 		}
-		if dl, ok := ctx.Deadline(); ok {
-			_ = conn.SetDeadline(dl)
-		} else {
-			_ = conn.SetDeadline(time.Now().Add(c.DialTimeout))
-		}
+		c.setDeadline(ctx, conn)
 		_, err = conn.ReadFirstOffset()
 		_ = conn.Close()
 		switch {

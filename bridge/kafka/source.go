@@ -171,20 +171,6 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		}
 	}()
 
-	// On return, first let the partition workers (they watch ctx) commit
-	// what they stored and exit, then close the group: closing it first
-	// would end the generation under them and skip that last commit. Close
-	// leaves the group.
-	var workers sync.WaitGroup
-	var cg *kafkago.ConsumerGroup
-	defer func() {
-		workers.Wait()
-		if cg != nil {
-			_ = cg.Close()
-		}
-	}()
-
-	joined := false
 	// A group reads the source topics that exist: while one is missing (at
 	// start, or deleted while we run) the others go on, the source reports
 	// the missing one (not ready), and watchTopics ends the group once it
@@ -192,18 +178,27 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 	// cannot take a missing topic: it assigns no partition of any topic
 	// and starts a new generation in a tight loop.
 	var (
+		workers     sync.WaitGroup
+		cg          *kafkago.ConsumerGroup
 		groupCtx    context.Context
 		groupCancel context.CancelFunc = func() {}
 		topics      []string           // the group's
 		missingErr  error              // the topics it lacks, or nil
 	)
-	defer func() { groupCancel() }()
+	// leave stops the group's partition workers (they watch groupCtx) and
+	// lets them commit what they stored, then closes the group: closing it
+	// first would end the generation under them and skip that last
+	// commit. Close leaves the group. Also on return.
 	leave := func() {
 		groupCancel()
 		workers.Wait()
-		_ = cg.Close()
-		cg = nil
+		if cg != nil {
+			_ = cg.Close()
+			cg = nil
+		}
 	}
+	defer func() { leave() }()
+	joined := false
 	for {
 		if cg == nil {
 			var err error
@@ -891,32 +886,12 @@ func (s *Source) sendRefreshingLag(ctx context.Context, out chan<- fetched, f fe
 		case <-ctx.Done():
 			return false
 		case <-t.C:
-			if hw, err := lastStableOffset(ctx, s.client, topic, partition); err == nil && hw >= 0 {
+			if hw, err := listOffsetAs(ctx, s.client, topic, partition, kafkago.LastOffset, kafkago.ReadCommitted); err == nil && hw >= 0 {
 				lag.hw.Store(hw)
 				lag.update()
 			}
 		}
 	}
-}
-
-// lastStableOffset is the offset a read_committed consumer reads up to.
-func lastStableOffset(ctx context.Context, client *kafkago.Client, topic string, partition int) (int64, error) {
-	resp, err := client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{
-		Topics:         map[string][]kafkago.OffsetRequest{topic: {kafkago.LastOffsetOf(partition)}},
-		IsolationLevel: kafkago.ReadCommitted,
-	})
-	if err != nil {
-		return -1, err
-	}
-	for _, p := range resp.Topics[topic] {
-		if p.Partition == partition {
-			if p.Error != nil {
-				return -1, p.Error
-			}
-			return p.LastOffset, nil
-		}
-	}
-	return -1, fmt.Errorf("list offsets %s/%d: partition missing from the answer", topic, partition)
 }
 
 // staleMetadata reports errors that mean the partition leader moved.
@@ -1182,13 +1157,20 @@ func decodeRecords(rr kafkago.RecordReader, topic string, partition int, offset 
 	return items, next, nil
 }
 
-// listOffset resolves kafkago.FirstOffset or LastOffset of a partition.
+// listOffset resolves kafkago.FirstOffset or LastOffset (the high
+// watermark) of a partition.
 func listOffset(ctx context.Context, client *kafkago.Client, topic string, partition int, which int64) (int64, error) {
+	return listOffsetAs(ctx, client, topic, partition, which, kafkago.ReadUncommitted)
+}
+
+// listOffsetAs is listOffset as a consumer with that isolation level sees
+// it: read_committed's LastOffset is the last stable offset.
+func listOffsetAs(ctx context.Context, client *kafkago.Client, topic string, partition int, which int64, iso kafkago.IsolationLevel) (int64, error) {
 	req := kafkago.FirstOffsetOf(partition)
 	if which == kafkago.LastOffset {
 		req = kafkago.LastOffsetOf(partition)
 	}
-	resp, err := client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: {req}}})
+	resp, err := client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: {req}}, IsolationLevel: iso})
 	if err != nil {
 		return which, fmt.Errorf("list offsets %s/%d: %w", topic, partition, err)
 	}
