@@ -15,6 +15,7 @@ import (
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/delaybridge/delaybridge/bridge"
@@ -48,6 +49,7 @@ type Source struct {
 	js  jetstream.JetStream
 	cfg Config
 	log *zap.Logger
+	lag prometheus.Gauge // delaybridge_source_lag_messages of the stream
 	// base is the checkpoint key without the stream's identity; key (Run's
 	// goroutine only) the one of the stream Run reads: see CheckpointKey.
 	base string
@@ -102,6 +104,7 @@ func NewSource(nc *natsgo.Conn, cfg Config) (*Source, error) {
 		js:  js,
 		cfg: cfg,
 		log: cfg.Logger.With(zap.String("stream", cfg.Stream), zap.String("consumer", cfg.Consumer)),
+		lag: cfg.Metrics.SourceLag.WithLabelValues(cfg.Stream, "0"),
 	}
 	s.base = baseKey(cfg.Stream, s.subjects())
 	s.incKey = IncarnationKey(cfg.Stream)
@@ -1021,7 +1024,7 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		})
 		high = max(high, seq)
 	}
-	s.cfg.Metrics.SourceLag.WithLabelValues(s.cfg.Stream, "0").Set(float64(pending))
+	s.lag.Set(float64(pending))
 
 	if len(items) > 0 {
 		// Redeliveries (after a nak or AckWait) need not come in stream
@@ -1086,7 +1089,7 @@ func (s *Source) refreshLagWhile(ctx context.Context, cons jetstream.Consumer) (
 					// Delivered but not acked (the held batch, and what
 					// the pull iterator buffered behind it) is not taken
 					// in either.
-					s.cfg.Metrics.SourceLag.WithLabelValues(s.cfg.Stream, "0").Set(float64(info.NumPending + uint64(info.NumAckPending)))
+					s.lag.Set(float64(info.NumPending + uint64(info.NumAckPending)))
 				}
 			}
 		}
