@@ -151,3 +151,26 @@ func New(r prometheus.Registerer) *Metrics {
 	}
 	return m
 }
+
+// InitSeries creates at 0 the series, for the given delay sources and
+// target transports, of the counters and histograms that dashboards and
+// alerts rely on (CONTRACT §7: ingested, fired, cancelled, fire lateness,
+// publish retries; and replaced and source errors beside them), as New
+// does for every dead-letter reason. A series that appears with its first
+// event makes a rate() or increase() miss that event (the publish-retry
+// alert could not see a first retry), and a dashboard shows "no data"
+// rather than 0 until traffic comes.
+func (m *Metrics) InitSeries(sources, transports []string) {
+	for _, src := range sources {
+		m.Ingested.WithLabelValues(src)
+		m.Cancelled.WithLabelValues(src)
+		m.Replaced.WithLabelValues(src)
+		m.SourceErrors.WithLabelValues(src)
+	}
+	for _, tr := range transports {
+		m.Fired.WithLabelValues(tr, "task")
+		m.Fired.WithLabelValues(tr, "dlq")
+		m.FireLateness.WithLabelValues(tr)
+		m.PublishRetries.WithLabelValues(tr)
+	}
+}

@@ -3,7 +3,10 @@ package service
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -236,5 +239,41 @@ func TestFireLatenessOfAnOverduePublish(t *testing.T) {
 	}
 	if sum >= 60 {
 		t.Errorf("a task published 1h overdue recorded %vs of fire lateness: the publisher's past delay-at, not the bridge, made it late", sum)
+	}
+}
+
+// TestContractMetricsAtStart: a started bridge's /metrics has a series
+// of every CONTRACT §7 metric before any traffic (at 0), so alerts on
+// their rates see the first event and dashboards show 0, not "no data".
+func TestContractMetricsAtStart(t *testing.T) {
+	e := newEnv(t, "")
+	svc, _ := e.start()
+	eventually(t, "ready", func() bool { return svc.Ready() == nil })
+	srv := httptest.NewServer(svc.AdminHandler())
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`delaybridge_ingested_total{source="delay"} 0`,
+		`delaybridge_ingested_total{source="DELAY"} 0`,
+		`delaybridge_fired_total{kind="task",transport="kafka"} 0`,
+		`delaybridge_fired_total{kind="task",transport="nats"} 0`,
+		`delaybridge_dead_lettered_total{reason="bad-due"} 0`,
+		`delaybridge_cancelled_total{source="delay"} 0`,
+		`delaybridge_pending_tasks{shard="0"} 0`,
+		`delaybridge_fire_lateness_seconds_count{transport="kafka"} 0`,
+		`delaybridge_store_commit_seconds_bucket{op="ingest",le="0.0005"}`,
+		`delaybridge_publish_retries_total{transport="nats"} 0`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics of a started bridge has no %s", want)
+		}
 	}
 }

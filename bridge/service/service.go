@@ -96,6 +96,7 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 		s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	s.m = metrics.New(s.reg)
+	s.m.InitSeries(seriesOf(cfg))
 	defer func() {
 		if err != nil {
 			s.closeAll()
@@ -588,4 +589,21 @@ func engineOptions(cfg *config.Config) shard.Options {
 		eo.CancelRetention = -1
 	}
 	return eo
+}
+
+// seriesOf is the delay sources (the label of their counters: a Kafka
+// topic, the NATS stream) and the target transports a configuration has,
+// for Metrics.InitSeries.
+func seriesOf(cfg *config.Config) (sources, transports []string) {
+	if k := cfg.Kafka; k != nil {
+		transports = append(transports, codec.TransportKafka.String())
+		for _, src := range k.Sources {
+			sources = append(sources, src.Topic)
+		}
+	}
+	if n := cfg.NATS; n != nil {
+		transports = append(transports, codec.TransportNATS.String())
+		sources = append(sources, n.Stream)
+	}
+	return sources, transports
 }
