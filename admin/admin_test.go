@@ -253,7 +253,7 @@ func TestLookup(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !info.Due.Equal(want.Due) || info.Origin != want.Origin || info.Shard != want.Shard {
+			if !info.Due.Equal(want.Due.Time) || info.Origin != want.Origin || info.Shard != want.Shard {
 				t.Fatalf("HTTP %+v, engine %+v", info, want)
 			}
 		})
@@ -269,7 +269,7 @@ func TestLookup(t *testing.T) {
 			t.Errorf("task JSON lacks %q: %s", k, r.body)
 		}
 	}
-	if m["due"] != "2026-11-22T01:00:00Z" {
+	if m["due"] != "2026-11-22T01:00:00.000Z" {
 		t.Errorf("due %v", m["due"])
 	}
 }

@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"errors"
+	"strconv"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -116,14 +117,14 @@ type Options struct {
 
 // TaskInfo is what Lookup reports of a pending task.
 type TaskInfo struct {
-	Source   string    `json:"source"`
-	ID       string    `json:"id"`
-	Due      time.Time `json:"due"`       // scheduled due (delay-due)
-	NextFire time.Time `json:"next_fire"` // differs from Due after failed publishes
-	Target   string    `json:"target"`    // "kafka:NAME" or "nats:SUBJECT"
-	Origin   string    `json:"origin"`
-	Attempts uint32    `json:"attempts"`
-	Shard    int       `json:"shard"`
+	Source   string `json:"source"`
+	ID       string `json:"id"`
+	Due      Time   `json:"due"`       // scheduled due (delay-due)
+	NextFire Time   `json:"next_fire"` // differs from Due after failed publishes
+	Target   string `json:"target"`    // "kafka:NAME" or "nats:SUBJECT"
+	Origin   string `json:"origin"`
+	Attempts uint32 `json:"attempts"`
+	Shard    int    `json:"shard"`
 }
 
 // ShardStats describes one shard.
@@ -133,18 +134,37 @@ type ShardStats struct {
 	InWheel int   `json:"in_wheel"`
 	// NextDue is the earliest fire time of the shard's stored tasks (a
 	// task waiting for a retry fires at its retry time), zero if none.
-	NextDue time.Time `json:"next_due,omitzero"`
+	NextDue Time `json:"next_due,omitzero"`
 	// OldestOverdue is the earliest due time that has passed without the
 	// task being delivered yet (including tasks waiting for a retry after
 	// a failed publish), zero if none.
-	OldestOverdue time.Time `json:"oldest_overdue,omitzero"`
+	OldestOverdue Time `json:"oldest_overdue,omitzero"`
 }
 
 // Stats describes the engine.
 type Stats struct {
 	Shards        []ShardStats `json:"shards"`
 	Pending       int64        `json:"pending"`
-	NextDue       time.Time    `json:"next_due,omitzero"`
-	OldestOverdue time.Time    `json:"oldest_overdue,omitzero"`
-	Horizon       time.Time    `json:"horizon"`
+	NextDue       Time         `json:"next_due,omitzero"`
+	OldestOverdue Time         `json:"oldest_overdue,omitzero"`
+	Horizon       Time         `json:"horizon"`
+}
+
+// Time is a time.Time that JSON-encodes the way delay-due is written
+// (codec.FormatDue: RFC 3339 in UTC with exactly three fractional
+// digits), so an admin answer's due reads the same as the header a
+// consumer dedups on; a plain time.Time drops trailing zeros (".120Z"
+// becomes ".12Z", ".000Z" nothing). The admin API's times are whole
+// milliseconds.
+type Time struct{ time.Time }
+
+// msTime is the Time of a store's milliseconds since the epoch.
+func msTime(ms int64) Time { return Time{time.UnixMilli(ms).UTC()} }
+
+// MarshalJSON writes t as codec.FormatDue does.
+func (t Time) MarshalJSON() ([]byte, error) {
+	if y := t.Year(); y < 0 || y > 9999 {
+		return t.Time.MarshalJSON() // its error: no RFC 3339 form
+	}
+	return strconv.AppendQuote(nil, codec.FormatDue(t.UnixMilli())), nil
 }

@@ -1111,8 +1111,8 @@ func (e *Engine) Lookup(source, id string) (TaskInfo, error) {
 	return TaskInfo{
 		Source:   source,
 		ID:       id,
-		Due:      time.UnixMilli(t.Due).UTC(),
-		NextFire: time.UnixMilli(ex.Fire).UTC(),
+		Due:      msTime(t.Due),
+		NextFire: msTime(ex.Fire),
 		Target:   t.Transport.String() + ":" + t.Target,
 		Origin:   t.Origin,
 		Attempts: t.Attempts,
@@ -1240,26 +1240,26 @@ func (e *Engine) Stats() Stats {
 		horizon = min(horizon, s.horizonEnd)
 		s.mu.Unlock()
 		if ok {
-			ss.NextDue = time.UnixMilli(next).UTC()
+			ss.NextDue = msTime(next)
 			if next <= now {
 				ss.OldestOverdue = ss.NextDue
 			}
 		}
 		if isLate && (ss.OldestOverdue.IsZero() || late < ss.OldestOverdue.UnixMilli()) {
 			// Waiting for a retry: overdue since its due time.
-			ss.OldestOverdue = time.UnixMilli(late).UTC()
+			ss.OldestOverdue = msTime(late)
 		}
 		st.Pending += ss.Pending
-		if !ss.NextDue.IsZero() && (st.NextDue.IsZero() || ss.NextDue.Before(st.NextDue)) {
+		if !ss.NextDue.IsZero() && (st.NextDue.IsZero() || ss.NextDue.Before(st.NextDue.Time)) {
 			st.NextDue = ss.NextDue
 		}
-		if !ss.OldestOverdue.IsZero() && (st.OldestOverdue.IsZero() || ss.OldestOverdue.Before(st.OldestOverdue)) {
+		if !ss.OldestOverdue.IsZero() && (st.OldestOverdue.IsZero() || ss.OldestOverdue.Before(st.OldestOverdue.Time)) {
 			st.OldestOverdue = ss.OldestOverdue
 		}
 		st.Shards = append(st.Shards, ss)
 	}
 	if horizon != math.MaxInt64 {
-		st.Horizon = time.UnixMilli(horizon).UTC()
+		st.Horizon = msTime(horizon)
 	}
 	return st
 }

@@ -62,7 +62,7 @@ type StuckEntry struct {
 	State StuckState `json:"state"`
 	// NextFire is where the entry is in the store: the next try of a
 	// failing dead letter; for an undecodable one, the time it was due.
-	NextFire time.Time `json:"next_fire"`
+	NextFire Time `json:"next_fire"`
 	// Error is the last delivery failure (held, parked) or the decode
 	// error (undecodable).
 	Error string `json:"error"`
@@ -80,8 +80,8 @@ type StuckEntry struct {
 	Origin string `json:"origin,omitempty"`
 	// Destination is the DLQ of a dead letter, the target of a task:
 	// "kafka:NAME" or "nats:SUBJECT".
-	Destination string    `json:"destination,omitempty"`
-	Due         time.Time `json:"due,omitzero"`
+	Destination string `json:"destination,omitempty"`
+	Due         Time   `json:"due,omitzero"`
 }
 
 // StuckList is what StuckEntries returns: the first entries by (shard,
@@ -238,7 +238,7 @@ func (e *Engine) StuckEntries(limit int) (StuckList, error) {
 		}
 		// A dead letter retried meanwhile is described at its new place.
 		slices.SortStableFunc(list.Entries[first:], func(a, b StuckEntry) int {
-			return cmp.Or(a.NextFire.Compare(b.NextFire), cmp.Compare(a.Seq, b.Seq))
+			return cmp.Or(a.NextFire.Compare(b.NextFire.Time), cmp.Compare(a.Seq, b.Seq))
 		})
 	}
 	return list, nil
@@ -248,7 +248,7 @@ func (e *Engine) StuckEntries(limit int) (StuckList, error) {
 // the awaited-dead-letter registry say.
 func (s *shard) describe(st stuck) (StuckEntry, error) {
 	e := s.e
-	ent := StuckEntry{Shard: s.id, Seq: st.seq, State: st.state, NextFire: time.UnixMilli(st.fire).UTC()}
+	ent := StuckEntry{Shard: s.id, Seq: st.seq, State: st.state, NextFire: msTime(st.fire)}
 	if st.err != nil {
 		ent.Error = st.err.Error()
 	}
@@ -271,7 +271,7 @@ func (s *shard) describe(st stuck) (StuckEntry, error) {
 		if !still || now.fire == st.fire {
 			return ent, nil
 		}
-		ent.NextFire = time.UnixMilli(now.fire).UTC()
+		ent.NextFire = msTime(now.fire)
 		if v, ok, err = getCopy(e.db, appendTaskKey(nil, s.id, now.fire, st.seq)); err != nil {
 			return StuckEntry{}, fmt.Errorf("shard %d: read seq %d: %w", s.id, st.seq, err)
 		} else if !ok {
@@ -292,7 +292,7 @@ func (s *shard) describe(st stuck) (StuckEntry, error) {
 	ent.Source, ent.ID, ent.Origin = t.Source, t.ID, t.Origin
 	ent.Destination = t.Transport.String() + ":" + t.Target
 	if t.Due != 0 {
-		ent.Due = time.UnixMilli(t.Due).UTC()
+		ent.Due = msTime(t.Due)
 	}
 	return ent, nil
 }
@@ -419,7 +419,7 @@ func (e *Engine) DropStuck(shardID int, seq uint64) error {
 	}
 	e.log.Warn("admin: stuck entry dropped from the store for good", zap.Int("shard", s.id), zap.Uint64("seq", seq),
 		zap.String("state", string(st.state)), zap.Bool("in_flight", inFlight),
-		zap.String("fire", time.UnixMilli(st.fire).UTC().Format(time.RFC3339Nano)),
+		zap.String("fire", msTime(st.fire).Format(time.RFC3339Nano)),
 		zap.String("origin", ent.Origin), zap.String("code", ent.Code), zap.String("error", ent.Error))
 	return nil
 }

@@ -443,7 +443,7 @@ func TestDropStuckInFlight(t *testing.T) {
 			// Its retry blocks in the sink.
 			gate := "bad"
 			g.gate.Store(&gate)
-			h.clk.Set(l[0].NextFire)
+			h.clk.Set(l[0].NextFire.Time)
 			select {
 			case <-g.entered:
 			case <-time.After(20 * time.Second):
