@@ -468,7 +468,10 @@ func DeadLetter(t *Task, code Code, detail string) Task {
 // addedSize is what the headers a schedule gains (delay-id, delay-origin,
 // delay-due) add to its size.
 func addedSize(id, origin string) int {
-	return len(HeaderID) + len(id) + len(HeaderOrigin) + len(origin) + len(HeaderDue) + len(dueLayout) - len("Z07:00") + 1
+	due := len(dueLayout) - len("Z07:00") + 1
+	return len(HeaderID) + len(id) + headerFraming(len(HeaderID), len(id)) +
+		len(HeaderOrigin) + len(origin) + headerFraming(len(HeaderOrigin), len(origin)) +
+		len(HeaderDue) + due + headerFraming(len(HeaderDue), due)
 }
 
 // MaxDetail bounds a dead letter's delay-error-detail, in bytes.
@@ -476,14 +479,37 @@ const MaxDetail = 1024
 
 // DeadLetterOverhead bounds what DeadLetter adds to a task's size beyond
 // its origin: the delay-error and delay-error-detail headers.
-const DeadLetterOverhead = len(HeaderError) + 32 + len(HeaderErrorDetail) + MaxDetail + len(HeaderOrigin)
+const DeadLetterOverhead = len(HeaderError) + 32 + len(HeaderErrorDetail) + MaxDetail + len(HeaderOrigin) + 3*minHeaderFraming
 
 // messageSize is what MaxBytes bounds, with addedSize: key, value and every
-// header name and value.
+// header name and value with its framing.
 func messageSize(m *Message) int {
 	n := len(m.Key) + len(m.Value)
 	for _, h := range m.Headers {
-		n += len(h.Key) + len(h.Value)
+		n += len(h.Key) + len(h.Value) + headerFraming(len(h.Key), len(h.Value))
 	}
 	return n
+}
+
+// minHeaderFraming is what a header costs on NATS beyond its name and
+// value (": " and CRLF).
+const minHeaderFraming = 4
+
+// headerFraming is what one header of a delivered message costs beyond its
+// name and value: on Kafka the two zig-zag varint lengths of a record
+// header (1 to 3 bytes each for what fits a message), on NATS
+// minHeaderFraming; the larger of the two. Without it, a message with
+// hundreds of headers just under the limit was taken in and then refused
+// by every target (and its publish-failed dead letter by the DLQ).
+func headerFraming(k, v int) int {
+	return max(minHeaderFraming, zigzagLen(k)+zigzagLen(v))
+}
+
+// zigzagLen is the length of Kafka's zig-zag varint of n >= 0.
+func zigzagLen(n int) int {
+	l := 1
+	for u := uint64(n) << 1; u >= 0x80; u >>= 7 {
+		l++
+	}
+	return l
 }

@@ -255,8 +255,9 @@ func TestParseTooLarge(t *testing.T) {
 	m := kafkaMsg(h("delay-after", "1s"), h("delay-target", "orders"))
 	// key 7 + value 7 + "delay-after" 11 + "1s" 2 + "delay-target" 12 + "orders" 6,
 	// and what delivery adds: "delay-id" 8 + "order-1" 7, "delay-origin" 12 +
-	// "kafka:delay/3@42" 16, "delay-due" 9 + 24 (RFC 3339 ms UTC).
-	size := 7 + 7 + 11 + 2 + 12 + 6 + 8 + 7 + 12 + 16 + 9 + 24
+	// "kafka:delay/3@42" 16, "delay-due" 9 + 24 (RFC 3339 ms UTC); and the
+	// framing of those 5 headers, 4 bytes each.
+	size := 7 + 7 + 11 + 2 + 12 + 6 + 8 + 7 + 12 + 16 + 9 + 24 + 5*4
 	if got := Parse(m, &Rules{MaxBytes: size}); got.Kind != KindSchedule {
 		t.Fatalf("at the limit: %v %s %s", got.Kind, got.Code, got.Detail)
 	}
@@ -266,7 +267,7 @@ func TestParseTooLarge(t *testing.T) {
 	task := Parse(m, &Rules{MaxBytes: size})
 	delivered := len(task.Key) + len(task.Value)
 	for _, hd := range task.Headers {
-		delivered += len(hd.Key) + len(hd.Value)
+		delivered += len(hd.Key) + len(hd.Value) + headerFraming(len(hd.Key), len(hd.Value))
 	}
 	if delivered > size {
 		t.Fatalf("delivered %d bytes, over the limit %d", delivered, size)
@@ -279,7 +280,7 @@ func TestParseTooLarge(t *testing.T) {
 	}
 	dlSize := len(dl.Key) + len(dl.Value)
 	for _, hd := range dl.Headers {
-		dlSize += len(hd.Key) + len(hd.Value)
+		dlSize += len(hd.Key) + len(hd.Value) + headerFraming(len(hd.Key), len(hd.Value))
 	}
 	if max := size + DeadLetterOverhead; dlSize > max {
 		t.Fatalf("dead letter of %d bytes, over %d", dlSize, max)
@@ -288,6 +289,43 @@ func TestParseTooLarge(t *testing.T) {
 	m.Headers = append(m.Headers, h("delay-cancel", "true"))
 	if got := Parse(m, &Rules{MaxBytes: 1}); got.Kind != KindCancel {
 		t.Fatalf("cancel: %v %s", got.Kind, got.Code)
+	}
+}
+
+// TestHeaderFraming: a header's framing is counted as the larger of
+// Kafka's two zig-zag varint lengths and NATS's ": " and CRLF.
+func TestHeaderFraming(t *testing.T) {
+	for _, tc := range []struct{ k, v, want int }{
+		{0, 0, 4},         // NATS's 4 over Kafka's 1 + 1
+		{1, 63, 4},        // 1 + 1
+		{64, 64, 4},       // 2 + 2
+		{70, 10000, 5},    // 2 + 3
+		{8192, 8192, 6},   // 3 + 3
+		{1, 1 << 20, 5},   // 1 + 4
+		{1, 1<<20 - 1, 4}, // 1 + 3
+	} {
+		if got := headerFraming(tc.k, tc.v); got != tc.want {
+			t.Errorf("headerFraming(%d, %d) = %d, want %d", tc.k, tc.v, got, tc.want)
+		}
+	}
+}
+
+// TestParseTooLargeManyHeaders: every header's framing counts, so a
+// message of many small headers just under the limit by names and values
+// alone is too large as delivered.
+func TestParseTooLargeManyHeaders(t *testing.T) {
+	m := kafkaMsg(h("delay-after", "1s"), h("delay-target", "orders"))
+	for i := 0; i < 600; i++ {
+		m.Headers = append(m.Headers, h("x", ""))
+	}
+	bare := len(m.Key) + len(m.Value)
+	for _, hd := range m.Headers {
+		bare += len(hd.Key) + len(hd.Value)
+	}
+	bare += 8 + 7 + 12 + 16 + 9 + 24 // the added headers
+	wantDeadLetter(t, Parse(m, &Rules{MaxBytes: bare + 600*4}), CodeTooLarge)
+	if got := Parse(m, &Rules{MaxBytes: bare + 605*4}); got.Kind != KindSchedule {
+		t.Fatalf("at the limit with framing: %v %s %s", got.Kind, got.Code, got.Detail)
 	}
 }
 

@@ -130,7 +130,8 @@ type Rules struct {
 	DLQ string
 	// MaxDelay bounds due - source time; 0 means no bound.
 	MaxDelay time.Duration
-	// MaxBytes bounds key + value + headers; 0 means no bound.
+	// MaxBytes bounds key + value + headers (with their framing, see
+	// headerFraming) as delivered; 0 means no bound.
 	MaxBytes int
 	// Transports reports whether a transport is configured, so that
 	// "kafka:NAME" on a NATS-only bridge is a bad-target. Nil means only the

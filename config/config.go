@@ -58,8 +58,9 @@ type Config struct {
 	// MaxDelay bounds how far in the future a task may be due; 0 = no
 	// bound. Default 365d.
 	MaxDelay Duration `yaml:"max_delay"`
-	// MaxMessageBytes bounds key + value + headers of a source message.
-	// Default 1 MiB.
+	// MaxMessageBytes bounds key + value + headers (each with its framing)
+	// of a source message as delivered.
+	// Default DefaultMaxMessageBytes (1 MiB less 1 KiB).
 	MaxMessageBytes int `yaml:"max_message_bytes"`
 	// CancelRetention is how long a cancel that arrived before its schedule
 	// is remembered. Default 24h.
