@@ -78,10 +78,11 @@
 // due time) and a task of another source with the same id and due time
 // are not. The source message's own Nats-Msg-Id and the other JetStream
 // publish directives (Nats-Expected-*, Nats-TTL, Nats-Rollup,
-// Nats-Schedule*, Nats-Batch-*, Nats-Incr, Nats-Required-Api-Level) are
-// not forwarded: they addressed the publish to the delay stream, and on
-// the target they would make the delivery fail (an expected last
-// sequence) or change its meaning.
+// Nats-Schedule*, Nats-Batch-*, Nats-Incr, Nats-Required-Api-Level,
+// Nats-Trace-Only) are not forwarded: they addressed the publish to the
+// delay stream, and on the target they would make the delivery fail (an
+// expected last sequence) or change its meaning (a trace-only publish is
+// traced, not stored).
 //
 // Subjects without a stream: a subject that no stream captures cannot
 // acknowledge a delivery. Every subject is published with JetStream first,

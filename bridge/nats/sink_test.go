@@ -45,6 +45,33 @@ func newSink(t *testing.T, nc *natsgo.Conn, cfg Config) *Sink {
 	return s
 }
 
+// TestSinkDeliverTraceOnly: a Kafka record's Nats-Trace-Only header (with a
+// Nats-Trace-Dest) is not forwarded, else the server traces the delivery,
+// stores nothing and sends no PubAck, and the task waits as if JetStream
+// were down, forever.
+func TestSinkDeliverTraceOnly(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	stream, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk := task("id-1", "out.orders", "v", 1795359845123, hdr("Nats-Trace-Dest", "trace.events"), hdr("Nats-Trace-Only", "true"))
+	tk.Source, tk.DLQTransport = "delay", codec.TransportKafka
+	if errs := newSink(t, nc, cfg).Deliver(ctxT(t), []*codec.Task{tk}); errs != nil {
+		t.Fatalf("deliver: %v", errors.Join(errs...))
+	}
+	info, err := stream.Info(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 {
+		t.Fatalf("target stream holds %d messages, want 1", info.State.Msgs)
+	}
+}
+
 // TestSinkDeliver: every task is stored by the target stream when Deliver
 // returns (it waited for the PubAcks), headers keep repeated keys, and a
 // second delivery of the same firing is dropped as a duplicate.

@@ -93,7 +93,7 @@ func headersIn(h natsgo.Header) []codec.Header {
 
 // publishDirective reports whether a header instructs JetStream about the
 // publish itself (optimistic concurrency, rollups, TTLs, schedules, atomic
-// batches, counters). Such headers addressed the publish to the delay
+// batches, counters, trace-only). Such headers addressed the publish to the delay
 // stream; forwarded to the target they would make the delivery fail or
 // change its meaning, so the Sink drops them. Nats-Msg-Id is replaced by
 // the delivery id.
@@ -105,7 +105,11 @@ func publishDirective(key string) bool {
 	switch {
 	case k == "msg-id", strings.HasPrefix(k, "expected-"), k == "rollup", k == "ttl",
 		strings.HasPrefix(k, "schedule"), strings.HasPrefix(k, "batch-"), k == "incr",
-		k == "required-api-level":
+		k == "required-api-level",
+		// Nats-Trace-Only (with a Nats-Trace-Dest) makes the server trace
+		// the publish instead of delivering it: no stream stores it and no
+		// PubAck comes, so the delivery would wait as an outage forever.
+		k == "trace-only":
 		return true
 	}
 	return false

@@ -202,6 +202,8 @@ func TestHeadersOut(t *testing.T) {
 				{Key: "Nats-Batch-Id", Value: []byte("b")},
 				{Key: "Nats-Incr", Value: []byte("1")},
 				{Key: "Nats-Trace-Dest", Value: []byte("kept")},
+				{Key: "Nats-Trace-Only", Value: []byte("true")},
+				{Key: "Nats-Required-Api-Level", Value: []byte("1")},
 				{Key: "delay-id", Value: []byte("kept")},
 			},
 			natsgo.Header{"Nats-Trace-Dest": {"kept"}, "delay-id": {"kept"}, "Nats-Msg-Id": {"ID"}},
