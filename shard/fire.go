@@ -2,6 +2,7 @@ package shard
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -428,23 +429,52 @@ func (s *shard) readClaimed(claimed []fireItem) (items, dropped, retry []fireIte
 	for _, it := range claimed[1:] {
 		lo, hi = min(lo, it.fire), max(hi, it.fire)
 	}
-	iter, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, lo), UpperBound: taskBound(s.id, hi+1)})
+	opts := &pebble.IterOptions{LowerBound: taskBound(s.id, lo), UpperBound: taskBound(s.id, hi+1)}
+	iter, err := s.e.db.NewIter(opts)
 	if err != nil {
 		return nil, nil, claimed, fmt.Errorf("read tasks: %w", err)
 	}
-	defer iter.Close()
+	defer func() {
+		if iter != nil {
+			iter.Close()
+		}
+	}()
 	items = claimed[:0:len(claimed)]
 	var key []byte
 	var firstErr error
-	for _, it := range claimed {
+	stale := false // the iterator failed: its next seeks cannot be trusted
+	for i, it := range claimed {
+		if stale {
+			// After a failed read (a value failing its checksum, an I/O
+			// error) Pebble's iterator answered the next seek with no key
+			// and no error, and the tasks after it were taken as deleted:
+			// gone from the wheel, still in the store. A new iterator for
+			// the rest.
+			iter.Close()
+			if iter, err = s.e.db.NewIter(opts); err != nil {
+				iter = nil
+				retry = append(retry, claimed[i:]...)
+				return items, dropped, retry, cmp.Or(firstErr, fmt.Errorf("read tasks: %w", err))
+			}
+			stale = false
+		}
 		key = appendTaskKey(key[:0], s.id, it.fire, it.seq)
 		var v []byte
 		ok := iter.SeekGE(key) && bytes.Equal(iter.Key(), key)
 		err := iter.Error()
+		var bad error // why the envelope cannot be decoded
 		if ok && err == nil {
 			v, err = iter.ValueAndErr()
+			stale = err != nil
+			if err != nil && pebble.IsCorruptionError(err) {
+				// The stored value fails its checksum: no retry reads
+				// it, so it is left in the store as an undecodable
+				// envelope is, not retried in silence every round.
+				bad, err = fmt.Errorf("read task: %w", err), nil
+			}
 		}
 		if err != nil {
+			stale = true
 			// Back to the wheel so it is not lost from memory; retried
 			// next round.
 			retry = append(retry, it)
@@ -458,12 +488,15 @@ func (s *shard) readClaimed(claimed []fireItem) (items, dropped, retry []fireIte
 			continue
 		}
 		t := new(codec.Task)
-		if err := codec.DecodeTask(v, t); err != nil {
+		if bad == nil {
+			bad = codec.DecodeTask(v, t)
+		}
+		if bad != nil {
 			// A corrupt envelope cannot be delivered or dead-lettered as
 			// is; leave it in the store and say so.
 			s.e.log.Error("fire: undecodable task left in store", zap.Int("shard", s.id),
-				zap.Int64("fire_ms", it.fire), zap.Uint64("seq", it.seq), zap.Error(err))
-			it.corrupt, it.decodeErr = true, err
+				zap.Int64("fire_ms", it.fire), zap.Uint64("seq", it.seq), zap.Error(bad))
+			it.corrupt, it.decodeErr = true, bad
 			dropped = append(dropped, it)
 			continue
 		}
