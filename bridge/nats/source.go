@@ -320,8 +320,23 @@ func (s *Source) ensure(ctx context.Context) error {
 		cc.AckWait = s.cfg.AckWait
 		cc.MaxDeliver = -1 // never give up on a message: nothing is dropped
 		cc.MaxAckPending = s.cfg.MaxAckPending
+		if info := stream.CachedInfo(); info != nil {
+			// A stream may cap its consumers' max ack pending, and the
+			// server refuses a consumer asking for more.
+			if lim := info.Config.ConsumerLimits.MaxAckPending; lim > 0 && cc.MaxAckPending > lim {
+				cc.MaxAckPending = lim
+			}
+		}
 		cc.FilterSubject, cc.FilterSubjects = "", subjects
 		cons, err = s.js.CreateOrUpdateConsumer(ctx, s.cfg.Stream, cc)
+		if apiErr := (*jetstream.APIError)(nil); errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrConsumerMaxAckPendingExcess {
+			// The account's or the server's limit, which the bridge
+			// cannot read: let the server choose (its default, within it).
+			s.log.Warn("nats source: the server caps max ack pending below the bridge's; the consumer takes the server's default",
+				zap.Int("max_ack_pending", cc.MaxAckPending), zap.Error(err))
+			cc.MaxAckPending = 0
+			cons, err = s.js.CreateOrUpdateConsumer(ctx, s.cfg.Stream, cc)
+		}
 		if err != nil {
 			return fmt.Errorf("nats source: create consumer %q on stream %q: %w", s.cfg.Consumer, s.cfg.Stream, err)
 		}
@@ -356,6 +371,19 @@ func (s *Source) ensure(ctx context.Context) error {
 					ErrConfig, s.cfg.Consumer, s.cfg.Stream, f, subjects)
 			}
 		}
+		// The other way round is allowed (a consumer may read part of a
+		// source subject), but what it leaves out the stream stores and
+		// acknowledges to the publisher, and nothing ever schedules.
+		var unread []string
+		for _, sub := range subjects {
+			if !slices.ContainsFunc(filters, func(f string) bool { return filterCovers(f, sub) }) {
+				unread = append(unread, sub)
+			}
+		}
+		if len(unread) > 0 {
+			s.log.Warn("nats source: the consumer does not read all of some source subjects; delay messages the stream stores there outside its filters are never scheduled",
+				zap.String("consumer", s.cfg.Consumer), zap.Strings("source_subjects", unread), zap.Strings("consumer_filters", filters))
+		}
 		if cc.MaxDeliver > 0 {
 			s.log.Warn("nats source: consumer has max_deliver set; a message failing that often is dropped by the server",
 				zap.Int("max_deliver", cc.MaxDeliver))
@@ -366,6 +394,11 @@ func (s *Source) ensure(ctx context.Context) error {
 	s.consErr.Store(nil)
 	return nil
 }
+
+// jsErrConsumerMaxAckPendingExcess is JetStream's error code for a
+// consumer whose max ack pending exceeds the stream's, the account's or
+// the server's limit.
+const jsErrConsumerMaxAckPendingExcess = 10121
 
 // setAckWait takes the redelivery wait from the consumer's configuration
 // as the server reports it: a consumer made by an operator need not have

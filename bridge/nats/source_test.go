@@ -989,3 +989,113 @@ func TestSourceWarnsDuplicateWindow(t *testing.T) {
 		})
 	}
 }
+
+// TestSourceCreateUnderMaxAckPendingLimit: with create, a stream, account
+// or server that caps consumers' max ack pending below the bridge's
+// (common on hosted NATS) still gets its consumer: the stream's cap is
+// taken, and past a limit the bridge cannot read the server's default.
+// Before, the server refused the consumer and the bridge did not start.
+func TestSourceCreateUnderMaxAckPendingLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		streamCap int // the stream's consumer limit; 0: the server's
+		serverCap int
+		want      int // the consumer's max ack pending
+	}{
+		{"stream limit", 700, 0, 700},
+		{"server limit", 0, 500, 500},
+		{"no limit", 0, 0, 20000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := jsOptions(t)
+			opts.JetStreamLimits.MaxAckPending = tc.serverCap
+			s := startServer(t, opts)
+			cfg := testConfig(t, serverURL(s))
+			cfg.Create = true
+			core, logs := observer.New(zap.WarnLevel)
+			cfg.Logger = zap.New(core)
+			nc := connect(t, cfg)
+			js := newJS(t, nc)
+			if tc.streamCap > 0 {
+				if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{
+					Name: "DELAY", Subjects: []string{"delay.>"}, Retention: jetstream.WorkQueuePolicy,
+					ConsumerLimits: jetstream.StreamConsumerLimits{MaxAckPending: tc.streamCap},
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			src, err := NewSource(nc, cfg)
+			if err != nil {
+				t.Fatalf("NewSource: %v", err)
+			}
+			cons, err := js.Consumer(ctxT(t), "DELAY", cfg.Consumer)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cons.CachedInfo().Config.MaxAckPending; got != tc.want {
+				t.Errorf("consumer max ack pending %d, want %d", got, tc.want)
+			}
+			// Only a limit the bridge cannot read is worth a warning.
+			if got := len(logs.FilterMessageSnippet("caps max ack pending").All()) > 0; got != (tc.serverCap > 0) {
+				t.Errorf("warned = %v, want %v", got, tc.serverCap > 0)
+			}
+			rec := newRecorder()
+			runSource(t, src, rec)
+			publish(t, js, "delay.a", "x", nil)
+			eventually(t, "message handled", func() bool { return len(rec.seqs()) == 1 })
+		})
+	}
+}
+
+// TestSourceWarnsConsumerNarrowerThanSources: an operator's consumer that
+// reads only part of a source subject is allowed, but what it leaves out
+// the stream stores and acks to the publisher and nothing schedules, so
+// the Source says so at start, naming the subjects.
+func TestSourceWarnsConsumerNarrowerThanSources(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		filter string
+		unread []string
+	}{
+		{"narrower", "delay.a", []string{"delay.>"}},
+		{"same", "delay.>", nil},
+		{"outside", "other.>", nil}, // refused: no source covers it
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startServer(t, jsOptions(t))
+			cfg := testConfig(t, serverURL(s))
+			cfg.Sources = []SourceConfig{{Subject: "delay.>"}}
+			core, logs := observer.New(zap.WarnLevel)
+			cfg.Logger = zap.New(core)
+			nc := connect(t, cfg)
+			js := newJS(t, nc)
+			if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "DELAY", Subjects: []string{"delay.>", "other.>"}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := js.CreateOrUpdateConsumer(ctxT(t), "DELAY", jetstream.ConsumerConfig{
+				Durable: cfg.Consumer, AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: tc.filter,
+			}); err != nil {
+				t.Fatal(err)
+			}
+			_, err := NewSource(nc, cfg)
+			if tc.filter == "other.>" {
+				if !errors.Is(err, ErrConfig) {
+					t.Fatalf("NewSource = %v, want ErrConfig", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("NewSource: %v", err)
+			}
+			warned := logs.FilterMessageSnippet("does not read all").All()
+			if got := len(warned) > 0; got != (tc.unread != nil) {
+				t.Fatalf("warned = %v, want %v", warned, tc.unread != nil)
+			}
+			if tc.unread != nil {
+				if got := fmt.Sprint(warned[0].ContextMap()["source_subjects"]); got != fmt.Sprint(tc.unread) {
+					t.Errorf("source_subjects = %s, want %v", got, tc.unread)
+				}
+			}
+		})
+	}
+}
