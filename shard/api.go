@@ -21,6 +21,10 @@ var (
 	// ErrStoreFailed wraps the sticky store write error: after one failed
 	// synced commit the store refuses every write until reopened.
 	ErrStoreFailed = errors.New("shard: store failed")
+	// ErrStoreStalled is reported by Err while Pebble has held every
+	// write back for a while: its flushes or compactions fail (a full
+	// disk) or cannot keep up. Ingest waits meanwhile.
+	ErrStoreStalled = errors.New("shard: store stalled")
 	// ErrNotFound is returned by Lookup and Cancel for an unknown task.
 	ErrNotFound = errors.New("shard: task not found")
 	// ErrUnavailable is wrapped by a Sink's error for a task whose target
@@ -112,7 +116,8 @@ type Options struct {
 	Logger          *zap.Logger      // default zap.NewNop()
 	Metrics         *metrics.Metrics // default: unregistered instruments
 
-	filterMinKeys int // capacity of all index filters together, at least; tests lower it
+	filterMinKeys int           // capacity of all index filters together, at least; tests lower it
+	stallGrace    time.Duration // default storeStallGrace; tests lower it
 }
 
 // TaskInfo is what Lookup reports of a pending task.

@@ -144,7 +144,7 @@ const (
 
 func benchRawSyncedBatch(b *testing.B, layout rawLayout, rising bool) {
 	withIndex := layout == rawWithIndex
-	db, err := openPebble(b.TempDir(), nil, zap.NewNop(), 0, 0)
+	db, err := openPebble(b.TempDir(), nil, zap.NewNop(), 0, 0, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

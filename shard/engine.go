@@ -57,6 +57,7 @@ type Engine struct {
 	clk    clock.Clock
 	db     *pebble.DB
 	shards []*shard
+	health *storeHealth // Pebble's write stalls and background errors
 
 	seq atomic.Uint64 // last allocated store sequence
 
@@ -177,6 +178,9 @@ func (o *Options) setDefaults() {
 	if o.Horizon < 2*time.Millisecond {
 		o.Horizon = 2 * time.Millisecond
 	}
+	if o.stallGrace <= 0 {
+		o.stallGrace = storeStallGrace
+	}
 	if o.filterMinKeys <= 0 {
 		o.filterMinKeys = filterMinKeys
 	}
@@ -245,16 +249,18 @@ func Open(opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("shard: open: %d shards, at most %d", opts.Shards, maxShards)
 	}
 	opts.setDefaults()
-	db, err := openPebble(opts.Dir, opts.FS, opts.Logger, opts.CacheBytes, opts.MemTableBytes)
+	health := newStoreHealth(opts.stallGrace)
+	db, err := openPebble(opts.Dir, opts.FS, opts.Logger, opts.CacheBytes, opts.MemTableBytes, health)
 	if err != nil {
 		return nil, err
 	}
 	e := &Engine{
-		opts: opts,
-		log:  opts.Logger,
-		m:    opts.Metrics,
-		clk:  opts.Clock,
-		db:   db,
+		opts:   opts,
+		log:    opts.Logger,
+		m:      opts.Metrics,
+		clk:    opts.Clock,
+		db:     db,
+		health: health,
 	}
 	e.cpOwner = make(map[string]*commitTicket)
 	e.commitIngest = e.m.StoreCommit.WithLabelValues("ingest")
@@ -1280,7 +1286,9 @@ func (s *shard) firstStoredLocked(from int64) (int64, bool) {
 }
 
 // Err is nil when the engine is healthy. It reports the sticky store error,
-// or dead letters whose delivery fails: held ones (their DLQ failing, their
+// a write stall of the store that lasted 5 s (ErrStoreStalled: Pebble holds
+// every write while its flushes fail, a full disk, and Ingest waits), or
+// dead letters whose delivery fails: held ones (their DLQ failing, their
 // source waiting) until each is delivered, and parked ones (refused by
 // their DLQ as the message they are, see deadLetterParked) until each is
 // delivered or leaves the store. Both survive a restart (see
@@ -1292,7 +1300,7 @@ func (e *Engine) Err() error {
 	if err := e.failed(); err != nil {
 		return err
 	}
-	return errors.Join(e.deadLetterErr(), e.undecodableErr(), e.outageErr())
+	return errors.Join(e.health.err(), e.deadLetterErr(), e.undecodableErr(), e.outageErr())
 }
 
 // Close flushes and closes the store. Call it after Run returned. Every

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -510,7 +512,80 @@ const (
 	flushBlockBytes      = 32 << 10
 )
 
-func openPebble(dir string, fs vfs.FS, log *zap.Logger, cacheBytes, memTableBytes int64) (*pebble.DB, error) {
+// storeStallGrace is how long Pebble may hold writes back (a write stall)
+// before the engine reports it (Err): a stall that long is not a burst
+// of load but flushes or compactions that fail (a full disk) or cannot
+// keep up, and every Ingest waits in it meanwhile.
+const storeStallGrace = 5 * time.Second
+
+// storeHealth follows Pebble's write stalls and background errors, which
+// no write returns: a flush that fails (ENOSPC) is retried by Pebble at
+// once and forever, while writes wait in the stall once the memtables
+// are full.
+type storeHealth struct {
+	grace      time.Duration // storeStallGrace
+	epoch      time.Time     // stallSince counts from it, on the monotonic clock
+	log        *zap.Logger
+	stallSince atomic.Int64 // ns since epoch, +1; 0 while writes flow
+	stallWhy   atomic.Pointer[string]
+	bgErr      atomic.Pointer[error]
+
+	logMu      sync.Mutex
+	lastLog    time.Time
+	suppressed int
+}
+
+func newStoreHealth(grace time.Duration) *storeHealth {
+	return &storeHealth{grace: grace, epoch: time.Now()}
+}
+
+func (h *storeHealth) listener() *pebble.EventListener {
+	return &pebble.EventListener{
+		WriteStallBegin: func(info pebble.WriteStallBeginInfo) {
+			why := info.Reason
+			h.stallWhy.Store(&why)
+			h.stallSince.CompareAndSwap(0, int64(time.Since(h.epoch))+1)
+		},
+		WriteStallEnd: func() { h.stallSince.Store(0) },
+		BackgroundError: func(err error) {
+			h.bgErr.Store(&err)
+			// Pebble retries a failed flush at once and forever: log the
+			// first and then one line per 10 s, with the count.
+			h.logMu.Lock()
+			defer h.logMu.Unlock()
+			if now := time.Now(); h.lastLog.IsZero() || now.Sub(h.lastLog) >= 10*time.Second {
+				h.log.Error("store background error (a flush or compaction failed; Pebble retries it)",
+					zap.Error(err), zap.Int("suppressed", h.suppressed))
+				h.lastLog, h.suppressed = now, 0
+			} else {
+				h.suppressed++
+			}
+		},
+	}
+}
+
+// err reports a write stall that has lasted the grace, with Pebble's
+// reason and its last background error.
+func (h *storeHealth) err() error {
+	since := h.stallSince.Load()
+	if since == 0 {
+		return nil
+	}
+	d := time.Since(h.epoch) - time.Duration(since-1)
+	if d < h.grace {
+		return nil
+	}
+	msg := fmt.Sprintf("writes held for %s", d.Truncate(time.Second))
+	if p := h.stallWhy.Load(); p != nil {
+		msg += " (" + *p + ")"
+	}
+	if p := h.bgErr.Load(); p != nil {
+		msg += "; last background error: " + (*p).Error()
+	}
+	return fmt.Errorf("%w: %s", ErrStoreStalled, msg)
+}
+
+func openPebble(dir string, fs vfs.FS, log *zap.Logger, cacheBytes, memTableBytes int64, health *storeHealth) (*pebble.DB, error) {
 	if fs == nil {
 		fs = vfs.Default
 	}
@@ -535,6 +610,10 @@ func openPebble(dir string, fs vfs.FS, log *zap.Logger, cacheBytes, memTableByte
 		L0CompactionThreshold:       4,
 		L0StopWritesThreshold:       24,
 		Logger:                      pebbleLogger{log.Named("pebble").Sugar()},
+	}
+	if health != nil {
+		health.log = log.Named("pebble")
+		po.EventListener = health.listener()
 	}
 	// Envelopes (~1 KB) go to blob files once flushed: compactions move
 	// only keys, and the recovery/horizon scans, which need only the keys,

@@ -490,7 +490,8 @@ func (s *Service) Run(ctx context.Context) error {
 // closes once the fire loops have stopped (engDone); if they outlast the
 // deadline too (a publish still held), it closes when they stop, unless the
 // process exits first, which the store recovers from as from a crash
-// (every commit was synced).
+// (every commit was synced). So does a store whose close outlasts the
+// deadline.
 func (s *Service) closeAllBy(deadline time.Time, engDone <-chan struct{}) error {
 	if len(s.closers) == 0 {
 		return nil
@@ -517,7 +518,16 @@ func (s *Service) closeAllBy(deadline time.Time, engDone <-chan struct{}) error 
 		}()
 		return err
 	}
-	return errors.Join(err, store())
+	// The store's close waits for every write in flight, and a write
+	// Pebble holds in a stall (its flushes failing: a full disk) does not
+	// end, so an Ingest in it would hold the close, and the process,
+	// forever. Past the deadline the store is left to the process exit.
+	var storeErr error
+	if waitUntil(func() { storeErr = store() }, deadline) {
+		return errors.Join(err, storeErr)
+	}
+	s.log.Warn("shutting down: the store did not close in time (a write in it is held: see the store's readiness error); it is left to the process exit, which it recovers from like a crash")
+	return err
 }
 
 // closeReserve is the part of shutdown_timeout (at most a fifth of it)
