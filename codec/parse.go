@@ -169,8 +169,17 @@ func Parse(m *Message, r *Rules) Task {
 	}
 	if r.MaxDelay > 0 {
 		// On overflow the limit lies beyond any representable due.
-		if limit, ok := addMs(p.stamp, r.MaxDelay.Milliseconds()); ok && due > limit {
-			return p.deadLetter(CodeDelayTooLong, "due "+FormatDue(due)+" is more than max_delay "+FormatDelay(r.MaxDelay)+" after the message time "+FormatDue(p.stamp))
+		from, what := p.stamp, " after the message time "
+		if r.Now != nil {
+			if now := r.Now().UnixMilli(); now < from {
+				// A message time ahead of the bridge's clock (a producer's
+				// CreateTime is whatever its clock said): max_delay still
+				// bounds how long the task is held.
+				from, what = now, " after the bridge's time "
+			}
+		}
+		if limit, ok := addMs(from, r.MaxDelay.Milliseconds()); ok && due > limit {
+			return p.deadLetter(CodeDelayTooLong, "due "+FormatDue(due)+" is more than max_delay "+FormatDelay(r.MaxDelay)+what+FormatDue(from))
 		}
 	}
 

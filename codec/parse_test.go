@@ -15,6 +15,9 @@ var now = time.Date(2026, 11, 22, 15, 4, 5, 123_000_000, time.UTC)
 
 var nowMs = now.UnixMilli()
 
+// at is a clock that reads t.
+func at(t time.Time) func() time.Time { return func() time.Time { return t } }
+
 func h(k, v string) Header { return Header{Key: k, Value: []byte(v)} }
 
 func kafkaMsg(hs ...Header) *Message {
@@ -139,6 +142,18 @@ func TestParseDue(t *testing.T) {
 		{name: "max delay at", rules: Rules{MaxDelay: time.Hour}, hs: []Header{h("delay-at", "2026-11-22T16:04:05.124Z")}, code: CodeDelayTooLong},
 		{name: "max delay at past ok", rules: Rules{MaxDelay: time.Hour}, hs: []Header{h("delay-at", "2000-01-01T00:00:00Z")}, due: mustMs("2000-01-01T00:00:00Z")},
 		{name: "bad due beats max delay", rules: Rules{MaxDelay: time.Hour}, hs: []Header{h("delay-after", "99999999999d")}, code: CodeBadDue},
+		// max_delay with the bridge's clock: a message time ahead of it (a
+		// producer's CreateTime) does not stretch how long a task is held.
+		{name: "message time ahead: after bounded from now", rules: Rules{MaxDelay: 30 * 24 * time.Hour, Now: at(now.Add(-10 * 24 * time.Hour))},
+			hs: []Header{h("delay-after", "25d")}, code: CodeDelayTooLong},
+		{name: "message time ahead: after within", rules: Rules{MaxDelay: 30 * 24 * time.Hour, Now: at(now.Add(-10 * 24 * time.Hour))},
+			hs: []Header{h("delay-after", "20d")}, due: nowMs + 20*day},
+		{name: "message time ahead: at bounded from now", rules: Rules{MaxDelay: time.Hour, Now: at(now.Add(-time.Hour))},
+			hs: []Header{h("delay-at", "2026-11-22T15:34:05.124Z")}, code: CodeDelayTooLong},
+		{name: "message time behind: bounded from it", rules: Rules{MaxDelay: 30 * 24 * time.Hour, Now: at(now.Add(10 * 24 * time.Hour))},
+			hs: []Header{h("delay-after", "30d")}, due: nowMs + 30*day},
+		{name: "message time behind: exceeded from it", rules: Rules{MaxDelay: 30 * 24 * time.Hour, Now: at(now.Add(10 * 24 * time.Hour))},
+			hs: []Header{h("delay-after", "30d1ms")}, code: CodeDelayTooLong},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -128,8 +128,12 @@ type Rules struct {
 	DefaultTarget string
 	// DLQ is the dead-letter destination on the source's own transport.
 	DLQ string
-	// MaxDelay bounds due - source time; 0 means no bound.
+	// MaxDelay bounds due - source time, and with Now set due - Now too,
+	// so a source time ahead of the bridge's clock (a producer's
+	// CreateTime) does not stretch it; 0 means no bound.
 	MaxDelay time.Duration
+	// Now is the bridge's clock; nil bounds MaxDelay by source time only.
+	Now func() time.Time
 	// MaxBytes bounds key + value + headers (with their framing, see
 	// headerFraming) as delivered; 0 means no bound.
 	MaxBytes int

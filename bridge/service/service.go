@@ -191,6 +191,14 @@ func (s *Service) connectOnce(ctx context.Context) (err error) {
 	return nil
 }
 
+// clock is the bridge's clock: Options.Clock, else the system's.
+func (s *Service) clock() clock.Clock {
+	if s.opts.Clock != nil {
+		return s.opts.Clock
+	}
+	return clock.Real{}
+}
+
 // rules builds the codec rules of one configured source.
 func (s *Service) rules(dlq, defaultTarget string) *codec.Rules {
 	cfg := s.cfg
@@ -198,6 +206,7 @@ func (s *Service) rules(dlq, defaultTarget string) *codec.Rules {
 		DefaultTarget: defaultTarget,
 		DLQ:           dlq,
 		MaxDelay:      cfg.MaxDelay.Std(),
+		Now:           s.clock().Now,
 		MaxBytes:      cfg.MaxMessageBytes,
 		Transports: func(t codec.Transport) bool {
 			return (t == codec.TransportKafka && cfg.Kafka != nil) || (t == codec.TransportNATS && cfg.NATS != nil)
