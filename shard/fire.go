@@ -177,6 +177,10 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 	}
 }
 
+// maxPark bounds one wait of a parked fire loop (see park): about one
+// wake-up a second per shard when nothing is due.
+const maxPark = time.Second
+
 // park waits until the clock reaches wake (ms) or the wheel's next due if
 // that is earlier, an ingest adds an earlier task, or ctx is done. It
 // returns at once when that time has come already: the clock moved on
@@ -214,6 +218,10 @@ func (s *shard) park(ctx context.Context, timer interface {
 		// ahead of a wall clock that stepped back): wait, never fire early.
 		d = time.Millisecond
 	}
+	// Timers run on the monotonic clock, due times on the wall clock: a
+	// wall clock stepped forward (NTP, a VM resumed from suspend) is seen
+	// within maxPark, not when a long timer ends (up to horizon/2).
+	d = min(d, maxPark)
 	timer.Reset(d)
 	s.parked = true
 	s.wakeAt = wake

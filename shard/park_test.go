@@ -2,10 +2,13 @@ package shard
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/clock"
 )
 
 // TestPark drives a fire loop's park by hand on the fake clock. A wake
@@ -78,5 +81,51 @@ func TestPark(t *testing.T) {
 				t.Fatal("park did not return when the clock reached its wake time")
 			}
 		})
+	}
+}
+
+// monoClock is clock.Real's two clocks apart: Now is the wall clock, the
+// timers run on a monotonic one. Step moves the wall clock only (an NTP
+// step, a VM resumed from suspend); Advance moves both.
+type monoClock struct {
+	mono *clock.Fake
+	mu   sync.Mutex
+	off  time.Duration
+}
+
+func (c *monoClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mono.Now().Add(c.off)
+}
+
+func (c *monoClock) NewTimer(d time.Duration) clock.Timer { return c.mono.NewTimer(d) }
+
+func (c *monoClock) Step(d time.Duration) {
+	c.mu.Lock()
+	c.off += d
+	c.mu.Unlock()
+}
+
+func (c *monoClock) Advance(d time.Duration) { c.mono.Advance(d) }
+
+// TestWallStepForwardWhileParked: a fire loop parked until its next due
+// sees the wall clock step forward within a second of monotonic time, and
+// fires what the wall clock says is due; before, it slept on until its
+// monotonic timer ended (up to horizon/2: 30 min here).
+func TestWallStepForwardWhileParked(t *testing.T) {
+	mc := &monoClock{mono: clock.NewFake(t0)}
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.Clock = mc
+		o.Horizon = time.Hour
+	})
+	h.run()
+	h.ingest([]codec.Task{sched("a", t0.Add(20*time.Minute), 1)})
+	mc.Step(time.Hour) // "a" is 40 minutes overdue by the wall clock
+	mc.Advance(maxPark)
+	h.settle()
+	if got := h.sink.acked(); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("delivered %v a second after the wall clock passed a's due by 40 minutes, want a", got)
 	}
 }
