@@ -389,6 +389,17 @@ func (p *parser) cancel(id string) Task {
 	}
 }
 
+// deadLetterDue is a dead letter's due time, from which it counts as
+// overdue while its DLQ fails: when the bridge decided it (Rules.Now), not
+// the message time, which a producer sets freely (0 read as 1970, and
+// every age alert fired), else the message time.
+func (p *parser) deadLetterDue() int64 {
+	if p.r.Now != nil {
+		return p.r.Now().UnixMilli()
+	}
+	return p.stamp
+}
+
 func (p *parser) deadLetter(code Code, detail string) Task {
 	hs := make([]Header, 0, len(p.m.Headers)+3)
 	for _, h := range p.m.Headers {
@@ -412,7 +423,7 @@ func (p *parser) deadLetter(code Code, detail string) Task {
 		Partition:    p.m.Partition,
 		Incarnation:  p.m.Incarnation,
 		Offset:       p.m.Offset,
-		Due:          p.stamp,
+		Due:          p.deadLetterDue(),
 		Transport:    p.m.Transport,
 		Target:       p.r.DLQ,
 		Key:          p.m.Key,

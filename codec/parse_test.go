@@ -584,6 +584,17 @@ func TestParseDeadLetter(t *testing.T) {
 		t.Fatalf("got  %s\nwant %s", dump(got), dump(want))
 	}
 
+	// With the bridge's clock, a dead letter is due when it was decided,
+	// not at the message time a producer set (0: overdue since 1970).
+	for _, stamp := range []time.Time{time.UnixMilli(0), now.Add(-time.Hour), now.Add(100 * 365 * 24 * time.Hour)} {
+		m := kafkaMsg(h("delay-target", "orders"))
+		m.Time = stamp
+		got := Parse(m, &Rules{DLQ: "delay.dlq", Now: at(now)})
+		if got.Kind != KindDeadLetter || got.Due != nowMs || got.Stamp != stamp.UnixMilli() {
+			t.Errorf("message time %v: dead letter due %d, stamp %d; want due %d (the bridge's time), stamp the message's", stamp, got.Due, got.Stamp, nowMs)
+		}
+	}
+
 	// A NATS dead letter goes to the NATS DLQ, keeps the tombstone-free
 	// value as is (nil stays nil).
 	n := natsMsg(h("delay-after", "1s"))

@@ -191,7 +191,8 @@ type Task struct {
 	Incarnation uint32
 	Offset      int64
 	// Due is the scheduled time in Unix ms, as written in delay-due. Retries
-	// move the store position, never this field.
+	// move the store position, never this field. A dead letter's is when it
+	// was decided (Rules.Now, else the message time).
 	Due int64
 	// Transport and Target say where the task is delivered. For dead letters
 	// this is the DLQ.
