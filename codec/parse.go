@@ -249,6 +249,9 @@ func Parse(m *Message, r *Rules) Task {
 		name = all[dueEnd:]
 	}
 	p.origin = origin
+	if r.DelaySource != nil && r.DelaySource(tr, name) {
+		return p.deadLetter(CodeTargetNotAllowed, what+short(targetText())+" is a delay source of this bridge: delivered there without its control headers it would come back as a missing-due dead letter")
+	}
 	if r.Allow != nil && !r.Allow(tr, name) {
 		return p.deadLetter(CodeTargetNotAllowed, what+short(targetText())+" is not matched by targets.allow")
 	}

@@ -15,6 +15,9 @@ var now = time.Date(2026, 11, 22, 15, 4, 5, 123_000_000, time.UTC)
 
 var nowMs = now.UnixMilli()
 
+// delaySource: the Kafka topic "delay" is the bridge's delay source.
+func delaySource(t Transport, name string) bool { return t == TransportKafka && name == "delay" }
+
 // at is a clock that reads t.
 func at(t time.Time) func() time.Time { return func() time.Time { return t } }
 
@@ -220,6 +223,11 @@ func TestParseTargetRules(t *testing.T) {
 		{name: "default target crossing", msg: kafkaMsg(), rules: Rules{DefaultTarget: "nats:a.b", Transports: both}, tr: TransportNATS, target: "a.b"},
 		{name: "header beats default", msg: kafkaMsg(h("delay-target", "mine")), rules: Rules{DefaultTarget: "orders"}, tr: TransportKafka, target: "mine"},
 		{name: "missing", msg: kafkaMsg(), code: CodeMissingTarget},
+		{name: "a delay source", msg: kafkaMsg(h("delay-target", "delay")), rules: Rules{DelaySource: delaySource}, code: CodeTargetNotAllowed},
+		{name: "a delay source across", msg: natsMsg(h("delay-target", "kafka:delay")), rules: Rules{DelaySource: delaySource, Transports: both}, code: CodeTargetNotAllowed},
+		{name: "a delay source by default", msg: kafkaMsg(), rules: Rules{DefaultTarget: "delay", DelaySource: delaySource}, code: CodeTargetNotAllowed},
+		{name: "same name on the other transport", msg: natsMsg(h("delay-target", "delay")), rules: Rules{DelaySource: delaySource}, tr: TransportNATS, target: "delay"},
+		{name: "not a delay source", msg: kafkaMsg(h("delay-target", "orders")), rules: Rules{DelaySource: delaySource}, tr: TransportKafka, target: "orders"},
 		{name: "bad default", msg: kafkaMsg(), rules: Rules{DefaultTarget: "a b"}, code: CodeBadTarget},
 		{name: "kafka illegal char", msg: kafkaMsg(h("delay-target", "or ders")), code: CodeBadTarget},
 		{name: "kafka slash", msg: kafkaMsg(h("delay-target", "a/b")), code: CodeBadTarget},

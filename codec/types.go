@@ -141,6 +141,10 @@ type Rules struct {
 	// "kafka:NAME" on a NATS-only bridge is a bad-target. Nil means only the
 	// source's own transport.
 	Transports func(Transport) bool
+	// DelaySource reports whether a target is one of the bridge's delay
+	// sources, which is never allowed: delivered there without its control
+	// headers, a message would come back as a missing-due dead letter.
+	DelaySource func(t Transport, name string) bool
 	// Allow reports whether a publisher may name this target (targets.allow).
 	// Nil allows every target.
 	Allow func(t Transport, name string) bool

@@ -42,6 +42,30 @@ func (c *Config) AllowTarget(t codec.Transport, name string) bool {
 	return false
 }
 
+// DelaySource reports whether the target name on transport t is one of
+// the bridge's delay sources: a configured Kafka delay topic, or a NATS
+// subject a source subject matches. The codec refuses such a target
+// (target-not-allowed, whatever targets.allow says): delivered there
+// without its control headers, the message would come back as a
+// missing-due dead letter.
+func (c *Config) DelaySource(t codec.Transport, name string) bool {
+	switch {
+	case t == codec.TransportKafka && c.Kafka != nil:
+		for _, src := range c.Kafka.Sources {
+			if src.Topic == name {
+				return true
+			}
+		}
+	case t == codec.TransportNATS && c.NATS != nil:
+		for _, src := range c.NATS.Sources {
+			if SubjectMatches(src.Subject, name) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func matchTarget(pattern string, t codec.Transport, name string) bool {
 	if pattern == "*" {
 		return name != "" && !systemSubject(t, name)

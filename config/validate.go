@@ -302,6 +302,10 @@ func (c *Config) checkDefaultTarget(v *validator, key, target string, own codec.
 		v.add(key, "%q names %s, which is not configured", target, t)
 		return
 	}
+	if c.DelaySource(t, name) {
+		v.add(key, "%q is a delay source of this bridge: its deliveries would come back as missing-due dead letters", target)
+		return
+	}
 	if !c.AllowTarget(t, name) {
 		v.add(key, "%q is not allowed by targets.allow", target)
 	}

@@ -211,7 +211,8 @@ func (s *Service) rules(dlq, defaultTarget string) *codec.Rules {
 		Transports: func(t codec.Transport) bool {
 			return (t == codec.TransportKafka && cfg.Kafka != nil) || (t == codec.TransportNATS && cfg.NATS != nil)
 		},
-		Allow: cfg.AllowTarget,
+		DelaySource: cfg.DelaySource,
+		Allow:       cfg.AllowTarget,
 	}
 }
 
