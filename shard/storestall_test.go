@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,24 +15,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/faultfs"
 )
-
-var errNoSpace = fmt.Errorf("injected: %w", syscall.ENOSPC)
-
-// fullDisk fails the writes and syncs of the files whose names end with
-// one of suffixes (every file when none): a disk that filled up.
-func fullDisk(suffixes ...string) *errorfs.Toggle {
-	return &errorfs.Toggle{Injector: errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if len(suffixes) > 0 && !slices.ContainsFunc(suffixes, func(s string) bool { return strings.HasSuffix(op.Path, s) }) {
-			return nil
-		}
-		switch op.Kind {
-		case errorfs.OpFileWrite, errorfs.OpFileWriteAt, errorfs.OpFileSync, errorfs.OpFileSyncData, errorfs.OpFileSyncTo:
-			return errNoSpace
-		}
-		return nil
-	})}
-}
 
 // TestOpenOnFullDisk: Open of a new store, and of one holding a task, on a
 // disk that takes no writes returns an error (no panic, no store).
@@ -51,7 +34,7 @@ func TestOpenOnFullDisk(t *testing.T) {
 	}
 	for _, tc := range []struct{ name, dir string }{{"new", t.TempDir()}, {"with a task", withTask}} {
 		t.Run(tc.name, func(t *testing.T) {
-			tg := fullDisk()
+			tg := faultfs.FullDisk()
 			tg.On()
 			e, err := Open(Options{Dir: tc.dir, FS: errorfs.Wrap(vfs.Default, tg), Logger: zap.NewNop()})
 			if err == nil {
@@ -72,7 +55,7 @@ func TestOpenOnFullDisk(t *testing.T) {
 // (ErrStoreStalled, readiness) until space is freed, and then the ingest
 // completes and Err is nil again.
 func TestIngestStallReported(t *testing.T) {
-	tg := fullDisk(".sst", ".blob")
+	tg := faultfs.FullDisk(".sst", ".blob")
 	e, err := Open(Options{Dir: t.TempDir(), FS: errorfs.Wrap(vfs.Default, tg), Logger: zap.NewNop(),
 		CacheBytes: 64 << 20, MemTableBytes: 4 << 20, stallGrace: 10 * time.Millisecond})
 	if err != nil {

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/delaybridge/delaybridge/codec"
 )
 
@@ -79,14 +77,7 @@ func TestDeliveryID(t *testing.T) {
 // delivered and deleted from the store: lost). A redelivery of the same
 // firing is still dropped, and a later firing is not.
 func TestSinkDeliveryIDPerSource(t *testing.T) {
-	s := startServer(t, jsOptions(t))
-	cfg := testConfig(t, serverURL(s))
-	nc := connect(t, cfg)
-	js := newJS(t, nc)
-	stream, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, nc, stream := outServer(t)
 	sink := newSink(t, nc, cfg)
 	const due = int64(1795359845123)
 	from := func(tr codec.Transport, source, value string) *codec.Task {

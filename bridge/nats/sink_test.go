@@ -45,19 +45,26 @@ func newSink(t *testing.T, nc *natsgo.Conn, cfg Config) *Sink {
 	return s
 }
 
+// outServer starts a JetStream server holding the stream OUT (out.>) and
+// connects to it.
+func outServer(t *testing.T) (Config, *natsgo.Conn, jetstream.Stream) {
+	t.Helper()
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	nc := connect(t, cfg)
+	stream, err := newJS(t, nc).CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, nc, stream
+}
+
 // TestSinkDeliverTraceOnly: a Kafka record's Nats-Trace-Only header (with a
 // Nats-Trace-Dest) is not forwarded, else the server traces the delivery,
 // stores nothing and sends no PubAck, and the task waits as if JetStream
 // were down, forever.
 func TestSinkDeliverTraceOnly(t *testing.T) {
-	s := startServer(t, jsOptions(t))
-	cfg := testConfig(t, serverURL(s))
-	nc := connect(t, cfg)
-	js := newJS(t, nc)
-	stream, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, nc, stream := outServer(t)
 	tk := task("id-1", "out.orders", "v", 1795359845123, hdr("Nats-Trace-Dest", "trace.events"), hdr("Nats-Trace-Only", "true"))
 	tk.Source, tk.DLQTransport = "delay", codec.TransportKafka
 	if errs := newSink(t, nc, cfg).Deliver(ctxT(t), []*codec.Task{tk}); errs != nil {
@@ -76,15 +83,8 @@ func TestSinkDeliverTraceOnly(t *testing.T) {
 // returns (it waited for the PubAcks), headers keep repeated keys, and a
 // second delivery of the same firing is dropped as a duplicate.
 func TestSinkDeliver(t *testing.T) {
-	s := startServer(t, jsOptions(t))
-	cfg := testConfig(t, serverURL(s))
+	cfg, nc, stream := outServer(t)
 	cfg.PublishWindow = 16 // several windows per batch
-	nc := connect(t, cfg)
-	js := newJS(t, nc)
-	stream, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	sink := newSink(t, nc, cfg)
 	if sink.Health() != nil {
 		t.Fatalf("health = %v", sink.Health())

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/delaybridge/delaybridge/internal/faultfs"
 	"github.com/delaybridge/delaybridge/shard"
 )
 
@@ -26,16 +26,7 @@ import (
 // With the disk freed, a restart holds every task.
 func TestShutdownWithStoreWriteStalled(t *testing.T) {
 	e := newEnv(t, "shutdown_timeout: 3s\nstore: {cache_mb: 64, memtable_mb: 4}\n")
-	toggle := &errorfs.Toggle{Injector: errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if !strings.HasSuffix(op.Path, ".sst") && !strings.HasSuffix(op.Path, ".blob") {
-			return nil
-		}
-		switch op.Kind {
-		case errorfs.OpFileWrite, errorfs.OpFileWriteAt, errorfs.OpFileSync, errorfs.OpFileSyncData, errorfs.OpFileSyncTo:
-			return fmt.Errorf("injected: %w", syscall.ENOSPC)
-		}
-		return nil
-	})}
+	toggle := faultfs.FullDisk(".sst", ".blob")
 	defer toggle.Off() // a failing test's store closes
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
