@@ -130,8 +130,8 @@ func Parse(m *Message, r *Rules) Task {
 		// Bounded as delivered: the headers the bridge adds count, or a
 		// message just under the limit would be taken in and then be
 		// refused by the target broker on every try.
-		if n := messageSize(m) + addedSize(p.id(), p.orig()); n > r.MaxBytes {
-			return p.deadLetter(CodeTooLarge, "message of "+strconv.Itoa(n)+" bytes as delivered (key, value, headers and the added delay-id, delay-origin and delay-due) exceeds the limit of "+strconv.Itoa(r.MaxBytes))
+		if n := messageSize(m) + addedSize(p.id(), p.orig()) + natsAddedSize(m.Source, p.id()); n > r.MaxBytes {
+			return p.deadLetter(CodeTooLarge, "message of "+strconv.Itoa(n)+" bytes as delivered (key, value, headers and the added delay-id, delay-origin, delay-due and on NATS Nats-Msg-Id) exceeds the limit of "+strconv.Itoa(r.MaxBytes))
 		}
 	}
 
@@ -495,6 +495,17 @@ func addedSize(id, origin string) int {
 	return len(HeaderID) + len(id) + headerFraming(len(HeaderID), len(id)) +
 		len(HeaderOrigin) + len(origin) + headerFraming(len(HeaderOrigin), len(origin)) +
 		len(HeaderDue) + due + headerFraming(len(HeaderDue), due)
+}
+
+// natsAddedSize bounds what a NATS target adds beyond addedSize: the
+// Nats-Msg-Id the sink sets ("transport:source|id|due", each part
+// percent-encoded, at most 3 bytes per byte) and the header block's
+// "NATS/1.0" line and closing CRLF. It is counted whatever the target's
+// transport: the bound is checked before the target is resolved, and
+// it costs a Kafka target a few dozen bytes of the limit.
+func natsAddedSize(source, id string) int {
+	v := len("kafka:") + 3*len(source) + 1 + 3*len(id) + 1 + len(dueLayout) - len("Z07:00") + 1
+	return len("Nats-Msg-Id") + v + headerFraming(len("Nats-Msg-Id"), v) + len("NATS/1.0\r\n\r\n")
 }
 
 // MaxDetail bounds a dead letter's delay-error-detail, in bytes.

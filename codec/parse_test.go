@@ -279,8 +279,11 @@ func TestParseTooLarge(t *testing.T) {
 	// key 7 + value 7 + "delay-after" 11 + "1s" 2 + "delay-target" 12 + "orders" 6,
 	// and what delivery adds: "delay-id" 8 + "order-1" 7, "delay-origin" 12 +
 	// "kafka:delay/3@42" 16, "delay-due" 9 + 24 (RFC 3339 ms UTC); and the
-	// framing of those 5 headers, 4 bytes each.
-	size := 7 + 7 + 11 + 2 + 12 + 6 + 8 + 7 + 12 + 16 + 9 + 24 + 5*4
+	// framing of those 5 headers, 4 bytes each; and what a NATS target
+	// adds: "Nats-Msg-Id" 11 + "kafka:" 6 + 3×"delay" 15 + "|" + 3×"order-1"
+	// 21 + "|" + 24, framed 4, and the 12 bytes of "NATS/1.0" and CRLFs.
+	natsID := 11 + 6 + 15 + 1 + 21 + 1 + 24 + 4 + 12
+	size := 7 + 7 + 11 + 2 + 12 + 6 + 8 + 7 + 12 + 16 + 9 + 24 + 5*4 + natsID
 	if got := Parse(m, &Rules{MaxBytes: size}); got.Kind != KindSchedule {
 		t.Fatalf("at the limit: %v %s %s", got.Kind, got.Code, got.Detail)
 	}
@@ -346,6 +349,7 @@ func TestParseTooLargeManyHeaders(t *testing.T) {
 		bare += len(hd.Key) + len(hd.Value)
 	}
 	bare += 8 + 7 + 12 + 16 + 9 + 24 // the added headers
+	bare += natsAddedSize("delay", "order-1")
 	wantDeadLetter(t, Parse(m, &Rules{MaxBytes: bare + 600*4}), CodeTooLarge)
 	if got := Parse(m, &Rules{MaxBytes: bare + 605*4}); got.Kind != KindSchedule {
 		t.Fatalf("at the limit with framing: %v %s %s", got.Kind, got.Code, got.Detail)
