@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -171,11 +172,14 @@ func Parse(m *Message, r *Rules) Task {
 		// On overflow the limit lies beyond any representable due.
 		from, what := p.stamp, " after the message time "
 		if r.Now != nil {
-			if now := r.Now().UnixMilli(); now < from {
-				// A message time ahead of the bridge's clock (a producer's
-				// CreateTime is whatever its clock said): max_delay still
-				// bounds how long the task is held.
-				from, what = now, " after the bridge's time "
+			if late := r.Now().UnixMilli() + MaxClockSkew.Milliseconds(); late < from {
+				// A message time well ahead of the bridge's clock (a
+				// producer's CreateTime is whatever its clock said):
+				// max_delay still bounds how long the task is held. Within
+				// MaxClockSkew the message time stays the start, so a
+				// delay-after of max_delay is not refused for the
+				// milliseconds between a broker's clock and the bridge's.
+				from, what = late, " after the bridge's time (plus "+FormatDelay(MaxClockSkew)+" of clock skew) "
 			}
 		}
 		if limit, ok := addMs(from, r.MaxDelay.Milliseconds()); ok && due > limit {
@@ -496,6 +500,10 @@ func addedSize(id, origin string) int {
 		len(HeaderOrigin) + len(origin) + headerFraming(len(HeaderOrigin), len(origin)) +
 		len(HeaderDue) + due + headerFraming(len(HeaderDue), due)
 }
+
+// MaxClockSkew is how far a message time may be ahead of the bridge's
+// clock and still be where max_delay starts (see Parse).
+const MaxClockSkew = time.Minute
 
 // natsAddedSize bounds what a NATS target adds beyond addedSize: the
 // Nats-Msg-Id the sink sets ("transport:source|id|due", each part
