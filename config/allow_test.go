@@ -122,3 +122,19 @@ func TestCheckPattern(t *testing.T) {
 		}
 	}
 }
+
+// TestParseAllocsWithDelaySource: the service's rules check every parsed
+// target against the delay sources (DelaySource); for a NATS target that
+// costs no allocation, so Parse keeps its budget (codec TestParseAllocs).
+func TestParseAllocsWithDelaySource(t *testing.T) {
+	c := &Config{NATS: &NATS{Stream: "DELAY", Sources: []NATSSource{{Subject: "delay.>", DLQ: "dlq"}, {Subject: "later.*", DLQ: "dlq2"}}},
+		Targets: Targets{Allow: []string{"*"}}}
+	m := &codec.Message{Transport: codec.TransportNATS, Source: "DELAY", Offset: 7, Time: time.Now(),
+		Headers: []codec.Header{{Key: "delay-after", Value: []byte("90s")}, {Key: "delay-target", Value: []byte("orders.created")}}}
+	r := &codec.Rules{DLQ: "dlq", MaxDelay: time.Hour, Now: time.Now, Allow: c.AllowTarget}
+	base := testing.AllocsPerRun(100, func() { codec.Parse(m, r) })
+	r.DelaySource = c.DelaySource
+	if with := testing.AllocsPerRun(100, func() { codec.Parse(m, r) }); with > base {
+		t.Errorf("Parse of a NATS schedule: %v allocations with DelaySource, %v without", with, base)
+	}
+}

@@ -461,18 +461,27 @@ func checkSubject(s string, wildcards bool) error {
 
 // SubjectMatches reports whether the NATS subject filter (with "*" and ">"
 // wildcards) matches the literal subject.
+// It allocates nothing: the service asks it for every NATS target parsed
+// (DelaySource).
 func SubjectMatches(filter, subject string) bool {
-	f := strings.Split(filter, ".")
-	s := strings.Split(subject, ".")
-	for i, ft := range f {
+	done := false // the subject has no token left
+	for {
+		ft, frest, fmore := strings.Cut(filter, ".")
 		if ft == ">" {
-			return len(s) > i
+			return !done
 		}
-		if i >= len(s) || (ft != "*" && ft != s[i]) {
+		if done {
 			return false
 		}
+		st, srest, smore := strings.Cut(subject, ".")
+		if ft != "*" && ft != st {
+			return false
+		}
+		if !fmore {
+			return !smore
+		}
+		filter, subject, done = frest, srest, !smore
 	}
-	return len(f) == len(s)
 }
 
 // subjectsOverlap reports whether some subject matches both filters.

@@ -295,3 +295,51 @@ func TestSubjectMatches(t *testing.T) {
 		}
 	}
 }
+
+// subjectMatchesSplit is SubjectMatches written plainly (strings.Split),
+// the reference for TestSubjectMatchesAll.
+func subjectMatchesSplit(filter, subject string) bool {
+	f := strings.Split(filter, ".")
+	s := strings.Split(subject, ".")
+	for i, ft := range f {
+		if ft == ">" {
+			return len(s) > i
+		}
+		if i >= len(s) || (ft != "*" && ft != s[i]) {
+			return false
+		}
+	}
+	return len(f) == len(s)
+}
+
+// TestSubjectMatchesAll: SubjectMatches agrees with the plain reference on
+// every filter and subject of up to three tokens from "", a, b, * and >,
+// and allocates nothing.
+func TestSubjectMatchesAll(t *testing.T) {
+	var all []string
+	var gen func(pre string, n int)
+	gen = func(pre string, n int) {
+		all = append(all, pre)
+		if n == 0 {
+			return
+		}
+		for _, tk := range []string{"", "a", "b", "*", ">"} {
+			if pre == "" {
+				gen(tk, n-1)
+			} else {
+				gen(pre+"."+tk, n-1)
+			}
+		}
+	}
+	gen("", 3)
+	for _, f := range all {
+		for _, s := range all {
+			if got, want := SubjectMatches(f, s), subjectMatchesSplit(f, s); got != want {
+				t.Fatalf("SubjectMatches(%q, %q) = %v, want %v", f, s, got, want)
+			}
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { SubjectMatches("delay.*.>", "delay.a.b.c") }); n != 0 {
+		t.Errorf("SubjectMatches allocates %v times", n)
+	}
+}
