@@ -27,5 +27,5 @@ func TestKill9OneOfTwo(t *testing.T) {
 	s := stay.start()
 	s.waitLog(90*time.Second, "delaybridge running")
 	p := killRounds(t, other, rounds, time.Second, 3*time.Second)
-	checkDrained(t, b, l, col, rounds*shards*fireBatch, p, s)
+	checkDrained(t, b, l, col, rounds*shards*fireBatch*inFlightBatches, p, s)
 }
