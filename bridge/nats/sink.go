@@ -110,7 +110,7 @@ const (
 	// defaultProbeWait is Sink.probeWait (at most half PublishTimeout).
 	defaultProbeWait = time.Second
 	// maxVerdicts bounds the verdict cache; past it, expired verdicts are
-	// swept.
+	// swept, and if half of it is still live it starts over.
 	maxVerdicts = 4096
 )
 
@@ -240,6 +240,14 @@ func (s *Sink) setVerdict(subject string, core bool) {
 			if !now.Before(v.until) {
 				delete(s.verdicts, k)
 			}
+		}
+		if len(s.verdicts) >= maxVerdicts/2 {
+			// Mostly live verdicts (more target subjects within
+			// NoStreamTTL than the cache holds): start over, as denied
+			// and noAckStreams do, rather than grow past the bound and
+			// walk the whole map under s.mu for every new subject. A
+			// forgotten subject is only asked about again.
+			clear(s.verdicts)
 		}
 	}
 	s.verdicts[subject] = verdict{core: core, until: now.Add(s.cfg.NoStreamTTL)}

@@ -410,3 +410,33 @@ func TestSinkKafkaHeaderNames(t *testing.T) {
 		t.Fatalf("headers %v", msg.Header)
 	}
 }
+
+// TestSinkVerdictCacheBounded: with more distinct target subjects within
+// NoStreamTTL than the verdict cache holds (per-entity subjects such as
+// user.<id>.reminder), the cache stays within maxVerdicts; it grew without
+// bound, and every new subject walked it all under the sink's lock.
+func TestSinkVerdictCacheBounded(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	nc := connect(t, cfg)
+	if _, err := newJS(t, nc).CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OUT", Subjects: []string{"user.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	sink := newSink(t, nc, cfg)
+	const n, batch = maxVerdicts + 1000, 512
+	for from := 0; from < n; from += batch {
+		var b []*codec.Task
+		for i := from; i < min(from+batch, n); i++ {
+			b = append(b, task(fmt.Sprint("id-", i), fmt.Sprintf("user.%d.reminder", i), "v", 1795359845123))
+		}
+		if errs := sink.Deliver(ctxT(t), b); errs != nil {
+			t.Fatalf("deliver: %v", errors.Join(errs...))
+		}
+		sink.mu.Lock()
+		got := len(sink.verdicts)
+		sink.mu.Unlock()
+		if got > maxVerdicts {
+			t.Fatalf("verdict cache holds %d subjects after %d deliveries, maxVerdicts is %d", got, from+len(b), maxVerdicts)
+		}
+	}
+}
