@@ -73,14 +73,25 @@ func (f *idFilter) block(h uint64) (*[8]uint64, uint64) {
 	return &f.blocks[hi], h
 }
 
+// add sets h's bits. Only a key that sets a new bit counts towards full:
+// a key the filter holds already (every replace and retry announces its
+// id again) fills nothing, and counting it made a filter of a few hot ids
+// full, and rebuilt from a scan of the whole index, every capacity
+// replaces. (So does a new key that is a false positive, about 1% at
+// capacity: the count measures what the filter holds.)
 func (f *idFilter) add(h uint64) {
 	b, p := f.block(h)
+	set := false
 	for range filterProbes {
 		bit := p >> 55 // 9 bits: 0..511
-		b[bit>>6] |= 1 << (bit & 63)
+		w, m := &b[bit>>6], uint64(1)<<(bit&63)
+		set = set || *w&m == 0
+		*w |= m
 		p <<= 9
 	}
-	f.n++
+	if set {
+		f.n++
+	}
 }
 
 func (f *idFilter) mayContain(h uint64) bool {

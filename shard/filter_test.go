@@ -48,7 +48,28 @@ func TestIDFilter(t *testing.T) {
 			if got, want := f.full(), tc.keys > tc.capacity; got != want {
 				t.Fatalf("full() = %v with %d of %d keys", got, tc.keys, tc.capacity)
 			}
+			// Keys it holds again (replaces, retries) fill nothing.
+			n := f.n
+			for _, h := range in {
+				f.add(h)
+			}
+			if f.n != n {
+				t.Fatalf("adding the %d keys again counted %d more", tc.keys, f.n-n)
+			}
 		})
+	}
+}
+
+// TestIDFilterHotKeys: a filter of a few ids replaced over and over is
+// not full, so it is not rebuilt from a scan of the whole index every
+// capacity replaces.
+func TestIDFilterHotKeys(t *testing.T) {
+	f := newIDFilter(64)
+	for i := range 1000 {
+		f.add(filterHashString(fmt.Sprintf("isrc\x00hot-%d", i%3)))
+	}
+	if f.full() || f.n > 3 {
+		t.Fatalf("filter of capacity %d counts %d keys (full %v) after 1000 adds of 3 ids", f.capacity, f.n, f.full())
 	}
 }
 
