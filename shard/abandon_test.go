@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -117,7 +118,7 @@ func TestSweepLookupErrorKeepsMarker(t *testing.T) {
 	h.ingest([]codec.Task{cancelTask("c", 1), cancelTask("ok", 2)})
 	putCorruptIndex(t, h.e, "src", "c") // the marker's entry becomes unreadable
 	s := h.e.shards[0]
-	err := s.sweep(ms(t0.Add(2 * time.Second)))
+	_, err := s.sweep(ms(t0.Add(2 * time.Second)))
 	if err == nil {
 		t.Fatal("sweep reported no error for a marker it could not read")
 	}
@@ -224,5 +225,31 @@ func TestRunCloseRace(t *testing.T) {
 			t.Fatalf("round %d: Close = %v", i, cerr)
 		}
 		cancel()
+	}
+}
+
+// TestSweepKeepsUpWhenIdle: an idle shard sweeps expired cancel markers a
+// full round after another, not one round (sweepBatch) per park of up to
+// a second: a burst of cancels came due faster than it was swept.
+func TestSweepKeepsUpWhenIdle(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.CancelRetention = time.Hour
+	})
+	h.run()
+	const n = 3 * sweepBatch
+	for i := 0; i < n; i += 512 {
+		var b []codec.Task
+		for j := i; j < i+512; j++ {
+			b = append(b, cancelTask(fmt.Sprint("gone-", j), int64(j+1)))
+		}
+		h.ingest(b)
+	}
+	if got := len(recordsOf(t, h.e, prefixExpiry)); got != n {
+		t.Fatalf("%d cancel markers, want %d", got, n)
+	}
+	h.advance(time.Hour + time.Second)
+	if got := len(recordsOf(t, h.e, prefixExpiry)); got != 0 {
+		t.Fatalf("%d of %d expired cancel markers left once the loop settled", got, n)
 	}
 }

@@ -131,12 +131,13 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 			return
 		}
 		now := s.e.nowMs()
-		if err := s.sweep(now); err != nil {
+		moreToSweep, err := s.sweep(now)
+		if err != nil {
 			s.e.log.Warn("cancel-marker sweep failed", zap.Int("shard", s.id), zap.Error(err))
 		}
 		s.mu.Lock()
 		s.drainLocked()
-		err := s.housekeepLocked(now)
+		err = s.housekeepLocked(now)
 		if wait, busy := s.laneWaitLocked(time.Now()); err == nil && busy {
 			// A batch is being published: wait for it, unless it is stuck.
 			s.mu.Unlock()
@@ -148,6 +149,13 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 			claimed = append(s.takeParkedLocked(s.e.opts.FireBatch), s.claimLocked(now)...)
 		}
 		if err == nil && len(claimed) == 0 {
+			if moreToSweep {
+				// A full round of expired markers: the next one now, not
+				// a park (up to maxPark) later, or an idle shard would
+				// sweep sweepBatch a second, behind a burst of cancels.
+				s.mu.Unlock()
+				continue
+			}
 			wake := s.horizonEnd - s.e.horizonMs()/2 // or the wheel's next due: park looks
 			s.mu.Unlock()
 			s.park(ctx, timer, wake, false)
@@ -326,13 +334,15 @@ func (s *shard) loadLocked(now int64) error {
 
 const sweepBatch = 1024
 
-// sweep deletes cancel markers whose retention has passed.
-func (s *shard) sweep(now int64) error {
+// sweep deletes cancel markers whose retention has passed, up to
+// sweepBatch a round. more reports a full round committed: there may be
+// more to sweep now.
+func (s *shard) sweep(now int64) (more bool, err error) {
 	e := s.e
 	s.mu.Lock()
 	if now < s.nextSweep {
 		s.mu.Unlock()
-		return nil
+		return false, nil
 	}
 	it, err := e.db.NewIter(&pebble.IterOptions{
 		LowerBound: expiryBound(s.id, 0),
@@ -340,7 +350,7 @@ func (s *shard) sweep(now int64) error {
 	})
 	if err != nil {
 		s.mu.Unlock()
-		return fmt.Errorf("sweep shard %d: %w", s.id, err)
+		return false, fmt.Errorf("sweep shard %d: %w", s.id, err)
 	}
 	b := e.db.NewBatch()
 	idx := indexReader{db: e.db}
@@ -384,16 +394,16 @@ func (s *shard) sweep(now int64) error {
 		tk.release()
 		b.Close()
 		if err != nil {
-			return fmt.Errorf("sweep shard %d: %w", s.id, err)
+			return false, fmt.Errorf("sweep shard %d: %w", s.id, err)
 		}
-		return lookErr
+		return false, lookErr
 	}
 	s.enqueueLocked(pb)
 	s.mu.Unlock()
 	if err := s.commitDecided(tk, pb, b, "sweep", nil); err != nil {
-		return err
+		return false, err
 	}
-	return lookErr
+	return n == sweepBatch && lookErr == nil, lookErr
 }
 
 // claimLocked takes up to FireBatch due entries from the wheel and marks
