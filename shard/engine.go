@@ -58,6 +58,10 @@ type Engine struct {
 	db     *pebble.DB
 	shards []*shard
 	health *storeHealth // Pebble's write stalls and background errors
+	// beginPublish, for tests, sees each batch under its shard's lock
+	// right after deliver's last supersession check: where its publish
+	// begins. Set before Run.
+	beginPublish func(batch []*codec.Task)
 
 	seq atomic.Uint64 // last allocated store sequence
 

@@ -609,6 +609,9 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		minDue = min(minDue, batch[i].Due)
 	}
 	ln.publishingDue = minDue
+	if e.beginPublish != nil {
+		e.beginPublish(batch)
+	}
 	s.mu.Unlock()
 	// The sinks time their publishes (delaybridge_publish_seconds, by
 	// transport).

@@ -15,20 +15,35 @@ import (
 
 // stressSink holds Kafka batches at random for longer than LaneGrace, fails
 // some tasks (ErrUnavailable or a plain error), and records every acked
-// delivery with the number of the Deliver call that carried it (numbered
-// at entry, so a batch entered before an op returned numbers <= the
-// counter read after it).
+// delivery with the number of the Deliver call that carried it. Where each
+// publish began is numbered too (begin, from the engine's beginPublish,
+// under the shard lock right after its last supersession check), so a
+// publish that began before an op returned numbers <= the begun counter
+// read after it: the Deliver call itself comes a moment later, and a
+// replace may return in between.
 type stressSink struct {
 	mu      sync.Mutex
 	rng     *rand.Rand
 	hold    atomic.Bool
 	fail    atomic.Bool
 	calls   atomic.Int64
+	begun   atomic.Int64
+	begins  map[string][]int64 // value -> begin numbers of its publishes
 	acks    map[string][]int64 // value -> entry numbers of its acked deliveries
 	kinds   map[string]codec.Kind
 	mixed   atomic.Int32
 	holding atomic.Int32
 	holds   int
+}
+
+// begin numbers a publish that begins (Engine.beginPublish).
+func (s *stressSink) begin(batch []*codec.Task) {
+	n := s.begun.Add(1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, t := range batch {
+		s.begins[string(t.Value)] = append(s.begins[string(t.Value)], n)
+	}
 }
 
 func (s *stressSink) Deliver(ctx context.Context, batch []*codec.Task) []error {
@@ -78,7 +93,7 @@ func (s *stressSink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 }
 
 // superseded: a version replaced or cancelled by an op that had returned
-// when the sink's call counter was at.
+// when the sink's begun counter was at.
 type superseded struct {
 	value string
 	at    int64
@@ -103,7 +118,8 @@ func TestLaneStress(t *testing.T) {
 				o.LaneGrace = 3 * time.Millisecond
 				o.Retry = RetryPolicy{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond, MaxAttempts: 4}
 			})
-			sink := &stressSink{rng: rand.New(rand.NewPCG(seed, 99)), acks: map[string][]int64{}, kinds: map[string]codec.Kind{}}
+			sink := &stressSink{rng: rand.New(rand.NewPCG(seed, 99)), acks: map[string][]int64{}, begins: map[string][]int64{}, kinds: map[string]codec.Kind{}}
+			h.e.beginPublish = sink.begin
 			sink.hold.Store(true)
 			sink.fail.Store(true)
 			var runMu sync.Mutex
@@ -188,7 +204,7 @@ func TestLaneStress(t *testing.T) {
 							return
 						}
 						if had {
-							at := sink.calls.Load()
+							at := sink.begun.Load()
 							supMu.Lock()
 							sups = append(sups, superseded{prev, at, how})
 							supMu.Unlock()
@@ -255,9 +271,9 @@ func TestLaneStress(t *testing.T) {
 				}
 			}
 			for _, s := range sups {
-				for _, n := range sink.acks[s.value] {
+				for _, n := range sink.begins[s.value] {
 					if n > s.at {
-						t.Errorf("%s delivered by call %d, begun after the %s that superseded it returned (calls were at %d)", s.value, n, s.how, s.at)
+						t.Errorf("%s handed to the sink by publish %d, begun after the %s that superseded it returned (publishes were at %d)", s.value, n, s.how, s.at)
 					}
 				}
 			}
