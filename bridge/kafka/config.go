@@ -36,8 +36,10 @@
 //     stops.
 //   - Writer.WriteMessages fails the whole call, not per message, on a
 //     metadata error (unknown topic) or on one record above BatchBytes. The
-//     Sink checks record sizes first and, on a whole-call failure, retries
-//     topic by topic so that only the bad topic's tasks fail.
+//     Sink sends a record above BatchBytes in a batch of its own (a writer
+//     without that limit: the broker's decides) and, on a whole-call
+//     failure, retries topic by topic so that only the bad topic's tasks
+//     fail.
 //   - The Writer keeps writing a batch after the caller's ctx ended, and
 //     retries with an uncancellable sleep; WriteAttempts and its backoff are
 //     kept small because the engine has its own retry policy.
@@ -92,9 +94,6 @@ var (
 	// ErrTopicMissing means a source topic does not exist. The source
 	// waits for it (not ready) rather than joining the group without it.
 	ErrTopicMissing = errors.New("kafka: source topic does not exist")
-	// ErrTooLarge is the per-task error for a record larger than the
-	// writer's batch limit.
-	ErrTooLarge = errors.New("kafka: record too large")
 	// ErrNoTopic is the per-task error for a task without a target topic.
 	ErrNoTopic = errors.New("kafka: task has no target topic")
 	// ErrRunning is returned by a second concurrent Run.
@@ -145,7 +144,7 @@ type Config struct {
 
 	// Sink knobs.
 	BatchTimeout  time.Duration // producer linger; default 1ms (kafka-go's 1s default would delay every fire)
-	BatchBytes    int64         // largest produce batch and record; default 1 MiB (broker message.max.bytes)
+	BatchBytes    int64         // largest produce batch (a larger record goes alone, bounded by the broker); default 1 MiB (broker message.max.bytes)
 	WriteAttempts int           // kafka-go internal attempts per produce batch; default 3
 	WriteTimeout  time.Duration // per produce request; default 10s
 	// ProbeInterval is how often an unhealthy Sink checks that every

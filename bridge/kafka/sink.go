@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net"
 	"slices"
 	"strconv"
@@ -283,6 +284,11 @@ func NewSink(cfg Config) (*Sink, error) {
 	s.w = newWriter(&cfg, s.transport, s.log)
 	s.alone = newWriter(&cfg, s.transport, s.log)
 	s.alone.BatchSize = 1
+	// A record alone in its batch is bounded by the broker's limit, not
+	// by BatchBytes: a dead letter of a too-large message is the whole
+	// source message, which the delay topic took and a DLQ configured
+	// like it takes too (see Deliver).
+	s.alone.BatchBytes = math.MaxInt32
 	return s, nil
 }
 
@@ -350,28 +356,36 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	msgs := make([]kafkago.Message, len(batch))
 	errs := make([]error, len(batch))
 	idx := make([]int, 0, len(batch))
+	var big []int // over BatchBytes: sent alone, the broker's limit decides
 	for i, t := range batch {
 		msgs[i] = toKafkaMessage(t, start)
 		switch {
 		case t.Target == "":
 			errs[i] = ErrNoTopic
 		case int64(recordSize(&msgs[i])) > s.cfg.BatchBytes:
-			errs[i] = fmt.Errorf("%w: %w: %d bytes to %q, limit %d: %w", ErrTooLarge, shard.ErrRefused,
-				recordSize(&msgs[i]), t.Target, s.cfg.BatchBytes, kafkago.MessageSizeTooLarge)
+			big = append(big, i)
 		default:
 			idx = append(idx, i)
 		}
 	}
 	s.write(ctx, s.w, msgs, idx, errs, true)
+	s.write(ctx, s.alone, msgs, big, errs, true)
 	if retry := staleOnes(errs); len(retry) > 0 && ctx.Err() == nil {
 		// A leader moved. kafka-go's transport would keep its stale
 		// metadata until MetadataTTL; drop its pools so the retry (and
 		// every later publish) reloads it.
 		s.transport.CloseIdleConnections()
+		idx, big = idx[:0], big[:0]
 		for _, i := range retry {
 			errs[i] = nil
+			if int64(recordSize(&msgs[i])) > s.cfg.BatchBytes {
+				big = append(big, i)
+			} else {
+				idx = append(idx, i)
+			}
 		}
-		s.write(ctx, s.w, msgs, retry, errs, true)
+		s.write(ctx, s.w, msgs, idx, errs, true)
+		s.write(ctx, s.alone, msgs, big, errs, true)
 	}
 	s.m.PublishSeconds.WithLabelValues(codec.TransportKafka.String()).Observe(time.Since(start).Seconds())
 	for _, err := range errs {

@@ -229,8 +229,10 @@ func TestSinkProduceFaultThenRecovery(t *testing.T) {
 	}
 }
 
+// A record over BatchBytes is sent in a batch of its own, where the
+// broker's limit decides: refused there, it fails alone as refused.
 func TestSinkTooLargeFailsAlone(t *testing.T) {
-	c := newCluster(t, kfake.SeedTopics(1, "out"))
+	c := newCluster(t, kfake.SeedTopics(1, "out"), kfake.BrokerConfigs(map[string]string{"message.max.bytes": "1000"}))
 	cfg := testConfig(t, c.ListenAddrs(), "")
 	cfg.BatchBytes = 1000
 	s, err := NewSink(cfg)
@@ -240,7 +242,7 @@ func TestSinkTooLargeFailsAlone(t *testing.T) {
 	defer s.Close()
 	big := string(bytes.Repeat([]byte("x"), 1000))
 	errs := s.Deliver(context.Background(), []*codec.Task{task("out", "a", "small"), task("out", "b", big)})
-	if len(errs) != 2 || errs[0] != nil || !errors.Is(errs[1], ErrTooLarge) || !errors.Is(errs[1], kafkago.MessageSizeTooLarge) {
+	if len(errs) != 2 || errs[0] != nil || !errors.Is(errs[1], shard.ErrRefused) || !errors.Is(errs[1], kafkago.MessageSizeTooLarge) {
 		t.Fatalf("errs %v", errs)
 	}
 	consumeAll(t, c, "out", 1)
@@ -417,7 +419,11 @@ func TestSinkRefusals(t *testing.T) {
 		{"missing topic", nil, "missing", false, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cl := newCluster(t, kfake.SeedTopics(1, "out"), kfake.SeedTopics(1, "fine"))
+			opts := []kfake.Opt{kfake.SeedTopics(1, "out"), kfake.SeedTopics(1, "fine")}
+			if c.big { // over BatchBytes, the broker's limit decides
+				opts = append(opts, kfake.BrokerConfigs(map[string]string{"message.max.bytes": "1000"}))
+			}
+			cl := newCluster(t, opts...)
 			cfg := testConfig(t, cl.ListenAddrs(), "")
 			cfg.WriteAttempts = 1
 			cfg.BatchBytes = 1000
