@@ -528,7 +528,8 @@ const DeadLetterOverhead = len(HeaderError) + 32 + len(HeaderErrorDetail) + MaxD
 func messageSize(m *Message) int {
 	n := len(m.Key) + len(m.Value)
 	for _, h := range m.Headers {
-		n += len(h.Key) + len(h.Value) + headerFraming(len(h.Key), len(h.Value))
+		// A name NATS cannot carry grows on a NATS target (NATSHeaderName).
+		n += len(h.Key) + natsNameGrowth(h.Key) + len(h.Value) + headerFraming(len(h.Key), len(h.Value))
 	}
 	return n
 }

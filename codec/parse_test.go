@@ -903,3 +903,26 @@ func TestParseTargetNATSUTF8(t *testing.T) {
 		}
 	}
 }
+
+// TestNATSHeaderName: a header name NATS cannot carry is percent-encoded
+// (each byte it cannot carry, and '%'), and natsNameGrowth, which too-large
+// counts, is exactly how much longer that makes it.
+func TestNATSHeaderName(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"x-app", "x-app"},
+		{"50%", "50%"}, // valid as it is: '%' kept
+		{"trace id", "trace%20id"},
+		{"a:b", "a%3Ab"},
+		{"x/100%", "x%2F100%25"},
+		{"é", "%C3%A9"},
+		{"", ""},
+	} {
+		got := NATSHeaderName(tc.in)
+		if got != tc.want {
+			t.Errorf("NATSHeaderName(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+		if g := natsNameGrowth(tc.in); g != len(got)-len(tc.in) {
+			t.Errorf("natsNameGrowth(%q) = %d, want %d", tc.in, g, len(got)-len(tc.in))
+		}
+	}
+}

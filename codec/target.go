@@ -3,6 +3,7 @@ package codec
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -129,4 +130,50 @@ func checkSubject[S ~string | ~[]byte](name S) error {
 		return errors.New("NATS subject is not valid UTF-8")
 	}
 	return nil
+}
+
+// natsNameByte reports whether NATS carries byte c in a header name as it
+// is: printable ASCII except space and "()/,:;<=>?@[\]{}.
+func natsNameByte(c byte) bool {
+	return c > ' ' && c < 0x7f && strings.IndexByte(`"()/,:;<=>?@[\]{}`, c) < 0
+}
+
+// NATSHeaderName is a (Kafka) header name as a NATS header name; nats.go
+// refuses the whole message for one name NATS cannot carry. A valid name
+// is kept as it is; in any other, each byte NATS cannot carry, and '%', is
+// written %XX (percent-encoding, so the name can be decoded).
+func NATSHeaderName(k string) string {
+	if natsNameGrowth(k) == 0 {
+		return k
+	}
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; natsNameByte(c) && c != '%' {
+			b.WriteByte(c)
+		} else {
+			b.WriteByte('%')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&15])
+		}
+	}
+	return b.String()
+}
+
+// natsNameGrowth is how much longer NATSHeaderName(k) is than k: 2 bytes
+// for each byte it encodes, none for a name NATS carries as it is.
+func natsNameGrowth(k string) int {
+	bad, pct := 0, 0
+	for i := 0; i < len(k); i++ {
+		switch c := k[i]; {
+		case c == '%':
+			pct++
+		case !natsNameByte(c):
+			bad++
+		}
+	}
+	if bad == 0 {
+		return 0
+	}
+	return 2 * (bad + pct)
 }

@@ -124,7 +124,7 @@ func headersOut(hs []codec.Header, msgID string) natsgo.Header {
 		if publishDirective(x.Key) {
 			continue
 		}
-		k := headerKey(x.Key)
+		k := codec.NATSHeaderName(x.Key)
 		if k == "" {
 			continue // NATS has no empty header name
 		}
@@ -132,34 +132,6 @@ func headersOut(hs []codec.Header, msgID string) natsgo.Header {
 	}
 	h[codec.HeaderNatsMsgID] = []string{msgID}
 	return h
-}
-
-// headerKey is a (Kafka) header name as a NATS header name. NATS allows
-// printable ASCII except space and "()/,:;<=>?@[\]{}; nats.go refuses the
-// whole message for one name outside that. A valid name is kept as it is;
-// in any other, each byte NATS cannot carry, and '%', is written %XX
-// (percent-encoding, so the name can be decoded).
-func headerKey(k string) string {
-	valid := func(c byte) bool { return c > ' ' && c < 0x7f && !strings.ContainsRune(`"()/,:;<=>?@[\]{}`, rune(c)) }
-	ok := true
-	for i := 0; i < len(k) && ok; i++ {
-		ok = valid(k[i])
-	}
-	if ok {
-		return k
-	}
-	const hex = "0123456789ABCDEF"
-	var b strings.Builder
-	for i := 0; i < len(k); i++ {
-		if c := k[i]; valid(c) && c != '%' {
-			b.WriteByte(c)
-		} else {
-			b.WriteByte('%')
-			b.WriteByte(hex[c>>4])
-			b.WriteByte(hex[c&15])
-		}
-	}
-	return b.String()
 }
 
 // filterCovers reports whether every subject matched by filter sub is also
