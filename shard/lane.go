@@ -58,11 +58,17 @@ func parkedOf(it fireItem) parkedTask {
 }
 
 // laneWaitLocked reports whether a lane is publishing a batch for less
-// than LaneGrace, and how long until it would count as stuck.
+// than LaneGrace, and how long until it would count as stuck. A lane whose
+// transport is in an outage (its last delivery failed with ErrUnavailable)
+// is not waited for: its batch is expected to fail again, and a broker
+// that refuses connections fails each batch well within the grace, so
+// waiting for it would hold the other transport's due tasks behind one
+// failing round per FireBatch of the down transport's backlog. Its tasks
+// wait aside until the batch returns, as a stuck lane's do.
 func (s *shard) laneWaitLocked(now time.Time) (wait time.Duration, busy bool) {
 	for l := range s.lanes {
 		ln := &s.lanes[l]
-		if !ln.busy {
+		if !ln.busy || ln.outage.err != nil {
 			continue
 		}
 		if left := s.e.opts.LaneGrace - now.Sub(ln.since); left > 0 && (!busy || left < wait) {
