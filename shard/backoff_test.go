@@ -35,3 +35,34 @@ func TestJitterDuration(t *testing.T) {
 		})
 	}
 }
+
+// TestBackoffCappedAtMax: a retry's wait, after a failed publish or in an
+// outage, never exceeds Retry.Max, jitter included (the README promises
+// delivery at most retry.max after the broker is back); below the cap the
+// jitter still spreads the waits.
+func TestBackoffCappedAtMax(t *testing.T) {
+	r := RetryPolicy{Initial: 100 * time.Millisecond, Max: time.Second, Multiplier: 2, Jitter: 0.2, MaxAttempts: 50}
+	h := newHarness(t, func(o *Options) { o.Shards, o.Retry = 1, r })
+	s := h.e.shards[0] // the fire loop does not run: its rng is ours
+	for _, c := range []struct {
+		name     string
+		wait     func() time.Duration
+		min, max time.Duration
+	}{
+		{"first retry", func() time.Duration { return s.backoff(1) }, 80 * time.Millisecond, 120 * time.Millisecond},
+		{"capped retry", func() time.Duration { return s.backoff(20) }, 800 * time.Millisecond, time.Second},
+		{"short outage", func() time.Duration { return s.outageBackoff(200) }, 160 * time.Millisecond, 240 * time.Millisecond},
+		{"long outage", func() time.Duration { return s.outageBackoff(3_600_000) }, 800 * time.Millisecond, time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			lo, hi := time.Duration(math.MaxInt64), time.Duration(0)
+			for range 1000 {
+				d := c.wait()
+				lo, hi = min(lo, d), max(hi, d)
+			}
+			if lo < c.min || hi > c.max || lo == hi {
+				t.Fatalf("waits %v..%v, want spread within %v..%v", lo, hi, c.min, c.max)
+			}
+		})
+	}
+}

@@ -922,7 +922,10 @@ type dlRefusal struct {
 func (s *shard) outageBackoff(overdueMs int64) time.Duration {
 	r := s.e.opts.Retry
 	d := min(max(time.Duration(min(max(overdueMs, 0), math.MaxInt64/int64(time.Millisecond)))*time.Millisecond, r.Initial), r.Max)
-	return jitterDuration(float64(d), r.Jitter, s.rng.Float64())
+	// Capped after the jitter: a wait is never longer than Max (README:
+	// delivered after the outage at most retry.max late). At the cap the
+	// jitter still spreads the waits, over Max*(1-Jitter)..Max.
+	return min(jitterDuration(float64(d), r.Jitter, s.rng.Float64()), r.Max)
 }
 
 // backoff is the delay before attempt n+1 after n failed publishes:
@@ -933,7 +936,7 @@ func (s *shard) backoff(attempts uint32) time.Duration {
 	if d > float64(r.Max) || math.IsInf(d, 0) || math.IsNaN(d) {
 		d = float64(r.Max)
 	}
-	return jitterDuration(d, r.Jitter, s.rng.Float64())
+	return min(jitterDuration(d, r.Jitter, s.rng.Float64()), r.Max)
 }
 
 // jitterDuration is d nanoseconds moved by up to +-jitter (u: a uniform
