@@ -11,6 +11,8 @@ package bridge
 
 import (
 	"context"
+	"sync"
+	"time"
 
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/shard"
@@ -80,4 +82,37 @@ type Batch struct {
 // health for /readyz; nil means healthy.
 type Healther interface {
 	Health() error
+}
+
+// LogEvery is how often a failure that repeats on every retry (a broker
+// outage) is logged again; the line says how many were left out.
+const LogEvery = 30 * time.Second
+
+// LogThrottle lets the first of a run of repeated failures through and
+// then one per LogEvery, counting those it holds back. The zero value is
+// ready; it is safe for concurrent use.
+type LogThrottle struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+// Allow reports whether to log now and how many lines were held back
+// since the last one.
+func (t *LogThrottle) Allow(now time.Time) (suppressed int, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.last.IsZero() && now.Sub(t.last) < LogEvery {
+		t.suppressed++
+		return 0, false
+	}
+	t.last, suppressed, t.suppressed = now, t.suppressed, 0
+	return suppressed, true
+}
+
+// Reset ends a run of failures: the next one is logged at once.
+func (t *LogThrottle) Reset() {
+	t.mu.Lock()
+	t.last, t.suppressed = time.Time{}, 0
+	t.mu.Unlock()
 }

@@ -751,8 +751,9 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			b.Set(appendTaskKey(key[:0], s.id, now, it.seq), val, nil)
 			s.addOpLocked(pb, now, it.seq)
 			s.clearLateLocked(it.seq)
-			e.log.Warn("task dead-lettered after failed publishes", zap.String("source", t.Source),
-				zap.String("id", t.ID), zap.Uint32("attempts", t.Attempts), zap.Error(derr))
+			e.log.Warn("task dead-lettered after failed publishes", zap.String("code", string(codec.CodePublishFailed)),
+				zap.String("origin", t.Origin), zap.String("dlq", dl.Transport.String()+":"+dl.Target),
+				zap.String("source", t.Source), zap.String("id", t.ID), zap.Uint32("attempts", t.Attempts), zap.Error(derr))
 			continue
 		}
 		fire := now + wait.Milliseconds()

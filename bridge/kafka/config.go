@@ -62,6 +62,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -71,6 +72,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 	"go.uber.org/zap"
 
+	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/config"
 	"github.com/delaybridge/delaybridge/metrics"
@@ -496,6 +498,30 @@ func fatalKind(err error) error {
 func zapLogger(l *zap.Logger, level func(*zap.Logger, string)) kafkago.Logger {
 	return kafkago.LoggerFunc(func(format string, args ...any) {
 		level(l, fmt.Sprintf(format, args...))
+	})
+}
+
+// throttledLogger is zapLogger with a logThrottle per format string:
+// kafka-go's error logger says the same on every retry of a failing
+// operation (a coordinator it cannot reach), once per JoinBackoff.
+func throttledLogger(l *zap.Logger, level func(*zap.Logger, string)) kafkago.Logger {
+	var mu sync.Mutex
+	throttles := map[string]*bridge.LogThrottle{}
+	return kafkago.LoggerFunc(func(format string, args ...any) {
+		mu.Lock()
+		th := throttles[format]
+		if th == nil {
+			th = new(bridge.LogThrottle)
+			throttles[format] = th
+		}
+		mu.Unlock()
+		if n, ok := th.Allow(time.Now()); ok {
+			msg := fmt.Sprintf(format, args...)
+			if n > 0 {
+				msg += fmt.Sprintf(" (%d more like it not logged)", n)
+			}
+			level(l, msg)
+		}
 	})
 }
 

@@ -320,6 +320,16 @@ func (s *Sink) Check(ctx context.Context) error {
 	return check(ctx, &s.cfg, nil)
 }
 
+// MissingTopics returns those of topics (dead-letter topics) that do not
+// exist, asking without creating them; nil when all exist or the brokers
+// cannot tell now (the caller only warns).
+func (s *Sink) MissingTopics(ctx context.Context, topics []string) []string {
+	if len(topics) == 0 {
+		return nil
+	}
+	return missingTopics(check(ctx, &s.cfg, topics))
+}
+
 // Close stops the probe, then flushes and closes the producers.
 func (s *Sink) Close() error {
 	s.mu.Lock()

@@ -199,6 +199,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 	}
 	defer func() { leave() }()
 	joined := false
+	var joinFails bridge.LogThrottle // one line per bridge.LogEvery while joins fail
 	for {
 		if cg == nil {
 			var err error
@@ -239,9 +240,12 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			for _, t := range s.topics {
 				s.cfg.Metrics.SourceErrors.WithLabelValues(t).Inc()
 			}
-			s.log.Warn("join group failed; retrying", zap.Error(err))
+			if suppressed, ok := joinFails.Allow(time.Now()); ok {
+				s.log.Warn("join group failed; retrying", zap.Error(err), zap.Int("suppressed", suppressed))
+			}
 			continue
 		}
+		joinFails.Reset()
 		joined = true
 		// A topic of this group deleted while we run: leave the group and
 		// join again with those that exist, rather than spin through
@@ -345,7 +349,7 @@ func (s *Source) groupConfig() kafkago.ConsumerGroupConfig {
 		StartOffset:           kafkago.FirstOffset,
 		Timeout:               s.cfg.DialTimeout,
 		Logger:                zapLogger(s.log, logDebug),
-		ErrorLogger:           zapLogger(s.log, logWarn),
+		ErrorLogger:           throttledLogger(s.log, logWarn),
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
+	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/metrics"
 )
@@ -193,6 +194,7 @@ func (c *Config) options() ([]natsgo.Option, error) {
 	}
 
 	log := c.Logger
+	var reconnectFails bridge.LogThrottle
 	opts := []natsgo.Option{
 		natsgo.Name(c.Name),
 		natsgo.Timeout(c.ConnectTimeout),
@@ -209,10 +211,15 @@ func (c *Config) options() ([]natsgo.Option, error) {
 			log.Warn("nats: disconnected; reconnecting", zap.Error(err))
 		}),
 		natsgo.ReconnectHandler(func(nc *natsgo.Conn) {
+			reconnectFails.Reset()
 			log.Info("nats: reconnected", zap.String("server", redactURL(nc.ConnectedUrl())))
 		}),
 		natsgo.ReconnectErrHandler(func(_ *natsgo.Conn, err error) {
-			log.Warn("nats: reconnect attempt failed", zap.Error(err))
+			// Once per ReconnectWait for as long as the server is down:
+			// the first, then one line per bridge.LogEvery.
+			if suppressed, ok := reconnectFails.Allow(time.Now()); ok {
+				log.Warn("nats: reconnect attempt failed", zap.Error(err), zap.Int("suppressed", suppressed))
+			}
 		}),
 		natsgo.ClosedHandler(func(nc *natsgo.Conn) {
 			if err := nc.LastError(); err != nil {

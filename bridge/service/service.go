@@ -12,7 +12,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -161,9 +164,14 @@ func (s *Service) connect(ctx context.Context) error {
 	}
 }
 
-// unreachable reports whether err only says that no broker answered.
+// unreachable reports whether err only says that no broker answered: for
+// NATS also a host name that does not resolve (yet) and a server that took
+// the connection but did not answer in time, as the Kafka check classifies
+// them (kafka.ErrUnreachable).
 func unreachable(err error) bool {
-	return errors.Is(err, kafka.ErrUnreachable) || errors.Is(err, natsgo.ErrNoServers)
+	var dns *net.DNSError
+	return errors.Is(err, kafka.ErrUnreachable) || errors.Is(err, natsgo.ErrNoServers) ||
+		errors.Is(err, natsgo.ErrTimeout) || errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &dns)
 }
 
 // connectOnce builds the adapters; on failure it closes what it built.
@@ -261,6 +269,19 @@ func (s *Service) setupKafka(ctx context.Context, o Options) error {
 	}
 	s.sinks.Kafka = sink
 	s.health = append(s.health, sink)
+	// A DLQ topic that does not exist is not needed until the first bad
+	// message, which then holds its partition until the topic exists:
+	// say so now, while nothing waits for it.
+	var dlqs []string
+	for _, src := range k.Sources {
+		if !slices.Contains(dlqs, src.DLQ) {
+			dlqs = append(dlqs, src.DLQ)
+		}
+	}
+	if missing := sink.MissingTopics(ctx, dlqs); len(missing) > 0 {
+		s.log.Warn("kafka dlq topic missing: create it; until it exists a dead letter holds its partition and the bridge is not ready",
+			zap.Strings("topics", missing))
+	}
 	src, err := kafka.NewSource(kc)
 	if err != nil {
 		return fmt.Errorf("kafka source: %w", err)

@@ -1,0 +1,227 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/delaybridge/delaybridge/bridge/kafka"
+	"github.com/delaybridge/delaybridge/bridge/nats"
+	"github.com/delaybridge/delaybridge/config"
+)
+
+// TestNATSSilentServerRetried: a NATS address that accepts the TCP
+// connection but does not answer (a server still starting behind a load
+// balancer, a port-forward without its backend) is a broker that does not
+// answer: README "Configuration" says it is retried with backoff while
+// /readyz says why, as Kafka's is. It must not end Run at start.
+func TestNATSSilentServerRetried(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c) // accept, never answer
+		}
+	}()
+	yml := `
+data_dir: ` + strconv.Quote(t.TempDir()) + `
+nats:
+  url: nats://` + l.Addr().String() + `
+  sources: [{subject: delay.>, dlq: dlq.delay}]
+admin: {listen: "127.0.0.1:0"}
+`
+	cfg, err := config.LoadBytes([]byte(yml), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := New(context.Background(), cfg, Options{NATS: func(c *nats.Config) { c.ConnectTimeout = 200 * time.Millisecond }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case err := <-done:
+			t.Fatalf("Run ended at start with %v; want retries while /readyz says why", err)
+		case <-deadline:
+			t.Fatal("no not-ready reason naming the NATS connect")
+		case <-time.After(20 * time.Millisecond):
+		}
+		if err := svc.Ready(); err != nil && strings.Contains(err.Error(), "connecting to brokers: nats") {
+			t.Logf("ready: %v", err)
+			break
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run after cancel = %v, want nil", err)
+	}
+}
+
+// TestNATSUnresolvableHostRetried: a host name that does not resolve
+// (yet: a Service created after the bridge's pod) is retried, as the
+// Kafka side does for the same error.
+func TestNATSUnresolvableHostRetried(t *testing.T) {
+	yml := `
+data_dir: ` + strconv.Quote(t.TempDir()) + `
+nats:
+  url: nats://nosuchhost.invalid:4222
+  sources: [{subject: delay.>, dlq: dlq.delay}]
+admin: {listen: "127.0.0.1:0"}
+`
+	cfg, err := config.LoadBytes([]byte(yml), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := New(context.Background(), cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case err := <-done:
+			t.Fatalf("Run ended at start with %v; want retries while /readyz says why", err)
+		case <-deadline:
+			t.Fatal("no not-ready reason naming the NATS connect")
+		case <-time.After(20 * time.Millisecond):
+		}
+		if err := svc.Ready(); err != nil && strings.Contains(err.Error(), "connecting to brokers: nats") {
+			t.Logf("ready: %v", err)
+			break
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run after cancel = %v, want nil", err)
+	}
+}
+
+// TestKafkaOutageLogVolume: while the Kafka cluster is down, every
+// failed group join logs two Warn lines (kafka-go's ErrorLogger and the
+// source's "join group failed; retrying"), with no backoff beyond the
+// 1 s JoinBackoff and no rate limit: about 120 lines a minute for Kafka
+// alone, forever. The operator needs the first failure and then a
+// reminder now and then (as the store's background errors: once per 10 s
+// with a count), not a line per attempt. Counted per attempt
+// (delaybridge_source_errors_total), not per second.
+func TestKafkaOutageLogVolume(t *testing.T) {
+	kc, err := kfake.NewCluster(kfake.SeedTopics(1, kafkaDelay, kafkaDLQ, kafkaOut))
+	if err != nil {
+		t.Fatal(err)
+	}
+	yml := `
+data_dir: ` + strconv.Quote(t.TempDir()) + `
+kafka:
+  brokers: [` + strconv.Quote(kc.ListenAddrs()[0]) + `]
+  sources: [{topic: delay, dlq: delay.dlq}]
+admin: {listen: "127.0.0.1:0"}
+`
+	cfg, err := config.LoadBytes([]byte(yml), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	reg := prometheus.NewRegistry()
+	svc, err := New(context.Background(), cfg, Options{Logger: zap.New(core), Registry: reg,
+		Kafka: func(c *kafka.Config) { fastKafka(c); c.JoinBackoff = 10 * time.Millisecond }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	eventually(t, "ready", func() bool { return svc.Ready() == nil })
+	kc.Close()
+	const attempts = 30
+	errorsOf := func() float64 {
+		return testutil.ToFloat64(svc.m.SourceErrors.WithLabelValues(kafkaDelay))
+	}
+	eventually(t, "failed joins", func() bool { return errorsOf() >= attempts })
+	n := 0
+	for _, e := range logs.All() {
+		if strings.Contains(e.Message, "join group failed") || strings.Contains(e.Message, "consumer group coordinator") {
+			n++
+		}
+	}
+	t.Logf("%v failed attempts, %d Warn lines about them (%d Warn lines in all)", errorsOf(), n, logs.Len())
+	if n > 5 {
+		t.Fatalf("%d Warn lines for %v failed joins of one outage; want the first and a rate-limited reminder", n, errorsOf())
+	}
+}
+
+// TestMissingKafkaDLQAtStart: a configured dead-letter topic that does
+// not exist is not noticed at start: the bridge is ready and says nothing,
+// and the first bad message, possibly hours later, holds its partition
+// (CONTRACT §3) until an operator creates the topic. The delay topic is
+// checked at start (a Warn naming it, not ready); the DLQ, which the
+// operator configured in the same block, should at least be named in a
+// Warn at start.
+func TestMissingKafkaDLQAtStart(t *testing.T) {
+	kc, err := kfake.NewCluster(kfake.SeedTopics(1, kafkaDelay, kafkaOut)) // no delay.dlq
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	yml := `
+data_dir: ` + strconv.Quote(t.TempDir()) + `
+kafka:
+  brokers: [` + strconv.Quote(kc.ListenAddrs()[0]) + `]
+  sources: [{topic: delay, dlq: delay.dlq}]
+admin: {listen: "127.0.0.1:0"}
+`
+	cfg, err := config.LoadBytes([]byte(yml), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	svc, err := New(context.Background(), cfg, Options{Logger: zap.New(core), Kafka: fastKafka})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	// Ready is computed after connect completes, so the start checks are done.
+	eventually(t, "connected", func() bool { return svc.connected.Load() })
+	for _, e := range logs.All() {
+		if strings.Contains(e.Message+fmt.Sprint(e.ContextMap()), kafkaDLQ) {
+			t.Logf("warned: %s %v", e.Message, e.ContextMap())
+			return
+		}
+	}
+	t.Fatalf("started with the DLQ topic %q missing and no Warn naming it (Ready = %v)", kafkaDLQ, svc.Ready())
+}
