@@ -417,7 +417,7 @@ func Serve(ctx context.Context, listen string, h http.Handler, logger *zap.Logge
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", listen)
 	if err != nil {
-		return fmt.Errorf("admin: listen %s: %w", listen, err)
+		return fmt.Errorf("admin: listen %s (admin.listen): %w", listen, err)
 	}
 	return ServeListener(ctx, ln, h, logger)
 }

@@ -563,3 +563,17 @@ func TestPprof(t *testing.T) {
 		})
 	}
 }
+
+// TestServePortInUse: an admin port another process holds is an error
+// naming the key to change (admin.listen).
+func TestServePortInUse(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	err = Serve(context.Background(), ln.Addr().String(), http.NotFoundHandler(), zap.NewNop())
+	if err == nil || !strings.Contains(err.Error(), "admin.listen") || !strings.Contains(err.Error(), ln.Addr().String()) {
+		t.Fatalf("Serve on a port in use = %v, want an error naming admin.listen and the address", err)
+	}
+}

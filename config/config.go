@@ -121,7 +121,8 @@ type TLS struct {
 
 // SASL configures Kafka authentication.
 type SASL struct {
-	// Mechanism is "", "PLAIN", "SCRAM-SHA-256" or "SCRAM-SHA-512".
+	// Mechanism is "", "PLAIN", "SCRAM-SHA-256" or "SCRAM-SHA-512", in
+	// any case.
 	Mechanism string `yaml:"mechanism"`
 	Username  string `yaml:"username"`
 	Password  Secret `yaml:"password"`

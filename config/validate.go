@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -151,7 +152,7 @@ func (c *Config) validateKafka(v *validator, k *Kafka) {
 		if s.Username != "" || s.Password != "" || s.PasswordFile != "" {
 			v.add("kafka.sasl.mechanism", "required when kafka.sasl credentials are set (one of %s)", strings.Join(saslMechanisms, ", "))
 		}
-	case !contains(saslMechanisms, s.Mechanism):
+	case !slices.ContainsFunc(saslMechanisms, func(m string) bool { return strings.EqualFold(m, s.Mechanism) }):
 		v.add("kafka.sasl.mechanism", "must be one of %s; got %q", strings.Join(saslMechanisms, ", "), s.Mechanism)
 	default:
 		if s.Username == "" {
@@ -361,15 +362,6 @@ func checkBearerToken(v *validator, key, tok, file string) {
 	if strings.ContainsFunc(tok, unicode.IsControl) {
 		v.add(key, "must not hold control characters%s", from)
 	}
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // checkHostPort checks "host:port"; listen (a listen address) allows an

@@ -92,6 +92,7 @@ func TestValidate(t *testing.T) {
 		{"sasl password required", func(c *Config) { c.Kafka.SASL = SASL{Mechanism: "PLAIN", Username: "u"} }, "kafka.sasl.password: required with mechanism PLAIN"},
 		{"sasl username required", func(c *Config) { c.Kafka.SASL = SASL{Mechanism: "SCRAM-SHA-256", Password: "p"} }, "kafka.sasl.username: required"},
 		{"sasl ok", func(c *Config) { c.Kafka.SASL = SASL{Mechanism: "SCRAM-SHA-512", Username: "u", Password: "p"} }, ""},
+		{"sasl mechanism in lower case ok", func(c *Config) { c.Kafka.SASL = SASL{Mechanism: "plain", Username: "u", Password: "p"} }, ""},
 		{"tls file unreadable", func(c *Config) { c.Kafka.TLS = TLS{Enabled: true, CAFile: missing} }, "kafka.tls.ca_file: not readable"},
 		{"tls file is dir", func(c *Config) { c.Kafka.TLS = TLS{Enabled: true, CAFile: dir} }, "kafka.tls.ca_file: " + dir + " is a directory"},
 		{"tls cert without key", func(c *Config) { c.Kafka.TLS = TLS{Enabled: true, CertFile: readable} }, "kafka.tls: cert_file and key_file go together"},

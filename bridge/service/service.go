@@ -423,7 +423,7 @@ func (s *Service) Run(ctx context.Context) error {
 	go func() {
 		defer close(adminDone)
 		if err := admin.Serve(adminCtx, s.cfg.Admin.Listen, s.admin, s.log.Named("admin")); err != nil {
-			setFatal(err) // says "admin: listen ..." or "admin: serve ..."
+			setFatal(err) // says "admin: listen ... (admin.listen)" or "admin: serve ..."
 		}
 	}()
 	if err := s.connect(srcCtx); err != nil {

@@ -250,7 +250,13 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 		log.Error("start failed", zap.Error(err))
 		return err
 	}
-	return svc.Run(ctx)
+	// The cause of an exit in the JSON log too (a log pipeline sees it),
+	// not only on stderr.
+	if err := svc.Run(ctx); err != nil {
+		log.Error("stopped with an error", zap.Error(err))
+		return err
+	}
+	return nil
 }
 
 // newLogger builds the process logger: JSON for `run` (machines read it),

@@ -59,6 +59,12 @@ func TestRealMain(t *testing.T) {
 	}
 	unknownKey := write("unknown.yaml", "data_dir: /tmp/x\nkafka:\n  brokers: [localhost:9092]\n  sources: [{topic: delay, dlq: delay.dlq}]\nmax_dleay: 3d\n")
 	invalid := write("invalid.yaml", "data_dir: /tmp/x\nshards: 0\nkafka:\n  brokers: [localhost:9092]\n  sources: [{topic: delay}]\n")
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	portInUse := write("port.yaml", "data_dir: "+filepath.Join(dir, "data")+"\nnats:\n  url: nats://nosuchhost.invalid:4222\n  sources: [{subject: delay.>, dlq: dlq.delay}]\nadmin: {listen: \""+taken.Addr().String()+"\"}\n")
 	tests := []struct {
 		name       string
 		args       []string
@@ -86,6 +92,8 @@ func TestRealMain(t *testing.T) {
 		{"run with missing file", []string{"run", "--config", filepath.Join(dir, "nope.yaml")}, 1, "", []string{"nope.yaml"}},
 		{"run refuses an unknown key", []string{"run", "--config", unknownKey}, 1, "", []string{"unknown.yaml", "max_dleay: unknown key"}},
 		{"run names every invalid key", []string{"run", "--config", invalid}, 1, "", []string{"shards", "kafka.sources[0].dlq"}},
+		// The cause of an exit after the start is in the JSON log too.
+		{"run with the admin port in use", []string{"run", "--config", portInUse}, 1, "", []string{`"msg":"stopped with an error"`, "(admin.listen)", "address already in use"}},
 		{"bench refuses an unknown transport", []string{"bench", "-transports", "kafka,amqp"}, 2, "", []string{`unknown transport "amqp"`, "-transports string"}},
 		{"bench refuses an unknown part", []string{"bench", "-only", "throughput,latency"}, 2, "", []string{`-only: unknown part "latency" (throughput, lateness, capacity, recovery)`}},
 		{"bench refuses a part with a space", []string{"bench", "-only", "throughput, lateness"}, 2, "", []string{`unknown part " lateness"`}},
