@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -310,6 +311,9 @@ type dlFailure struct {
 	// fire is where its t key is: the next try (as of the last failure,
 	// or the prefixDLFailure record read at open).
 	fire int64
+	// dest is its DLQ ("kafka:NAME", "nats:SUBJECT"); "" for one read at
+	// open until it fails again.
+	dest string
 }
 
 // dlFailedLocked records a failed delivery of the dead letter seq. refused
@@ -317,7 +321,7 @@ type dlFailure struct {
 // Retry.MaxAttempts attempts or more: it enters the parked set, where it
 // stays until its DLQ acknowledges it or it leaves the store. It reports
 // whether it entered the parked set now.
-func (s *shard) dlFailedLocked(seq uint64, fire int64, err error, refused bool) (parkedNow bool) {
+func (s *shard) dlFailedLocked(seq uint64, fire int64, dest string, err error, refused bool) (parkedNow bool) {
 	e := s.e
 	if s.dlFailing == nil {
 		s.dlFailing = make(map[uint64]dlFailure)
@@ -343,7 +347,7 @@ func (s *shard) dlFailedLocked(seq uint64, fire int64, err error, refused bool) 
 			s.dlHeld++
 		}
 	}
-	f.fire = fire
+	f.fire, f.dest = fire, dest
 	s.dlFailing[seq] = f
 	return parkedNow
 }
@@ -367,12 +371,18 @@ func (s *shard) dlDoneLocked(seq uint64) (wasParked bool) {
 
 // deadLetterErr reports the dead letters whose delivery fails, over all
 // shards: those held (their DLQ failing as a whole, or not yet refused
-// Retry.MaxAttempts times) and those parked. Nil when there are none.
+// Retry.MaxAttempts times), with the last failure of each DLQ (two broken
+// DLQs are both named, so fixing one does not leave the other unsaid), and
+// those parked. Nil when there are none.
 func (e *Engine) deadLetterErr() error {
+	type last struct {
+		err error
+		at  uint64
+	}
 	var (
-		nHeld, nParked     int
-		heldErr, parkedErr error
-		heldAt, parkedAt   uint64
+		nHeld, nParked int
+		held           = map[string]last{} // by DLQ
+		parked         last
 	)
 	for _, s := range e.shards {
 		s.mu.Lock()
@@ -381,13 +391,13 @@ func (e *Engine) deadLetterErr() error {
 				switch {
 				case f.parked:
 					nParked++
-					if parkedErr == nil || f.at > parkedAt {
-						parkedErr, parkedAt = f.err, f.at
+					if parked.err == nil || f.at > parked.at {
+						parked = last{f.err, f.at}
 					}
 				default:
 					nHeld++
-					if heldErr == nil || f.at > heldAt {
-						heldErr, heldAt = f.err, f.at
+					if l, ok := held[f.dest]; !ok || f.at > l.at {
+						held[f.dest] = last{f.err, f.at}
 					}
 				}
 			}
@@ -396,10 +406,14 @@ func (e *Engine) deadLetterErr() error {
 	}
 	var errs []error
 	if nHeld > 0 {
-		errs = append(errs, fmt.Errorf("shard: dead-letter delivery failing (%d dead letters, their sources wait; retrying with backoff): %w", nHeld, heldErr))
+		var heldErrs []error
+		for _, dest := range slices.Sorted(maps.Keys(held)) {
+			heldErrs = append(heldErrs, held[dest].err)
+		}
+		errs = append(errs, fmt.Errorf("shard: dead-letter delivery failing (%d dead letters, their sources wait; retrying with backoff): %w", nHeld, errors.Join(heldErrs...)))
 	}
 	if nParked > 0 {
-		errs = append(errs, fmt.Errorf("shard: %d dead letters parked: refused by their DLQ, kept in the store and retried with backoff; last refusal: %w", nParked, parkedErr))
+		errs = append(errs, fmt.Errorf("shard: %d dead letters parked: refused by their DLQ, kept in the store and retried with backoff; last refusal: %w", nParked, parked.err))
 	}
 	return errors.Join(errs...)
 }

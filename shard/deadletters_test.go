@@ -477,3 +477,25 @@ func FuzzParseDLFailure(f *testing.F) {
 		}
 	})
 }
+
+// TestDeadLetterErrNamesEachDLQ: with two DLQs failing, Err names the
+// last failure of each, not only the latest of all: an operator who fixes
+// the one named would find the bridge still not ready for the other.
+func TestDeadLetterErrNamesEachDLQ(t *testing.T) {
+	h := newHarness(t, nil)
+	h.sink.setFail(func(t *codec.Task) error {
+		if t.Transport == codec.TransportKafka {
+			return errors.New(`kafka: publish to "dlq": unknown topic`)
+		}
+		return errors.New(`nats: no JetStream stream captures subject "dlq.x"`)
+	})
+	k, n := deadLetter("k", 1), deadLetter("n", 2)
+	n.Transport, n.Target = codec.TransportNATS, "dlq.x"
+	h.ingest([]codec.Task{k, n})
+	h.run()
+	err := h.e.Err()
+	if err == nil || !strings.Contains(err.Error(), "2 dead letters") ||
+		!strings.Contains(err.Error(), "unknown topic") || !strings.Contains(err.Error(), "no JetStream stream") {
+		t.Fatalf("Err = %v, want both DLQs' failures named", err)
+	}
+}

@@ -776,7 +776,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 					b.Delete(dlWaitKey(s.id, it.seq), nil)
 				}
 			}
-			if s.dlFailedLocked(it.seq, fire, derr, refused) {
+			if s.dlFailedLocked(it.seq, fire, t.Transport.String()+":"+t.Target, derr, refused) {
 				parkedNow = append(parkedNow, dlRefusal{i, derr})
 			}
 			// Kept with the retry, so that after a restart the engine
