@@ -8,11 +8,9 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -54,24 +52,10 @@ func TestCrashSafetyOps(t *testing.T) {
 	var ops []*op
 	byBatch := map[string][]*op{}
 	for round := 0; round < rounds; round++ {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashSafetyOps$")
-		cmd.Env = append(os.Environ(), crashChildEnv+"_OPS="+dir, "DELAYBRIDGE_CRASH_ROUND="+strconv.Itoa(round))
-		cmd.Stderr = os.Stderr
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		killAfter := 20 + rng.IntN(150)
-		sc := bufio.NewScanner(out)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		n := 0
-		for sc.Scan() {
-			f := strings.Fields(sc.Text())
+		runChildUntilKill(t, "TestCrashSafetyOps", crashChildEnv+"_OPS="+dir, round, 20+rng.IntN(150), func(line string) bool {
+			f := strings.Fields(line)
 			if len(f) < 2 {
-				continue
+				return false
 			}
 			switch f[0] {
 			case "B":
@@ -85,15 +69,10 @@ func TestCrashSafetyOps(t *testing.T) {
 				for _, o := range byBatch[f[1]] {
 					o.acked = true
 				}
-				if n++; n == killAfter {
-					cmd.Process.Signal(syscall.SIGKILL)
-				}
+				return true
 			}
-		}
-		err = cmd.Wait()
-		if n < killAfter {
-			t.Fatalf("round %d: child exited after %d batches: %v", round, n, err)
-		}
+			return false
+		})
 	}
 
 	clk := clock.NewFake(time.Now().Add(time.Hour))

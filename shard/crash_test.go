@@ -45,36 +45,16 @@ func TestCrashSafety(t *testing.T) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	acked := map[string]bool{}
 	for round := 0; round < rounds; round++ {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashSafety$")
-		cmd.Env = append(os.Environ(), crashChildEnv+"="+dir, "DELAYBRIDGE_CRASH_ROUND="+strconv.Itoa(round))
-		cmd.Stderr = os.Stderr
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
 		killAfter := 3 + rng.IntN(40) // acknowledged batches before the kill
-		sc := bufio.NewScanner(out)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		n := 0
-		for sc.Scan() {
-			line := sc.Text()
+		runChildUntilKill(t, "TestCrashSafety", crashChildEnv+"="+dir, round, killAfter, func(line string) bool {
 			if !strings.HasPrefix(line, "ACK ") {
-				continue
+				return false
 			}
 			for _, id := range strings.Fields(line[4:]) {
 				acked[id] = true
 			}
-			if n++; n == killAfter {
-				cmd.Process.Signal(syscall.SIGKILL)
-			}
-		}
-		err = cmd.Wait()
-		if n < killAfter {
-			t.Fatalf("round %d: child exited after %d batches: %v", round, n, err)
-		}
+			return true
+		})
 	}
 
 	// Recover once more, far in the future so everything is due, and drain.
@@ -117,6 +97,38 @@ func TestCrashSafety(t *testing.T) {
 	// yet synced.
 	if limit := rounds * crashShards * crashBatch * (1 + fireCommitDepth); dups > limit {
 		t.Fatalf("%d duplicates, more than the %d that can be in flight at %d kills", dups, limit, rounds)
+	}
+}
+
+// runChildUntilKill runs the test named test in a child process (env set
+// for it and DELAYBRIDGE_CRASH_ROUND=round), hands each line of its output
+// to line, which reports whether it was an acknowledged batch, and kills
+// the child with SIGKILL at the killAfter-th.
+func runChildUntilKill(t *testing.T, test, env string, round, killAfter int, line func(string) bool) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$")
+	cmd.Env = append(os.Environ(), env, "DELAYBRIDGE_CRASH_ROUND="+strconv.Itoa(round))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(out)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	n := 0
+	for sc.Scan() {
+		if line(sc.Text()) {
+			if n++; n == killAfter {
+				cmd.Process.Signal(syscall.SIGKILL)
+			}
+		}
+	}
+	err = cmd.Wait()
+	if n < killAfter {
+		t.Fatalf("round %d: child exited after %d batches: %v", round, n, err)
 	}
 }
 

@@ -20,17 +20,18 @@ import (
 	"github.com/delaybridge/delaybridge/config"
 )
 
-// TestNATSSilentServerRetried: a NATS address that accepts the TCP
+// TestNATSUnreachableRetried: a NATS address that accepts the TCP
 // connection but does not answer (a server still starting behind a load
-// balancer, a port-forward without its backend) is a broker that does not
-// answer: README "Configuration" says it is retried with backoff while
-// /readyz says why, as Kafka's is. It must not end Run at start.
-func TestNATSSilentServerRetried(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// balancer, a port-forward without its backend), and a host name that
+// does not resolve yet (a Service created after the bridge's pod), are
+// brokers that do not answer: retried with backoff at start while /readyz
+// says why, as Kafka's are. They ended Run at start.
+func TestNATSUnreachableRetried(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
+	defer silent.Close()
 	go func() {
 		var held []net.Conn
 		defer func() {
@@ -39,103 +40,63 @@ func TestNATSSilentServerRetried(t *testing.T) {
 			}
 		}()
 		for {
-			c, err := l.Accept()
+			c, err := silent.Accept()
 			if err != nil {
 				return
 			}
 			held = append(held, c) // accept, never answer
 		}
 	}()
-	yml := `
+	for _, tc := range []struct{ name, url string }{
+		{"silent server", "nats://" + silent.Addr().String()},
+		{"unresolvable host", "nats://nosuchhost.invalid:4222"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			yml := `
 data_dir: ` + strconv.Quote(t.TempDir()) + `
 nats:
-  url: nats://` + l.Addr().String() + `
+  url: ` + tc.url + `
   sources: [{subject: delay.>, dlq: dlq.delay}]
 admin: {listen: "127.0.0.1:0"}
 `
-	cfg, err := config.LoadBytes([]byte(yml), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := New(context.Background(), cfg, Options{NATS: func(c *nats.Config) { c.ConnectTimeout = 200 * time.Millisecond }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
-	deadline := time.After(30 * time.Second)
-	for {
-		select {
-		case err := <-done:
-			t.Fatalf("Run ended at start with %v; want retries while /readyz says why", err)
-		case <-deadline:
-			t.Fatal("no not-ready reason naming the NATS connect")
-		case <-time.After(20 * time.Millisecond):
-		}
-		if err := svc.Ready(); err != nil && strings.Contains(err.Error(), "connecting to brokers: nats") {
-			t.Logf("ready: %v", err)
-			break
-		}
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Run after cancel = %v, want nil", err)
-	}
-}
-
-// TestNATSUnresolvableHostRetried: a host name that does not resolve
-// (yet: a Service created after the bridge's pod) is retried, as the
-// Kafka side does for the same error.
-func TestNATSUnresolvableHostRetried(t *testing.T) {
-	yml := `
-data_dir: ` + strconv.Quote(t.TempDir()) + `
-nats:
-  url: nats://nosuchhost.invalid:4222
-  sources: [{subject: delay.>, dlq: dlq.delay}]
-admin: {listen: "127.0.0.1:0"}
-`
-	cfg, err := config.LoadBytes([]byte(yml), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := New(context.Background(), cfg, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
-	deadline := time.After(30 * time.Second)
-	for {
-		select {
-		case err := <-done:
-			t.Fatalf("Run ended at start with %v; want retries while /readyz says why", err)
-		case <-deadline:
-			t.Fatal("no not-ready reason naming the NATS connect")
-		case <-time.After(20 * time.Millisecond):
-		}
-		if err := svc.Ready(); err != nil && strings.Contains(err.Error(), "connecting to brokers: nats") {
-			t.Logf("ready: %v", err)
-			break
-		}
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Run after cancel = %v, want nil", err)
+			cfg, err := config.LoadBytes([]byte(yml), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			svc, err := New(context.Background(), cfg, Options{NATS: func(c *nats.Config) { c.ConnectTimeout = 200 * time.Millisecond }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- svc.Run(ctx) }()
+			deadline := time.After(30 * time.Second) // turns a hang into a failure
+			for {
+				select {
+				case err := <-done:
+					t.Fatalf("Run ended at start with %v; want retries while /readyz says why", err)
+				case <-deadline:
+					t.Fatal("no not-ready reason naming the NATS connect")
+				case <-time.After(20 * time.Millisecond):
+				}
+				if err := svc.Ready(); err != nil && strings.Contains(err.Error(), "connecting to brokers: nats") {
+					break
+				}
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("Run after cancel = %v, want nil", err)
+			}
+		})
 	}
 }
 
-// TestKafkaOutageLogVolume: while the Kafka cluster is down, every
-// failed group join logs two Warn lines (kafka-go's ErrorLogger and the
-// source's "join group failed; retrying"), with no backoff beyond the
-// 1 s JoinBackoff and no rate limit: about 120 lines a minute for Kafka
-// alone, forever. The operator needs the first failure and then a
-// reminder now and then (as the store's background errors: once per 10 s
-// with a count), not a line per attempt. Counted per attempt
-// (delaybridge_source_errors_total), not per second.
+// TestKafkaOutageLogVolume: while the Kafka cluster is down, the failed
+// group joins (and kafka-go's own line for each) are logged once and then
+// once per bridge.LogEvery with a count, not once per attempt: two Warn
+// lines per attempt were about 120 a minute for Kafka alone, forever.
+// Counted per attempt (delaybridge_source_errors_total), not per second.
 func TestKafkaOutageLogVolume(t *testing.T) {
 	kc, err := kfake.NewCluster(kfake.SeedTopics(1, kafkaDelay, kafkaDLQ, kafkaOut))
 	if err != nil {
