@@ -169,6 +169,12 @@ func (s *Service) connect(ctx context.Context) error {
 // the connection but did not answer in time, as the Kafka check classifies
 // them (kafka.ErrUnreachable).
 func unreachable(err error) bool {
+	// A joined error of several brokers (kafka check) may hold a refused
+	// login or TLS handshake next to an unresolvable or silent one: the
+	// refusal decides, it ends the start.
+	if errors.Is(err, kafka.ErrAuth) || errors.Is(err, kafka.ErrTLS) {
+		return false
+	}
 	var dns *net.DNSError
 	return errors.Is(err, kafka.ErrUnreachable) || errors.Is(err, natsgo.ErrNoServers) ||
 		errors.Is(err, natsgo.ErrTimeout) || errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &dns)
