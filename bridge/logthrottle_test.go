@@ -34,3 +34,25 @@ func TestLogThrottle(t *testing.T) {
 		}
 	}
 }
+
+// TestLogThrottleNewCause: a failure that differs from the one
+// logged last is logged at once; only repeats of the same one are held
+// back. With Allow alone, a join that first failed with "connection
+// refused" and then with "GROUP_AUTHORIZATION_FAILED" (ACL removed while
+// the cluster was down) showed only the first cause for up to LogEvery.
+func TestLogThrottleNewCause(t *testing.T) {
+	t0 := time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)
+	var th LogThrottle
+	if _, ok := th.AllowKey(t0, "connection refused"); !ok {
+		t.Fatal("first failure held back")
+	}
+	if _, ok := th.AllowKey(t0.Add(time.Second), "connection refused"); ok {
+		t.Fatal("a repeat logged within LogEvery")
+	}
+	if n, ok := th.AllowKey(t0.Add(2*time.Second), "group authorization failed"); !ok || n != 1 {
+		t.Fatalf("a new cause: Allow = %d, %v; want it logged at once with 1 held back", n, ok)
+	}
+	if _, ok := th.AllowKey(t0.Add(3*time.Second), "group authorization failed"); ok {
+		t.Fatal("a repeat of the new cause logged within LogEvery")
+	}
+}

@@ -240,7 +240,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			for _, t := range s.topics {
 				s.cfg.Metrics.SourceErrors.WithLabelValues(t).Inc()
 			}
-			if suppressed, ok := joinFails.Allow(time.Now()); ok {
+			if suppressed, ok := joinFails.AllowKey(time.Now(), err.Error()); ok {
 				s.log.Warn("join group failed; retrying", zap.Error(err), zap.Int("suppressed", suppressed))
 			}
 			continue

@@ -217,7 +217,7 @@ func (c *Config) options() ([]natsgo.Option, error) {
 		natsgo.ReconnectErrHandler(func(_ *natsgo.Conn, err error) {
 			// Once per ReconnectWait for as long as the server is down:
 			// the first, then one line per bridge.LogEvery.
-			if suppressed, ok := reconnectFails.Allow(time.Now()); ok {
+			if suppressed, ok := reconnectFails.AllowKey(time.Now(), err.Error()); ok {
 				log.Warn("nats: reconnect attempt failed", zap.Error(err), zap.Int("suppressed", suppressed))
 			}
 		}),
