@@ -32,14 +32,6 @@ func (s *gatedDownKafkaSink) Deliver(ctx context.Context, batch []*codec.Task) [
 	return s.recSink.Deliver(ctx, batch)
 }
 
-// TestKafkaOutageLaneDoesNotGateNATS: once the Kafka lane is known to be
-// in an outage (its last batch failed with ErrUnavailable), the fire loop
-// still waits for every further Kafka batch before it claims again (as long
-// as the batch returns within LaneGrace, which a refused dial always does),
-// so the healthy NATS task due behind a Kafka backlog waits for one failing
-// Kafka round per FireBatch of that backlog. Here the second Kafka batch is
-// held: the NATS task, due with the 2000 Kafka tasks and ingested after
-// them, is not delivered while it is.
 // TestKafkaOutageLaneDoesNotGateNATS: while Kafka is down (its last batch
 // failed as unavailable), the loop does not wait for the Kafka lane's
 // next batch before it claims again: a due NATS task behind a Kafka

@@ -537,8 +537,8 @@ func (s *Sink) resendAlone(ctx context.Context, msgs []kafkago.Message, idx []in
 // reports it for every record of the batch (see resendAlone). These are
 // the broker's answers refused treats as refusals of the record. kafka-go's
 // own size check (MessageTooLargeError, against BatchBytes) is not one: it
-// names the one record too large (the sink checks every record against
-// BatchBytes before sending, see Deliver).
+// names the one record too large (the sink sends a record over BatchBytes
+// alone, to a writer without that limit, see Deliver).
 func batchRefusal(err error) bool {
 	var own kafkago.MessageTooLargeError
 	if errors.As(err, &own) {
@@ -585,8 +585,7 @@ func publishError(topic string, err error) error {
 
 // refused reports whether the broker refused the record itself, so that it
 // will never take it as is: larger than the topic or broker allows
-// (MESSAGE_TOO_LARGE, also kafka-go's own check against BatchBytes;
-// RECORD_LIST_TOO_LARGE, larger than a log segment), or a
+// (MESSAGE_TOO_LARGE; RECORD_LIST_TOO_LARGE, larger than a log segment), or a
 // record the broker rejects (INVALID_RECORD, CORRUPT_MESSAGE: e.g. a
 // record without a key for a compacted topic). A failure of the topic as a
 // whole (missing, not authorized, no leader) is not a refusal: it heals
@@ -644,8 +643,8 @@ func toKafkaMessage(t *codec.Task, now time.Time) kafkago.Message {
 
 // recordSize is kafka-go's size estimate of a message (Message.totalSize,
 // unexported), which WriteMessages compares with BatchBytes. Checking it
-// first keeps one oversized task from failing the whole call with
-// MessageTooLargeError.
+// first sends a record over BatchBytes alone (the broker's limit decides)
+// instead of failing the whole call with MessageTooLargeError.
 func recordSize(m *kafkago.Message) int {
 	n := 4 + 1 + 1 + 4 + len(m.Key) + 4 + len(m.Value) + 8
 	n += varintLen(int64(len(m.Headers)))

@@ -9,12 +9,6 @@ import (
 	"github.com/delaybridge/delaybridge/config"
 )
 
-// H91: a Kafka record at exactly max_message_bytes (the default) is
-// accepted at ingest and then delivered to a NATS target with the
-// server's default max_payload (1 MiB). Kafka allows any header name;
-// NATS does not, so the sink percent-encodes the bytes NATS cannot carry
-// (3 bytes each), which the too-large bound does not count. The target
-// refuses such a message every time: publish-failed, never accepted.
 // TestSinkMaxSizeKafkaRecord: a Kafka record the codec takes in at
 // max_message_bytes (its default) reaches a NATS target with the default
 // max_payload, even with header names NATS cannot carry, which grow when

@@ -9,7 +9,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// setTopicMaxBytes sets max.message.bytes of topic on e's kfake cluster.
 // setTopicMaxBytes sets a topic's max.message.bytes on kfake.
 func setTopicMaxBytes(t *testing.T, e *env, topic, v string) {
 	t.Helper()
@@ -33,12 +32,6 @@ func setTopicMaxBytes(t *testing.T, e *env, topic, v string) {
 	}
 }
 
-// H91: a too-large message is a dead letter that is the whole source
-// message. The operator allowed large messages on the delay topic and, as
-// the README says, ~2 KiB more on the DLQ topic. The bridge's own
-// producer limit (BatchBytes = max(1 MiB, max_message_bytes + ~2 KiB))
-// refuses the dead letter before any broker sees it, so the DLQ never
-// gets it: it is parked and retried forever, the bridge not-ready.
 // TestTooLargeDeadLetterReachesRoomyDLQ: a too-large dead letter is the
 // whole source message, as big as the delay topic allows; with delay and
 // DLQ topics raised past 1 MiB (max_message_bytes at its default) it goes

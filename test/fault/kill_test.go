@@ -186,9 +186,11 @@ func killRounds(t *testing.T, r *runner, rounds int, minWait, spread time.Durati
 
 // inFlightBatches is how many fire batches of one shard a kill can find
 // in flight: one per lane (a Kafka and a NATS target transport publish
-// at once), and up to 4 delivered batches whose delete is not yet synced
-// (the engine's fire commit depth). Each may be delivered again.
-const inFlightBatches = 2 + 4
+// at once, or hold a delivered batch while they wait to queue its
+// commit), up to 4 delivered batches queued whose delete is not yet
+// synced (the engine's fire commit depth), and the one being synced. Each
+// may be delivered again.
+const inFlightBatches = 2 + 4 + 1
 
 // checkDrained stops the load a second later, waits for every acknowledged
 // message to reach its target, stops procs, and fails on a loss, on more
