@@ -308,7 +308,7 @@ func (c *Config) fillBlockDefaults() {
 func Load(path string, environ []string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("config: read %w", err)
+		return nil, fmt.Errorf("config: %w", err)
 	}
 	c, err := LoadBytes(data, environ)
 	if err != nil {

@@ -75,10 +75,16 @@ type Service struct {
 	// without its memtable flush (set by Run before closeAll).
 	lateShutdown bool
 
-	// connected is false until Run has reached the brokers; connectErr is
-	// the last reason it could not, for /readyz.
-	connected  atomic.Bool
-	connectErr atomic.Pointer[error]
+	// mu guards sources, health and closers, which each transport's
+	// connector adds to once it has reached its brokers.
+	mu sync.Mutex
+	// late stands for each configured transport's sink until its
+	// connector has reached the brokers (see lateSink).
+	late []*lateSink
+	// connected is false until Run has reached the brokers of every
+	// configured transport; each lateSink holds the last reason its
+	// transport could not, for /readyz.
+	connected atomic.Bool
 	// stopping is set when Run begins its shutdown.
 	stopping atomic.Bool
 }
@@ -131,33 +137,89 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 		Pprof:    cfg.Admin.Pprof,
 		Logger:   s.log.Named("admin"),
 	})
+	if cfg.Kafka != nil {
+		l := &lateSink{transport: "kafka", tried: make(chan struct{}), setup: func(ctx context.Context, b *built) error { return s.setupKafka(ctx, s.opts, b) }}
+		s.late, s.sinks.Kafka = append(s.late, l), l
+	}
+	if cfg.NATS != nil {
+		l := &lateSink{transport: "nats", tried: make(chan struct{}), setup: func(_ context.Context, b *built) error { return s.setupNATS(s.opts, b) }}
+		s.late, s.sinks.NATS = append(s.late, l), l
+	}
 	return s, nil
 }
 
-// connect reaches the configured brokers and builds sources and publishers.
-// A broker that does not answer is retried with backoff (readiness says
-// why) until ctx ends; a refused credential, a failed TLS handshake or a
-// configuration the broker rejects is returned at once: retrying would not
-// help and the operator must see it.
-func (s *Service) connect(ctx context.Context) error {
+// built is what one transport's connect made: its sink, sources, health
+// checks and closers.
+type built struct {
+	sink    shard.Sink
+	sources []bridge.Source
+	health  []bridge.Healther
+	closers []func() error
+}
+
+// lateSink is a configured transport's sink from the start of Run: until
+// the transport's connector has reached its brokers, every delivery fails
+// as an outage (shard.ErrUnavailable: no retry budget used), so the other
+// transport's sources and deliveries run meanwhile.
+type lateSink struct {
+	transport string
+	setup     func(context.Context, *built) error
+	real      atomic.Pointer[built]
+	err       atomic.Pointer[error] // the last connect failure
+	// tried is closed once the first connect attempt has ended: a
+	// delivery waits for it, so tasks overdue at start are not taken for
+	// an outage in the moment before the brokers are reached.
+	tried     chan struct{}
+	triedOnce sync.Once
+}
+
+func (l *lateSink) Deliver(ctx context.Context, batch []*codec.Task) []error {
+	select {
+	case <-l.tried:
+	case <-ctx.Done():
+	}
+	if b := l.real.Load(); b != nil {
+		return b.sink.Deliver(ctx, batch)
+	}
+	reason := errors.New("not connected yet")
+	if p := l.err.Load(); p != nil {
+		reason = *p
+	}
+	errs := make([]error, len(batch))
+	for i, t := range batch {
+		errs[i] = fmt.Errorf("%s sink: publish to %q: %w: connecting to brokers: %w", l.transport, t.Target, shard.ErrUnavailable, reason)
+	}
+	return errs
+}
+
+// connect reaches one transport's brokers and builds its sources and
+// publisher. A broker that does not answer is retried with backoff (the
+// readiness says why) until ctx ends; a refused credential, a failed TLS
+// handshake or a configuration the broker rejects is returned at once:
+// retrying would not help and the operator must see it.
+func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 	backoff := 500 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		err := s.connectOnce(ctx)
+		b := &built{}
+		err := l.setup(ctx, b)
 		if err == nil {
-			s.connected.Store(true)
-			s.connectErr.Store(nil)
-			return nil
+			l.err.Store(nil)
+			l.real.Store(b)
+			l.triedOnce.Do(func() { close(l.tried) })
+			return b, nil
 		}
+		_ = closeEach(b.closers)
+		l.err.Store(&err)
+		l.triedOnce.Do(func() { close(l.tried) })
 		if !unreachable(err) || ctx.Err() != nil {
-			return err
+			return nil, err
 		}
-		s.connectErr.Store(&err)
-		s.log.Warn("brokers unreachable; retrying", zap.Int("attempt", attempt), zap.Duration("backoff", backoff), zap.Error(err))
+		s.log.Warn("brokers unreachable; retrying", zap.String("transport", l.transport), zap.Int("attempt", attempt), zap.Duration("backoff", backoff), zap.Error(err))
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return err
+			return nil, err
 		case <-t.C:
 		}
 		backoff = min(2*backoff, 30*time.Second)
@@ -178,31 +240,6 @@ func unreachable(err error) bool {
 	var dns *net.DNSError
 	return errors.Is(err, kafka.ErrUnreachable) || errors.Is(err, natsgo.ErrNoServers) ||
 		errors.Is(err, natsgo.ErrTimeout) || errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &dns)
-}
-
-// connectOnce builds the adapters; on failure it closes what it built.
-func (s *Service) connectOnce(ctx context.Context) (err error) {
-	mark := len(s.closers)
-	defer func() {
-		if err != nil {
-			for i := len(s.closers) - 1; i >= mark; i-- {
-				_ = s.closers[i]()
-			}
-			s.closers = s.closers[:mark]
-			s.sources, s.health, s.sinks = nil, nil, bridge.Sinks{}
-		}
-	}()
-	if s.cfg.Kafka != nil {
-		if err := s.setupKafka(ctx, s.opts); err != nil {
-			return err
-		}
-	}
-	if s.cfg.NATS != nil {
-		if err := s.setupNATS(s.opts); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // clock is the bridge's clock: Options.Clock, else the system's.
@@ -237,7 +274,7 @@ func tlsConfig(t config.TLS) (*tls.Config, error) {
 	return t.Build()
 }
 
-func (s *Service) setupKafka(ctx context.Context, o Options) error {
+func (s *Service) setupKafka(ctx context.Context, o Options, b *built) error {
 	k := s.cfg.Kafka
 	kc := kafka.Config{
 		Brokers:  k.Brokers,
@@ -269,12 +306,12 @@ func (s *Service) setupKafka(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("kafka sink: %w", err)
 	}
-	s.closers = append(s.closers, sink.Close)
+	b.closers = append(b.closers, sink.Close)
 	if err := sink.Check(ctx); err != nil {
 		return fmt.Errorf("kafka brokers %v: %w", k.Brokers, err)
 	}
-	s.sinks.Kafka = sink
-	s.health = append(s.health, sink)
+	b.sink = sink
+	b.health = append(b.health, sink)
 	// A DLQ topic that does not exist is not needed until the first bad
 	// message, which then holds its partition until the topic exists:
 	// say so now, while nothing waits for it.
@@ -292,7 +329,7 @@ func (s *Service) setupKafka(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("kafka source: %w", err)
 	}
-	s.closers = append(s.closers, src.Close)
+	b.closers = append(b.closers, src.Close)
 	// A delay topic that does not exist yet is not a reason to stop: the
 	// source waits for it, not ready (its Health names the topic), while
 	// the engine fires what is stored and the other sources run.
@@ -301,12 +338,12 @@ func (s *Service) setupKafka(ctx context.Context, o Options) error {
 	} else if err != nil {
 		s.log.Warn("kafka source topic missing; waiting for it", zap.Error(err))
 	}
-	s.sources = append(s.sources, src)
-	s.health = append(s.health, src)
+	b.sources = append(b.sources, src)
+	b.health = append(b.health, src)
 	return nil
 }
 
-func (s *Service) setupNATS(o Options) error {
+func (s *Service) setupNATS(o Options, b *built) error {
 	n := s.cfg.NATS
 	nc := nats.Config{
 		URL:         n.URL,
@@ -335,20 +372,20 @@ func (s *Service) setupNATS(o Options) error {
 	if err != nil {
 		return fmt.Errorf("nats %s: %w", config.RedactURLs(n.URL), err)
 	}
-	s.closers = append(s.closers, func() error { conn.Close(); return nil })
+	b.closers = append(b.closers, func() error { conn.Close(); return nil })
 	sink, err := nats.NewSink(conn, nc)
 	if err != nil {
 		return fmt.Errorf("nats sink: %w", err)
 	}
-	s.sinks.NATS = sink
-	s.health = append(s.health, sink)
+	b.sink = sink
+	b.health = append(b.health, sink)
 	src, err := nats.NewSource(conn, nc)
 	if err != nil {
 		return fmt.Errorf("nats source: %w", err)
 	}
-	s.closers = append(s.closers, src.Close)
-	s.sources = append(s.sources, src)
-	s.health = append(s.health, src)
+	b.closers = append(b.closers, src.Close)
+	b.sources = append(b.sources, src)
+	b.health = append(b.health, src)
 	return nil
 }
 
@@ -378,9 +415,12 @@ func (s *Service) Ready() error {
 	if s.stopping.Load() {
 		errs = append(errs, errors.New("shutting down"))
 	}
-	if !s.connected.Load() {
-		reason := errors.New("connecting to brokers")
-		if p := s.connectErr.Load(); p != nil {
+	for _, l := range s.late {
+		if l.real.Load() != nil {
+			continue
+		}
+		reason := fmt.Errorf("connecting to brokers: %s", l.transport)
+		if p := l.err.Load(); p != nil {
 			reason = fmt.Errorf("connecting to brokers: %w", *p)
 		}
 		errs = append(errs, reason)
@@ -388,13 +428,12 @@ func (s *Service) Ready() error {
 	if err := s.eng.Err(); err != nil {
 		errs = append(errs, err)
 	}
-	// s.health is built by connect; the connected flag, stored after it
-	// is complete, makes it safe to read.
-	if s.connected.Load() {
-		for _, h := range s.health {
-			if err := h.Health(); err != nil {
-				errs = append(errs, err)
-			}
+	s.mu.Lock()
+	health := slices.Clone(s.health)
+	s.mu.Unlock()
+	for _, h := range health {
+		if err := h.Health(); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if len(errs) > 0 {
@@ -432,22 +471,9 @@ func (s *Service) Run(ctx context.Context) error {
 			setFatal(err) // says "admin: listen ... (admin.listen)" or "admin: serve ..."
 		}
 	}()
-	if err := s.connect(srcCtx); err != nil {
-		stopAdmin()
-		<-adminDone
-		if cerr := s.closeAll(); cerr != nil {
-			s.log.Error("close", zap.Error(cerr))
-		}
-		if fatal != nil { // the admin server could not start
-			return fatal
-		}
-		if ctx.Err() != nil {
-			s.log.Info("stopped before the brokers were reached; pending tasks are kept in the store")
-			return nil
-		}
-		return err
-	}
-
+	// Each transport connects on its own (s.late): one whose brokers are
+	// down does not hold the other's sources and deliveries (its tasks
+	// wait as in an outage, see lateSink).
 	engDone := make(chan struct{})
 	go func() {
 		defer close(engDone)
@@ -456,14 +482,38 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 	}()
 	var srcWG sync.WaitGroup
-	for _, src := range s.sources {
+	var nConnected atomic.Int32
+	for _, l := range s.late {
 		srcWG.Go(func() {
-			if err := src.Run(srcCtx, s.pipeline); err != nil {
-				setFatal(fmt.Errorf("source: %w", err))
+			b, err := s.connect(srcCtx, l)
+			if err != nil {
+				if srcCtx.Err() == nil {
+					setFatal(err)
+				}
+				return
+			}
+			s.mu.Lock()
+			s.closers = append(s.closers, b.closers...)
+			s.health = append(s.health, b.health...)
+			s.sources = append(s.sources, b.sources...)
+			s.mu.Unlock()
+			for _, src := range b.sources {
+				// srcWG counts this goroutine, so Go may be called here.
+				srcWG.Go(func() {
+					if err := src.Run(srcCtx, s.pipeline); err != nil {
+						setFatal(fmt.Errorf("source: %w", err))
+					}
+				})
+			}
+			if int(nConnected.Add(1)) == len(s.late) {
+				s.connected.Store(true)
+				s.mu.Lock()
+				n := len(s.sources)
+				s.mu.Unlock()
+				s.log.Info("delaybridge running", zap.Int("sources", n), zap.String("admin", s.cfg.Admin.Listen))
 			}
 		})
 	}
-	s.log.Info("delaybridge running", zap.Int("sources", len(s.sources)), zap.String("admin", s.cfg.Admin.Listen))
 	// delaybridge_ready is set by Ready; keep it current without a
 	// readiness probe calling /readyz.
 	readyDone := make(chan struct{})
@@ -530,11 +580,14 @@ func (s *Service) Run(ctx context.Context) error {
 // (every commit was synced). So does a store whose close outlasts the
 // deadline.
 func (s *Service) closeAllBy(deadline time.Time, engDone <-chan struct{}) error {
-	if len(s.closers) == 0 {
+	s.mu.Lock()
+	closers := s.closers
+	s.closers = nil
+	s.mu.Unlock()
+	if len(closers) == 0 {
 		return nil
 	}
-	store, rest := s.closers[0], s.closers[1:]
-	s.closers = nil
+	store, rest := closers[0], closers[1:]
 	others := deadline.Add(-min(closeReserve, max(time.Until(deadline), 0)/2))
 	// In one goroutine, so a late closer is left behind with those after
 	// it; restErr is read only if it returned.
@@ -592,9 +645,11 @@ func waitUntil(wait func(), deadline time.Time) bool {
 // closeAll closes what New opened, newest first (sources before
 // connections, the store last).
 func (s *Service) closeAll() error {
-	err := closeEach(s.closers)
+	s.mu.Lock()
+	closers := s.closers
 	s.closers = nil
-	return err
+	s.mu.Unlock()
+	return closeEach(closers)
 }
 
 // closeEach runs closers newest first and joins their errors.
