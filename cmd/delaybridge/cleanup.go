@@ -112,12 +112,22 @@ func (c *exitCleanups) tempDirIn(parent, pattern string) (dir string, remove fun
 
 // removeAllRetry removes dir, retrying while ctx lasts: on a forced exit the
 // command is still running and may create a file in it between os.RemoveAll
-// emptying it and removing it.
+// emptying it and removing it, or make it again (a JetStream server
+// creating a stream's directory with MkdirAll just after the removal), so
+// dir must also stay gone for a moment.
 func removeAllRetry(ctx context.Context, dir string) error {
 	for {
 		err := os.RemoveAll(dir)
 		if err == nil {
-			return nil
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(20 * time.Millisecond):
+			}
+			if _, serr := os.Lstat(dir); errors.Is(serr, os.ErrNotExist) {
+				return nil
+			}
+			continue // made again: remove it again
 		}
 		select {
 		case <-ctx.Done():
