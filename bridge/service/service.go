@@ -75,9 +75,12 @@ type Service struct {
 	// without its memtable flush (set by Run before closeAll).
 	lateShutdown bool
 
-	// mu guards sources, health and closers, which each transport's
-	// connector adds to once it has reached its brokers.
+	// mu guards sources, health, closers and closed, which each
+	// transport's connector adds to once it has reached its brokers.
 	mu sync.Mutex
+	// closed is set once closeAll or closeAllBy took the closers: a
+	// connector that reaches its brokers after that closes what it built.
+	closed bool
 	// late stands for each configured transport's sink until its
 	// connector has reached the brokers (see lateSink).
 	late []*lateSink
@@ -166,9 +169,12 @@ type lateSink struct {
 	setup     func(context.Context, *built) error
 	real      atomic.Pointer[built]
 	err       atomic.Pointer[error] // the last connect failure
-	// tried is closed once the first connect attempt has ended: a
-	// delivery waits for it, so tasks overdue at start are not taken for
-	// an outage in the moment before the brokers are reached.
+	// tried is closed once the connector has reached the brokers or
+	// given up (a fatal error, or the stop): a delivery waits for it, so
+	// tasks overdue at start are delivered once the brokers are reached,
+	// not held for an outage backoff as long as they are overdue (up to
+	// retry.max). The lane of this transport waits meanwhile; the other
+	// transport's lanes do not (shard: lanes).
 	tried     chan struct{}
 	triedOnce sync.Once
 }
@@ -210,8 +216,8 @@ func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 		}
 		_ = closeEach(b.closers)
 		l.err.Store(&err)
-		l.triedOnce.Do(func() { close(l.tried) })
 		if !unreachable(err) || ctx.Err() != nil {
+			l.triedOnce.Do(func() { close(l.tried) })
 			return nil, err
 		}
 		s.log.Warn("brokers unreachable; retrying", zap.String("transport", l.transport), zap.Int("attempt", attempt), zap.Duration("backoff", backoff), zap.Error(err))
@@ -219,6 +225,7 @@ func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			l.triedOnce.Do(func() { close(l.tried) })
 			return nil, err
 		case <-t.C:
 		}
@@ -493,10 +500,20 @@ func (s *Service) Run(ctx context.Context) error {
 				return
 			}
 			s.mu.Lock()
+			if s.closed {
+				// Reached after the shutdown closed everything (it did
+				// not wait past its deadline for this connect).
+				s.mu.Unlock()
+				_ = closeEach(b.closers)
+				return
+			}
 			s.closers = append(s.closers, b.closers...)
 			s.health = append(s.health, b.health...)
 			s.sources = append(s.sources, b.sources...)
 			s.mu.Unlock()
+			if srcCtx.Err() != nil {
+				return // stopping: the closers above close it
+			}
 			for _, src := range b.sources {
 				// srcWG counts this goroutine, so Go may be called here.
 				srcWG.Go(func() {
@@ -582,7 +599,7 @@ func (s *Service) Run(ctx context.Context) error {
 func (s *Service) closeAllBy(deadline time.Time, engDone <-chan struct{}) error {
 	s.mu.Lock()
 	closers := s.closers
-	s.closers = nil
+	s.closers, s.closed = nil, true
 	s.mu.Unlock()
 	if len(closers) == 0 {
 		return nil
@@ -647,7 +664,7 @@ func waitUntil(wait func(), deadline time.Time) bool {
 func (s *Service) closeAll() error {
 	s.mu.Lock()
 	closers := s.closers
-	s.closers = nil
+	s.closers, s.closed = nil, true
 	s.mu.Unlock()
 	return closeEach(closers)
 }

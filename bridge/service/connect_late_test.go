@@ -1,0 +1,188 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/delaybridge/delaybridge/bridge/nats"
+)
+
+// TestShutdownWhileConnectingClosesTheLateConnection: SIGTERM while the
+// NATS transport is still connecting. Run gives up waiting for the
+// connector at the shutdown deadline and closes what it has; a connect
+// that completes after that must not leave its connection (and a source
+// started after the stop) behind: closeAllBy took the closers list before
+// the connector appended to it.
+func TestShutdownWhileConnectingClosesTheLateConnection(t *testing.T) {
+	e := newEnv(t, "shutdown_timeout: 1s\n")
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	natsHook := func(c *nats.Config) {
+		fastNATS(c)
+		// The first connect attempt is still under way at SIGTERM.
+		once.Do(func() { close(entered); <-release })
+	}
+	varz := func() *natsserver.Varz {
+		v, err := e.ns.Varz(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	baseClients, baseTotal := e.ns.NumClients(), varz().TotalConnections
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	svc, err := New(ctx, e.config(), Options{
+		Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())),
+		Clock:  e.clk, Kafka: fastKafka, NATS: natsHook,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	<-entered
+	cancel() // SIGTERM while NATS is connecting
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	// Run has returned. The connect now completes.
+	close(release)
+	eventually(t, "the late connect reached the server", func() bool { return varz().TotalConnections > baseTotal })
+	eventually(t, "the late connection closed", func() bool { return e.ns.NumClients() == baseClients })
+}
+
+// TestOverdueAtRestartDeliveredAtOnce: tasks overdue at a restart are
+// delivered without the clock moving (not after an outage backoff), both
+// with every broker up and, for NATS, with Kafka down.
+func TestOverdueAtRestartDeliveredAtOnce(t *testing.T) {
+	for _, kafkaDown := range []bool{false, true} {
+		t.Run(map[bool]string{false: "both-up", true: "kafka-down"}[kafkaDown], func(t *testing.T) {
+			e := newEnv(t, "")
+			svc, stop := e.start()
+			e.publishKafka(0, time.Time{}, []byte("k1"), []byte("kafka-overdue"), "delay-after", "5s", "delay-target", "orders")
+			e.publishNATS("delay.o", []byte("nats-overdue"), "delay-after", "5s", "delay-target", "orders.o")
+			waitIngested(t, svc, 2)
+			stop()
+			e.clk.Advance(10 * time.Second)
+			if kafkaDown {
+				e.kafkaAddr = "127.0.0.1:" + strconv.Itoa(freePort(t))
+			}
+			e.start()
+			e.waitFor("overdue deliveries without the clock moving", func(ds []delivery) bool {
+				n := len(byValue(ds, "orders.o")["nats-overdue"])
+				if !kafkaDown {
+					n = min(n, len(byValue(ds, kafkaOut)["kafka-overdue"]))
+				}
+				return n > 0
+			})
+		})
+	}
+}
+
+// TestNATSAuthRefusedWhileKafkaRuns: a refused NATS login ends Run with
+// the cause although the Kafka transport is connected and its source runs.
+func TestNATSAuthRefusedWhileKafkaRuns(t *testing.T) {
+	e := newEnv(t, "")
+	ns, err := natsserver.NewServer(&natsserver.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true,
+		Username: "bridge", Password: "right",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	defer ns.Shutdown()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server did not start")
+	}
+	kafkaUp := make(chan struct{})
+	var once sync.Once
+	natsHook := func(c *nats.Config) {
+		fastNATS(c)
+		// Let Kafka connect first, so the refusal comes while it runs.
+		once.Do(func() { <-kafkaUp })
+		c.URL, c.User, c.Password = ns.ClientURL(), "bridge", "wrong"
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	svc, err := New(ctx, e.config(), Options{
+		Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())),
+		Clock:  e.clk, Kafka: fastKafka, NATS: natsHook,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	e.publishKafka(0, time.Time{}, []byte("k"), []byte("v"), "delay-after", "1h", "delay-target", "orders")
+	waitIngested(t, svc, 1) // the Kafka source runs
+	close(kafkaUp)
+	select {
+	case err := <-done:
+		if !errors.Is(err, nats.ErrAuth) {
+			t.Fatalf("Run = %v, want nats.ErrAuth", err)
+		}
+		t.Logf("Run: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not end on the refused login")
+	}
+}
+
+// TestOverdueAtRestartNotHeldAfterSecondConnectAttempt: NATS is down for
+// the first connect attempt of a restart and back for the next one, 500 ms
+// later. The tasks that were overdue at the restart must then be
+// delivered at once, as they were before each transport connected on its
+// own; they are held instead for an outage backoff as long as they are
+// overdue (up to retry.max, default 5 min), the fake clock not moving here.
+func TestOverdueAtRestartNotHeldAfterSecondConnectAttempt(t *testing.T) {
+	e := newEnv(t, "")
+	svc, stop := e.start()
+	e.publishNATS("delay.o", []byte("nats-overdue"), "delay-after", "5s", "delay-target", "orders.o")
+	waitIngested(t, svc, 1)
+	stop()
+	e.clk.Advance(10 * time.Minute) // the bridge was down for 10 minutes
+	e.ns.Shutdown()
+	svc2, _ := e.start()
+	var nl *lateSink
+	for _, l := range svc2.late {
+		if l.transport == "nats" {
+			nl = l
+		}
+	}
+	// The first connect attempt failed, and the overdue task was tried:
+	// as an outage (the engine says so), or still waiting in Deliver.
+	eventually(t, "the overdue task met the NATS connect failure", func() bool {
+		if nl.err.Load() == nil {
+			return false
+		}
+		select {
+		case <-nl.tried:
+			err := svc2.Engine().Err()
+			return err != nil && strings.Contains(err.Error(), "nats target unavailable")
+		default:
+			return true
+		}
+	})
+	e.startNATS()
+	eventually(t, "NATS connected", func() bool { return nl.real.Load() != nil })
+	// /readyz still blames the connect, from the engine's outage record.
+	t.Logf("Ready once NATS is connected: %v", svc2.Ready())
+	e.waitFor("the overdue task once NATS is reached", func(ds []delivery) bool {
+		return len(byValue(ds, "orders.o")["nats-overdue"]) > 0
+	})
+}
