@@ -615,30 +615,47 @@ func runToStartError(t *testing.T, yml string) (timedOut bool, err error) {
 	return ctx.Err() != nil, err
 }
 
+// kafkaOnlyYAML is a Kafka-only configuration on brokers (delay topic
+// "delay", DLQ "delay.dlq"), with a temp data dir and an admin port of its
+// own; more is YAML added to the kafka block, indented two spaces.
+func kafkaOnlyYAML(t *testing.T, brokers []string, more string) string {
+	q := make([]string, len(brokers))
+	for i, b := range brokers {
+		q[i] = strconv.Quote(b)
+	}
+	return "data_dir: " + strconv.Quote(t.TempDir()) + "\nkafka:\n  brokers: [" + strings.Join(q, ", ") + "]\n" + more +
+		"  sources: [{topic: delay, dlq: delay.dlq}]\nadmin: {listen: \"127.0.0.1:0\"}\n"
+}
+
 // TestWrongPasswordFailsFast: refused credentials are an error at start,
-// not a retry loop.
+// not a retry loop; also when another configured broker's name does not
+// resolve. The check joins every broker's dial error, so the refusal of
+// the first and the *net.DNSError of the second are one error, and a
+// first version of the test for an unreachable broker matched the DNS
+// error anywhere in it and retried the refused login forever.
 func TestWrongPasswordFailsFast(t *testing.T) {
 	kc, err := kfake.NewCluster(kfake.EnableSASL(), kfake.Superuser("PLAIN", "bridge", "right"), kfake.SeedTopics(1, kafkaDelay, kafkaDLQ))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer kc.Close()
-	yml := `
-data_dir: ` + strconv.Quote(t.TempDir()) + `
-kafka:
-  brokers: [` + strconv.Quote(kc.ListenAddrs()[0]) + `]
-  sasl: {mechanism: PLAIN, username: bridge, password: wrong}
-  sources: [{topic: delay, dlq: delay.dlq}]
-admin: {listen: "127.0.0.1:0"}
-`
-	timedOut, err := runToStartError(t, yml)
-	if !errors.Is(err, kafka.ErrAuth) {
-		t.Fatalf("Run = %v, want an error wrapping kafka.ErrAuth", err)
+	for _, tc := range []struct {
+		name    string
+		brokers []string
+	}{
+		{"one broker", []string{kc.ListenAddrs()[0]}},
+		{"and an unresolvable one", []string{kc.ListenAddrs()[0], "nosuchhost.invalid:9092"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			timedOut, err := runToStartError(t, kafkaOnlyYAML(t, tc.brokers, "  sasl: {mechanism: PLAIN, username: bridge, password: wrong}\n"))
+			if !errors.Is(err, kafka.ErrAuth) {
+				t.Fatalf("Run = %v, want an error wrapping kafka.ErrAuth", err)
+			}
+			if timedOut {
+				t.Fatal("Run retried until the deadline instead of failing fast")
+			}
+		})
 	}
-	if timedOut {
-		t.Fatal("Run retried until the deadline instead of failing fast")
-	}
-	t.Logf("start error: %v", err)
 }
 
 // TestNATSCredentialsNotInStartError: a refused nats.url login fails the

@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -20,13 +19,7 @@ func TestMissingSourceTopicAtStartWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer kc.Close()
-	yml := `
-data_dir: ` + strconv.Quote(t.TempDir()) + `
-kafka:
-  brokers: [` + strconv.Quote(kc.ListenAddrs()[0]) + `]
-  sources: [{topic: delay, dlq: delay.dlq}]
-admin: {listen: "127.0.0.1:0"}
-`
+	yml := kafkaOnlyYAML(t, kc.ListenAddrs(), "")
 	cfg, err := config.LoadBytes([]byte(yml), nil)
 	if err != nil {
 		t.Fatal(err)
