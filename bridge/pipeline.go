@@ -82,7 +82,7 @@ func (p *Pipeline) Handle(ctx context.Context, b *Batch) error {
 				zap.String("code", string(t.Code)),
 				zap.String("detail", t.Detail),
 				zap.String("origin", t.Origin),
-				zap.String("dlq", t.Transport.String()+":"+t.Target))
+				zap.String("dlq", t.Destination()))
 		}
 	}
 	n := len(tasks)

@@ -926,3 +926,17 @@ func TestNATSHeaderName(t *testing.T) {
 		}
 	}
 }
+
+func TestTaskDestination(t *testing.T) {
+	for _, tc := range []struct {
+		task Task
+		want string
+	}{
+		{Task{Transport: TransportKafka, Target: "orders"}, "kafka:orders"},
+		{Task{Transport: TransportNATS, Target: "orders.created"}, "nats:orders.created"},
+	} {
+		if got := tc.task.Destination(); got != tc.want {
+			t.Errorf("Destination() = %q, want %q", got, tc.want)
+		}
+	}
+}

@@ -216,6 +216,10 @@ type Task struct {
 	Detail string
 }
 
+// Destination is where the task is delivered, as config and logs write a
+// target: "kafka:NAME" or "nats:SUBJECT" (a dead letter's: its DLQ).
+func (t *Task) Destination() string { return t.Transport.String() + ":" + t.Target }
+
 // originSize bounds len(m.Origin()): the longest prefix and two integers.
 func originSize(m *Message) int {
 	return len("kafka:") + len(m.Source) + len("/@") + 11 + 20

@@ -58,10 +58,6 @@ type Engine struct {
 	db     *pebble.DB
 	shards []*shard
 	health *storeHealth // Pebble's write stalls and background errors
-	// beginPublish, for tests, sees each batch under its shard's lock
-	// right after deliver's last supersession check: where its publish
-	// begins. Set before Run.
-	beginPublish func(batch []*codec.Task)
 
 	seq atomic.Uint64 // last allocated store sequence
 
@@ -100,6 +96,9 @@ type Engine struct {
 	testHookIngestDecided func()       // an Ingest decided, before it applies
 	testHookLookupWaits   func()       // a Lookup waits for the write its entry comes from
 	testHookClaimRead     func(n int)  // a fire loop read the envelopes of n claimed entries, before it hands them to their lanes
+	// testHookBeginPublish sees each batch under its shard's lock right
+	// after deliver's last supersession check, where its publish begins.
+	testHookBeginPublish func(batch []*codec.Task)
 }
 
 // shard is one slice of the keyspace with its wheel and fire loop. mu
@@ -1123,7 +1122,7 @@ func (e *Engine) Lookup(source, id string) (TaskInfo, error) {
 		ID:       id,
 		Due:      msTime(t.Due),
 		NextFire: msTime(ex.Fire),
-		Target:   t.Transport.String() + ":" + t.Target,
+		Target:   t.Destination(),
 		Origin:   t.Origin,
 		Attempts: t.Attempts,
 		Shard:    s.id,

@@ -482,13 +482,11 @@ func (s *shard) readClaimed(claimed []fireItem) (items, dropped, retry []fireIte
 		err := iter.Error()
 		var bad error // why the envelope cannot be decoded
 		if ok && err == nil {
-			v, err = iter.ValueAndErr()
-			stale = err != nil
-			if err != nil && pebble.IsCorruptionError(err) {
+			if v, err = iter.ValueAndErr(); err != nil && pebble.IsCorruptionError(err) {
 				// The stored value fails its checksum: no retry reads
 				// it, so it is left in the store as an undecodable
 				// envelope is, not retried in silence every round.
-				bad, err = fmt.Errorf("read task: %w", err), nil
+				bad, err, stale = fmt.Errorf("read task: %w", err), nil, true
 			}
 		}
 		if err != nil {
@@ -609,8 +607,8 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		minDue = min(minDue, batch[i].Due)
 	}
 	ln.publishingDue = minDue
-	if e.beginPublish != nil {
-		e.beginPublish(batch)
+	if e.testHookBeginPublish != nil {
+		e.testHookBeginPublish(batch)
 	}
 	s.mu.Unlock()
 	// The sinks time their publishes (delaybridge_publish_seconds, by
@@ -752,7 +750,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			s.addOpLocked(pb, now, it.seq)
 			s.clearLateLocked(it.seq)
 			e.log.Warn("task dead-lettered after failed publishes", zap.String("code", string(codec.CodePublishFailed)),
-				zap.String("origin", t.Origin), zap.String("dlq", dl.Transport.String()+":"+dl.Target),
+				zap.String("origin", t.Origin), zap.String("dlq", dl.Destination()),
 				zap.String("source", t.Source), zap.String("id", t.ID), zap.Uint32("attempts", t.Attempts), zap.Error(derr))
 			continue
 		}
@@ -776,7 +774,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 					b.Delete(dlWaitKey(s.id, it.seq), nil)
 				}
 			}
-			if s.dlFailedLocked(it.seq, fire, t.Transport.String()+":"+t.Target, derr, refused) {
+			if s.dlFailedLocked(it.seq, fire, t.Destination(), derr, refused) {
 				parkedNow = append(parkedNow, dlRefusal{i, derr})
 			}
 			// Kept with the retry, so that after a restart the engine
@@ -841,7 +839,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		t := items[i].task
 		e.log.Info("a dead letter dropped by an operator while it was being published reached its DLQ anyway",
 			zap.Int("shard", s.id), zap.Uint64("seq", items[i].seq), zap.String("source", t.Source),
-			zap.String("origin", t.Origin), zap.String("dlq", t.Transport.String()+":"+t.Target))
+			zap.String("origin", t.Origin), zap.String("dlq", t.Destination()))
 	}
 	for _, i := range acked {
 		t := items[i].task
@@ -869,14 +867,14 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		t := items[p.i].task
 		e.log.Error("dead letter parked: its DLQ refused it as this message at the last attempt of the retry policy; its source commits past it, it stays in the store and is retried with backoff until the DLQ takes it",
 			zap.Int("shard", s.id), zap.String("source", t.Source), zap.String("origin", t.Origin),
-			zap.String("dlq", t.Transport.String()+":"+t.Target), zap.String("code", string(t.Code)),
+			zap.String("dlq", t.Destination()), zap.String("code", string(t.Code)),
 			zap.Uint32("attempts", t.Attempts), zap.Error(p.err))
 	}
 	for _, i := range unparked {
 		t := items[i].task
 		e.log.Info("parked dead letter taken by its DLQ at last", zap.Int("shard", s.id),
 			zap.String("source", t.Source), zap.String("origin", t.Origin),
-			zap.String("dlq", t.Transport.String()+":"+t.Target), zap.Uint32("attempts", t.Attempts))
+			zap.String("dlq", t.Destination()), zap.Uint32("attempts", t.Attempts))
 	}
 	// The lane's transport is in an outage from a delivery that charged
 	// no attempt until one is acknowledged: the other transport's
@@ -983,29 +981,30 @@ type outageState struct {
 func (e *Engine) outageErr() error {
 	now := e.nowMs()
 	stale := 2 * max(e.opts.Retry.Max, time.Second).Milliseconds()
-	var last [transportSlots]error
-	var at [transportSlots]int64
-	var shards [transportSlots]int
+	var per [transportSlots]struct {
+		last   outageState // the latest over the shards
+		shards int
+	}
 	for _, s := range e.shards {
 		s.mu.Lock()
 		for tr := range s.lanes {
-			ln := &s.lanes[tr]
+			ln, p := &s.lanes[tr], &per[tr]
 			// Not stale while a batch of that transport is in the sink:
 			// its retry has not answered yet (a held produce).
 			if o := ln.outage; o.err != nil && (now-o.at <= stale || ln.busy) {
-				shards[tr]++
-				if last[tr] == nil || o.at > at[tr] {
-					last[tr], at[tr] = o.err, o.at
+				p.shards++
+				if p.last.err == nil || o.at > p.last.at {
+					p.last = o
 				}
 			}
 		}
 		s.mu.Unlock()
 	}
 	var errs []error
-	for tr := range last {
-		if last[tr] != nil {
+	for tr, p := range per {
+		if p.last.err != nil {
 			errs = append(errs, fmt.Errorf("shard: %s target unavailable (%d shards with due tasks waiting for it, no retry budget used): %w",
-				codec.Transport(tr), shards[tr], last[tr]))
+				codec.Transport(tr), p.shards, p.last.err))
 		}
 	}
 	return errors.Join(errs...)

@@ -16,7 +16,7 @@ import (
 // stressSink holds Kafka batches at random for longer than LaneGrace, fails
 // some tasks (ErrUnavailable or a plain error), and records every acked
 // delivery with the number of the Deliver call that carried it. Where each
-// publish began is numbered too (begin, from the engine's beginPublish,
+// publish began is numbered too (begin, from the engine's testHookBeginPublish,
 // under the shard lock right after its last supersession check), so a
 // publish that began before an op returned numbers <= the begun counter
 // read after it: the Deliver call itself comes a moment later, and a
@@ -36,7 +36,7 @@ type stressSink struct {
 	holds   int
 }
 
-// begin numbers a publish that begins (Engine.beginPublish).
+// begin numbers a publish that begins (Engine.testHookBeginPublish).
 func (s *stressSink) begin(batch []*codec.Task) {
 	n := s.begun.Add(1)
 	s.mu.Lock()
@@ -119,7 +119,7 @@ func TestLaneStress(t *testing.T) {
 				o.Retry = RetryPolicy{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond, MaxAttempts: 4}
 			})
 			sink := &stressSink{rng: rand.New(rand.NewPCG(seed, 99)), acks: map[string][]int64{}, begins: map[string][]int64{}, kinds: map[string]codec.Kind{}}
-			h.e.beginPublish = sink.begin
+			h.e.testHookBeginPublish = sink.begin
 			sink.hold.Store(true)
 			sink.fail.Store(true)
 			var runMu sync.Mutex

@@ -290,7 +290,7 @@ func (s *shard) describe(st stuck) (StuckEntry, error) {
 	}
 	ent.Attempts, ent.Code, ent.Detail = t.Attempts, string(t.Code), t.Detail
 	ent.Source, ent.ID, ent.Origin = t.Source, t.ID, t.Origin
-	ent.Destination = t.Transport.String() + ":" + t.Target
+	ent.Destination = t.Destination()
 	if t.Due != 0 {
 		ent.Due = msTime(t.Due)
 	}

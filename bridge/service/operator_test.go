@@ -165,7 +165,14 @@ func TestMissingKafkaDLQAtStart(t *testing.T) {
 	go func() { done <- svc.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	// Ready is computed after connect completes, so the start checks are done.
-	eventually(t, "connected", func() bool { return svc.connected.Load() })
+	eventually(t, "connected", func() bool {
+		for _, l := range svc.late {
+			if l.real.Load() == nil {
+				return false
+			}
+		}
+		return true
+	})
 	for _, e := range logs.All() {
 		if strings.Contains(e.Message+fmt.Sprint(e.ContextMap()), kafkaDLQ) {
 			t.Logf("warned: %s %v", e.Message, e.ContextMap())

@@ -66,7 +66,6 @@ type Service struct {
 	eng      *shard.Engine
 	pipeline *bridge.Pipeline
 	sinks    bridge.Sinks
-	sources  []bridge.Source
 	health   []bridge.Healther
 	closers  []func() error
 	admin    http.Handler
@@ -82,12 +81,9 @@ type Service struct {
 	// connector that reaches its brokers after that closes what it built.
 	closed bool
 	// late stands for each configured transport's sink until its
-	// connector has reached the brokers (see lateSink).
+	// connector has reached the brokers (see lateSink); each holds the last
+	// reason its transport could not be reached, for /readyz.
 	late []*lateSink
-	// connected is false until Run has reached the brokers of every
-	// configured transport; each lateSink holds the last reason its
-	// transport could not, for /readyz.
-	connected atomic.Bool
 	// stopping is set when Run begins its shutdown.
 	stopping atomic.Bool
 }
@@ -161,9 +157,10 @@ type built struct {
 }
 
 // lateSink is a configured transport's sink from the start of Run: until
-// the transport's connector has reached its brokers, every delivery fails
-// as an outage (shard.ErrUnavailable: no retry budget used), so the other
-// transport's sources and deliveries run meanwhile.
+// the transport's connector has reached its brokers a delivery waits (see
+// tried), and once the connector has given up it fails as an outage
+// (shard.ErrUnavailable: no retry budget used), so the other transport's
+// sources and deliveries run meanwhile.
 type lateSink struct {
 	transport string
 	setup     func(context.Context, *built) error
@@ -479,8 +476,8 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 	}()
 	// Each transport connects on its own (s.late): one whose brokers are
-	// down does not hold the other's sources and deliveries (its tasks
-	// wait as in an outage, see lateSink).
+	// down does not hold the other's sources and deliveries (its own wait
+	// in its lateSink).
 	engDone := make(chan struct{})
 	go func() {
 		defer close(engDone)
@@ -489,7 +486,7 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 	}()
 	var srcWG sync.WaitGroup
-	var nConnected atomic.Int32
+	var nConnected, nSources atomic.Int32
 	for _, l := range s.late {
 		srcWG.Go(func() {
 			b, err := s.connect(srcCtx, l)
@@ -509,7 +506,6 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 			s.closers = append(s.closers, b.closers...)
 			s.health = append(s.health, b.health...)
-			s.sources = append(s.sources, b.sources...)
 			s.mu.Unlock()
 			if srcCtx.Err() != nil {
 				return // stopping: the closers above close it
@@ -522,12 +518,9 @@ func (s *Service) Run(ctx context.Context) error {
 					}
 				})
 			}
+			n := nSources.Add(int32(len(b.sources)))
 			if int(nConnected.Add(1)) == len(s.late) {
-				s.connected.Store(true)
-				s.mu.Lock()
-				n := len(s.sources)
-				s.mu.Unlock()
-				s.log.Info("delaybridge running", zap.Int("sources", n), zap.String("admin", s.cfg.Admin.Listen))
+				s.log.Info("delaybridge running", zap.Int32("sources", n), zap.String("admin", s.cfg.Admin.Listen))
 			}
 		})
 	}
@@ -597,10 +590,7 @@ func (s *Service) Run(ctx context.Context) error {
 // (every commit was synced). So does a store whose close outlasts the
 // deadline.
 func (s *Service) closeAllBy(deadline time.Time, engDone <-chan struct{}) error {
-	s.mu.Lock()
-	closers := s.closers
-	s.closers, s.closed = nil, true
-	s.mu.Unlock()
+	closers := s.takeClosers()
 	if len(closers) == 0 {
 		return nil
 	}
@@ -662,11 +652,17 @@ func waitUntil(wait func(), deadline time.Time) bool {
 // closeAll closes what New opened, newest first (sources before
 // connections, the store last).
 func (s *Service) closeAll() error {
+	return closeEach(s.takeClosers())
+}
+
+// takeClosers takes the closers for closing; a connector that reaches its
+// brokers after that closes what it built itself (closed).
+func (s *Service) takeClosers() []func() error {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	closers := s.closers
 	s.closers, s.closed = nil, true
-	s.mu.Unlock()
-	return closeEach(closers)
+	return closers
 }
 
 // closeEach runs closers newest first and joins their errors.
