@@ -11,8 +11,6 @@ package bridge
 
 import (
 	"context"
-	"sync"
-	"time"
 
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/shard"
@@ -82,50 +80,4 @@ type Batch struct {
 // health for /readyz; nil means healthy.
 type Healther interface {
 	Health() error
-}
-
-// LogEvery is how often a failure that repeats on every retry (a broker
-// outage) is logged again; the line says how many were left out.
-const LogEvery = 30 * time.Second
-
-// LogThrottle lets the first of a run of repeated failures through and
-// then one per LogEvery, counting those it holds back. The zero value is
-// ready; it is safe for concurrent use.
-type LogThrottle struct {
-	mu         sync.Mutex
-	keys       map[string]time.Time // when each failure text was last logged
-	suppressed int
-}
-
-// Allow reports whether to log now and how many lines were held back
-// since the last one.
-func (t *LogThrottle) Allow(now time.Time) (suppressed int, ok bool) {
-	return t.AllowKey(now, "")
-}
-
-// AllowKey is Allow for a failure described by key (its error text): each
-// distinct failure is logged at once and then once per LogEvery, so a new
-// cause is not hidden behind the throttle of the previous one, and
-// failures that take turns (the servers of a cluster, each with its own
-// address in the error) are each throttled.
-func (t *LogThrottle) AllowKey(now time.Time, key string) (suppressed int, ok bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if at, seen := t.keys[key]; seen && now.Sub(at) < LogEvery {
-		t.suppressed++
-		return 0, false
-	}
-	if t.keys == nil || len(t.keys) >= 64 {
-		t.keys = map[string]time.Time{} // bounded: forget older causes
-	}
-	t.keys[key] = now
-	suppressed, t.suppressed = t.suppressed, 0
-	return suppressed, true
-}
-
-// Reset ends a run of failures: the next one is logged at once.
-func (t *LogThrottle) Reset() {
-	t.mu.Lock()
-	t.keys, t.suppressed = nil, 0
-	t.mu.Unlock()
 }

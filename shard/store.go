@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -17,6 +16,8 @@ import (
 	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/internal/logthrottle"
 )
 
 // Key layout. Every integer is big-endian so byte order is numeric order and
@@ -529,14 +530,11 @@ type storeHealth struct {
 	stallSince atomic.Int64 // ns since epoch, +1; 0 while writes flow
 	stallWhy   atomic.Pointer[string]
 	bgErr      atomic.Pointer[error]
-
-	logMu      sync.Mutex
-	lastLog    time.Time
-	suppressed int
+	bgLog      logthrottle.Throttle // Pebble retries a failed flush at once and forever
 }
 
 func newStoreHealth(grace time.Duration) *storeHealth {
-	return &storeHealth{grace: grace, epoch: time.Now()}
+	return &storeHealth{grace: grace, epoch: time.Now(), bgLog: logthrottle.Throttle{Every: 10 * time.Second}}
 }
 
 func (h *storeHealth) listener() *pebble.EventListener {
@@ -549,16 +547,9 @@ func (h *storeHealth) listener() *pebble.EventListener {
 		WriteStallEnd: func() { h.stallSince.Store(0) },
 		BackgroundError: func(err error) {
 			h.bgErr.Store(&err)
-			// Pebble retries a failed flush at once and forever: log the
-			// first and then one line per 10 s, with the count.
-			h.logMu.Lock()
-			defer h.logMu.Unlock()
-			if now := time.Now(); h.lastLog.IsZero() || now.Sub(h.lastLog) >= 10*time.Second {
+			if suppressed, ok := h.bgLog.Allow(time.Now()); ok {
 				h.log.Error("store background error (a flush or compaction failed; Pebble retries it)",
-					zap.Error(err), zap.Int("suppressed", h.suppressed))
-				h.lastLog, h.suppressed = now, 0
-			} else {
-				h.suppressed++
+					zap.Error(err), zap.Int("suppressed", suppressed))
 			}
 		},
 	}

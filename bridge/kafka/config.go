@@ -72,9 +72,9 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 	"go.uber.org/zap"
 
-	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/config"
+	"github.com/delaybridge/delaybridge/internal/logthrottle"
 	"github.com/delaybridge/delaybridge/metrics"
 )
 
@@ -506,12 +506,12 @@ func zapLogger(l *zap.Logger, level func(*zap.Logger, string)) kafkago.Logger {
 // operation (a coordinator it cannot reach), once per JoinBackoff.
 func throttledLogger(l *zap.Logger, level func(*zap.Logger, string)) kafkago.Logger {
 	var mu sync.Mutex
-	throttles := map[string]*bridge.LogThrottle{}
+	throttles := map[string]*logthrottle.Throttle{}
 	return kafkago.LoggerFunc(func(format string, args ...any) {
 		mu.Lock()
 		th := throttles[format]
 		if th == nil {
-			th = new(bridge.LogThrottle)
+			th = new(logthrottle.Throttle)
 			throttles[format] = th
 		}
 		mu.Unlock()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/logthrottle"
 	"github.com/delaybridge/delaybridge/metrics"
 	"github.com/delaybridge/delaybridge/shard"
 )
@@ -199,7 +200,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 	}
 	defer func() { leave() }()
 	joined := false
-	var joinFails bridge.LogThrottle // one line per bridge.LogEvery while joins fail
+	var joinFails logthrottle.Throttle // one line per logthrottle.DefaultEvery while joins fail
 	for {
 		if cg == nil {
 			var err error

@@ -12,8 +12,8 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
-	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/logthrottle"
 	"github.com/delaybridge/delaybridge/metrics"
 )
 
@@ -194,7 +194,7 @@ func (c *Config) options() ([]natsgo.Option, error) {
 	}
 
 	log := c.Logger
-	var reconnectFails bridge.LogThrottle
+	var reconnectFails logthrottle.Throttle
 	opts := []natsgo.Option{
 		natsgo.Name(c.Name),
 		natsgo.Timeout(c.ConnectTimeout),
@@ -216,7 +216,7 @@ func (c *Config) options() ([]natsgo.Option, error) {
 		}),
 		natsgo.ReconnectErrHandler(func(_ *natsgo.Conn, err error) {
 			// Once per ReconnectWait for as long as the server is down:
-			// the first, then one line per bridge.LogEvery.
+			// the first, then one line per logthrottle.DefaultEvery.
 			if suppressed, ok := reconnectFails.AllowKey(time.Now(), err.Error()); ok {
 				log.Warn("nats: reconnect attempt failed", zap.Error(err), zap.Int("suppressed", suppressed))
 			}

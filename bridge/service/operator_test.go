@@ -94,7 +94,7 @@ admin: {listen: "127.0.0.1:0"}
 
 // TestKafkaOutageLogVolume: while the Kafka cluster is down, the failed
 // group joins (and kafka-go's own line for each) are logged once and then
-// once per bridge.LogEvery with a count, not once per attempt: two Warn
+// once per logthrottle.DefaultEvery with a count, not once per attempt: two Warn
 // lines per attempt were about 120 a minute for Kafka alone, forever.
 // Counted per attempt (delaybridge_source_errors_total), not per second.
 func TestKafkaOutageLogVolume(t *testing.T) {

@@ -1,15 +1,15 @@
-package bridge
+package logthrottle
 
 import (
 	"testing"
 	"time"
 )
 
-// TestLogThrottle: the first of a run is logged, then one per LogEvery
+// TestThrottle: the first of a run is logged, then one per DefaultEvery
 // with the count held back; Reset starts a new run.
-func TestLogThrottle(t *testing.T) {
+func TestThrottle(t *testing.T) {
 	t0 := time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)
-	var th LogThrottle
+	var th Throttle
 	for i, c := range []struct {
 		at         time.Duration
 		reset      bool
@@ -19,11 +19,11 @@ func TestLogThrottle(t *testing.T) {
 		{at: 0, ok: true},
 		{at: time.Second},
 		{at: 10 * time.Second},
-		{at: LogEvery - time.Millisecond},
-		{at: LogEvery, ok: true, suppressed: 3},
-		{at: LogEvery + time.Second},
-		{at: LogEvery + 2*time.Second, reset: true, ok: true},
-		{at: LogEvery + 3*time.Second},
+		{at: DefaultEvery - time.Millisecond},
+		{at: DefaultEvery, ok: true, suppressed: 3},
+		{at: DefaultEvery + time.Second},
+		{at: DefaultEvery + 2*time.Second, reset: true, ok: true},
+		{at: DefaultEvery + 3*time.Second},
 	} {
 		if c.reset {
 			th.Reset()
@@ -35,24 +35,24 @@ func TestLogThrottle(t *testing.T) {
 	}
 }
 
-// TestLogThrottleNewCause: a failure that differs from the one
+// TestThrottleNewCause: a failure that differs from the one
 // logged last is logged at once; only repeats of the same one are held
 // back. With Allow alone, a join that first failed with "connection
 // refused" and then with "GROUP_AUTHORIZATION_FAILED" (ACL removed while
-// the cluster was down) showed only the first cause for up to LogEvery.
-func TestLogThrottleNewCause(t *testing.T) {
+// the cluster was down) showed only the first cause for up to DefaultEvery.
+func TestThrottleNewCause(t *testing.T) {
 	t0 := time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)
-	var th LogThrottle
+	var th Throttle
 	if _, ok := th.AllowKey(t0, "connection refused"); !ok {
 		t.Fatal("first failure held back")
 	}
 	if _, ok := th.AllowKey(t0.Add(time.Second), "connection refused"); ok {
-		t.Fatal("a repeat logged within LogEvery")
+		t.Fatal("a repeat logged within DefaultEvery")
 	}
 	if n, ok := th.AllowKey(t0.Add(2*time.Second), "group authorization failed"); !ok || n != 1 {
 		t.Fatalf("a new cause: Allow = %d, %v; want it logged at once with 1 held back", n, ok)
 	}
 	if _, ok := th.AllowKey(t0.Add(3*time.Second), "group authorization failed"); ok {
-		t.Fatal("a repeat of the new cause logged within LogEvery")
+		t.Fatal("a repeat of the new cause logged within DefaultEvery")
 	}
 }
