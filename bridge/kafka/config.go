@@ -62,7 +62,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -501,24 +500,16 @@ func zapLogger(l *zap.Logger, level func(*zap.Logger, string)) kafkago.Logger {
 	})
 }
 
-// throttledLogger is zapLogger with a logThrottle per format string:
-// kafka-go's error logger says the same on every retry of a failing
-// operation (a coordinator it cannot reach), once per JoinBackoff.
+// throttledLogger is zapLogger throttled per format string: kafka-go's
+// error logger says the same on every retry of a failing operation (a
+// coordinator it cannot reach), once per JoinBackoff.
 func throttledLogger(l *zap.Logger, level func(*zap.Logger, string)) kafkago.Logger {
-	var mu sync.Mutex
-	throttles := map[string]*logthrottle.Throttle{}
+	var th logthrottle.Throttle
 	return kafkago.LoggerFunc(func(format string, args ...any) {
-		mu.Lock()
-		th := throttles[format]
-		if th == nil {
-			th = new(logthrottle.Throttle)
-			throttles[format] = th
-		}
-		mu.Unlock()
-		if n, ok := th.Allow(time.Now()); ok {
+		if n, ok := th.AllowKey(time.Now(), format); ok {
 			msg := fmt.Sprintf(format, args...)
 			if n > 0 {
-				msg += fmt.Sprintf(" (%d more like it not logged)", n)
+				msg += fmt.Sprintf(" (%d repeated lines not logged)", n)
 			}
 			level(l, msg)
 		}

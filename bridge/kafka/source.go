@@ -290,7 +290,10 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 	}
 }
 
-// groupContext is the context of one consumer group's workers.
+// groupContext is the context of one consumer group's workers. It is
+// context.WithCancel behind a call because its cancel is kept in a
+// variable that leave (also deferred) calls, which vet's lostcancel check
+// cannot follow.
 func groupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithCancel(ctx)
 }
