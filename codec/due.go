@@ -24,6 +24,8 @@ const (
 	// dueLayout is RFC 3339 with exactly three fractional digits; for UTC
 	// times "Z07:00" prints "Z".
 	dueLayout = "2006-01-02T15:04:05.000Z07:00"
+	// dueLen is the length of a delay-due value (UTC: "Z").
+	dueLen = len(dueLayout) - len("Z07:00") + 1
 )
 
 // FormatDue writes a due time (Unix ms) as the delay-due header does:

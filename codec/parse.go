@@ -495,10 +495,9 @@ func DeadLetter(t *Task, code Code, detail string) Task {
 // addedSize is what the headers a schedule gains (delay-id, delay-origin,
 // delay-due) add to its size.
 func addedSize(id, origin string) int {
-	due := len(dueLayout) - len("Z07:00") + 1
 	return len(HeaderID) + len(id) + headerFraming(len(HeaderID), len(id)) +
 		len(HeaderOrigin) + len(origin) + headerFraming(len(HeaderOrigin), len(origin)) +
-		len(HeaderDue) + due + headerFraming(len(HeaderDue), due)
+		len(HeaderDue) + dueLen + headerFraming(len(HeaderDue), dueLen)
 }
 
 // MaxClockSkew is how far a message time may be ahead of the bridge's
@@ -512,7 +511,7 @@ const MaxClockSkew = time.Minute
 // transport: the bound is checked before the target is resolved, and
 // it costs a Kafka target a few dozen bytes of the limit.
 func natsAddedSize(source, id string) int {
-	v := len("kafka:") + 3*len(source) + 1 + 3*len(id) + 1 + len(dueLayout) - len("Z07:00") + 1
+	v := len("kafka:") + 3*len(source) + 1 + 3*len(id) + 1 + dueLen
 	return len("Nats-Msg-Id") + v + headerFraming(len("Nats-Msg-Id"), v) + len("NATS/1.0\r\n\r\n")
 }
 
