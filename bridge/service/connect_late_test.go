@@ -1,7 +1,6 @@
 package service
 
 import (
-	"context"
 	"errors"
 	"strconv"
 	"strings"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/delaybridge/delaybridge/bridge/nats"
 )
@@ -39,17 +37,7 @@ func TestShutdownWhileConnectingClosesTheLateConnection(t *testing.T) {
 	}
 	baseClients, baseTotal := e.ns.NumClients(), varz().TotalConnections
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	svc, err := New(ctx, e.config(), Options{
-		Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())),
-		Clock:  e.clk, Kafka: fastKafka, NATS: natsHook,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
+	_, cancel, done := e.runWith(Options{NATS: natsHook})
 	<-entered
 	cancel() // SIGTERM while NATS is connecting
 	select {
@@ -118,17 +106,7 @@ func TestNATSAuthRefusedWhileKafkaRuns(t *testing.T) {
 		once.Do(func() { <-kafkaUp })
 		c.URL, c.User, c.Password = ns.ClientURL(), "bridge", "wrong"
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	svc, err := New(ctx, e.config(), Options{
-		Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())),
-		Clock:  e.clk, Kafka: fastKafka, NATS: natsHook,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
+	svc, _, done := e.runWith(Options{NATS: natsHook})
 	e.publishKafka(0, time.Time{}, []byte("k"), []byte("v"), "delay-after", "1h", "delay-target", "orders")
 	waitIngested(t, svc, 1) // the Kafka source runs
 	close(kafkaUp)

@@ -295,19 +295,11 @@ func (e *env) start() (svc *Service, stop func()) {
 // adapter's config after fastKafka.
 func (e *env) startWith(kafkaHook func(*kafka.Config)) (svc *Service, stop func()) {
 	e.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	log := zaptest.NewLogger(e.t, zaptest.Level(testLogLevel()))
-	kafkaOpts := fastKafka
+	var o Options
 	if kafkaHook != nil {
-		kafkaOpts = func(c *kafka.Config) { fastKafka(c); kafkaHook(c) }
+		o.Kafka = func(c *kafka.Config) { fastKafka(c); kafkaHook(c) }
 	}
-	svc, err := New(ctx, e.config(), Options{Logger: log, Clock: e.clk, Kafka: kafkaOpts, NATS: fastNATS})
-	if err != nil {
-		cancel()
-		e.t.Fatalf("start bridge: %v", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
+	svc, cancel, done := e.runWith(o)
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
@@ -324,6 +316,46 @@ func (e *env) startWith(kafkaHook func(*kafka.Config)) (svc *Service, stop func(
 	}
 	e.t.Cleanup(stop)
 	return svc, stop
+}
+
+// runWith runs a bridge on e's brokers and data dir with o (what o leaves
+// zero is as in start: the test logger, e's clock, fastKafka, fastNATS)
+// and returns its cancel (SIGTERM) and Run's result; at Cleanup it is
+// cancelled and waited for.
+func (e *env) runWith(o Options) (svc *Service, cancel context.CancelFunc, done <-chan error) {
+	e.t.Helper()
+	if o.Logger == nil {
+		o.Logger = zaptest.NewLogger(e.t, zaptest.Level(testLogLevel()))
+	}
+	if o.Clock == nil {
+		o.Clock = e.clk
+	}
+	if o.Kafka == nil {
+		o.Kafka = fastKafka
+	}
+	if o.NATS == nil {
+		o.NATS = fastNATS
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	svc, err := New(ctx, e.config(), o)
+	if err != nil {
+		cancel()
+		e.t.Fatalf("start bridge: %v", err)
+	}
+	ch, finished := make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(finished)
+		ch <- svc.Run(ctx)
+	}()
+	e.t.Cleanup(func() {
+		cancel()
+		select {
+		case <-finished:
+		case <-time.After(30 * time.Second):
+			e.t.Error("bridge did not stop within 30s")
+		}
+	})
+	return svc, cancel, ch
 }
 
 // heldProduce is a Kafka target broker that takes produce requests for a

@@ -1,7 +1,6 @@
 package service
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -25,14 +24,7 @@ import (
 func TestTargetRefusingWritesNotReady(t *testing.T) {
 	e := newEnv(t, "shards: 1\nretry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 2}\n")
 	core, logs := observer.New(zap.InfoLevel)
-	ctx, cancel := context.WithCancel(context.Background())
-	svc, err := New(ctx, e.config(), Options{Logger: zap.New(core), Clock: e.clk, Kafka: fastKafka, NATS: fastNATS})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	svc, _, _ := e.runWith(Options{Logger: zap.New(core)})
 	fault := e.kc.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: kafkaOut, Err: kerr.NotEnoughReplicas, Count: -1})
 	e.publishKafka(0, e.clk.Now(), []byte("k"), []byte("kafka-down"), "delay-after", "1s", "delay-target", kafkaOut)
 	waitIngested(t, svc, 1)

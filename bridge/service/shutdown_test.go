@@ -1,12 +1,10 @@
 package service
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/delaybridge/delaybridge/bridge/kafka"
 	"github.com/delaybridge/delaybridge/shard"
@@ -21,22 +19,10 @@ import (
 func TestShutdownDoesNotWaitForAHeldPublish(t *testing.T) {
 	e := newEnv(t, "shutdown_timeout: 3s\n")
 	hold := e.holdProduceTo(kafkaOut)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	svc, err := New(ctx, e.config(), Options{
-		Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())),
-		Clock:  e.clk,
-		Kafka: func(c *kafka.Config) {
-			fastKafka(c)
-			c.WriteTimeout = 10 * time.Minute // only the shutdown can end the held write
-		},
-		NATS: fastNATS,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
+	_, cancel, done := e.runWith(Options{Kafka: func(c *kafka.Config) {
+		fastKafka(c)
+		c.WriteTimeout = 10 * time.Minute // only the shutdown can end the held write
+	}})
 	e.publishKafka(0, time.Time{}, []byte("k"), []byte("v"), "delay-after", "0", "delay-target", kafkaOut)
 	e.awaitHeld(hold)
 	watchdog := time.After(60 * time.Second)
@@ -55,6 +41,7 @@ func TestShutdownDoesNotWaitForAHeldPublish(t *testing.T) {
 	// publish the broker refused.
 	hold.Release(true)
 	var eng *shard.Engine
+	var err error
 	for eng == nil {
 		eng, err = shard.Open(shard.Options{Dir: e.dataDir, Shards: e.config().Shards, Logger: zap.NewNop()})
 		if err != nil {

@@ -28,20 +28,7 @@ func TestShutdownWithStoreWriteStalled(t *testing.T) {
 	e := newEnv(t, "shutdown_timeout: 3s\nstore: {cache_mb: 64, memtable_mb: 4}\n")
 	toggle := faultfs.FullDisk(".sst", ".blob")
 	defer toggle.Off() // a failing test's store closes
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	svc, err := New(ctx, e.config(), Options{
-		Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())),
-		Clock:  e.clk,
-		FS:     errorfs.Wrap(vfs.Default, toggle),
-		Kafka:  fastKafka,
-		NATS:   fastNATS,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
+	svc, cancel, done := e.runWith(Options{FS: errorfs.Wrap(vfs.Default, toggle)})
 	toggle.On()
 	val := bytes.Repeat([]byte("v"), 60<<10)
 	const n = 250 // 15 MB: well past two 4 MB memtables
@@ -66,6 +53,7 @@ func TestShutdownWithStoreWriteStalled(t *testing.T) {
 	// behind closes. A restart on the same data dir holds every task.
 	toggle.Off()
 	var svc2 *Service
+	var err error
 	eventually(t, "reopened", func() bool {
 		svc2, err = New(context.Background(), e.config(), Options{
 			Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())), Clock: e.clk, Kafka: fastKafka, NATS: fastNATS})
