@@ -86,18 +86,7 @@ func TestOverdueAtRestartDeliveredAtOnce(t *testing.T) {
 // the cause although the Kafka transport is connected and its source runs.
 func TestNATSAuthRefusedWhileKafkaRuns(t *testing.T) {
 	e := newEnv(t, "")
-	ns, err := natsserver.NewServer(&natsserver.Options{
-		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true,
-		Username: "bridge", Password: "right",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	defer ns.Shutdown()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server did not start")
-	}
+	ns := startNATSServer(t, &natsserver.Options{Username: "bridge", Password: "right"})
 	kafkaUp := make(chan struct{})
 	var once sync.Once
 	natsHook := func(c *nats.Config) {

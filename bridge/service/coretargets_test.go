@@ -16,17 +16,7 @@ import (
 // DELAYBRIDGE_NATS_CORE_TARGETS) reaches the NATS sink's config; without
 // it deliveries to subjects without a stream are not best effort.
 func TestNATSCoreTargetsWiring(t *testing.T) {
-	ns, err := natsserver.NewServer(&natsserver.Options{
-		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	defer ns.Shutdown()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server did not start")
-	}
+	ns := startNATSServer(t, &natsserver.Options{})
 	for _, c := range []struct {
 		name  string
 		extra string

@@ -661,18 +661,7 @@ func TestWrongPasswordFailsFast(t *testing.T) {
 // TestNATSCredentialsNotInStartError: a refused nats.url login fails the
 // start with an error that does not carry the password.
 func TestNATSCredentialsNotInStartError(t *testing.T) {
-	ns, err := natsserver.NewServer(&natsserver.Options{
-		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true,
-		Username: "bridge", Password: "right",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	defer ns.Shutdown()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server did not start")
-	}
+	ns := startNATSServer(t, &natsserver.Options{Username: "bridge", Password: "right"})
 	const secret = "s3cret-wrong-pw"
 	yml := `
 data_dir: ` + strconv.Quote(t.TempDir()) + `

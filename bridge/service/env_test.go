@@ -133,17 +133,32 @@ func freePort(t *testing.T) int {
 }
 
 func (e *env) startNATS() {
-	ns, err := natsserver.NewServer(&natsserver.Options{
-		Host: "127.0.0.1", Port: e.natsPort, JetStream: true, StoreDir: e.natsDir, NoSigs: true, NoLog: true,
-	})
+	e.ns = startNATSServer(e.t, &natsserver.Options{Port: e.natsPort, StoreDir: e.natsDir})
+}
+
+// startNATSServer starts a JetStream nats-server on 127.0.0.1 with o (Port
+// 0 is a free one, StoreDir "" a temp dir) and waits until it takes
+// connections. Shut it down with Shutdown (startNATS restarts it on the
+// same port and store), or leave it to Cleanup.
+func startNATSServer(t testing.TB, o *natsserver.Options) *natsserver.Server {
+	t.Helper()
+	o.Host, o.JetStream, o.NoSigs, o.NoLog = "127.0.0.1", true, true, true
+	if o.Port == 0 {
+		o.Port = -1
+	}
+	if o.StoreDir == "" {
+		o.StoreDir = t.TempDir()
+	}
+	ns, err := natsserver.NewServer(o)
 	if err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
 	go ns.Start()
 	if !ns.ReadyForConnections(10 * time.Second) {
-		e.t.Fatal("nats server did not start")
+		t.Fatal("nats server did not start")
 	}
-	e.ns = ns
+	t.Cleanup(ns.Shutdown)
+	return ns
 }
 
 // consume reads every target and DLQ of both transports into e.got.
