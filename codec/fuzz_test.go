@@ -208,8 +208,10 @@ func BenchmarkParse(b *testing.B) {
 		h("delay-target", "orders"),
 	)
 	m.Value = bytes.Repeat([]byte("v"), 1024)
-	r := &Rules{DLQ: "delay.dlq", MaxDelay: 365 * 24 * time.Hour, MaxBytes: 1 << 20,
-		Allow: func(Transport, string) bool { return true }}
+	// As the service's rules: the bridge's clock, the delay-source check.
+	r := &Rules{DLQ: "delay.dlq", MaxDelay: 365 * 24 * time.Hour, MaxBytes: 1 << 20, Now: time.Now,
+		DelaySource: func(t Transport, name string) bool { return t == TransportKafka && name == "delay" },
+		Allow:       func(Transport, string) bool { return true }}
 	b.ReportAllocs()
 	for b.Loop() {
 		if t := Parse(m, r); t.Kind != KindSchedule {
