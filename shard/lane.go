@@ -8,8 +8,8 @@ import (
 
 // Lanes. A fire batch goes to the sink one target transport at a time:
 // each shard keeps one lane per transport (codec.Transport, as
-// transportSlot indexes it), and each lane has at most one batch in the sink. While a
-// lane publishes, the fire loop waits for it, as it always did (the loop
+// transportSlot indexes it), and each lane has at most one batch in the
+// sink. While a lane publishes, the fire loop waits for it, as it always did (the loop
 // neither claims nor reads ahead: on two cores that took CPU from the
 // publishes, docs/benchmarks.md). But a lane whose batch has been in the
 // sink for longer than Options.LaneGrace is stuck (a broker that holds a
@@ -23,7 +23,9 @@ import (
 // where every stuck period of a slow target would claim, read and set
 // aside its whole backlog again. So a target that hangs, or is slow,
 // delays its own transport's tasks, not the other's, and each task is
-// read at most twice.
+// read at most twice. A lane whose transport is in an outage is passed at
+// once, not after the grace (laneWaitLocked): a down broker fails each
+// batch within it.
 //
 // A parked task stays in flight for replace and cancel (it was claimed):
 // one that a replace, cancel or drop meets is never handed to the sink;
