@@ -321,14 +321,18 @@ func Load(path string, environ []string) (*Config, error) {
 func LoadBytes(data []byte, environ []string) (*Config, error) {
 	c := Default()
 	// YAML and environment problems are reported together.
-	if err := errors.Join(decodeYAML(data, c), applyEnv(c, environ)); err != nil {
+	yamlErr := decodeYAML(data, c)
+	fromEnv, envErr := applyEnv(c, environ)
+	if err := errors.Join(yamlErr, envErr); err != nil {
 		return nil, err
 	}
 	c.fillBlockDefaults()
-	if err := c.readSecrets(); err != nil {
-		return nil, err
+	v := &validator{fromEnv: fromEnv}
+	c.readSecrets(v)
+	if len(v.errs) == 0 {
+		c.validate(v)
 	}
-	if err := c.Validate(); err != nil {
+	if err := errors.Join(v.errs...); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -336,20 +340,19 @@ func LoadBytes(data []byte, environ []string) (*Config, error) {
 
 // readSecrets moves the contents of the *_file keys into their secrets. A
 // key set both inline and by file is refused: which one wins would be a
-// guess.
-func (c *Config) readSecrets() error {
-	var errs []error
+// guess. Problems go to v.
+func (c *Config) readSecrets(v *validator) {
 	read := func(key string, file string, dst *Secret) {
 		if file == "" {
 			return
 		}
 		if *dst != "" {
-			errs = append(errs, fmt.Errorf("%s_file: conflicts with %s; set only one", key, key))
+			v.add(key+"_file", "conflicts with %s; set only one", v.name(key))
 			return
 		}
 		b, err := os.ReadFile(file)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s_file: %w", key, err))
+			v.add(key+"_file", "%w", err)
 			return
 		}
 		// Files written by editors and "echo" end in a newline that is
@@ -361,7 +364,7 @@ func (c *Config) readSecrets() error {
 			b = bytes.TrimSuffix(b, []byte("\n"))
 		}
 		if len(b) == 0 {
-			errs = append(errs, fmt.Errorf("%s_file: %s is empty", key, file))
+			v.add(key+"_file", "%s is empty", file)
 			return
 		}
 		*dst = Secret(b)
@@ -374,7 +377,6 @@ func (c *Config) readSecrets() error {
 		read("nats.token", n.TokenFile, &n.Token)
 	}
 	read("admin.token", c.Admin.TokenFile, &c.Admin.Token)
-	return errors.Join(errs...)
 }
 
 // Redacted returns a deep copy with every secret replaced by "REDACTED".

@@ -347,10 +347,10 @@ func TestSecretsFromFiles(t *testing.T) {
 		env  []string
 		want string
 	}{
-		{"missing file", []string{"DELAYBRIDGE_ADMIN_TOKEN_FILE=/nonexistent/tok"}, "admin.token_file:"},
-		{"empty file", []string{"DELAYBRIDGE_ADMIN_TOKEN_FILE=" + writeSecret(t, "\n")}, "admin.token_file: "},
-		{"both inline and file", []string{"DELAYBRIDGE_ADMIN_TOKEN=x", "DELAYBRIDGE_ADMIN_TOKEN_FILE=" + at}, "admin.token_file: conflicts with admin.token"},
-		{"nats token both", []string{"DELAYBRIDGE_NATS_TOKEN=x", "DELAYBRIDGE_NATS_TOKEN_FILE=" + at}, "nats.token_file: conflicts"},
+		{"missing file", []string{"DELAYBRIDGE_ADMIN_TOKEN_FILE=/nonexistent/tok"}, "admin.token_file (from DELAYBRIDGE_ADMIN_TOKEN_FILE): open /nonexistent/tok"},
+		{"empty file", []string{"DELAYBRIDGE_ADMIN_TOKEN_FILE=" + writeSecret(t, "\n")}, "admin.token_file (from DELAYBRIDGE_ADMIN_TOKEN_FILE): "},
+		{"both inline and file", []string{"DELAYBRIDGE_ADMIN_TOKEN=x", "DELAYBRIDGE_ADMIN_TOKEN_FILE=" + at}, "admin.token_file (from DELAYBRIDGE_ADMIN_TOKEN_FILE): conflicts with admin.token (from DELAYBRIDGE_ADMIN_TOKEN)"},
+		{"nats token both", []string{"DELAYBRIDGE_NATS_TOKEN=x", "DELAYBRIDGE_NATS_TOKEN_FILE=" + at}, "nats.token_file (from DELAYBRIDGE_NATS_TOKEN_FILE): conflicts"},
 	}
 	for _, tt := range errTests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -391,8 +391,8 @@ func TestSecretFileTrimsOneNewline(t *testing.T) {
 	for _, content := range []string{"", "\n", "\r\n"} {
 		t.Run("empty "+strconv.Quote(content), func(t *testing.T) {
 			_, err := LoadBytes([]byte(validYAML), []string{"DELAYBRIDGE_NATS_USER=nu", "DELAYBRIDGE_NATS_PASSWORD_FILE=" + writeSecret(t, content)})
-			if err == nil || !strings.Contains(err.Error(), "nats.password_file: ") || !strings.Contains(err.Error(), "is empty") {
-				t.Fatalf("error %v, want nats.password_file: ... is empty", err)
+			if err == nil || !strings.Contains(err.Error(), "nats.password_file (from DELAYBRIDGE_NATS_PASSWORD_FILE): ") || !strings.Contains(err.Error(), "is empty") {
+				t.Fatalf("error %v, want nats.password_file (from DELAYBRIDGE_NATS_PASSWORD_FILE): ... is empty", err)
 			}
 		})
 	}

@@ -20,10 +20,13 @@ type envStep struct {
 	key   string // YAML key or "[i]", for messages
 }
 
-// applyEnv sets the keys named by DELAYBRIDGE_* variables. A variable set
-// twice in environ takes its first value, as os.Getenv does. Variables are
-// applied in name order so the result does not depend on environ's order.
-func applyEnv(c *Config, environ []string) error {
+// applyEnv sets the keys named by DELAYBRIDGE_* variables and returns the
+// variable that set each key path ("retry.max_attempts" ->
+// "DELAYBRIDGE_RETRY_MAX_ATTEMPTS"), so that a later error about the key
+// can name where its value came from. A variable set twice in environ takes
+// its first value, as os.Getenv does. Variables are applied in name order
+// so the result does not depend on environ's order.
+func applyEnv(c *Config, environ []string) (map[string]string, error) {
 	vals := map[string]string{}
 	var names []string
 	for _, kv := range environ {
@@ -39,6 +42,7 @@ func applyEnv(c *Config, environ []string) error {
 	}
 	sort.Strings(names)
 	var errs []error
+	set := map[string]string{}
 	root := reflect.ValueOf(c).Elem()
 	for _, name := range names {
 		steps, ok := resolveEnv(root.Type(), strings.TrimPrefix(name, EnvPrefix))
@@ -48,9 +52,11 @@ func applyEnv(c *Config, environ []string) error {
 		}
 		if err := setPath(root, steps, vals[name]); err != nil {
 			errs = append(errs, fmt.Errorf("env %s (%s): %w", name, stepsPath(steps), err))
+			continue
 		}
+		set[stepsPath(steps)] = name
 	}
-	return errors.Join(errs...)
+	return set, errors.Join(errs...)
 }
 
 // EnvName returns the environment variable for a key path such as

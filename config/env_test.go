@@ -184,6 +184,14 @@ func TestEnvErrors(t *testing.T) {
 		{"all reported", []string{"DELAYBRIDGE_A=1", "DELAYBRIDGE_B=2"}, []string{"DELAYBRIDGE_A:", "DELAYBRIDGE_B:"}},
 		{"gap in list is a validation error", []string{"DELAYBRIDGE_KAFKA_SOURCES_2_TOPIC=t2", "DELAYBRIDGE_KAFKA_SOURCES_2_DLQ=t2.dlq"},
 			[]string{"kafka.sources[1].topic: required", "kafka.sources[1].dlq: required"}},
+		// A value that parses but fails validation names the variable, as
+		// the operator will not find it in the YAML file.
+		{"invalid value names the variable", []string{"DELAYBRIDGE_RETRY_MAX_ATTEMPTS=-1"},
+			[]string{"retry.max_attempts (from DELAYBRIDGE_RETRY_MAX_ATTEMPTS): must be at least 1, got -1"}},
+		{"empty required value names the variable", []string{"DELAYBRIDGE_KAFKA_SOURCES_0_DLQ="},
+			[]string{"kafka.sources[0].dlq (from DELAYBRIDGE_KAFKA_SOURCES_0_DLQ): required"}},
+		{"list value names the variable", []string{"DELAYBRIDGE_KAFKA_BROKERS=nohost"},
+			[]string{"(from DELAYBRIDGE_KAFKA_BROKERS)"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

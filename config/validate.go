@@ -26,10 +26,30 @@ func (c *Config) Validate() error {
 
 type validator struct {
 	errs []error
+	// fromEnv names the variable that set a key path, if one did.
+	fromEnv map[string]string
 }
 
+// add records a problem with key. The message names the environment
+// variable that set the key, if one did: the operator will not find the
+// value in the YAML file.
 func (v *validator) add(key, format string, args ...any) {
-	v.errs = append(v.errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	v.errs = append(v.errs, fmt.Errorf("%s: %w", v.name(key), fmt.Errorf(format, args...)))
+}
+
+// name is key, followed by the environment variable that set it (or set
+// the list that the item "key[i]" is in).
+func (v *validator) name(key string) string {
+	env, ok := v.fromEnv[key]
+	if !ok && strings.HasSuffix(key, "]") {
+		if i := strings.LastIndexByte(key, '['); i > 0 {
+			env, ok = v.fromEnv[key[:i]]
+		}
+	}
+	if ok {
+		return key + " (from " + env + ")"
+	}
+	return key
 }
 
 func (c *Config) validate(v *validator) {
