@@ -160,7 +160,13 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger
 	if ready != nil {
 		ready(svc, devAddrs{kafka: kafkaAddr, nats: natsURL, admin: o.admin})
 	}
-	return portHint(svc.Run(ctx), "-admin")
+	err = svc.Run(ctx)
+	if o.dataDir == "" {
+		// The service's last line says pending tasks are kept in the
+		// store; in this sandbox the store goes with it.
+		log.Info("removing the sandbox: its pending tasks and both brokers' messages are discarded (--data-dir keeps them)", zap.String("dir", root))
+	}
+	return portHint(err, "-admin")
 }
 
 // portHint adds to an address-in-use error the flag that moves the port:

@@ -24,7 +24,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/bridge/service"
 	"github.com/delaybridge/delaybridge/codec"
@@ -420,8 +422,10 @@ func TestDev(t *testing.T) {
 	var out bytes.Buffer
 	ready := make(chan devAddrs, 1)
 	done := make(chan error, 1)
+	obs, logs := observer.New(zap.InfoLevel)
+	log := zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), obs))
 	go func() {
-		done <- runDev(ctx, devOptions{kafkaPort: 0, natsPort: 0, admin: "127.0.0.1:0"}, &out, zaptest.NewLogger(t), nil,
+		done <- runDev(ctx, devOptions{kafkaPort: 0, natsPort: 0, admin: "127.0.0.1:0"}, &out, log, nil,
 			func(_ *service.Service, a devAddrs) { ready <- a })
 	}()
 	var addrs devAddrs
@@ -484,6 +488,11 @@ func TestDev(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("dev exit: %v", err)
+	}
+	// The service's "kept in the store" is followed by what dev does
+	// without --data-dir: the store goes.
+	if n := logs.FilterMessageSnippet("removing the sandbox").Len(); n != 1 {
+		t.Errorf("%d lines say the sandbox is removed, want 1", n)
 	}
 }
 
