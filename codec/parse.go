@@ -111,6 +111,11 @@ func Parse(m *Message, r *Rules) Task {
 	if v, ok := p.value(hdrCancel); ok {
 		switch v = bytes.TrimSpace(v); {
 		case bytes.EqualFold(v, []byte("true")):
+			if _, useOrigin := p.idBytes(); useOrigin {
+				// Its default id would be its own origin, which no task
+				// has: like a keyless tombstone it would cancel nothing.
+				return p.deadLetter(CodeMissingDue, "delay-cancel without a delay-id (or a Kafka key, or a Nats-Msg-Id) names no task to cancel")
+			}
 			return p.cancel(p.id())
 		case len(v) == 0 || bytes.EqualFold(v, []byte("false")):
 		default:

@@ -386,7 +386,7 @@ func TestParseCancel(t *testing.T) {
 		{name: "tombstone without key, with delay-id", msg: tombstone(kafkaMsg(h("delay-id", "job-9")), ""), kind: KindCancel, id: "job-9"},
 		{name: "tombstone with schedule headers still cancels", msg: tombstone(kafkaMsg(h("delay-after", "1s")), "k1"), kind: KindCancel, id: "k1"},
 		{name: "tombstone without key", msg: tombstone(kafkaMsg(h("delay-after", "1s")), ""), code: CodeMissingDue},
-		{name: "cancel without any id uses origin", msg: func() *Message { m := kafkaMsg(h("delay-cancel", "true")); m.Key = nil; return m }(), kind: KindCancel, id: "kafka:delay/3@42"},
+		{name: "cancel without any id is a dead letter", msg: func() *Message { m := kafkaMsg(h("delay-cancel", "true")); m.Key = nil; return m }(), code: CodeMissingDue},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -468,11 +468,17 @@ func TestParseID(t *testing.T) {
 			if _, err := time.Parse(time.RFC3339Nano, header(got.Headers, HeaderDue)); err != nil {
 				t.Fatalf("delay-due header: %v", err)
 			}
-			// A cancel without id gets the same default id.
+			// A cancel gets the same id; one without id names no task
+			// (its own origin): a dead letter.
 			c := *tt.msg
 			c.Headers = append(slices.Clone(c.Headers), h("delay-cancel", "true"))
-			if got := Parse(&c, &Rules{DefaultTarget: "orders"}); got.Kind != KindCancel || got.ID != tt.id {
-				t.Fatalf("cancel: got %v id %q, want id %q", got.Kind, got.ID, tt.id)
+			got2 := Parse(&c, &Rules{DefaultTarget: "orders"})
+			if tt.id == DefaultID(tt.msg.Origin(), tt.msg.Incarnation) {
+				if got2.Kind != KindDeadLetter || got2.Code != CodeMissingDue {
+					t.Fatalf("cancel without id: got %v code %q, want a missing-due dead letter", got2.Kind, got2.Code)
+				}
+			} else if got2.Kind != KindCancel || got2.ID != tt.id {
+				t.Fatalf("cancel: got %v id %q, want id %q", got2.Kind, got2.ID, tt.id)
 			}
 		})
 	}
