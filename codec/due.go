@@ -159,6 +159,10 @@ func splitDelay(s string) (n int64, rest time.Duration, isDays, isMs bool, err e
 	if s == "" {
 		return 0, 0, false, false, badDelay("is empty")
 	}
+	// One leading "+" is allowed in every form, as Go durations allow it.
+	if s[0] == '+' && len(s) > 1 && s[1] >= '0' && s[1] <= '9' {
+		s = s[1:]
+	}
 	if s[0] == '-' {
 		return 0, 0, false, false, badDelay("%s is negative", short(s))
 	}

@@ -112,6 +112,8 @@ func TestParseDue(t *testing.T) {
 		// delay-after, days
 		{name: "after 3d", hs: []Header{h("delay-after", "3d")}, due: nowMs + 3*day},
 		{name: "after 2d12h", hs: []Header{h("delay-after", "2d12h")}, due: nowMs + 2*day + day/2},
+		{name: "after +1500 (one leading plus)", hs: []Header{h("delay-after", "+1500")}, due: nowMs + 1500},
+		{name: "after +3d", hs: []Header{h("delay-after", "+3d")}, due: nowMs + 3*day},
 		{name: "after 1d1h1m1s1ms", hs: []Header{h("delay-after", "1d1h1m1s1ms")}, due: nowMs + day + 3_661_001},
 		{name: "after 0d", hs: []Header{h("delay-after", "0d")}, due: nowMs},
 		{name: "after negative days", hs: []Header{h("delay-after", "-3d")}, code: CodeBadDue},
@@ -711,6 +713,16 @@ func TestParseDelay(t *testing.T) {
 		{in: "d", err: true},
 		{in: "1w", err: true},
 		{in: "1d-1h", err: true},
+		// One leading "+" in every form, as Go durations take it.
+		{in: "+90s", want: 90 * time.Second},
+		{in: "+1500", want: 1500 * time.Millisecond},
+		{in: "+3d", want: 3 * 24 * time.Hour},
+		{in: "+2d12h", want: 60 * time.Hour},
+		{in: "+", err: true},
+		{in: "++1s", err: true},
+		{in: "+-1s", err: true},
+		{in: "+d", err: true},
+		{in: "2d+1h", err: true},
 	}
 	for _, tt := range tests {
 		got, err := ParseDelay(tt.in)
