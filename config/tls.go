@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 )
 
 // Build returns the client TLS configuration these settings describe
@@ -34,9 +35,31 @@ func (t TLS) Build() (*tls.Config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("tls client certificate: %w", err)
 		}
-		cfg.Certificates = []tls.Certificate{cert}
+		cfg.Certificates = []tls.Certificate{cert} // checked at start; GetClientCertificate wins
+		cfg.GetClientCertificate = reloadingClientCert(t.CertFile, t.KeyFile, cert)
 	case t.CertFile != "" || t.KeyFile != "":
 		return nil, errors.New("tls: cert file and key file must be given together")
 	}
 	return cfg, nil
+}
+
+// reloadingClientCert returns a GetClientCertificate that reads the pair
+// again at every handshake: a mounted Secret (cert-manager renews it in
+// place) changes under a running process, and a reconnect must present the
+// certificate the files hold now, not the one of the start, which may have
+// expired. A pair that does not load (caught mid-update, say) falls back to
+// the last one that did. Handshakes are rare (one per connection), so the
+// reads cost nothing that matters.
+func reloadingClientCert(certFile, keyFile string, first tls.Certificate) func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	var mu sync.Mutex
+	last := first
+	return func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if c, err := tls.LoadX509KeyPair(certFile, keyFile); err == nil {
+			last = c
+		}
+		c := last
+		return &c, nil
+	}
 }
