@@ -89,7 +89,8 @@ type Store struct {
 	// MemtableMB is one memtable (two are in memory: one filling, one
 	// flushing); tasks fired while theirs is in memory never reach a
 	// file; after a crash, the ones replayed from the WAL are flushed
-	// before the bridge is ready. At most cache_mb/2. Default 128.
+	// before the bridge is ready. At most cache_mb/2. Default 128, or
+	// cache_mb/2 when cache_mb is under 256.
 	MemtableMB int `yaml:"memtable_mb"`
 }
 
@@ -321,12 +322,17 @@ func Load(path string, environ []string) (*Config, error) {
 func LoadBytes(data []byte, environ []string) (*Config, error) {
 	c := Default()
 	// YAML and environment problems are reported together.
-	yamlErr := decodeYAML(data, c)
+	inYAML, yamlErr := decodeYAML(data, c)
 	fromEnv, envErr := applyEnv(c, environ)
 	if err := errors.Join(yamlErr, envErr); err != nil {
 		return nil, err
 	}
 	c.fillBlockDefaults()
+	if _, env := fromEnv["store.memtable_mb"]; !env && !inYAML["store.memtable_mb"] {
+		// The default memtable follows a smaller cache, so that cache_mb
+		// alone is a valid config; a memtable_mb that is set is checked.
+		c.Store.MemtableMB = min(DefaultStoreMemtableMB, c.Store.CacheMB/2)
+	}
 	v := &validator{fromEnv: fromEnv}
 	c.readSecrets(v)
 	if len(v.errs) == 0 {

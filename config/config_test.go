@@ -518,3 +518,43 @@ func TestNullAllowDeniesAll(t *testing.T) {
 		})
 	}
 }
+
+// The default memtable follows a cache_mb under 256 (half of it), so a
+// smaller cache alone is valid; a memtable_mb that is set, in the file or
+// the environment, is kept and checked.
+func TestMemtableDefaultFollowsCache(t *testing.T) {
+	tests := []struct {
+		name    string
+		store   string
+		env     []string
+		want    int
+		wantErr string
+	}{
+		{"defaults", "", nil, 128, ""},
+		{"large cache", "store: {cache_mb: 2048}\n", nil, 128, ""},
+		{"small cache alone", "store: {cache_mb: 100}\n", nil, 50, ""},
+		{"small cache from env", "", []string{"DELAYBRIDGE_STORE_CACHE_MB=64"}, 32, ""},
+		{"memtable set and fits", "store: {cache_mb: 100, memtable_mb: 20}\n", nil, 20, ""},
+		{"memtable set too large", "store: {cache_mb: 100, memtable_mb: 128}\n", nil, 0, "store.memtable_mb: must be between 4 and store.cache_mb/2 (50), got 128"},
+		{"memtable from env too large", "store: {cache_mb: 100}\n", []string{"DELAYBRIDGE_STORE_MEMTABLE_MB=128"}, 0, "store.memtable_mb (from DELAYBRIDGE_STORE_MEMTABLE_MB): must be between"},
+		{"explicit zero kept and refused", "store: {memtable_mb: 0}\n", nil, 0, "store.memtable_mb: must be between"},
+		{"null is omitted", "store: {cache_mb: 100, memtable_mb: null}\n", nil, 50, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := LoadBytes([]byte(validYAML+tt.store), tt.env)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Store.MemtableMB != tt.want {
+				t.Fatalf("memtable_mb %d, want %d", c.Store.MemtableMB, tt.want)
+			}
+		})
+	}
+}

@@ -35,16 +35,17 @@ func yamlName(f reflect.StructField) string {
 	return name
 }
 
-// decodeYAML decodes one YAML document onto c, which holds the defaults.
+// decodeYAML decodes one YAML document onto c, which holds the defaults,
+// and returns the key paths of the single values it set ("store.cache_mb").
 // Errors of all keys are collected and joined.
-func decodeYAML(data []byte, c *Config) error {
+func decodeYAML(data []byte, c *Config) (set map[string]bool, err error) {
 	root, err := parseYAML(data)
 	if err != nil || root == nil {
-		return err
+		return nil, err
 	}
-	d := &decoder{budget: 10000 + 10*len(data)}
+	d := &decoder{budget: 10000 + 10*len(data), set: map[string]bool{}}
 	d.value(root, reflect.ValueOf(c).Elem(), "")
-	return errors.Join(d.errs...)
+	return d.set, errors.Join(d.errs...)
 }
 
 // parseYAML returns the root node of the only document, nil for an empty
@@ -86,6 +87,7 @@ func parseYAML(data []byte) (root *yaml.Node, err error) {
 
 type decoder struct {
 	errs []error
+	set  map[string]bool // key paths of the single values set
 	// budget bounds the nodes visited: aliases and merge keys can make a
 	// small document expand exponentially ("billion laughs"), and a merge
 	// key can name its own mapping.
@@ -160,7 +162,9 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
 		}
 		if err := setScalar(v, n.Value); err != nil {
 			d.fail(n, path, "%v", err)
+			return
 		}
+		d.set[path] = true
 	}
 }
 
