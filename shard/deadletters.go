@@ -383,11 +383,12 @@ func (e *Engine) deadLetterErr() error {
 		nHeld, nParked int
 		held           = map[string]last{} // by DLQ
 		parked         last
+		heldSeqs       []uint64
 	)
 	for _, s := range e.shards {
 		s.mu.Lock()
 		if s.dlHeld+s.dlParked > 0 {
-			for _, f := range s.dlFailing {
+			for seq, f := range s.dlFailing {
 				switch {
 				case f.parked:
 					nParked++
@@ -396,6 +397,7 @@ func (e *Engine) deadLetterErr() error {
 					}
 				default:
 					nHeld++
+					heldSeqs = append(heldSeqs, seq)
 					if l, ok := held[f.dest]; !ok || f.at > l.at {
 						held[f.dest] = last{f.err, f.at}
 					}
@@ -410,7 +412,20 @@ func (e *Engine) deadLetterErr() error {
 		for _, dest := range slices.Sorted(maps.Keys(held)) {
 			heldErrs = append(heldErrs, held[dest].err)
 		}
-		errs = append(errs, fmt.Errorf("shard: dead-letter delivery failing (%d dead letters, their sources wait; retrying with backoff): %w", nHeld, errors.Join(heldErrs...)))
+		// Only the dead letters of bad input hold their source partition;
+		// a publish-failed one (a task that failed at its due time) holds
+		// nothing.
+		waited := 0
+		e.dl.mu.Lock()
+		for _, seq := range heldSeqs {
+			_, watched := e.dl.m[seq]
+			_, held := e.dl.held[seq]
+			if watched || held {
+				waited++
+			}
+		}
+		e.dl.mu.Unlock()
+		errs = append(errs, fmt.Errorf("shard: dead-letter delivery failing (%d dead letters, %d of them held by their source partition, which does not commit past them; retrying with backoff): %w", nHeld, waited, errors.Join(heldErrs...)))
 	}
 	if nParked > 0 {
 		errs = append(errs, fmt.Errorf("shard: %d dead letters parked: refused by their DLQ, kept in the store and retried with backoff; last refusal: %w", nParked, parked.err))

@@ -327,6 +327,46 @@ func TestDeadLetterHeldSticky(t *testing.T) {
 	}
 }
 
+// Readiness counts the failing dead letters that hold their source apart
+// from those that hold nothing (a task dead-lettered at its due time):
+// "their sources wait" said of both sent an operator looking for a stuck
+// partition that was not there.
+func TestDeadLetterErrCountsHeld(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.Retry = parkPolicy
+	})
+	denied := errors.New("kafka: publish to \"dlq\": not authorized to write the topic")
+	h.sink.setFail(func(t *codec.Task) error {
+		switch t.Target {
+		case "dlq":
+			return denied
+		case "out":
+			return &RejectedError{Code: codec.CodeTargetNotAllowed, Err: errors.New("not allowed")}
+		}
+		return nil
+	})
+	h.run()
+	if _, err := h.e.IngestAwait(ctx, []codec.Task{deadLetter("held", 1)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.ingest([]codec.Task{sched("x", t0, 2)})
+	h.advanceUntil("both dead letters failing", func() bool {
+		n := 0
+		for _, d := range h.sink.all() {
+			if d.Target == "dlq" && d.Err != nil && (d.ID == "x" || d.Code == codec.CodeMissingDue) {
+				n++
+			}
+		}
+		return n >= 2
+	})
+	err := h.e.Err()
+	if err == nil || !errors.Is(err, denied) || !strings.Contains(err.Error(), "2 dead letters, 1 of them held by their source partition") {
+		t.Fatalf("Err = %v, want 2 failing dead letters, 1 held", err)
+	}
+}
+
 // Failing and parked dead letters survive a restart: the reopened engine
 // reports them at once (not ready, the parked gauge), before their next
 // try, and forgets them, in the store too, once their DLQ took them. A
