@@ -172,8 +172,11 @@ var _ DeadLetterAwaiter = (*Pipeline)(nil)
 
 // ErrNoTransport is returned for a task aimed at a transport the bridge has
 // no publisher for (e.g. "nats:x" on a Kafka-only bridge whose config changed
-// after the task was stored). The engine retries it and finally dead-letters
-// it, so the task is not lost.
+// after the task was stored). It wraps shard.ErrUnavailable: like a broker
+// that cannot be reached, a transport left out of the config is not the
+// task's fault, so the task waits in the store without using its retry
+// budget (readiness names the transport) until the bridge runs with that
+// transport again, or an operator cancels it.
 var ErrNoTransport = errors.New("bridge: no publisher for transport")
 
 // Sinks routes a fire batch to the publisher of each task's transport. It
@@ -182,6 +185,13 @@ var ErrNoTransport = errors.New("bridge: no publisher for transport")
 type Sinks struct {
 	Kafka shard.Sink
 	NATS  shard.Sink
+	// Check, if set, is asked about every task (not dead letters: their
+	// DLQ is the operator's) before it is published, as the config may
+	// have changed since the task was checked at ingest (targets.allow
+	// narrowed, the target made a delay source). A non-nil error is
+	// returned for the task instead of publishing it; a
+	// *shard.RejectedError dead-letters it at once.
+	Check func(t *codec.Task) error
 }
 
 // Deliver implements shard.Sink.
@@ -196,13 +206,27 @@ func (s Sinks) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		errs[i] = err
 	}
 	for i, t := range batch {
-		switch {
-		case t.Transport == codec.TransportKafka && s.Kafka != nil:
+		var sink shard.Sink
+		switch t.Transport {
+		case codec.TransportKafka:
+			sink = s.Kafka
+		case codec.TransportNATS:
+			sink = s.NATS
+		}
+		if sink == nil {
+			fail(i, fmt.Errorf("%w %s (target %s; not in the config): %w", ErrNoTransport, t.Transport, t.Target, shard.ErrUnavailable))
+			continue
+		}
+		if s.Check != nil && t.Kind != codec.KindDeadLetter {
+			if err := s.Check(t); err != nil {
+				fail(i, err)
+				continue
+			}
+		}
+		if t.Transport == codec.TransportKafka {
 			kb, ki = append(kb, t), append(ki, i)
-		case t.Transport == codec.TransportNATS && s.NATS != nil:
+		} else {
 			nb, ni = append(nb, t), append(ni, i)
-		default:
-			fail(i, fmt.Errorf("%w %s (target %s)", ErrNoTransport, t.Transport, t.Target))
 		}
 	}
 	var kerrs, nerrs []error

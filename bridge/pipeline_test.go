@@ -134,6 +134,10 @@ func TestSinksRouting(t *testing.T) {
 	}{
 		{"both transports", Sinks{Kafka: kafka, NATS: nats}, map[int]error{2: errDown}, []string{"k1", "fail", "k2"}, []string{"n1", "n2"}},
 		{"no NATS publisher", Sinks{Kafka: kafka}, map[int]error{1: ErrNoTransport, 2: errDown, 3: ErrNoTransport}, []string{"k1", "fail", "k2"}, nil},
+		// The transport is missing, not the broker down: still an outage
+		// to the engine, no attempt charged.
+		{"no NATS publisher is an outage", Sinks{Kafka: kafka}, map[int]error{1: shard.ErrUnavailable, 2: errDown, 3: shard.ErrUnavailable}, []string{"k1", "fail", "k2"}, nil},
+		{"check refuses one", Sinks{Kafka: kafka, NATS: nats, Check: refuse("n1", "k2")}, map[int]error{1: errRevoked, 2: errDown, 4: errRevoked}, []string{"k1", "fail"}, []string{"n2"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -152,6 +156,38 @@ func TestSinksRouting(t *testing.T) {
 				t.Errorf("routed kafka %v nats %v, want %v %v (order kept per transport)", gotKafka, gotNATS, tc.wantKafka, tc.wantNATS)
 			}
 		})
+	}
+}
+
+var errRevoked = errors.New("revoked")
+
+// refuse is a Sinks.Check refusing the targets named.
+func refuse(targets ...string) func(*codec.Task) error {
+	return func(t *codec.Task) error {
+		if slices.Contains(targets, t.Target) {
+			return errRevoked
+		}
+		return nil
+	}
+}
+
+// A dead letter is not checked: its DLQ is the operator's, not a
+// publisher's choice.
+func TestSinksCheckSkipsDeadLetters(t *testing.T) {
+	var got []string
+	kafka := sinkFunc(func(_ context.Context, b []*codec.Task) []error {
+		for _, t := range b {
+			got = append(got, t.Target)
+		}
+		return nil
+	})
+	s := Sinks{Kafka: kafka, Check: refuse("dlq", "out")}
+	errs := s.Deliver(context.Background(), []*codec.Task{
+		{Kind: codec.KindDeadLetter, Transport: codec.TransportKafka, Target: "dlq"},
+		{Kind: codec.KindSchedule, Transport: codec.TransportKafka, Target: "out"},
+	})
+	if len(errs) != 2 || errs[0] != nil || !errors.Is(errs[1], errRevoked) || !slices.Equal(got, []string{"dlq"}) {
+		t.Fatalf("errs %v, published %v: want the dead letter published and the task refused", errs, got)
 	}
 }
 

@@ -46,6 +46,20 @@ var (
 	ErrRefused = errors.New("shard: target refused the message itself; it will never take it as is")
 )
 
+// RejectedError is returned by a Sink (possibly wrapped) for a task it
+// will not publish at all, whatever the broker says: the config it runs
+// with refuses the task's target (targets.allow narrowed after the task
+// was stored, say). The engine charges no retries: the task becomes a dead
+// letter at once, with Code and the error as its detail. Dead letters are
+// not rejected this way; their DLQ is the operator's.
+type RejectedError struct {
+	Code codec.Code
+	Err  error
+}
+
+func (e *RejectedError) Error() string { return e.Err.Error() }
+func (e *RejectedError) Unwrap() error { return e.Err }
+
 // Sink delivers due tasks. Deliver returns after the broker acknowledged
 // (or refused) every task of the batch: a nil slice means all were
 // acknowledged, otherwise errs[i] is the error for batch[i] (nil = acked).

@@ -468,6 +468,40 @@ func TestRetryBackoffThenDeadLetter(t *testing.T) {
 	h.checkPending()
 }
 
+// TestRejectedDeadLetteredAtOnce: a task its sink rejects
+// (*RejectedError: the running config refuses its target) is not retried:
+// it becomes a dead letter with the rejection's code and text at once,
+// and leaves the index.
+func TestRejectedDeadLetteredAtOnce(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Retry = RetryPolicy{Initial: 100 * time.Millisecond, Max: 300 * time.Millisecond, Multiplier: 2, Jitter: -1, MaxAttempts: 4}
+	})
+	h.sink.setFail(func(t *codec.Task) error {
+		if t.Target == "out" {
+			return fmt.Errorf("sink: %w", &RejectedError{Code: codec.CodeTargetNotAllowed, Err: errors.New("target kafka:out is no longer allowed")})
+		}
+		return nil
+	})
+	h.run()
+	h.ingest([]codec.Task{sched("x", t0, 1)})
+	h.advance(0)
+	got := h.sink.all()
+	if len(got) != 2 || got[0].Err == nil {
+		t.Fatalf("deliveries %+v, want the rejected try, then its dead letter at once", got)
+	}
+	dl := got[1]
+	if dl.Kind != codec.KindDeadLetter || dl.Target != "dlq" || dl.Code != codec.CodeTargetNotAllowed || dl.Err != nil || !dl.At.Equal(t0) {
+		t.Fatalf("dead letter %+v", dl)
+	}
+	if d := dl.Detail; d != "target kafka:out is no longer allowed" {
+		t.Errorf("detail %q", d)
+	}
+	if _, err := h.e.Lookup("src", "x"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("dead-lettered task still indexed: %v", err)
+	}
+	h.checkPending()
+}
+
 // TestOutageDoesNotUseRetryBudget: a target broker that cannot be reached
 // (ErrUnavailable) charges no attempt, however long it lasts; the waits
 // double from Initial up to Max, and the task is delivered once the broker

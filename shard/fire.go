@@ -740,16 +740,23 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			t.Attempts++
 			wait = s.backoff(t.Attempts)
 		}
-		if !errors.Is(derr, ErrUnavailable) && indexed && int(t.Attempts) >= e.opts.Retry.MaxAttempts {
-			detail := fmt.Sprintf("publish to %s:%s failed after %d attempts: %v", t.Transport, t.Target, t.Attempts, derr)
-			dl := codec.DeadLetter(t, codec.CodePublishFailed, detail)
+		var rejected *RejectedError
+		if indexed && !errors.As(derr, &rejected) {
+			rejected = nil
+		}
+		if !errors.Is(derr, ErrUnavailable) && indexed && (rejected != nil || int(t.Attempts) >= e.opts.Retry.MaxAttempts) {
+			code, detail := codec.CodePublishFailed, fmt.Sprintf("publish to %s:%s failed after %d attempts: %v", t.Transport, t.Target, t.Attempts, derr)
+			if rejected != nil {
+				code, detail = rejected.Code, rejected.Error()
+			}
+			dl := codec.DeadLetter(t, code, detail)
 			b.Delete(ik, nil)
 			s.setOverlayLocked(iks.str(i), indexEntry{}, true, pb)
 			val = codec.AppendTask(val[:0], &dl)
 			b.Set(appendTaskKey(key[:0], s.id, now, it.seq), val, nil)
 			s.addOpLocked(pb, now, it.seq)
 			s.clearLateLocked(it.seq)
-			e.log.Warn("task dead-lettered after failed publishes", zap.String("code", string(codec.CodePublishFailed)),
+			e.log.Warn("task dead-lettered at fire time", zap.String("code", string(code)),
 				zap.String("origin", t.Origin), zap.String("dlq", dl.Destination()),
 				zap.String("source", t.Source), zap.String("id", t.ID), zap.Uint32("attempts", t.Attempts), zap.Error(derr))
 			continue
@@ -892,7 +899,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	}
 	switch {
 	case heldBefore == 0 && heldAfter > 0:
-		e.log.Error("dead-letter delivery failing; their sources wait, retrying with backoff, nothing is dropped",
+		e.log.Error("dead-letter delivery failing; retrying with backoff, nothing is dropped (a source partition does not commit past a dead letter of its own)",
 			zap.Int("shard", s.id), zap.Int("dead_letters", heldAfter), zap.Error(heldErr))
 	case heldBefore > 0 && heldAfter == 0 && len(parkedNow) == 0:
 		e.log.Info("dead-letter delivery recovered", zap.Int("shard", s.id))

@@ -180,6 +180,7 @@ type delivery struct {
 	Target   string
 	Value    string
 	Code     codec.Code
+	Detail   string
 	Attempts uint32
 	At       time.Time // clock time of the delivery
 	Err      error
@@ -211,7 +212,7 @@ func (s *recSink) Deliver(_ context.Context, batch []*codec.Task) []error {
 			errs[i] = err
 		}
 		s.log = append(s.log, delivery{ID: t.ID, Kind: t.Kind, Target: t.Target, Value: string(t.Value),
-			Code: t.Code, Attempts: t.Attempts, At: s.clk.Now(), Err: err})
+			Code: t.Code, Detail: t.Detail, Attempts: t.Attempts, At: s.clk.Now(), Err: err})
 	}
 	return errs
 }

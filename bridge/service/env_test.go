@@ -45,6 +45,9 @@ type env struct {
 	kcl      *kgo.Client
 	nc       *natsgo.Conn
 	extra    string // appended to the bridge config
+	// mutate, if set, changes the config of every bridge started after:
+	// a restart with another config.
+	mutate func(*config.Config)
 	// kafkaAddr is the broker address the bridge is configured with; by
 	// default the kfake cluster's.
 	kafkaAddr string
@@ -283,6 +286,9 @@ admin:
 	cfg, err := config.LoadBytes([]byte(yml), nil)
 	if err != nil {
 		e.t.Fatal(err)
+	}
+	if e.mutate != nil {
+		e.mutate(cfg)
 	}
 	return cfg
 }

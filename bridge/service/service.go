@@ -144,7 +144,27 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 		l := &lateSink{transport: "nats", tried: make(chan struct{}), setup: func(_ context.Context, b *built) error { return s.setupNATS(s.opts, b) }}
 		s.late, s.sinks.NATS = append(s.late, l), l
 	}
+	s.sinks.Check = func(t *codec.Task) error { return checkStoredTarget(cfg, t) }
 	return s, nil
+}
+
+// checkStoredTarget refuses a stored task whose target the running config
+// no longer lets through: targets.allow was narrowed, or the target made a
+// delay source, after the task was taken in under the old config. The task
+// is dead-lettered target-not-allowed at its due time, as it would have
+// been at ingest under this config; it is not published.
+func checkStoredTarget(cfg *config.Config, t *codec.Task) error {
+	var why string
+	switch {
+	case cfg.DelaySource(t.Transport, t.Target):
+		why = "is now a delay source of this bridge"
+	case !cfg.AllowTarget(t.Transport, t.Target):
+		why = "is no longer matched by targets.allow"
+	default:
+		return nil
+	}
+	return &shard.RejectedError{Code: codec.CodeTargetNotAllowed,
+		Err: fmt.Errorf("target %s %s (the config changed since the task was stored): not published", t.Destination(), why)}
 }
 
 // built is what one transport's connect made: its sink, sources, health
