@@ -864,6 +864,9 @@ func TestHelmTemplateRefuses(t *testing.T) {
 			"extraEnv DELAYBRIDGE_STORE_CACHE_MB would override"},
 		{"a duration as a non-zero integer", append([]string{"--set", "config.max_delay=5"}, withToken...),
 			"max_delay"},
+		{"credentials in the NATS url", []string{"--set", "secrets.adminToken.secretName=admin", "--set", "config.nats.enabled=true",
+			"--set", "config.nats.url=nats://alice:pw@nats:4222", "--set", "config.nats.sources[0].subject=delay.>", "--set", "config.nats.sources[0].dlq=dlq.delay"},
+			"config.nats.url carries credentials"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1493,5 +1496,27 @@ func checkDashboardConfigMap(t *testing.T, cm corev1.ConfigMap) {
 	}
 	if !reflect.DeepEqual(a, b) {
 		t.Error("dashboard in ConfigMap differs from grafana/delaybridge-dashboard.json")
+	}
+}
+
+// Long names stay within Kubernetes' limits: the StatefulSet's pods get a
+// controller-revision-hash label of its name plus 11 characters (at most
+// 63), and the headless Service's name is the full name plus "-headless".
+func TestHelmLongNames(t *testing.T) {
+	base := []string{"-f", filepath.Join(chartDir, "ci", "default-values.yaml")}
+	long := strings.Repeat("a", 60)
+	for _, args := range [][]string{
+		{"--set", "fullnameOverride=" + long},
+		{"--set", "nameOverride=" + long},
+	} {
+		m := decodeAll(t, render(t, append(base, args...)...))
+		if n := m.statefulSets[0].Name; len(n)+11 > 63 {
+			t.Errorf("%v: StatefulSet %q (%d characters) gives a revision-hash label over 63", args, n, len(n))
+		}
+		for _, s := range m.services {
+			if len(s.Name) > 63 {
+				t.Errorf("%v: Service %q over 63 characters", args, s.Name)
+			}
+		}
 	}
 }

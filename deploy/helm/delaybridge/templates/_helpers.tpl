@@ -3,16 +3,21 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* Fully qualified app name. */}}
+{{/*
+Fully qualified app name, truncated to 52 characters: it names the
+StatefulSet, whose pods get a controller-revision-hash label of the name
+plus 11 characters (at most 63), and the headless Service (name plus
+"-headless").
+*/}}
 {{- define "delaybridge.fullname" -}}
 {{- if .Values.fullnameOverride }}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
 {{- else }}
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
-{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -149,6 +154,9 @@ it is the one a default install always hits.
 {{- if ne (empty .Values.secrets.natsTlsCert.secretName) (empty .Values.secrets.natsTlsKey.secretName) }}
 {{- fail "delaybridge: secrets.natsTlsCert and secrets.natsTlsKey go together (client certificate and its key)" }}
 {{- end }}
+{{- end }}
+{{- if and $c.nats.enabled (contains "@" (toString (default "" $c.nats.url))) }}
+{{- fail "delaybridge: config.nats.url carries credentials (user:password@ or token@), which would be in the ConfigMap: use secrets.natsPassword, secrets.natsToken or secrets.natsCreds" }}
 {{- end }}
 {{- range $name, $ref := .Values.secrets }}
 {{- if and $ref.secretName (hasPrefix "kafka" $name) (not $c.kafka.enabled) }}
