@@ -719,6 +719,9 @@ func (e *Engine) ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 	var stats ingestStats
 	idx := indexReader{db: e.db}
 	var maxSeq uint64
+	// Seqs above base are allocated by this batch (only Ingest allocates,
+	// under ingestMu).
+	base := e.seq.Load()
 	var derr error
 	for i := range tasks {
 		t := &tasks[i]
@@ -761,6 +764,17 @@ func (e *Engine) ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 			}
 			a.delOld, a.oldFire, a.oldSeq = true, ex.Fire, ex.Seq
 			oldInFlight = s.supersedeLocked(ex.Seq, pb, by)
+			if ex.Seq > base {
+				// Stored by this very batch and deleted by it again: not
+				// a wheel entry once the batch is durable.
+				for j := len(pb.ops) - 1; j >= 0; j-- {
+					if pb.ops[j].seq == ex.Seq {
+						pb.ops = slices.Delete(pb.ops, j, j+1)
+						delete(s.unwheeled, ex.Seq)
+						break
+					}
+				}
+			}
 			pb.delta--
 		}
 		if t.Kind == codec.KindSchedule {

@@ -146,6 +146,24 @@ func TestReplace(t *testing.T) {
 	}
 }
 
+// Two schedules of one id in one batch: the second replaces the first,
+// which the same batch stored and deleted, so only the second enters the
+// wheel (the first used to stay there until its due time, counted in
+// InWheel, and cost a claim and a read).
+func TestSameIDTwiceInBatchOneWheelEntry(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Shards = 1 })
+	h.ingest([]codec.Task{sched("x", t0.Add(time.Second), 1), sched("x", t0.Add(2*time.Second), 2), sched("y", t0.Add(time.Second), 3)})
+	st := h.e.Stats()
+	if st.Pending != 2 || st.Shards[0].InWheel != 2 {
+		t.Fatalf("pending %d, in wheel %d; want 2 and 2", st.Pending, st.Shards[0].InWheel)
+	}
+	h.run()
+	h.advance(2 * time.Second)
+	if got := h.sink.all(); len(got) != 2 || got[0].ID != "y" || got[1].ID != "x" || got[1].Value != "x#2" {
+		t.Fatalf("deliveries %+v, want y, then the second x", got)
+	}
+}
+
 func TestCancel(t *testing.T) {
 	due := t0.Add(time.Hour)
 	type step struct {
