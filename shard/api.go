@@ -50,8 +50,9 @@ var (
 // will not publish at all, whatever the broker says: the config it runs
 // with refuses the task's target (targets.allow narrowed after the task
 // was stored, say). The engine charges no retries: the task becomes a dead
-// letter at once, with Code and the error as its detail. Dead letters are
-// not rejected this way; their DLQ is the operator's.
+// letter at once, with Code and the error as its detail, and no attempt
+// counted. A Sink must not return one for a dead letter (its DLQ is the
+// operator's): there it is a failure of the DLQ like any other.
 type RejectedError struct {
 	Code codec.Code
 	Err  error

@@ -727,8 +727,14 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		}
 		b.Delete(oldKey, nil)
 		anyRetry = true
+		// A task the sink rejected was not published: no attempt, and it
+		// is dead-lettered below at once.
+		var rejected *RejectedError
+		isRejected := indexed && errors.As(derr, &rejected)
 		var wait time.Duration
-		if errors.Is(derr, ErrUnavailable) {
+		switch {
+		case isRejected:
+		case errors.Is(derr, ErrUnavailable):
 			// The target broker is unreachable: not the task's fault, so
 			// no attempt is charged and an outage of any length never
 			// dead-letters it. It waits as long again as it is overdue
@@ -736,17 +742,13 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			wait = s.outageBackoff(now - t.Due)
 			outageErr = derr
 			waiting++
-		} else {
+		default:
 			t.Attempts++
 			wait = s.backoff(t.Attempts)
 		}
-		var rejected *RejectedError
-		if indexed && !errors.As(derr, &rejected) {
-			rejected = nil
-		}
-		if !errors.Is(derr, ErrUnavailable) && indexed && (rejected != nil || int(t.Attempts) >= e.opts.Retry.MaxAttempts) {
+		if isRejected || (!errors.Is(derr, ErrUnavailable) && indexed && int(t.Attempts) >= e.opts.Retry.MaxAttempts) {
 			code, detail := codec.CodePublishFailed, fmt.Sprintf("publish to %s:%s failed after %d attempts: %v", t.Transport, t.Target, t.Attempts, derr)
-			if rejected != nil {
+			if isRejected {
 				code, detail = rejected.Code, rejected.Error()
 			}
 			dl := codec.DeadLetter(t, code, detail)
