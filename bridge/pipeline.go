@@ -172,11 +172,13 @@ var _ DeadLetterAwaiter = (*Pipeline)(nil)
 
 // ErrNoTransport is returned for a task aimed at a transport the bridge has
 // no publisher for (e.g. "nats:x" on a Kafka-only bridge whose config changed
-// after the task was stored). It wraps shard.ErrUnavailable: like a broker
-// that cannot be reached, a transport left out of the config is not the
-// task's fault, so the task waits in the store without using its retry
-// budget (readiness names the transport) until the bridge runs with that
-// transport again, or an operator cancels it.
+// after the task was stored) that Check let through: the service's Check
+// rejects such a task (bad-target) when its DLQ's transport is configured,
+// so this is the task with nowhere to go, and dead letters whose DLQ's
+// transport left. It wraps shard.ErrUnavailable: the task waits in the
+// store without using its retry budget (readiness names the transport)
+// until the bridge runs with that transport again, or an operator cancels
+// it.
 var ErrNoTransport = errors.New("bridge: no publisher for transport")
 
 // Sinks routes a fire batch to the publisher of each task's transport. It
@@ -213,15 +215,17 @@ func (s Sinks) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		case codec.TransportNATS:
 			sink = s.NATS
 		}
-		if sink == nil {
-			fail(i, fmt.Errorf("%w %s (target %s; not in the config): %w", ErrNoTransport, t.Transport, t.Target, shard.ErrUnavailable))
-			continue
-		}
+		// Checked first: a task whose transport left the config may be
+		// rejected (when its DLQ's transport did not leave too).
 		if s.Check != nil && t.Kind != codec.KindDeadLetter {
 			if err := s.Check(t); err != nil {
 				fail(i, err)
 				continue
 			}
+		}
+		if sink == nil {
+			fail(i, fmt.Errorf("%w %s (target %s; not in the config): %w", ErrNoTransport, t.Transport, t.Target, shard.ErrUnavailable))
+			continue
 		}
 		if t.Transport == codec.TransportKafka {
 			kb, ki = append(kb, t), append(ki, i)

@@ -42,6 +42,12 @@ func (c *Config) AllowTarget(t codec.Transport, name string) bool {
 	return false
 }
 
+// HasTransport reports whether transport t is configured (its block is
+// present).
+func (c *Config) HasTransport(t codec.Transport) bool {
+	return (t == codec.TransportKafka && c.Kafka != nil) || (t == codec.TransportNATS && c.NATS != nil)
+}
+
 // DelaySource reports whether the target name on transport t is one of
 // the bridge's delay sources: a configured Kafka delay topic, or a NATS
 // subject a source subject matches. The codec refuses such a target

@@ -319,7 +319,7 @@ func (c *Config) checkDefaultTarget(v *validator, key, target string, own codec.
 		v.add(key, "%v", err)
 		return
 	}
-	if (t == codec.TransportKafka && c.Kafka == nil) || (t == codec.TransportNATS && c.NATS == nil) {
+	if !c.HasTransport(t) {
 		v.add(key, "%q names %s, which is not configured", target, t)
 		return
 	}

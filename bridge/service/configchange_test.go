@@ -47,12 +47,14 @@ func TestAllowNarrowedAfterIngest(t *testing.T) {
 	eventually(t, "nothing pending", func() bool { return svc.Engine().Stats().Pending == 0 })
 }
 
-// Tasks for a transport taken out of the config wait, without using
-// their retry budget, as in an outage of that transport, and are
-// delivered once it is back; before, they were dead-lettered
-// publish-failed, and a NATS source's dead letter, whose DLQ is on NATS,
-// could not be delivered at all.
-func TestTransportRemovedTasksWait(t *testing.T) {
+// A transport taken out of the config: a task for it whose DLQ is on a
+// transport still configured is dead-lettered bad-target at its due time,
+// as ingest would do under the new config; one whose DLQ left too (a NATS
+// source's task for NATS) has nowhere to go, so it waits as in an outage,
+// without using its retry budget, and is delivered once the transport is
+// back. Before, both were dead-lettered publish-failed after their
+// retries, and the NATS one's dead letter could not be delivered at all.
+func TestTransportRemoved(t *testing.T) {
 	e := newEnv(t, "")
 	svc, stop := e.start()
 	e.publishKafka(0, time.Time{}, []byte("k1"), []byte("k-to-nats"), "delay-after", "1h", "delay-target", "nats:orders.x")
@@ -62,25 +64,32 @@ func TestTransportRemovedTasksWait(t *testing.T) {
 
 	e.mutate = func(c *config.Config) { c.NATS = nil }
 	svc, stop = e.start()
-	// Far past the retry policy's 3 attempts (1 s to 4 s apart).
 	e.clk.Advance(time.Hour)
+	got := e.advanceUntil("the Kafka source's task dead-lettered", func(ds []delivery) bool {
+		return len(byValue(ds, kafkaDLQ)["k-to-nats"]) > 0
+	})
+	dl := byValue(got, kafkaDLQ)["k-to-nats"][0]
+	if code, detail := dl.header(codec.HeaderError), dl.header(codec.HeaderErrorDetail); code != string(codec.CodeBadTarget) || !strings.Contains(detail, "names transport nats, which is no longer configured") {
+		t.Errorf("dead letter %s: %s, want bad-target naming the transport", code, detail)
+	}
+	// Far past the retry policy's 3 attempts (1 s to 4 s apart).
 	e.advance(svc, time.Minute, time.Second)
 	eventually(t, "readiness names the missing transport", func() bool {
 		err := svc.Ready()
 		return err != nil && strings.Contains(err.Error(), "not in the config")
 	})
-	if n := countDest(e.deliveries(), func(d delivery) bool { return d.dest == kafkaDLQ || d.dest == "dlq.delay" }); n != 0 {
-		t.Fatalf("%d dead letters while the nats transport was out of the config, want 0", n)
+	if n := countDest(e.deliveries(), func(d delivery) bool { return d.value == "n-to-nats" }); n != 0 {
+		t.Fatalf("the NATS source's task went out %d times while nats was out of the config, want 0", n)
 	}
-	if p := svc.Engine().Stats().Pending; p != 2 {
-		t.Fatalf("pending %d, want 2", p)
+	if p := svc.Engine().Stats().Pending; p != 1 {
+		t.Fatalf("pending %d, want 1 (the NATS source's task)", p)
 	}
 	stop()
 
 	e.mutate = nil
 	svc, _ = e.start()
-	e.advanceUntil("both tasks on their NATS targets", func(ds []delivery) bool {
-		return len(byValue(ds, "orders.x")["k-to-nats"]) > 0 && len(byValue(ds, "orders.y")["n-to-nats"]) > 0
+	e.advanceUntil("the waiting task on its NATS target", func(ds []delivery) bool {
+		return len(byValue(ds, "orders.y")["n-to-nats"]) > 0
 	})
 	eventually(t, "nothing pending", func() bool { return svc.Engine().Stats().Pending == 0 })
 }
@@ -102,30 +111,39 @@ targets:
 	}
 	// As if the delay sources were added after the tasks were stored.
 	cfg.Targets.Allow = append(cfg.Targets.Allow, "kafka:delay", "nats:delay.>")
+	kafkaOnly := *cfg
+	kafkaOnly.NATS = nil
 	tests := []struct {
+		cfg       *config.Config
 		transport codec.Transport
 		target    string
-		why       string // "" = allowed
+		dlq       codec.Transport
+		code      codec.Code // "" = allowed
+		why       string
 	}{
-		{codec.TransportKafka, "orders", ""},
-		{codec.TransportNATS, "orders.x", ""},
-		{codec.TransportKafka, "payments", "no longer matched by targets.allow"},
-		{codec.TransportNATS, "payments.x", "no longer matched by targets.allow"},
+		{cfg, codec.TransportKafka, "orders", codec.TransportKafka, "", ""},
+		{cfg, codec.TransportNATS, "orders.x", codec.TransportKafka, "", ""},
+		{cfg, codec.TransportKafka, "payments", codec.TransportKafka, codec.CodeTargetNotAllowed, "no longer matched by targets.allow"},
+		{cfg, codec.TransportNATS, "payments.x", codec.TransportNATS, codec.CodeTargetNotAllowed, "no longer matched by targets.allow"},
 		// Allowed by the list, but now one of the bridge's delay sources.
-		{codec.TransportKafka, "delay", "is now a delay source"},
-		{codec.TransportNATS, "delay.x", "is now a delay source"},
+		{cfg, codec.TransportKafka, "delay", codec.TransportKafka, codec.CodeTargetNotAllowed, "is now a delay source"},
+		{cfg, codec.TransportNATS, "delay.x", codec.TransportNATS, codec.CodeTargetNotAllowed, "is now a delay source"},
+		// The transport left the config: a dead letter if its DLQ can
+		// take one; else let through, to wait (bridge.ErrNoTransport).
+		{&kafkaOnly, codec.TransportNATS, "orders.x", codec.TransportKafka, codec.CodeBadTarget, "names transport nats, which is no longer configured"},
+		{&kafkaOnly, codec.TransportNATS, "orders.x", codec.TransportNATS, "", ""},
 	}
 	for _, tt := range tests {
-		err := checkStoredTarget(cfg, &codec.Task{Transport: tt.transport, Target: tt.target})
-		if tt.why == "" {
+		err := checkStoredTarget(tt.cfg, &codec.Task{Transport: tt.transport, Target: tt.target, DLQTransport: tt.dlq})
+		if tt.code == "" {
 			if err != nil {
-				t.Errorf("%s:%s: %v, want allowed", tt.transport, tt.target, err)
+				t.Errorf("%s:%s (DLQ on %s): %v, want it let through", tt.transport, tt.target, tt.dlq, err)
 			}
 			continue
 		}
 		var rej *shard.RejectedError
-		if !errors.As(err, &rej) || rej.Code != codec.CodeTargetNotAllowed || !strings.Contains(err.Error(), tt.why) {
-			t.Errorf("%s:%s: %v, want a target-not-allowed rejection saying %q", tt.transport, tt.target, err, tt.why)
+		if !errors.As(err, &rej) || rej.Code != tt.code || !strings.Contains(err.Error(), tt.why) {
+			t.Errorf("%s:%s (DLQ on %s): %v, want a %s rejection saying %q", tt.transport, tt.target, tt.dlq, err, tt.code, tt.why)
 		}
 	}
 }

@@ -149,11 +149,20 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 }
 
 // checkStoredTarget refuses a stored task whose target the running config
-// no longer lets through: targets.allow was narrowed, or the target made a
-// delay source, after the task was taken in under the old config. The task
-// is dead-lettered target-not-allowed at its due time, as it would have
-// been at ingest under this config; it is not published.
+// no longer lets through, as ingest would under this config: its transport
+// is no longer configured (bad-target), targets.allow was narrowed or the
+// target made a delay source (target-not-allowed). The task is
+// dead-lettered at its due time; it is not published. A task whose DLQ's
+// transport is gone too has nowhere to go: it is let through, and waits as
+// in an outage (bridge.ErrNoTransport).
 func checkStoredTarget(cfg *config.Config, t *codec.Task) error {
+	if !cfg.HasTransport(t.Transport) {
+		if !cfg.HasTransport(t.DLQTransport) {
+			return nil
+		}
+		return &shard.RejectedError{Code: codec.CodeBadTarget,
+			Err: fmt.Errorf("target %s names transport %s, which is no longer configured (the config changed since the task was stored): not published", t.Destination(), t.Transport)}
+	}
 	var why string
 	switch {
 	case cfg.DelaySource(t.Transport, t.Target):
@@ -283,11 +292,9 @@ func (s *Service) rules(dlq, defaultTarget string) *codec.Rules {
 		MaxDelay:      cfg.MaxDelay.Std(),
 		Now:           s.clock().Now,
 		MaxBytes:      cfg.MaxMessageBytes,
-		Transports: func(t codec.Transport) bool {
-			return (t == codec.TransportKafka && cfg.Kafka != nil) || (t == codec.TransportNATS && cfg.NATS != nil)
-		},
-		DelaySource: cfg.DelaySource,
-		Allow:       cfg.AllowTarget,
+		Transports:    cfg.HasTransport,
+		DelaySource:   cfg.DelaySource,
+		Allow:         cfg.AllowTarget,
 	}
 }
 
