@@ -864,6 +864,8 @@ func TestHelmTemplateRefuses(t *testing.T) {
 			"extraEnv DELAYBRIDGE_STORE_CACHE_MB would override"},
 		{"a duration as a non-zero integer", append([]string{"--set", "config.max_delay=5"}, withToken...),
 			"max_delay"},
+		{"unknown SASL mechanism", append([]string{"--set", "config.kafka.sasl.mechanism=GSSAPI"}, withToken...),
+			"mechanism"},
 		{"credentials in the NATS url", []string{"--set", "secrets.adminToken.secretName=admin", "--set", "config.nats.enabled=true",
 			"--set", "config.nats.url=nats://alice:pw@nats:4222", "--set", "config.nats.sources[0].subject=delay.>", "--set", "config.nats.sources[0].dlq=dlq.delay"},
 			"config.nats.url carries credentials"},
@@ -1518,5 +1520,13 @@ func TestHelmLongNames(t *testing.T) {
 				t.Errorf("%v: Service %q over 63 characters", args, s.Name)
 			}
 		}
+	}
+}
+
+// The schema takes a SASL mechanism in any case, as the binary does.
+func TestHelmSASLMechanismAnyCase(t *testing.T) {
+	base := []string{"-f", filepath.Join(chartDir, "ci", "kafka-sasl-tls-values.yaml")}
+	for _, mech := range []string{"Scram-Sha-256", "plain", "SCRAM-SHA-512"} {
+		render(t, append(base, "--set", "config.kafka.sasl.mechanism="+mech)...)
 	}
 }
