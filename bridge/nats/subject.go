@@ -109,7 +109,12 @@ func publishDirective(key string) bool {
 		// Nats-Trace-Only (with a Nats-Trace-Dest) makes the server trace
 		// the publish instead of delivering it: no stream stores it and no
 		// PubAck comes, so the delivery would wait as an outage forever.
-		k == "trace-only":
+		// Nats-Trace-Dest alone makes the server publish a trace event
+		// (with every header of the message) on that subject with the
+		// bridge's permissions: a subject targets.allow never checked.
+		// A stream stores it disabled, but a Kafka record carries it as
+		// the publisher wrote it. All Nats-Trace-* headers are dropped.
+		strings.HasPrefix(k, "trace-"):
 		return true
 	}
 	return false

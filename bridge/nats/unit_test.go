@@ -206,7 +206,7 @@ func TestHeadersOut(t *testing.T) {
 				{Key: "Nats-Required-Api-Level", Value: []byte("1")},
 				{Key: "delay-id", Value: []byte("kept")},
 			},
-			natsgo.Header{"Nats-Trace-Dest": {"kept"}, "delay-id": {"kept"}, "Nats-Msg-Id": {"ID"}},
+			natsgo.Header{"delay-id": {"kept"}, "Nats-Msg-Id": {"ID"}},
 		},
 		{
 			// Kafka allows any header name; NATS does not, and nats.go
