@@ -32,7 +32,9 @@ import (
 // "$SYS.…", "$KV.…", any "$…", and "_INBOX.…") are matched only by a
 // pattern that names them literally ("$KV.>", "nats:_INBOX.x"), never by
 // "*", ">" or a leading wildcard token: the bridge publishes with its own
-// credentials, which may include $JS.API subjects of the delay stream.
+// credentials, which may include $JS.API subjects of the delay stream. The
+// same holds for Kafka topics that start with "_" ("_schemas",
+// "_confluent-…", "__consumer_offsets"): "kafka:_schemas" matches one.
 func (c *Config) AllowTarget(t codec.Transport, name string) bool {
 	for _, p := range c.Targets.Allow {
 		if matchTarget(p, t, name) {
@@ -87,21 +89,35 @@ func matchTarget(pattern string, t codec.Transport, name string) bool {
 		}
 		pattern = rest
 	}
-	if systemSubject(t, name) && !namesSystemSubject(pattern) {
+	if systemSubject(t, name) && !namesSystemSubject(t, pattern) {
 		return false
 	}
 	return matchName(pattern, name)
 }
 
 // systemSubject reports whether name is a NATS subject of the server's own
-// APIs ("$…") or replies ("_INBOX.…").
+// APIs ("$…") or replies ("_INBOX.…"), or a Kafka topic whose name starts
+// with "_": by convention internal to the cluster or its tools
+// ("__consumer_offsets", "_schemas", "_confluent-…"). Only a pattern that
+// names such a target literally matches it, never "*", ">" or a leading
+// wildcard.
 func systemSubject(t codec.Transport, name string) bool {
-	return t == codec.TransportNATS && (strings.HasPrefix(name, "$") || strings.HasPrefix(name, "_INBOX."))
+	switch t {
+	case codec.TransportNATS:
+		return strings.HasPrefix(name, "$") || strings.HasPrefix(name, "_INBOX.")
+	case codec.TransportKafka:
+		return strings.HasPrefix(name, "_")
+	}
+	return false
 }
 
-// namesSystemSubject reports whether a name pattern starts with a literal
-// "$" or "_INBOX." token, the only kind that may match a system subject.
-func namesSystemSubject(pattern string) bool {
+// namesSystemSubject reports whether a name pattern starts with the literal
+// prefix of a system name of transport t (systemSubject), the only kind of
+// pattern that may match one.
+func namesSystemSubject(t codec.Transport, pattern string) bool {
+	if t == codec.TransportKafka {
+		return strings.HasPrefix(pattern, "_")
+	}
 	return strings.HasPrefix(pattern, "$") || strings.HasPrefix(pattern, "_INBOX.")
 }
 

@@ -86,6 +86,15 @@ func TestAllowTarget(t *testing.T) {
 		{[]string{"_INBOX.>"}, N, "_INBOX.abc", true},
 		{[]string{"*"}, K, "$weird", true}, // Kafka topics cannot start with $ anyway; not NATS
 		{[]string{"*"}, N, "_INBOXES.x", true},
+		// Kafka topics starting with "_" (cluster and tool internals):
+		// likewise only a pattern naming them.
+		{[]string{"*"}, K, "_schemas", false},
+		{[]string{"kafka:*"}, K, "__consumer_offsets", false},
+		{[]string{"?schemas"}, K, "_schemas", false},
+		{[]string{"kafka:_schemas"}, K, "_schemas", true},
+		{[]string{"_confluent-*"}, K, "_confluent-metrics", true},
+		{[]string{"*"}, K, "orders_v2", true},
+		{[]string{"*"}, N, "_private.x", true}, // only _INBOX. is reserved on NATS
 	}
 	for _, tt := range tests {
 		c := &Config{Targets: Targets{Allow: tt.allow}}
