@@ -1530,3 +1530,17 @@ func TestHelmSASLMechanismAnyCase(t *testing.T) {
 		render(t, append(base, "--set", "config.kafka.sasl.mechanism="+mech)...)
 	}
 }
+
+// The NetworkPolicy lets in the listed peers only: an empty list lets no
+// peer in (a rule without "from" would let every peer in).
+func TestHelmNetworkPolicyPeers(t *testing.T) {
+	base := []string{"-f", filepath.Join(chartDir, "ci", "default-values.yaml"), "--set", "networkPolicy.enabled=true"}
+	m := decodeAll(t, render(t, append(base, "--set", "networkPolicy.ingressFrom[0].namespaceSelector.matchLabels.team=obs")...))
+	if in := m.netpols[0].Spec.Ingress; len(in) != 1 || len(in[0].From) != 1 {
+		t.Fatalf("ingress %+v, want one rule from the listed peer", in)
+	}
+	m = decodeAll(t, render(t, append(base, "--set", "networkPolicy.ingressFrom=null")...))
+	if in := m.netpols[0].Spec.Ingress; len(in) != 0 {
+		t.Fatalf("ingress %+v with no peers listed, want none (deny all)", in)
+	}
+}
