@@ -1,40 +1,13 @@
 package config
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
-)
 
-// selfSigned returns a PEM certificate and key for name.
-func selfSigned(t *testing.T, name string) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kd, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd})
-}
+	"github.com/delaybridge/delaybridge/internal/testcert"
+)
 
 // The client certificate is read again at each handshake, so a renewed
 // Secret reaches the next connection; a pair that does not load keeps the
@@ -51,7 +24,10 @@ func TestTLSClientCertificateReloaded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c1, k1 := selfSigned(t, "first")
+	ca := testcert.NewCA(t, "ca")
+	first, second := ca.Issue(t, "first", x509.ExtKeyUsageClientAuth), ca.Issue(t, "second", x509.ExtKeyUsageClientAuth)
+	c1, k1 := first.CertPEM(), first.KeyPEM(t)
+	c2, k2 := second.CertPEM(), second.KeyPEM(t)
 	write(c1, k1)
 	cfg, err := TLS{Enabled: true, CertFile: certFile, KeyFile: keyFile}.Build()
 	if err != nil {
@@ -79,13 +55,10 @@ func TestTLSClientCertificateReloaded(t *testing.T) {
 		want string
 	}{
 		{"as started", nil, nil, "first"},
-		{"renewed", nil, nil, "second"},
-		{"half written: the key is not the certificate's", nil, k1, "second"},
+		{"renewed", c2, k2, "second"},
+		{"half written: the key is not the certificate's", c2, k1, "second"},
 		{"garbage", []byte("not pem"), []byte("not pem"), "second"},
 	}
-	c2, k2 := selfSigned(t, "second")
-	steps[1].cert, steps[1].key = c2, k2
-	steps[2].cert = c2
 	for _, st := range steps {
 		if st.cert != nil {
 			write(st.cert, st.key)

@@ -2,15 +2,9 @@ package kafka
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -25,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/testcert"
 )
 
 // deliverAndConsume proves a working connection end to end: the sink
@@ -173,78 +168,21 @@ func newPKI(t *testing.T) *pki {
 	t.Helper()
 	dir := t.TempDir()
 	p := &pki{dir: dir, serverName: "broker.test", wrongName: "elsewhere.test"}
-	caKey, caCert, caDER := selfSigned(t, "test CA")
-	p.caFile = writePEM(t, dir, "ca.pem", "CERTIFICATE", caDER)
-	p.caPool = x509.NewCertPool()
-	p.caPool.AddCert(caCert)
-	_, _, otherDER := selfSigned(t, "other CA")
-	p.otherCAFile = writePEM(t, dir, "other-ca.pem", "CERTIFICATE", otherDER)
-
-	srvKey, srvDER := leaf(t, caCert, caKey, "broker", x509.ExtKeyUsageServerAuth, []string{p.serverName}, []net.IP{net.IPv4(127, 0, 0, 1)})
-	p.serverCert = tls.Certificate{Certificate: [][]byte{srvDER}, PrivateKey: srvKey}
-	cliKey, cliDER := leaf(t, caCert, caKey, "bridge", x509.ExtKeyUsageClientAuth, nil, nil)
-	p.clientCert = writePEM(t, dir, "client.pem", "CERTIFICATE", cliDER)
-	keyDER, err := x509.MarshalECPrivateKey(cliKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.clientKey = writePEM(t, dir, "client-key.pem", "EC PRIVATE KEY", keyDER)
+	ca := testcert.NewCA(t, "test CA")
+	p.caFile = writeFile(t, dir, "ca.pem", ca.CertPEM())
+	p.caPool = ca.Pool
+	p.otherCAFile = writeFile(t, dir, "other-ca.pem", testcert.NewCA(t, "other CA").CertPEM())
+	p.serverCert = ca.Issue(t, "broker", x509.ExtKeyUsageServerAuth, p.serverName, "127.0.0.1").TLS()
+	cli := ca.Issue(t, "bridge", x509.ExtKeyUsageClientAuth)
+	p.clientCert = writeFile(t, dir, "client.pem", cli.CertPEM())
+	p.clientKey = writeFile(t, dir, "client-key.pem", cli.KeyPEM(t))
 	return p
 }
 
-func selfSigned(t *testing.T, cn string) (*ecdsa.PrivateKey, *x509.Certificate, []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: cn},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return key, cert, der
-}
-
-func leaf(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey, cn string, usage x509.ExtKeyUsage, names []string, ips []net.IP) (*ecdsa.PrivateKey, []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: cn},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
-		DNSNames:     names,
-		IPAddresses:  ips,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return key, der
-}
-
-func writePEM(t *testing.T, dir, name, typ string, der []byte) string {
+func writeFile(t *testing.T, dir, name string, data []byte) string {
 	t.Helper()
 	path := filepath.Join(dir, name)
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+	if err := os.WriteFile(path, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return path

@@ -2,16 +2,9 @@ package service
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -22,6 +15,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/bridge/nats"
 	"github.com/delaybridge/delaybridge/config"
+	"github.com/delaybridge/delaybridge/internal/testcert"
 )
 
 func writeTestFile(t *testing.T, path string, data []byte) {
@@ -31,55 +25,6 @@ func writeTestFile(t *testing.T, path string, data []byte) {
 	}
 }
 
-type testCA struct {
-	key  *ecdsa.PrivateKey
-	cert *x509.Certificate
-	pool *x509.CertPool
-}
-
-func newTestCA(t *testing.T, name string) testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := x509.NewCertPool()
-	p.AddCert(c)
-	return testCA{key, c, p}
-}
-
-// leaf issues a certificate for 127.0.0.1; it returns the PEM cert and key.
-func (ca testCA) leaf(t *testing.T, serial int64, usage x509.ExtKeyUsage) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kd, _ := x509.MarshalECPrivateKey(key)
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd})
-}
-
 // TestClientCertRotationReachesTheBridge is the Helm chart's mTLS setup
 // (secrets.natsTlsCert/Key, e.g. a cert-manager Secret): the kubelet
 // updates the mounted files when the Secret is renewed, and the broker stops
@@ -87,18 +32,14 @@ func (ca testCA) leaf(t *testing.T, serial int64, usage x509.ExtKeyUsage) (certP
 // The bridge must reconnect with the certificate now in cert_file/key_file;
 // nothing restarts it (/healthz stays 200 through a broker outage).
 func TestClientCertRotationReachesTheBridge(t *testing.T) {
-	serverCA, clientCA1, clientCA2 := newTestCA(t, "server CA"), newTestCA(t, "client CA 1"), newTestCA(t, "client CA 2")
-	srvPEM, srvKey := serverCA.leaf(t, 2, x509.ExtKeyUsageServerAuth)
-	srvCert, err := tls.X509KeyPair(srvPEM, srvKey)
-	if err != nil {
-		t.Fatal(err)
-	}
+	serverCA, clientCA1, clientCA2 := testcert.NewCA(t, "server CA"), testcert.NewCA(t, "client CA 1"), testcert.NewCA(t, "client CA 2")
+	srvCert := serverCA.Issue(t, "nats", x509.ExtKeyUsageServerAuth, "127.0.0.1").TLS()
 	dir := t.TempDir()
 	caFile, certFile, keyFile := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	writeTestFile(t, caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: serverCA.cert.Raw}))
-	c1, k1 := clientCA1.leaf(t, 3, x509.ExtKeyUsageClientAuth)
-	writeTestFile(t, certFile, c1)
-	writeTestFile(t, keyFile, k1)
+	writeTestFile(t, caFile, serverCA.CertPEM())
+	c1 := clientCA1.Issue(t, "bridge", x509.ExtKeyUsageClientAuth)
+	writeTestFile(t, certFile, c1.CertPEM())
+	writeTestFile(t, keyFile, c1.KeyPEM(t))
 
 	port, store := freePort(t), t.TempDir()
 	start := func(clients *x509.CertPool) *natsserver.Server {
@@ -106,7 +47,7 @@ func TestClientCertRotationReachesTheBridge(t *testing.T) {
 			TLSConfig: &tls.Config{Certificates: []tls.Certificate{srvCert}, ClientAuth: tls.RequireAndVerifyClientCert,
 				ClientCAs: clients, MinVersion: tls.VersionTLS12}})
 	}
-	ns := start(clientCA1.pool)
+	ns := start(clientCA1.Pool)
 
 	yml := fmt.Sprintf(`
 data_dir: %q
@@ -137,12 +78,12 @@ admin:
 	eventually(t, "ready with the first certificate", func() bool { return svc.Ready() == nil })
 
 	// The Secret is renewed: new files; the server now takes only them.
-	c2, k2 := clientCA2.leaf(t, 4, x509.ExtKeyUsageClientAuth)
-	writeTestFile(t, certFile, c2)
-	writeTestFile(t, keyFile, k2)
+	c2 := clientCA2.Issue(t, "bridge", x509.ExtKeyUsageClientAuth)
+	writeTestFile(t, certFile, c2.CertPEM())
+	writeTestFile(t, keyFile, c2.KeyPEM(t))
 	ns.Shutdown()
 	ns.WaitForShutdown()
-	start(clientCA2.pool)
+	start(clientCA2.Pool)
 	defer func() {
 		if t.Failed() {
 			t.Logf("readiness: %v", svc.Ready())
