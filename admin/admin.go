@@ -166,6 +166,12 @@ func NewHandler(o Options) http.Handler {
 	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)
 	}))
+	// Without this the mux answers "/v1/tasks/x" with a redirect to
+	// "/v1/tasks/x/" (the {id...} pattern matches an empty rest there),
+	// whatever the method: a task without an id, as taskKey says.
+	mux.Handle("/v1/tasks/{source}", s.authorize(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		taskKey(w, r)
+	})))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The mux redirects a path with an empty, "." or ".." segment to
 		// its cleaned form; for a task that is another id ("a//b" becomes

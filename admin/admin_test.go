@@ -38,7 +38,7 @@ type fixture struct {
 
 // openEngine opens a 4-shard engine on a fake clock at t0, closed with the
 // test, and the registry of its metrics.
-func openEngine(t *testing.T) (*shard.Engine, *prometheus.Registry) {
+func openEngine(t testing.TB) (*shard.Engine, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	e, err := shard.Open(shard.Options{
@@ -225,7 +225,7 @@ func TestLookup(t *testing.T) {
 		{"unknown id", "/v1/tasks/delay/nope", 404, ""},
 		{"other source", "/v1/tasks/other/order-1", 404, ""},
 		{"empty id", "/v1/tasks/delay/", 400, ""},
-		{"no id", "/v1/tasks/delay", 400, ""}, // the mux redirects to .../delay/
+		{"no id", "/v1/tasks/delay", 400, ""}, // answered, not redirected to .../delay/
 		// A raw empty or dot segment would be redirected to another id.
 		{"raw double slash", "/v1/tasks/delay/tenant//42", 400, ""},
 		{"raw dot dot", "/v1/tasks/delay/x/../order-1", 400, ""},

@@ -1,0 +1,93 @@
+package admin
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+// FuzzHandler sends any method, path, query and Authorization header to
+// the handler of a real engine holding two tasks, with a token set. It
+// never panics and answers with a known status; without the token nothing
+// but the probes answers 2xx; and a task leaves only by an authorized
+// DELETE under /v1/tasks/.
+func FuzzHandler(f *testing.F) {
+	for _, s := range []struct {
+		method              uint8
+		path, query, header string
+	}{
+		{0, "/v1/tasks/delay/order-1", "", "Bearer tok"},
+		{1, "/v1/tasks/delay/tenant%2F42", "", "bearer  tok "},
+		{1, "/v1/tasks/delay/order-1", "", "Bearer tok2"},
+		{0, "/v1/stuck", "limit=5", "Bearer tok"},
+		{1, "/v1/stuck/1/18446744073709551615", "", "Bearer tok"},
+		{0, "/healthz", "", ""},
+		{0, "/v1//tasks/a/../b", "", "Bearer tok"},
+		{2, "/metrics", "", "Basic dG9r"},
+		{0, "/v1/stats", "x=%zz", "Bearer tok"},
+	} {
+		f.Add(s.method, s.path, s.query, s.header)
+	}
+	methods := []string{http.MethodGet, http.MethodDelete, http.MethodPost, http.MethodHead, http.MethodPut, "PATCH", "OPTIONS"}
+	e, reg := openEngine(f)
+	offset := int64(10)
+	// restore schedules both tasks again after a DELETE took one: newer
+	// (a later broker time) than the cancel marker the DELETE left.
+	restore := func(t *testing.T) {
+		offset += 2
+		tasks := []codec.Task{task("order-1", offset, time.Hour), task("tenant/42", offset+1, time.Hour)}
+		for i := range tasks {
+			tasks[i].Stamp += offset
+		}
+		if err := e.Ingest(context.Background(), tasks, nil); err != nil {
+			t.Fatal(err)
+		}
+		if n := e.Stats().Pending; n != 2 {
+			t.Fatalf("%d pending after restoring, want 2", n)
+		}
+	}
+	h := NewHandler(Options{Engine: e, Ready: func() error { return nil }, Gatherer: reg, Token: "tok",
+		Logger: zaptest.NewLogger(f, zaptest.Level(zap.ErrorLevel))})
+	known := map[int]bool{200: true, 204: true, 400: true, 401: true, 404: true, 405: true, 500: true, 503: true}
+	f.Fuzz(func(t *testing.T, m uint8, path, query, header string) {
+		if e.Stats().Pending != 2 {
+			restore(t)
+		}
+		u, err := url.Parse("http://bridge" + path)
+		if err != nil || u.Host != "bridge" || !strings.HasPrefix(path, "/") {
+			t.Skip("not a request path")
+		}
+		u.RawQuery = query
+		method := methods[int(m)%len(methods)]
+		req := httptest.NewRequestWithContext(context.Background(), method, "/", nil)
+		req.URL = u
+		req.RequestURI = u.RequestURI()
+		if header != "" {
+			req.Header.Set("Authorization", header)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		code := rec.Code
+		if !known[code] {
+			t.Fatalf("%s %s: status %d", method, u, code)
+		}
+		scheme, tok, _ := strings.Cut(header, " ")
+		authorized := strings.EqualFold(scheme, "Bearer") && strings.TrimSpace(tok) == "tok"
+		probe := u.Path == "/healthz" || u.Path == "/readyz"
+		if !authorized && !probe && code/100 == 2 {
+			t.Fatalf("%s %s without the token (Authorization %q): status %d", method, u, header, code)
+		}
+		if e.Stats().Pending < 2 && !(authorized && method == http.MethodDelete && strings.HasPrefix(u.Path, "/v1/tasks/") && code == http.StatusNoContent) {
+			t.Fatalf("%s %s (Authorization %q, status %d) removed a task", method, u, header, code)
+		}
+	})
+}
