@@ -260,9 +260,11 @@ func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 }
 
 // unreachable reports whether err only says that no broker answered: for
-// NATS also a host name that does not resolve (yet) and a server that took
+// NATS also a host name that does not resolve (yet), a server that took
 // the connection but did not answer in time, as the Kafka check classifies
-// them (kafka.ErrUnreachable).
+// them (kafka.ErrUnreachable), and a JetStream API request (the delay
+// stream's lookup) with no answer within its deadline: a server recovering
+// its JetStream, or a cluster without a meta leader.
 func unreachable(err error) bool {
 	// A joined error of several brokers (kafka check) may hold a refused
 	// login or TLS handshake next to an unresolvable or silent one: the
@@ -272,7 +274,8 @@ func unreachable(err error) bool {
 	}
 	var dns *net.DNSError
 	return errors.Is(err, kafka.ErrUnreachable) || errors.Is(err, natsgo.ErrNoServers) ||
-		errors.Is(err, natsgo.ErrTimeout) || errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &dns)
+		errors.Is(err, natsgo.ErrTimeout) || errors.Is(err, os.ErrDeadlineExceeded) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.As(err, &dns)
 }
 
 // clock is the bridge's clock: Options.Clock, else the system's.

@@ -1,0 +1,148 @@
+package service
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+
+	"github.com/delaybridge/delaybridge/bridge/kafka"
+	"github.com/delaybridge/delaybridge/bridge/nats"
+	"github.com/delaybridge/delaybridge/config"
+)
+
+// jsMute is a TCP relay in front of a nats-server that drops the client's
+// JetStream API requests ($JS.API.…) while mute is set: a JetStream that
+// does not answer (a server recovering its streams, a cluster without a
+// meta leader), which a real server cannot be made to be on demand.
+type jsMute struct {
+	addr    string
+	mute    atomic.Bool
+	dropped atomic.Int32
+}
+
+func newJSMute(t *testing.T, upstream string) *jsMute {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	m := &jsMute{addr: l.Addr().String()}
+	m.mute.Store(true)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", upstream)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			go func() { _, _ = io.Copy(c, s); _ = c.Close() }()
+			go func() { m.relay(c, s); _ = s.Close() }()
+		}
+	}()
+	return m
+}
+
+// relay copies the client's protocol lines (and PUB/HPUB payloads) to the
+// server, but for JetStream API publishes while muted.
+func (m *jsMute) relay(c, s net.Conn) {
+	r := bufio.NewReader(c)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return
+		}
+		f := strings.Fields(line)
+		var payload []byte
+		if len(f) >= 3 && (strings.EqualFold(f[0], "PUB") || strings.EqualFold(f[0], "HPUB")) {
+			n, err := strconv.Atoi(f[len(f)-1])
+			if err != nil {
+				return
+			}
+			payload = make([]byte, n+2) // and its CRLF
+			if _, err := io.ReadFull(r, payload); err != nil {
+				return
+			}
+			if m.mute.Load() && strings.HasPrefix(f[1], "$JS.API.") {
+				m.dropped.Add(1)
+				continue
+			}
+		}
+		if _, err := s.Write(append([]byte(line), payload...)); err != nil {
+			return
+		}
+	}
+}
+
+// A JetStream that does not answer the delay stream's lookup at start is
+// retried like a broker that does not answer, and the bridge delivers once
+// it answers; the start used to end with "look up stream: context deadline
+// exceeded" (found by a model-based soak: a crash loop under a supervisor
+// while JetStream recovers).
+func TestStartJetStreamSilent(t *testing.T) {
+	e := newEnv(t, "")
+	m := newJSMute(t, e.ns.Addr().String())
+	e.mutate = func(c *config.Config) { c.NATS.URL = "nats://" + m.addr }
+	svc, _, done := e.runWith(Options{NATS: func(c *nats.Config) { fastNATS(c); c.ConnectTimeout = 200 * time.Millisecond }})
+	eventually(t, "a failed stream lookup reported", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("bridge Run returned while JetStream did not answer at start (%d API requests unanswered): %v", m.dropped.Load(), err)
+		default:
+		}
+		err := svc.Ready()
+		return m.dropped.Load() > 0 && err != nil && strings.Contains(err.Error(), "look up stream")
+	})
+	m.mute.Store(false)
+	// The next try finds (or creates) the stream.
+	eventually(t, "ready once JetStream answers", func() bool { return svc.Ready() == nil })
+	e.publishNATS("delay.js", []byte("after-silence"), "delay-after", "0", "delay-target", "orders.js")
+	e.advanceUntil("the delivery once JetStream answers", func(ds []delivery) bool {
+		select {
+		case err := <-done:
+			t.Fatalf("bridge Run returned: %v", err)
+		default:
+		}
+		return len(byValue(ds, "orders.js")["after-silence"]) > 0
+	})
+}
+
+func TestUnreachable(t *testing.T) {
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{fmt.Errorf("connect: %w", natsgo.ErrNoServers), true},
+		{fmt.Errorf("connect: %w", natsgo.ErrTimeout), true},
+		{fmt.Errorf("dial: %w", os.ErrDeadlineExceeded), true},
+		{fmt.Errorf("nats source: look up stream %q: %w", "DELAY", context.DeadlineExceeded), true},
+		{&net.DNSError{Err: "no such host", Name: "nats", IsNotFound: true}, true},
+		{fmt.Errorf("check: %w", kafka.ErrUnreachable), true},
+		// A refusal decides, even next to a silent broker.
+		{errors.Join(kafka.ErrUnreachable, kafka.ErrAuth), false},
+		{errors.Join(kafka.ErrUnreachable, kafka.ErrTLS), false},
+		{natsgo.ErrAuthorization, false},
+		{errors.New("nats source: stream DELAY does not capture delay.>"), false},
+		{context.Canceled, false},
+	}
+	for _, tt := range tests {
+		if got := unreachable(tt.err); got != tt.want {
+			t.Errorf("unreachable(%v) = %v, want %v", tt.err, got, tt.want)
+		}
+	}
+}
