@@ -56,24 +56,22 @@ type sIDState struct {
 }
 
 type soak struct {
-	t       *testing.T
-	e       *env
-	rng     *rand.Rand
-	svc     *Service
-	stop    func()
-	js      jetstream.JetStream
-	log     []string
-	vers    []*sVersion
-	bads    []*sBad
-	ids     map[string]*sIDState
-	nextOff [3]int64
-	natsSeq uint64
-	nid     int
-	fault   *atomic.Bool
-	events  []string
-	faultOn bool
-	// disruptive events by fake time, for duplicate attribution
-	restarts int
+	t        *testing.T
+	e        *env
+	rng      *rand.Rand
+	svc      *Service
+	stop     func()
+	js       jetstream.JetStream
+	log      []string
+	vers     []*sVersion
+	bads     []*sBad
+	ids      map[string]*sIDState
+	nextOff  [3]int64
+	natsSeq  uint64
+	nid      int
+	fault    *atomic.Bool
+	faultOn  bool
+	restarts int // bridge restarts, for the summary
 }
 
 func (s *soak) logf(format string, a ...any) {
