@@ -66,7 +66,7 @@ func hasSecretFile(c *Config) bool {
 // FuzzAllowTarget checks that matching never panics and that "*" allows
 // every non-empty name.
 func FuzzAllowTarget(f *testing.F) {
-	for _, s := range [][2]string{{"orders.*", "orders.x"}, {"nats:a.>", "a.b.c"}, {"[a-", "a"}, {`\`, `\`}, {"*?[!]", "x"}} {
+	for _, s := range [][2]string{{"orders.*", "orders.x"}, {"nats:a.>", "a.b.c"}, {"[a-", "a"}, {`\`, `\`}, {"*?[!]", "x"}, {"*", "_schemas"}, {"?x", "$x"}} {
 		f.Add(s[0], s[1])
 	}
 	f.Fuzz(func(t *testing.T, pattern, name string) {
@@ -75,15 +75,19 @@ func FuzzAllowTarget(f *testing.F) {
 		_ = c.AllowTarget(codec.TransportKafka, name)
 		_ = c.AllowTarget(codec.TransportNATS, name)
 		star := &Config{Targets: Targets{Allow: []string{"*"}}}
-		if name != "" && !star.AllowTarget(codec.TransportKafka, name) {
-			t.Fatalf("* refused %q", name)
+		if name != "" && star.AllowTarget(codec.TransportKafka, name) == strings.HasPrefix(name, "_") {
+			t.Fatalf("* on Kafka %q: %v (only names starting with _ are refused)", name, !strings.HasPrefix(name, "_"))
 		}
 		if checkPattern(pattern) == nil && !strings.ContainsAny(pattern, `*?[]\>:`) && name != "" && c.AllowTarget(codec.TransportKafka, name) != (pattern == name) {
 			t.Fatalf("literal pattern %q vs %q", pattern, name)
 		}
 		// Without classes and ">", the dot-token semantics are path.Match's
-		// with "." in the role of "/".
-		if checkPattern(pattern) == nil && pattern != "*" && name != "" && !strings.ContainsAny(pattern, "[]>:/") && !strings.Contains(name, "/") {
+		// with "." in the role of "/", for subjects a target may name (no
+		// empty token) that are not system subjects (matched only by a
+		// pattern naming them).
+		subject := name != "" && !strings.HasPrefix(name, ".") && !strings.HasSuffix(name, ".") && !strings.Contains(name, "..") &&
+			!systemSubject(codec.TransportNATS, name)
+		if checkPattern(pattern) == nil && pattern != "*" && subject && !strings.ContainsAny(pattern, "[]>:/") && !strings.Contains(name, "/") {
 			swap := strings.NewReplacer(".", "/")
 			want, err := path.Match(swap.Replace(pattern), swap.Replace(name))
 			if err == nil && c.AllowTarget(codec.TransportNATS, name) != want {
