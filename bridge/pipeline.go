@@ -190,8 +190,8 @@ type Sinks struct {
 	// Check, if set, is asked about every task (not dead letters: their
 	// DLQ is the operator's) before it is published, as the config may
 	// have changed since the task was checked at ingest (targets.allow
-	// narrowed, the target made a delay source). A non-nil error is
-	// returned for the task instead of publishing it; a
+	// narrowed, the target made a delay source, its transport taken out).
+	// A non-nil error is returned for the task instead of publishing it; a
 	// *shard.RejectedError dead-letters it at once.
 	Check func(t *codec.Task) error
 }
