@@ -1,20 +1,16 @@
 package service
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/delaybridge/delaybridge/bridge/nats"
-	"github.com/delaybridge/delaybridge/config"
 	"github.com/delaybridge/delaybridge/internal/testcert"
 )
 
@@ -62,19 +58,7 @@ targets:
 admin:
   listen: "127.0.0.1:0"
 `, t.TempDir(), port, caFile, certFile, keyFile)
-	cfg, err := config.LoadBytes([]byte(yml), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	svc, err := New(ctx, cfg, Options{Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())),
-		NATS: func(c *nats.Config) { c.ReconnectWait = 50 * time.Millisecond }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	svc, _, _ := runYAML(t, yml, Options{Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())), NATS: fastNATS})
 	eventually(t, "ready with the first certificate", func() bool { return svc.Ready() == nil })
 
 	// The Secret is renewed: new files; the server now takes only them.

@@ -627,6 +627,43 @@ func kafkaOnlyYAML(t *testing.T, brokers []string, more string) string {
 		"  sources: [{topic: delay, dlq: delay.dlq}]\nadmin: {listen: \"127.0.0.1:0\"}\n"
 }
 
+// runKafkaOnly runs a Kafka-only bridge (kafkaOnlyYAML) on brokers with o;
+// see runYAML.
+func runKafkaOnly(t *testing.T, brokers []string, o Options) (svc *Service, cancel context.CancelFunc, done <-chan error) {
+	t.Helper()
+	return runYAML(t, kafkaOnlyYAML(t, brokers, ""), o)
+}
+
+// runYAML runs a bridge with the config yml and o, and returns its cancel
+// (SIGTERM) and Run's result; at Cleanup it is cancelled and waited for.
+func runYAML(t *testing.T, yml string, o Options) (svc *Service, cancel context.CancelFunc, done <-chan error) {
+	t.Helper()
+	cfg, err := config.LoadBytes([]byte(yml), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	svc, err = New(ctx, cfg, o)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	ch, finished := make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(finished)
+		ch <- svc.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-finished:
+		case <-time.After(30 * time.Second):
+			t.Error("bridge did not stop within 30s")
+		}
+	})
+	return svc, cancel, ch
+}
+
 // TestWrongPasswordFailsFast: refused credentials are an error at start,
 // not a retry loop; also when another configured broker's name does not
 // resolve. The check joins every broker's dial error, so the refusal of

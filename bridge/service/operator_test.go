@@ -1,7 +1,6 @@
 package service
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"strconv"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/delaybridge/delaybridge/bridge/kafka"
 	"github.com/delaybridge/delaybridge/bridge/nats"
-	"github.com/delaybridge/delaybridge/config"
 )
 
 // TestNATSUnreachableRetried: a NATS address that accepts the TCP
@@ -59,18 +57,7 @@ nats:
   sources: [{subject: delay.>, dlq: dlq.delay}]
 admin: {listen: "127.0.0.1:0"}
 `
-			cfg, err := config.LoadBytes([]byte(yml), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			svc, err := New(context.Background(), cfg, Options{NATS: func(c *nats.Config) { c.ConnectTimeout = 200 * time.Millisecond }})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			done := make(chan error, 1)
-			go func() { done <- svc.Run(ctx) }()
+			svc, cancel, done := runYAML(t, yml, Options{NATS: func(c *nats.Config) { c.ConnectTimeout = 200 * time.Millisecond }})
 			deadline := time.After(30 * time.Second) // turns a hang into a failure
 			for {
 				select {
@@ -102,22 +89,9 @@ func TestKafkaOutageLogVolume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	yml := kafkaOnlyYAML(t, kc.ListenAddrs(), "")
-	cfg, err := config.LoadBytes([]byte(yml), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	core, logs := observer.New(zap.WarnLevel)
-	reg := prometheus.NewRegistry()
-	svc, err := New(context.Background(), cfg, Options{Logger: zap.New(core), Registry: reg,
+	svc, _, _ := runKafkaOnly(t, kc.ListenAddrs(), Options{Logger: zap.New(core), Registry: prometheus.NewRegistry(),
 		Kafka: func(c *kafka.Config) { fastKafka(c); c.JoinBackoff = 10 * time.Millisecond }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
-	defer func() { cancel(); <-done }()
 	eventually(t, "ready", func() bool { return svc.Ready() == nil })
 	kc.Close()
 	const attempts = 30
@@ -150,20 +124,8 @@ func TestMissingKafkaDLQAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer kc.Close()
-	yml := kafkaOnlyYAML(t, kc.ListenAddrs(), "")
-	cfg, err := config.LoadBytes([]byte(yml), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	core, logs := observer.New(zap.WarnLevel)
-	svc, err := New(context.Background(), cfg, Options{Logger: zap.New(core), Kafka: fastKafka})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	svc, _, _ := runKafkaOnly(t, kc.ListenAddrs(), Options{Logger: zap.New(core), Kafka: fastKafka})
 	// Ready is computed after connect completes, so the start checks are done.
 	eventually(t, "connected", func() bool {
 		for _, l := range svc.late {

@@ -1,13 +1,10 @@
 package service
 
 import (
-	"context"
 	"strings"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kfake"
-
-	"github.com/delaybridge/delaybridge/config"
 )
 
 // TestMissingSourceTopicAtStartWaits: a delay topic that does not exist
@@ -19,19 +16,7 @@ func TestMissingSourceTopicAtStartWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer kc.Close()
-	yml := kafkaOnlyYAML(t, kc.ListenAddrs(), "")
-	cfg, err := config.LoadBytes([]byte(yml), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := New(context.Background(), cfg, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- svc.Run(ctx) }()
+	svc, cancel, errc := runKafkaOnly(t, kc.ListenAddrs(), Options{})
 	// Not ready, naming the topic, and still running.
 	running := func() {
 		select {
