@@ -366,36 +366,24 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	msgs := make([]kafkago.Message, len(batch))
 	errs := make([]error, len(batch))
 	idx := make([]int, 0, len(batch))
-	var big []int // over BatchBytes: sent alone, the broker's limit decides
 	for i, t := range batch {
 		msgs[i] = toKafkaMessage(t, start)
-		switch {
-		case t.Target == "":
+		if t.Target == "" {
 			errs[i] = ErrNoTopic
-		case int64(recordSize(&msgs[i])) > s.cfg.BatchBytes:
-			big = append(big, i)
-		default:
-			idx = append(idx, i)
+			continue
 		}
+		idx = append(idx, i)
 	}
-	s.write(ctx, s.w, msgs, idx, errs, true)
-	s.write(ctx, s.alone, msgs, big, errs, true)
+	s.send(ctx, msgs, idx, errs)
 	if retry := staleOnes(errs); len(retry) > 0 && ctx.Err() == nil {
 		// A leader moved. kafka-go's transport would keep its stale
 		// metadata until MetadataTTL; drop its pools so the retry (and
 		// every later publish) reloads it.
 		s.transport.CloseIdleConnections()
-		idx, big = idx[:0], big[:0]
 		for _, i := range retry {
 			errs[i] = nil
-			if int64(recordSize(&msgs[i])) > s.cfg.BatchBytes {
-				big = append(big, i)
-			} else {
-				idx = append(idx, i)
-			}
 		}
-		s.write(ctx, s.w, msgs, idx, errs, true)
-		s.write(ctx, s.alone, msgs, big, errs, true)
+		s.send(ctx, msgs, retry, errs)
 	}
 	s.m.PublishSeconds.WithLabelValues(codec.TransportKafka.String()).Observe(time.Since(start).Seconds())
 	for _, err := range errs {
@@ -404,6 +392,24 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		}
 	}
 	return nil
+}
+
+// send sends msgs[idx]: those up to BatchBytes through s.w, each record
+// over it in a batch of its own through s.alone, which has no such limit
+// (the broker's decides). It overwrites idx.
+func (s *Sink) send(ctx context.Context, msgs []kafkago.Message, idx []int, errs []error) {
+	n := 0
+	var big []int
+	for _, i := range idx {
+		if int64(recordSize(&msgs[i])) > s.cfg.BatchBytes {
+			big = append(big, i)
+		} else {
+			idx[n] = i
+			n++
+		}
+	}
+	s.write(ctx, s.w, msgs, idx[:n], errs, true)
+	s.write(ctx, s.alone, msgs, big, errs, true)
 }
 
 // write sends msgs[idx] in one call to w (s.w or s.alone) and records

@@ -74,7 +74,7 @@ type Service struct {
 	// without its memtable flush (set by Run before closeAll).
 	lateShutdown bool
 
-	// mu guards sources, health, closers and closed, which each
+	// mu guards health, closers and closed, which each
 	// transport's connector adds to once it has reached its brokers.
 	mu sync.Mutex
 	// closed is set once closeAll or closeAllBy took the closers: a
