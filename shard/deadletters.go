@@ -419,8 +419,8 @@ func (e *Engine) deadLetterErr() error {
 		e.dl.mu.Lock()
 		for _, seq := range heldSeqs {
 			_, watched := e.dl.m[seq]
-			_, held := e.dl.held[seq]
-			if watched || held {
+			_, holds := e.dl.held[seq]
+			if watched || holds {
 				waited++
 			}
 		}

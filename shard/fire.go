@@ -747,9 +747,11 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			wait = s.backoff(t.Attempts)
 		}
 		if isRejected || (!errors.Is(derr, ErrUnavailable) && indexed && int(t.Attempts) >= e.opts.Retry.MaxAttempts) {
-			code, detail := codec.CodePublishFailed, fmt.Sprintf("publish to %s:%s failed after %d attempts: %v", t.Transport, t.Target, t.Attempts, derr)
+			code, detail := codec.CodePublishFailed, ""
 			if isRejected {
 				code, detail = rejected.Code, rejected.Error()
+			} else {
+				detail = fmt.Sprintf("publish to %s failed after %d attempts: %v", t.Destination(), t.Attempts, derr)
 			}
 			dl := codec.DeadLetter(t, code, detail)
 			b.Delete(ik, nil)
