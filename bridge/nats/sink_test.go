@@ -47,12 +47,15 @@ func newSink(t *testing.T, nc *natsgo.Conn, cfg Config) *Sink {
 
 // outServer starts a JetStream server holding the stream OUT (out.>) and
 // connects to it.
-func outServer(t *testing.T) (Config, *natsgo.Conn, jetstream.Stream) {
+func outServer(t *testing.T, subjects ...string) (Config, *natsgo.Conn, jetstream.Stream) {
 	t.Helper()
+	if len(subjects) == 0 {
+		subjects = []string{"out.>"}
+	}
 	s := startServer(t, jsOptions(t))
 	cfg := testConfig(t, serverURL(s))
 	nc := connect(t, cfg)
-	stream, err := newJS(t, nc).CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}})
+	stream, err := newJS(t, nc).CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OUT", Subjects: subjects})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,12 +419,7 @@ func TestSinkKafkaHeaderNames(t *testing.T) {
 // user.<id>.reminder), the cache stays within maxVerdicts; it grew without
 // bound, and every new subject walked it all under the sink's lock.
 func TestSinkVerdictCacheBounded(t *testing.T) {
-	s := startServer(t, jsOptions(t))
-	cfg := testConfig(t, serverURL(s))
-	nc := connect(t, cfg)
-	if _, err := newJS(t, nc).CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OUT", Subjects: []string{"user.>"}}); err != nil {
-		t.Fatal(err)
-	}
+	cfg, nc, _ := outServer(t, "user.>")
 	sink := newSink(t, nc, cfg)
 	const n, batch = maxVerdicts + 1000, 512
 	for from := 0; from < n; from += batch {

@@ -433,12 +433,7 @@ func TestNoteAsyncError(t *testing.T) {
 // subjects fails alone, not as an outage, and is never published (the
 // server would close the connection the source shares).
 func TestSinkRefusesOverlongSubject(t *testing.T) {
-	s := startServer(t, jsOptions(t))
-	cfg := testConfig(t, serverURL(s))
-	nc := connect(t, cfg)
-	if _, err := newJS(t, nc).CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}}); err != nil {
-		t.Fatal(err)
-	}
+	cfg, nc, _ := outServer(t)
 	sink := newSink(t, nc, cfg)
 	long := "out." + strings.Repeat("x", codec.MaxSubjectLen)
 	errs := sink.Deliver(ctxT(t), []*codec.Task{task("x", long, "v", 0), task("y", "out.y", "v", 0)})
