@@ -32,6 +32,7 @@ type Metrics struct {
 	Dropped              *prometheus.CounterVec   // source, why (older, cancelled)
 	Pending              *prometheus.GaugeVec     // shard
 	InWheel              *prometheus.GaugeVec     // shard
+	Held                 *prometheus.GaugeVec     // shard, transport
 	FireLateness         *prometheus.HistogramVec // transport
 	Overdue              prometheus.Counter
 	StoreCommit          *prometheus.HistogramVec // op (ingest|fire|retry)
@@ -95,6 +96,9 @@ func New(r prometheus.Registerer) *Metrics {
 		InWheel: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "delaybridge_wheel_entries", Help: "Entries in the in-memory timing wheel (tasks due within the horizon).",
 		}, []string{"shard"}),
+		Held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "delaybridge_held_tasks", Help: "Pending tasks held on disk, out of the wheel, because their target broker was unreachable and the shard already kept retry.outage_memory_tasks waiting in memory; released once a delivery to that transport succeeds.",
+		}, []string{"shard", "transport"}),
 		FireLateness: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "delaybridge_fire_lateness_seconds", Help: "Broker acknowledgement time minus due time of delivered tasks (retries and outages included; dead letters not). A task published already overdue (delay-at in the past, counted by delaybridge_overdue_total) counts from its source broker time instead.",
 			Buckets: latencyBuckets,
@@ -146,7 +150,7 @@ func New(r prometheus.Registerer) *Metrics {
 	}
 	if r != nil {
 		r.MustRegister(m.Ingested, m.Fired, m.DeadLettered, m.DeadLettersParked, m.DeadLettersParkedNow, m.StuckDropped, m.Undecodable, m.Cancelled, m.Replaced, m.Dropped,
-			m.Pending, m.InWheel, m.FireLateness, m.Overdue, m.StoreCommit, m.StoreErrors,
+			m.Pending, m.InWheel, m.Held, m.FireLateness, m.Overdue, m.StoreCommit, m.StoreErrors,
 			m.PublishRetries, m.PublishSeconds, m.BestEffort, m.SourceErrors, m.SourceLag, m.SourceUnstable, m.SourceStableStalled, m.Ready)
 	}
 	return m

@@ -113,6 +113,12 @@ type Options struct {
 	// claims and delivers the other transport's due tasks without waiting
 	// for it (see lane.go). Default 2s.
 	LaneGrace time.Duration
+	// OutageMemory is how many tasks waiting for an unreachable target
+	// each shard keeps in memory (about 75 bytes each); beyond it such
+	// tasks are held on disk and released once the target answers again
+	// (hold.go). Default 65536; negative: none (every such task is held
+	// on disk).
+	OutageMemory int
 	// CacheBytes is Pebble's memory: its block cache, from which the
 	// memtables are reserved too. Default DefaultCacheBytes.
 	CacheBytes int64
@@ -139,9 +145,12 @@ type Options struct {
 type TaskInfo struct {
 	Source   string `json:"source"`
 	ID       string `json:"id"`
-	Due      Time   `json:"due"`       // scheduled due (delay-due)
-	NextFire Time   `json:"next_fire"` // differs from Due after failed publishes
-	Target   string `json:"target"`    // "kafka:NAME" or "nats:SUBJECT"
+	Due      Time   `json:"due"`                // scheduled due (delay-due)
+	NextFire Time   `json:"next_fire,omitzero"` // differs from Due after failed publishes; zero when held
+	// Held: its target was unreachable and the task waits on disk until
+	// a delivery to that transport succeeds again (no next fire time).
+	Held     bool   `json:"held,omitempty"`
+	Target   string `json:"target"` // "kafka:NAME" or "nats:SUBJECT"
 	Origin   string `json:"origin"`
 	Attempts uint32 `json:"attempts"`
 	Shard    int    `json:"shard"`
@@ -152,6 +161,9 @@ type ShardStats struct {
 	Shard   int   `json:"shard"`
 	Pending int64 `json:"pending"`
 	InWheel int   `json:"in_wheel"`
+	// Held counts the pending tasks held on disk until their target
+	// broker answers again (Options.OutageMemory).
+	Held int64 `json:"held"`
 	// NextDue is the earliest fire time of the shard's stored tasks (a
 	// task waiting for a retry fires at its retry time), zero if none.
 	NextDue Time `json:"next_due,omitzero"`
@@ -165,6 +177,7 @@ type ShardStats struct {
 type Stats struct {
 	Shards        []ShardStats `json:"shards"`
 	Pending       int64        `json:"pending"`
+	Held          int64        `json:"held"`
 	NextDue       Time         `json:"next_due,omitzero"`
 	OldestOverdue Time         `json:"oldest_overdue,omitzero"`
 	Horizon       Time         `json:"horizon"`

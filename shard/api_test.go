@@ -22,7 +22,7 @@ func TestTimeJSON(t *testing.T) {
 		{"not UTC", TaskInfo{Due: Time{time.UnixMilli(1795359845120).In(time.FixedZone("x", 3600))}},
 			`"due":"2026-11-22T15:04:05.120Z"`},
 		{"epoch", TaskInfo{Due: msTime(0)}, `"due":"1970-01-01T00:00:00.000Z"`},
-		{"stats omit zero", ShardStats{Shard: 1}, `{"shard":1,"pending":0,"in_wheel":0}`},
+		{"stats omit zero", ShardStats{Shard: 1}, `{"shard":1,"pending":0,"in_wheel":0,"held":0}`},
 		{"stats set", ShardStats{NextDue: msTime(1795359845001), OldestOverdue: msTime(1795359845010)},
 			`"next_due":"2026-11-22T15:04:05.001Z","oldest_overdue":"2026-11-22T15:04:05.010Z"`},
 		{"stuck due", StuckEntry{NextFire: msTime(1795359845100), Due: msTime(1795359845000)},

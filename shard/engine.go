@@ -193,6 +193,11 @@ func (o *Options) setDefaults() {
 	if o.LaneGrace <= 0 {
 		o.LaneGrace = 2 * time.Second
 	}
+	if o.OutageMemory == 0 {
+		o.OutageMemory = defaultOutageMemory
+	} else if o.OutageMemory < 0 { // negative: none
+		o.OutageMemory = 0
+	}
 	if o.CancelRetention == 0 {
 		o.CancelRetention = 24 * time.Hour
 	} else if o.CancelRetention < 0 { // negative: none
@@ -339,6 +344,7 @@ func (e *Engine) recover() error {
 		}
 		for l := range s.lanes {
 			s.lanes[l].publishingDue = noDue
+			s.lanes[l].hold.minDue = noDue
 		}
 		s.pendingG = e.m.Pending.WithLabelValues(s.label)
 		s.inWheelG = e.m.InWheel.WithLabelValues(s.label)
@@ -368,6 +374,9 @@ func (e *Engine) recover() error {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if errs[i] = s.loadLocked(now); errs[i] == nil {
+				errs[i] = s.loadHeldLocked()
+			}
+			if errs[i] == nil {
 				errs[i] = s.loadDLFailuresLocked()
 			}
 			if errs[i] == nil {
@@ -472,6 +481,8 @@ type pendingBatch struct {
 	undo   []overlayUndo
 	tk     *commitTicket
 	synced atomic.Bool // durable; set without the shard lock
+	// held: the change of the shard's held tasks per transport (hold.go).
+	held [transportSlots]int64
 }
 
 func (s *shard) enqueueLocked(pb *pendingBatch) {
@@ -530,6 +541,7 @@ func (s *shard) drainLocked() {
 			s.addLocked(op.fire, op.seq)
 		}
 		s.pending += head.delta
+		s.heldDoneLocked(head)
 		s.churn += len(head.ops) + len(head.keys)
 	}
 	if len(s.queue) == 0 {
@@ -763,6 +775,9 @@ func (e *Engine) ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 				by = cancelledInFlight
 			}
 			a.delOld, a.oldFire, a.oldSeq = true, ex.Fire, ex.Seq
+			if isHeld(ex.Fire) {
+				pb.held[heldSlot(ex.Fire)]--
+			}
 			oldInFlight = s.supersedeLocked(ex.Seq, pb, by)
 			if ex.Seq > base {
 				// Stored by this very batch and deleted by it again: not
@@ -865,6 +880,9 @@ func (e *Engine) ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 	for sh, pb := range pbs {
 		if pb != nil && pb.delta != 0 {
 			b.Merge(countKey(sh), u64(uint64(pb.delta)), nil)
+		}
+		if pb != nil {
+			writeHeldCounts(b, sh, pb)
 		}
 	}
 	for _, cp := range cps {
@@ -1131,11 +1149,17 @@ func (e *Engine) Lookup(source, id string) (TaskInfo, error) {
 	if err := codec.DecodeTask(v, &t); err != nil {
 		return TaskInfo{}, fmt.Errorf("shard: lookup %s/%s: %w", source, id, err)
 	}
+	var nextFire Time
+	held := isHeld(ex.Fire)
+	if !held {
+		nextFire = msTime(ex.Fire)
+	}
 	return TaskInfo{
 		Source:   source,
 		ID:       id,
 		Due:      msTime(t.Due),
-		NextFire: msTime(ex.Fire),
+		NextFire: nextFire,
+		Held:     held,
 		Target:   t.Destination(),
 		Origin:   t.Origin,
 		Attempts: t.Attempts,
@@ -1203,6 +1227,9 @@ func (e *Engine) Cancel(source, id string) error {
 	marker := indexEntry{Cancel: true, Shard: s.id, Order: order{Stamp: max(now, ex.Order.Stamp), Partition: -1, Offset: -1},
 		Expiry: now + e.opts.CancelRetention.Milliseconds()}
 	pb := &pendingBatch{delta: -1, tk: tk}
+	if isHeld(ex.Fire) {
+		pb.held[heldSlot(ex.Fire)]--
+	}
 	s.enqueueLocked(pb)
 	s.setOverlayLocked(string(ik), marker, false, pb)
 	inFlight := s.supersedeLocked(ex.Seq, pb, cancelledInFlight)
@@ -1213,6 +1240,7 @@ func (e *Engine) Cancel(source, id string) error {
 	b.Set(ik, appendIndexEntry(nil, &marker), nil)
 	b.Set(appendExpiryKey(nil, s.id, marker.Expiry, source, id), nil, nil)
 	b.Merge(countKey(s.id), u64(math.MaxUint64), nil) // -1
+	writeHeldCounts(b, s.id, pb)
 	if err := s.commitDecided(tk, pb, b, "cancel", e.commitCancel); err != nil {
 		return fmt.Errorf("shard: cancel %s/%s: %w", source, id, err)
 	}
@@ -1257,6 +1285,14 @@ func (e *Engine) Stats() Stats {
 			next, ok = parkedFire, true
 		}
 		late, isLate := s.oldestLateLocked()
+		for l := range s.lanes {
+			if h := &s.lanes[l].hold; h.n > 0 {
+				ss.Held += h.n
+				if h.minDue <= now && (!isLate || h.minDue < late) {
+					late, isLate = h.minDue, true
+				}
+			}
+		}
 		if claimedDue <= now && (!isLate || claimedDue < late) {
 			late, isLate = claimedDue, true
 		}
@@ -1273,6 +1309,7 @@ func (e *Engine) Stats() Stats {
 			ss.OldestOverdue = msTime(late)
 		}
 		st.Pending += ss.Pending
+		st.Held += ss.Held
 		if !ss.NextDue.IsZero() && (st.NextDue.IsZero() || ss.NextDue.Before(st.NextDue.Time)) {
 			st.NextDue = ss.NextDue
 		}
@@ -1290,7 +1327,8 @@ func (e *Engine) Stats() Stats {
 // firstStoredLocked returns the fire time of the first stored task at or
 // after from.
 func (s *shard) firstStoredLocked(from int64) (int64, bool) {
-	it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, from), UpperBound: taskBound(s.id+1, 0)})
+	// Held tasks (hold.go) have no fire time.
+	it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, from), UpperBound: taskBound(s.id, heldBase)})
 	if err != nil {
 		return 0, false
 	}

@@ -147,6 +147,14 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 		var claimed []fireItem
 		if err == nil {
 			claimed = append(s.takeParkedLocked(s.e.opts.FireBatch), s.claimLocked(now)...)
+			// Held tasks (hold.go) get what is left of a batch, and at
+			// least half of one, so neither they nor the due ones starve.
+			fb := s.e.opts.FireBatch
+			held, herr := s.claimHeldLocked(now, max(fb-len(claimed), (fb+1)/2))
+			if herr != nil {
+				s.e.log.Warn("fire loop: reading held tasks failed", zap.Int("shard", s.id), zap.Error(herr))
+			}
+			claimed = append(claimed, held...)
 		}
 		if err == nil && len(claimed) == 0 {
 			if moreToSweep {
@@ -157,6 +165,9 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 				continue
 			}
 			wake := s.horizonEnd - s.e.horizonMs()/2 // or the wheel's next due: park looks
+			if at, ok := s.nextReleaseLocked(); ok && at < wake {
+				wake = at // a release of held tasks
+			}
 			s.mu.Unlock()
 			s.park(ctx, timer, wake, false)
 			continue
@@ -546,7 +557,9 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 	}
 	for _, it := range retry {
 		delete(s.inflight, it.seq)
-		s.w.Add(it.fire, it.seq)
+		if !isHeld(it.fire) { // a held one is released again from the store
+			s.w.Add(it.fire, it.seq)
+		}
 	}
 	s.inWheelG.Set(float64(s.w.Len()))
 }
@@ -701,7 +714,11 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		if derr == nil {
 			s.clearLateLocked(it.seq)
 			b.Delete(oldKey, nil)
+			if isHeld(it.fire) {
+				pb.held[heldSlot(it.fire)]--
+			}
 			if indexed {
+				s.heldUpLocked(transportSlot(t.Transport), t.Target)
 				b.Delete(ik, nil)
 				s.setOverlayLocked(iks.str(i), indexEntry{}, true, pb)
 			}
@@ -725,16 +742,47 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			readds = append(readds, wheelOp{it.fire, it.seq})
 			continue
 		}
-		b.Delete(oldKey, nil)
 		anyRetry = true
 		// A task the sink rejected was not published: no attempt, and it
 		// is dead-lettered below at once.
 		var rejected *RejectedError
 		isRejected := indexed && errors.As(derr, &rejected)
+		unavailable := !isRejected && errors.Is(derr, ErrUnavailable)
+		_, waitsInMemory := s.late[it.seq]
+		if unavailable && indexed && (isHeld(it.fire) || !waitsInMemory && len(s.late) >= e.opts.OutageMemory) {
+			// Its target is unreachable and the shard holds as many
+			// waiting tasks in memory as it may (one of them keeps its
+			// place): held on disk until a release finds the target back
+			// (hold.go). One held already stays as it is: an outage
+			// charges no attempt.
+			outageErr = derr
+			waiting++
+			retried = append(retried, i)
+			if isHeld(it.fire) {
+				s.heldDownLocked(it.fire, now)
+			} else {
+				b.Delete(oldKey, nil)
+				l := transportSlot(t.Transport)
+				hf := heldFire(l, t.Target)
+				val = codec.AppendTask(val[:0], t)
+				b.Set(appendTaskKey(key[:0], s.id, hf, it.seq), val, nil)
+				ne := indexEntry{Shard: s.id, Fire: hf, Seq: it.seq, Order: order{Stamp: t.Stamp, Partition: t.Partition, Incarnation: t.Incarnation, Offset: t.Offset}}
+				b.Set(ik, appendIndexEntry(nil, &ne), nil)
+				s.setOverlayLocked(iks.str(i), ne, false, pb)
+				s.addOpLocked(pb, hf, it.seq) // not wheeled: past any horizon
+				s.clearLateLocked(it.seq)
+				s.noteHeldLocked(pb, l, t.Due)
+			}
+			continue
+		}
+		b.Delete(oldKey, nil)
+		if isHeld(it.fire) {
+			pb.held[heldSlot(it.fire)]--
+		}
 		var wait time.Duration
 		switch {
 		case isRejected:
-		case errors.Is(derr, ErrUnavailable):
+		case unavailable:
 			// The target broker is unreachable: not the task's fault, so
 			// no attempt is charged and an outage of any length never
 			// dead-letters it. It waits as long again as it is overdue
@@ -805,6 +853,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	if pb.delta != 0 {
 		b.Merge(countKey(s.id), u64(uint64(pb.delta)), nil)
 	}
+	writeHeldCounts(b, s.id, pb)
 	op, obs := "fire", e.commitFire
 	if anyRetry {
 		op, obs = "retry", e.commitRetry

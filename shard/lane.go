@@ -44,6 +44,7 @@ type lane struct {
 	publishingDue int64
 	parked        []parkedTask
 	outage        outageState // the transport's, until a delivery to it is acknowledged
+	hold          holdState   // its tasks held on disk through an outage (hold.go)
 }
 
 // parkedTask is a due task claimed while its lane was stuck.
@@ -217,8 +218,12 @@ func (s *shard) lanesDueLocked() (due, fire int64, ok bool) {
 		ln := &s.lanes[l]
 		due = min(due, ln.publishingDue)
 		for _, p := range ln.parked {
-			if s.inflight[p.seq] == notSuperseded {
-				due, fire, ok = min(due, p.due), min(fire, p.fire), true
+			if s.inflight[p.seq] != notSuperseded {
+				continue
+			}
+			due = min(due, p.due)
+			if !isHeld(p.fire) { // a released held task: no fire time
+				fire, ok = min(fire, p.fire), true
 			}
 		}
 	}

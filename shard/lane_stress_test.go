@@ -124,6 +124,10 @@ func TestLaneStress(t *testing.T) {
 				o.Horizon = 2 * time.Second
 				o.LaneGrace = 3 * time.Millisecond
 				o.Retry = RetryPolicy{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond, MaxAttempts: 4}
+				// Tasks waiting for an unavailable target: in memory
+				// (seed 1), all held on disk (2), two in memory per
+				// shard and the rest held (3), see hold.go.
+				o.OutageMemory = []int{0, 0, -1, 2}[seed]
 			})
 			sink := &stressSink{rng: rand.New(rand.NewPCG(seed, 99)), acks: map[string][]int64{}, begins: map[string][]int64{}, kinds: map[string]codec.Kind{}}
 			h.e.testHookBeginPublish = sink.begin

@@ -33,6 +33,10 @@ import (
 //	f|shard u16|seq u64               -> failing dead letter (appendDLFailure)
 //	w|shard u16|seq u64               -> awaited dead letter: fire u64, its
 //	                                     batch's checkpoint keys (appendDLWait)
+//	h|shard u16|transport u8          -> held count i64 (merge: sum; hold.go)
+//
+// A task held on disk for an unreachable target (hold.go) keeps its t key
+// at a fire time past any clock's, heldBase + its transport slot.
 //
 // The pending counters and the sequence are merge operands, so concurrent
 // batches never read-modify-write them and recovery reads N+1 keys instead
@@ -51,6 +55,9 @@ const (
 	// prefixDLWait: a dead letter a source waits for (see appendDLWait),
 	// so that after a restart its partition still waits for it.
 	prefixDLWait = 'w'
+	// prefixHeld: the count of a shard's tasks held on disk for an
+	// unreachable target, per transport (hold.go).
+	prefixHeld = 'h'
 )
 
 const taskKeyLen = 1 + 2 + 8 + 8
@@ -427,13 +434,13 @@ func getCopy(db *pebble.DB, key []byte) ([]byte, bool, error) {
 	return out, true, nil
 }
 
-// merger combines the counter (c: signed sum) and sequence (m: max) merge
-// operands. Both operations are associative and commutative, so partial
+// merger combines the counter (c, h: signed sum) and sequence (m: max)
+// merge operands. Both operations are associative and commutative, so partial
 // merges during compaction are correct too.
 var merger = &pebble.Merger{
 	Name: "delaybridge.counters.v1",
 	Merge: func(key, value []byte) (pebble.ValueMerger, error) {
-		if len(key) == 0 || (key[0] != prefixCount && key[0] != prefixSeq) {
+		if len(key) == 0 || (key[0] != prefixCount && key[0] != prefixHeld && key[0] != prefixSeq) {
 			return nil, fmt.Errorf("store: merge on unexpected key %q", key)
 		}
 		m := &valueMerger{max: key[0] == prefixSeq}

@@ -61,8 +61,9 @@ type StuckEntry struct {
 	Seq   uint64     `json:"seq"`
 	State StuckState `json:"state"`
 	// NextFire is where the entry is in the store: the next try of a
-	// failing dead letter; for an undecodable one, the time it was due.
-	NextFire Time `json:"next_fire"`
+	// failing dead letter; for an undecodable one, the time it was due
+	// (none for one held on disk for an unreachable target, hold.go).
+	NextFire Time `json:"next_fire,omitzero"`
 	// Error is the last delivery failure (held, parked) or the decode
 	// error (undecodable).
 	Error string `json:"error"`
@@ -248,7 +249,10 @@ func (e *Engine) StuckEntries(limit int) (StuckList, error) {
 // the awaited-dead-letter registry say.
 func (s *shard) describe(st stuck) (StuckEntry, error) {
 	e := s.e
-	ent := StuckEntry{Shard: s.id, Seq: st.seq, State: st.state, NextFire: msTime(st.fire)}
+	ent := StuckEntry{Shard: s.id, Seq: st.seq, State: st.state}
+	if !isHeld(st.fire) {
+		ent.NextFire = msTime(st.fire)
+	}
 	if st.err != nil {
 		ent.Error = st.err.Error()
 	}
@@ -385,6 +389,9 @@ func (e *Engine) DropStuck(shardID int, seq uint64) error {
 		dropIndex = found && !ex.Cancel && ex.Shard == s.id && ex.Seq == seq
 	}
 	pb := &pendingBatch{delta: -1, tk: tk}
+	if isHeld(st.fire) {
+		pb.held[heldSlot(st.fire)]--
+	}
 	s.enqueueLocked(pb)
 	if dropIndex {
 		s.setOverlayLocked(string(ik), indexEntry{}, true, pb)
@@ -404,6 +411,7 @@ func (e *Engine) DropStuck(shardID int, seq uint64) error {
 	b.Delete(dlFailureKey(s.id, seq), nil)
 	b.Delete(dlWaitKey(s.id, seq), nil)
 	b.Merge(countKey(s.id), u64(math.MaxUint64), nil) // -1
+	writeHeldCounts(b, s.id, pb)
 	if err := s.commitDecided(tk, pb, b, "drop", e.commitDrop); err != nil {
 		return fmt.Errorf("shard: drop %d/%d: %w", shardID, seq, err)
 	}

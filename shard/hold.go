@@ -1,0 +1,320 @@
+package shard
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+// Holding tasks on disk through a long outage. A task whose delivery
+// failed only because its target broker was unreachable (ErrUnavailable)
+// waits for a retry in the wheel, with its due time in the shard's late
+// map: about 75 bytes of memory each. A target down for a day while 1000
+// tasks a second come due would take gigabytes, and after a restart the
+// recovery would put them all back in the wheel. So each shard keeps at
+// most Options.OutageMemory such tasks in memory; the next ones are held:
+// their t key moves to a fire time no clock reaches, which the loader
+// never loads. A held task costs disk only; it keeps its index entry
+// (pointing at the held key), so a replace or cancel meets it as any
+// stored task does.
+//
+// The held fire time names the task's target: heldBase + transport slot
+// << 32 + a 32-bit hash of the target (a group). So a shard's held tasks
+// lie together per target, in store-sequence (ingest) order, and a target
+// that is still down can be stepped over with one seek. Each shard
+// releases them per transport, when that lane has no batch in the sink,
+// up to a batch at a time, claimed like due tasks and read once, from a
+// cursor that walks the held range and wraps around. A released task that
+// fails as unavailable again stays where it is (no write: an outage
+// charges no attempt) and its group is down: the release steps over it
+// until its backoff (Retry.Initial doubling to Retry.Max) has passed, so
+// each down target is probed with one batch per backoff. Any other
+// outcome is the usual one (delivered and deleted, retried at its backoff
+// in the wheel, dead-lettered); a delivery to the target, held or not,
+// ends its group's backoff.
+//
+// The held counts are stored per shard and transport (h keys, merge
+// operands like the pending counts), so Stats and the metrics are exact
+// after a restart too.
+
+// heldBase is the lowest held fire time: far above any due time
+// (codec.MaxDue) or retry time, with room below math.MaxInt64 for
+// every transport slot's 2^32 groups (and a key range up to "fire+1").
+const heldBase = math.MaxInt64 - (transportSlots+1)<<32
+
+// heldFire is the held fire time of a task of transport slot l and
+// target.
+func heldFire(l int, target string) int64 {
+	return heldBase + int64(l)<<32 + int64(uint32(xxhash.Sum64String(target)))
+}
+
+// isHeld reports whether fire is a held task's.
+func isHeld(fire int64) bool { return fire >= heldBase }
+
+// heldSlot is the transport slot of a held fire time.
+func heldSlot(fire int64) int { return int((fire - heldBase) >> 32) }
+
+// heldSlotBounds are the fire times of slot l's held range: [lo, hi).
+func heldSlotBounds(l int) (lo, hi int64) {
+	lo = heldBase + int64(l)<<32
+	return lo, lo + 1<<32
+}
+
+// defaultOutageMemory is Options.OutageMemory's default: tasks per shard
+// waiting in memory for an unreachable target (about 75 bytes each, so
+// 8 shards hold about 40 MB at most).
+const defaultOutageMemory = 65536
+
+// heldKey is the key of shard's held count of a transport slot.
+func heldKey(shard, slot int) []byte {
+	return append(binary.BigEndian.AppendUint16([]byte{prefixHeld}, uint16(shard)), byte(slot))
+}
+
+// holdState is a lane's held tasks (under shard.mu).
+type holdState struct {
+	n int64 // held tasks in the store, durable batches counted
+	// minDue: a lower bound of the held tasks' due times (for Stats'
+	// oldest overdue), noDue when unknown; reset when n reaches 0.
+	minDue int64
+	// cursor: the next release reads from this held fire time and seq.
+	cursorFire int64
+	cursorSeq  uint64
+	// down: the groups (held fire times) whose last released task failed
+	// as unavailable, with their backoff.
+	down map[int64]heldBackoff
+	// next: the engine time (ms) before which the lane does not look for
+	// held tasks to release again (all were down or busy at its last look).
+	next int64
+}
+
+// heldBackoff is a down group's: no release before until (ms), and the
+// wait that set it.
+type heldBackoff struct {
+	until int64
+	wait  time.Duration
+}
+
+// heldRetry is how long a lane whose held tasks could not be claimed
+// (each in flight, being replaced, not durable yet or undecodable) waits
+// before it looks again, so the loop does not spin on them.
+const heldRetry = time.Second
+
+// releasableLocked reports whether lane l may release held tasks now.
+func (s *shard) releasableLocked(l int, now int64) bool {
+	ln := &s.lanes[l]
+	return !ln.busy && ln.hold.n > 0 && len(ln.parked) == 0 && now >= ln.hold.next
+}
+
+// nextReleaseLocked returns the earliest engine time (ms) a free lane
+// with held tasks may release some, ok false if none.
+func (s *shard) nextReleaseLocked() (int64, bool) {
+	next, ok := int64(math.MaxInt64), false
+	for l := range s.lanes {
+		if ln := &s.lanes[l]; !ln.busy && ln.hold.n > 0 {
+			next, ok = min(next, ln.hold.next), true
+		}
+	}
+	return next, ok
+}
+
+// claimHeldLocked claims up to limit held tasks of the lanes that may
+// release now, from each lane's cursor, wrapping around once, stepping
+// over the groups that are down. A task that is in flight, being deleted
+// by an undurable replace or cancel, in a batch not yet durable, or
+// undecodable is skipped.
+func (s *shard) claimHeldLocked(now int64, limit int) ([]fireItem, error) {
+	var out []fireItem
+	for l := range s.lanes {
+		if len(out) >= limit || !s.releasableLocked(l, now) {
+			continue
+		}
+		ln := &s.lanes[l]
+		h := &ln.hold
+		lo, hi := heldSlotBounds(l)
+		it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, lo), UpperBound: taskBound(s.id, hi)})
+		if err != nil {
+			return out, fmt.Errorf("release held tasks of shard %d: %w", s.id, err)
+		}
+		n0 := len(out)
+		wake := int64(math.MaxInt64) // the earliest end of a backoff stepped over
+		from := appendTaskKey(nil, s.id, max(h.cursorFire, lo), h.cursorSeq)
+		for pass := 0; pass < 2 && len(out) < limit; pass++ {
+			ok := it.SeekGE(from)
+			for ok && len(out) < limit {
+				_, fire, seq, valid := parseTaskKey(it.Key())
+				if !valid {
+					ok = it.Next()
+					continue
+				}
+				if d, down := h.down[fire]; down {
+					if now < d.until {
+						wake = min(wake, d.until)
+						ok = it.SeekGE(taskBound(s.id, fire+1)) // the whole group
+						continue
+					}
+				}
+				h.cursorFire, h.cursorSeq = fire, seq+1
+				ok = it.Next()
+				if s.heldBusyLocked(seq) {
+					continue
+				}
+				out = append(out, fireItem{fire: fire, seq: seq})
+				s.inflight[seq] = notSuperseded
+			}
+			if len(out) < limit {
+				// The end of the range: once more from its start.
+				h.cursorFire, h.cursorSeq = lo, 0
+				from = taskBound(s.id, lo)
+			}
+		}
+		if err := it.Close(); err != nil {
+			return out, fmt.Errorf("release held tasks of shard %d: %w", s.id, err)
+		}
+		if len(out) == n0 {
+			// Nothing to release: every group down (until the first
+			// backoff ends) or every task busy.
+			h.next = min(wake, now+heldRetry.Milliseconds())
+		}
+	}
+	return out, nil
+}
+
+// heldBusyLocked reports whether the held task seq may not be claimed:
+// in flight, being deleted by an undurable replace or cancel, in a batch
+// not durable yet, or undecodable.
+func (s *shard) heldBusyLocked(seq uint64) bool {
+	if _, ok := s.inflight[seq]; ok {
+		return true
+	}
+	if _, ok := s.deleting[seq]; ok {
+		return true
+	}
+	if _, ok := s.unwheeled[seq]; ok {
+		return true
+	}
+	_, ok := s.undecodable[seq]
+	return ok
+}
+
+// heldDownLocked records that a released task of group fire failed as
+// unavailable: the group is stepped over for its next backoff.
+func (s *shard) heldDownLocked(fire, now int64) {
+	h := &s.lanes[heldSlot(fire)].hold
+	if h.down == nil {
+		h.down = make(map[int64]heldBackoff)
+	}
+	d := h.down[fire]
+	if now < d.until {
+		return // a task of the same probe
+	}
+	r := s.e.opts.Retry
+	d.wait = min(max(2*d.wait, r.Initial), r.Max)
+	d.until = now + d.wait.Milliseconds()
+	h.down[fire] = d
+}
+
+// heldUpLocked records a delivery to the target of transport slot l: a
+// group of it that was down is not any more, and the lane may release at
+// once.
+func (s *shard) heldUpLocked(l int, target string) {
+	h := &s.lanes[l].hold
+	if len(h.down) == 0 {
+		return
+	}
+	g := heldFire(l, target)
+	if _, down := h.down[g]; !down {
+		return
+	}
+	delete(h.down, g)
+	if len(h.down) == 0 {
+		h.down = nil
+	}
+	h.next = 0
+}
+
+// noteHeldLocked records, in pb, that the task seq of transport slot l,
+// due at due, is held from now on.
+func (s *shard) noteHeldLocked(pb *pendingBatch, l int, due int64) {
+	pb.held[l]++
+	if h := &s.lanes[l].hold; due < h.minDue {
+		h.minDue = due
+	}
+}
+
+// heldDoneLocked applies a durable batch's held counts.
+func (s *shard) heldDoneLocked(pb *pendingBatch) {
+	for l := range s.lanes {
+		h := &s.lanes[l].hold
+		if pb.held[l] == 0 {
+			continue
+		}
+		h.n += pb.held[l]
+		if h.n <= 0 {
+			h.n, h.minDue, h.down = 0, noDue, nil
+		}
+		s.heldGauge(l).Set(float64(h.n))
+	}
+}
+
+// heldGauge is the delaybridge_held_tasks series of transport slot l.
+func (s *shard) heldGauge(l int) prometheus.Gauge {
+	return s.e.m.Held.WithLabelValues(s.label, codec.Transport(l).String())
+}
+
+// writeHeldCounts adds pb's held counts to the batch b.
+func writeHeldCounts(b *pebble.Batch, shard int, pb *pendingBatch) {
+	for l, d := range pb.held {
+		if d != 0 {
+			b.Merge(heldKey(shard, l), u64(uint64(d)), nil)
+		}
+	}
+}
+
+// loadHeldLocked reads the shard's held counts at open and, for each
+// transport with held tasks, the due time of the first one as the
+// estimate of the oldest (held tasks are in ingest order per target).
+func (s *shard) loadHeldLocked() error {
+	for l := range s.lanes {
+		h := &s.lanes[l].hold
+		h.minDue = noDue
+		v, found, err := getCopy(s.e.db, heldKey(s.id, l))
+		if err != nil {
+			return fmt.Errorf("read held count of shard %d: %w", s.id, err)
+		}
+		if !found || len(v) != 8 {
+			continue
+		}
+		h.n = max(int64(binary.BigEndian.Uint64(v)), 0)
+		s.heldGauge(l).Set(float64(h.n))
+		if h.n == 0 {
+			continue
+		}
+		lo, hi := heldSlotBounds(l)
+		it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, lo), UpperBound: taskBound(s.id, hi)})
+		if err != nil {
+			return fmt.Errorf("read held tasks of shard %d: %w", s.id, err)
+		}
+		if it.First() {
+			if val, err := it.ValueAndErr(); err == nil {
+				var t codec.Task
+				if codec.DecodeTask(val, &t) == nil {
+					h.minDue = t.Due
+				}
+			}
+		}
+		if err := it.Close(); err != nil {
+			return fmt.Errorf("read held tasks of shard %d: %w", s.id, err)
+		}
+		s.e.log.Info("tasks held on disk for an unreachable target; released once it answers",
+			zap.Int("shard", s.id), zap.Stringer("transport", codec.Transport(l)), zap.Int64("held", h.n))
+	}
+	return nil
+}

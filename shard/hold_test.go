@@ -1,0 +1,282 @@
+package shard
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+// inMemory is what a shard keeps in memory for its tasks: wheel entries
+// and the due times of those waiting for a retry.
+func (e *Engine) inMemory() (wheel, late int) {
+	for _, s := range e.shards {
+		s.mu.Lock()
+		wheel += s.w.Len()
+		late += len(s.late)
+		s.mu.Unlock()
+	}
+	return wheel, late
+}
+
+// holdHarness: one shard, at most 10 waiting tasks in memory, batches of
+// 8, retries after 1 s doubling to 8 s, no jitter.
+func holdHarness(t *testing.T) *harness {
+	return newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.OutageMemory = 10
+		o.FireBatch = 8
+		o.Retry = RetryPolicy{Initial: time.Second, Max: 8 * time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+	})
+}
+
+// TestOutageHoldsTasksOnDisk: through a long outage of its target, a
+// shard keeps at most OutageMemory tasks waiting in memory; the others
+// are held on disk, probed one batch per backoff, and every one is
+// delivered once the target answers again, exactly once and with no
+// attempt charged. Before holding, every overdue task stayed in the wheel
+// and the late map for the whole outage (200 of each here).
+func TestOutageHoldsTasksOnDisk(t *testing.T) {
+	h := holdHarness(t)
+	down := fmt.Errorf("broker down: %w", ErrUnavailable)
+	h.sink.setFail(func(*codec.Task) error { return down })
+	const n = 200
+	var batch []codec.Task
+	for i := range n {
+		batch = append(batch, sched(fmt.Sprintf("t%03d", i), t0.Add(time.Second), int64(i+1)))
+	}
+	h.ingest(batch)
+	h.run()
+	for range 60 { // a minute of outage, retries and probes included
+		h.advance(time.Second)
+		if w, late := h.e.inMemory(); w > 10 || late > 10 {
+			t.Fatalf("at %v: %d wheel entries and %d late tasks in memory; want at most OutageMemory (10)", h.clk.Now().Sub(t0), w, late)
+		}
+	}
+	st := h.e.Stats()
+	if st.Pending != n || st.Held != n-10 {
+		t.Fatalf("Stats: pending %d, held %d; want %d and %d", st.Pending, st.Held, n, n-10)
+	}
+	if want := ms(t0.Add(time.Second)); st.OldestOverdue.UnixMilli() != want {
+		t.Fatalf("oldest overdue %v, want the due time of the held tasks", st.OldestOverdue)
+	}
+	if got := h.sink.acked(); len(got) != 0 {
+		t.Fatalf("%d delivered while the target is down", len(got))
+	}
+	// Probes: each held task is tried at most once per backoff, not each
+	// round: the first try of all 200, then one batch per probe.
+	tries := len(h.sink.all())
+	if tries > n+10*8+20*8 {
+		t.Fatalf("%d delivery attempts in a minute of outage; held tasks are tried too often", tries)
+	}
+	info, err := h.e.Lookup("src", "t150")
+	if err != nil || !info.Held || !info.NextFire.IsZero() || info.Attempts != 0 {
+		t.Fatalf("Lookup of a held task = %+v, %v; want held, no next fire, no attempt", info, err)
+	}
+
+	// Back: the next probe finds it, and everything is delivered.
+	h.sink.setFail(nil)
+	for range 20 {
+		h.advance(time.Second)
+	}
+	acked := h.sink.acked()
+	slices.Sort(acked)
+	if len(acked) != n || len(slices.Compact(acked)) != n {
+		t.Fatalf("%d deliveries (%d ids) after the outage, want each of %d once", len(acked), len(slices.Compact(acked)), n)
+	}
+	for _, d := range h.sink.all() {
+		if d.Err == nil && d.Attempts != 0 {
+			t.Fatalf("%s delivered with %d attempts charged; an outage charges none", d.ID, d.Attempts)
+		}
+	}
+	if st := h.e.Stats(); st.Pending != 0 || st.Held != 0 || !st.OldestOverdue.IsZero() {
+		t.Fatalf("after delivery: %+v", st)
+	}
+	h.checkPending()
+}
+
+// holdAll ingests n tasks due at t0+1s on the harness's target "out" and
+// lets them come due against a sink that refuses every delivery as
+// unavailable until most are held.
+func holdAll(t *testing.T, h *harness, n int) {
+	t.Helper()
+	down := fmt.Errorf("broker down: %w", ErrUnavailable)
+	h.sink.setFail(func(*codec.Task) error { return down })
+	var batch []codec.Task
+	for i := range n {
+		batch = append(batch, sched(fmt.Sprintf("t%03d", i), t0.Add(time.Second), int64(i+1)))
+	}
+	h.ingest(batch)
+	h.run()
+	h.advance(time.Second)
+	if st := h.e.Stats(); st.Held != int64(n-10) {
+		t.Fatalf("held %d, want %d", st.Held, n-10)
+	}
+}
+
+// TestHeldTasksSurviveRestart: the held tasks, their count and their
+// oldest due are found again after a restart, stay out of the wheel,
+// and are delivered once the target answers.
+func TestHeldTasksSurviveRestart(t *testing.T) {
+	h := holdHarness(t)
+	const n = 100
+	holdAll(t, h, n)
+	h.advance(3 * time.Second)
+	h.reopen()
+	if w, _ := h.e.inMemory(); w > 10 {
+		t.Fatalf("%d wheel entries after the reopen; held tasks must stay on disk", w)
+	}
+	st := h.e.Stats()
+	if st.Pending != n || st.Held != n-10 || st.OldestOverdue.UnixMilli() != ms(t0.Add(time.Second)) {
+		t.Fatalf("after the reopen: pending %d, held %d, oldest overdue %v; want %d, %d, %v", st.Pending, st.Held, st.OldestOverdue, n, n-10, t0.Add(time.Second))
+	}
+	h.sink.reset()
+	h.sink.setFail(nil)
+	h.run()
+	for range 10 {
+		h.advance(time.Second)
+	}
+	acked := h.sink.acked()
+	slices.Sort(acked)
+	if len(acked) != n || len(slices.Compact(acked)) != n {
+		t.Fatalf("%d deliveries after the restart, want each of %d once", len(acked), n)
+	}
+	if st := h.e.Stats(); st.Pending != 0 || st.Held != 0 {
+		t.Fatalf("after delivery: %+v", st)
+	}
+	h.checkPending()
+}
+
+// TestHeldTaskReplacedAndCancelled: a replace or cancel meets a held task
+// as any stored one: the cancelled one is never delivered, the replaced
+// one only as its new version at its new due, and the held count follows.
+func TestHeldTaskReplacedAndCancelled(t *testing.T) {
+	h := holdHarness(t)
+	const n = 50
+	holdAll(t, h, n)
+	for _, id := range []string{"t040", "t041"} {
+		if info, err := h.e.Lookup("src", id); err != nil || !info.Held {
+			t.Fatalf("Lookup(%s) = %+v, %v; want a held task", id, info, err)
+		}
+	}
+	newer := sched("t041", t0.Add(30*time.Second), 1000)
+	newer.Value = []byte("newer")
+	h.ingest([]codec.Task{cancelTask("t040", 999), newer})
+	if err := h.e.Cancel("src", "t042"); err != nil {
+		t.Fatalf("Cancel(t042): %v", err)
+	}
+	if st := h.e.Stats(); st.Held != n-13 || st.Pending != n-2 {
+		t.Fatalf("after a cancel, a replace and an admin cancel of held tasks: held %d, pending %d; want %d, %d", st.Held, st.Pending, n-13, n-2)
+	}
+	h.sink.setFail(nil)
+	for range 10 {
+		h.advance(time.Second)
+	}
+	var got []string
+	for _, d := range h.sink.all() {
+		if d.Err != nil {
+			continue
+		}
+		switch d.ID {
+		case "t040", "t042":
+			t.Fatalf("cancelled held task %s delivered", d.ID)
+		case "t041":
+			t.Fatalf("replaced held task t041 delivered as %q before its new due", d.Value)
+		}
+		got = append(got, d.ID)
+	}
+	if len(got) != n-3 {
+		t.Fatalf("%d delivered, want %d", len(got), n-3)
+	}
+	h.set(t0.Add(30 * time.Second))
+	acked := h.sink.acked()
+	if last := acked[len(acked)-1]; last != "t041" || len(acked) != n-2 {
+		t.Fatalf("after the new due: %d delivered, last %s; want t041's newer version", len(acked), last)
+	}
+	if st := h.e.Stats(); st.Pending != 0 || st.Held != 0 {
+		t.Fatalf("after delivery: %+v", st)
+	}
+	h.checkPending()
+}
+
+// TestHeldTasksOfADownTargetDoNotHoldBackOthers: after an outage of the
+// transport, one of its targets stays down. Its held tasks stay held and
+// are probed at a backoff; the held tasks of the other target behind
+// them in the held range are all delivered.
+func TestHeldTasksOfADownTargetDoNotHoldBackOthers(t *testing.T) {
+	h := holdHarness(t)
+	const n = 120
+	down := fmt.Errorf("broker down: %w", ErrUnavailable)
+	h.sink.setFail(func(*codec.Task) error { return down })
+	var batch []codec.Task
+	for i := range n {
+		task := sched(fmt.Sprintf("t%03d", i), t0.Add(time.Second), int64(i+1))
+		if i < 60 {
+			task.Target = "down" // the first 60 held are the down target's
+		}
+		batch = append(batch, task)
+	}
+	h.ingest(batch)
+	h.run()
+	h.advance(time.Second)
+	h.sink.setFail(func(t *codec.Task) error {
+		if t.Target == "down" {
+			return down
+		}
+		return nil
+	})
+	for range 30 {
+		h.advance(time.Second)
+	}
+	delivered := map[string]bool{}
+	for _, id := range h.sink.acked() {
+		delivered[id] = true
+	}
+	for i := 60; i < n; i++ {
+		if id := fmt.Sprintf("t%03d", i); !delivered[id] {
+			t.Fatalf("%s (target out, up) not delivered; the down target's held tasks hold it back", id)
+		}
+	}
+	if len(delivered) != n-60 {
+		t.Fatalf("%d delivered, want %d", len(delivered), n-60)
+	}
+	if st := h.e.Stats(); st.Pending != 60 || st.Held+int64(len(h.e.shards[0].late)) != 60 {
+		t.Fatalf("the down target's 60 tasks: %+v", st)
+	}
+}
+
+// TestHeldTaskOtherFailureLeavesHold: a released held task whose publish
+// fails for another reason than an outage leaves the held range for the
+// wheel, with its attempt counted, and ends as a publish-failed dead
+// letter when its attempts are used up.
+func TestHeldTaskOtherFailureLeavesHold(t *testing.T) {
+	h := holdHarness(t)
+	const n = 30
+	holdAll(t, h, n)
+	h.sink.setFail(func(t *codec.Task) error {
+		if t.ID == "t025" && t.Kind == codec.KindSchedule {
+			return errors.New("record too large")
+		}
+		return nil
+	})
+	for range 30 {
+		h.advance(time.Second)
+	}
+	var dl *delivery
+	for _, d := range h.sink.all() {
+		if d.Kind == codec.KindDeadLetter && d.Err == nil {
+			dl = &d
+		}
+	}
+	if dl == nil || dl.Code != codec.CodePublishFailed || !strings.Contains(dl.Detail, "after 3 attempts") {
+		t.Fatalf("dead letter of t025: %+v; want publish-failed after 3 attempts", dl)
+	}
+	if st := h.e.Stats(); st.Pending != 0 || st.Held != 0 {
+		t.Fatalf("after delivery: %+v", st)
+	}
+	h.checkPending()
+}
