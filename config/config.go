@@ -101,7 +101,17 @@ type Retry struct {
 	Multiplier  float64  `yaml:"multiplier"`   // >= 1; default 2
 	Jitter      float64  `yaml:"jitter"`       // [0, 1); default 0.2
 	MaxAttempts int      `yaml:"max_attempts"` // >= 1; default 10
+	// WaitingInMemory bounds the tasks waiting for an unreachable target
+	// broker that the bridge keeps in memory (about 75 bytes each), over
+	// all shards; the next ones are held on disk only and released once
+	// a delivery to their target succeeds. 0: every such task is held on
+	// disk. Default DefaultWaitingInMemory.
+	WaitingInMemory int `yaml:"waiting_in_memory"`
 }
+
+// DefaultWaitingInMemory is retry.waiting_in_memory's default: about
+// 40 MB of waiting tasks.
+const DefaultWaitingInMemory = 1 << 19
 
 // Log configures the process logger.
 type Log struct {
@@ -261,11 +271,12 @@ func Default() *Config {
 		FireBatch:       DefaultFireBatch,
 		Store:           Store{CacheMB: DefaultStoreCacheMB, MemtableMB: DefaultStoreMemtableMB},
 		Retry: Retry{
-			Initial:     Duration(500 * time.Millisecond),
-			Max:         Duration(5 * time.Minute),
-			Multiplier:  2,
-			Jitter:      0.2,
-			MaxAttempts: 10,
+			Initial:         Duration(500 * time.Millisecond),
+			Max:             Duration(5 * time.Minute),
+			Multiplier:      2,
+			Jitter:          0.2,
+			MaxAttempts:     10,
+			WaitingInMemory: DefaultWaitingInMemory,
 		},
 		ShutdownTimeout: Duration(DefaultShutdownTimeout),
 		Log:             Log{Level: "info", Format: "json"},

@@ -122,7 +122,7 @@ admin:
 		{"cancel_retention", c.CancelRetention.Std(), 48 * time.Hour},
 		{"fire_batch", c.FireBatch, 100},
 		{"store", c.Store, Store{CacheMB: 1024, MemtableMB: 128}},
-		{"retry", c.Retry, Retry{Initial: Duration(time.Second), Max: Duration(time.Minute), Multiplier: 1.5, Jitter: 0, MaxAttempts: 3}},
+		{"retry", c.Retry, Retry{Initial: Duration(time.Second), Max: Duration(time.Minute), Multiplier: 1.5, Jitter: 0, MaxAttempts: 3, WaitingInMemory: DefaultWaitingInMemory}},
 		{"shutdown_timeout", c.ShutdownTimeout.Std(), 30 * time.Second},
 		{"log", c.Log, Log{Level: "debug", Format: "console"}},
 		{"kafka.brokers", c.Kafka.Brokers, []string{"a:9092", "b:9092"}},

@@ -148,6 +148,9 @@ func (r *Retry) validate(v *validator) {
 	if r.MaxAttempts < 1 {
 		v.add("retry.max_attempts", "must be at least 1, got %d", r.MaxAttempts)
 	}
+	if r.WaitingInMemory < 0 {
+		v.add("retry.waiting_in_memory", "must be at least 0, got %d", r.WaitingInMemory)
+	}
 }
 
 // SASL mechanisms the Kafka adapter supports.

@@ -47,6 +47,8 @@ func TestValidate(t *testing.T) {
 		{"retry.jitter one", func(c *Config) { c.Retry.Jitter = 1 }, "retry.jitter: must be in [0, 1)"},
 		{"retry.jitter zero ok", func(c *Config) { c.Retry.Jitter = 0 }, ""},
 		{"retry.max_attempts", func(c *Config) { c.Retry.MaxAttempts = 0 }, "retry.max_attempts: must be at least 1"},
+		{"retry.waiting_in_memory", func(c *Config) { c.Retry.WaitingInMemory = -1 }, "retry.waiting_in_memory: must be at least 0"},
+		{"retry.waiting_in_memory zero ok", func(c *Config) { c.Retry.WaitingInMemory = 0 }, ""},
 		{"shutdown_timeout", func(c *Config) { c.ShutdownTimeout = 0 }, "shutdown_timeout: must be positive"},
 		{"log.level", func(c *Config) { c.Log.Level = "loud" }, `log.level: must be one of debug, info, warn, error; got "loud"`},
 		{"log.format", func(c *Config) { c.Log.Format = "xml" }, "log.format: must be json or console"},

@@ -29,11 +29,13 @@ func TestEngineOptionsKeepExplicitZeros(t *testing.T) {
 		env           []string
 		wantJitter    float64
 		wantRetention time.Duration
+		// wantWaiting: Options.OutageMemory, per shard (8 by default)
+		wantWaiting int
 	}{
-		{"defaults", "", nil, 0.2, 24 * time.Hour},
-		{"yaml zeros", "retry: {jitter: 0}\ncancel_retention: 0s\n", nil, -1, -1},
-		{"env zeros", "", []string{"DELAYBRIDGE_RETRY_JITTER=0", "DELAYBRIDGE_CANCEL_RETENTION=0s"}, -1, -1},
-		{"explicit values", "retry: {jitter: 0.5}\ncancel_retention: 2h\n", nil, 0.5, 2 * time.Hour},
+		{"defaults", "", nil, 0.2, 24 * time.Hour, 65536},
+		{"yaml zeros", "retry: {jitter: 0, waiting_in_memory: 0}\ncancel_retention: 0s\n", nil, -1, -1, -1},
+		{"env zeros", "", []string{"DELAYBRIDGE_RETRY_JITTER=0", "DELAYBRIDGE_CANCEL_RETENTION=0s", "DELAYBRIDGE_RETRY_WAITING_IN_MEMORY=0"}, -1, -1, -1},
+		{"explicit values", "retry: {jitter: 0.5, waiting_in_memory: 17}\ncancel_retention: 2h\n", nil, 0.5, 2 * time.Hour, 3},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -44,6 +46,9 @@ func TestEngineOptionsKeepExplicitZeros(t *testing.T) {
 			eo := engineOptions(cfg)
 			if eo.Retry.Jitter != tc.wantJitter {
 				t.Errorf("Retry.Jitter = %g, want %g", eo.Retry.Jitter, tc.wantJitter)
+			}
+			if eo.OutageMemory != tc.wantWaiting {
+				t.Errorf("OutageMemory = %d, want %d", eo.OutageMemory, tc.wantWaiting)
 			}
 			if eo.CancelRetention != tc.wantRetention {
 				t.Errorf("CancelRetention = %s, want %s", eo.CancelRetention, tc.wantRetention)

@@ -259,11 +259,25 @@ func TestRestartZeroLoss(t *testing.T) {
 // TestBrokerOutage injects produce failures into the Kafka broker and
 // restarts the NATS server while tasks come due: tasks wait (retried with
 // backoff), readiness reports the outage, and everything is delivered once
-// the brokers are back.
+// the brokers are back. With retry.waiting_in_memory 0 every waiting task
+// is held on disk instead of the wheel, and released by the probe that
+// finds its broker back.
 func TestBrokerOutage(t *testing.T) {
+	for _, tc := range []struct {
+		name, waiting string
+		held          int64
+	}{
+		{"in memory", "", 0},
+		{"held on disk", ", waiting_in_memory: 0", 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testBrokerOutage(t, tc.waiting, tc.held) })
+	}
+}
+
+func testBrokerOutage(t *testing.T, waiting string, wantHeld int64) {
 	// Two attempts only: the outage lasts many retry rounds, and a broker
 	// that cannot be reached must not use them up (nothing dead-lettered).
-	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 2}\n")
+	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 2"+waiting+"}\n")
 	svc, _ := e.start()
 	failProduce := e.failProduceTo(kafkaOut)
 	const n = 50
@@ -285,8 +299,8 @@ func TestBrokerOutage(t *testing.T) {
 	if got := countDest(e.deliveries(), func(d delivery) bool { return d.dest == kafkaOut || d.dest == "orders.o" }); got != 0 {
 		t.Fatalf("%d delivered during the outage", got)
 	}
-	if st := svc.Engine().Stats(); st.Pending != 2*n {
-		t.Fatalf("pending during outage = %d, want %d (nothing lost, nothing dead-lettered)", st.Pending, 2*n)
+	if st := svc.Engine().Stats(); st.Pending != 2*n || st.Held != wantHeld {
+		t.Fatalf("pending during outage = %d, held %d; want %d (nothing lost, nothing dead-lettered), %d held", st.Pending, st.Held, 2*n, wantHeld)
 	}
 
 	failProduce.Store(false)

@@ -726,6 +726,12 @@ func engineOptions(cfg *config.Config) shard.Options {
 			MaxAttempts: cfg.Retry.MaxAttempts,
 		},
 		CancelRetention: cfg.CancelRetention.Std(),
+		// Per shard, rounded up; 0 (hold every waiting task on disk) is
+		// the engine's negative.
+		OutageMemory: -1,
+	}
+	if n := cfg.Retry.WaitingInMemory; n > 0 {
+		eo.OutageMemory = (n + max(cfg.Shards, 1) - 1) / max(cfg.Shards, 1)
 	}
 	if eo.Retry.Jitter == 0 {
 		eo.Retry.Jitter = -1
