@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -469,4 +470,96 @@ func benchIngestAndFire(b *testing.B, delay time.Duration) {
 	b.StopTimer()
 	b.ReportMetric(float64(total)/ingested.Seconds(), "ingest-tasks/s")
 	b.ReportMetric(float64(total)/fired.Seconds(), "fired-tasks/s")
+}
+
+// downSink refuses every delivery as unavailable while down is set, and
+// counts what it takes.
+type downSink struct {
+	down  atomic.Bool
+	tries atomic.Int64
+	acked atomic.Int64
+}
+
+func (s *downSink) Deliver(_ context.Context, batch []*codec.Task) []error {
+	s.tries.Add(int64(len(batch)))
+	if !s.down.Load() {
+		s.acked.Add(int64(len(batch)))
+		return nil
+	}
+	errs := make([]error, len(batch))
+	for i := range errs {
+		errs[i] = ErrUnavailable
+	}
+	return errs
+}
+
+// BenchmarkOutageMemory: 1 M pending 1 KB tasks come due while their
+// target broker is down (real clock, retries after 100 ms doubling to
+// 1 s). Once each has failed, it reports the Go heap and the tasks
+// waiting in memory (wheel entries, late map) and held on disk; then the
+// broker comes back and it reports the rate at which the backlog is
+// delivered. "in-memory" keeps every waiting task in memory (as before
+// holding); "default" has the default OutageMemory (65536 per shard, so
+// about half are held); "held" keeps 1024 per shard in memory.
+// heap-MB-waiting is the Go heap with the tasks waiting less the heap
+// before they came due. DELAYBRIDGE_TASKS overrides the count.
+func BenchmarkOutageMemory(b *testing.B) {
+	n := 1_000_000
+	if s := os.Getenv("DELAYBRIDGE_TASKS"); s != "" {
+		fmt.Sscan(s, &n)
+	}
+	for _, bc := range []struct {
+		name   string
+		memory int
+	}{{"in-memory", math.MaxInt}, {"default", 0}, {"held", 1024}} {
+		b.Run(bc.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				benchOutageMemory(b, n, bc.memory)
+			}
+		})
+	}
+}
+
+func benchOutageMemory(b *testing.B, n, memory int) {
+	e, err := Open(Options{Dir: b.TempDir(), Logger: zap.NewNop(), OutageMemory: memory,
+		Retry: RetryPolicy{Initial: 100 * time.Millisecond, Max: time.Second}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	fillStore(b, e, n, time.Now().Add(2*time.Second), time.Second)
+	before := heapAfterGC() // the tasks are not due yet
+	sink := &downSink{}
+	sink.down.Store(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx, sink) }()
+	defer func() { cancel(); <-done }()
+	waiting := func() (wheel, late int, held int64) {
+		wheel, late = e.inMemory()
+		return wheel, late, e.Stats().Held
+	}
+	for {
+		_, late, held := waiting()
+		if int64(late)+held >= int64(n/benchBatch*benchBatch) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	heap := heapAfterGC()
+	wheel, late, held := waiting()
+	b.Logf("%d tasks waiting: %d wheel entries, %d late, %d held; heap %.1f MB; %d tries so far",
+		n, wheel, late, held, float64(heap)/(1<<20), sink.tries.Load())
+	b.ReportMetric(float64(heap)/(1<<20), "heap-MB")
+	b.ReportMetric((float64(heap)-float64(before))/(1<<20), "heap-MB-waiting")
+	b.ReportMetric(float64(wheel+late), "in-memory-entries")
+	b.ReportMetric(float64(held), "held")
+	start := time.Now()
+	sink.down.Store(false)
+	for e.Stats().Pending > 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	el := time.Since(start)
+	b.ReportMetric(float64(sink.acked.Load())/el.Seconds(), "delivered/s")
+	b.ReportMetric(el.Seconds(), "s-to-deliver")
 }

@@ -17,7 +17,7 @@ import (
 // Holding tasks on disk through a long outage. A task whose delivery
 // failed only because its target broker was unreachable (ErrUnavailable)
 // waits for a retry in the wheel, with its due time in the shard's late
-// map: about 75 bytes of memory each. A target down for a day while 1000
+// map: 75 bytes of memory each or more (BenchmarkOutageMemory). A target down for a day while 1000
 // tasks a second come due would take gigabytes, and after a restart the
 // recovery would put them all back in the wheel. So each shard keeps at
 // most Options.OutageMemory such tasks in memory; the next ones are held:
@@ -69,8 +69,8 @@ func heldSlotBounds(l int) (lo, hi int64) {
 }
 
 // defaultOutageMemory is Options.OutageMemory's default: tasks per shard
-// waiting in memory for an unreachable target (about 75 bytes each, so
-// 8 shards hold about 40 MB at most).
+// waiting in memory for an unreachable target (75-220 bytes each, see
+// BenchmarkOutageMemory).
 const defaultOutageMemory = 65536
 
 // heldKey is the key of shard's held count of a transport slot.
