@@ -551,6 +551,10 @@ func (s *shard) drainLocked() {
 		s.churn = 0
 		s.overlay = rebuilt(s.overlay)
 		s.unwheeled = rebuilt(s.unwheeled)
+		// Every claim passes through inflight too: after a burst (a
+		// backlog claimed and set aside while its lane fails, say) it
+		// would keep the burst's size.
+		s.inflight = rebuilt(s.inflight)
 	}
 	s.pendingG.Set(float64(s.pending))
 	s.inWheelG.Set(float64(s.w.Len()))
@@ -1415,7 +1419,7 @@ func (e *Engine) close(flush bool) error {
 }
 
 // churnRebuild is how many deletions a shard's overlay and unwheeled maps
-// take before they are rebuilt.
+// take before they are rebuilt (with the in-flight map).
 const churnRebuild = 1 << 14
 
 // rebuilt copies m into a new map sized for its live entries. A Go map that
