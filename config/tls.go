@@ -7,12 +7,19 @@ import (
 	"fmt"
 	"os"
 	"sync"
+
+	"go.uber.org/zap"
 )
 
 // Build returns the client TLS configuration these settings describe
 // (whether or not Enabled is set; callers decide that). It is shared by the
 // Kafka and NATS connections: nothing in it is transport specific.
-func (t TLS) Build() (*tls.Config, error) {
+func (t TLS) Build() (*tls.Config, error) { return t.BuildLogged(nil) }
+
+// BuildLogged is Build whose client certificate reloads (see
+// reloadingClientCert) say on log when a renewed pair cannot be read and
+// when one can again. log may be nil.
+func (t TLS) BuildLogged(log *zap.Logger) (*tls.Config, error) {
 	cfg := &tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		ServerName:         t.ServerName,
@@ -36,7 +43,7 @@ func (t TLS) Build() (*tls.Config, error) {
 			return nil, fmt.Errorf("tls client certificate: %w", err)
 		}
 		cfg.Certificates = []tls.Certificate{cert} // checked at start; GetClientCertificate wins
-		cfg.GetClientCertificate = reloadingClientCert(t.CertFile, t.KeyFile, cert)
+		cfg.GetClientCertificate = reloadingClientCert(t.CertFile, t.KeyFile, cert, log)
 	case t.CertFile != "" || t.KeyFile != "":
 		return nil, errors.New("tls: cert file and key file must be given together")
 	}
@@ -48,18 +55,34 @@ func (t TLS) Build() (*tls.Config, error) {
 // place) changes under a running process, and a reconnect must present the
 // certificate the files hold now, not the one of the start, which may have
 // expired. A pair that does not load (caught mid-update, say) falls back to
-// the last one that did. Handshakes are rare (one per connection), so the
-// reads cost nothing that matters.
-func reloadingClientCert(certFile, keyFile string, first tls.Certificate) func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+// the last one that did, and log (if not nil) says so once per distinct
+// error, and once when a pair loads again: a renewal that never becomes
+// readable ends in handshakes refused for an expired certificate, and the
+// log must say why. Handshakes are rare (one per connection), so the reads
+// cost nothing that matters.
+func reloadingClientCert(certFile, keyFile string, first tls.Certificate, log *zap.Logger) func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 	var mu sync.Mutex
 	last := first
+	failing := "" // the error last logged, "" when the last read worked
 	return func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 		mu.Lock()
 		defer mu.Unlock()
-		if c, err := tls.LoadX509KeyPair(certFile, keyFile); err == nil {
+		c, err := tls.LoadX509KeyPair(certFile, keyFile)
+		switch {
+		case err == nil:
 			last = c
+			if failing != "" && log != nil {
+				log.Info("tls client certificate readable again", zap.String("cert_file", certFile))
+			}
+			failing = ""
+		case err.Error() != failing:
+			failing = err.Error()
+			if log != nil {
+				log.Warn("tls client certificate could not be read again; presenting the last one that loaded",
+					zap.String("cert_file", certFile), zap.String("key_file", keyFile), zap.Error(err))
+			}
 		}
-		c := last
+		c = last
 		return &c, nil
 	}
 }

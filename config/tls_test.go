@@ -4,14 +4,18 @@ import (
 	"crypto/x509"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/internal/testcert"
 )
 
 // The client certificate is read again at each handshake, so a renewed
 // Secret reaches the next connection; a pair that does not load keeps the
-// last good one.
+// last good one, and the log says so.
 func TestTLSClientCertificateReloaded(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
@@ -29,7 +33,8 @@ func TestTLSClientCertificateReloaded(t *testing.T) {
 	c1, k1 := first.CertPEM(), first.KeyPEM(t)
 	c2, k2 := second.CertPEM(), second.KeyPEM(t)
 	write(c1, k1)
-	cfg, err := TLS{Enabled: true, CertFile: certFile, KeyFile: keyFile}.Build()
+	core, logs := observer.New(zap.InfoLevel)
+	cfg, err := TLS{Enabled: true, CertFile: certFile, KeyFile: keyFile}.BuildLogged(zap.New(core))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,16 +53,22 @@ func TestTLSClientCertificateReloaded(t *testing.T) {
 		}
 		return leaf.Subject.CommonName
 	}
+	// logged: the log lines a step adds (a failing read is logged once
+	// per distinct error, and its end once).
 	steps := []struct {
-		what string
-		cert []byte
-		key  []byte
-		want string
+		what   string
+		cert   []byte
+		key    []byte
+		want   string
+		logged []string
 	}{
-		{"as started", nil, nil, "first"},
-		{"renewed", c2, k2, "second"},
-		{"half written: the key is not the certificate's", c2, k1, "second"},
-		{"garbage", []byte("not pem"), []byte("not pem"), "second"},
+		{"as started", nil, nil, "first", nil},
+		{"renewed", c2, k2, "second", nil},
+		{"half written: the key is not the certificate's", c2, k1, "second", []string{"tls client certificate could not be read again; presenting the last one that loaded"}},
+		{"the same again", nil, nil, "second", nil},
+		{"garbage", []byte("not pem"), []byte("not pem"), "second", []string{"tls client certificate could not be read again; presenting the last one that loaded"}},
+		{"renewed again", c1, k1, "first", []string{"tls client certificate readable again"}},
+		{"the same", nil, nil, "first", nil},
 	}
 	for _, st := range steps {
 		if st.cert != nil {
@@ -65,6 +76,13 @@ func TestTLSClientCertificateReloaded(t *testing.T) {
 		}
 		if got := subject(); got != st.want {
 			t.Errorf("%s: presents %q, want %q", st.what, got, st.want)
+		}
+		var msgs []string
+		for _, e := range logs.TakeAll() {
+			msgs = append(msgs, e.Message)
+		}
+		if !slices.Equal(msgs, st.logged) {
+			t.Errorf("%s: logged %q, want %q", st.what, msgs, st.logged)
 		}
 	}
 	if len(cfg.Certificates) != 1 {

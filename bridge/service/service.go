@@ -301,11 +301,11 @@ func (s *Service) rules(dlq, defaultTarget string) *codec.Rules {
 	}
 }
 
-func tlsConfig(t config.TLS) (*tls.Config, error) {
+func tlsConfig(t config.TLS, log *zap.Logger) (*tls.Config, error) {
 	if !t.Enabled {
 		return nil, nil
 	}
-	return t.Build()
+	return t.BuildLogged(log)
 }
 
 func (s *Service) setupKafka(ctx context.Context, o Options, b *built) error {
@@ -322,7 +322,7 @@ func (s *Service) setupKafka(ctx context.Context, o Options, b *built) error {
 		BatchBytes: max(1<<20, int64(s.cfg.MaxMessageBytes)+int64(codec.DeadLetterOverhead)+1024),
 	}
 	var err error
-	if kc.TLS, err = tlsConfig(k.TLS); err != nil {
+	if kc.TLS, err = tlsConfig(k.TLS, s.log.Named("kafka")); err != nil {
 		return fmt.Errorf("kafka.tls: %w", err)
 	}
 	if k.SASL.Mechanism != "" {
@@ -393,7 +393,7 @@ func (s *Service) setupNATS(o Options, b *built) error {
 		Metrics:     s.m,
 	}
 	var err error
-	if nc.TLS, err = tlsConfig(n.TLS); err != nil {
+	if nc.TLS, err = tlsConfig(n.TLS, s.log.Named("nats")); err != nil {
 		return fmt.Errorf("nats.tls: %w", err)
 	}
 	for _, src := range n.Sources {
