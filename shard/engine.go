@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -257,6 +258,14 @@ func Open(opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("shard: open: %d shards, at most %d", opts.Shards, maxShards)
 	}
 	opts.setDefaults()
+	if opts.FS == nil {
+		// The store holds every payload: a directory it creates is the
+		// process user's alone (Pebble would make it 0755). An existing
+		// one keeps the mode its operator gave it.
+		if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
+			return nil, fmt.Errorf("shard: open: %w", err)
+		}
+	}
 	health := newStoreHealth(opts.stallGrace)
 	db, err := openPebble(opts.Dir, opts.FS, opts.Logger, opts.CacheBytes, opts.MemTableBytes, health)
 	if err != nil {

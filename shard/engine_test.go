@@ -5,10 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/delaybridge/delaybridge/codec"
 )
@@ -1050,4 +1054,43 @@ func TestRetryKeepsIncarnation(t *testing.T) {
 		t.Fatalf("delivered %v, want [x#3]", fired)
 	}
 	h.checkPending()
+}
+
+// TestOpenCreatesPrivateDir: a store directory Open creates (and its
+// missing parents) is 0700, since it holds every payload; an existing
+// one keeps its mode.
+func TestOpenCreatesPrivateDir(t *testing.T) {
+	base := t.TempDir()
+	for _, tc := range []struct {
+		name     string
+		existing os.FileMode // 0: Open creates it
+		want     os.FileMode
+	}{
+		{"created", 0, 0o700},
+		{"existing", 0o750, 0o750},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(base, tc.name, "data")
+			if tc.existing != 0 {
+				if err := os.MkdirAll(dir, tc.existing); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chmod(dir, tc.existing); err != nil { // past the umask
+					t.Fatal(err)
+				}
+			}
+			e, err := Open(Options{Dir: dir, Logger: zap.NewNop()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			fi, err := os.Stat(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := fi.Mode().Perm(); got != tc.want {
+				t.Fatalf("store directory mode %v, want %v", got, tc.want)
+			}
+		})
+	}
 }
