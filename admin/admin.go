@@ -9,6 +9,7 @@
 //
 //	GET    /healthz                  200 "ok" while the process can make progress (liveness)
 //	GET    /readyz                   200 "ok" when Options.Ready returns nil, else 503 and the reason
+//	                                 (the reason only with the token, when one is configured)
 //	GET    /metrics                  Prometheus exposition of Options.Gatherer
 //	GET    /v1/tasks/{source}/{id}   JSON shard.TaskInfo; 404 if no task is pending
 //	DELETE /v1/tasks/{source}/{id}   204 after cancelling; 404 if no task is pending
@@ -210,40 +211,70 @@ func (s *server) authorize(next http.Handler) http.Handler {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-		if !ok || !strings.EqualFold(scheme, "Bearer") {
+		switch s.token(r) {
+		case tokenMissing:
 			w.Header().Set("WWW-Authenticate", `Bearer realm="delaybridge"`)
 			writeError(w, http.StatusUnauthorized, "missing bearer token")
-			return
-		}
-		sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
-		if subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) != 1 {
+		case tokenInvalid:
 			w.Header().Set("WWW-Authenticate", `Bearer realm="delaybridge", error="invalid_token"`)
 			writeError(w, http.StatusUnauthorized, "invalid bearer token")
-			return
+		default:
+			next.ServeHTTP(w, r)
 		}
-		next.ServeHTTP(w, r)
 	})
 }
 
-func (s *server) healthz(w http.ResponseWriter, _ *http.Request) {
+type tokenCheck int
+
+const (
+	tokenValid tokenCheck = iota // or none configured
+	tokenMissing
+	tokenInvalid
+)
+
+// token checks r's bearer token against the configured one.
+func (s *server) token(r *http.Request) tokenCheck {
+	if s.tokenSum == nil {
+		return tokenValid
+	}
+	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return tokenMissing
+	}
+	sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
+	if subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) != 1 {
+		return tokenInvalid
+	}
+	return tokenValid
+}
+
+// probeDetail is the reason a probe gives: all of it for a request with
+// the token (or when none is configured), else only that there is one.
+// The probes are open, so that kubelet needs no token; the reasons name
+// brokers, topics, subjects and paths, which are for the operator.
+func (s *server) probeDetail(r *http.Request, state, reason string) string {
+	if s.token(r) == tokenValid {
+		return state + ": " + reason
+	}
+	return state + " (the reason with the admin token, and in the log)"
+}
+
+func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
 	if s.o.Live != nil {
 		if err := s.o.Live(); err != nil {
-			writeText(w, http.StatusServiceUnavailable, "unhealthy: "+err.Error())
+			writeText(w, http.StatusServiceUnavailable, s.probeDetail(r, "unhealthy", err.Error()))
 			return
 		}
 	}
 	writeText(w, http.StatusOK, "ok")
 }
 
-func (s *server) readyz(w http.ResponseWriter, _ *http.Request) {
+func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
 	if s.o.Ready != nil {
 		if err := s.o.Ready(); err != nil {
-			msg := err.Error()
-			if !strings.HasPrefix(msg, "not ready") { // the service's own reason says it already
-				msg = "not ready: " + msg
-			}
-			writeText(w, http.StatusServiceUnavailable, msg)
+			// The service's own reason may say "not ready" already.
+			reason, _ := strings.CutPrefix(err.Error(), "not ready: ")
+			writeText(w, http.StatusServiceUnavailable, s.probeDetail(r, "not ready", reason))
 			return
 		}
 	}

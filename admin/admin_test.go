@@ -201,9 +201,22 @@ func TestReadyTransitions(t *testing.T) {
 	}
 	for i, s := range steps {
 		set(s.state)
-		r := do(t, "GET", f.srv.URL+"/readyz", "")
+		// With the token the reason; without it (kubelet) the status and
+		// no names of brokers, topics or paths.
+		r := do(t, "GET", f.srv.URL+"/readyz", "Bearer tok")
 		if r.code != s.code || !strings.Contains("\n"+r.body, s.contains) || strings.Contains(r.body, "not ready: not ready") {
 			t.Fatalf("step %d: %d %q, want %d %q", i, r.code, r.body, s.code, s.contains)
+		}
+		open := do(t, "GET", f.srv.URL+"/readyz", "")
+		wantOpen := "ok"
+		if s.code != 200 {
+			wantOpen = "not ready (the reason with the admin token, and in the log)"
+		}
+		if open.code != s.code || strings.TrimSpace(open.body) != wantOpen {
+			t.Fatalf("step %d without the token: %d %q, want %d %q", i, open.code, open.body, s.code, wantOpen)
+		}
+		if bad := do(t, "GET", f.srv.URL+"/readyz", "Bearer wrong"); bad.code != s.code || strings.Contains(bad.body, "dlq") || strings.Contains(bad.body, "brokers") {
+			t.Fatalf("step %d with a wrong token: %d %q", i, bad.code, bad.body)
 		}
 		// Liveness does not follow readiness.
 		if h := do(t, "GET", f.srv.URL+"/healthz", ""); h.code != 200 || h.body != "ok" {
