@@ -54,6 +54,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -201,6 +202,30 @@ type server struct {
 	o        Options
 	log      *zap.Logger
 	tokenSum *[sha256.Size]byte
+
+	probeMu   sync.Mutex
+	lastProbe map[string]string // per probe, the reason last logged ("" when passing)
+}
+
+// logProbe logs a probe's reason when it changed since the last call
+// (reason "" when the probe passes), so the log has what an open probe
+// does not say, once per change rather than once per kubelet poll.
+func (s *server) logProbe(probe, reason string) {
+	s.probeMu.Lock()
+	defer s.probeMu.Unlock()
+	if s.lastProbe == nil {
+		s.lastProbe = make(map[string]string)
+	}
+	last := s.lastProbe[probe]
+	if reason == last {
+		return
+	}
+	s.lastProbe[probe] = reason
+	if reason == "" {
+		s.log.Info("probe passes again", zap.String("probe", probe))
+		return
+	}
+	s.log.Warn("probe fails", zap.String("probe", probe), zap.String("reason", reason))
 }
 
 // authorize requires the bearer token when one is configured. Both sides
@@ -262,10 +287,12 @@ func (s *server) probeDetail(r *http.Request, state, reason string) string {
 func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
 	if s.o.Live != nil {
 		if err := s.o.Live(); err != nil {
+			s.logProbe("healthz", err.Error())
 			writeText(w, http.StatusServiceUnavailable, s.probeDetail(r, "unhealthy", err.Error()))
 			return
 		}
 	}
+	s.logProbe("healthz", "")
 	writeText(w, http.StatusOK, "ok")
 }
 
@@ -274,10 +301,12 @@ func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
 		if err := s.o.Ready(); err != nil {
 			// The service's own reason may say "not ready" already.
 			reason, _ := strings.CutPrefix(err.Error(), "not ready: ")
+			s.logProbe("readyz", reason)
 			writeText(w, http.StatusServiceUnavailable, s.probeDetail(r, "not ready", reason))
 			return
 		}
 	}
+	s.logProbe("readyz", "")
 	writeText(w, http.StatusOK, "ok")
 }
 

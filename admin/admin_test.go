@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/internal/clock"
@@ -588,5 +590,47 @@ func TestServePortInUse(t *testing.T) {
 	err = Serve(context.Background(), ln.Addr().String(), http.NotFoundHandler(), zap.NewNop())
 	if err == nil || !strings.Contains(err.Error(), "admin.listen") || !strings.Contains(err.Error(), ln.Addr().String()) {
 		t.Fatalf("Serve on a port in use = %v, want an error naming admin.listen and the address", err)
+	}
+}
+
+// TestProbeReasonLogged: the open probes do not give their reason
+// without the token, so it is logged, once per change of reason and once
+// when the probe passes again, not once per poll.
+func TestProbeReasonLogged(t *testing.T) {
+	var mu sync.Mutex
+	var state error
+	core, logs := observer.New(zap.InfoLevel)
+	h := NewHandler(Options{Token: "tok", Logger: zap.New(core), Ready: func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return state
+	}})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	steps := []struct {
+		state  error
+		polls  int
+		logged []string
+	}{
+		{nil, 2, nil},
+		{errors.New("not ready: kafka: dlq delay.dlq unwritable"), 3, []string{"probe fails: kafka: dlq delay.dlq unwritable"}},
+		{errors.New("not ready: nats: connecting"), 2, []string{"probe fails: nats: connecting"}},
+		{nil, 2, []string{"probe passes again: "}},
+	}
+	for i, st := range steps {
+		mu.Lock()
+		state = st.state
+		mu.Unlock()
+		for range st.polls {
+			do(t, "GET", srv.URL+"/readyz", "")
+		}
+		var got []string
+		for _, e := range logs.TakeAll() {
+			reason, _ := e.ContextMap()["reason"].(string)
+			got = append(got, e.Message+": "+reason)
+		}
+		if !slices.Equal(got, st.logged) {
+			t.Errorf("step %d: logged %q, want %q", i, got, st.logged)
+		}
 	}
 }
