@@ -133,8 +133,10 @@ type shard struct {
 	deleting map[uint64]struct{}
 	// churn counts the overlay and unwheeled entries deleted since those
 	// maps were last rebuilt (see rebuilt).
-	churn     int
-	clearedTo []byte // t keys before it are range-deleted
+	churn int
+	// firedSinceClear counts the tasks fired since the last range
+	// deletion of fired tombstones, clears those deletions (fire.go).
+	firedSinceClear, clears int
 	// late: due times (ms) of tasks waiting for a retry, by seq; see late.go.
 	late      map[uint64]int64
 	lateMin   int64 // smallest of late unless lateDirty

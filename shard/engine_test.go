@@ -988,10 +988,32 @@ func TestFiredTombstonesClearedWithoutLoss(t *testing.T) {
 	h.advance(2 * time.Minute) // fires f*, moves the horizon, clears
 	s := h.e.shards[0]
 	s.mu.Lock()
-	cleared := s.clearedTo != nil
+	cleared := s.clears > 0
 	s.mu.Unlock()
 	if !cleared {
 		t.Fatal("no range deletion after the horizon moved")
+	}
+	// Tasks fired below the same first stored task ("later") as at the
+	// last clearing: their tombstones are cleared by the next one all the
+	// same (the range used to end at the first stored task, and was not
+	// made again while that stayed first).
+	for i := range 3 {
+		id := fmt.Sprint("more", i)
+		h.ingest([]codec.Task{sched(id, h.clk.Now().Add(time.Second), int64(102+i))})
+		s.mu.Lock()
+		clears := s.clears
+		s.mu.Unlock()
+		h.advance(time.Second)
+		if got := h.sink.acked(); got[len(got)-1] != id {
+			t.Fatalf("fired %v, want %s last", got, id)
+		}
+		h.advance(time.Minute)
+		s.mu.Lock()
+		again := s.clears
+		s.mu.Unlock()
+		if again <= clears {
+			t.Fatalf("round %d: no range deletion after a task fired since the last one", i)
+		}
 	}
 	h.stop()
 	h.ingest([]codec.Task{sched("overdue", t0.Add(-time.Hour), 101)})

@@ -270,7 +270,7 @@ func (s *shard) housekeepLocked(now int64) error {
 		if err := s.loadLocked(now); err != nil {
 			return err
 		}
-		s.clearFiredLocked()
+		s.clearFiredLocked(now)
 	}
 	return nil
 }
@@ -284,29 +284,33 @@ func (s *shard) housekeepLocked(now int64) error {
 // still stored, so the first stored task is at or before it. The deletion
 // is applied before the lock is released, so every later write (that
 // batch's deletes and retries included) has a higher sequence number. A
-// lost (unsynced) range deletion is harmless.
-func (s *shard) clearFiredLocked() {
-	if len(s.queue) != 0 || s.e.failed() != nil {
+// lost (unsynced) range deletion is harmless. The range ends at now at
+// the latest (fired tasks were due by then): ended at the shard's first
+// stored task, it did not move while that task stayed first (a long
+// delay, a held task of hold.go, none: the shard's end), and the
+// tombstones of every task fired below it later stayed. One is made only
+// when tasks fired since the last: every range deletion in a memtable
+// costs each new iterator some work.
+func (s *shard) clearFiredLocked(now int64) {
+	if len(s.queue) != 0 || s.e.failed() != nil || s.firedSinceClear == 0 {
 		return
 	}
-	it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, 0), UpperBound: taskBound(s.id+1, 0)})
+	end := taskBound(s.id, now)
+	it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, 0), UpperBound: end})
 	if err != nil {
 		return
 	}
-	end := taskBound(s.id+1, 0)
 	if it.First() {
 		end = append([]byte(nil), it.Key()...)
 	}
 	it.Close()
-	if string(end) <= string(s.clearedTo) {
-		return
-	}
+	s.clears++
 	err = safeCall(func() error { return s.e.db.DeleteRange(taskBound(s.id, 0), end, pebble.NoSync) })
 	if err != nil {
 		s.e.log.Warn("clearing fired-task tombstones failed", zap.Int("shard", s.id), zap.Error(err))
 		return
 	}
-	s.clearedTo = end
+	s.firedSinceClear = 0
 }
 
 // loadLocked moves the horizon to now+Horizon, putting the stored tasks of
@@ -889,6 +893,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.firedSinceClear += len(acked)
 	for _, i := range cancelled {
 		e.m.Cancelled.WithLabelValues(items[i].task.Source).Inc()
 	}

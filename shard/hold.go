@@ -141,6 +141,7 @@ func (s *shard) claimHeldLocked(now int64, limit int) ([]fireItem, error) {
 		lo, hi := heldSlotBounds(l)
 		it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, lo), UpperBound: taskBound(s.id, hi)})
 		if err != nil {
+			h.next = now + heldRetry.Milliseconds() // not again at once
 			return out, fmt.Errorf("release held tasks of shard %d: %w", s.id, err)
 		}
 		n0 := len(out)
@@ -176,6 +177,7 @@ func (s *shard) claimHeldLocked(now int64, limit int) ([]fireItem, error) {
 			}
 		}
 		if err := it.Close(); err != nil {
+			h.next = now + heldRetry.Milliseconds()
 			return out, fmt.Errorf("release held tasks of shard %d: %w", s.id, err)
 		}
 		if len(out) == n0 {
@@ -302,15 +304,21 @@ func (s *shard) loadHeldLocked() error {
 		if err != nil {
 			return fmt.Errorf("read held tasks of shard %d: %w", s.id, err)
 		}
+		// The first one's due time is only Stats' estimate: a value that
+		// cannot be read (corrupt, an I/O error) does not fail the open;
+		// its release finds it undecodable, for an operator to drop, as
+		// the fire loop does any stored task.
+		var valErr error
 		if it.First() {
-			if val, err := it.ValueAndErr(); err == nil {
+			var val []byte
+			if val, valErr = it.ValueAndErr(); valErr == nil {
 				var t codec.Task
 				if codec.DecodeTask(val, &t) == nil {
 					h.minDue = t.Due
 				}
 			}
 		}
-		if err := it.Close(); err != nil {
+		if err := it.Close(); err != nil && valErr == nil {
 			return fmt.Errorf("read held tasks of shard %d: %w", s.id, err)
 		}
 		s.e.log.Info("tasks held on disk for an unreachable target; released once it answers",
