@@ -355,7 +355,6 @@ func (e *Engine) recover() error {
 		}
 		for l := range s.lanes {
 			s.lanes[l].publishingDue = noDue
-			s.lanes[l].hold.minDue = noDue
 		}
 		s.pendingG = e.m.Pending.WithLabelValues(s.label)
 		s.inWheelG = e.m.InWheel.WithLabelValues(s.label)
@@ -1301,18 +1300,18 @@ func (e *Engine) Stats() Stats {
 		}
 		late, isLate := s.oldestLateLocked()
 		for l := range s.lanes {
-			if h := &s.lanes[l].hold; h.n > 0 {
-				ss.Held += h.n
-				if h.minDue <= now && (!isLate || h.minDue < late) {
-					late, isLate = h.minDue, true
-				}
-			}
+			ss.Held += s.lanes[l].hold.n
 		}
 		if claimedDue <= now && (!isLate || claimedDue < late) {
 			late, isLate = claimedDue, true
 		}
 		horizon = min(horizon, s.horizonEnd)
 		s.mu.Unlock()
+		if ss.Held > 0 {
+			if due, ok := s.heldOldestDue(); ok && due <= now && (!isLate || due < late) {
+				late, isLate = due, true
+			}
+		}
 		if ok {
 			ss.NextDue = msTime(next)
 			if next <= now {

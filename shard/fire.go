@@ -775,7 +775,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 				s.setOverlayLocked(iks.str(i), ne, false, pb)
 				s.addOpLocked(pb, hf, it.seq) // not wheeled: past any horizon
 				s.clearLateLocked(it.seq)
-				s.noteHeldLocked(pb, l, t.Due)
+				pb.held[l]++
 			}
 			continue
 		}

@@ -81,9 +81,6 @@ func heldKey(shard, slot int) []byte {
 // holdState is a lane's held tasks (under shard.mu).
 type holdState struct {
 	n int64 // held tasks in the store, durable batches counted
-	// minDue: a lower bound of the held tasks' due times (for Stats'
-	// oldest overdue), noDue when unknown; reset when n reaches 0.
-	minDue int64
 	// cursor: the next release reads from this held fire time and seq.
 	cursorFire int64
 	cursorSeq  uint64
@@ -125,7 +122,7 @@ func (s *shard) nextReleaseLocked() (int64, bool) {
 	return next, ok
 }
 
-// claimHeldLocked claims up to limit held tasks of the lanes that may
+// claimHeldLocked claims up to limit held tasks of each lane that may
 // release now, from each lane's cursor, wrapping around once, stepping
 // over the groups that are down. A task that is in flight, being deleted
 // by an undurable replace or cancel, in a batch not yet durable, or
@@ -133,7 +130,7 @@ func (s *shard) nextReleaseLocked() (int64, bool) {
 func (s *shard) claimHeldLocked(now int64, limit int) ([]fireItem, error) {
 	var out []fireItem
 	for l := range s.lanes {
-		if len(out) >= limit || !s.releasableLocked(l, now) {
+		if !s.releasableLocked(l, now) {
 			continue
 		}
 		ln := &s.lanes[l]
@@ -144,7 +141,10 @@ func (s *shard) claimHeldLocked(now int64, limit int) ([]fireItem, error) {
 			h.next = now + heldRetry.Milliseconds() // not again at once
 			return out, fmt.Errorf("release held tasks of shard %d: %w", s.id, err)
 		}
+		// Each lane its own limit: one transport's held backlog must not
+		// hold back the other's (dispatch splits the claim by lane).
 		n0 := len(out)
+		limit := n0 + limit
 		wake := int64(math.MaxInt64) // the earliest end of a backoff stepped over
 		from := appendTaskKey(nil, s.id, max(h.cursorFire, lo), h.cursorSeq)
 		for pass := 0; pass < 2 && len(out) < limit; pass++ {
@@ -242,13 +242,33 @@ func (s *shard) heldUpLocked(l int, target string) {
 	h.next = 0
 }
 
-// noteHeldLocked records, in pb, that the task seq of transport slot l,
-// due at due, is held from now on.
-func (s *shard) noteHeldLocked(pb *pendingBatch, l int, due int64) {
-	pb.held[l]++
-	if h := &s.lanes[l].hold; due < h.minDue {
-		h.minDue = due
+// heldOldestDue is Stats' estimate of the earliest due time of the
+// shard's held tasks: the earliest of the first held task (by store
+// sequence) of each target group. Within a target, tasks come due and are
+// held in about their ingest order. One seek and one read per target,
+// without the shard lock; a value that cannot be read is passed over.
+func (s *shard) heldOldestDue() (int64, bool) {
+	it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, heldBase), UpperBound: taskBound(s.id+1, 0)})
+	if err != nil {
+		return 0, false
 	}
+	defer it.Close()
+	oldest, ok := int64(0), false
+	for valid := it.First(); valid; {
+		_, fire, _, kok := parseTaskKey(it.Key())
+		if !kok || !isHeld(fire) {
+			valid = it.Next()
+			continue
+		}
+		if v, err := it.ValueAndErr(); err == nil {
+			var t codec.Task
+			if codec.DecodeTask(v, &t) == nil && (!ok || t.Due < oldest) {
+				oldest, ok = t.Due, true
+			}
+		}
+		valid = it.SeekGE(taskBound(s.id, fire+1)) // the next target's
+	}
+	return oldest, ok
 }
 
 // heldDoneLocked applies a durable batch's held counts.
@@ -260,7 +280,7 @@ func (s *shard) heldDoneLocked(pb *pendingBatch) {
 		}
 		h.n += pb.held[l]
 		if h.n <= 0 {
-			h.n, h.minDue, h.down = 0, noDue, nil
+			h.n, h.down = 0, nil
 		}
 		s.heldGauge(l).Set(float64(h.n))
 	}
@@ -280,13 +300,10 @@ func writeHeldCounts(b *pebble.Batch, shard int, pb *pendingBatch) {
 	}
 }
 
-// loadHeldLocked reads the shard's held counts at open and, for each
-// transport with held tasks, the due time of the first one as the
-// estimate of the oldest (held tasks are in ingest order per target).
+// loadHeldLocked reads the shard's held counts at open.
 func (s *shard) loadHeldLocked() error {
 	for l := range s.lanes {
 		h := &s.lanes[l].hold
-		h.minDue = noDue
 		v, found, err := getCopy(s.e.db, heldKey(s.id, l))
 		if err != nil {
 			return fmt.Errorf("read held count of shard %d: %w", s.id, err)
@@ -298,28 +315,6 @@ func (s *shard) loadHeldLocked() error {
 		s.heldGauge(l).Set(float64(h.n))
 		if h.n == 0 {
 			continue
-		}
-		lo, hi := heldSlotBounds(l)
-		it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, lo), UpperBound: taskBound(s.id, hi)})
-		if err != nil {
-			return fmt.Errorf("read held tasks of shard %d: %w", s.id, err)
-		}
-		// The first one's due time is only Stats' estimate: a value that
-		// cannot be read (corrupt, an I/O error) does not fail the open;
-		// its release finds it undecodable, for an operator to drop, as
-		// the fire loop does any stored task.
-		var valErr error
-		if it.First() {
-			var val []byte
-			if val, valErr = it.ValueAndErr(); valErr == nil {
-				var t codec.Task
-				if codec.DecodeTask(val, &t) == nil {
-					h.minDue = t.Due
-				}
-			}
-		}
-		if err := it.Close(); err != nil && valErr == nil {
-			return fmt.Errorf("read held tasks of shard %d: %w", s.id, err)
 		}
 		s.e.log.Info("tasks held on disk for an unreachable target; released once it answers",
 			zap.Int("shard", s.id), zap.Stringer("transport", codec.Transport(l)), zap.Int64("held", h.n))

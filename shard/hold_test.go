@@ -280,3 +280,123 @@ func TestHeldTaskOtherFailureLeavesHold(t *testing.T) {
 	}
 	h.checkPending()
 }
+
+var errDown = fmt.Errorf("broker down: %w", ErrUnavailable)
+
+// TestHeldReleaseFairAcrossTransports: after an outage of both
+// brokers, 400 Kafka and 40 NATS tasks are held. Both come back: each
+// lane releases its own held tasks; the NATS ones must not wait for the
+// whole Kafka backlog.
+func TestHeldReleaseFairAcrossTransports(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.OutageMemory = -1 // every waiting task held on disk
+		o.FireBatch = 8
+		o.Retry = RetryPolicy{Initial: time.Second, Max: 8 * time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+	})
+	h.sink.setFail(func(*codec.Task) error { return errDown })
+	var batch []codec.Task
+	for i := range 400 {
+		batch = append(batch, sched(fmt.Sprintf("k%03d", i), t0.Add(time.Second), int64(i+1)))
+	}
+	for i := range 40 {
+		n := sched(fmt.Sprintf("n%03d", i), t0.Add(time.Second), int64(1000+i))
+		n.Transport, n.Target = codec.TransportNATS, "subj"
+		batch = append(batch, n)
+	}
+	h.ingest(batch)
+	h.run()
+	h.advance(time.Second)
+	h.advance(time.Second)
+	if st := h.e.Stats(); st.Held != 440 {
+		t.Fatalf("held %d, want 440", st.Held)
+	}
+	h.sink.reset()
+	h.sink.setFail(nil)
+	h.advance(10 * time.Second) // both groups' backoffs over: one release round
+	acked := h.sink.acked()
+	lastNATS, firstNATS := -1, -1
+	for i, id := range acked {
+		if id[0] == 'n' {
+			lastNATS = i
+			if firstNATS < 0 {
+				firstNATS = i
+			}
+		}
+	}
+	var pos []int
+	for i, id := range acked {
+		if id[0] == 'n' {
+			pos = append(pos, i)
+		}
+	}
+	t.Logf("%d delivered; NATS at %v", len(acked), pos)
+	if lastNATS > 2*40 {
+		t.Errorf("the last NATS held task was delivered after %d Kafka ones", lastNATS-39)
+	}
+	if firstNATS > 2*8 {
+		t.Errorf("the first NATS held task was delivered after %d Kafka ones: the NATS lane waits for the Kafka lane's whole held backlog", firstNATS)
+	}
+}
+
+// holdTwoTargets holds 20 tasks of target "a" due at t0+1s and 20 of "b"
+// due at t0+20s (every waiting task held), at t0+30s.
+func holdTwoTargets(t *testing.T) *harness {
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.OutageMemory = -1
+		o.FireBatch = 8
+		o.Retry = RetryPolicy{Initial: time.Second, Max: 8 * time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+	})
+	h.sink.setFail(func(*codec.Task) error { return errDown })
+	var batch []codec.Task
+	for i := range 20 {
+		a := sched(fmt.Sprintf("a%02d", i), t0.Add(time.Second), int64(i+1))
+		a.Target = "a"
+		b := sched(fmt.Sprintf("b%02d", i), t0.Add(20*time.Second), int64(100+i))
+		b.Target = "b"
+		batch = append(batch, a, b)
+	}
+	h.ingest(batch)
+	h.run()
+	for range 30 {
+		h.advance(time.Second)
+	}
+	if st := h.e.Stats(); st.Held != 40 || st.OldestOverdue.UnixMilli() != ms(t0.Add(time.Second)) {
+		t.Fatalf("before: held %d, oldest overdue %v", st.Held, st.OldestOverdue)
+	}
+	return h
+}
+
+// TestHeldOldestOverdueAfterRestart: after a restart the oldest
+// overdue of held tasks is the first held key's due, which is not the
+// oldest when another target's group sorts first.
+func TestHeldOldestOverdueAfterRestart(t *testing.T) {
+	h := holdTwoTargets(t)
+	h.reopen()
+	if st := h.e.Stats(); st.OldestOverdue.UnixMilli() != ms(t0.Add(time.Second)) {
+		t.Errorf("after a restart: oldest overdue %v, want %v (a's held tasks, still pending)", st.OldestOverdue.Time, t0.Add(time.Second))
+	}
+}
+
+// TestHeldOldestOverdueAfterPartialRelease: a's held tasks are
+// delivered, b's stay held: the oldest overdue must be b's due.
+func TestHeldOldestOverdueAfterPartialRelease(t *testing.T) {
+	h := holdTwoTargets(t)
+	h.sink.setFail(func(tk *codec.Task) error {
+		if tk.Target == "b" {
+			return errDown
+		}
+		return nil
+	})
+	for range 20 {
+		h.advance(time.Second)
+	}
+	st := h.e.Stats()
+	if st.Held != 20 {
+		t.Fatalf("held %d, want b's 20", st.Held)
+	}
+	if st.OldestOverdue.UnixMilli() != ms(t0.Add(20*time.Second)) {
+		t.Errorf("a delivered, b held: oldest overdue %v, want %v (b's due)", st.OldestOverdue.Time, t0.Add(20*time.Second))
+	}
+}
