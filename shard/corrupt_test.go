@@ -29,18 +29,7 @@ func TestCorruptValueAtFire(t *testing.T) {
 	b := sched("b", t0.Add(time.Hour), 2)
 	h.ingest([]codec.Task{a, b})
 	h.close() // flushes: a's envelope goes to a blob file
-	blobs, err := filepath.Glob(filepath.Join(h.opts.Dir, "*.blob"))
-	if err != nil || len(blobs) != 1 {
-		t.Fatalf("blob files %v, %v; want one", blobs, err)
-	}
-	data, err := os.ReadFile(blobs[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	data[8] ^= 0xff // inside its one value block
-	if err := os.WriteFile(blobs[0], data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	corruptOnlyBlob(t, h.opts.Dir)
 	h.open()
 	h.run()
 	h.advance(2 * time.Hour)
@@ -107,5 +96,23 @@ func TestReadErrorAtFire(t *testing.T) {
 				t.Fatalf("%d pending", st.Pending)
 			}
 		})
+	}
+}
+
+// corruptOnlyBlob flips a byte inside the one value block of the store's
+// only blob file, so the value stored there fails its checksum.
+func corruptOnlyBlob(t *testing.T, dir string) {
+	t.Helper()
+	blobs, err := filepath.Glob(filepath.Join(dir, "*.blob"))
+	if err != nil || len(blobs) != 1 {
+		t.Fatalf("blob files %v, %v; want one", blobs, err)
+	}
+	data, err := os.ReadFile(blobs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[8] ^= 0xff
+	if err := os.WriteFile(blobs[0], data, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -68,30 +68,9 @@ func TestCrashSafety(t *testing.T) {
 	if p := h.e.Stats().Pending; p != 0 {
 		t.Fatalf("%d tasks still pending after draining", p)
 	}
-	delivered := map[string]int{}
-	for _, id := range readDeliveries(t, dir) {
-		delivered[id]++
-	}
-	for _, id := range h.sink.acked() {
-		delivered[id]++
-	}
-	lost, dups := 0, 0
-	for id := range acked {
-		if delivered[id] == 0 {
-			lost++
-			if lost < 10 {
-				t.Errorf("acknowledged task %s was never delivered", id)
-			}
-		}
-	}
-	for _, c := range delivered {
-		dups += c - 1
-	}
+	distinct, dups := tallyDeliveries(t, dir, h.sink.acked(), acked)
 	t.Logf("%d rounds: %d tasks acknowledged, %d pending at final recovery, %d distinct delivered, %d duplicates",
-		rounds, len(acked), pendingAtRecovery, len(delivered), dups)
-	if lost > 0 {
-		t.Fatalf("%d acknowledged tasks lost", lost)
-	}
+		rounds, len(acked), pendingAtRecovery, distinct, dups)
 	// In flight at a kill, per shard: the batch its lane is publishing or
 	// holding while it waits to queue its commit, up to fireCommitDepth
 	// delivered batches queued whose delete is not yet synced, and the one
@@ -225,4 +204,35 @@ func crashChild(dir string) {
 		time.Sleep(time.Duration(rng.IntN(5)) * time.Millisecond)
 	}
 	os.Exit(3)
+}
+
+// tallyDeliveries counts the deliveries the killed children synced to dir
+// and those of the final drain: the distinct tasks and the duplicates. It
+// fails the test if a task in acked (its ingest returned) was never
+// delivered.
+func tallyDeliveries(t *testing.T, dir string, drained []string, acked map[string]bool) (distinct, dups int) {
+	t.Helper()
+	delivered := map[string]int{}
+	for _, id := range readDeliveries(t, dir) {
+		delivered[id]++
+	}
+	for _, id := range drained {
+		delivered[id]++
+	}
+	lost := 0
+	for id := range acked {
+		if delivered[id] == 0 {
+			lost++
+			if lost < 10 {
+				t.Errorf("acknowledged task %s was never delivered", id)
+			}
+		}
+	}
+	for _, c := range delivered {
+		dups += c - 1
+	}
+	if lost > 0 {
+		t.Fatalf("%d acknowledged tasks lost", lost)
+	}
+	return len(delivered), dups
 }

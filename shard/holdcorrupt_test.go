@@ -3,8 +3,6 @@ package shard
 import (
 	"bytes"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -32,18 +30,7 @@ func TestCorruptHeldValueAtOpen(t *testing.T) {
 		t.Fatalf("held %d, want 2", st.Held)
 	}
 	h.close() // flushes: a's envelope goes to a blob file
-	blobs, err := filepath.Glob(filepath.Join(h.opts.Dir, "*.blob"))
-	if err != nil || len(blobs) != 1 {
-		t.Fatalf("blob files %v, %v; want one", blobs, err)
-	}
-	data, err := os.ReadFile(blobs[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	data[8] ^= 0xff // inside its one value block
-	if err := os.WriteFile(blobs[0], data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	corruptOnlyBlob(t, h.opts.Dir)
 	e, err := Open(h.opts)
 	if err != nil {
 		t.Fatalf("Open with a corrupt held value: %v", err)
