@@ -97,7 +97,7 @@ func New(r prometheus.Registerer) *Metrics {
 			Name: "delaybridge_wheel_entries", Help: "Entries in the in-memory timing wheel (tasks due within the horizon).",
 		}, []string{"shard"}),
 		Held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "delaybridge_held_tasks", Help: "Pending tasks held on disk, out of the wheel, because their target broker was unreachable and the shard already kept retry.outage_memory_tasks waiting in memory; released once a delivery to that transport succeeds.",
+			Name: "delaybridge_held_tasks", Help: "Pending tasks held on disk, out of the wheel, because their target broker was unreachable and the shard already kept its share of retry.waiting_in_memory waiting in memory; released, per target, once a probe or a delivery to that target succeeds.",
 		}, []string{"shard", "transport"}),
 		FireLateness: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "delaybridge_fire_lateness_seconds", Help: "Broker acknowledgement time minus due time of delivered tasks (retries and outages included; dead letters not). A task published already overdue (delay-at in the past, counted by delaybridge_overdue_total) counts from its source broker time instead.",

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"go.uber.org/zap"
 
 	"github.com/delaybridge/delaybridge/codec"
@@ -1114,5 +1116,40 @@ func TestOpenCreatesPrivateDir(t *testing.T) {
 				t.Fatalf("store directory mode %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestClearFiredReadErrorKeepsStored: when reading the shard's first
+// stored task fails (a read error on the table that holds it), no range
+// deletion is made: taken for an empty shard, the range reached now and
+// deleted every stored task due by then (review).
+func TestClearFiredReadErrorKeepsStored(t *testing.T) {
+	toggle := &errorfs.Toggle{Injector: errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if strings.HasSuffix(op.Path, ".sst") && (op.Kind == errorfs.OpFileRead || op.Kind == errorfs.OpFileReadAt) {
+			return errorfs.ErrInjected
+		}
+		return nil
+	})}
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.FS = errorfs.Wrap(vfs.Default, toggle)
+	})
+	for i := range 5 {
+		h.ingest([]codec.Task{sched(fmt.Sprint("t", i), t0.Add(time.Duration(i+1)*time.Second), int64(i+1))})
+	}
+	before := countTaskKeys(t, h.e)
+	if err := h.e.db.Flush(); err != nil { // to a table whose blocks are not cached yet
+		t.Fatal(err)
+	}
+	h.clk.Advance(time.Minute) // all five overdue, none fired (no Run)
+	s := h.e.shards[0]
+	toggle.On()
+	s.mu.Lock()
+	s.firedSinceClear = 1 // as after any delivery
+	s.clearFiredLocked(h.e.nowMs())
+	s.mu.Unlock()
+	toggle.Off()
+	if after := countTaskKeys(t, h.e); after != before {
+		t.Fatalf("clearFiredLocked deleted %d stored, undelivered tasks", before-after)
 	}
 }

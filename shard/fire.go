@@ -303,7 +303,13 @@ func (s *shard) clearFiredLocked(now int64) {
 	if it.First() {
 		end = append([]byte(nil), it.Key()...)
 	}
-	it.Close()
+	// No key because the read failed (an I/O error, a corrupt block) is
+	// not "nothing stored": the range would take every stored task due
+	// by now. No deletion then; the next round tries again.
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		s.e.log.Warn("clearing fired-task tombstones skipped: reading the shard's first task failed", zap.Int("shard", s.id), zap.Error(err))
+		return
+	}
 	s.clears++
 	err = safeCall(func() error { return s.e.db.DeleteRange(taskBound(s.id, 0), end, pebble.NoSync) })
 	if err != nil {
@@ -767,7 +773,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			} else {
 				b.Delete(oldKey, nil)
 				l := transportSlot(t.Transport)
-				hf := heldFire(l, t.Target)
+				hf := heldFire(l, t.Target, t.Due)
 				val = codec.AppendTask(val[:0], t)
 				b.Set(appendTaskKey(key[:0], s.id, hf, it.seq), val, nil)
 				ne := indexEntry{Shard: s.id, Fire: hf, Seq: it.seq, Order: order{Stamp: t.Stamp, Partition: t.Partition, Incarnation: t.Incarnation, Offset: t.Offset}}

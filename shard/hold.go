@@ -26,10 +26,14 @@ import (
 // (pointing at the held key), so a replace or cancel meets it as any
 // stored task does.
 //
-// The held fire time names the task's target: heldBase + transport slot
-// << 32 + a 32-bit hash of the target (a group). So a shard's held tasks
-// lie together per target, in store-sequence (ingest) order, and a target
-// that is still down can be stepped over with one seek. Each shard
+// The held fire time names the task's target and its due time: heldBase +
+// transport slot << 60 + a 12-bit hash of the target (its group) << 48 +
+// the due time (48 bits of ms reach past codec.MaxDue). So a shard's held
+// tasks lie together per target group in due order (equal dues in
+// store-sequence order), a group that is still down can be stepped over
+// with one seek, and the first key of each group is its oldest task. Two
+// targets that share a group are released together; a down one then makes
+// the up one's probes wait for its backoff, until a delivery to either. Each shard
 // releases them per transport, when that lane has no batch in the sink,
 // up to a batch at a time, claimed like due tasks and read once, from a
 // cursor that walks the held range and wraps around. A released task that
@@ -46,26 +50,43 @@ import (
 // after a restart too.
 
 // heldBase is the lowest held fire time: far above any due time
-// (codec.MaxDue) or retry time, with room below math.MaxInt64 for
-// every transport slot's 2^32 groups (and a key range up to "fire+1").
-const heldBase = math.MaxInt64 - (transportSlots+1)<<32
+// (codec.MaxDue, under 2^48) or retry time; heldBase + transportSlots<<60
+// stays below math.MaxInt64, so a key range up to "fire+1" keeps its order.
+const heldBase = 1 << 62
 
-// heldFire is the held fire time of a task of transport slot l and
-// target.
-func heldFire(l int, target string) int64 {
-	return heldBase + int64(l)<<32 + int64(uint32(xxhash.Sum64String(target)))
+const (
+	heldDueBits   = 48
+	heldGroupBits = 12
+	heldDueMask   = 1<<heldDueBits - 1
+)
+
+// heldGroup is the held fire time of transport slot l and target with
+// due 0: the start of the target's group.
+func heldGroup(l int, target string) int64 {
+	g := xxhash.Sum64String(target) >> (64 - heldGroupBits)
+	return heldBase + int64(l)<<(heldDueBits+heldGroupBits) + int64(g)<<heldDueBits
 }
+
+// heldFire is the held fire time of a task of transport slot l, target
+// and due time.
+func heldFire(l int, target string, due int64) int64 {
+	return heldGroup(l, target) + min(max(due, 0), heldDueMask)
+}
+
+// groupOf is the group (start) of a held fire time, and heldDue its due.
+func groupOf(fire int64) int64 { return fire &^ heldDueMask }
+func heldDue(fire int64) int64 { return fire & heldDueMask }
 
 // isHeld reports whether fire is a held task's.
 func isHeld(fire int64) bool { return fire >= heldBase }
 
 // heldSlot is the transport slot of a held fire time.
-func heldSlot(fire int64) int { return int((fire - heldBase) >> 32) }
+func heldSlot(fire int64) int { return int((fire - heldBase) >> (heldDueBits + heldGroupBits)) }
 
 // heldSlotBounds are the fire times of slot l's held range: [lo, hi).
 func heldSlotBounds(l int) (lo, hi int64) {
-	lo = heldBase + int64(l)<<32
-	return lo, lo + 1<<32
+	lo = heldBase + int64(l)<<(heldDueBits+heldGroupBits)
+	return lo, lo + 1<<(heldDueBits+heldGroupBits)
 }
 
 // defaultOutageMemory is Options.OutageMemory's default: tasks per shard
@@ -84,7 +105,7 @@ type holdState struct {
 	// cursor: the next release reads from this held fire time and seq.
 	cursorFire int64
 	cursorSeq  uint64
-	// down: the groups (held fire times) whose last released task failed
+	// down: the groups (groupOf) whose last released task failed
 	// as unavailable, with their backoff.
 	down map[int64]heldBackoff
 	// next: the engine time (ms) before which the lane does not look for
@@ -155,10 +176,10 @@ func (s *shard) claimHeldLocked(now int64, limit int) ([]fireItem, error) {
 					ok = it.Next()
 					continue
 				}
-				if d, down := h.down[fire]; down {
+				if d, down := h.down[groupOf(fire)]; down {
 					if now < d.until {
 						wake = min(wake, d.until)
-						ok = it.SeekGE(taskBound(s.id, fire+1)) // the whole group
+						ok = it.SeekGE(taskBound(s.id, groupOf(fire)+1<<heldDueBits)) // the whole group
 						continue
 					}
 				}
@@ -206,21 +227,22 @@ func (s *shard) heldBusyLocked(seq uint64) bool {
 	return ok
 }
 
-// heldDownLocked records that a released task of group fire failed as
-// unavailable: the group is stepped over for its next backoff.
+// heldDownLocked records that a released held task (at fire) failed as
+// unavailable: its group is stepped over for its next backoff.
 func (s *shard) heldDownLocked(fire, now int64) {
 	h := &s.lanes[heldSlot(fire)].hold
 	if h.down == nil {
 		h.down = make(map[int64]heldBackoff)
 	}
-	d := h.down[fire]
+	g := groupOf(fire)
+	d := h.down[g]
 	if now < d.until {
 		return // a task of the same probe
 	}
 	r := s.e.opts.Retry
 	d.wait = min(max(2*d.wait, r.Initial), r.Max)
 	d.until = now + d.wait.Milliseconds()
-	h.down[fire] = d
+	h.down[g] = d
 }
 
 // heldUpLocked records a delivery to the target of transport slot l: a
@@ -231,7 +253,7 @@ func (s *shard) heldUpLocked(l int, target string) {
 	if len(h.down) == 0 {
 		return
 	}
-	g := heldFire(l, target)
+	g := heldGroup(l, target)
 	if _, down := h.down[g]; !down {
 		return
 	}
@@ -242,11 +264,9 @@ func (s *shard) heldUpLocked(l int, target string) {
 	h.next = 0
 }
 
-// heldOldestDue is Stats' estimate of the earliest due time of the
-// shard's held tasks: the earliest of the first held task (by store
-// sequence) of each target group. Within a target, tasks come due and are
-// held in about their ingest order. One seek and one read per target,
-// without the shard lock; a value that cannot be read is passed over.
+// heldOldestDue is the earliest due time of the shard's held tasks (for
+// Stats): the first key of each target group holds the group's oldest,
+// so one seek per group, keys only, without the shard lock.
 func (s *shard) heldOldestDue() (int64, bool) {
 	it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, heldBase), UpperBound: taskBound(s.id+1, 0)})
 	if err != nil {
@@ -260,13 +280,10 @@ func (s *shard) heldOldestDue() (int64, bool) {
 			valid = it.Next()
 			continue
 		}
-		if v, err := it.ValueAndErr(); err == nil {
-			var t codec.Task
-			if codec.DecodeTask(v, &t) == nil && (!ok || t.Due < oldest) {
-				oldest, ok = t.Due, true
-			}
+		if due := heldDue(fire); !ok || due < oldest {
+			oldest, ok = due, true
 		}
-		valid = it.SeekGE(taskBound(s.id, fire+1)) // the next target's
+		valid = it.SeekGE(taskBound(s.id, groupOf(fire)+1<<heldDueBits)) // the next group's
 	}
 	return oldest, ok
 }

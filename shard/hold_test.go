@@ -403,3 +403,35 @@ func TestHeldOldestOverdueAfterPartialRelease(t *testing.T) {
 		t.Errorf("a delivered, b held: oldest overdue %v, want %v (b's due)", st.OldestOverdue.Time, t0.Add(20*time.Second))
 	}
 }
+
+// TestHeldOldestOverdueOutOfOrder: of two held tasks of one target, the
+// one ingested first is due later; the oldest overdue is the other's due,
+// before and after a restart (held tasks lie in due order per target).
+func TestHeldOldestOverdueOutOfOrder(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.OutageMemory = -1 // every waiting task held on disk
+	})
+	h.sink.setFail(func(*codec.Task) error { return errDown })
+	h.ingest([]codec.Task{sched("late", t0.Add(5*time.Second), 1), sched("early", t0.Add(time.Second), 2)})
+	h.run()
+	for range 6 {
+		h.advance(time.Second)
+	}
+	want := ms(t0.Add(time.Second))
+	if st := h.e.Stats(); st.Held != 2 || st.OldestOverdue.UnixMilli() != want {
+		t.Errorf("before a restart: held %d, oldest overdue %v, want 2 and %v", st.Held, st.OldestOverdue.Time, t0.Add(time.Second))
+	}
+	h.reopen()
+	if st := h.e.Stats(); st.OldestOverdue.UnixMilli() != want {
+		t.Errorf("after a restart: oldest overdue %v, want %v", st.OldestOverdue.Time, t0.Add(time.Second))
+	}
+	// Released in due order once the target is back.
+	h.sink.reset()
+	h.sink.setFail(nil)
+	h.run()
+	h.advance(10 * time.Second)
+	if got := h.sink.acked(); !slices.Equal(got, []string{"early", "late"}) {
+		t.Fatalf("released %v, want [early late]", got)
+	}
+}

@@ -36,7 +36,8 @@ import (
 //	h|shard u16|transport u8          -> held count i64 (merge: sum; hold.go)
 //
 // A task held on disk for an unreachable target (hold.go) keeps its t key
-// at a fire time past any clock's, heldBase + its transport slot.
+// at a fire time past any clock's, heldBase + its transport slot, target
+// group and due time (heldFire).
 //
 // The pending counters and the sequence are merge operands, so concurrent
 // batches never read-modify-write them and recovery reads N+1 keys instead
