@@ -686,6 +686,9 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		waiting   int
 		heldErr   error // a dead letter's failure that holds its source
 		anyRetry  bool
+		// heldUp, heldDown: the groups of released held tasks that were
+		// acknowledged, that failed as unavailable again (hold.go).
+		heldUp, heldDown []int64
 	)
 	heldBefore := s.dlHeld
 	for i := range items {
@@ -726,9 +729,9 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			b.Delete(oldKey, nil)
 			if isHeld(it.fire) {
 				pb.held[heldSlot(it.fire)]--
+				heldUp = append(heldUp, groupOf(it.fire))
 			}
 			if indexed {
-				s.heldUpLocked(transportSlot(t.Transport), t.Target)
 				b.Delete(ik, nil)
 				s.setOverlayLocked(iks.str(i), indexEntry{}, true, pb)
 			}
@@ -770,6 +773,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			retried = append(retried, i)
 			if isHeld(it.fire) {
 				s.heldDownLocked(it.fire, now)
+				heldDown = append(heldDown, groupOf(it.fire))
 			} else {
 				b.Delete(oldKey, nil)
 				l := transportSlot(t.Transport)
@@ -947,6 +951,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			zap.String("source", t.Source), zap.String("origin", t.Origin),
 			zap.String("dlq", t.Destination()), zap.Uint32("attempts", t.Attempts))
 	}
+	s.heldOutcomeLocked(ln, heldUp, heldDown)
 	// The lane's transport is in an outage from a delivery that charged
 	// no attempt until one is acknowledged: the other transport's
 	// deliveries say nothing about it.

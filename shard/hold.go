@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -42,8 +43,9 @@ import (
 // until its backoff (Retry.Initial doubling to Retry.Max) has passed, so
 // each down target is probed with one batch per backoff. Any other
 // outcome is the usual one (delivered and deleted, retried at its backoff
-// in the wheel, dead-lettered); a delivery to the target, held or not,
-// ends its group's backoff.
+// in the wheel, dead-lettered). A batch that delivers released tasks of a
+// group and fails none ends its backoff; one that does both leaves it
+// partly down, tried once per backoff (heldOutcomeLocked).
 //
 // The held counts are stored per shard and transport (h keys, merge
 // operands like the pending counts), so Stats and the metrics are exact
@@ -113,11 +115,13 @@ type holdState struct {
 	next int64
 }
 
-// heldBackoff is a down group's: no release before until (ms), and the
-// wait that set it.
+// heldBackoff is a down group's: no release before until (ms), the
+// wait that set it, and whether its last batch was partly delivered
+// (heldOutcomeLocked).
 type heldBackoff struct {
-	until int64
-	wait  time.Duration
+	until   int64
+	wait    time.Duration
+	partial bool
 }
 
 // heldRetry is how long a lane whose held tasks could not be claimed
@@ -168,6 +172,13 @@ func (s *shard) claimHeldLocked(now int64, limit int) ([]fireItem, error) {
 		limit := n0 + limit
 		wake := int64(math.MaxInt64) // the earliest end of a backoff stepped over
 		from := appendTaskKey(nil, s.id, max(h.cursorFire, lo), h.cursorSeq)
+		// cur: the group the cursor is in. A down group is stepped over
+		// until its backoff ends, but a pass goes on through a partly
+		// down one it entered (heldOutcomeLocked).
+		cur := int64(-1)
+		if h.cursorFire >= lo && h.cursorSeq > 0 {
+			cur = groupOf(h.cursorFire)
+		}
 		for pass := 0; pass < 2 && len(out) < limit; pass++ {
 			ok := it.SeekGE(from)
 			for ok && len(out) < limit {
@@ -176,12 +187,13 @@ func (s *shard) claimHeldLocked(now int64, limit int) ([]fireItem, error) {
 					ok = it.Next()
 					continue
 				}
-				if d, down := h.down[groupOf(fire)]; down {
-					if now < d.until {
+				if g := groupOf(fire); g != cur || !h.down[g].partial {
+					if d, down := h.down[g]; down && now < d.until {
 						wake = min(wake, d.until)
-						ok = it.SeekGE(taskBound(s.id, groupOf(fire)+1<<heldDueBits)) // the whole group
+						ok = it.SeekGE(taskBound(s.id, g+1<<heldDueBits)) // the rest of the group
 						continue
 					}
+					cur = g
 				}
 				h.cursorFire, h.cursorSeq = fire, seq+1
 				ok = it.Next()
@@ -193,7 +205,7 @@ func (s *shard) claimHeldLocked(now int64, limit int) ([]fireItem, error) {
 			}
 			if len(out) < limit {
 				// The end of the range: once more from its start.
-				h.cursorFire, h.cursorSeq = lo, 0
+				h.cursorFire, h.cursorSeq, cur = lo, 0, -1
 				from = taskBound(s.id, lo)
 			}
 		}
@@ -245,23 +257,36 @@ func (s *shard) heldDownLocked(fire, now int64) {
 	h.down[g] = d
 }
 
-// heldUpLocked records a delivery to the target of transport slot l: a
-// group of it that was down is not any more, and the lane may release at
-// once.
-func (s *shard) heldUpLocked(l int, target string) {
-	h := &s.lanes[l].hold
-	if len(h.down) == 0 {
-		return
+// heldOutcomeLocked records what a batch did to its released held
+// tasks' groups: up, the groups of those acknowledged; down, of those
+// that failed as unavailable again (heldDownLocked set their backoff). A
+// group only up is not down any more, and the lane may release at once.
+// A group both up and down is a target partly down (a Kafka topic with
+// one partition without a leader): it keeps its backoff, and the pass
+// that entered it goes on through it (partial), so each of its tasks is
+// tried once per backoff, the down part included. A group only down
+// stops there until its backoff ends: one batch probes a target down as
+// a whole. Deliveries of tasks that were not held say nothing about the
+// held ones (a topic's healthy partitions would end the backoff of its
+// down one at every delivery).
+func (s *shard) heldOutcomeLocked(ln *lane, up, down []int64) {
+	h := &ln.hold
+	for _, g := range down {
+		if d, ok := h.down[g]; ok {
+			d.partial = slices.Contains(up, g)
+			h.down[g] = d
+		}
 	}
-	g := heldGroup(l, target)
-	if _, down := h.down[g]; !down {
-		return
+	for _, g := range up {
+		if _, ok := h.down[g]; !ok || slices.Contains(down, g) {
+			continue
+		}
+		delete(h.down, g)
+		h.next = 0
 	}
-	delete(h.down, g)
 	if len(h.down) == 0 {
 		h.down = nil
 	}
-	h.next = 0
 }
 
 // heldOldestDue is the earliest due time of the shard's held tasks (for
