@@ -100,14 +100,14 @@ func TestHeldE2EBothDownRestart(t *testing.T) {
 	}
 	fail.Store(false)
 	e.startNATS()
-	got := e.advanceUntil("all delivered", func(ds []delivery) bool {
+	e.advanceUntil("all delivered", func(ds []delivery) bool {
 		return len(byValue(ds, kafkaOut)) >= 2*n && len(byValue(ds, "orders.kn")) >= n && len(byValue(ds, "orders.nn")) >= n
 	})
 	for range 5 {
 		e.clk.Advance(time.Second)
 		time.Sleep(30 * time.Millisecond)
 	}
-	got = e.deliveries()
+	got := e.deliveries()
 	checkOnce(t, got, kafkaOut, append(kk, nk...))
 	checkOnce(t, got, "orders.kn", kn)
 	checkOnce(t, got, "orders.nn", nn)
@@ -206,19 +206,20 @@ func TestHeldE2EReplaceCancel(t *testing.T) {
 		t.Fatalf("DELETE: %d %s", code, body)
 	}
 	eventually(t, "held 2 (keep, ...)", func() bool { st := svc.Engine().Stats(); return st.Held == 1 && st.Pending == 3 })
-	code, body = adminCall(t, srv, "GET", "/v1/stats")
-	t.Logf("stats: %s", body)
+	if code, body = adminCall(t, srv, "GET", "/v1/stats"); code != 200 || !strings.Contains(body, `"held":1`) {
+		t.Fatalf("GET /v1/stats: %d %s; want held 1", code, body)
+	}
 	fail.Store(false)
 	e.advanceUntil("keep", func(ds []delivery) bool { return len(byValue(ds, kafkaOut)["keep-old"]) > 0 })
 	e.clk.Advance(time.Hour)
-	got := e.advanceUntil("replacements", func(ds []delivery) bool {
+	e.advanceUntil("replacements", func(ds []delivery) bool {
 		return len(byValue(ds, kafkaOut)["r1-new"]) > 0 && len(byValue(ds, kafkaOut)["nr-new"]) > 0
 	})
 	for range 5 {
 		e.clk.Advance(time.Second)
 		time.Sleep(30 * time.Millisecond)
 	}
-	got = e.deliveries()
+	got := e.deliveries()
 	for _, v := range []string{"r1-old", "c1-old", "d1-old", "nr-old", "nc-old"} {
 		if n := len(byValue(got, kafkaOut)[v]); n != 0 {
 			t.Errorf("%s delivered %d times", v, n)
@@ -363,12 +364,12 @@ func TestHeldE2ERevokedWithDLQDown(t *testing.T) {
 		t.Fatal("ready while dead letters fail")
 	}
 	failDLQ.Store(false)
-	got := e.advanceUntil("dead letters", func(ds []delivery) bool { return len(byValue(ds, kafkaDLQ)) == 5 })
+	e.advanceUntil("dead letters", func(ds []delivery) bool { return len(byValue(ds, kafkaDLQ)) == 5 })
 	for range 5 {
 		e.clk.Advance(time.Second)
 		time.Sleep(30 * time.Millisecond)
 	}
-	got = e.deliveries()
+	got := e.deliveries()
 	for v, ds := range byValue(got, kafkaDLQ) {
 		if len(ds) != 1 || ds[0].header(codec.HeaderError) != string(codec.CodeTargetNotAllowed) {
 			t.Errorf("%s: %d dead letters, code %s", v, len(ds), ds[0].header(codec.HeaderError))
