@@ -37,6 +37,8 @@
 //
 // When Options.Token is set, /metrics, /v1/* and /debug/pprof/* require
 // "Authorization: Bearer <token>"; the probes stay open for the kubelet.
+// Options.MetricsToken, set too, is good for /metrics only (a scraper's);
+// elsewhere it is 403.
 // Errors are JSON objects {"error": "..."}; a wrong method is 405 with Allow.
 package admin
 
@@ -97,6 +99,9 @@ type Options struct {
 	// Token, when set, is the bearer token /metrics, /v1/* and
 	// /debug/pprof/* require.
 	Token string
+	// MetricsToken, when set with Token, is a second bearer token that
+	// GET /metrics takes, and nothing else.
+	MetricsToken string
 	// Pprof serves net/http/pprof under /debug/pprof/.
 	Pprof bool
 	// Logger; nil: no logging.
@@ -115,15 +120,21 @@ func NewHandler(o Options) http.Handler {
 	if o.Token != "" {
 		sum := sha256.Sum256([]byte(o.Token))
 		s.tokenSum = &sum
+		if o.MetricsToken != "" {
+			sum := sha256.Sum256([]byte(o.MetricsToken))
+			s.metricsSum = &sum
+		}
 	}
 
 	mux := http.NewServeMux()
-	route := func(path string, auth bool, methods map[string]http.HandlerFunc) {
+	// auth: none (the probes), the admin token, or either token
+	// (/metrics).
+	route := func(path string, auth access, methods map[string]http.HandlerFunc) {
 		allow := make([]string, 0, len(methods))
 		for m, h := range methods {
 			var hh http.Handler = h
-			if auth {
-				hh = s.authorize(hh)
+			if auth != open {
+				hh = s.authorizeFor(auth, hh)
 			}
 			mux.Handle(m+" "+path, hh)
 			allow = append(allow, m)
@@ -138,25 +149,25 @@ func NewHandler(o Options) http.Handler {
 			w.Header().Set("Allow", strings.Join(allow, ", "))
 			writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed; use %s", r.Method, strings.Join(allow, ", ")))
 		})
-		if auth {
-			notAllowed = s.authorize(notAllowed)
+		if auth != open {
+			notAllowed = s.authorizeFor(auth, notAllowed)
 		}
 		mux.Handle(path, notAllowed)
 	}
-	route("/healthz", false, map[string]http.HandlerFunc{http.MethodGet: s.healthz})
-	route("/readyz", false, map[string]http.HandlerFunc{http.MethodGet: s.readyz})
+	route("/healthz", open, map[string]http.HandlerFunc{http.MethodGet: s.healthz})
+	route("/readyz", open, map[string]http.HandlerFunc{http.MethodGet: s.readyz})
 	metricsH := promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{
 		ErrorLog:      zap.NewStdLog(o.Logger.Named("metrics")),
 		ErrorHandling: promhttp.ContinueOnError,
 	})
-	route("/metrics", true, map[string]http.HandlerFunc{http.MethodGet: metricsH.ServeHTTP})
-	route("/v1/tasks/{source}/{id...}", true, map[string]http.HandlerFunc{
+	route("/metrics", metricsAccess, map[string]http.HandlerFunc{http.MethodGet: metricsH.ServeHTTP})
+	route("/v1/tasks/{source}/{id...}", adminAccess, map[string]http.HandlerFunc{
 		http.MethodGet:    s.getTask,
 		http.MethodDelete: s.deleteTask,
 	})
-	route("/v1/stats", true, map[string]http.HandlerFunc{http.MethodGet: s.stats})
-	route("/v1/stuck", true, map[string]http.HandlerFunc{http.MethodGet: s.listStuck})
-	route("/v1/stuck/{shard}/{seq}", true, map[string]http.HandlerFunc{http.MethodDelete: s.dropStuck})
+	route("/v1/stats", adminAccess, map[string]http.HandlerFunc{http.MethodGet: s.stats})
+	route("/v1/stuck", adminAccess, map[string]http.HandlerFunc{http.MethodGet: s.listStuck})
+	route("/v1/stuck/{shard}/{seq}", adminAccess, map[string]http.HandlerFunc{http.MethodDelete: s.dropStuck})
 	if o.Pprof {
 		// Index also serves the named profiles (heap, goroutine, ...).
 		for path, h := range map[string]http.HandlerFunc{
@@ -202,6 +213,8 @@ type server struct {
 	o        Options
 	log      *zap.Logger
 	tokenSum *[sha256.Size]byte
+	// metricsSum: the token good for /metrics only (Options.MetricsToken).
+	metricsSum *[sha256.Size]byte
 
 	probeMu   sync.Mutex
 	lastProbe map[string]string // per probe, the reason last logged ("" when passing)
@@ -228,10 +241,21 @@ func (s *server) logProbe(probe, reason string) {
 	s.log.Warn("probe fails", zap.String("probe", probe), zap.String("reason", reason))
 }
 
-// authorize requires the bearer token when one is configured. Both sides
-// are hashed before the constant-time compare so that neither the content
-// nor the length of the token leaks through timing.
-func (s *server) authorize(next http.Handler) http.Handler {
+// authorize requires the admin token when one is configured.
+func (s *server) authorize(next http.Handler) http.Handler { return s.authorizeFor(adminAccess, next) }
+
+// access is what an endpoint asks of a request.
+type access int
+
+const (
+	open          access = iota // nothing (the probes)
+	adminAccess                 // the admin token
+	metricsAccess               // the admin token or the metrics token
+)
+
+// authorizeFor requires the token that a asks for, when a token is
+// configured.
+func (s *server) authorizeFor(a access, next http.Handler) http.Handler {
 	if s.tokenSum == nil {
 		return next
 	}
@@ -243,6 +267,12 @@ func (s *server) authorize(next http.Handler) http.Handler {
 		case tokenInvalid:
 			w.Header().Set("WWW-Authenticate", `Bearer realm="delaybridge", error="invalid_token"`)
 			writeError(w, http.StatusUnauthorized, "invalid bearer token")
+		case tokenMetrics:
+			if a != metricsAccess {
+				writeError(w, http.StatusForbidden, "this token is good for /metrics only")
+				return
+			}
+			next.ServeHTTP(w, r)
 		default:
 			next.ServeHTTP(w, r)
 		}
@@ -252,12 +282,15 @@ func (s *server) authorize(next http.Handler) http.Handler {
 type tokenCheck int
 
 const (
-	tokenValid tokenCheck = iota // or none configured
+	tokenValid   tokenCheck = iota // the admin token, or none configured
+	tokenMetrics                   // the metrics token
 	tokenMissing
 	tokenInvalid
 )
 
-// token checks r's bearer token against the configured one.
+// token checks r's bearer token against the configured ones. Both sides
+// are hashed before the constant-time compares, so that neither the
+// content nor the length of a token leaks through timing.
 func (s *server) token(r *http.Request) tokenCheck {
 	if s.tokenSum == nil {
 		return tokenValid
@@ -267,10 +300,15 @@ func (s *server) token(r *http.Request) tokenCheck {
 		return tokenMissing
 	}
 	sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
-	if subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) != 1 {
-		return tokenInvalid
+	admin := subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) == 1
+	metrics := s.metricsSum != nil && subtle.ConstantTimeCompare(sum[:], s.metricsSum[:]) == 1
+	switch {
+	case admin:
+		return tokenValid
+	case metrics:
+		return tokenMetrics
 	}
-	return tokenValid
+	return tokenInvalid
 }
 
 // probeDetail is the reason a probe gives: all of it for a request with

@@ -16,10 +16,11 @@ import (
 )
 
 // FuzzHandler sends any method, path, query and Authorization header to
-// the handler of a real engine holding two tasks, with a token set. It
-// never panics and answers with a known status; without the token nothing
-// but the probes answers 2xx; and a task leaves only by an authorized
-// DELETE under /v1/tasks/.
+// the handler of a real engine holding two tasks, with an admin token and
+// a metrics token set. It never panics and answers with a known status;
+// without the admin token nothing but the probes and, with the metrics
+// token, /metrics answers 2xx; and a task leaves only by a DELETE under
+// /v1/tasks/ with the admin token.
 func FuzzHandler(f *testing.F) {
 	for _, s := range []struct {
 		method              uint8
@@ -33,6 +34,8 @@ func FuzzHandler(f *testing.F) {
 		{0, "/healthz", "", ""},
 		{0, "/v1//tasks/a/../b", "", "Bearer tok"},
 		{2, "/metrics", "", "Basic dG9r"},
+		{0, "/metrics", "", "Bearer scrape"},
+		{1, "/v1/tasks/delay/order-1", "", "Bearer scrape"},
 		{0, "/v1/stats", "x=%zz", "Bearer tok"},
 	} {
 		f.Add(s.method, s.path, s.query, s.header)
@@ -55,9 +58,9 @@ func FuzzHandler(f *testing.F) {
 			t.Fatalf("%d pending after restoring, want 2", n)
 		}
 	}
-	h := NewHandler(Options{Engine: e, Ready: func() error { return nil }, Gatherer: reg, Token: "tok",
+	h := NewHandler(Options{Engine: e, Ready: func() error { return nil }, Gatherer: reg, Token: "tok", MetricsToken: "scrape",
 		Logger: zaptest.NewLogger(f, zaptest.Level(zap.ErrorLevel))})
-	known := map[int]bool{200: true, 204: true, 400: true, 401: true, 404: true, 405: true, 500: true, 503: true}
+	known := map[int]bool{200: true, 204: true, 400: true, 401: true, 403: true, 404: true, 405: true, 500: true, 503: true}
 	f.Fuzz(func(t *testing.T, m uint8, path, query, header string) {
 		if e.Stats().Pending != 2 {
 			restore(t)
@@ -83,7 +86,8 @@ func FuzzHandler(f *testing.F) {
 		scheme, tok, _ := strings.Cut(header, " ")
 		authorized := strings.EqualFold(scheme, "Bearer") && strings.TrimSpace(tok) == "tok"
 		probe := u.Path == "/healthz" || u.Path == "/readyz"
-		if !authorized && !probe && code/100 == 2 {
+		scraper := strings.EqualFold(scheme, "Bearer") && strings.TrimSpace(tok) == "scrape" && u.Path == "/metrics"
+		if !authorized && !probe && !scraper && code/100 == 2 {
 			t.Fatalf("%s %s without the token (Authorization %q): status %d", method, u, header, code)
 		}
 		if e.Stats().Pending < 2 && !(authorized && method == http.MethodDelete && strings.HasPrefix(u.Path, "/v1/tasks/") && code == http.StatusNoContent) {

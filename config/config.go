@@ -205,6 +205,11 @@ type Admin struct {
 	Listen    string `yaml:"listen"` // default 127.0.0.1:8080
 	Token     Secret `yaml:"token"`
 	TokenFile string `yaml:"token_file"` // read by Load into Token
+	// MetricsToken, with Token set, is a second bearer token that is good
+	// for GET /metrics only: a scraper holding it cannot read or cancel
+	// tasks. MetricsTokenFile is read by Load into it.
+	MetricsToken     Secret `yaml:"metrics_token"`
+	MetricsTokenFile string `yaml:"metrics_token_file"`
 	// AllowInsecureListen permits a non-loopback listen without a token.
 	AllowInsecureListen bool `yaml:"allow_insecure_listen"`
 	// Pprof serves Go's runtime profiles under /debug/pprof/ (behind the
@@ -394,6 +399,7 @@ func (c *Config) readSecrets(v *validator) {
 		read("nats.token", n.TokenFile, &n.Token)
 	}
 	read("admin.token", c.Admin.TokenFile, &c.Admin.Token)
+	read("admin.metrics_token", c.Admin.MetricsTokenFile, &c.Admin.MetricsToken)
 }
 
 // Redacted returns a deep copy with every secret replaced by "REDACTED".
@@ -422,6 +428,7 @@ func (c *Config) Redacted() *Config {
 		r.NATS = &n
 	}
 	r.Admin.Token = red(r.Admin.Token)
+	r.Admin.MetricsToken = red(r.Admin.MetricsToken)
 	return &r
 }
 

@@ -336,6 +336,14 @@ func TestSecretsFromFiles(t *testing.T) {
 	if got := c.Admin.Token.Value(); got != "admin-token" {
 		t.Errorf("admin token %q", got)
 	}
+	mt := writeSecret(t, "scrape\n")
+	c = mustLoad(t, validYAML, "DELAYBRIDGE_ADMIN_TOKEN_FILE="+at, "DELAYBRIDGE_ADMIN_METRICS_TOKEN_FILE="+mt)
+	if got := c.Admin.MetricsToken.Value(); got != "scrape" {
+		t.Errorf("metrics token %q", got)
+	}
+	if r := c.Redacted(); r.Admin.MetricsToken.Value() != "REDACTED" {
+		t.Errorf("redacted metrics token %q", r.Admin.MetricsToken.Value())
+	}
 	tf := writeSecret(t, "nats-token")
 	c = mustLoad(t, validYAML, "DELAYBRIDGE_NATS_TOKEN_FILE="+tf)
 	if c.NATS.Token.Value() != "nats-token" {

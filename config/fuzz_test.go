@@ -58,7 +58,7 @@ func FuzzLoad(f *testing.F) {
 }
 
 func hasSecretFile(c *Config) bool {
-	return c.Admin.TokenFile != "" ||
+	return c.Admin.TokenFile != "" || c.Admin.MetricsTokenFile != "" ||
 		(c.Kafka != nil && c.Kafka.SASL.PasswordFile != "") ||
 		(c.NATS != nil && (c.NATS.PasswordFile != "" || c.NATS.TokenFile != ""))
 }

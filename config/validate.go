@@ -118,6 +118,15 @@ func (c *Config) validate(v *validator) {
 		}
 	}
 	checkBearerToken(v, "admin.token", c.Admin.Token.Value(), c.Admin.TokenFile)
+	if mt := c.Admin.MetricsToken.Value(); mt != "" {
+		checkBearerToken(v, "admin.metrics_token", mt, c.Admin.MetricsTokenFile)
+		switch {
+		case c.Admin.Token == "":
+			v.add("admin.metrics_token", "needs admin.token (without it /metrics is open to anyone who can reach admin.listen)")
+		case mt == c.Admin.Token.Value():
+			v.add("admin.metrics_token", "must differ from admin.token: it is the token good for /metrics only")
+		}
+	}
 	if c.Admin.Listen == "" {
 		v.add("admin.listen", "required")
 	} else if err := CheckListen(c.Admin.Listen, c.Admin.Token.Value(), c.Admin.AllowInsecureListen); err != nil {

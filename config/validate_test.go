@@ -180,6 +180,10 @@ func TestValidate(t *testing.T) {
 		{"admin token blank", func(c *Config) { c.Admin.Listen = "0.0.0.0:8080"; c.Admin.Token = " " }, "admin.token: must not begin or end with white space"},
 		{"admin token control character", func(c *Config) { c.Admin.Token = "s3\nc\x00r3t" }, "admin.token: must not hold control characters"},
 		{"admin token from a file", func(c *Config) { c.Admin.Token, c.Admin.TokenFile = "s3cr3t ", "/run/token" }, "admin.token: must not begin or end with white space (read from admin.token_file /run/token)"},
+		{"metrics token ok", func(c *Config) { c.Admin.Token, c.Admin.MetricsToken = "adm", "scrape" }, ""},
+		{"metrics token without admin token", func(c *Config) { c.Admin.MetricsToken = "scrape" }, "admin.metrics_token: needs admin.token"},
+		{"metrics token same as admin token", func(c *Config) { c.Admin.Token, c.Admin.MetricsToken = "adm", "adm" }, "admin.metrics_token: must differ from admin.token"},
+		{"metrics token trailing space", func(c *Config) { c.Admin.Token, c.Admin.MetricsToken = "adm", "scrape " }, "admin.metrics_token: must not begin or end with white space"},
 		{"admin token inner space ok", func(c *Config) { c.Admin.Token = "s3 cr3t" }, ""},
 	}
 	for _, tt := range tests {

@@ -106,7 +106,8 @@ func loadRendered(t *testing.T, m manifests, env []string) *config.Config {
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(p, []byte("stand-in\n"), 0o600); err != nil {
+		// Distinct per file: two tokens may not be the same.
+		if err := os.WriteFile(p, []byte("stand-in-"+filepath.Base(p)+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}

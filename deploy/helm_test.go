@@ -745,11 +745,16 @@ func checkServices(t *testing.T, m manifests) {
 
 func checkServiceMonitor(t *testing.T, sm serviceMonitor, m manifests, cfg map[string]any) {
 	t.Helper()
-	// With an admin token the bridge asks for it on /metrics too.
+	// With an admin token the bridge asks for a token on /metrics too:
+	// the metrics token when there is one, so that Prometheus holds no
+	// admin credential.
 	if _, ok := lookup(cfg, "admin.token_file"); ok && len(sm.Spec.Endpoints) == 1 {
 		a := sm.Spec.Endpoints[0].Authorization
 		if a == nil || a.Type != "Bearer" || a.Credentials.Name == "" || a.Credentials.Key == "" {
 			t.Errorf("ServiceMonitor scrapes without the admin token (authorization %+v) but /metrics requires it", a)
+		}
+		if _, metrics := lookup(cfg, "admin.metrics_token_file"); metrics && a != nil && a.Credentials.Name != "delaybridge-metrics" {
+			t.Errorf("ServiceMonitor scrapes with Secret %q, want the metrics token's (delaybridge-metrics)", a.Credentials.Name)
 		}
 	}
 	if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != "http" || sm.Spec.Endpoints[0].Path != "/metrics" {
@@ -866,6 +871,8 @@ func TestHelmTemplateRefuses(t *testing.T) {
 			"max_delay"},
 		{"unknown SASL mechanism", append([]string{"--set", "config.kafka.sasl.mechanism=GSSAPI"}, withToken...),
 			"mechanism"},
+		{"metrics token without an admin token", []string{"--set", "secrets.metricsToken.secretName=m", "--set", "config.admin.allow_insecure_listen=true"},
+			"secrets.metricsToken needs secrets.adminToken"},
 		{"credentials in the NATS url", []string{"--set", "secrets.adminToken.secretName=admin", "--set", "config.nats.enabled=true",
 			"--set", "config.nats.url=nats://alice:pw@nats:4222", "--set", "config.nats.sources[0].subject=delay.>", "--set", "config.nats.sources[0].dlq=dlq.delay"},
 			"config.nats.url carries credentials"},

@@ -133,8 +133,10 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 		Live:     s.Live,
 		Gatherer: s.reg,
 		Token:    cfg.Admin.Token.Value(),
-		Pprof:    cfg.Admin.Pprof,
-		Logger:   s.log.Named("admin"),
+		// good for /metrics only
+		MetricsToken: cfg.Admin.MetricsToken.Value(),
+		Pprof:        cfg.Admin.Pprof,
+		Logger:       s.log.Named("admin"),
 	})
 	if cfg.Kafka != nil {
 		l := &lateSink{transport: "kafka", tried: make(chan struct{}), setup: func(ctx context.Context, b *built) error { return s.setupKafka(ctx, s.opts, b) }}

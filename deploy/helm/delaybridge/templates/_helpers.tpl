@@ -64,6 +64,7 @@ Where each credential is mounted. The keys are the names under
 */}}
 {{- define "delaybridge.secretPaths" -}}
 adminToken: admin/token
+metricsToken: admin/metrics-token
 kafkaSaslPassword: kafka/sasl-password
 kafkaTlsCa: kafka/tls/ca.crt
 kafkaTlsCert: kafka/tls/tls.crt
@@ -98,6 +99,9 @@ it is the one a default install always hits.
 {{- $c := .Values.config }}
 {{- if and (not .Values.secrets.adminToken.secretName) (not $c.admin.allow_insecure_listen) }}
 {{- fail (printf "delaybridge: the admin API listens on every interface of the pod (:%d) and needs an explicit auth decision: set secrets.adminToken.secretName (an existing Secret holding the bearer token, key secrets.adminToken.key), or set config.admin.allow_insecure_listen=true to serve it without a token" (int .Values.service.port)) }}
+{{- end }}
+{{- if and .Values.secrets.metricsToken.secretName (not .Values.secrets.adminToken.secretName) }}
+{{- fail "delaybridge: secrets.metricsToken needs secrets.adminToken: without an admin token /metrics (and /v1/...) need no token at all" }}
 {{- end }}
 {{- if and (not $c.kafka.enabled) (not $c.nats.enabled) }}
 {{- fail "delaybridge: enable at least one transport: config.kafka.enabled or config.nats.enabled" }}
@@ -202,6 +206,9 @@ The bridge's config.yaml: the user's config with the chart-only keys
 {{- $admin := dict "listen" (printf ":%d" (int .Values.service.port)) }}
 {{- with include "delaybridge.secretFile" (list . "adminToken") }}
 {{- $_ := set $admin "token_file" . }}
+{{- end }}
+{{- with include "delaybridge.secretFile" (list . "metricsToken") }}
+{{- $_ := set $admin "metrics_token_file" . }}
 {{- end }}
 {{- if $c.admin.allow_insecure_listen }}
 {{- $_ := set $admin "allow_insecure_listen" true }}
