@@ -92,7 +92,7 @@ func heldSlotBounds(l int) (lo, hi int64) {
 }
 
 // defaultOutageMemory is Options.OutageMemory's default: tasks per shard
-// waiting in memory for an unreachable target (75-220 bytes each, see
+// waiting in memory for an unreachable target (75-250 bytes each, see
 // BenchmarkOutageMemory).
 const defaultOutageMemory = 65536
 
