@@ -33,8 +33,9 @@ import (
 // tasks lie together per target group in due order (equal dues in
 // store-sequence order), a group that is still down can be stepped over
 // with one seek, and the first key of each group is its oldest task. Two
-// targets that share a group are released together; a down one then makes
-// the up one's probes wait for its backoff, until a delivery to either. Each shard
+// targets that share a group are released together: while one is down,
+// the other's tasks are tried with its probes, which go round the group
+// (each from where the last stopped). Each shard
 // releases them per transport, when that lane has no batch in the sink,
 // up to a batch at a time, claimed like due tasks and read once, from a
 // cursor that walks the held range and wraps around. A released task that
@@ -116,12 +117,21 @@ type holdState struct {
 }
 
 // heldBackoff is a down group's: no release before until (ms), the
-// wait that set it, and whether its last batch was partly delivered
-// (heldOutcomeLocked).
+// wait that set it, whether its last batch was partly delivered
+// (heldOutcomeLocked), and the key its next probe starts from (0: the
+// group's start).
 type heldBackoff struct {
-	until   int64
-	wait    time.Duration
-	partial bool
+	until      int64
+	wait       time.Duration
+	partial    bool
+	resumeFire int64
+	resumeSeq  uint64
+}
+
+// keyFire is the fire time of a t key (0 if it is not one).
+func keyFire(k []byte) int64 {
+	_, fire, _, _ := parseTaskKey(k)
+	return fire
 }
 
 // heldRetry is how long a lane whose held tasks could not be claimed
@@ -187,16 +197,37 @@ func (s *shard) claimHeldLocked(now int64, limit int) ([]fireItem, error) {
 					ok = it.Next()
 					continue
 				}
-				if g := groupOf(fire); g != cur || !h.down[g].partial {
-					if d, down := h.down[g]; down && now < d.until {
+				g := groupOf(fire)
+				if g != cur || !h.down[g].partial {
+					d, down := h.down[g]
+					if down && now < d.until {
 						wake = min(wake, d.until)
 						ok = it.SeekGE(taskBound(s.id, g+1<<heldDueBits)) // the rest of the group
+						continue
+					}
+					if down && g != cur && d.resumeFire != 0 && (fire < d.resumeFire || fire == d.resumeFire && seq < d.resumeSeq) {
+						// A down group's probes go round it, each from
+						// where the last stopped: tasks that keep failing
+						// at its head (a partition down, a colliding
+						// target down) do not strand those behind them.
+						cur = g
+						if ok = it.SeekGE(appendTaskKey(nil, s.id, d.resumeFire, d.resumeSeq)); !ok || groupOf(keyFire(it.Key())) != g {
+							d.resumeFire, d.resumeSeq = 0, 0 // past its end: from its start next time
+							h.down[g] = d
+						}
 						continue
 					}
 					cur = g
 				}
 				h.cursorFire, h.cursorSeq = fire, seq+1
 				ok = it.Next()
+				if d, down := h.down[g]; down {
+					d.resumeFire, d.resumeSeq = fire, seq+1
+					if !ok || groupOf(keyFire(it.Key())) != g {
+						d.resumeFire, d.resumeSeq = 0, 0 // its end: from its start next time
+					}
+					h.down[g] = d
+				}
 				if s.heldBusyLocked(seq) {
 					continue
 				}

@@ -435,3 +435,110 @@ func TestHeldOldestOverdueOutOfOrder(t *testing.T) {
 		t.Fatalf("released %v, want [early late]", got)
 	}
 }
+
+// collidingTarget returns a target other than t whose held group (for
+// transport slot l) is t's.
+func collidingTarget(l int, t string) string {
+	g := heldGroup(l, t)
+	for i := 0; ; i++ {
+		c := fmt.Sprintf("coll%d", i)
+		if heldGroup(l, c) == g {
+			return c
+		}
+	}
+}
+
+// TestHeldPartlyDownGroupDoesNotStrandTheRest: one target ("out"), a Kafka topic
+// with one partition down. 40 tasks are held through a full outage; then
+// only the first 16 (the down partition's, first in the group's due/seq
+// order) keep failing. The 24 others must be delivered: each probe of the
+// group starts where the last stopped (they were stranded behind the
+// first batch, review).
+func TestHeldPartlyDownGroupDoesNotStrandTheRest(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.OutageMemory = -1
+		o.FireBatch = 8
+		o.Retry = RetryPolicy{Initial: time.Second, Max: 8 * time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+	})
+	h.sink.setFail(func(*codec.Task) error { return errDown })
+	var batch []codec.Task
+	for i := range 40 {
+		batch = append(batch, sched(fmt.Sprintf("t%03d", i), t0.Add(time.Second), int64(i+1)))
+	}
+	h.ingest(batch)
+	h.run()
+	h.advance(time.Second)
+	h.advance(time.Second)
+	if st := h.e.Stats(); st.Held != 40 {
+		t.Fatalf("held %d, want 40", st.Held)
+	}
+	h.sink.setFail(func(tk *codec.Task) error {
+		if tk.ID < "t016" { // the down partition's
+			return errDown
+		}
+		return nil
+	})
+	for range 120 { // two minutes
+		h.advance(time.Second)
+	}
+	got := map[string]bool{}
+	for _, id := range h.sink.acked() {
+		got[id] = true
+	}
+	t.Logf("delivered %d of the 24 up tasks; %d delivery attempts in all", len(got), len(h.sink.all()))
+	if len(got) != 24 {
+		t.Fatalf("%d of the 24 held tasks of the up partition delivered in 2 minutes; the rest stranded behind the down partition's", len(got))
+	}
+}
+
+// TestHeldCollidingTargetDoesNotStrandTheOther: two targets share a held
+// group; the down one's held tasks come first. The up one's are delivered
+// while the other stays down (they were stranded, review).
+func TestHeldCollidingTargetDoesNotStrandTheOther(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.OutageMemory = -1
+		o.FireBatch = 8
+		o.Retry = RetryPolicy{Initial: time.Second, Max: 8 * time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+	})
+	downT := collidingTarget(int(codec.TransportKafka), "out")
+	h.sink.setFail(func(*codec.Task) error { return errDown })
+	var batch []codec.Task
+	for i := range 40 {
+		tk := sched(fmt.Sprintf("t%03d", i), t0.Add(time.Second), int64(i+1))
+		if i < 16 {
+			tk.Target = downT
+		}
+		batch = append(batch, tk)
+	}
+	h.ingest(batch)
+	h.run()
+	h.advance(time.Second)
+	h.advance(time.Second)
+	if st := h.e.Stats(); st.Held != 40 {
+		t.Fatalf("held %d, want 40", st.Held)
+	}
+	h.sink.setFail(func(tk *codec.Task) error {
+		if tk.Target == downT {
+			return errDown
+		}
+		return nil
+	})
+	// Also deliveries to "out" of tasks that were never held.
+	for i := range 5 {
+		h.ingest([]codec.Task{sched(fmt.Sprintf("fresh%d", i), t0.Add(time.Duration(10+i)*time.Second), int64(100+i))})
+	}
+	for range 120 {
+		h.advance(time.Second)
+	}
+	n := 0
+	for _, id := range h.sink.acked() {
+		if id[0] == 't' {
+			n++
+		}
+	}
+	if n != 24 {
+		t.Fatalf("%d of the 24 held tasks of the up target %q delivered in 2 minutes (down target %q shares its group)", n, "out", downT)
+	}
+}
