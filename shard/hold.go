@@ -50,7 +50,9 @@ import (
 //
 // The held counts are stored per shard and transport (h keys, merge
 // operands like the pending counts), so Stats and the metrics are exact
-// after a restart too.
+// after a restart too. The groups' backoffs and probe positions are not:
+// after a restart each group is probed from its start, the backoff
+// starting again at Retry.Initial.
 
 // heldBase is the lowest held fire time: far above any due time
 // (codec.MaxDue, under 2^48) or retry time; heldBase + transportSlots<<60
