@@ -217,23 +217,30 @@ type server struct {
 	metricsSum *[sha256.Size]byte
 
 	probeMu   sync.Mutex
-	lastProbe map[string]string // per probe, the reason last logged ("" when passing)
+	lastProbe map[string]string // per probe, the reason last logged, digits as # ("" when passing)
 }
 
 // logProbe logs a probe's reason when it changed since the last call
 // (reason "" when the probe passes), so the log has what an open probe
-// does not say, once per change rather than once per kubelet poll.
+// does not say, once per change rather than once per kubelet poll. Numbers
+// do not count as a change: "writes held for 12s" is the reason of
+// "writes held for 5s", a second later or two.
 func (s *server) logProbe(probe, reason string) {
 	s.probeMu.Lock()
 	defer s.probeMu.Unlock()
 	if s.lastProbe == nil {
 		s.lastProbe = make(map[string]string)
 	}
-	last := s.lastProbe[probe]
-	if reason == last {
+	shape := strings.Map(func(r rune) rune {
+		if r >= '0' && r <= '9' {
+			return '#'
+		}
+		return r
+	}, reason)
+	if shape == s.lastProbe[probe] {
 		return
 	}
-	s.lastProbe[probe] = reason
+	s.lastProbe[probe] = shape
 	if reason == "" {
 		s.log.Info("probe passes again", zap.String("probe", probe))
 		return

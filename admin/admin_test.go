@@ -615,6 +615,9 @@ func TestProbeReasonLogged(t *testing.T) {
 		{nil, 2, nil},
 		{errors.New("not ready: kafka: dlq delay.dlq unwritable"), 3, []string{"probe fails: kafka: dlq delay.dlq unwritable"}},
 		{errors.New("not ready: nats: connecting"), 2, []string{"probe fails: nats: connecting"}},
+		// Only a number changes (a stall's age): the same reason.
+		{errors.New("not ready: store: writes held for 12s"), 1, []string{"probe fails: store: writes held for 12s"}},
+		{errors.New("not ready: store: writes held for 13s"), 2, nil},
 		{nil, 2, []string{"probe passes again: "}},
 	}
 	for i, st := range steps {
