@@ -330,14 +330,11 @@ func (e *Engine) recover() error {
 	} else if err := safeCall(func() error { return e.db.Set(shardsKey, []byte{byte(n >> 8), byte(n)}, pebble.Sync) }); err != nil {
 		return fmt.Errorf("shard: recover: write shard count: %w", err)
 	}
-	v, found, err = getCopy(e.db, seqKey)
+	seq, _, err := getU64(e.db, seqKey)
 	if err != nil {
 		return fmt.Errorf("shard: recover: read sequence: %w", err)
 	}
-	if found && len(v) == 8 {
-		e.seq.Store(uint64(v[0])<<56 | uint64(v[1])<<48 | uint64(v[2])<<40 | uint64(v[3])<<32 |
-			uint64(v[4])<<24 | uint64(v[5])<<16 | uint64(v[6])<<8 | uint64(v[7]))
-	}
+	e.seq.Store(seq)
 	now := e.nowMs()
 	e.shards = make([]*shard, n)
 	for i := range e.shards {
@@ -358,14 +355,11 @@ func (e *Engine) recover() error {
 		}
 		s.pendingG = e.m.Pending.WithLabelValues(s.label)
 		s.inWheelG = e.m.InWheel.WithLabelValues(s.label)
-		v, found, err := getCopy(e.db, countKey(i))
+		pending, _, err := getU64(e.db, countKey(i))
 		if err != nil {
 			return fmt.Errorf("shard: recover: read pending count of shard %d: %w", i, err)
 		}
-		if found && len(v) == 8 {
-			s.pending = int64(uint64(v[0])<<56 | uint64(v[1])<<48 | uint64(v[2])<<40 | uint64(v[3])<<32 |
-				uint64(v[4])<<24 | uint64(v[5])<<16 | uint64(v[6])<<8 | uint64(v[7]))
-		}
+		s.pending = int64(pending)
 		s.pendingG.Set(float64(s.pending))
 		e.shards[i] = s
 	}

@@ -567,9 +567,7 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 	}
 	for _, it := range retry {
 		delete(s.inflight, it.seq)
-		if !isHeld(it.fire) { // a held one is released again from the store
-			s.w.Add(it.fire, it.seq)
-		}
+		s.addLocked(it.fire, it.seq) // a held one stays out: it is released again from the store
 	}
 	s.inWheelG.Set(float64(s.w.Len()))
 }

@@ -379,14 +379,14 @@ func writeHeldCounts(b *pebble.Batch, shard int, pb *pendingBatch) {
 func (s *shard) loadHeldLocked() error {
 	for l := range s.lanes {
 		h := &s.lanes[l].hold
-		v, found, err := getCopy(s.e.db, heldKey(s.id, l))
+		v, found, err := getU64(s.e.db, heldKey(s.id, l))
 		if err != nil {
 			return fmt.Errorf("read held count of shard %d: %w", s.id, err)
 		}
-		if !found || len(v) != 8 {
+		if !found {
 			continue
 		}
-		h.n = max(int64(binary.BigEndian.Uint64(v)), 0)
+		h.n = max(int64(v), 0)
 		s.heldGauge(l).Set(float64(h.n))
 		if h.n == 0 {
 			continue

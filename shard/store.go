@@ -421,6 +421,16 @@ func (r *indexReader) close() {
 	}
 }
 
+// getU64 reads an 8-byte big-endian value (a counter, the sequence): ok
+// false, and 0, when there is none of that size.
+func getU64(db *pebble.DB, key []byte) (v uint64, ok bool, err error) {
+	b, found, err := getCopy(db, key)
+	if err != nil || !found || len(b) != 8 {
+		return 0, false, err
+	}
+	return binary.BigEndian.Uint64(b), true, nil
+}
+
 // getCopy reads a value and copies it out of Pebble's buffer.
 func getCopy(db *pebble.DB, key []byte) ([]byte, bool, error) {
 	v, closer, err := db.Get(key)
