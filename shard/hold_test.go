@@ -23,15 +23,47 @@ func (e *Engine) inMemory() (wheel, late int) {
 	return wheel, late
 }
 
-// holdHarness: one shard, at most 10 waiting tasks in memory, batches of
-// 8, retries after 1 s doubling to 8 s, no jitter.
-func holdHarness(t *testing.T) *harness {
+// holdHarness: one shard keeping at most memory waiting tasks in memory
+// (negative: none, every one held), batches of 8, retries after 1 s
+// doubling to 8 s, no jitter; mod adjusts the options further.
+func holdHarness(t *testing.T, memory int, mod ...func(*Options)) *harness {
 	return newHarness(t, func(o *Options) {
 		o.Shards = 1
-		o.OutageMemory = 10
+		o.OutageMemory = memory
 		o.FireBatch = 8
 		o.Retry = RetryPolicy{Initial: time.Second, Max: 8 * time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+		for _, m := range mod {
+			m(o)
+		}
 	})
+}
+
+// holdTasks ingests batch against a sink that refuses every delivery as
+// unavailable, runs the engine and lets the tasks come due (a second
+// round for retries of the first): want of them must then be held.
+func holdTasks(t *testing.T, h *harness, batch []codec.Task, want int64) {
+	t.Helper()
+	h.sink.setFail(func(*codec.Task) error { return errDown })
+	h.ingest(batch)
+	h.run()
+	h.advance(time.Second)
+	if h.e.Stats().Held != want {
+		h.advance(time.Second)
+	}
+	if st := h.e.Stats(); st.Held != want {
+		t.Fatalf("held %d, want %d", st.Held, want)
+	}
+}
+
+// checkDeliveredOnce fails unless the sink acknowledged n deliveries, each
+// of another id.
+func checkDeliveredOnce(t *testing.T, h *harness, n int) {
+	t.Helper()
+	acked := h.sink.acked()
+	slices.Sort(acked)
+	if ids := len(slices.Compact(slices.Clone(acked))); len(acked) != n || ids != n {
+		t.Fatalf("%d deliveries (%d ids), want each of %d once", len(acked), ids, n)
+	}
 }
 
 // TestOutageHoldsTasksOnDisk: through a long outage of its target, a
@@ -41,7 +73,7 @@ func holdHarness(t *testing.T) *harness {
 // attempt charged. Before holding, every overdue task stayed in the wheel
 // and the late map for the whole outage (200 of each here).
 func TestOutageHoldsTasksOnDisk(t *testing.T) {
-	h := holdHarness(t)
+	h := holdHarness(t, 10)
 	down := fmt.Errorf("broker down: %w", ErrUnavailable)
 	h.sink.setFail(func(*codec.Task) error { return down })
 	const n = 200
@@ -83,11 +115,7 @@ func TestOutageHoldsTasksOnDisk(t *testing.T) {
 	for range 20 {
 		h.advance(time.Second)
 	}
-	acked := h.sink.acked()
-	slices.Sort(acked)
-	if len(acked) != n || len(slices.Compact(acked)) != n {
-		t.Fatalf("%d deliveries (%d ids) after the outage, want each of %d once", len(acked), len(slices.Compact(acked)), n)
-	}
+	checkDeliveredOnce(t, h, n)
 	for _, d := range h.sink.all() {
 		if d.Err == nil && d.Attempts != 0 {
 			t.Fatalf("%s delivered with %d attempts charged; an outage charges none", d.ID, d.Attempts)
@@ -104,25 +132,18 @@ func TestOutageHoldsTasksOnDisk(t *testing.T) {
 // unavailable until most are held.
 func holdAll(t *testing.T, h *harness, n int) {
 	t.Helper()
-	down := fmt.Errorf("broker down: %w", ErrUnavailable)
-	h.sink.setFail(func(*codec.Task) error { return down })
 	var batch []codec.Task
 	for i := range n {
 		batch = append(batch, sched(fmt.Sprintf("t%03d", i), t0.Add(time.Second), int64(i+1)))
 	}
-	h.ingest(batch)
-	h.run()
-	h.advance(time.Second)
-	if st := h.e.Stats(); st.Held != int64(n-10) {
-		t.Fatalf("held %d, want %d", st.Held, n-10)
-	}
+	holdTasks(t, h, batch, int64(n-10))
 }
 
 // TestHeldTasksSurviveRestart: the held tasks, their count and their
 // oldest due are found again after a restart, stay out of the wheel,
 // and are delivered once the target answers.
 func TestHeldTasksSurviveRestart(t *testing.T) {
-	h := holdHarness(t)
+	h := holdHarness(t, 10)
 	const n = 100
 	holdAll(t, h, n)
 	h.advance(3 * time.Second)
@@ -140,11 +161,7 @@ func TestHeldTasksSurviveRestart(t *testing.T) {
 	for range 10 {
 		h.advance(time.Second)
 	}
-	acked := h.sink.acked()
-	slices.Sort(acked)
-	if len(acked) != n || len(slices.Compact(acked)) != n {
-		t.Fatalf("%d deliveries after the restart, want each of %d once", len(acked), n)
-	}
+	checkDeliveredOnce(t, h, n)
 	if st := h.e.Stats(); st.Pending != 0 || st.Held != 0 {
 		t.Fatalf("after delivery: %+v", st)
 	}
@@ -155,7 +172,7 @@ func TestHeldTasksSurviveRestart(t *testing.T) {
 // as any stored one: the cancelled one is never delivered, the replaced
 // one only as its new version at its new due, and the held count follows.
 func TestHeldTaskReplacedAndCancelled(t *testing.T) {
-	h := holdHarness(t)
+	h := holdHarness(t, 10)
 	const n = 50
 	holdAll(t, h, n)
 	for _, id := range []string{"t040", "t041"} {
@@ -208,7 +225,7 @@ func TestHeldTaskReplacedAndCancelled(t *testing.T) {
 // are probed at a backoff; the held tasks of the other target behind
 // them in the held range are all delivered.
 func TestHeldTasksOfADownTargetDoNotHoldBackOthers(t *testing.T) {
-	h := holdHarness(t)
+	h := holdHarness(t, 10)
 	const n = 120
 	down := fmt.Errorf("broker down: %w", ErrUnavailable)
 	h.sink.setFail(func(*codec.Task) error { return down })
@@ -254,7 +271,7 @@ func TestHeldTasksOfADownTargetDoNotHoldBackOthers(t *testing.T) {
 // wheel, with its attempt counted, and ends as a publish-failed dead
 // letter when its attempts are used up.
 func TestHeldTaskOtherFailureLeavesHold(t *testing.T) {
-	h := holdHarness(t)
+	h := holdHarness(t, 10)
 	const n = 30
 	holdAll(t, h, n)
 	h.sink.setFail(func(t *codec.Task) error {
@@ -288,13 +305,7 @@ var errDown = fmt.Errorf("broker down: %w", ErrUnavailable)
 // lane releases its own held tasks; the NATS ones must not wait for the
 // whole Kafka backlog.
 func TestHeldReleaseFairAcrossTransports(t *testing.T) {
-	h := newHarness(t, func(o *Options) {
-		o.Shards = 1
-		o.OutageMemory = -1 // every waiting task held on disk
-		o.FireBatch = 8
-		o.Retry = RetryPolicy{Initial: time.Second, Max: 8 * time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
-	})
-	h.sink.setFail(func(*codec.Task) error { return errDown })
+	h := holdHarness(t, -1)
 	var batch []codec.Task
 	for i := range 400 {
 		batch = append(batch, sched(fmt.Sprintf("k%03d", i), t0.Add(time.Second), int64(i+1)))
@@ -304,13 +315,7 @@ func TestHeldReleaseFairAcrossTransports(t *testing.T) {
 		n.Transport, n.Target = codec.TransportNATS, "subj"
 		batch = append(batch, n)
 	}
-	h.ingest(batch)
-	h.run()
-	h.advance(time.Second)
-	h.advance(time.Second)
-	if st := h.e.Stats(); st.Held != 440 {
-		t.Fatalf("held %d, want 440", st.Held)
-	}
+	holdTasks(t, h, batch, 440)
 	h.sink.reset()
 	h.sink.setFail(nil)
 	h.advance(10 * time.Second) // both groups' backoffs over: one release round
@@ -345,12 +350,7 @@ func TestHeldReleaseFairAcrossTransports(t *testing.T) {
 // holdTwoTargets holds 20 tasks of target "a" due at t0+1s and 20 of "b"
 // due at t0+20s (every waiting task held), at t0+30s.
 func holdTwoTargets(t *testing.T) *harness {
-	h := newHarness(t, func(o *Options) {
-		o.Shards = 1
-		o.OutageMemory = -1
-		o.FireBatch = 8
-		o.Retry = RetryPolicy{Initial: time.Second, Max: 8 * time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
-	})
+	h := holdHarness(t, -1)
 	h.sink.setFail(func(*codec.Task) error { return errDown })
 	var batch []codec.Task
 	for i := range 20 {
@@ -408,10 +408,7 @@ func TestHeldOldestOverdueAfterPartialRelease(t *testing.T) {
 // one ingested first is due later; the oldest overdue is the other's due,
 // before and after a restart (held tasks lie in due order per target).
 func TestHeldOldestOverdueOutOfOrder(t *testing.T) {
-	h := newHarness(t, func(o *Options) {
-		o.Shards = 1
-		o.OutageMemory = -1 // every waiting task held on disk
-	})
+	h := holdHarness(t, -1)
 	h.sink.setFail(func(*codec.Task) error { return errDown })
 	h.ingest([]codec.Task{sched("late", t0.Add(5*time.Second), 1), sched("early", t0.Add(time.Second), 2)})
 	h.run()
@@ -455,24 +452,12 @@ func collidingTarget(l int, t string) string {
 // group starts where the last stopped (they were stranded behind the
 // first batch, review).
 func TestHeldPartlyDownGroupDoesNotStrandTheRest(t *testing.T) {
-	h := newHarness(t, func(o *Options) {
-		o.Shards = 1
-		o.OutageMemory = -1
-		o.FireBatch = 8
-		o.Retry = RetryPolicy{Initial: time.Second, Max: 8 * time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
-	})
-	h.sink.setFail(func(*codec.Task) error { return errDown })
+	h := holdHarness(t, -1)
 	var batch []codec.Task
 	for i := range 40 {
 		batch = append(batch, sched(fmt.Sprintf("t%03d", i), t0.Add(time.Second), int64(i+1)))
 	}
-	h.ingest(batch)
-	h.run()
-	h.advance(time.Second)
-	h.advance(time.Second)
-	if st := h.e.Stats(); st.Held != 40 {
-		t.Fatalf("held %d, want 40", st.Held)
-	}
+	holdTasks(t, h, batch, 40)
 	h.sink.setFail(func(tk *codec.Task) error {
 		if tk.ID < "t016" { // the down partition's
 			return errDown
@@ -496,14 +481,8 @@ func TestHeldPartlyDownGroupDoesNotStrandTheRest(t *testing.T) {
 // group; the down one's held tasks come first. The up one's are delivered
 // while the other stays down (they were stranded, review).
 func TestHeldCollidingTargetDoesNotStrandTheOther(t *testing.T) {
-	h := newHarness(t, func(o *Options) {
-		o.Shards = 1
-		o.OutageMemory = -1
-		o.FireBatch = 8
-		o.Retry = RetryPolicy{Initial: time.Second, Max: 8 * time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
-	})
+	h := holdHarness(t, -1)
 	downT := collidingTarget(int(codec.TransportKafka), "out")
-	h.sink.setFail(func(*codec.Task) error { return errDown })
 	var batch []codec.Task
 	for i := range 40 {
 		tk := sched(fmt.Sprintf("t%03d", i), t0.Add(time.Second), int64(i+1))
@@ -512,13 +491,7 @@ func TestHeldCollidingTargetDoesNotStrandTheOther(t *testing.T) {
 		}
 		batch = append(batch, tk)
 	}
-	h.ingest(batch)
-	h.run()
-	h.advance(time.Second)
-	h.advance(time.Second)
-	if st := h.e.Stats(); st.Held != 40 {
-		t.Fatalf("held %d, want 40", st.Held)
-	}
+	holdTasks(t, h, batch, 40)
 	h.sink.setFail(func(tk *codec.Task) error {
 		if tk.Target == downT {
 			return errDown

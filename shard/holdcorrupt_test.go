@@ -2,7 +2,6 @@ package shard
 
 import (
 	"bytes"
-	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -15,12 +14,8 @@ import (
 // blob file that holds it): the store still opens, the other held task is
 // delivered, the corrupt one is reported undecodable.
 func TestCorruptHeldValueAtOpen(t *testing.T) {
-	h := newHarness(t, func(o *Options) {
-		o.Shards = 1
-		o.OutageMemory = -1
-		o.Retry = RetryPolicy{Initial: time.Second, Max: 8 * time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
-	})
-	h.sink.setFail(func(*codec.Task) error { return fmt.Errorf("broker down: %w", ErrUnavailable) })
+	h := holdHarness(t, -1)
+	h.sink.setFail(func(*codec.Task) error { return errDown })
 	a := sched("a", t0.Add(time.Second), 1)
 	a.Value = bytes.Repeat([]byte("A"), 4096) // separated into a blob file
 	h.ingest([]codec.Task{a, sched("b", t0.Add(time.Second), 2)})

@@ -71,16 +71,9 @@ func TestHeldStoreFault(t *testing.T) {
 
 func heldStoreFault(t *testing.T, kinds []errorfs.OpKind, phase string, outage int, at int32) {
 	toggle := walFault(kinds...)
-	h := newHarness(t, func(o *Options) {
-		o.Shards = 1
-		o.OutageMemory = outage
-		o.FireBatch = 8
-		o.Retry = RetryPolicy{Initial: time.Second, Max: 8 * time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
-		o.FS = errorfs.Wrap(vfs.Default, toggle)
-	})
+	h := holdHarness(t, outage, func(o *Options) { o.FS = errorfs.Wrap(vfs.Default, toggle) })
 	const n = 40
-	down := fmt.Errorf("broker down: %w", ErrUnavailable)
-	h.sink.setFail(func(*codec.Task) error { return down })
+	h.sink.setFail(func(*codec.Task) error { return errDown })
 	var batch []codec.Task
 	for i := range n {
 		task := sched(fmt.Sprintf("t%03d", i), t0.Add(time.Second), int64(i+1))

@@ -2,11 +2,8 @@ package shard
 
 import (
 	"fmt"
-	"slices"
 	"testing"
 	"time"
-
-	"github.com/delaybridge/delaybridge/codec"
 )
 
 // TestHeldReopenOtherOutageMemory: held tasks survive a reopen with a
@@ -15,7 +12,7 @@ import (
 func TestHeldReopenOtherOutageMemory(t *testing.T) {
 	for _, next := range []int{1000, 3, -1, 0} {
 		t.Run(fmt.Sprint(next), func(t *testing.T) {
-			h := holdHarness(t)
+			h := holdHarness(t, 10)
 			const n = 100
 			holdAll(t, h, n)
 			h.advance(3 * time.Second)
@@ -41,16 +38,11 @@ func TestHeldReopenOtherOutageMemory(t *testing.T) {
 			for range 20 {
 				h.advance(time.Second)
 			}
-			acked := h.sink.acked()
-			slices.Sort(acked)
-			if len(acked) != n || len(slices.Compact(acked)) != n {
-				t.Fatalf("%d deliveries (%d ids), want each of %d once", len(acked), len(slices.Compact(acked)), n)
-			}
+			checkDeliveredOnce(t, h, n)
 			if st := h.e.Stats(); st.Pending != 0 || st.Held != 0 {
 				t.Fatalf("after delivery: %+v", st)
 			}
 			h.checkPending()
-			_ = codec.KindSchedule
 		})
 	}
 }

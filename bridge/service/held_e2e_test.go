@@ -20,17 +20,11 @@ import (
 
 const heldRetryCfg = "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 2, waiting_in_memory: 0}\n"
 
-// advanceUntilCond moves the fake clock a second per poll until cond holds.
+// advanceUntilCond is advanceUntil for a condition on anything but the
+// deliveries.
 func advanceUntilCond(t *testing.T, e *env, what string, cond func() bool) {
 	t.Helper()
-	eventually(t, what, func() bool {
-		if cond() {
-			return true
-		}
-		e.clk.Advance(time.Second)
-		time.Sleep(20 * time.Millisecond)
-		return false
-	})
+	e.advanceUntil(what, func([]delivery) bool { return cond() })
 }
 
 // checkOnce checks that each value in want reached dest exactly once, with
