@@ -727,7 +727,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			b.Delete(oldKey, nil)
 			if isHeld(it.fire) {
 				pb.held[heldSlot(it.fire)]--
-				heldUp = append(heldUp, groupOf(it.fire))
+				heldUp = appendGroup(heldUp, groupOf(it.fire))
 			}
 			if indexed {
 				b.Delete(ik, nil)
@@ -771,7 +771,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			retried = append(retried, i)
 			if isHeld(it.fire) {
 				s.heldDownLocked(it.fire, now)
-				heldDown = append(heldDown, groupOf(it.fire))
+				heldDown = appendGroup(heldDown, groupOf(it.fire))
 			} else {
 				b.Delete(oldKey, nil)
 				l := transportSlot(t.Transport)

@@ -290,6 +290,17 @@ func (s *shard) heldDownLocked(fire, now int64) {
 	h.down[g] = d
 }
 
+// appendGroup adds g to gs unless it is gs's last: a release claims a
+// group's tasks together, in key order, so a batch of hundreds has about
+// one entry per group for heldOutcomeLocked to search, not one per task
+// (a repeated entry, from tasks set aside and taken back, is harmless).
+func appendGroup(gs []int64, g int64) []int64 {
+	if len(gs) > 0 && gs[len(gs)-1] == g {
+		return gs
+	}
+	return append(gs, g)
+}
+
 // heldOutcomeLocked records what a batch did to its released held
 // tasks' groups: up, the groups of those acknowledged; down, of those
 // that failed as unavailable again (heldDownLocked set their backoff). A
