@@ -79,11 +79,14 @@
 // are not. The source message's own Nats-Msg-Id and the other JetStream
 // publish directives (Nats-Expected-*, Nats-TTL, Nats-Rollup,
 // Nats-Schedule*, Nats-Batch-*, Nats-Incr, Nats-Required-Api-Level,
-// Nats-Trace-*) are not forwarded: they addressed the publish to the
-// delay stream, and on the target they would make the delivery fail (an
-// expected last sequence) or change its meaning (a trace-only publish is
-// traced, not stored; a Nats-Trace-Dest makes the server publish a trace
-// event on a subject targets.allow never checked).
+// Nats-Trace-*) are not forwarded, nor is the Nats-Stream-Source that
+// JetStream adds to the messages of a delay stream that sources another:
+// they addressed the publish to the delay stream, or came with its copy,
+// and on the target they would make the delivery fail (an expected last
+// sequence; a stream source header, which every stream refuses) or
+// change its meaning (a trace-only publish is traced, not stored; a
+// Nats-Trace-Dest makes the server publish a trace event on a subject
+// targets.allow never checked).
 //
 // Subjects without a stream: a subject that no stream captures cannot
 // acknowledge a delivery. Every subject is published with JetStream first,

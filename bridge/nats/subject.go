@@ -106,6 +106,13 @@ func publishDirective(key string) bool {
 	case k == "msg-id", strings.HasPrefix(k, "expected-"), k == "rollup", k == "ttl",
 		strings.HasPrefix(k, "schedule"), strings.HasPrefix(k, "batch-"), k == "incr",
 		k == "required-api-level",
+		// Nats-Stream-Source: JetStream adds it to every message a stream
+		// sources from another (a hub stream gathering leaf or edge
+		// streams), and every stream refuses a publish that carries it
+		// (10227, "message stream source header is not allowed"): a delay
+		// stream that sources would deliver nothing and dead-letter
+		// nothing. The server drops it too when it sources a chain.
+		k == "stream-source",
 		// Nats-Trace-Only (with a Nats-Trace-Dest) makes the server trace
 		// the publish instead of delivering it: no stream stores it and no
 		// PubAck comes, so the delivery would wait as an outage forever.

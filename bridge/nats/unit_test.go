@@ -204,6 +204,7 @@ func TestHeadersOut(t *testing.T) {
 				{Key: "Nats-Trace-Dest", Value: []byte("kept")},
 				{Key: "Nats-Trace-Only", Value: []byte("true")},
 				{Key: "Nats-Required-Api-Level", Value: []byte("1")},
+				{Key: "Nats-Stream-Source", Value: []byte("EDGE 1 > >")},
 				{Key: "delay-id", Value: []byte("kept")},
 			},
 			natsgo.Header{"delay-id": {"kept"}, "Nats-Msg-Id": {"ID"}},
