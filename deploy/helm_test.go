@@ -876,6 +876,29 @@ func TestHelmTemplateRefuses(t *testing.T) {
 		{"credentials in the NATS url", []string{"--set", "secrets.adminToken.secretName=admin", "--set", "config.nats.enabled=true",
 			"--set", "config.nats.url=nats://alice:pw@nats:4222", "--set", "config.nats.sources[0].subject=delay.>", "--set", "config.nats.sources[0].dlq=dlq.delay"},
 			"config.nats.url carries credentials"},
+		// Values the bridge refuses at start fail the render, so the pod
+		// does not crash-loop on them (found by an operator's bug hunt).
+		{"memtable over half the cache", append([]string{"--set", "config.store.memtable_mb=500"}, withToken...),
+			"config.store.memtable_mb (500) must be at most config.store.cache_mb/2 (384)"},
+		{"memtable over half a smaller cache", append([]string{"--set", "config.store.cache_mb=128", "--set", "config.store.memtable_mb=65"}, withToken...),
+			"config.store.memtable_mb (65) must be at most config.store.cache_mb/2 (64)"},
+		{"horizon 0s", append([]string{"--set", "config.horizon=0s"}, withToken...),
+			"config.horizon (0s) must be at least 1s"},
+		{"horizon 999ms", append([]string{"--set", "config.horizon=999ms"}, withToken...),
+			"config.horizon (999ms) must be at least 1s"},
+		{"shutdown_timeout 0s", append([]string{"--set", "config.shutdown_timeout=0s"}, withToken...),
+			"config.shutdown_timeout (0s) must be positive"},
+		{"retry.max over 365d", append([]string{"--set", "config.retry.max=366d"}, withToken...),
+			"config.retry.max (366d) must be at most 365d"},
+		{"retry.initial over the default max", append([]string{"--set", "config.retry.initial=10m"}, withToken...),
+			"config.retry.max (5m) must be at least config.retry.initial (10m"},
+		{"retry.initial 0", append([]string{"--set", "config.retry.initial=0s"}, withToken...),
+			"config.retry.initial (0s) must be positive"},
+		// (after withToken, whose topic and dlq they replace)
+		{"kafka topic with a space", append(slices.Clone(withToken), "--set", "config.kafka.sources[0].topic=bad topic"),
+			"topic"},
+		{"kafka dlq ..", append(slices.Clone(withToken), "--set", "config.kafka.sources[0].dlq=.."),
+			"dlq"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -892,13 +915,19 @@ func TestHelmTemplateRefuses(t *testing.T) {
 	// The same kafka values with the decision made render fine, so the
 	// cases above fail for their stated reason only.
 	decodeAll(t, render(t, withToken...))
+	// The bounds themselves render, and the bridge takes what they render.
+	m := decodeAll(t, render(t, append([]string{"--set", "config.store.memtable_mb=384", "--set", "config.horizon=1s",
+		"--set", "config.retry.initial=5m", "--set", "config.retry.max=365d"}, append(slices.Clone(withToken), "--set", "config.kafka.sources[0].topic=a_b-C.9")...)...))
+	if cfg := loadRendered(t, m, nil); cfg.Store.MemtableMB != 384 || cfg.Horizon.Std() != time.Second || cfg.Retry.Max.Std() != 365*24*time.Hour || cfg.Kafka.Sources[0].Topic != "a_b-C.9" {
+		t.Errorf("bounds rendered and loaded: memtable %d, horizon %s, retry.max %s, sources %v", cfg.Store.MemtableMB, cfg.Horizon, cfg.Retry.Max, cfg.Kafka.Sources)
+	}
 	for _, st := range []string{"29s999ms", "0.4m", "1m", "1h"} {
 		decodeAll(t, render(t, append([]string{"--set", "config.shutdown_timeout=" + st, "--set", "terminationGracePeriodSeconds=3601"}, withToken...)...))
 	}
 	decodeAll(t, render(t, append([]string{"--set", "config.shutdown_timeout=29s999ms"}, withToken...)...))
 	decodeAll(t, render(t, append([]string{"--set", "config.shutdown_timeout=null", "--set", "terminationGracePeriodSeconds=11"}, withToken...)...))
 	// The cache is Go heap: its size does not change the limit.
-	m := decodeAll(t, render(t, append([]string{"--set", "config.store.cache_mb=512", "--set", "resources.limits.memory=1Gi"}, withToken...)...))
+	m = decodeAll(t, render(t, append([]string{"--set", "config.store.cache_mb=512", "--set", "resources.limits.memory=1Gi"}, withToken...)...))
 	var gomem string
 	for _, e := range m.statefulSets[0].Spec.Template.Spec.Containers[0].Env {
 		if e.Name == "GOMEMLIMIT" {

@@ -170,6 +170,36 @@ it is the one a default install always hits.
 {{- fail (printf "delaybridge: secrets.%s is set but config.nats.enabled is false" $name) }}
 {{- end }}
 {{- end }}
+{{- /* The bounds config.Validate puts on durations and the store, so that a
+value the bridge refuses fails the render, not the pod (the binary's
+defaults where a value is not set). */}}
+{{- with $c.horizon }}
+{{- if lt (include "delaybridge.durationSeconds" (toString .) | float64) 1.0 }}
+{{- fail (printf "delaybridge: config.horizon (%v) must be at least 1s" .) }}
+{{- end }}
+{{- end }}
+{{- if and (hasKey $c "shutdown_timeout") (le (include "delaybridge.durationSeconds" (toString $c.shutdown_timeout) | float64) 0.0) }}
+{{- fail (printf "delaybridge: config.shutdown_timeout (%v) must be positive" $c.shutdown_timeout) }}
+{{- end }}
+{{- $retry := default dict $c.retry }}
+{{- $ri := include "delaybridge.durationSeconds" (toString (default "500ms" $retry.initial)) | float64 }}
+{{- $rm := include "delaybridge.durationSeconds" (toString (default "5m" $retry.max)) | float64 }}
+{{- if le $ri 0.0 }}
+{{- fail (printf "delaybridge: config.retry.initial (%v) must be positive" $retry.initial) }}
+{{- end }}
+{{- if lt $rm $ri }}
+{{- fail (printf "delaybridge: config.retry.max (%v) must be at least config.retry.initial (%v; the defaults are 500ms and 5m)" (default "5m" $retry.max) (default "500ms" $retry.initial)) }}
+{{- end }}
+{{- if gt $rm 31536000.0 }}
+{{- fail (printf "delaybridge: config.retry.max (%v) must be at most 365d" $retry.max) }}
+{{- end }}
+{{- $store := default dict $c.store }}
+{{- if hasKey $store "memtable_mb" }}
+{{- $half := div (int64 (default 768 $store.cache_mb)) 2 }}
+{{- if gt (int64 $store.memtable_mb) $half }}
+{{- fail (printf "delaybridge: config.store.memtable_mb (%v) must be at most config.store.cache_mb/2 (%d)" $store.memtable_mb $half) }}
+{{- end }}
+{{- end }}
 {{- $st := toString (default "" $c.shutdown_timeout) }}
 {{- $what := $st }}
 {{- if not $st }}{{ $st = "10s" }}{{ $what = "10s, the default" }}{{ end }}
