@@ -359,6 +359,8 @@ func TestSecretsFromFiles(t *testing.T) {
 		{"empty file", []string{"DELAYBRIDGE_ADMIN_TOKEN_FILE=" + writeSecret(t, "\n")}, "admin.token_file (from DELAYBRIDGE_ADMIN_TOKEN_FILE): "},
 		{"both inline and file", []string{"DELAYBRIDGE_ADMIN_TOKEN=x", "DELAYBRIDGE_ADMIN_TOKEN_FILE=" + at}, "admin.token_file (from DELAYBRIDGE_ADMIN_TOKEN_FILE): conflicts with admin.token (from DELAYBRIDGE_ADMIN_TOKEN)"},
 		{"nats token both", []string{"DELAYBRIDGE_NATS_TOKEN=x", "DELAYBRIDGE_NATS_TOKEN_FILE=" + at}, "nats.token_file (from DELAYBRIDGE_NATS_TOKEN_FILE): conflicts"},
+		{"listen exposed without a token", []string{"DELAYBRIDGE_ADMIN_LISTEN=0.0.0.0:8080"}, `admin.listen (from DELAYBRIDGE_ADMIN_LISTEN): "0.0.0.0:8080" is reachable from other hosts`},
+		{"listen not host:port", []string{"DELAYBRIDGE_ADMIN_LISTEN=8080"}, `admin.listen (from DELAYBRIDGE_ADMIN_LISTEN): "8080" is not host:port`},
 	}
 	for _, tt := range errTests {
 		t.Run(tt.name, func(t *testing.T) {

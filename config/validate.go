@@ -129,8 +129,8 @@ func (c *Config) validate(v *validator) {
 	}
 	if c.Admin.Listen == "" {
 		v.add("admin.listen", "required")
-	} else if err := CheckListen(c.Admin.Listen, c.Admin.Token.Value(), c.Admin.AllowInsecureListen); err != nil {
-		v.errs = append(v.errs, err)
+	} else if err := listenProblem(c.Admin.Listen, c.Admin.Token.Value(), c.Admin.AllowInsecureListen); err != nil {
+		v.add("admin.listen", "%w", err)
 	}
 }
 
@@ -530,13 +530,22 @@ func subjectsOverlap(a, b string) bool {
 // admin API can cancel tasks, so exposing it unauthenticated must be a
 // deliberate choice.
 func CheckListen(listen, token string, allowInsecure bool) error {
-	if err := checkHostPort(listen, true); err != nil {
+	if err := listenProblem(listen, token, allowInsecure); err != nil {
 		return fmt.Errorf("admin.listen: %w", err)
+	}
+	return nil
+}
+
+// listenProblem is CheckListen's problem without the key, for Validate,
+// which names the key (and the environment variable a value came from).
+func listenProblem(listen, token string, allowInsecure bool) error {
+	if err := checkHostPort(listen, true); err != nil {
+		return err
 	}
 	if token != "" || allowInsecure || isLoopback(listen) {
 		return nil
 	}
-	return fmt.Errorf("admin.listen: %q is reachable from other hosts and admin.token is empty: set admin.token (or admin.token_file), listen on 127.0.0.1, or set admin.allow_insecure_listen: true", listen)
+	return fmt.Errorf("%q is reachable from other hosts and admin.token is empty: set admin.token (or admin.token_file), listen on 127.0.0.1, or set admin.allow_insecure_listen: true", listen)
 }
 
 func isLoopback(listen string) bool {
