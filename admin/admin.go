@@ -102,6 +102,13 @@ type Options struct {
 	// MetricsToken, when set with Token, is a second bearer token that
 	// GET /metrics takes, and nothing else.
 	MetricsToken string
+	// TokenFunc and MetricsTokenFunc, when set with Token (MetricsToken),
+	// win over it: they are asked at each request, so a token rotated in a
+	// file (config.SecretFunc) is the one taken from then on. Whether
+	// requests need a token at all, and whether there is a metrics token,
+	// is decided by Token and MetricsToken.
+	TokenFunc        func() string
+	MetricsTokenFunc func() string
 	// Pprof serves net/http/pprof under /debug/pprof/.
 	Pprof bool
 	// Logger; nil: no logging.
@@ -117,12 +124,14 @@ func NewHandler(o Options) http.Handler {
 		o.Gatherer = prometheus.DefaultGatherer
 	}
 	s := &server{o: o, log: o.Logger}
+	fixed := func(v string) func() string { return func() string { return v } }
 	if o.Token != "" {
-		sum := sha256.Sum256([]byte(o.Token))
-		s.tokenSum = &sum
-		if o.MetricsToken != "" {
-			sum := sha256.Sum256([]byte(o.MetricsToken))
-			s.metricsSum = &sum
+		s.adminToken, s.metricsToken = o.TokenFunc, o.MetricsTokenFunc
+		if s.adminToken == nil {
+			s.adminToken = fixed(o.Token)
+		}
+		if s.metricsToken == nil || o.MetricsToken == "" {
+			s.metricsToken = fixed(o.MetricsToken)
 		}
 	}
 
@@ -210,11 +219,11 @@ func cleanPath(p string) bool {
 }
 
 type server struct {
-	o        Options
-	log      *zap.Logger
-	tokenSum *[sha256.Size]byte
-	// metricsSum: the token good for /metrics only (Options.MetricsToken).
-	metricsSum *[sha256.Size]byte
+	o   Options
+	log *zap.Logger
+	// adminToken gives the admin token of the moment; nil: no token
+	// required. metricsToken: the one good for /metrics only ("" none).
+	adminToken, metricsToken func() string
 
 	probeMu   sync.Mutex
 	lastProbe map[string]string // per probe, the reason last logged, digits as # ("" when passing)
@@ -263,7 +272,7 @@ const (
 // authorizeFor requires the token that a asks for, when a token is
 // configured.
 func (s *server) authorizeFor(a access, next http.Handler) http.Handler {
-	if s.tokenSum == nil {
+	if s.adminToken == nil {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -299,7 +308,7 @@ const (
 // are hashed before the constant-time compares, so that neither the
 // content nor the length of a token leaks through timing.
 func (s *server) token(r *http.Request) tokenCheck {
-	if s.tokenSum == nil {
+	if s.adminToken == nil {
 		return tokenValid
 	}
 	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
@@ -307,8 +316,14 @@ func (s *server) token(r *http.Request) tokenCheck {
 		return tokenMissing
 	}
 	sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
-	admin := subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) == 1
-	metrics := s.metricsSum != nil && subtle.ConstantTimeCompare(sum[:], s.metricsSum[:]) == 1
+	at := s.adminToken()
+	adminSum := sha256.Sum256([]byte(at))
+	admin := at != "" && subtle.ConstantTimeCompare(sum[:], adminSum[:]) == 1
+	metrics := false
+	if mt := s.metricsToken(); mt != "" {
+		metricsSum := sha256.Sum256([]byte(mt))
+		metrics = subtle.ConstantTimeCompare(sum[:], metricsSum[:]) == 1
+	}
 	switch {
 	case admin:
 		return tokenValid
@@ -523,19 +538,30 @@ const (
 
 // Serve listens on listen and serves h until ctx ends, then shuts down
 // gracefully: in-flight requests get up to 5 s to finish. It returns nil
-// after a shutdown caused by ctx, or the listen/serve error.
-func Serve(ctx context.Context, listen string, h http.Handler, logger *zap.Logger) error {
+// after a shutdown caused by ctx, or the listen/serve error. maxIDBytes is
+// the longest task id there may be (ids come from message keys and
+// headers: max_message_bytes); see MaxHeaderBytes.
+func Serve(ctx context.Context, listen string, h http.Handler, logger *zap.Logger, maxIDBytes int) error {
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", listen)
 	if err != nil {
 		return fmt.Errorf("admin: listen %s (admin.listen): %w", listen, err)
 	}
-	return ServeListener(ctx, ln, h, logger)
+	return ServeListener(ctx, ln, h, logger, maxIDBytes)
+}
+
+// MaxHeaderBytes is the request header limit (request line included) of
+// a server whose task ids are up to maxIDBytes long: room for the longest
+// id path-escaped (3 bytes per byte at worst) in /v1/tasks/{source}/{id},
+// so that every stored task can be looked up and cancelled, and at least
+// 64 KiB.
+func MaxHeaderBytes(maxIDBytes int) int {
+	return max(64<<10, 3*maxIDBytes+16<<10)
 }
 
 // ServeListener is Serve on a listener the caller opened (tests, socket
 // activation). It closes ln.
-func ServeListener(ctx context.Context, ln net.Listener, h http.Handler, logger *zap.Logger) error {
+func ServeListener(ctx context.Context, ln net.Listener, h http.Handler, logger *zap.Logger, maxIDBytes int) error {
 	if logger == nil {
 		logger = zap.NewNop()
 	}
@@ -545,7 +571,7 @@ func ServeListener(ctx context.Context, ln net.Listener, h http.Handler, logger 
 		ReadTimeout:       readTimeout,
 		WriteTimeout:      writeTimeout,
 		IdleTimeout:       idleTimeout,
-		MaxHeaderBytes:    64 << 10,
+		MaxHeaderBytes:    MaxHeaderBytes(maxIDBytes),
 		ErrorLog:          zap.NewStdLog(logger.Named("http")),
 	}
 	errc := make(chan error, 1)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -482,7 +483,7 @@ func TestServe(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	h := NewHandler(Options{Gatherer: prometheus.NewRegistry()})
-	go func() { done <- ServeListener(ctx, ln, h, zaptest.NewLogger(t)) }()
+	go func() { done <- ServeListener(ctx, ln, h, zaptest.NewLogger(t), 0) }()
 	if r := do(t, "GET", "http://"+ln.Addr().String()+"/healthz", ""); r.code != 200 {
 		t.Fatalf("healthz %d", r.code)
 	}
@@ -500,7 +501,7 @@ func TestServe(t *testing.T) {
 	}
 
 	// Listen errors are returned, naming the address.
-	err = Serve(context.Background(), "127.0.0.1:notaport", h, nil)
+	err = Serve(context.Background(), "127.0.0.1:notaport", h, nil, 0)
 	if err == nil || !strings.Contains(err.Error(), "127.0.0.1:notaport") {
 		t.Fatalf("Serve on a bad address: %v", err)
 	}
@@ -587,7 +588,7 @@ func TestServePortInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	err = Serve(context.Background(), ln.Addr().String(), http.NotFoundHandler(), zap.NewNop())
+	err = Serve(context.Background(), ln.Addr().String(), http.NotFoundHandler(), zap.NewNop(), 0)
 	if err == nil || !strings.Contains(err.Error(), "admin.listen") || !strings.Contains(err.Error(), ln.Addr().String()) {
 		t.Fatalf("Serve on a port in use = %v, want an error naming admin.listen and the address", err)
 	}
@@ -680,5 +681,112 @@ func TestMetricsToken(t *testing.T) {
 	defer noAdmin.Close()
 	if r := do(t, "GET", noAdmin.URL+"/v1/stats", ""); r.code != 200 {
 		t.Errorf("metrics token without an admin token: /v1/stats %d", r.code)
+	}
+}
+
+// TestTokenRotation: with TokenFunc and MetricsTokenFunc (the service's
+// *_file tokens, read again when the file changes) each request is checked
+// against the tokens of the moment: after a rotation the old ones are
+// refused and the new ones taken, with no restart. The funcs do not turn
+// authentication on by themselves, and a func that gives "" refuses every
+// token rather than taking an empty one.
+func TestTokenRotation(t *testing.T) {
+	e, reg := openEngine(t)
+	var mu sync.Mutex
+	adminTok, metricsTok := "adm-1", "scrape-1"
+	get := func(p *string) func() string {
+		return func() string { mu.Lock(); defer mu.Unlock(); return *p }
+	}
+	srv := httptest.NewServer(NewHandler(Options{Engine: e, Gatherer: reg, Token: "adm-1", MetricsToken: "scrape-1",
+		TokenFunc: get(&adminTok), MetricsTokenFunc: get(&metricsTok)}))
+	defer srv.Close()
+	check := func(step string, tests []struct {
+		path, auth string
+		want       int
+	}) {
+		t.Helper()
+		for _, tt := range tests {
+			if r := do(t, "GET", srv.URL+tt.path, tt.auth); r.code != tt.want {
+				t.Errorf("%s: GET %s (%q) = %d %q, want %d", step, tt.path, tt.auth, r.code, r.body, tt.want)
+			}
+		}
+	}
+	check("before", []struct {
+		path, auth string
+		want       int
+	}{
+		{"/v1/stats", "Bearer adm-1", 200},
+		{"/metrics", "Bearer scrape-1", 200},
+		{"/v1/stats", "Bearer adm-2", 401},
+	})
+	mu.Lock()
+	adminTok, metricsTok = "adm-2", "scrape-2"
+	mu.Unlock()
+	check("rotated", []struct {
+		path, auth string
+		want       int
+	}{
+		{"/v1/stats", "Bearer adm-1", 401},
+		{"/metrics", "Bearer scrape-1", 401},
+		{"/v1/stats", "Bearer adm-2", 200},
+		{"/metrics", "Bearer scrape-2", 200},
+		{"/v1/stats", "Bearer scrape-2", 403},
+	})
+	mu.Lock()
+	adminTok = ""
+	mu.Unlock()
+	check("empty", []struct {
+		path, auth string
+		want       int
+	}{
+		{"/v1/stats", "Bearer adm-2", 401},
+	})
+	// An empty bearer token, which no HTTP server passes on (it trims the
+	// header), straight to the handler.
+	req := httptest.NewRequest("GET", "/v1/stats", nil)
+	req.Header.Set("Authorization", "Bearer ")
+	rec := httptest.NewRecorder()
+	srv.Config.Handler.ServeHTTP(rec, req)
+	if rec.Code != 401 {
+		t.Errorf("empty token func, empty bearer token: /v1/stats = %d, want 401", rec.Code)
+	}
+
+	// Without Token the funcs do not turn authentication on.
+	open := httptest.NewServer(NewHandler(Options{Engine: e, Gatherer: reg, TokenFunc: func() string { return "" }}))
+	defer open.Close()
+	if r := do(t, "GET", open.URL+"/v1/stats", ""); r.code != 200 {
+		t.Errorf("no Token, a TokenFunc: /v1/stats = %d, want 200 (open)", r.code)
+	}
+}
+
+// TestLongIDThroughServe: a task id may be as long as a message key
+// (max_message_bytes); through the real server, GET and DELETE reach a
+// task whose id is 100 000 bytes that all need escaping (3 bytes each in
+// the path), rather than 431 Request Header Fields Too Large.
+func TestLongIDThroughServe(t *testing.T) {
+	e, reg := openEngine(t)
+	id := strings.Repeat("é", 50_000) // 100 000 bytes
+	tk := task("x", 1, time.Hour)
+	tk.ID = id
+	if err := e.Ingest(context.Background(), []codec.Task{tk}, nil); err != nil {
+		t.Fatalf("Ingest: %v", err)
+	}
+	h := NewHandler(Options{Engine: e, Gatherer: reg, Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ServeListener(ctx, ln, h, zap.NewNop(), len(id)) }()
+	t.Cleanup(func() { cancel(); <-done })
+	u := "http://" + ln.Addr().String() + "/v1/tasks/" + source + "/" + url.PathEscape(id)
+	for _, m := range []struct {
+		method string
+		want   int
+	}{{http.MethodGet, http.StatusOK}, {http.MethodDelete, http.StatusNoContent}, {http.MethodGet, http.StatusNotFound}} {
+		if r := do(t, m.method, u, ""); r.code != m.want {
+			t.Errorf("%s /v1/tasks/%s/<%d-byte id>: %d, want %d", m.method, source, len(id), r.code, m.want)
+		}
 	}
 }

@@ -27,14 +27,15 @@
 //     Every DELAYBRIDGE_ variable must name a key.
 //   - Durations are Go durations or whole days: "90s", "365d", "2d12h".
 //   - *_file keys (kafka.sasl.password_file, nats.password_file,
-//     nats.token_file, admin.token_file) are read at load, one trailing
-//     newline ("\n" or "\r\n") trimmed; setting both the secret and its
-//     file is refused.
+//     nats.token_file, admin.token_file, admin.metrics_token_file) are
+//     read at load, one trailing newline ("\n" or "\r\n") trimmed;
+//     setting both the secret and its file is refused. The service reads
+//     them again when they change (SecretFunc), as it does the TLS CA
+//     file (ClientTLS).
 //     Secrets have type Secret, which prints as "REDACTED".
 package config
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -377,19 +378,12 @@ func (c *Config) readSecrets(v *validator) {
 			v.add(key+"_file", "%w", err)
 			return
 		}
-		// Files written by editors and "echo" end in a newline that is
-		// not part of the secret. Only that one is dropped: a secret that
-		// itself ends in a newline keeps it.
-		if bytes.HasSuffix(b, []byte("\r\n")) {
-			b = b[:len(b)-2]
-		} else {
-			b = bytes.TrimSuffix(b, []byte("\n"))
-		}
-		if len(b) == 0 {
-			v.add(key+"_file", "%s is empty", file)
+		s, err := parseSecret(b) // the one trailing newline of editors and "echo" dropped
+		if err != nil {
+			v.add(key+"_file", "%s is %w", file, err)
 			return
 		}
-		*dst = Secret(b)
+		*dst = Secret(s)
 	}
 	if k := c.Kafka; k != nil {
 		read("kafka.sasl.password", k.SASL.PasswordFile, &k.SASL.Password)

@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 
 	"go.uber.org/zap"
@@ -26,13 +25,9 @@ func (t TLS) BuildLogged(log *zap.Logger) (*tls.Config, error) {
 		InsecureSkipVerify: t.InsecureSkipVerify, //nolint:gosec // explicit operator choice
 	}
 	if t.CAFile != "" {
-		pem, err := os.ReadFile(t.CAFile)
+		pool, err := readCAs(t.CAFile)
 		if err != nil {
-			return nil, fmt.Errorf("tls ca file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tls ca file %s: no PEM certificate found", t.CAFile)
+			return nil, err
 		}
 		cfg.RootCAs = pool
 	}
@@ -48,6 +43,54 @@ func (t TLS) BuildLogged(log *zap.Logger) (*tls.Config, error) {
 		return nil, errors.New("tls: cert file and key file must be given together")
 	}
 	return cfg, nil
+}
+
+// ClientTLS is the client TLS of a long-running process: each new
+// connection gets a configuration with the files as they are then. The
+// client certificate is read at each handshake (see reloadingClientCert),
+// and the CA file is read again when it changed (see fileWatch), so a CA
+// rotated in a mounted Secret, the old and the new CA side by side during
+// the change, is trusted from the next connection on without a restart.
+type ClientTLS struct {
+	base *tls.Config
+	cas  *fileWatch[*x509.CertPool] // nil: no CA file, or no verification
+}
+
+// Client builds the ClientTLS these settings describe, checking the files
+// as Build does. log (may be nil) says when a file changed and when a
+// changed one cannot be used.
+func (t TLS) Client(log *zap.Logger) (*ClientTLS, error) {
+	base, err := t.BuildLogged(log)
+	if err != nil {
+		return nil, err
+	}
+	c := &ClientTLS{base: base}
+	if t.CAFile != "" && !t.InsecureSkipVerify {
+		if log == nil {
+			log = zap.NewNop()
+		}
+		c.cas = &fileWatch[*x509.CertPool]{key: "tls.ca_file", file: t.CAFile, parse: parseCAs, log: log, val: base.RootCAs}
+	}
+	return c, nil
+}
+
+// Config returns a new connection's configuration, its own to change
+// (setting ServerName, say).
+func (c *ClientTLS) Config() *tls.Config {
+	cfg := c.base.Clone()
+	if c.cas != nil {
+		cfg.RootCAs = c.cas.get()
+	}
+	return cfg
+}
+
+// RootCAsFunc returns a function giving the CA pool as the CA file is
+// now, or nil when the roots are fixed (no CA file: the system's).
+func (c *ClientTLS) RootCAsFunc() func() (*x509.CertPool, error) {
+	if c.cas == nil {
+		return nil
+	}
+	return func() (*x509.CertPool, error) { return c.cas.get(), nil }
 }
 
 // reloadingClientCert returns a GetClientCertificate that reads the pair

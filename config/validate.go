@@ -226,6 +226,7 @@ func (c *Config) validateKafka(v *validator, k *Kafka) {
 
 func (c *Config) validateNATS(v *validator, n *NATS) {
 	var urls []string
+	urlCreds := false // a URL with user information: its credentials
 	if n.URL == "" {
 		v.add("nats.url", "required")
 	} else {
@@ -245,6 +246,7 @@ func (c *Config) validateNATS(v *validator, n *NATS) {
 			v.add("nats.url", "%q is not a URL like nats://host:4222", redactURLs(u))
 			continue
 		}
+		urlCreds = urlCreds || p.User != nil
 		switch p.Scheme {
 		case "nats", "tls", "ws", "wss":
 		default:
@@ -272,6 +274,11 @@ func (c *Config) validateNATS(v *validator, n *NATS) {
 	}
 	if methods > 1 {
 		v.add("nats", "set only one of user/password, token and creds_file")
+	}
+	if urlCreds && methods > 0 {
+		// The client takes the URL's and ignores the others, or, with a
+		// *_file (asked at each connect), refuses to connect.
+		v.add("nats.url", "holds credentials, and so do nats.user/password, token or creds_file; set them in one place")
 	}
 	if n.User != "" && !hasPass {
 		v.add("nats.password", "required with nats.user (or nats.password_file)")

@@ -117,8 +117,12 @@ type Config struct {
 	ClientID string // default "delaybridge"
 	Sources  []SourceConfig
 
-	TLS  *tls.Config    // nil: plaintext
-	SASL sasl.Mechanism // nil: no SASL
+	TLS *tls.Config // nil: plaintext
+	// NewTLS, when set, wins over TLS: it gives each new connection its
+	// TLS configuration, so files rotated under a running process (the CA
+	// file, see config.ClientTLS) take effect at the next connection.
+	NewTLS func() *tls.Config
+	SASL   sasl.Mechanism // nil: no SASL
 
 	// Source knobs.
 	MaxBatch      int           // messages per Handle call; default 512
@@ -246,23 +250,60 @@ func (c *Config) validate(source bool) error {
 }
 
 func (c *Config) dialer() *kafkago.Dialer {
-	return &kafkago.Dialer{
+	d := &kafkago.Dialer{
 		ClientID:      c.ClientID,
 		Timeout:       c.DialTimeout,
 		DualStack:     true,
 		TLS:           c.TLS,
 		SASLMechanism: c.SASL,
 	}
+	if c.NewTLS != nil {
+		d.TLS, d.DialFunc = nil, dialTLS(c.NewTLS)
+	}
+	return d
 }
 
 func (c *Config) transport() *kafkago.Transport {
-	return &kafkago.Transport{
+	t := &kafkago.Transport{
 		ClientID:    c.ClientID,
 		DialTimeout: c.DialTimeout,
 		IdleTimeout: 5 * time.Minute,
 		MetadataTTL: c.MetadataTTL,
 		TLS:         c.TLS,
 		SASL:        c.SASL,
+	}
+	if c.NewTLS != nil {
+		t.TLS, t.Dial = nil, dialTLS(c.NewTLS)
+	}
+	return t
+}
+
+// dialTLS dials a broker and completes the TLS handshake with the
+// configuration newTLS gives for this connection, naming the broker's
+// host as the server when the configuration names none, as kafka-go does
+// with a fixed configuration (so an address by IP is checked against the
+// certificate's IP addresses).
+func dialTLS(newTLS func() *tls.Config) func(ctx context.Context, network, address string) (net.Conn, error) {
+	var d net.Dialer
+	return func(ctx context.Context, network, address string) (net.Conn, error) {
+		conn, err := d.DialContext(ctx, network, address)
+		if err != nil {
+			return nil, err
+		}
+		cfg := newTLS()
+		if cfg.ServerName == "" {
+			host, _, err := net.SplitHostPort(address)
+			if err != nil {
+				host = address
+			}
+			cfg.ServerName = host
+		}
+		tc := tls.Client(conn, cfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			conn.Close()
+			return nil, err
+		}
+		return tc, nil
 	}
 }
 
@@ -283,21 +324,38 @@ func TLSConfig(caFile, certFile, keyFile, serverName string, insecure bool) (*tl
 // SCRAM-SHA-512 (case-insensitive). An empty mechanism means no SASL and
 // returns nil. Error messages never contain the password.
 func SASLMechanism(mechanism, user, pass string) (sasl.Mechanism, error) {
+	return SASLMechanismFunc(mechanism, user, func() string { return pass })
+}
+
+// SASLMechanismFunc is SASLMechanism with the password asked of pass at
+// each authentication (each new connection), so a password rotated in a
+// file (config.SecretFunc) is used from the next connection on.
+func SASLMechanismFunc(mechanism, user string, pass func() string) (sasl.Mechanism, error) {
 	if mechanism == "" {
 		return nil, nil
 	}
 	if user == "" {
 		return nil, fmt.Errorf("%w: sasl %s: user is empty", ErrConfig, mechanism)
 	}
-	switch strings.ToUpper(mechanism) {
+	switch m := strings.ToUpper(mechanism); m {
 	case "PLAIN":
-		return plain.Mechanism{Username: user, Password: pass}, nil
-	case "SCRAM-SHA-256":
-		return scramMechanism{scram.Auth{User: user, Pass: pass}.AsSha256Mechanism()}, nil
-	case "SCRAM-SHA-512":
-		return scramMechanism{scram.Auth{User: user, Pass: pass}.AsSha512Mechanism()}, nil
+		return plainMechanism{user: user, pass: pass}, nil
+	case "SCRAM-SHA-256", "SCRAM-SHA-512":
+		return scramMechanism{name: m, user: user, pass: pass}, nil
 	}
 	return nil, fmt.Errorf("%w: sasl mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", ErrConfig, mechanism)
+}
+
+// plainMechanism is kafka-go's PLAIN with the password of the moment.
+type plainMechanism struct {
+	user string
+	pass func() string
+}
+
+func (p plainMechanism) Name() string { return "PLAIN" }
+
+func (p plainMechanism) Start(ctx context.Context) (sasl.StateMachine, []byte, error) {
+	return plain.Mechanism{Username: p.user, Password: p.pass()}.Start(ctx)
 }
 
 // scramMechanism adapts franz-go's SCRAM client to kafka-go's
@@ -306,18 +364,27 @@ func SASLMechanism(mechanism, user, pass string) (sasl.Mechanism, error) {
 // franz-go already is (kfake), and its SCRAM client uses only the standard
 // library. The two interfaces have the same shape: a client-first message,
 // then one call per server challenge until done.
-type scramMechanism struct{ m fsasl.Mechanism }
+type scramMechanism struct {
+	name string // SCRAM-SHA-256 or SCRAM-SHA-512
+	user string
+	pass func() string
+}
 
-func (s scramMechanism) Name() string { return s.m.Name() }
+func (s scramMechanism) Name() string { return s.name }
 
 func (s scramMechanism) Start(ctx context.Context) (sasl.StateMachine, []byte, error) {
 	host := ""
 	if md := sasl.MetadataFromContext(ctx); md != nil {
 		host = net.JoinHostPort(md.Host, fmt.Sprint(md.Port))
 	}
-	sess, first, err := s.m.Authenticate(ctx, host)
+	auth := scram.Auth{User: s.user, Pass: s.pass()}
+	m := auth.AsSha256Mechanism()
+	if s.name == "SCRAM-SHA-512" {
+		m = auth.AsSha512Mechanism()
+	}
+	sess, first, err := m.Authenticate(ctx, host)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: start: %w", s.m.Name(), err)
+		return nil, nil, fmt.Errorf("%s: start: %w", s.name, err)
 	}
 	return scramSession{sess}, first, nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/config"
 	"github.com/delaybridge/delaybridge/internal/testcert"
 )
 
@@ -207,31 +208,33 @@ func TestTLS(t *testing.T) {
 		{name: "unknown CA", ca: p.otherCAFile, want: ErrTLS},
 		{name: "wrong server name", ca: p.caFile, serverNam: p.wrongName, want: ErrTLS},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			tlsCfg, err := TLSConfig(tc.ca, tc.cert, tc.key, tc.serverNam, false)
-			if err != nil {
-				t.Fatal(err)
+		// fixed: one tls.Config for every connection (kafka-go's own
+		// TLS handshake); per connection: Config.NewTLS (the service's
+		// way, so a rotated CA file is read again), whose handshake is
+		// dialTLS's.
+		for _, perConn := range []bool{false, true} {
+			name := tc.name + "/fixed"
+			if perConn {
+				name = tc.name + "/per connection"
 			}
-			cfg := testConfig(t, c.ListenAddrs(), "g-"+strings.ReplaceAll(tc.name, " ", "-"), "delay")
-			cfg.TLS = tlsCfg
-			sink, err := NewSink(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sink.Close()
-			err = sink.Check(context.Background())
-			if tc.want == nil {
-				if err != nil {
-					t.Fatalf("Check: %v", err)
+			t.Run(name, func(t *testing.T) {
+				cfg := testConfig(t, c.ListenAddrs(), "g-"+strings.ReplaceAll(name, " ", "-"), "delay")
+				if perConn {
+					ct, err := config.TLS{Enabled: true, CAFile: tc.ca, CertFile: tc.cert, KeyFile: tc.key, ServerName: tc.serverNam}.Client(nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					cfg.NewTLS = ct.Config
+				} else {
+					tlsCfg, err := TLSConfig(tc.ca, tc.cert, tc.key, tc.serverNam, false)
+					if err != nil {
+						t.Fatal(err)
+					}
+					cfg.TLS = tlsCfg
 				}
-				deliverAndConsume(t, cfg)
-				return
-			}
-			if !errors.Is(err, tc.want) {
-				t.Fatalf("Check = %v, want %v", err, tc.want)
-			}
-			runFails(t, cfg, tc.want)
-		})
+				checkTLSCase(t, cfg, tc.want)
+			})
+		}
 	}
 
 	t.Run("plaintext client", func(t *testing.T) {
@@ -245,6 +248,29 @@ func TestTLS(t *testing.T) {
 			t.Fatal("plaintext Check against a TLS broker succeeded")
 		}
 	})
+}
+
+// checkTLSCase checks that cfg's sink and source work (want nil) or fail
+// with want, at the check and in Run.
+func checkTLSCase(t *testing.T, cfg Config, want error) {
+	t.Helper()
+	sink, err := NewSink(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	err = sink.Check(context.Background())
+	if want == nil {
+		if err != nil {
+			t.Fatalf("Check: %v", err)
+		}
+		deliverAndConsume(t, cfg)
+		return
+	}
+	if !errors.Is(err, want) {
+		t.Fatalf("Check = %v, want %v", err, want)
+	}
+	runFails(t, cfg, want)
 }
 
 func TestMutualTLSRequired(t *testing.T) {

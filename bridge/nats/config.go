@@ -2,6 +2,7 @@ package nats
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/url"
@@ -77,7 +78,15 @@ type Config struct {
 	Token     string
 	CredsFile string
 	NkeyFile  string
-	TLS       *tls.Config // nil: plain TCP unless the URL says tls://
+	// PasswordFunc and TokenFunc, when set, win over Password and Token:
+	// they are asked at each connect and reconnect, so a secret rotated
+	// in a file (config.SecretFunc) is used from the next one on.
+	PasswordFunc func() string
+	TokenFunc    func() string
+	TLS          *tls.Config // nil: plain TCP unless the URL says tls://
+	// RootCAs, when set with TLS, gives the CA pool of each connect and
+	// reconnect (config.ClientTLS.RootCAsFunc: the CA file as it is then).
+	RootCAs func() (*x509.CertPool, error)
 
 	BatchSize int // max messages per Handle call; default 256
 	// Linger is how long the Source waits for more messages to fill a batch
@@ -178,13 +187,13 @@ func (c *Config) validateSource() error {
 // only, never into a log line or an error.
 func (c *Config) options() ([]natsgo.Option, error) {
 	methods := 0
-	if c.User != "" || c.Password != "" {
+	if c.User != "" || c.Password != "" || c.PasswordFunc != nil {
 		methods++
 		if c.User == "" {
 			return nil, fmt.Errorf("%w: password set without user", ErrConfig)
 		}
 	}
-	for _, set := range []bool{c.Token != "", c.CredsFile != "", c.NkeyFile != ""} {
+	for _, set := range []bool{c.Token != "" || c.TokenFunc != nil, c.CredsFile != "", c.NkeyFile != ""} {
 		if set {
 			methods++
 		}
@@ -237,8 +246,13 @@ func (c *Config) options() ([]natsgo.Option, error) {
 		}),
 	}
 	switch {
+	case c.User != "" && c.PasswordFunc != nil:
+		user, pass := c.User, c.PasswordFunc
+		opts = append(opts, natsgo.UserInfoHandler(func() (string, string) { return user, pass() }))
 	case c.User != "":
 		opts = append(opts, natsgo.UserInfo(c.User, c.Password))
+	case c.TokenFunc != nil:
+		opts = append(opts, natsgo.TokenHandler(c.TokenFunc))
 	case c.Token != "":
 		opts = append(opts, natsgo.Token(c.Token))
 	case c.CredsFile != "":
@@ -255,6 +269,11 @@ func (c *Config) options() ([]natsgo.Option, error) {
 	}
 	if c.TLS != nil {
 		opts = append(opts, natsgo.Secure(c.TLS))
+		if c.RootCAs != nil {
+			// Keeps the configuration Secure set, and replaces its
+			// RootCAs at each connect.
+			opts = append(opts, natsgo.ClientTLSConfig(nil, c.RootCAs))
+		}
 	}
 	return opts, nil
 }

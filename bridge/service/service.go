@@ -9,7 +9,6 @@ package service
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -135,8 +134,11 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 		Token:    cfg.Admin.Token.Value(),
 		// good for /metrics only
 		MetricsToken: cfg.Admin.MetricsToken.Value(),
-		Pprof:        cfg.Admin.Pprof,
-		Logger:       s.log.Named("admin"),
+		// the *_file ones read again when they change
+		TokenFunc:        config.SecretFunc("admin.token_file", cfg.Admin.TokenFile, cfg.Admin.Token, s.log.Named("admin")),
+		MetricsTokenFunc: config.SecretFunc("admin.metrics_token_file", cfg.Admin.MetricsTokenFile, cfg.Admin.MetricsToken, s.log.Named("admin")),
+		Pprof:            cfg.Admin.Pprof,
+		Logger:           s.log.Named("admin"),
 	})
 	if cfg.Kafka != nil {
 		l := &lateSink{transport: "kafka", tried: make(chan struct{}), setup: func(ctx context.Context, b *built) error { return s.setupKafka(ctx, s.opts, b) }}
@@ -303,11 +305,12 @@ func (s *Service) rules(dlq, defaultTarget string) *codec.Rules {
 	}
 }
 
-func tlsConfig(t config.TLS, log *zap.Logger) (*tls.Config, error) {
+// clientTLS is t's client TLS, or nil when TLS is off.
+func clientTLS(t config.TLS, log *zap.Logger) (*config.ClientTLS, error) {
 	if !t.Enabled {
 		return nil, nil
 	}
-	return t.BuildLogged(log)
+	return t.Client(log)
 }
 
 func (s *Service) setupKafka(ctx context.Context, o Options, b *built) error {
@@ -323,12 +326,16 @@ func (s *Service) setupKafka(ctx context.Context, o Options, b *built) error {
 		// error headers added), goes to the broker, whose limit decides.
 		BatchBytes: max(1<<20, int64(s.cfg.MaxMessageBytes)+int64(codec.DeadLetterOverhead)+1024),
 	}
-	var err error
-	if kc.TLS, err = tlsConfig(k.TLS, s.log.Named("kafka")); err != nil {
+	ct, err := clientTLS(k.TLS, s.log.Named("kafka"))
+	if err != nil {
 		return fmt.Errorf("kafka.tls: %w", err)
 	}
+	if ct != nil {
+		kc.NewTLS = ct.Config
+	}
 	if k.SASL.Mechanism != "" {
-		if kc.SASL, err = kafka.SASLMechanism(k.SASL.Mechanism, k.SASL.Username, k.SASL.Password.Value()); err != nil {
+		pass := config.SecretFunc("kafka.sasl.password_file", k.SASL.PasswordFile, k.SASL.Password, s.log.Named("kafka"))
+		if kc.SASL, err = kafka.SASLMechanismFunc(k.SASL.Mechanism, k.SASL.Username, pass); err != nil {
 			return fmt.Errorf("kafka.sasl: %w", err)
 		}
 	}
@@ -394,9 +401,18 @@ func (s *Service) setupNATS(o Options, b *built) error {
 		Logger:      s.log.Named("nats"),
 		Metrics:     s.m,
 	}
-	var err error
-	if nc.TLS, err = tlsConfig(n.TLS, s.log.Named("nats")); err != nil {
+	if n.PasswordFile != "" {
+		nc.PasswordFunc = config.SecretFunc("nats.password_file", n.PasswordFile, n.Password, nc.Logger)
+	}
+	if n.TokenFile != "" {
+		nc.TokenFunc = config.SecretFunc("nats.token_file", n.TokenFile, n.Token, nc.Logger)
+	}
+	ct, err := clientTLS(n.TLS, nc.Logger)
+	if err != nil {
 		return fmt.Errorf("nats.tls: %w", err)
+	}
+	if ct != nil {
+		nc.TLS, nc.RootCAs = ct.Config(), ct.RootCAsFunc()
 	}
 	for _, src := range n.Sources {
 		nc.Sources = append(nc.Sources, nats.SourceConfig{Subject: src.Subject, Rules: s.rules(src.DLQ, src.DefaultTarget)})
@@ -503,7 +519,7 @@ func (s *Service) Run(ctx context.Context) error {
 	adminDone := make(chan struct{})
 	go func() {
 		defer close(adminDone)
-		if err := admin.Serve(adminCtx, s.cfg.Admin.Listen, s.admin, s.log.Named("admin")); err != nil {
+		if err := admin.Serve(adminCtx, s.cfg.Admin.Listen, s.admin, s.log.Named("admin"), s.cfg.MaxMessageBytes); err != nil {
 			setFatal(err) // says "admin: listen ... (admin.listen)" or "admin: serve ..."
 		}
 	}()

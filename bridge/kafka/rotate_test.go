@@ -1,0 +1,142 @@
+package kafka
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/delaybridge/delaybridge/config"
+	"github.com/delaybridge/delaybridge/internal/testcert"
+)
+
+// replaceFile swaps path's content the way a Kubernetes Secret update
+// does: a new file renamed over the old one.
+func replaceFile(t *testing.T, path string, data []byte) {
+	t.Helper()
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCARotation: a sink built with Config.NewTLS trusts the CA file as it
+// is at each new connection. The file first holds another CA, so the
+// broker is refused; once the right CA is swapped in, the same sink
+// connects, with no restart. A CA file that then breaks keeps the last
+// pool that read.
+func TestCARotation(t *testing.T) {
+	p := newPKI(t)
+	c := newCluster(t, kfake.SeedTopics(1, "delay"), kfake.TLS(&tls.Config{
+		Certificates: []tls.Certificate{p.serverCert},
+		MinVersion:   tls.VersionTLS12,
+	}))
+	other, err := os.ReadFile(p.otherCAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	right, err := os.ReadFile(p.caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := writeFile(t, p.dir, "rotated-ca.pem", other)
+	ct, err := config.TLS{Enabled: true, CAFile: caFile}.Client(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, c.ListenAddrs(), "g-rotate", "delay")
+	cfg.NewTLS = ct.Config
+	sink, err := NewSink(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	if err := sink.Check(context.Background()); !errors.Is(err, ErrTLS) {
+		t.Fatalf("Check with another CA in the file = %v, want ErrTLS", err)
+	}
+
+	replaceFile(t, caFile, right)
+	if err := sink.Check(context.Background()); err != nil {
+		t.Fatalf("Check after the CA file was rotated: %v", err)
+	}
+
+	replaceFile(t, caFile, []byte("not pem"))
+	deliverAndConsume(t, cfg) // new connections: the last pool that read
+}
+
+// TestPerConnectionTLSChecksHost: with Config.NewTLS and no server name,
+// the broker's certificate is checked against the host of its address,
+// an IP address included, as with a fixed configuration: a certificate
+// for another name is refused, and accepted under that name.
+func TestPerConnectionTLSChecksHost(t *testing.T) {
+	ca := testcert.NewCA(t, "test CA")
+	dir := t.TempDir()
+	caFile := writeFile(t, dir, "ca.pem", ca.CertPEM())
+	c := newCluster(t, kfake.SeedTopics(1, "delay"), kfake.TLS(&tls.Config{
+		Certificates: []tls.Certificate{ca.Issue(t, "broker", x509.ExtKeyUsageServerAuth, "broker.test").TLS()},
+		MinVersion:   tls.VersionTLS12,
+	}))
+	for _, tc := range []struct {
+		serverName string
+		want       error
+	}{
+		{"", ErrTLS}, // dialled as 127.0.0.1, not in the certificate
+		{"broker.test", nil},
+	} {
+		ct, err := config.TLS{Enabled: true, CAFile: caFile, ServerName: tc.serverName}.Client(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := testConfig(t, c.ListenAddrs(), "g-host-"+tc.serverName, "delay")
+		cfg.NewTLS = ct.Config
+		checkTLSCase(t, cfg, tc.want)
+	}
+}
+
+// TestSASLPasswordRotation: a mechanism built by SASLMechanismFunc asks
+// for the password at each new connection. With a wrong password in the
+// file the brokers refuse the sink; once the right one is swapped in, the
+// same sink connects.
+func TestSASLPasswordRotation(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"), kfake.EnableSASL(),
+		kfake.Superuser("PLAIN", "plain-user", "plain-pass"),
+		kfake.Superuser("SCRAM-SHA-256", "scram256", "pass-256"),
+		kfake.Superuser("SCRAM-SHA-512", "scram512", "pass-512"),
+	)
+	for _, tc := range []struct{ mech, user, pass string }{
+		{"PLAIN", "plain-user", "plain-pass"},
+		{"SCRAM-SHA-256", "scram256", "pass-256"},
+		{"SCRAM-SHA-512", "scram512", "pass-512"},
+	} {
+		t.Run(tc.mech, func(t *testing.T) {
+			file := writeFile(t, t.TempDir(), "password", []byte("old-password\n"))
+			pass := config.SecretFunc("kafka.sasl.password_file", file, "old-password", nil)
+			mech, err := SASLMechanismFunc(tc.mech, tc.user, pass)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := testConfig(t, c.ListenAddrs(), "g-"+tc.user, "delay")
+			cfg.SASL = mech
+			sink, err := NewSink(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sink.Close()
+			if err := sink.Check(context.Background()); !errors.Is(err, ErrAuth) {
+				t.Fatalf("Check with the old password = %v, want ErrAuth", err)
+			}
+			replaceFile(t, file, []byte(tc.pass+"\n"))
+			if err := sink.Check(context.Background()); err != nil {
+				t.Fatalf("Check after the password file was rotated: %v", err)
+			}
+			deliverAndConsume(t, cfg)
+		})
+	}
+}
