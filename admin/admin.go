@@ -426,7 +426,7 @@ func (s *server) listStuck(w http.ResponseWriter, r *http.Request) {
 			n, err = shard.MaxStuckLimit, nil
 		}
 		if err != nil || n < 1 {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit %q: want an integer from 1 to %d", v, shard.MaxStuckLimit))
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit %q: want a whole number of at least 1 (above %d it is taken as %d)", v, shard.MaxStuckLimit, shard.MaxStuckLimit))
 			return
 		}
 		limit = int(min(n, shard.MaxStuckLimit))
