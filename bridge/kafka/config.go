@@ -258,7 +258,7 @@ func (c *Config) dialer() *kafkago.Dialer {
 		SASLMechanism: c.SASL,
 	}
 	if c.NewTLS != nil {
-		d.TLS, d.DialFunc = nil, dialTLS(c.NewTLS)
+		d.TLS, d.DialFunc = nil, dialTLS(c.NewTLS, net.Dialer{})
 	}
 	return d
 }
@@ -273,7 +273,10 @@ func (c *Config) transport() *kafkago.Transport {
 		SASL:        c.SASL,
 	}
 	if c.NewTLS != nil {
-		t.TLS, t.Dial = nil, dialTLS(c.NewTLS)
+		// kafka-go's own Transport dial caps each address at 3 s (its
+		// defaultDialer), so that a hanging bootstrap broker leaves time
+		// for the next one within DialTimeout: so does this one.
+		t.TLS, t.Dial = nil, dialTLS(c.NewTLS, net.Dialer{Timeout: 3 * time.Second})
 	}
 	return t
 }
@@ -283,8 +286,7 @@ func (c *Config) transport() *kafkago.Transport {
 // host as the server when the configuration names none, as kafka-go does
 // with a fixed configuration (so an address by IP is checked against the
 // certificate's IP addresses).
-func dialTLS(newTLS func() *tls.Config) func(ctx context.Context, network, address string) (net.Conn, error) {
-	var d net.Dialer
+func dialTLS(newTLS func() *tls.Config, d net.Dialer) func(ctx context.Context, network, address string) (net.Conn, error) {
 	return func(ctx context.Context, network, address string) (net.Conn, error) {
 		conn, err := d.DialContext(ctx, network, address)
 		if err != nil {

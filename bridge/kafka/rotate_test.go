@@ -5,8 +5,11 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"net"
 	"os"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -138,5 +141,70 @@ func TestSASLPasswordRotation(t *testing.T) {
 			}
 			deliverAndConsume(t, cfg)
 		})
+	}
+}
+
+// blackhole returns an address whose TCP connects hang, as a broker on a
+// stopped machine behind a firewall does: a listener that never accepts,
+// its accept queue filled, so the kernel drops further SYNs.
+func blackhole(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "blackhole")
+	t.Cleanup(func() { f.Close() })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := (&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: sa.(*syscall.SockaddrInet4).Port}).String()
+	for range 32 {
+		c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return addr
+		}
+		if err != nil {
+			t.Fatalf("blackhole: %v", err)
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	t.Skip("cannot make a hanging address here")
+	return ""
+}
+
+// TestPerConnectionTLSDialCapsEachAddress: with Config.NewTLS the
+// Transport dials through dialTLS, which must cap each address as
+// kafka-go's own dial does (3 s), so that a hanging bootstrap broker
+// tried first leaves time for the next one within DialTimeout rather
+// than taking all of it. The dial returns on its own cap, with the
+// caller's deadline still far away.
+func TestPerConnectionTLSDialCapsEachAddress(t *testing.T) {
+	dead := blackhole(t)
+	ct, err := config.TLS{Enabled: true}.Client(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{NewTLS: ct.Config}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := cfg.transport().Dial(ctx, "tcp", dead)
+	if err == nil {
+		conn.Close()
+		t.Fatal("a hanging address connected")
+	}
+	// With the cap the dial gives up after 3 s; without one it runs to
+	// the caller's deadline (the poller's timer may fire a moment before
+	// the context's, so ctx.Err() alone cannot tell).
+	if deadline, _ := ctx.Deadline(); time.Until(deadline) < 30*time.Second {
+		t.Fatalf("the dial used %v of the caller's minute (%v): no cap of its own", time.Minute-time.Until(deadline), err)
 	}
 }
