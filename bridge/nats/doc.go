@@ -80,7 +80,11 @@
 // publish directives (Nats-Expected-*, Nats-TTL, Nats-Rollup,
 // Nats-Schedule*, Nats-Batch-*, Nats-Incr, Nats-Required-Api-Level,
 // Nats-Trace-*) are not forwarded, nor is the Nats-Stream-Source that
-// JetStream adds to the messages of a delay stream that sources another:
+// JetStream adds to the messages of a delay stream that sources another,
+// nor the headers by which a RePublish or a direct get says where a
+// message is stored (Nats-Stream, Nats-Subject, Nats-Sequence,
+// Nats-Time-Stamp, Nats-Last-Sequence, Nats-Msg-Size, Nats-Num-Pending,
+// Nats-UpTo-Sequence: on the target they would precede the target's own):
 // they addressed the publish to the delay stream, or came with its copy,
 // and on the target they would make the delivery fail (an expected last
 // sequence; a stream source header, which every stream refuses) or

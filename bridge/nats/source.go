@@ -281,6 +281,18 @@ func (s *Source) ensure(ctx context.Context) error {
 				missing = append(missing, sub)
 			}
 		}
+		if len(missing) > 0 && cfg.Mirror != nil && s.cfg.Create {
+			return fmt.Errorf("%w: stream %q is a mirror of %q, which takes no subjects of its own; set nats.create: false and give the bridge a consumer on it",
+				ErrConfig, s.cfg.Stream, cfg.Mirror.Name)
+		}
+		if len(missing) > 0 && !s.cfg.Create && (cfg.Mirror != nil || len(cfg.Sources) > 0) {
+			// Its messages come from other streams, with their subjects
+			// (or transformed ones): which of them it stores cannot be
+			// read from its own subjects.
+			s.log.Info("nats source: the stream mirrors or sources other streams; whether it stores the source subjects is not checked",
+				zap.Strings("source_subjects", missing))
+			missing = nil
+		}
 		if len(missing) > 0 && !s.cfg.Create {
 			s.log.Warn("nats source: stream does not capture some source subjects; messages published there are not stored",
 				zap.Strings("missing", missing), zap.Strings("stream_subjects", cfg.Subjects))
@@ -363,7 +375,14 @@ func (s *Source) ensure(ctx context.Context) error {
 			filters = []string{cc.FilterSubject}
 		}
 		if len(filters) == 0 && stream != nil {
-			filters = stream.CachedInfo().Config.Subjects
+			sc := stream.CachedInfo().Config
+			filters = sc.Subjects
+			if sc.Mirror != nil || len(sc.Sources) > 0 {
+				// Unfiltered, it reads what the mirror or the sources
+				// bring too, under subjects the stream's own do not
+				// show: everything, as far as the bridge can tell.
+				filters = []string{">"}
+			}
 		}
 		for _, f := range filters {
 			if !slices.ContainsFunc(subjects, func(src string) bool { return filterCovers(src, f) }) {
@@ -1034,6 +1053,13 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		if st.see(md.Sequence.Consumer, seq, md.NumDelivered <= 1) {
 			continue // already held (e.g. before a crash): acked below, not handed over
 		}
+		if serverMarker(m) {
+			// Acked below, not handed over: not a publisher's message.
+			s.log.Debug("nats source: server marker skipped", zap.String("subject", m.Subject()),
+				zap.Int64("seq", seq), zap.String("reason", m.Headers().Get(markerReason)))
+			high = max(high, seq)
+			continue
+		}
 		rules, ok := rulesFor(s.cfg.Sources, m.Subject())
 		if !ok {
 			// Only if the consumer's filter was widened after start. Taking
@@ -1131,6 +1157,20 @@ func (s *Source) refreshLagWhile(ctx context.Context, cons jetstream.Consumer) (
 }
 
 func byOffset(a, b bridge.Item) int { return cmp.Compare(a.Msg.Offset, b.Msg.Offset) }
+
+// markerReason is the header of the messages the server itself stores in
+// a stream: a subject delete marker when a subject's last message ages
+// out (subject_delete_marker_ttl), or a message with a per-message TTL
+// expires ("MaxAge", "Remove", "Purge").
+const markerReason = "Nats-Marker-Reason"
+
+// serverMarker reports whether m is such a marker: empty, with the
+// header. A delay stream with markers on stores them among the delay
+// subjects; taken in, each would be dead-lettered missing-due, once per
+// subject whose last message aged out.
+func serverMarker(m jetstream.Msg) bool {
+	return len(m.Data()) == 0 && m.Headers().Get(markerReason) != ""
+}
 
 // handle calls h.Handle until it succeeds or ctx ends. Meanwhile the batch
 // is marked in progress every third of the consumer's redelivery wait (see

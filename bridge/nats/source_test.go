@@ -8,6 +8,7 @@ import (
 	"net"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -391,6 +392,66 @@ func TestSourceConsumerFilterNotCovered(t *testing.T) {
 		if err := js.DeleteConsumer(ctxT(t), "DELAY", "bridge"); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestSourceConsumerOnMirrorOrSources: a delay stream that mirrors or
+// sources other streams brings their subjects with it, which its own
+// subjects do not show. An unfiltered consumer on it reads all of that, so
+// it counts as reading ">" and is refused unless a source covers ">"
+// (before, a mirror's empty subject list passed the check, and every
+// message of the mirrored stream outside the delay subjects was
+// dead-lettered missing-due). A filtered consumer is checked as usual; a
+// mirror cannot be given subjects, so create: true on it says so.
+func TestSourceConsumerOnMirrorOrSources(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "EDGE", Subjects: []string{"delay.>", "other.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		stream  jetstream.StreamConfig
+		filters []string
+		ok      bool
+	}{
+		{"mirror, unfiltered", jetstream.StreamConfig{Mirror: &jetstream.StreamSource{Name: "EDGE"}}, nil, false},
+		{"mirror, filtered", jetstream.StreamConfig{Mirror: &jetstream.StreamSource{Name: "EDGE"}}, []string{"delay.>"}, true},
+		{"sources, unfiltered", jetstream.StreamConfig{Sources: []*jetstream.StreamSource{{Name: "EDGE"}}}, nil, false},
+		{"sources and subjects, unfiltered", jetstream.StreamConfig{Subjects: []string{"hub.>"}, Sources: []*jetstream.StreamSource{{Name: "EDGE"}}}, nil, false},
+		{"sources and subjects, filtered", jetstream.StreamConfig{Subjects: []string{"hub.>"}, Sources: []*jetstream.StreamSource{{Name: "EDGE"}}}, []string{"delay.>"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sc := tc.stream
+			sc.Name = "DELAY"
+			if _, err := js.CreateStream(ctxT(t), sc); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := js.DeleteStream(ctxT(t), "DELAY"); err != nil {
+					t.Fatal(err)
+				}
+			}()
+			if _, err := js.CreateOrUpdateConsumer(ctxT(t), "DELAY", jetstream.ConsumerConfig{
+				Durable: "bridge", AckPolicy: jetstream.AckExplicitPolicy, FilterSubjects: tc.filters,
+			}); err != nil {
+				t.Fatal(err)
+			}
+			_, err := NewSource(nc, cfg)
+			if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrConfig)) {
+				t.Errorf("err = %v, want ok=%v", err, tc.ok)
+			}
+			if sc.Mirror == nil {
+				return
+			}
+			create := cfg
+			create.Create = true
+			if _, err := NewSource(nc, create); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "is a mirror of \"EDGE\"") {
+				t.Errorf("create: true on a mirror: err = %v, want ErrConfig naming the mirror", err)
+			}
+		})
 	}
 }
 

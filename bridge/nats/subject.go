@@ -113,6 +113,17 @@ func publishDirective(key string) bool {
 		// stream that sources would deliver nothing and dead-letter
 		// nothing. The server drops it too when it sources a chain.
 		k == "stream-source",
+		// Nats-Stream, Nats-Subject, Nats-Sequence, Nats-Time-Stamp,
+		// Nats-Last-Sequence (and Nats-Msg-Size, Nats-Num-Pending,
+		// Nats-UpTo-Sequence): what a RePublish or a direct get adds to
+		// say where a message is stored. A delay message that came through
+		// a republish (or was copied from a direct get) carries another
+		// stream's; forwarded, they come first on the target, before the
+		// copies the target's own direct get and RePublish append, and
+		// readers take the first: a KV Get reports another stream's
+		// sequence as the revision, and an Update with it fails.
+		k == "stream", k == "subject", k == "sequence", k == "time-stamp",
+		k == "last-sequence", k == "msg-size", k == "num-pending", k == "upto-sequence",
 		// Nats-Trace-Only (with a Nats-Trace-Dest) makes the server trace
 		// the publish instead of delivering it: no stream stores it and no
 		// PubAck comes, so the delivery would wait as an outage forever.
