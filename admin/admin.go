@@ -57,6 +57,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -224,6 +225,7 @@ type server struct {
 	// adminToken gives the admin token of the moment; nil: no token
 	// required. metricsToken: the one good for /metrics only ("" none).
 	adminToken, metricsToken func() string
+	tokensEqual              atomic.Bool // the two were last seen equal (see checkTokensDiffer)
 
 	probeMu   sync.Mutex
 	lastProbe map[string]string // per probe, the reason last logged, digits as # ("" when passing)
@@ -323,6 +325,7 @@ func (s *server) token(r *http.Request) tokenCheck {
 	if mt := s.metricsToken(); mt != "" {
 		metricsSum := sha256.Sum256([]byte(mt))
 		metrics = subtle.ConstantTimeCompare(sum[:], metricsSum[:]) == 1
+		s.checkTokensDiffer(subtle.ConstantTimeCompare(adminSum[:], metricsSum[:]) == 1)
 	}
 	switch {
 	case admin:
@@ -331,6 +334,21 @@ func (s *server) token(r *http.Request) tokenCheck {
 		return tokenMetrics
 	}
 	return tokenInvalid
+}
+
+// checkTokensDiffer logs, once each time it starts, a metrics token equal
+// to the admin token: the start refuses that, but files rotated since can
+// bring it about, and then the scraper's token opens the whole admin API
+// (the server cannot tell the two apart). Once when they differ again.
+func (s *server) checkTokensDiffer(equal bool) {
+	if s.tokensEqual.Swap(equal) == equal {
+		return
+	}
+	if equal {
+		s.log.Error("admin.metrics_token is now equal to admin.token (files rotated?): the token given to scrapers opens every admin endpoint, task cancels included; give it its own value")
+		return
+	}
+	s.log.Info("admin.metrics_token differs from admin.token again")
 }
 
 // probeDetail is the reason a probe gives: all of it for a request with
@@ -538,30 +556,29 @@ const (
 
 // Serve listens on listen and serves h until ctx ends, then shuts down
 // gracefully: in-flight requests get up to 5 s to finish. It returns nil
-// after a shutdown caused by ctx, or the listen/serve error. maxIDBytes is
-// the longest task id there may be (ids come from message keys and
-// headers: max_message_bytes); see MaxHeaderBytes.
-func Serve(ctx context.Context, listen string, h http.Handler, logger *zap.Logger, maxIDBytes int) error {
+// after a shutdown caused by ctx, or the listen/serve error.
+func Serve(ctx context.Context, listen string, h http.Handler, logger *zap.Logger) error {
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", listen)
 	if err != nil {
 		return fmt.Errorf("admin: listen %s (admin.listen): %w", listen, err)
 	}
-	return ServeListener(ctx, ln, h, logger, maxIDBytes)
+	return ServeListener(ctx, ln, h, logger)
 }
 
-// MaxHeaderBytes is the request header limit (request line included) of
-// a server whose task ids are up to maxIDBytes long: room for the longest
-// id path-escaped (3 bytes per byte at worst) in /v1/tasks/{source}/{id},
-// so that every stored task can be looked up and cancelled, and at least
-// 64 KiB.
-func MaxHeaderBytes(maxIDBytes int) int {
-	return max(64<<10, 3*maxIDBytes+16<<10)
-}
+// MaxHeaderBytes bounds a request's headers, its request line included,
+// so also the id of /v1/tasks/{source}/{id}: 64 KiB, about 21 KB of id
+// when every byte is escaped, 64 KB of plain ASCII. Headers are read
+// before the token is checked, so this is what any client that reaches
+// the port can make the server hold per connection; ids up to
+// max_message_bytes/5 (the longest a stored task has), 3 x that escaped,
+// would let 1 000 slow connections hold 3.7 GiB (measured). A longer id
+// is cancelled with a delay-cancel message instead.
+const MaxHeaderBytes = 64 << 10
 
 // ServeListener is Serve on a listener the caller opened (tests, socket
 // activation). It closes ln.
-func ServeListener(ctx context.Context, ln net.Listener, h http.Handler, logger *zap.Logger, maxIDBytes int) error {
+func ServeListener(ctx context.Context, ln net.Listener, h http.Handler, logger *zap.Logger) error {
 	if logger == nil {
 		logger = zap.NewNop()
 	}
@@ -571,7 +588,7 @@ func ServeListener(ctx context.Context, ln net.Listener, h http.Handler, logger 
 		ReadTimeout:       readTimeout,
 		WriteTimeout:      writeTimeout,
 		IdleTimeout:       idleTimeout,
-		MaxHeaderBytes:    MaxHeaderBytes(maxIDBytes),
+		MaxHeaderBytes:    MaxHeaderBytes,
 		ErrorLog:          zap.NewStdLog(logger.Named("http")),
 	}
 	errc := make(chan error, 1)

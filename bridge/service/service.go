@@ -519,7 +519,7 @@ func (s *Service) Run(ctx context.Context) error {
 	adminDone := make(chan struct{})
 	go func() {
 		defer close(adminDone)
-		if err := admin.Serve(adminCtx, s.cfg.Admin.Listen, s.admin, s.log.Named("admin"), s.cfg.MaxMessageBytes); err != nil {
+		if err := admin.Serve(adminCtx, s.cfg.Admin.Listen, s.admin, s.log.Named("admin")); err != nil {
 			setFatal(err) // says "admin: listen ... (admin.listen)" or "admin: serve ..."
 		}
 	}()
