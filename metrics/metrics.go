@@ -170,11 +170,21 @@ func (m *Metrics) InitSeries(sources, transports []string) {
 		m.Cancelled.WithLabelValues(src)
 		m.Replaced.WithLabelValues(src)
 		m.SourceErrors.WithLabelValues(src)
+		for _, why := range DroppedWhy {
+			m.Dropped.WithLabelValues(src, why)
+		}
 	}
 	for _, tr := range transports {
 		m.Fired.WithLabelValues(tr, "task")
 		m.Fired.WithLabelValues(tr, "dlq")
 		m.FireLateness.WithLabelValues(tr)
 		m.PublishRetries.WithLabelValues(tr)
+		m.PublishSeconds.WithLabelValues(tr)
+		m.BestEffort.WithLabelValues(tr)
 	}
 }
+
+// DroppedWhy are the why labels of delaybridge_dropped_total: a schedule
+// dropped for an older one than the id's stored version, or for a cancel
+// remembered.
+var DroppedWhy = []string{"older", "cancelled"}

@@ -59,6 +59,9 @@ func TestInitSeries(t *testing.T) {
 			"delaybridge_source_errors_total{source=delay}", "delaybridge_source_errors_total{source=delay.slow}",
 			"delaybridge_fired_total{kind=task,transport=kafka}", "delaybridge_fired_total{kind=dlq,transport=kafka}",
 			"delaybridge_fire_lateness_seconds{transport=kafka}", "delaybridge_publish_retries_total{transport=kafka}",
+			"delaybridge_dropped_total{source=delay,why=older}", "delaybridge_dropped_total{source=delay,why=cancelled}",
+			"delaybridge_dropped_total{source=delay.slow,why=older}", "delaybridge_dropped_total{source=delay.slow,why=cancelled}",
+			"delaybridge_publish_seconds{transport=kafka}", "delaybridge_best_effort_deliveries_total{transport=kafka}",
 		}},
 		{name: "both", sources: []string{"delay", "DELAY"}, transports: []string{"kafka", "nats"}, want: []string{
 			"delaybridge_ingested_total{source=delay}", "delaybridge_ingested_total{source=DELAY}",
@@ -69,6 +72,10 @@ func TestInitSeries(t *testing.T) {
 			"delaybridge_fired_total{kind=task,transport=nats}", "delaybridge_fired_total{kind=dlq,transport=nats}",
 			"delaybridge_fire_lateness_seconds{transport=kafka}", "delaybridge_fire_lateness_seconds{transport=nats}",
 			"delaybridge_publish_retries_total{transport=kafka}", "delaybridge_publish_retries_total{transport=nats}",
+			"delaybridge_dropped_total{source=delay,why=older}", "delaybridge_dropped_total{source=delay,why=cancelled}",
+			"delaybridge_dropped_total{source=DELAY,why=older}", "delaybridge_dropped_total{source=DELAY,why=cancelled}",
+			"delaybridge_publish_seconds{transport=kafka}", "delaybridge_publish_seconds{transport=nats}",
+			"delaybridge_best_effort_deliveries_total{transport=kafka}", "delaybridge_best_effort_deliveries_total{transport=nats}",
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -82,6 +89,7 @@ func TestInitSeries(t *testing.T) {
 				"delaybridge_ingested_total": true, "delaybridge_cancelled_total": true, "delaybridge_replaced_total": true,
 				"delaybridge_source_errors_total": true, "delaybridge_fired_total": true,
 				"delaybridge_fire_lateness_seconds": true, "delaybridge_publish_retries_total": true,
+				"delaybridge_dropped_total": true, "delaybridge_publish_seconds": true, "delaybridge_best_effort_deliveries_total": true,
 			}
 			got := map[string]bool{}
 			for _, mf := range mfs {

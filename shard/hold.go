@@ -394,6 +394,12 @@ func (s *shard) loadHeldLocked() error {
 		if err != nil {
 			return fmt.Errorf("read held count of shard %d: %w", s.id, err)
 		}
+		if l > 0 {
+			// Every transport's series exists from the start (0 when
+			// nothing is held), so a dashboard shows 0 rather than no
+			// data; slot 0 is no transport.
+			s.heldGauge(l).Set(0)
+		}
 		if !found {
 			continue
 		}
