@@ -126,6 +126,12 @@ type shard struct {
 	// to, under this lock), so the ack deletes both without reading the
 	// index.
 	inflight map[uint64]supersession
+	// cancelSrc is the source of each cancel that superseded a task in
+	// flight (cancelledInFlight), for counting it cancelled when the task
+	// turns out gone before it was read (claimed, then cancelled, then
+	// read): no delivery is left to count it. Entries leave with their
+	// inflight entry (endInflightLocked).
+	cancelSrc map[uint64]string
 	// deleting holds the seqs of stored tasks that an applied-but-not-yet-
 	// durable (or not yet applied) batch deletes by a replace or cancel:
 	// they may still be visible in Pebble, so claimLocked must not hand them
@@ -559,6 +565,9 @@ func (s *shard) drainLocked() {
 		// backlog claimed and set aside while its lane fails, say) it
 		// would keep the burst's size.
 		s.inflight = rebuilt(s.inflight)
+		if len(s.cancelSrc) == 0 {
+			s.cancelSrc = nil
+		}
 	}
 	s.pendingG.Set(float64(s.pending))
 	s.inWheelG.Set(float64(s.w.Len()))
@@ -577,6 +586,15 @@ const (
 	droppedParkedInFlight
 )
 
+// endInflightLocked takes seq out of the in-flight set, returning what
+// superseded it meanwhile and, for a cancel, the cancel's source.
+func (s *shard) endInflightLocked(seq uint64) (sup supersession, cancelSource string) {
+	sup, cancelSource = s.inflight[seq], s.cancelSrc[seq]
+	delete(s.inflight, seq)
+	delete(s.cancelSrc, seq)
+	return sup, cancelSource
+}
+
 // dropped reports whether an operator's drop superseded the task.
 func (s supersession) dropped() bool {
 	return s == droppedHeldInFlight || s == droppedParkedInFlight
@@ -591,14 +609,20 @@ func (s supersession) state() StuckState {
 }
 
 // supersedeLocked records that pb deletes the stored task seq (a replace,
-// or a cancel when by is cancelledInFlight). If the task is in flight its
+// or a cancel of source when by is cancelledInFlight). If the task is in flight its
 // delivery outcome is not recorded, and inFlight tells the caller so: a
 // cancel is then counted by the delivery, as cancelled only if the
 // broker did not take the task. Until pb is durable, claimLocked skips
 // the task.
-func (s *shard) supersedeLocked(seq uint64, pb *pendingBatch, by supersession) (inFlight bool) {
+func (s *shard) supersedeLocked(seq uint64, pb *pendingBatch, by supersession, source string) (inFlight bool) {
 	if _, ok := s.inflight[seq]; ok {
 		s.inflight[seq], inFlight = by, true
+		if by == cancelledInFlight {
+			if s.cancelSrc == nil {
+				s.cancelSrc = make(map[uint64]string)
+			}
+			s.cancelSrc[seq] = source
+		}
 	}
 	s.deleting[seq] = struct{}{}
 	s.clearLateLocked(seq)
@@ -617,6 +641,7 @@ func (s *shard) abandonLocked(pb *pendingBatch) {
 	for _, seq := range pb.dels {
 		if _, ok := s.inflight[seq]; ok {
 			s.inflight[seq] = notSuperseded
+			delete(s.cancelSrc, seq)
 		}
 	}
 	undo := pb.undo
@@ -786,7 +811,7 @@ func (e *Engine) ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 			if isHeld(ex.Fire) {
 				pb.held[heldSlot(ex.Fire)]--
 			}
-			oldInFlight = s.supersedeLocked(ex.Seq, pb, by)
+			oldInFlight = s.supersedeLocked(ex.Seq, pb, by, t.Source)
 			if ex.Seq > base {
 				// Stored by this very batch and deleted by it again: not
 				// a wheel entry once the batch is durable.
@@ -1240,7 +1265,7 @@ func (e *Engine) Cancel(source, id string) error {
 	}
 	s.enqueueLocked(pb)
 	s.setOverlayLocked(string(ik), marker, false, pb)
-	inFlight := s.supersedeLocked(ex.Seq, pb, cancelledInFlight)
+	inFlight := s.supersedeLocked(ex.Seq, pb, cancelledInFlight, source)
 	s.mu.Unlock()
 
 	b := e.db.NewBatch()

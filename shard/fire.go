@@ -555,18 +555,28 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, it := range dropped {
-		sup := s.inflight[it.seq]
-		delete(s.inflight, it.seq)
+		sup, cancelSrc := s.endInflightLocked(it.seq)
 		s.clearLateLocked(it.seq)
 		switch {
 		case !it.corrupt:
 			s.dlDoneLocked(it.seq)
+			// Gone from the store before it was read: a cancel or an
+			// operator's drop claimed after the entry was (counted here,
+			// as no delivery is left to count it), or an older deletion.
+			switch {
+			case sup == cancelledInFlight:
+				s.e.m.Cancelled.WithLabelValues(cancelSrc).Inc()
+			case sup.dropped():
+				s.e.m.StuckDropped.WithLabelValues(string(sup.state())).Inc()
+			}
 		case sup == notSuperseded:
 			s.noteUndecodableLocked(it.fire, it.seq, it.decodeErr)
 		}
 	}
 	for _, it := range retry {
-		delete(s.inflight, it.seq)
+		// A cancel or drop that met it is not counted (its next claim
+		// finds it gone, not superseded): a read error is rare enough.
+		s.endInflightLocked(it.seq)
 		s.addLocked(it.fire, it.seq) // a held one stays out: it is released again from the store
 	}
 	s.inWheelG.Set(float64(s.w.Len()))
@@ -699,8 +709,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		case errs != nil:
 			derr = errs[i]
 		}
-		sup := s.inflight[it.seq]
-		delete(s.inflight, it.seq)
+		sup, _ := s.endInflightLocked(it.seq) // a cancel's source: the task's
 		if sup != notSuperseded {
 			// Replaced or cancelled while in flight: the newer message
 			// deleted this task and owns its index entry. Counted only:

@@ -196,8 +196,7 @@ func (s *shard) unparkLocked(ln *lane) {
 }
 
 func (s *shard) unparkOneLocked(p parkedTask) {
-	sup := s.inflight[p.seq]
-	delete(s.inflight, p.seq)
+	sup, _ := s.endInflightLocked(p.seq) // a cancel's source: the task's
 	switch {
 	case sup == cancelledInFlight:
 		s.e.m.Cancelled.WithLabelValues(p.source).Inc()

@@ -400,7 +400,7 @@ func (e *Engine) DropStuck(shardID int, seq uint64) error {
 	if st.state == StuckParked {
 		by = droppedParkedInFlight
 	}
-	inFlight := s.supersedeLocked(seq, pb, by)
+	inFlight := s.supersedeLocked(seq, pb, by, "")
 	s.mu.Unlock()
 
 	b := e.db.NewBatch()

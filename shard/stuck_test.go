@@ -585,7 +585,7 @@ func TestDropStuckDrainedDropIsNotStuck(t *testing.T) {
 			// What DropStuck decides under the lock ...
 			pb := &pendingBatch{tk: newTicket()}
 			s.enqueueLocked(pb)
-			s.supersedeLocked(seq, pb, by)
+			s.supersedeLocked(seq, pb, by, "")
 			// ... its commit becoming durable, and the next lock holder
 			// draining it before DropStuck's own clean-up.
 			pb.tk.release()
