@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/internal/logthrottle"
 )
 
 // offsets is what an OffsetCommit carries: topic -> partition -> next offset.
@@ -29,6 +31,13 @@ type committer struct {
 	log    *zap.Logger
 	failed func(topic string) // counts a failed commit
 
+	// fails throttles the "offset commit failed" line while commits keep
+	// failing; wait is the pause before the next retry, doubling from
+	// retry up to maxRetry while they do.
+	fails    logthrottle.Throttle
+	wait     time.Duration
+	maxRetry time.Duration
+
 	mu      sync.Mutex
 	pending offsets
 	rewinds []*rewindWait // rewinds waiting for their commit
@@ -43,8 +52,8 @@ type rewindWait struct {
 	done      chan struct{}
 }
 
-func newCommitter(commit func(offsets) error, retry time.Duration, log *zap.Logger, failed func(string)) *committer {
-	return &committer{commit: commit, retry: retry, log: log, failed: failed, kick: make(chan struct{}, 1)}
+func newCommitter(commit func(offsets) error, retry, maxRetry time.Duration, log *zap.Logger, failed func(string)) *committer {
+	return &committer{commit: commit, retry: retry, wait: retry, maxRetry: max(retry, maxRetry), log: log, failed: failed, kick: make(chan struct{}, 1)}
 }
 
 // offer queues next as the offset to commit for topic/partition. Offsets
@@ -154,6 +163,11 @@ func (c *committer) flush() (ok bool) {
 	}
 	err := c.commit(p)
 	if err == nil {
+		if c.wait != c.retry {
+			c.log.Info("offset commit succeeded again", zap.Any("offsets", p))
+		}
+		c.wait = c.retry
+		c.fails.Reset()
 		c.mu.Lock()
 		c.committedLocked(p)
 		c.mu.Unlock()
@@ -168,7 +182,9 @@ func (c *committer) flush() (ok bool) {
 	}
 	// The next commit carries these unless newer ones replace them; the
 	// store checkpoint covers a crash meanwhile.
-	c.log.Warn("offset commit failed; retrying", zap.Any("offsets", p), zap.Error(err))
+	if n, ok := c.fails.AllowKey(time.Now(), err.Error()); ok {
+		c.log.Warn("offset commit failed; retrying", zap.Any("offsets", p), zap.Error(err), zap.Int("suppressed", n))
+	}
 	c.putBack(p)
 	return true
 }
@@ -195,7 +211,8 @@ func (c *committer) run(ctx, gctx context.Context, workersDone <-chan struct{}) 
 			}
 			if c.pendingLen() > 0 { // failed: pause, then retry
 				select {
-				case <-time.After(c.retry):
+				case <-time.After(c.wait):
+					c.wait = min(2*c.wait, c.maxRetry)
 					c.kickSelf()
 				case <-gctx.Done():
 				case <-ctx.Done():

@@ -11,6 +11,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // commitLog is a commit func that records what it was asked to commit and
@@ -45,7 +46,7 @@ func (l *commitLog) commits() []offsets {
 }
 
 func newTestCommitter(l *commitLog) *committer {
-	return newCommitter(l.commit, 100*time.Millisecond, zap.NewNop(), func(string) {
+	return newCommitter(l.commit, 100*time.Millisecond, 5*time.Second, zap.NewNop(), func(string) {
 		l.mu.Lock()
 		l.failed++
 		l.mu.Unlock()
@@ -200,6 +201,74 @@ func TestCommitterRun(t *testing.T) {
 			}
 		})
 	})
+	t.Run("a commit failing on is retried with a doubling pause and logged once", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var errs []error
+			for range 8 {
+				errs = append(errs, kafkago.GroupLoadInProgress)
+			}
+			l := &commitLog{errs: errs}
+			core, logs := observer.New(zap.InfoLevel)
+			c := newCommitter(l.commit, 100*time.Millisecond, 5*time.Second, zap.New(core), func(string) {})
+			ctx, stop := context.WithCancel(context.Background())
+			defer stop()
+			workersDone := make(chan struct{})
+			close(workersDone)
+			go c.run(ctx, context.Background(), workersDone)
+			c.offer("a", 0, 5)
+			// Tries at 0, 0.1, 0.3, 0.7, 1.5 and 3.1 s: 6 by 3.2 s (a
+			// fixed 100 ms pause made 33).
+			time.Sleep(3200 * time.Millisecond)
+			synctest.Wait()
+			if n := len(l.commits()); n != 6 {
+				t.Fatalf("%d commits in 3.2 s, want 6", n)
+			}
+			if n := logs.FilterMessageSnippet("offset commit failed").Len(); n != 1 {
+				t.Fatalf("%d 'offset commit failed' lines for one failure repeating, want 1", n)
+			}
+			// Then 6.3 s and, the pause capped at 5 s, 11.3 s (both fail)
+			// and 16.3 s, which succeeds and resets the pause.
+			time.Sleep(13200 * time.Millisecond)
+			synctest.Wait()
+			if n := len(l.commits()); n != 9 {
+				t.Fatalf("%d commits, want 9 (the last one good)", n)
+			}
+			if c.wait != c.retry || logs.FilterMessageSnippet("offset commit succeeded again").Len() != 1 {
+				t.Fatalf("after a good commit: pause %v, want %v, and one line saying so", c.wait, c.retry)
+			}
+			stop()
+		})
+	})
+	t.Run("coordinator unavailable is retried, not a generation's end", func(t *testing.T) {
+		// The offsets topic under min.insync.replicas answers commits so
+		// while the generation stands and heartbeats go on; a coordinator
+		// that really moved fails the heartbeat, which ends the generation
+		// (found by a Kafka fault hunt: the member left a working
+		// generation and could not rejoin, and ingestion stopped).
+		synctest.Test(t, func(t *testing.T) {
+			l := &commitLog{errs: []error{kafkago.GroupCoordinatorNotAvailable, kafkago.NotCoordinatorForGroup}}
+			c := newTestCommitter(l)
+			ctx, stop := context.WithCancel(context.Background())
+			defer stop()
+			workersDone := make(chan struct{})
+			close(workersDone)
+			done := make(chan struct{})
+			go func() { c.run(ctx, context.Background(), workersDone); close(done) }()
+			c.offer("a", 0, 5)
+			time.Sleep(time.Second)
+			synctest.Wait()
+			select {
+			case <-done:
+				t.Fatal("run ended: the commit error was taken for the end of the generation")
+			default:
+			}
+			if got := l.commits(); len(got) != 3 || !equalOffsets(got[2], offsets{"a": {0: 5}}) {
+				t.Fatalf("commits %v, want a/0 at 5 tried three times, the last good", got)
+			}
+			stop()
+			<-done
+		})
+	})
 	t.Run("generation over ends run", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			l := &commitLog{errs: []error{kafkago.RebalanceInProgress}}
@@ -280,7 +349,7 @@ func TestCommitterRewind(t *testing.T) {
 					return <-release
 				}
 				return nil
-			}, 100*time.Millisecond, zap.NewNop(), func(string) {})
+			}, 100*time.Millisecond, 5*time.Second, zap.NewNop(), func(string) {})
 			c.offer("a", 0, 100)
 			c.offer("a", 1, 7)
 			go c.flush() // in flight with a/0 at 100

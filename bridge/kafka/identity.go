@@ -147,6 +147,11 @@ func (s *Source) checkIdentity(ctx context.Context, topic string, partition int,
 				c.verdict, c.reason = identityUnknown, "retention deleted the checkpointed record"
 				return c, nil
 			}
+			if c.end > cp.Offset {
+				// The listing says the log holds the offset: the answer
+				// was transient (a leader moving); check again.
+				return logCheck{}, fmt.Errorf("fetch the checkpointed record at %d: out of range, but the log spans [%d, %d)", cp.Offset, c.first, c.end)
+			}
 			c.verdict, c.reason = identityOther, "the log ends before the checkpointed offset"
 			return c, nil
 		case err != nil:
@@ -202,6 +207,9 @@ func (s *Source) probePastOffset(ctx context.Context, topic string, partition in
 		if cp.Offset < c.first {
 			c.verdict, c.reason = identityUnknown, "retention deleted the checkpointed record"
 			return c, nil
+		}
+		if c.end > cp.Offset {
+			return logCheck{}, fmt.Errorf("fetch past the checkpointed offset %d: out of range, but the log spans [%d, %d)", cp.Offset, c.first, c.end)
 		}
 		c.verdict, c.reason = identityOther, "the log ends at the checkpointed offset"
 		return c, nil

@@ -860,3 +860,54 @@ func consumedLog(t *testing.T) (*kfake.Cluster, *memHandler, shard.Checkpoint) {
 	consume(t, c, h, 6, 6)
 	return c, h, h.checkpoint(CheckpointKey("delay", 0))
 }
+
+// TestTransientOutOfRange: a fetch answered OFFSET_OUT_OF_RANGE although
+// ListOffsets shows the log holding the offset (a leader moving, a
+// proxy) is transient: the source checks again rather than take the log
+// for another one, set the group back to the log start and read it all
+// again, which would deliver tasks already delivered a second time. Once
+// while running (resetOffset's answer sends the second fault to the
+// identity re-check) and once at start (the checkpointed record's fetch);
+// found by a Kafka fault hunt.
+func TestTransientOutOfRange(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		atStart bool
+		faults  int
+	}{
+		{"running", false, 2},
+		{"at start", true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, kfake.SeedTopics(1, "delay"))
+			cl := producer(t, c)
+			h := newMemHandler()
+			produceN(t, cl, "delay", 1, 0, 10)
+			var f *kfake.FaultHandle
+			if tc.atStart {
+				consume(t, c, h, 10, 10)
+				f = c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: "delay", Err: kerr.OffsetOutOfRange, Count: tc.faults})
+			}
+			s, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runSource(t, s, h)
+			if !tc.atStart {
+				waitFor(t, "10 handled", func() bool { return h.count() == 10 })
+				f = c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: "delay", Err: kerr.OffsetOutOfRange, Count: tc.faults})
+			}
+			waitFor(t, "the faults", func() bool { return f.Hits() == tc.faults })
+			produceN(t, cl, "delay", 1, 10, 2)
+			// A re-read from the log start commits 12 only after reading
+			// 0..11 again: the commit is the sync point.
+			waitFor(t, "commit 12", func() bool { return committed(c, "g", "delay")[0] == 12 })
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			if got := h.offsets("delay")[0]; len(got) != 12 {
+				t.Fatalf("handled offsets %v, want 0..11 once: a transient OFFSET_OUT_OF_RANGE made the source read the log again", got)
+			}
+		})
+	}
+}

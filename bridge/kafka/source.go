@@ -262,7 +262,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			zap.String("member", gen.MemberID), zap.Any("assignments", assignmentsOf(gen)))
 		// One committer per generation sends the partitions' offsets;
 		// it commits the last of them once the partition workers are done.
-		cm := newCommitter(gen.CommitOffsets, s.cfg.RetryMin, s.log.With(zap.Int32("generation", gen.ID)),
+		cm := newCommitter(gen.CommitOffsets, s.cfg.RetryMin, s.cfg.RetryMax, s.log.With(zap.Int32("generation", gen.ID)),
 			func(topic string) { s.cfg.Metrics.SourceErrors.WithLabelValues(topic).Inc() })
 		var genWorkers sync.WaitGroup
 		wctx := groupCtx // leaving the group stops the workers as a shutdown does: they commit what is stored
@@ -543,8 +543,13 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 // generationOver reports commit errors after which this member must rejoin.
 func generationOver(err error) bool {
 	for _, e := range []error{
+		// Not NOT_COORDINATOR or COORDINATOR_NOT_AVAILABLE: the offsets
+		// topic failing an append (under min.insync.replicas, a moving
+		// leader) answers commits so while the generation stands and
+		// heartbeats go on; a coordinator that really moved fails the
+		// heartbeat on the same connection, which ends the generation.
 		kafkago.RebalanceInProgress, kafkago.IllegalGeneration, kafkago.UnknownMemberId,
-		kafkago.NotCoordinatorForGroup, kafkago.GroupCoordinatorNotAvailable, kafkago.FencedInstanceID,
+		kafkago.FencedInstanceID,
 	} {
 		if errors.Is(err, e) {
 			return true
