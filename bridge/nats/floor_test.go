@@ -170,7 +170,9 @@ func TestFloorState(t *testing.T) {
 					if cp != s.wantCP {
 						t.Fatalf("step %d: checkpoint = %d, want %d", i, cp, s.wantCP)
 					}
-					f.handled(s.a, cp)
+					spans := f.nextSpans(cp)
+					_, stored := f.heldCheckpoints("k", spans)
+					f.handled(s.a, cp, spans, stored)
 				case "ackfloor":
 					now = now.Add(barrierCheckEvery)
 					if f.barrier != 0 && !f.wantAckFloor(now) {

@@ -39,8 +39,10 @@ const barrierCheckEvery = 500 * time.Millisecond
 // Acks are explicit, one per message, fire-and-forget (msg.Ack publishes
 // without waiting for a reply): they pipeline on the connection, so a batch
 // costs no round trip. An ack lost on the way is harmless: the message is
-// redelivered after AckWait and skipped by the checkpoint (or, at worst,
-// ingested twice, which the engine treats as a replace of itself). AckAll
+// redelivered after AckWait and skipped by the checkpoint, or by the spans
+// held above it while a barrier holds it back (see floorState.spans).
+// Taken in again, it would be a new task if the first one was delivered
+// and deleted meanwhile, and delivered twice. AckAll
 // with one synchronous ack would also work, but it acks everything below
 // the last sequence, including redeliveries that arrive out of order and
 // have not been handled yet.
@@ -521,6 +523,126 @@ type floorState struct {
 	// legacy is a stored floor without the stream identity (written by an
 	// older version), not yet trusted: see adoptLegacy.
 	legacy int64
+
+	// spans are stream sequences above the floor known held: every
+	// message of the consumer in a span was durably handled (or acked as
+	// held). While a barrier holds the floor back, what is handled above
+	// it is recorded here and stored with the floor (heldSlots slots
+	// under HeldKey), so that a message whose ack is lost (a second
+	// crash, a connection lost between the store commit and the ack) is
+	// skipped when it comes back instead of being taken in again: its task
+	// may have been delivered and deleted meanwhile, and would be
+	// delivered twice. Sorted, disjoint, at most heldSlots.
+	spans []span
+	// pend: what the deliveries of the batch in hand add to spans once it
+	// is durable (see see and handled).
+	pend []span
+	// runLo is the stream sequence of the first of the first deliveries
+	// seen since the last gap in consumer sequences (0: none). First
+	// deliveries come in stream order, so every message of the consumer
+	// between runLo and the last first delivery was delivered to this
+	// iterator: one span.
+	runLo int64
+	// stored is what the held slots hold in the store.
+	stored [heldSlots]span
+}
+
+// span is a range of stream sequences, both ends included.
+type span struct{ lo, hi int64 }
+
+// heldSlots is how many spans of sequences held above the floor a source
+// stores. More disjoint spans than that (handled redeliveries scattered
+// between unhandled ones) lose the lowest: a message of those whose ack is
+// lost is taken in again, as without the record.
+const heldSlots = 16
+
+// HeldKey is the shard.Checkpoint key of slot i of the spans held above
+// the floor stored under the checkpoint key key (see floorState.spans):
+// Offset the span's last sequence, Fingerprint its first; Offset 0 for an
+// empty slot.
+func HeldKey(key string, i int) string { return key + "|held|" + strconv.Itoa(i) }
+
+// isHeld reports whether seq is at or below the floor or in a span.
+func (f *floorState) isHeld(seq int64) bool {
+	if seq <= f.floor {
+		return true
+	}
+	for _, sp := range f.spans {
+		if sp.lo <= seq && seq <= sp.hi {
+			return true
+		}
+	}
+	return false
+}
+
+// mergeSpans sorts and merges spans, drops those at or below floor and
+// keeps the highest heldSlots.
+func mergeSpans(spans []span, floor int64) []span {
+	spans = slices.DeleteFunc(spans, func(sp span) bool { return sp.hi <= floor })
+	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
+	out := spans[:0]
+	for _, sp := range spans {
+		if n := len(out); n > 0 && sp.lo <= out[n-1].hi+1 {
+			out[n-1].hi = max(out[n-1].hi, sp.hi)
+			continue
+		}
+		out = append(out, sp)
+	}
+	if len(out) > heldSlots {
+		out = out[len(out)-heldSlots:]
+	}
+	return slices.Clip(out)
+}
+
+// nextSpans is spans once the batch in hand is durable with checkpoint cp.
+func (f *floorState) nextSpans(cp int64) []span {
+	all := make([]span, 0, len(f.spans)+len(f.pend))
+	all = append(append(all, f.spans...), f.pend...)
+	return mergeSpans(all, cp)
+}
+
+// commitPend takes the batch in hand's spans without storing them: a
+// batch with nothing to store (every message held already, or a server
+// marker). The next batch stores them.
+func (f *floorState) commitPend() {
+	f.spans = f.nextSpans(f.floor)
+	f.pend = f.pend[:0]
+}
+
+// heldCheckpoints are the writes that make the stored slots of key hold
+// next, and the slots as they will be.
+func (f *floorState) heldCheckpoints(key string, next []span) ([]shard.Checkpoint, [heldSlots]span) {
+	var want [heldSlots]span
+	copy(want[:], next)
+	var cps []shard.Checkpoint
+	for i := range want {
+		if want[i] != f.stored[i] {
+			cps = append(cps, shard.Checkpoint{Key: HeldKey(key, i), Offset: want[i].hi, Fingerprint: uint64(want[i].lo)})
+		}
+	}
+	return cps, want
+}
+
+// loadHeld sets the stored slots and the spans above the floor from the
+// store.
+func (f *floorState) loadHeld(slots [heldSlots]span) {
+	f.stored = slots
+	var spans []span
+	for _, sp := range slots {
+		if sp.hi > 0 && sp.lo > 0 && sp.lo <= sp.hi {
+			spans = append(spans, sp)
+		}
+	}
+	f.spans = mergeSpans(spans, f.floor)
+}
+
+// maxHeld is the highest sequence known held.
+func (f *floorState) maxHeld() int64 {
+	m := max(f.floor, f.maxHandled)
+	if n := len(f.spans); n > 0 {
+		m = max(m, f.spans[n-1].hi)
+	}
+	return m
 }
 
 // adoptLegacy decides, at the first iterator start, on a floor stored
@@ -554,6 +676,8 @@ func (f *floorState) adoptLegacy(delivered int64) (kept bool) {
 // start is called when an iterator starts, with the consumer's info.
 func (f *floorState) start(ackFloor, delivered int64, deliveredDseq uint64) {
 	f.floor = max(f.floor, ackFloor)
+	f.pend, f.runLo = f.pend[:0], 0
+	f.spans = mergeSpans(f.spans, f.floor)
 	f.lastDseq = deliveredDseq
 	f.maxSeen = max(f.maxSeen, delivered)
 	if ackFloor < delivered {
@@ -575,10 +699,27 @@ func (f *floorState) see(dseq uint64, seq int64, first bool) (held bool) {
 		if !first {
 			f.unbounded = true
 		}
+		f.runLo = 0 // the missed delivery may lie inside a span to come
 	}
 	f.lastDseq = max(f.lastDseq, dseq)
 	f.maxSeen = max(f.maxSeen, seq)
-	return seq <= f.floor
+	held = f.isHeld(seq)
+	if first {
+		// Every message of the consumer between the run's first
+		// delivery and this one was delivered in between, to this
+		// iterator.
+		if f.runLo == 0 {
+			f.runLo = seq
+		}
+		if n := len(f.pend); n > 0 && f.pend[n-1].lo == f.runLo {
+			f.pend[n-1].hi = max(f.pend[n-1].hi, seq) // one span per run, not per message
+		} else {
+			f.pend = append(f.pend, span{f.runLo, seq})
+		}
+	} else {
+		f.pend = append(f.pend, span{seq, seq})
+	}
+	return held
 }
 
 // checkpoint is the floor that holds once a batch whose highest new
@@ -591,9 +732,11 @@ func (f *floorState) checkpoint(high int64) int64 {
 }
 
 // handled records that the batch with checkpoint cp is durable.
-func (f *floorState) handled(high, cp int64) {
+func (f *floorState) handled(high, cp int64, spans []span, stored [heldSlots]span) {
 	f.maxHandled = max(f.maxHandled, high)
 	f.floor = max(f.floor, cp)
+	f.spans, f.stored = spans, stored
+	f.pend = f.pend[:0]
 }
 
 // wantAckFloor reports whether the server's ack floor should be read now.
@@ -625,6 +768,7 @@ func (f *floorState) ackFloor(af, delivered int64) {
 		f.floor = max(f.floor, af, f.maxHandled)
 		f.barrier = 0
 	}
+	f.spans = mergeSpans(f.spans, f.floor)
 }
 
 // Run consumes until ctx ends or Close is called, then returns nil. It
@@ -758,7 +902,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 // detected.
 func (s *Source) checkRestored(ctx context.Context, h bridge.Handler, st *floorState) error {
 	last := int64(s.lastSeq.Load())
-	if st.legacy != 0 || max(st.floor, st.maxHandled) <= last {
+	if st.legacy != 0 || st.maxHeld() <= last {
 		return nil
 	}
 	ref := s.consumer.Load()
@@ -771,10 +915,12 @@ func (s *Source) checkRestored(ctx context.Context, h bridge.Handler, st *floorS
 	}
 	floor := min(last, int64(info.AckFloor.Stream))
 	inc := s.inc + 1
-	b := &bridge.Batch{Checkpoints: []shard.Checkpoint{
+	// The held spans went back with the stream too: cleared.
+	held, _ := (&floorState{stored: st.stored}).heldCheckpoints(s.key, nil)
+	b := &bridge.Batch{Checkpoints: append([]shard.Checkpoint{
 		{Key: s.key, Offset: floor},
 		{Key: s.incKey, Offset: int64(inc), Fingerprint: uint64(s.incOf)},
-	}}
+	}, held...)}
 	if err := h.Handle(ctx, b); err != nil {
 		return fmt.Errorf("nats source: store the floor of a restored stream: %w", err)
 	}
@@ -836,6 +982,9 @@ func (s *Source) storedFloor(h bridge.Handler, st *floorState) (other bool, err 
 	floor, ok, err := h.Checkpoint(s.key)
 	if err != nil || ok {
 		st.floor = floor
+		if err == nil {
+			err = s.loadHeld(h, st)
+		}
 		return false, err
 	}
 	floor, ok, err = h.Checkpoint(s.base)
@@ -857,6 +1006,26 @@ func (s *Source) storedFloor(h bridge.Handler, st *floorState) (other bool, err 
 		return true, nil
 	}
 	return false, nil
+}
+
+// loadHeld reads the spans held above the floor stored under s.key.
+func (s *Source) loadHeld(h bridge.Handler, st *floorState) error {
+	l, ok := h.(bridge.CheckpointLoader)
+	if !ok {
+		return nil
+	}
+	var slots [heldSlots]span
+	for i := range slots {
+		cp, ok, err := l.LoadCheckpoint(HeldKey(s.key, i))
+		if err != nil {
+			return fmt.Errorf("nats source: read the sequences held above the floor: %w", err)
+		}
+		if ok {
+			slots[i] = span{lo: int64(cp.Fingerprint), hi: cp.Offset}
+		}
+	}
+	st.loadHeld(slots)
+	return nil
 }
 
 func isConsumerGone(err error) bool {
@@ -1095,17 +1264,21 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		}
 		items = slices.CompactFunc(items, func(a, b bridge.Item) bool { return a.Msg.Offset == b.Msg.Offset })
 		cp := st.checkpoint(high)
-		b := &bridge.Batch{Items: items, Checkpoints: []shard.Checkpoint{
+		spans := st.nextSpans(cp)
+		heldCps, stored := st.heldCheckpoints(s.key, spans)
+		b := &bridge.Batch{Items: items, Checkpoints: append([]shard.Checkpoint{
 			{Key: s.key, Offset: cp},
 			{Key: s.incKey, Offset: int64(s.inc), Fingerprint: uint64(s.incOf)},
-		}}
+		}, heldCps...)}
 		stopLag := s.refreshLagWhile(ctx, cons)
 		err := s.handle(ctx, h, b, batch)
 		stopLag()
 		if err != nil {
 			return &abandonedError{err: err, batch: batch}
 		}
-		st.handled(high, cp)
+		st.handled(high, cp, spans, stored)
+	} else {
+		st.commitPend()
 	}
 	for _, m := range batch {
 		if err := m.Ack(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
