@@ -894,6 +894,14 @@ func TestHelmTemplateRefuses(t *testing.T) {
 			"config.retry.max (5m) must be at least config.retry.initial (10m"},
 		{"retry.initial 0", append([]string{"--set", "config.retry.initial=0s"}, withToken...),
 			"config.retry.initial (0s) must be positive"},
+		// The integer 0, which the schema takes as a duration, is not
+		// "unset" (found by a review: with and default skipped it).
+		{"horizon integer 0", append([]string{"--set", "config.horizon=0"}, withToken...),
+			"config.horizon (0) must be at least 1s"},
+		{"retry.initial integer 0", append([]string{"--set", "config.retry.initial=0"}, withToken...),
+			"config.retry.initial (0) must be positive"},
+		{"retry.max integer 0", append([]string{"--set", "config.retry.max=0"}, withToken...),
+			"config.retry.max (0) must be at least config.retry.initial (500ms"},
 		// (after withToken, whose topic and dlq they replace)
 		{"kafka topic with a space", append(slices.Clone(withToken), "--set", "config.kafka.sources[0].topic=bad topic"),
 			"topic"},

@@ -173,22 +173,22 @@ it is the one a default install always hits.
 {{- /* The bounds config.Validate puts on durations and the store, so that a
 value the bridge refuses fails the render, not the pod (the binary's
 defaults where a value is not set). */}}
-{{- with $c.horizon }}
-{{- if lt (include "delaybridge.durationSeconds" (toString .) | float64) 1.0 }}
-{{- fail (printf "delaybridge: config.horizon (%v) must be at least 1s" .) }}
+{{- if hasKey $c "horizon" }}
+{{- if lt (include "delaybridge.durationSeconds" (toString $c.horizon) | float64) 1.0 }}
+{{- fail (printf "delaybridge: config.horizon (%v) must be at least 1s" $c.horizon) }}
 {{- end }}
 {{- end }}
 {{- if and (hasKey $c "shutdown_timeout") (le (include "delaybridge.durationSeconds" (toString $c.shutdown_timeout) | float64) 0.0) }}
 {{- fail (printf "delaybridge: config.shutdown_timeout (%v) must be positive" $c.shutdown_timeout) }}
 {{- end }}
 {{- $retry := default dict $c.retry }}
-{{- $ri := include "delaybridge.durationSeconds" (toString (default "500ms" $retry.initial)) | float64 }}
-{{- $rm := include "delaybridge.durationSeconds" (toString (default "5m" $retry.max)) | float64 }}
+{{- $ri := include "delaybridge.durationSeconds" (toString (ternary $retry.initial "500ms" (hasKey $retry "initial"))) | float64 }}
+{{- $rm := include "delaybridge.durationSeconds" (toString (ternary $retry.max "5m" (hasKey $retry "max"))) | float64 }}
 {{- if le $ri 0.0 }}
 {{- fail (printf "delaybridge: config.retry.initial (%v) must be positive" $retry.initial) }}
 {{- end }}
 {{- if lt $rm $ri }}
-{{- fail (printf "delaybridge: config.retry.max (%v) must be at least config.retry.initial (%v; the defaults are 500ms and 5m)" (default "5m" $retry.max) (default "500ms" $retry.initial)) }}
+{{- fail (printf "delaybridge: config.retry.max (%v) must be at least config.retry.initial (%v; the defaults are 500ms and 5m)" (ternary $retry.max "5m" (hasKey $retry "max")) (ternary $retry.initial "500ms" (hasKey $retry "initial"))) }}
 {{- end }}
 {{- if gt $rm 31536000.0 }}
 {{- fail (printf "delaybridge: config.retry.max (%v) must be at most 365d" $retry.max) }}
