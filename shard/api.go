@@ -88,6 +88,11 @@ type Checkpoint struct {
 	// found its topic or stream deleted and created again (see
 	// codec.Task.Incarnation). Stored when not 0.
 	Incarnation uint32
+	// Aside marks a record a source keeps beside its position (the NATS
+	// source's spans of sequences held above its floor), not a position
+	// it resumes from: a batch's dead letters are not awaited under it
+	// (see AwaitStored). Not stored.
+	Aside bool
 }
 
 // RetryPolicy is the backoff for fire-time publish failures.

@@ -56,11 +56,12 @@ type keyHold struct {
 }
 
 // dlWaitKeys is the checkpoint keys an awaited dead letter's record names:
-// those of its batch that the record can hold (see appendDLWait).
+// those of its batch that the record can hold (see appendDLWait), not the
+// records kept aside.
 func dlWaitKeys(cps []Checkpoint) []string {
 	var keys []string
 	for _, cp := range cps {
-		if cp.Key != "" && len(cp.Key) <= math.MaxUint16 && len(keys) < dlWaitMaxKeys && !slices.Contains(keys, cp.Key) {
+		if cp.Key != "" && !cp.Aside && len(cp.Key) <= math.MaxUint16 && len(keys) < dlWaitMaxKeys && !slices.Contains(keys, cp.Key) {
 			keys = append(keys, cp.Key)
 		}
 	}

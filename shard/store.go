@@ -199,7 +199,7 @@ func parseDLFailure(k, v []byte) (shard int, seq uint64, fire int64, parked bool
 func dlWaitKey(shard int, seq uint64) []byte { return shardSeqKey(prefixDLWait, shard, seq) }
 
 // dlWaitMaxKeys bounds the checkpoint keys of one awaited dead letter's
-// record (a batch has one or two).
+// record (a batch has one or two, not counting those kept aside).
 const dlWaitMaxKeys = 64
 
 // appendDLWait encodes the record of a dead letter a source waits for: the

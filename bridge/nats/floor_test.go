@@ -171,7 +171,7 @@ func TestFloorState(t *testing.T) {
 						t.Fatalf("step %d: checkpoint = %d, want %d", i, cp, s.wantCP)
 					}
 					spans := f.nextSpans(cp)
-					_, stored := f.heldCheckpoints("k", spans)
+					_, stored := f.heldCheckpoints("k", 0, spans)
 					f.handled(s.a, cp, spans, stored)
 				case "ackfloor":
 					now = now.Add(barrierCheckEvery)

@@ -5,15 +5,18 @@ import (
 	"testing"
 )
 
-// storeSim is the part of the store a floorState reads back at a restart.
+// storeSim is the part of the store a floorState reads back at a restart,
+// for a stream of incarnation inc.
 type storeSim struct {
 	floor int64
-	slots [heldSlots]span
+	slots heldSlotState
+	inc   uint32
 }
 
 func (st *storeSim) restart() *floorState {
 	f := &floorState{floor: st.floor}
 	f.loadHeld(st.slots)
+	f.keepIncarnation(st.inc)
 	return f
 }
 
@@ -23,15 +26,18 @@ func (st *storeSim) batch(t *testing.T, f *floorState, high int64) {
 	t.Helper()
 	cp := f.checkpoint(high)
 	spans := f.nextSpans(cp)
-	cps, stored := f.heldCheckpoints("k", spans)
+	cps, stored := f.heldCheckpoints("k", st.inc, spans)
 	for _, c := range cps {
+		if !c.Aside {
+			t.Fatalf("held slot %s not kept aside: its batch's dead letters would be awaited under it", c.Key)
+		}
 		var i int
 		for i = range heldSlots {
 			if HeldKey("k", i) == c.Key {
 				break
 			}
 		}
-		st.slots[i] = span{lo: int64(c.Fingerprint), hi: c.Offset}
+		st.slots.span[i], st.slots.inc[i] = span{lo: int64(c.Fingerprint), hi: c.Offset}, c.Incarnation
 	}
 	st.floor = cp
 	f.handled(high, cp, spans, stored)
@@ -80,8 +86,8 @@ func TestFloorHeldAboveFloorAcrossCrash(t *testing.T) {
 	// The next batch clears the stored slot.
 	f.see(7, 4, true)
 	st.batch(t, f, 4)
-	if st.floor != 4 || st.slots != [heldSlots]span{} {
-		t.Fatalf("stored floor %d slots %v, want 4 and empty", st.floor, st.slots)
+	if st.floor != 4 || st.slots.span != [heldSlots]span{} {
+		t.Fatalf("stored floor %d slots %v, want 4 and empty", st.floor, st.slots.span)
 	}
 }
 
@@ -144,5 +150,35 @@ func TestMergeSpansCap(t *testing.T) {
 	}
 	if got := mergeSpans([]span{{5, 7}, {1, 2}, {3, 4}, {9, 9}}, 1); !slices.Equal(got, []span{{1, 7}, {9, 9}}) {
 		t.Fatalf("merge: %v", got)
+	}
+}
+
+// TestFloorHeldOtherIncarnation: slots stored in another incarnation of
+// the stream (left by a version that did not clear them when it found the
+// stream restored from a backup) are not taken as held: their sequences
+// may be new messages. The next write of such a slot replaces it.
+func TestFloorHeldOtherIncarnation(t *testing.T) {
+	st := &storeSim{}
+	f := st.restart()
+	f.start(0, 0, 0)
+	f.see(1, 1, true)
+	st.batch(t, f, 1)
+	f = st.restart()
+	f.start(0, 2, 2) // barrier: 2 delivered, not acked
+	f.see(3, 3, true)
+	st.batch(t, f, 3)
+	if st.slots.span[0] != (span{3, 3}) || st.slots.inc[0] != 0 {
+		t.Fatalf("slot 0 %v in incarnation %d, want [3, 3] in 0", st.slots.span[0], st.slots.inc[0])
+	}
+
+	st.inc = 1 // restored by an older version: floor lowered, slots kept
+	f = st.restart()
+	f.start(0, 3, 3)
+	if f.see(4, 3, true) {
+		t.Fatal("3 of the new incarnation held by a slot of the old one")
+	}
+	st.batch(t, f, 3)
+	if st.slots.inc[0] != 1 {
+		t.Fatalf("slot 0 still of incarnation %d after a write, want 1", st.slots.inc[0])
 	}
 }

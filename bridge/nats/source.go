@@ -544,7 +544,14 @@ type floorState struct {
 	// iterator: one span.
 	runLo int64
 	// stored is what the held slots hold in the store.
-	stored [heldSlots]span
+	stored heldSlotState
+}
+
+// heldSlotState is what the held slots hold: each one's span and the
+// incarnation it was stored in.
+type heldSlotState struct {
+	span [heldSlots]span
+	inc  [heldSlots]uint32
 }
 
 // span is a range of stream sequences, both ends included.
@@ -610,26 +617,42 @@ func (f *floorState) commitPend() {
 }
 
 // heldCheckpoints are the writes that make the stored slots of key hold
-// next, and the slots as they will be.
-func (f *floorState) heldCheckpoints(key string, next []span) ([]shard.Checkpoint, [heldSlots]span) {
-	var want [heldSlots]span
-	copy(want[:], next)
+// next, and the slots as they will be. Each slot is stored with the
+// stream's incarnation inc (see keepIncarnation). Aside: they are records
+// beside the floor, not positions a reader resumes from.
+func (f *floorState) heldCheckpoints(key string, inc uint32, next []span) ([]shard.Checkpoint, heldSlotState) {
+	var want heldSlotState
+	copy(want.span[:], next)
 	var cps []shard.Checkpoint
-	for i := range want {
-		if want[i] != f.stored[i] {
-			cps = append(cps, shard.Checkpoint{Key: HeldKey(key, i), Offset: want[i].hi, Fingerprint: uint64(want[i].lo)})
+	for i := range want.span {
+		want.inc[i] = inc
+		if want.span[i] != f.stored.span[i] || (want.span[i] != span{} && f.stored.inc[i] != inc) {
+			cps = append(cps, shard.Checkpoint{Key: HeldKey(key, i), Offset: want.span[i].hi, Fingerprint: uint64(want.span[i].lo),
+				Incarnation: inc, Aside: true})
+		} else {
+			want.inc[i] = f.stored.inc[i] // an empty slot left as it is
 		}
 	}
 	return cps, want
 }
 
-// loadHeld sets the stored slots and the spans above the floor from the
-// store.
-func (f *floorState) loadHeld(slots [heldSlots]span) {
-	f.stored = slots
+// loadHeld sets the stored slots, and the incarnations they were stored
+// in, from the store; keepIncarnation then takes the spans of the
+// stream's incarnation.
+func (f *floorState) loadHeld(stored heldSlotState) {
+	f.stored = stored
+	f.spans = nil
+}
+
+// keepIncarnation takes as held the stored spans of incarnation inc. A
+// slot of another one was left by a version that did not clear the slots
+// when it found the stream restored from a backup (a new incarnation):
+// its sequences may be new messages. Still in f.stored, it is cleared by
+// the next write of its slot.
+func (f *floorState) keepIncarnation(inc uint32) {
 	var spans []span
-	for _, sp := range slots {
-		if sp.hi > 0 && sp.lo > 0 && sp.lo <= sp.hi {
+	for i, sp := range f.stored.span {
+		if f.stored.inc[i] == inc && sp.hi > 0 && sp.lo > 0 && sp.lo <= sp.hi {
 			spans = append(spans, sp)
 		}
 	}
@@ -732,7 +755,7 @@ func (f *floorState) checkpoint(high int64) int64 {
 }
 
 // handled records that the batch with checkpoint cp is durable.
-func (f *floorState) handled(high, cp int64, spans []span, stored [heldSlots]span) {
+func (f *floorState) handled(high, cp int64, spans []span, stored heldSlotState) {
 	f.maxHandled = max(f.maxHandled, high)
 	f.floor = max(f.floor, cp)
 	f.spans, f.stored = spans, stored
@@ -814,6 +837,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			}
 		}
 		if err == nil {
+			st.keepIncarnation(s.inc) // the held spans of this incarnation
 			err = s.checkRestored(ctx, h, st)
 		}
 		if err == nil {
@@ -916,7 +940,7 @@ func (s *Source) checkRestored(ctx context.Context, h bridge.Handler, st *floorS
 	floor := min(last, int64(info.AckFloor.Stream))
 	inc := s.inc + 1
 	// The held spans went back with the stream too: cleared.
-	held, _ := (&floorState{stored: st.stored}).heldCheckpoints(s.key, nil)
+	held, _ := (&floorState{stored: st.stored}).heldCheckpoints(s.key, inc, nil)
 	b := &bridge.Batch{Checkpoints: append([]shard.Checkpoint{
 		{Key: s.key, Offset: floor},
 		{Key: s.incKey, Offset: int64(inc), Fingerprint: uint64(s.incOf)},
@@ -1014,17 +1038,17 @@ func (s *Source) loadHeld(h bridge.Handler, st *floorState) error {
 	if !ok {
 		return nil
 	}
-	var slots [heldSlots]span
-	for i := range slots {
+	var stored heldSlotState
+	for i := range stored.span {
 		cp, ok, err := l.LoadCheckpoint(HeldKey(s.key, i))
 		if err != nil {
 			return fmt.Errorf("nats source: read the sequences held above the floor: %w", err)
 		}
 		if ok {
-			slots[i] = span{lo: int64(cp.Fingerprint), hi: cp.Offset}
+			stored.span[i], stored.inc[i] = span{lo: int64(cp.Fingerprint), hi: cp.Offset}, cp.Incarnation
 		}
 	}
-	st.loadHeld(slots)
+	st.loadHeld(stored)
 	return nil
 }
 
@@ -1265,7 +1289,7 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		items = slices.CompactFunc(items, func(a, b bridge.Item) bool { return a.Msg.Offset == b.Msg.Offset })
 		cp := st.checkpoint(high)
 		spans := st.nextSpans(cp)
-		heldCps, stored := st.heldCheckpoints(s.key, spans)
+		heldCps, stored := st.heldCheckpoints(s.key, s.inc, spans)
 		b := &bridge.Batch{Items: items, Checkpoints: append([]shard.Checkpoint{
 			{Key: s.key, Offset: cp},
 			{Key: s.incKey, Offset: int64(s.inc), Fingerprint: uint64(s.incOf)},
