@@ -22,12 +22,7 @@ func swap(t *testing.T, path, data string, inPlace bool) {
 		}
 		return
 	}
-	if err := os.WriteFile(path+".new", []byte(data), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(path+".new", path); err != nil {
-		t.Fatal(err)
-	}
+	testcert.ReplaceFile(t, path, []byte(data))
 }
 
 func TestSecretFunc(t *testing.T) {

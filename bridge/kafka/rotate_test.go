@@ -17,19 +17,6 @@ import (
 	"github.com/delaybridge/delaybridge/internal/testcert"
 )
 
-// replaceFile swaps path's content the way a Kubernetes Secret update
-// does: a new file renamed over the old one.
-func replaceFile(t *testing.T, path string, data []byte) {
-	t.Helper()
-	tmp := path + ".new"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestCARotation: a sink built with Config.NewTLS trusts the CA file as it
 // is at each new connection. The file first holds another CA, so the
 // broker is refused; once the right CA is swapped in, the same sink
@@ -65,12 +52,12 @@ func TestCARotation(t *testing.T) {
 		t.Fatalf("Check with another CA in the file = %v, want ErrTLS", err)
 	}
 
-	replaceFile(t, caFile, right)
+	testcert.ReplaceFile(t, caFile, right)
 	if err := sink.Check(context.Background()); err != nil {
 		t.Fatalf("Check after the CA file was rotated: %v", err)
 	}
 
-	replaceFile(t, caFile, []byte("not pem"))
+	testcert.ReplaceFile(t, caFile, []byte("not pem"))
 	deliverAndConsume(t, cfg) // new connections: the last pool that read
 }
 
@@ -135,7 +122,7 @@ func TestSASLPasswordRotation(t *testing.T) {
 			if err := sink.Check(context.Background()); !errors.Is(err, ErrAuth) {
 				t.Fatalf("Check with the old password = %v, want ErrAuth", err)
 			}
-			replaceFile(t, file, []byte(tc.pass+"\n"))
+			testcert.ReplaceFile(t, file, []byte(tc.pass+"\n"))
 			if err := sink.Check(context.Background()); err != nil {
 				t.Fatalf("Check after the password file was rotated: %v", err)
 			}

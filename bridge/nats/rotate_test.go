@@ -15,19 +15,6 @@ import (
 	"github.com/delaybridge/delaybridge/internal/testcert"
 )
 
-// replaceFile swaps path's content the way a Kubernetes Secret update
-// does: a new file renamed over the old one.
-func replaceFile(t *testing.T, path string, data []byte) {
-	t.Helper()
-	tmp := path + ".new"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestSecretRotation: the password or token is rotated the usual way:
 // the mounted file first, then the server, which drops the connection
 // the old secret opened. The connection comes back with the file's new
@@ -61,7 +48,7 @@ func TestSecretRotation(t *testing.T) {
 			}
 			defer nc.Close()
 
-			replaceFile(t, file, []byte("new-secret\n"))
+			testcert.ReplaceFile(t, file, []byte("new-secret\n"))
 			next := plainOptions()
 			next.Port = opts.Port
 			tc.server(next, "new-secret")
@@ -108,7 +95,7 @@ func TestCARotation(t *testing.T) {
 	if _, err := Connect(cfg); !errors.As(err, &unknown) {
 		t.Fatalf("connect with another CA in the file = %v, want an unknown authority error", err)
 	}
-	replaceFile(t, caFile, ca.CertPEM())
+	testcert.ReplaceFile(t, caFile, ca.CertPEM())
 	nc, err := Connect(cfg)
 	if err != nil {
 		t.Fatalf("connect after the CA file was rotated: %v", err)

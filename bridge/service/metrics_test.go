@@ -244,7 +244,9 @@ func TestFireLatenessOfAnOverduePublish(t *testing.T) {
 
 // TestContractMetricsAtStart: a started bridge's /metrics has a series
 // of every CONTRACT §7 metric before any traffic (at 0), so alerts on
-// their rates see the first event and dashboards show 0, not "no data".
+// their rates see the first event and dashboards show 0, not "no data";
+// and so of the series the dashboard queries by source or transport
+// (dropped by why, held by transport, best-effort deliveries).
 func TestContractMetricsAtStart(t *testing.T) {
 	e := newEnv(t, "")
 	svc, _ := e.start()
@@ -271,6 +273,10 @@ func TestContractMetricsAtStart(t *testing.T) {
 		`delaybridge_fire_lateness_seconds_count{transport="kafka"} 0`,
 		`delaybridge_store_commit_seconds_bucket{op="ingest",le="0.0005"}`,
 		`delaybridge_publish_retries_total{transport="nats"} 0`,
+		`delaybridge_dropped_total{source="delay",why="older"} 0`,
+		`delaybridge_dropped_total{source="delay",why="cancelled"} 0`,
+		`delaybridge_held_tasks{shard="0",transport="kafka"} 0`,
+		`delaybridge_best_effort_deliveries_total{transport="nats"} 0`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics of a started bridge has no %s", want)

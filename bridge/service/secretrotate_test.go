@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -28,10 +27,7 @@ func TestSecretFilesRotate(t *testing.T) {
 	dir := t.TempDir()
 	swap := func(name string, data []byte) string {
 		path := filepath.Join(dir, name)
-		writeTestFile(t, path+".new", data)
-		if err := os.Rename(path+".new", path); err != nil {
-			t.Fatal(err)
-		}
+		testcert.ReplaceFile(t, path, data)
 		return path
 	}
 	caFile := swap("ca.crt", ca1.CertPEM())

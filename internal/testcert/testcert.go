@@ -15,6 +15,7 @@ import (
 	"math"
 	"math/big"
 	"net"
+	"os"
 	"testing"
 	"time"
 )
@@ -122,5 +123,18 @@ func template(t testing.TB, name string) *x509.Certificate {
 		Subject:      pkix.Name{CommonName: name},
 		NotBefore:    now.Add(-time.Hour),
 		NotAfter:     now.Add(24 * time.Hour),
+	}
+}
+
+// ReplaceFile swaps path's content the way a Kubernetes Secret update
+// does: a new file renamed over the old one (another inode), as the
+// certificate and secret files of the rotation tests are.
+func ReplaceFile(t testing.TB, path string, data []byte) {
+	t.Helper()
+	if err := os.WriteFile(path+".new", data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".new", path); err != nil {
+		t.Fatal(err)
 	}
 }
