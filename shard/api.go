@@ -18,6 +18,10 @@ import (
 var (
 	// ErrClosed is returned by calls on a closed engine.
 	ErrClosed = errors.New("shard: engine closed")
+	// ErrStoreFormat means the store was written by a newer delaybridge,
+	// in a format this binary does not read: Open refuses it rather than
+	// misread it.
+	ErrStoreFormat = errors.New("shard: store written in a newer format")
 	// ErrStoreFailed wraps the sticky store write error: after one failed
 	// synced commit the store refuses every write until reopened.
 	ErrStoreFailed = errors.New("shard: store failed")

@@ -18,6 +18,7 @@ package shard
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -308,6 +309,32 @@ func Open(opts Options) (*Engine, error) {
 	return e, nil
 }
 
+// checkFormat refuses a store of a newer format than storeFormat and
+// records this binary's format in one written before the key existed.
+func (e *Engine) checkFormat() error {
+	v, found, err := getCopy(e.db, formatKey)
+	if err != nil {
+		return fmt.Errorf("shard: recover: read store format: %w", err)
+	}
+	if found {
+		if len(v) != 2 {
+			return fmt.Errorf("shard: recover: corrupt store format record (%d bytes)", len(v))
+		}
+		if f := int(binary.BigEndian.Uint16(v)); f > storeFormat {
+			return fmt.Errorf("%w: format %d, this binary reads up to %d: run the release that wrote it or a newer one (rolling back past a store format change is not supported)",
+				ErrStoreFormat, f, storeFormat)
+		} else if f == storeFormat {
+			return nil
+		}
+	}
+	if err := safeCall(func() error {
+		return e.db.Set(formatKey, binary.BigEndian.AppendUint16(nil, storeFormat), pebble.Sync)
+	}); err != nil {
+		return fmt.Errorf("shard: recover: write store format: %w", err)
+	}
+	return nil
+}
+
 func (e *Engine) startFilterLoop() {
 	e.fltCond = sync.NewCond(&e.fltMu)
 	e.fltKick = make(chan struct{}, 1)
@@ -321,6 +348,9 @@ func (e *Engine) startFilterLoop() {
 }
 
 func (e *Engine) recover() error {
+	if err := e.checkFormat(); err != nil {
+		return err
+	}
 	n := e.opts.Shards
 	v, found, err := getCopy(e.db, shardsKey)
 	if err != nil {

@@ -34,6 +34,7 @@ import (
 //	w|shard u16|seq u64               -> awaited dead letter: fire u64, its
 //	                                     batch's checkpoint keys (appendDLWait)
 //	h|shard u16|transport u8          -> held count i64 (merge: sum; hold.go)
+//	v                                 -> store format u16 (storeFormat)
 //
 // A task held on disk for an unreachable target (hold.go) keeps its t key
 // at a fire time past any clock's, heldBase + its transport slot, target
@@ -59,13 +60,26 @@ const (
 	// prefixHeld: the count of a shard's tasks held on disk for an
 	// unreachable target, per transport (hold.go).
 	prefixHeld = 'h'
+	// prefixFormat: the store's format (see storeFormat).
+	prefixFormat = 'v'
 )
+
+// storeFormat is the format of the records this binary writes, kept in
+// the store as the oldest format a binary must read to open it: a release
+// that starts writing records an older one would misread (as held tasks,
+// at fire times past any clock, were: a release without them loaded them
+// as due in millions of years and never delivered them) raises it, and
+// the older binaries that check it (from this one on) refuse such a store
+// at open with ErrStoreFormat instead. Stores written before the key
+// existed are format 1.
+const storeFormat = 1
 
 const taskKeyLen = 1 + 2 + 8 + 8
 
 var (
 	seqKey    = []byte{prefixSeq}
 	shardsKey = []byte{prefixShards}
+	formatKey = []byte{prefixFormat}
 )
 
 func fireU64(fire int64) uint64 {
