@@ -438,3 +438,36 @@ func TestSinkVerdictCacheBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestSinkVerdictEvictionKeepsCore: when the verdict cache is full of live
+// verdicts, the stream ones go first: a subject with a stream finds out
+// again from its next PubAck at no cost, a core one (no stream) would cost
+// a probeWait or a stream lookup on its next delivery.
+func TestSinkVerdictEvictionKeepsCore(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		core      int // live core verdicts among maxVerdicts
+		wantCore  bool
+		wantBelow int
+	}{
+		{"mostly stream verdicts: the core ones stay", 10, true, maxVerdicts / 2},
+		{"mostly core verdicts: start over", maxVerdicts - 10, false, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &Sink{cfg: Config{NoStreamTTL: time.Minute}, verdicts: map[string]verdict{}}
+			now := time.Unix(1000, 0)
+			s.now = func() time.Time { return now }
+			for i := range maxVerdicts {
+				s.verdicts[fmt.Sprint("s.", i)] = verdict{core: i < tc.core, until: now.Add(time.Minute)}
+			}
+			s.setVerdict("new", false)
+			_, kept := s.verdicts["s.0"] // a core one
+			if kept != tc.wantCore || len(s.verdicts) >= tc.wantBelow {
+				t.Fatalf("after eviction: core verdict kept %v (want %v), %d verdicts (want < %d)", kept, tc.wantCore, len(s.verdicts), tc.wantBelow)
+			}
+			if _, ok := s.verdicts["new"]; !ok {
+				t.Fatal("the new verdict is not recorded")
+			}
+		})
+	}
+}
