@@ -496,9 +496,50 @@ func (s *Sink) write(ctx context.Context, w *kafkago.Writer, msgs []kafkago.Mess
 		}
 		return
 	}
+	// Most often one topic of many is missing (a deleted tenant's): ask
+	// the transport's metadata cache (no round trip) which topics fail,
+	// fail their records and send the rest in one call. One call per
+	// topic in a row would cost a produce round trip per distinct topic.
+	if bad := s.badTopics(ctx, order); len(bad) > 0 {
+		var rest []int
+		for _, t := range order {
+			if terr, ok := bad[t]; ok {
+				for _, i := range byTopic[t] {
+					errs[i] = publishError(t, terr)
+				}
+				continue
+			}
+			rest = append(rest, byTopic[t]...)
+		}
+		if len(rest) > 0 {
+			s.write(ctx, w, msgs, rest, errs, true)
+		}
+		return
+	}
 	for _, t := range order {
 		s.write(ctx, w, msgs, byTopic[t], errs, false)
 	}
+}
+
+// badTopics returns those of topics whose metadata, as the sink's
+// transport has it cached, carries an error (a missing topic, one the
+// principal may not describe), with it; nil if it cannot tell.
+func (s *Sink) badTopics(ctx context.Context, topics []string) map[string]error {
+	c := kafkago.Client{Addr: s.w.Addr, Transport: s.transport}
+	md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: topics})
+	if err != nil {
+		return nil
+	}
+	var bad map[string]error
+	for _, t := range md.Topics {
+		if t.Error != nil {
+			if bad == nil {
+				bad = make(map[string]error)
+			}
+			bad[t.Name] = t.Error
+		}
+	}
+	return bad
 }
 
 // resendAlone sends msgs[idx] again, each record in a produce batch of its
