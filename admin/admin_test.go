@@ -701,10 +701,11 @@ func TestTokenRotation(t *testing.T) {
 	srv := httptest.NewServer(NewHandler(Options{Engine: e, Gatherer: reg, Token: "adm-1", MetricsToken: "scrape-1",
 		TokenFunc: get(&adminTok), MetricsTokenFunc: get(&metricsTok), Logger: zap.New(core)}))
 	defer srv.Close()
-	check := func(step string, tests []struct {
+	type probe struct {
 		path, auth string
 		want       int
-	}) {
+	}
+	check := func(step string, tests []probe) {
 		t.Helper()
 		for _, tt := range tests {
 			if r := do(t, "GET", srv.URL+tt.path, tt.auth); r.code != tt.want {
@@ -712,10 +713,7 @@ func TestTokenRotation(t *testing.T) {
 			}
 		}
 	}
-	check("before", []struct {
-		path, auth string
-		want       int
-	}{
+	check("before", []probe{
 		{"/v1/stats", "Bearer adm-1", 200},
 		{"/metrics", "Bearer scrape-1", 200},
 		{"/v1/stats", "Bearer adm-2", 401},
@@ -723,10 +721,7 @@ func TestTokenRotation(t *testing.T) {
 	mu.Lock()
 	adminTok, metricsTok = "adm-2", "scrape-2"
 	mu.Unlock()
-	check("rotated", []struct {
-		path, auth string
-		want       int
-	}{
+	check("rotated", []probe{
 		{"/v1/stats", "Bearer adm-1", 401},
 		{"/metrics", "Bearer scrape-1", 401},
 		{"/v1/stats", "Bearer adm-2", 200},
@@ -738,20 +733,14 @@ func TestTokenRotation(t *testing.T) {
 	mu.Lock()
 	metricsTok = "adm-2"
 	mu.Unlock()
-	check("equal", []struct {
-		path, auth string
-		want       int
-	}{
+	check("equal", []probe{
 		{"/metrics", "Bearer adm-2", 200},
 		{"/metrics", "Bearer adm-2", 200},
 	})
 	mu.Lock()
 	metricsTok = "scrape-3"
 	mu.Unlock()
-	check("differ again", []struct {
-		path, auth string
-		want       int
-	}{
+	check("differ again", []probe{
 		{"/v1/stats", "Bearer scrape-3", 403},
 	})
 	if n := logs.FilterMessageSnippet("metrics_token is now equal to admin.token").Len(); n != 1 {
@@ -764,10 +753,7 @@ func TestTokenRotation(t *testing.T) {
 	mu.Lock()
 	adminTok = ""
 	mu.Unlock()
-	check("empty", []struct {
-		path, auth string
-		want       int
-	}{
+	check("empty", []probe{
 		{"/v1/stats", "Bearer adm-2", 401},
 	})
 	// An empty bearer token, which no HTTP server passes on (it trims the
