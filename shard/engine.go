@@ -101,6 +101,9 @@ type Engine struct {
 	// testHookBeginPublish sees each batch under its shard's lock right
 	// after deliver's last supersession check, where its publish begins.
 	testHookBeginPublish func(batch []*codec.Task)
+	// testHookLaneDone: a lane's batch returned and the lane is free
+	// again, before the fire loop is woken to use it.
+	testHookLaneDone func()
 }
 
 // shard is one slice of the keyspace with its wheel and fire loop. mu

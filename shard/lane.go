@@ -136,7 +136,14 @@ func (s *shard) dispatch(ctx context.Context, sink Sink, items []fireItem, commi
 			// would claim, read and set aside the whole backlog again.
 			s.mu.Lock()
 			ln.busy = false
+			// Not parked any more as far as anyone can see (as addLocked
+			// does): the wake-up below makes the loop look again, and
+			// until it does nothing may take the shard for idle.
+			s.parked = false
 			s.mu.Unlock()
+			if h := s.e.testHookLaneDone; h != nil {
+				h()
+			}
 			s.wake()
 		}()
 	}
