@@ -23,15 +23,16 @@ import (
 
 // Sink publishes fired tasks to Kafka topics. It implements shard.Sink.
 type Sink struct {
-	cfg Config
-	w   *kafkago.Writer
-	// alone is a producer that puts every record in a produce batch of
-	// its own (BatchSize 1), for records w's batch got refused (see
-	// resendAlone). It shares w's transport.
-	alone     *kafkago.Writer
+	cfg       Config
+	addr      net.Addr // the brokers
 	transport *kafkago.Transport
 	log       *zap.Logger
 	m         *metrics.Metrics
+
+	// gen is the producers Deliver takes now (see writerGen); wmu guards
+	// it and every generation's refs, topics and retired.
+	wmu sync.Mutex
+	gen *writerGen
 
 	// stopProbe cancels a running probe; Close calls it and then waits
 	// for probes.
@@ -223,7 +224,7 @@ func (s *Sink) ping(ctx context.Context, topics []string) error {
 	t := s.cfg.transport()
 	t.MetadataTopics = topics
 	defer t.CloseIdleConnections()
-	c := kafkago.Client{Addr: s.w.Addr, Transport: t}
+	c := kafkago.Client{Addr: s.addr, Transport: t}
 	md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: topics})
 	if err != nil {
 		return fmt.Errorf("metadata: %w", err)
@@ -281,15 +282,92 @@ func NewSink(cfg Config) (*Sink, error) {
 		m:         cfg.Metrics,
 	}
 	s.probeCtx, s.stopProbe = context.WithCancel(context.Background())
-	s.w = newWriter(&cfg, s.transport, s.log)
-	s.alone = newWriter(&cfg, s.transport, s.log)
-	s.alone.BatchSize = 1
+	s.addr = kafkago.TCP(cfg.Brokers...)
+	s.gen = s.newGen()
+	return s, nil
+}
+
+// maxWriterTopics is how many distinct topics one writerGen publishes to
+// before the sink moves to a fresh one (a variable for tests).
+var maxWriterTopics = 1024
+
+// writerGen is one pair of producers. kafka-go's Writer keeps a partition
+// writer (about 5 KB) and its goroutine for every topic-partition it has
+// written to, until Close: with thousands of target topics (and topics
+// deleted and new ones created, tenant after tenant) that only grows. So
+// once a pair has written to maxWriterTopics topics the sink takes a fresh
+// pair for the next Deliver calls and closes the old one when the last
+// call using it returns (Close flushes what kafka-go still writes in the
+// background).
+type writerGen struct {
+	w *kafkago.Writer
+	// alone is a producer that puts every record in a produce batch of
+	// its own (BatchSize 1), for records w's batch got refused (see
+	// resendAlone). It shares w's transport.
+	alone   *kafkago.Writer
+	refs    int                 // Deliver calls using it
+	topics  map[string]struct{} // written to, up to maxWriterTopics
+	retired bool                // no new calls; closed when refs is 0
+	closed  bool
+}
+
+// closeLocked marks g closed and returns the function that closes it
+// (outside wmu: Close flushes), or nil if it is closed already.
+func (g *writerGen) closeLocked() func() error {
+	if g.closed {
+		return nil
+	}
+	g.closed = true
+	return func() error { return errors.Join(g.w.Close(), g.alone.Close()) }
+}
+
+func (s *Sink) newGen() *writerGen {
+	g := &writerGen{w: newWriter(&s.cfg, s.transport, s.log), alone: newWriter(&s.cfg, s.transport, s.log),
+		topics: make(map[string]struct{})}
+	g.alone.BatchSize = 1
 	// A record alone in its batch is bounded by the broker's limit, not
 	// by BatchBytes: a dead letter of a too-large message is the whole
 	// source message, which the delay topic took and a DLQ configured
 	// like it takes too (see Deliver).
-	s.alone.BatchBytes = math.MaxInt32
-	return s, nil
+	g.alone.BatchBytes = math.MaxInt32
+	return g
+}
+
+// acquire returns the producers for one Deliver call.
+func (s *Sink) acquire() *writerGen {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.gen.refs++
+	return s.gen
+}
+
+// release ends a Deliver call on g, which wrote to topics: it retires g
+// once g has written to maxWriterTopics topics, and closes a retired g
+// that no call uses any more.
+func (s *Sink) release(g *writerGen, msgs []kafkago.Message) {
+	s.wmu.Lock()
+	g.refs--
+	if !g.retired {
+		for i := range msgs {
+			if len(g.topics) > maxWriterTopics {
+				break
+			}
+			g.topics[msgs[i].Topic] = struct{}{}
+		}
+		if len(g.topics) > maxWriterTopics && g == s.gen {
+			g.retired, s.gen = true, s.newGen()
+		}
+	}
+	var closeG func() error
+	if g.retired && g.refs == 0 {
+		closeG = g.closeLocked()
+	}
+	s.wmu.Unlock()
+	if closeG != nil {
+		if err := closeG(); err != nil {
+			s.log.Warn("kafka: close a retired producer", zap.Error(err))
+		}
+	}
 }
 
 // newWriter is the producer shared by the Sink and RawPipe.
@@ -337,7 +415,18 @@ func (s *Sink) Close() error {
 	s.mu.Unlock()
 	s.stopProbe()
 	s.probes.Wait()
-	err := errors.Join(s.w.Close(), s.alone.Close())
+	s.wmu.Lock()
+	g := s.gen
+	g.retired = true
+	var closeG func() error
+	if g.refs == 0 { // else the last call using it closes it (release)
+		closeG = g.closeLocked()
+	}
+	s.wmu.Unlock()
+	var err error
+	if closeG != nil {
+		err = closeG()
+	}
 	s.transport.CloseIdleConnections()
 	if err != nil {
 		return fmt.Errorf("kafka: close writer: %w", err)
@@ -374,7 +463,9 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		}
 		idx = append(idx, i)
 	}
-	s.send(ctx, msgs, idx, errs)
+	g := s.acquire()
+	defer s.release(g, msgs)
+	s.send(ctx, g, msgs, idx, errs)
 	if retry := staleOnes(errs); len(retry) > 0 && ctx.Err() == nil {
 		// A leader moved. kafka-go's transport would keep its stale
 		// metadata until MetadataTTL; drop its pools so the retry (and
@@ -383,7 +474,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		for _, i := range retry {
 			errs[i] = nil
 		}
-		s.send(ctx, msgs, retry, errs)
+		s.send(ctx, g, msgs, retry, errs)
 	}
 	s.m.PublishSeconds.WithLabelValues(codec.TransportKafka.String()).Observe(time.Since(start).Seconds())
 	for _, err := range errs {
@@ -394,10 +485,10 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	return nil
 }
 
-// send sends msgs[idx]: those up to BatchBytes through s.w, each record
-// over it in a batch of its own through s.alone, which has no such limit
+// send sends msgs[idx]: those up to BatchBytes through g.w, each record
+// over it in a batch of its own through g.alone, which has no such limit
 // (the broker's decides). It overwrites idx.
-func (s *Sink) send(ctx context.Context, msgs []kafkago.Message, idx []int, errs []error) {
+func (s *Sink) send(ctx context.Context, g *writerGen, msgs []kafkago.Message, idx []int, errs []error) {
 	n := 0
 	var big []int
 	for _, i := range idx {
@@ -408,14 +499,14 @@ func (s *Sink) send(ctx context.Context, msgs []kafkago.Message, idx []int, errs
 			n++
 		}
 	}
-	s.write(ctx, s.w, msgs, idx[:n], errs, true)
-	s.write(ctx, s.alone, msgs, big, errs, true)
+	s.write(ctx, g, g.w, msgs, idx[:n], errs, true)
+	s.write(ctx, g, g.alone, msgs, big, errs, true)
 }
 
-// write sends msgs[idx] in one call to w (s.w or s.alone) and records
-// per-message errors. The records s.w got a batch refusal for are sent
-// again through s.alone (see resendAlone).
-func (s *Sink) write(ctx context.Context, w *kafkago.Writer, msgs []kafkago.Message, idx []int, errs []error, split bool) {
+// write sends msgs[idx] in one call to w (g.w or g.alone) and records
+// per-message errors. The records g.w got a batch refusal for are sent
+// again through g.alone (see resendAlone).
+func (s *Sink) write(ctx context.Context, g *writerGen, w *kafkago.Writer, msgs []kafkago.Message, idx []int, errs []error, split bool) {
 	if len(idx) == 0 {
 		return
 	}
@@ -458,7 +549,7 @@ func (s *Sink) write(ctx context.Context, w *kafkago.Writer, msgs []kafkago.Mess
 				}
 			}
 			switch {
-			case e != nil && w != s.alone && batchRefusal(e):
+			case e != nil && w != g.alone && batchRefusal(e):
 				again = append(again, idx[j])
 				errs[idx[j]] = e
 			case e != nil:
@@ -471,7 +562,7 @@ func (s *Sink) write(ctx context.Context, w *kafkago.Writer, msgs []kafkago.Mess
 			connErr = nil
 		}
 		s.setHealth(written, connErr, down)
-		s.resendAlone(ctx, msgs, again, errs)
+		s.resendAlone(ctx, g, msgs, again, errs)
 		return
 	}
 	// A whole-call failure: a metadata error for one topic (missing
@@ -512,12 +603,12 @@ func (s *Sink) write(ctx context.Context, w *kafkago.Writer, msgs []kafkago.Mess
 			rest = append(rest, byTopic[t]...)
 		}
 		if len(rest) > 0 {
-			s.write(ctx, w, msgs, rest, errs, true)
+			s.write(ctx, g, w, msgs, rest, errs, true)
 		}
 		return
 	}
 	for _, t := range order {
-		s.write(ctx, w, msgs, byTopic[t], errs, false)
+		s.write(ctx, g, w, msgs, byTopic[t], errs, false)
 	}
 }
 
@@ -525,7 +616,7 @@ func (s *Sink) write(ctx context.Context, w *kafkago.Writer, msgs []kafkago.Mess
 // transport has it cached, carries an error (a missing topic, one the
 // principal may not describe), with it; nil if it cannot tell.
 func (s *Sink) badTopics(ctx context.Context, topics []string) map[string]error {
-	c := kafkago.Client{Addr: s.w.Addr, Transport: s.transport}
+	c := kafkago.Client{Addr: s.addr, Transport: s.transport}
 	md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: topics})
 	if err != nil {
 		return nil
@@ -543,22 +634,22 @@ func (s *Sink) badTopics(ctx context.Context, topics []string) map[string]error 
 }
 
 // resendAlone sends msgs[idx] again, each record in a produce batch of its
-// own, and records their errors; errs[idx] hold the batch refusals s.w got
+// own, and records their errors; errs[idx] hold the batch refusals g.w got
 // for them.
 //
 // A broker checks the size limit (max.message.bytes) against the whole
 // record batch of a partition, and rejects a whole batch as invalid or
 // corrupt if one record in it is; kafka-go hands the batch's error to every
 // record in it, and the batch may have held records of other Deliver calls
-// (s.w batches across concurrent calls). So the refusal does not say that
+// (g.w batches across concurrent calls). So the refusal does not say that
 // the topic will never take a given record: only its answer to the record
-// alone does. s.alone (BatchSize 1) sends every record in a batch of its
+// alone does. g.alone (BatchSize 1) sends every record in a batch of its
 // own, in one call: a refusal from it is the record's own.
 //
 // This runs only after a batch refusal, never on success; a record the
 // topic refuses alone is sent twice per Deliver (a parked dead letter, once
 // per retry).
-func (s *Sink) resendAlone(ctx context.Context, msgs []kafkago.Message, idx []int, errs []error) {
+func (s *Sink) resendAlone(ctx context.Context, g *writerGen, msgs []kafkago.Message, idx []int, errs []error) {
 	if len(idx) == 0 {
 		return
 	}
@@ -576,7 +667,7 @@ func (s *Sink) resendAlone(ctx context.Context, msgs []kafkago.Message, idx []in
 	for _, i := range idx {
 		errs[i] = nil
 	}
-	s.write(ctx, s.alone, msgs, idx, errs, true)
+	s.write(ctx, g, g.alone, msgs, idx, errs, true)
 }
 
 // batchRefusal reports whether err is a refusal that a broker gives a

@@ -316,7 +316,7 @@ func TestResendAloneStopping(t *testing.T) {
 	cancel()
 	msgs := []kafkago.Message{{Topic: "dlq", Value: []byte("a")}, {Topic: "dlq", Value: []byte("b")}}
 	errs := []error{kafkago.MessageSizeTooLarge, kafkago.InvalidRecord}
-	s.resendAlone(ctx, msgs, []int{0, 1}, errs)
+	s.resendAlone(ctx, s.gen, msgs, []int{0, 1}, errs)
 	for i, want := range []error{kafkago.MessageSizeTooLarge, kafkago.InvalidRecord} {
 		if !errors.Is(errs[i], want) || !errors.Is(errs[i], context.Canceled) ||
 			errors.Is(errs[i], shard.ErrRefused) || errors.Is(errs[i], shard.ErrUnavailable) {
