@@ -408,7 +408,9 @@ func (s *Sink) MissingTopics(ctx context.Context, topics []string) []string {
 	return missingTopics(check(ctx, &s.cfg, topics))
 }
 
-// Close stops the probe, then flushes and closes the producers.
+// Close stops the probe, then flushes and closes the producers; those a
+// Deliver still uses are closed when it returns (see release), so a
+// publish in flight at shutdown completes rather than being cut.
 func (s *Sink) Close() error {
 	s.mu.Lock()
 	s.closed = true
