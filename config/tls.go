@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"sync"
 
 	"go.uber.org/zap"
 )
@@ -48,7 +47,7 @@ func (t TLS) BuildLogged(log *zap.Logger) (*tls.Config, error) {
 // ClientTLS is the client TLS of a long-running process: each new
 // connection gets a configuration with the files as they are then. The
 // client certificate is read at each handshake (see reloadingClientCert),
-// and the CA file is read again when it changed (see fileWatch), so a CA
+// and so is the CA file (parsed again when it changed, see fileWatch), so a CA
 // rotated in a mounted Secret, the old and the new CA side by side during
 // the change, is trusted from the next connection on without a restart.
 type ClientTLS struct {
@@ -66,10 +65,7 @@ func (t TLS) Client(log *zap.Logger) (*ClientTLS, error) {
 	}
 	c := &ClientTLS{base: base}
 	if t.CAFile != "" && !t.InsecureSkipVerify {
-		if log == nil {
-			log = zap.NewNop()
-		}
-		c.cas = &fileWatch[*x509.CertPool]{key: "tls.ca_file", file: t.CAFile, parse: parseCAs, log: log, val: base.RootCAs}
+		c.cas = newSecretWatch("tls.ca_file", t.CAFile, parseCAs, base.RootCAs, log)
 	}
 	return c, nil
 }
@@ -94,38 +90,29 @@ func (c *ClientTLS) RootCAsFunc() func() (*x509.CertPool, error) {
 }
 
 // reloadingClientCert returns a GetClientCertificate that reads the pair
-// again at every handshake: a mounted Secret (cert-manager renews it in
-// place) changes under a running process, and a reconnect must present the
-// certificate the files hold now, not the one of the start, which may have
-// expired. A pair that does not load (caught mid-update, say) falls back to
-// the last one that did, and log (if not nil) says so once per distinct
-// error, and once when a pair loads again: a renewal that never becomes
-// readable ends in handshakes refused for an expired certificate, and the
-// log must say why. Handshakes are rare (one per connection), so the reads
-// cost nothing that matters.
+// again at every handshake (a fileWatch): a mounted Secret (cert-manager
+// renews it in place) changes under a running process, and a reconnect
+// must present the certificate the files hold now, not the one of the
+// start, which may have expired. A pair that does not load (caught
+// mid-update, say) falls back to the last one that did, and log (if not
+// nil) says so once per distinct error, and once when a pair loads again:
+// a renewal that never becomes readable ends in handshakes refused for an
+// expired certificate, and the log must say why.
 func reloadingClientCert(certFile, keyFile string, first tls.Certificate, log *zap.Logger) func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-	var mu sync.Mutex
-	last := first
-	failing := "" // the error last logged, "" when the last read worked
+	if log == nil {
+		log = zap.NewNop()
+	}
+	w := &fileWatch[tls.Certificate]{
+		files:    []string{certFile, keyFile},
+		parse:    func(data ...[]byte) (tls.Certificate, error) { return tls.X509KeyPair(data[0], data[1]) },
+		log:      log,
+		fields:   []zap.Field{zap.String("cert_file", certFile), zap.String("key_file", keyFile)},
+		failMsg:  "tls client certificate could not be read again; presenting the last one that loaded",
+		againMsg: "tls client certificate readable again",
+		val:      first,
+	}
 	return func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		c, err := tls.LoadX509KeyPair(certFile, keyFile)
-		switch {
-		case err == nil:
-			last = c
-			if failing != "" && log != nil {
-				log.Info("tls client certificate readable again", zap.String("cert_file", certFile))
-			}
-			failing = ""
-		case err.Error() != failing:
-			failing = err.Error()
-			if log != nil {
-				log.Warn("tls client certificate could not be read again; presenting the last one that loaded",
-					zap.String("cert_file", certFile), zap.String("key_file", keyFile), zap.Error(err))
-			}
-		}
-		c = last
+		c := w.get()
 		return &c, nil
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"unicode"
@@ -25,56 +26,82 @@ var (
 	ErrNoPEM = errors.New("no PEM certificate found")
 )
 
-// fileWatch is a value read from a file, read again when the file changed:
-// another file behind the path (a Kubernetes Secret update swaps a
-// symlink), another size or another modification time. A read that fails
-// or does not parse keeps the last value that did (a file caught
-// mid-update, a Secret briefly gone) and is logged once per distinct
-// error, and once when the file reads again: a rotation that never
-// becomes readable ends in refused connections or requests, and the log
-// must say why. The callers ask once per connection or per request, so a
-// stat each time costs nothing that matters.
+// fileWatch is a value read from files, read again at every call: the
+// callers ask once per connection, handshake or request, so the reads cost
+// nothing that matters, and no rewrite is missed (a stat-based cache
+// misses one of the same size within the file system's timestamp
+// granularity). Contents equal to the last good ones return the value
+// kept; new ones are parsed. A read that fails or does not parse keeps the
+// last value that did (a file caught mid-update, a Secret briefly gone)
+// and is logged once per distinct error, and once when the files read
+// again: a rotation that never becomes readable ends in refused
+// connections or requests, and the log must say why.
 type fileWatch[T any] struct {
-	key   string // the config key, for the log
-	file  string
-	parse func([]byte) (T, error)
-	log   *zap.Logger
+	files  []string
+	parse  func(data ...[]byte) (T, error) // one data per file
+	log    *zap.Logger
+	fields []zap.Field // name the files in the log lines
+	// failMsg is logged for a change that cannot be used; againMsg once
+	// the files read again after one, and for every change read when
+	// logChanges.
+	failMsg, againMsg string
+	logChanges        bool
 
 	mu      sync.Mutex
-	seen    os.FileInfo // the file of the last read that worked; nil before one
+	raw     [][]byte // the contents of the last read that worked; nil before one
 	val     T
 	failing string // the error last logged, "" when the last read worked
 }
 
-// get returns the file's value as it is now, or the last one that read.
+// get returns the value of the files as they are now, or the last one that
+// read.
 func (w *fileWatch[T]) get() T {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	fi, err := os.Stat(w.file)
-	if err == nil && w.seen != nil && os.SameFile(fi, w.seen) &&
-		fi.Size() == w.seen.Size() && fi.ModTime().Equal(w.seen.ModTime()) {
-		return w.val
-	}
-	var v T
-	if err == nil {
-		var b []byte
-		if b, err = os.ReadFile(w.file); err == nil {
-			v, err = w.parse(b)
+	raw := make([][]byte, len(w.files))
+	var err error
+	for i, f := range w.files {
+		if raw[i], err = os.ReadFile(f); err != nil {
+			break
 		}
+	}
+	unchanged := err == nil && w.raw != nil && slices.EqualFunc(raw, w.raw, bytes.Equal)
+	var v T
+	if err == nil && !unchanged {
+		v, err = w.parse(raw...)
 	}
 	if err != nil {
 		if msg := err.Error(); msg != w.failing {
 			w.failing = msg
-			w.log.Warn("file could not be read again; keeping the value last read",
-				zap.String("key", w.key), zap.String("file", w.file), zap.Error(err))
+			w.log.Warn(w.failMsg, append(slices.Clip(w.fields), zap.Error(err))...)
 		}
 		return w.val
 	}
-	if w.seen != nil || w.failing != "" {
-		w.log.Info("file read again", zap.String("key", w.key), zap.String("file", w.file))
+	if w.failing != "" || (w.logChanges && !unchanged && w.raw != nil) {
+		w.log.Info(w.againMsg, w.fields...)
 	}
-	w.seen, w.val, w.failing = fi, v, ""
-	return v
+	w.failing = ""
+	if !unchanged {
+		w.raw, w.val = raw, v
+	}
+	return w.val
+}
+
+// newSecretWatch watches a secret or CA file of the config key key.
+func newSecretWatch[T any](key, file string, parse func([]byte) (T, error), first T, log *zap.Logger) *fileWatch[T] {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &fileWatch[T]{
+		files:      []string{file},
+		parse:      func(data ...[]byte) (T, error) { return parse(data[0]) },
+		log:        log,
+		fields:     []zap.Field{zap.String("key", key), zap.String("file", file)},
+		failMsg:    "file could not be read again; keeping the value last read",
+		againMsg:   "file read again",
+		logChanges: true,
+		val:        first,
+	}
 }
 
 // trimSecret drops the one trailing newline that editors and "echo" add
@@ -119,8 +146,8 @@ func parseCAs(b []byte) (*x509.CertPool, error) {
 
 // SecretFunc returns the current value of a secret. Without a file it is
 // value, always. With one (the key's *_file, which Load read into value)
-// it is the file as it is at the call, read again whenever the file
-// changed, so a rotated password or token takes effect at the next
+// it is the file as it is at the call (read at every call), so that when it
+// changes a rotated password or token takes effect at the next
 // connection or request without a restart; a new content that cannot be
 // used (unreadable, empty, or for a bearer token one that no header can
 // carry) keeps the last one and is logged as a warning. key is the
@@ -135,11 +162,7 @@ func SecretFunc(key, file string, value Secret, log *zap.Logger) func() string {
 	if strings.HasPrefix(key, "admin.") {
 		parse = parseBearerToken
 	}
-	if log == nil {
-		log = zap.NewNop()
-	}
-	w := &fileWatch[string]{key: key, file: file, parse: parse, log: log, val: value.Value()}
-	return w.get
+	return newSecretWatch(key, file, parse, value.Value(), log).get
 }
 
 // readCAs reads a CA file into a pool (the start's read, which Build

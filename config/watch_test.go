@@ -42,7 +42,7 @@ func TestSecretFunc(t *testing.T) {
 		{"rotated by rename", "nats.password", []step{
 			{want: "first"},
 			{write: s("second\n"), want: "second", infos: 1},
-			{want: "second", infos: 1}, // unchanged: not read again, not logged
+			{want: "second", infos: 1}, // unchanged: not logged
 			{write: s("third\r\n"), want: "third", infos: 2},
 		}},
 		{"rewritten in place", "kafka.sasl.password", []step{
