@@ -34,16 +34,7 @@ func TestRepublishedDelayMessage(t *testing.T) {
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	svc, _ := e.start()
-	eventually(t, "ready", func() bool { return svc.Ready() == nil })
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"},
-		RePublish: &jetstream.RePublish{Source: "events.>", Destination: "delay.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	// Some history in EVENTS, so its sequence differs from ORDERS's.
-	for range 5 {
-		e.publishNATS("events.noise", []byte("n"))
-	}
+	startRepublishing(t, e, js)
 	e.publishNATS("events.o", []byte("good"), "delay-after", "1s", "delay-target", "orders.o")
 	e.advanceUntil("the delivery", func(ds []delivery) bool {
 		return len(byValue(ds, "orders.o")["good"]) > 0
@@ -86,15 +77,7 @@ func TestRepublishedDelayMessageToKV(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, _ := e.start()
-	eventually(t, "ready", func() bool { return svc.Ready() == nil })
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"},
-		RePublish: &jetstream.RePublish{Source: "events.>", Destination: "delay.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	for range 5 {
-		e.publishNATS("events.noise", []byte("n"))
-	}
+	startRepublishing(t, e, js)
 	e.publishNATS("events.o", []byte("expired"), "delay-after", "1s", "delay-target", "$KV.sess.user1")
 	var ent jetstream.KeyValueEntry
 	e.advanceUntil("the KV put", func([]delivery) bool {
@@ -108,5 +91,21 @@ func TestRepublishedDelayMessageToKV(t *testing.T) {
 	t.Logf("kv.Get: key %q value %q revision %d; bucket has %d values", ent.Key(), ent.Value(), ent.Revision(), st.Values())
 	if _, err := kv.Update(ctx, "user1", []byte("next"), ent.Revision()); err != nil {
 		t.Fatalf("kv.Update with the revision kv.Get returned (%d): %v", ent.Revision(), err)
+	}
+}
+
+// startRepublishing starts the bridge, then a stream EVENTS that
+// republishes events.> to the delay subjects, with some history, so that
+// its sequences differ from the target's.
+func startRepublishing(t *testing.T, e *env, js jetstream.JetStream) {
+	t.Helper()
+	svc, _ := e.start()
+	eventually(t, "ready", func() bool { return svc.Ready() == nil })
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"},
+		RePublish: &jetstream.RePublish{Source: "events.>", Destination: "delay.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		e.publishNATS("events.noise", []byte("n"))
 	}
 }
