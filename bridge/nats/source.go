@@ -630,7 +630,7 @@ func (f *floorState) heldCheckpoints(key string, inc uint32, next []span) ([]sha
 			cps = append(cps, shard.Checkpoint{Key: HeldKey(key, i), Offset: want.span[i].hi, Fingerprint: uint64(want.span[i].lo),
 				Incarnation: inc, Aside: true})
 		} else {
-			want.inc[i] = f.stored.inc[i] // an empty slot left as it is
+			want.inc[i] = f.stored.inc[i] // unchanged: as stored
 		}
 	}
 	return cps, want
