@@ -512,11 +512,34 @@ func (p pebbleLogger) Errorf(format string, args ...interface{}) { p.l.Errorf(fo
 // failed WAL write becomes the engine's sticky store error instead of a
 // silent acknowledgement. On Pebble's background goroutines the panic ends
 // the process, as Pebble's own default logger would.
+//
+// Once Exiting was called it parks the goroutine instead: the process is
+// about to exit without waiting, and what it cleans up meanwhile (dev's
+// sandbox, the store's directory with it) must not make a closing store
+// crash it first.
 func (p pebbleLogger) Fatalf(format string, args ...interface{}) {
 	msg := fmt.Sprintf(format, args...)
+	if exiting.Load() {
+		parkExiting()
+	}
 	p.l.Error(msg)
 	panic(pebbleFatal{msg})
 }
+
+// exiting is set by Exiting; parkExiting parks a goroutine for good (a
+// variable for tests).
+var (
+	exiting     atomic.Bool
+	parkExiting = func() { select {} }
+)
+
+// Exiting tells the engines of this process that it exits now without
+// waiting for them (a second signal): from then on a store error that
+// Pebble reports as fatal parks the goroutine that met it rather than end
+// the process with a panic before its own exit. A forced exit of `dev`
+// removed the store's directory under a closing store, whose flush then
+// crashed the process (exit status 2, not 130).
+func Exiting() { exiting.Store(true) }
 
 type pebbleFatal struct{ msg string }
 

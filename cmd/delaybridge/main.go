@@ -26,6 +26,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/bridge/service"
 	"github.com/delaybridge/delaybridge/config"
+	"github.com/delaybridge/delaybridge/shard"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -192,6 +193,7 @@ func shutdownOnSignal(parent context.Context, sigs <-chan os.Signal, stderr io.W
 		select {
 		case sig := <-sigs:
 			fmt.Fprintln(stderr, "delaybridge: second signal: exiting without waiting")
+			shard.Exiting() // the cleanups may remove a store's directory under it
 			code := 128 + int(syscall.SIGINT)
 			if s, ok := sig.(syscall.Signal); ok {
 				code = 128 + int(s)

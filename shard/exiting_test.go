@@ -1,0 +1,39 @@
+package shard
+
+import (
+	"runtime"
+	"testing"
+
+	"go.uber.org/zap"
+)
+
+// TestFatalfWhileExiting: a fatal Pebble error panics (safeCall turns it
+// into the sticky store error), except once the process exits without
+// waiting (Exiting): then it parks the goroutine, so a store whose
+// directory the exit's cleanups removed does not crash the process with a
+// panic before its own exit (TestDevForcedExit saw exit status 2).
+func TestFatalfWhileExiting(t *testing.T) {
+	p := pebbleLogger{zap.NewNop().Sugar()}
+	if err := safeCall(func() error { p.Fatalf("boom %d", 1); return nil }); err == nil || err.Error() != "boom 1" {
+		t.Fatalf("before Exiting: %v, want the fatal error back from safeCall", err)
+	}
+
+	parked := make(chan struct{})
+	old := parkExiting
+	parkExiting = func() { close(parked); runtime.Goexit() }
+	t.Cleanup(func() { parkExiting = old; exiting.Store(false) })
+	Exiting()
+	panicked := make(chan any, 1)
+	go func() {
+		defer func() { panicked <- recover() }()
+		p.Fatalf("the directory is gone")
+	}()
+	select {
+	case <-parked:
+		if r := <-panicked; r != nil {
+			t.Fatalf("Fatalf while exiting parked, then panicked: %v", r)
+		}
+	case r := <-panicked:
+		t.Fatalf("Fatalf while exiting did not park: %v", r)
+	}
+}
