@@ -349,12 +349,12 @@ func (s *Sink) release(g *writerGen, msgs []kafkago.Message) {
 	g.refs--
 	if !g.retired {
 		for i := range msgs {
-			if len(g.topics) > maxWriterTopics {
+			if len(g.topics) >= maxWriterTopics {
 				break
 			}
 			g.topics[msgs[i].Topic] = struct{}{}
 		}
-		if len(g.topics) > maxWriterTopics && g == s.gen {
+		if len(g.topics) >= maxWriterTopics && g == s.gen {
 			g.retired, s.gen = true, s.newGen()
 		}
 	}

@@ -604,3 +604,26 @@ func TestSinkRetiresWritersPastMaxTopics(t *testing.T) {
 		}
 	}
 }
+
+// TestSinkRetiresWritersAtMaxTopics: the pair is retired by the call that
+// brings it to maxWriterTopics topics, as documented, not one topic later.
+func TestSinkRetiresWritersAtMaxTopics(t *testing.T) {
+	old := maxWriterTopics
+	maxWriterTopics = 2
+	defer func() { maxWriterTopics = old }()
+	c := newCluster(t, kfake.SeedTopics(1, "a", "b"))
+	s, err := NewSink(testConfig(t, c.ListenAddrs(), ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	first := s.gen
+	if errs := s.Deliver(context.Background(), []*codec.Task{task("a", "k", "v"), task("b", "k", "v")}); errs != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if s.gen == first || !first.retired {
+		t.Fatalf("the pair wrote to %d topics (maxWriterTopics %d) and is still the current one", len(first.topics), maxWriterTopics)
+	}
+}
