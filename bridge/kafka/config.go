@@ -263,6 +263,10 @@ func (c *Config) dialer() *kafkago.Dialer {
 	return d
 }
 
+// perAddressDial is the cap on one address's connect and TLS handshake in
+// the per-connection TLS dial (a variable for tests).
+var perAddressDial = 3 * time.Second
+
 func (c *Config) transport() *kafkago.Transport {
 	t := &kafkago.Transport{
 		ClientID:    c.ClientID,
@@ -273,10 +277,12 @@ func (c *Config) transport() *kafkago.Transport {
 		SASL:        c.SASL,
 	}
 	if c.NewTLS != nil {
-		// kafka-go's own Transport dial caps each address at 3 s (its
-		// defaultDialer), so that a hanging bootstrap broker leaves time
-		// for the next one within DialTimeout: so does this one.
-		t.TLS, t.Dial = nil, dialTLS(c.NewTLS, net.Dialer{Timeout: 3 * time.Second})
+		// kafka-go's own Transport dial caps each address's connect at
+		// 3 s (its defaultDialer), so that a hanging bootstrap broker
+		// leaves time for the next one within DialTimeout: so does this
+		// one, and its TLS handshake too (a broker that accepts and then
+		// says nothing).
+		t.TLS, t.Dial = nil, dialTLS(c.NewTLS, net.Dialer{Timeout: perAddressDial})
 	}
 	return t
 }
@@ -285,7 +291,8 @@ func (c *Config) transport() *kafkago.Transport {
 // configuration newTLS gives for this connection, naming the broker's
 // host as the server when the configuration names none, as kafka-go does
 // with a fixed configuration (so an address by IP is checked against the
-// certificate's IP addresses).
+// certificate's IP addresses). With d.Timeout set the handshake gets that
+// long as well, besides the connect.
 func dialTLS(newTLS func() *tls.Config, d net.Dialer) func(ctx context.Context, network, address string) (net.Conn, error) {
 	return func(ctx context.Context, network, address string) (net.Conn, error) {
 		conn, err := d.DialContext(ctx, network, address)
@@ -301,7 +308,13 @@ func dialTLS(newTLS func() *tls.Config, d net.Dialer) func(ctx context.Context, 
 			cfg.ServerName = host
 		}
 		tc := tls.Client(conn, cfg)
-		if err := tc.HandshakeContext(ctx); err != nil {
+		hctx := ctx
+		if d.Timeout > 0 {
+			var cancel context.CancelFunc
+			hctx, cancel = context.WithTimeout(ctx, d.Timeout)
+			defer cancel()
+		}
+		if err := tc.HandshakeContext(hctx); err != nil {
 			conn.Close()
 			return nil, err
 		}

@@ -175,6 +175,7 @@ func blackhole(t *testing.T) string {
 // than taking all of it. The dial returns on its own cap, with the
 // caller's deadline still far away.
 func TestPerConnectionTLSDialCapsEachAddress(t *testing.T) {
+	shortDialCap(t)
 	dead := blackhole(t)
 	ct, err := config.TLS{Enabled: true}.Client(nil)
 	if err != nil {
@@ -188,10 +189,54 @@ func TestPerConnectionTLSDialCapsEachAddress(t *testing.T) {
 		conn.Close()
 		t.Fatal("a hanging address connected")
 	}
-	// With the cap the dial gives up after 3 s; without one it runs to
+	// With the cap the dial gives up after it (3 s, here 200 ms); without one it runs to
 	// the caller's deadline (the poller's timer may fire a moment before
 	// the context's, so ctx.Err() alone cannot tell).
 	if deadline, _ := ctx.Deadline(); time.Until(deadline) < 30*time.Second {
 		t.Fatalf("the dial used %v of the caller's minute (%v): no cap of its own", time.Minute-time.Until(deadline), err)
 	}
+}
+
+// TestPerConnectionTLSHandshakeCapped: a broker address that accepts the
+// connection and then never answers the TLS handshake is given up after
+// the same per-address cap as one that does not connect, not after the
+// caller's whole deadline.
+func TestPerConnectionTLSHandshakeCapped(t *testing.T) {
+	shortDialCap(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() }) // accepted, never a word
+		}
+	}()
+	ct, err := config.TLS{Enabled: true}.Client(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{NewTLS: ct.Config}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := cfg.transport().Dial(ctx, "tcp", ln.Addr().String())
+	if err == nil {
+		conn.Close()
+		t.Fatal("a silent broker completed a TLS handshake")
+	}
+	if deadline, _ := ctx.Deadline(); time.Until(deadline) < 30*time.Second {
+		t.Fatalf("the handshake used %v of the caller's minute (%v): no cap of its own", time.Minute-time.Until(deadline), err)
+	}
+}
+
+// shortDialCap makes the per-address cap 200 ms for one test.
+func shortDialCap(t *testing.T) {
+	old := perAddressDial
+	perAddressDial = 200 * time.Millisecond
+	t.Cleanup(func() { perAddressDial = old })
 }
