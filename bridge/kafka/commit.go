@@ -33,10 +33,12 @@ type committer struct {
 
 	// fails throttles the "offset commit failed" line while commits keep
 	// failing; wait is the pause before the next retry, doubling from
-	// retry up to maxRetry while they do.
+	// retry up to maxRetry while they do; failing says the last commit
+	// failed (so the next good one is logged).
 	fails    logthrottle.Throttle
 	wait     time.Duration
 	maxRetry time.Duration
+	failing  bool
 
 	mu      sync.Mutex
 	pending offsets
@@ -163,10 +165,10 @@ func (c *committer) flush() (ok bool) {
 	}
 	err := c.commit(p)
 	if err == nil {
-		if c.wait != c.retry {
+		if c.failing {
 			c.log.Info("offset commit succeeded again", zap.Any("offsets", p))
 		}
-		c.wait = c.retry
+		c.wait, c.failing = c.retry, false
 		c.fails.Reset()
 		c.mu.Lock()
 		c.committedLocked(p)
@@ -182,6 +184,7 @@ func (c *committer) flush() (ok bool) {
 	}
 	// The next commit carries these unless newer ones replace them; the
 	// store checkpoint covers a crash meanwhile.
+	c.failing = true
 	if n, ok := c.fails.AllowKey(time.Now(), err.Error()); ok {
 		c.log.Warn("offset commit failed; retrying", zap.Any("offsets", p), zap.Error(err), zap.Int("suppressed", n))
 	}

@@ -239,6 +239,28 @@ func TestCommitterRun(t *testing.T) {
 			stop()
 		})
 	})
+	t.Run("recovery is logged with equal retry bounds too", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			l := &commitLog{errs: []error{kafkago.GroupLoadInProgress}}
+			core, logs := observer.New(zap.InfoLevel)
+			c := newCommitter(l.commit, time.Second, time.Second, zap.New(core), func(string) {})
+			ctx, stop := context.WithCancel(context.Background())
+			defer stop()
+			workersDone := make(chan struct{})
+			close(workersDone)
+			go c.run(ctx, context.Background(), workersDone)
+			c.offer("a", 0, 5)
+			time.Sleep(1500 * time.Millisecond)
+			synctest.Wait()
+			if n := len(l.commits()); n != 2 {
+				t.Fatalf("%d commits, want 2 (one failed, one good)", n)
+			}
+			if n := logs.FilterMessageSnippet("offset commit succeeded again").Len(); n != 1 {
+				t.Fatalf("%d 'succeeded again' lines after a failure and a good commit with retry_min = retry_max, want 1", n)
+			}
+			stop()
+		})
+	})
 	t.Run("coordinator unavailable is retried, not a generation's end", func(t *testing.T) {
 		// The offsets topic under min.insync.replicas answers commits so
 		// while the generation stands and heartbeats go on; a coordinator
