@@ -352,6 +352,9 @@ func (s *Sink) release(g *writerGen, msgs []kafkago.Message) {
 			if len(g.topics) >= maxWriterTopics {
 				break
 			}
+			if i > 0 && msgs[i].Topic == msgs[i-1].Topic {
+				continue // a run of one topic: one map write, not one a record
+			}
 			g.topics[msgs[i].Topic] = struct{}{}
 		}
 		if len(g.topics) >= maxWriterTopics && g == s.gen {
