@@ -23,17 +23,24 @@ func TestFatalfWhileExiting(t *testing.T) {
 	parkExiting = func() { close(parked); runtime.Goexit() }
 	t.Cleanup(func() { parkExiting = old; exiting.Store(false) })
 	Exiting()
+	// The goroutine ends one of three ways: parked (Goexit, whose
+	// deferred recover sees nil), a panic, or Fatalf returning.
 	panicked := make(chan any, 1)
+	returned := make(chan struct{})
 	go func() {
-		defer func() { panicked <- recover() }()
+		defer func() {
+			if r := recover(); r != nil {
+				panicked <- r
+			}
+		}()
 		p.Fatalf("the directory is gone")
+		close(returned)
 	}()
 	select {
 	case <-parked:
-		if r := <-panicked; r != nil {
-			t.Fatalf("Fatalf while exiting parked, then panicked: %v", r)
-		}
 	case r := <-panicked:
-		t.Fatalf("Fatalf while exiting did not park: %v", r)
+		t.Fatalf("Fatalf while exiting did not park: panic %v", r)
+	case <-returned:
+		t.Fatal("Fatalf while exiting returned")
 	}
 }
