@@ -224,8 +224,16 @@ func (s *shard) park(ctx context.Context, timer interface {
 		return
 	}
 	now := s.e.clk.Now()
-	if next, ok := s.w.Next(); ok && next < wake && !hold {
-		wake = next
+	if !hold {
+		if next, ok := s.w.Next(); ok && next < wake {
+			wake = next
+		}
+		// A lane that returned since the loop looked (its wake-up was
+		// drained above as stale) may release held tasks now: the loop's
+		// wake time left them out while the lane was busy.
+		if at, ok := s.nextReleaseLocked(); ok && at < wake {
+			wake = at
+		}
 	}
 	if nowMs := now.UnixMilli(); wake <= nowMs && nowMs >= s.w.Now() {
 		s.mu.Unlock()

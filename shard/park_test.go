@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -127,5 +128,72 @@ func TestWallStepForwardWhileParked(t *testing.T) {
 	h.settle()
 	if got := h.sink.acked(); !slices.Equal(got, []string{"a"}) {
 		t.Fatalf("delivered %v a second after the wall clock passed a's due by 40 minutes, want a", got)
+	}
+}
+
+// TestParkSeesHeldReleaseOfReturnedLane: the loop computes its wake time
+// while a lane has a batch in the sink (nextReleaseLocked skips a busy
+// lane, so that lane's held release is not in it); the batch returns
+// before the loop is in park (busy cleared, then a wake-up), and park
+// drains that wake-up as stale. park must still see that the returned
+// lane may release held tasks now and return, not sleep until maxPark
+// (found by a hunt: one such stall per lost wake-up, up to 1 s each).
+// The two goroutines' steps are played by hand, as they run.
+func TestParkSeesHeldReleaseOfReturnedLane(t *testing.T) {
+	h := holdHarness(t, -1)
+	var batch []codec.Task
+	for i := range 4 {
+		batch = append(batch, sched(fmt.Sprintf("t%d", i), t0.Add(time.Second), int64(i+1)))
+	}
+	holdTasks(t, h, batch, 4)
+	h.stop()
+	h.sink.setFail(nil)
+	h.clk.Advance(20 * time.Second) // past every held group's backoff
+	s := h.e.shards[0]
+	l := transportSlot(codec.TransportKafka)
+
+	// The loop looks while the lane is busy.
+	s.mu.Lock()
+	if !s.releasableLocked(l, h.e.nowMs()) {
+		s.mu.Unlock()
+		t.Fatal("setup: no held release due")
+	}
+	s.lanes[l].busy = true
+	wake := s.horizonEnd - s.e.horizonMs()/2
+	if at, ok := s.nextReleaseLocked(); ok && at < wake {
+		wake = at
+	}
+	s.mu.Unlock()
+	// The lane's batch returns (lane.go) before the loop parks.
+	s.mu.Lock()
+	s.lanes[l].busy, s.parked = false, false
+	s.mu.Unlock()
+	s.wake()
+
+	timer := h.e.clk.NewTimer(time.Hour)
+	defer timer.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.park(ctx, timer, wake, false)
+	}()
+	for {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		s.mu.Lock()
+		asleep := s.parked
+		s.mu.Unlock()
+		if asleep {
+			cancel()
+			<-done
+			t.Fatalf("park went to sleep (wake %v ahead) although the returned lane may release held tasks now",
+				time.Duration(wake-h.e.nowMs())*time.Millisecond)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
