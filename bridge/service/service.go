@@ -21,6 +21,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
@@ -268,7 +269,10 @@ func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 // the connection but did not answer in time, as the Kafka check classifies
 // them (kafka.ErrUnreachable), and a JetStream API request (the delay
 // stream's lookup) with no answer within its deadline: a server recovering
-// its JetStream, or a cluster without a meta leader.
+// its JetStream, or a cluster without a meta leader, or one answered 503 for
+// JetStream itself ("JetStream system temporarily unavailable": a cluster
+// that lost its quorum, a server still recovering; also "insufficient
+// resources", which waits for the operator like a down broker).
 func unreachable(err error) bool {
 	// A joined error of several brokers (kafka check) may hold a refused
 	// login or TLS handshake next to an unresolvable or silent one: the
@@ -277,6 +281,10 @@ func unreachable(err error) bool {
 		return false
 	}
 	var dns *net.DNSError
+	var api *jetstream.APIError
+	if errors.As(err, &api) && api.Code == http.StatusServiceUnavailable {
+		return true
+	}
 	return errors.Is(err, kafka.ErrUnreachable) || errors.Is(err, natsgo.ErrNoServers) ||
 		errors.Is(err, natsgo.ErrTimeout) || errors.Is(err, os.ErrDeadlineExceeded) ||
 		errors.Is(err, context.DeadlineExceeded) || errors.As(err, &dns)
