@@ -68,8 +68,14 @@ type Config struct {
 	Consumer string // durable pull consumer name (Source)
 	// Create creates the stream (or adds missing subjects to it) and
 	// creates or updates the consumer. Without it both must exist.
-	Create  bool
-	Sources []SourceConfig
+	Create bool
+	// Replicas is the replica count of the stream Create makes; when set
+	// (1-5) Create also scales an existing stream to it. 0: a new stream
+	// gets one replica (JetStream's default), an existing one keeps its
+	// count. On a NATS cluster give 3 (or 5), so the delay stream
+	// survives the loss of a server.
+	Replicas int
+	Sources  []SourceConfig
 
 	// Authentication: at most one of User/Password, Token, CredsFile
 	// (JWT + nkey seed) and NkeyFile (nkey seed file).
@@ -94,6 +100,10 @@ type Config struct {
 	Linger        time.Duration
 	MaxAckPending int           // consumer max ack pending; default 20000
 	AckWait       time.Duration // consumer ack wait; default 30s (kept alive while a batch is handled)
+	// PullExpiry is the life of one pull request at the server; the
+	// server sends heartbeats at half of it, and two missed ones end the
+	// pull (then the consumer is asked whether it is there). Default 10s.
+	PullExpiry time.Duration
 
 	PublishWindow  int           // publishes in flight per Deliver call; default 512
 	PublishTimeout time.Duration // max wait for the PubAcks of a Deliver call; default 10s
@@ -134,6 +144,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.AckWait <= 0 {
 		c.AckWait = 30 * time.Second
+	}
+	if c.PullExpiry <= 0 {
+		c.PullExpiry = 10 * time.Second
 	}
 	if c.PublishWindow <= 0 {
 		c.PublishWindow = 512

@@ -457,7 +457,7 @@ func (s *Source) keepAlivePeriod() time.Duration {
 	return max(d/3, 10*time.Millisecond)
 }
 
-// Health is nil while connected and the consumer exists.
+// Health is nil while connected and the consumer exists and answers.
 func (s *Source) Health() error {
 	if err := connErr(s.nc); err != nil {
 		return err
@@ -1069,7 +1069,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
-		return fmt.Errorf("nats source: consumer info: %w", err)
+		return s.consumerUnread(ctx, fmt.Errorf("nats source: consumer info: %w", err))
 	}
 	s.consErr.Store(nil)
 	s.setAckWait(info.Config)
@@ -1095,7 +1095,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	st.start(int64(info.AckFloor.Stream), int64(info.Delivered.Stream), info.Delivered.Consumer)
 	it, err := cons.Messages(
 		jetstream.PullMaxMessages(2*s.cfg.BatchSize),
-		jetstream.PullExpiry(10*time.Second),
+		jetstream.PullExpiry(s.cfg.PullExpiry),
 		jetstream.WithMessagesErrOnMissingHeartbeat(true),
 	)
 	if err != nil {
@@ -1140,12 +1140,24 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 		if errors.Is(nextErr, jetstream.ErrNoHeartbeat) {
 			// Quiet or broken? Ask the server whether the consumer is there.
 			if _, err := cons.Info(ctx); err != nil {
-				return fmt.Errorf("nats source: no heartbeat, consumer info: %w", err)
+				return s.consumerUnread(ctx, fmt.Errorf("nats source: no heartbeat, consumer info: %w", err))
 			}
 			continue
 		}
 		return fmt.Errorf("nats source: next message: %w", nextErr)
 	}
+}
+
+// consumerUnread reports err, a failed consumer info, in Health (so the
+// bridge is not ready) unless ctx ended: the source cannot consume (a
+// cluster without quorum answers 503 for the consumer, even while a
+// replica still answers for the stream). The next consume that reads the
+// consumer clears it.
+func (s *Source) consumerUnread(ctx context.Context, err error) error {
+	if ctx.Err() == nil {
+		s.setConsErr(err)
+	}
+	return err
 }
 
 // errConsumerSeqBack: a delivery's consumer sequence is not above the last

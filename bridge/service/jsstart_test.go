@@ -15,6 +15,7 @@ import (
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delaybridge/delaybridge/bridge/kafka"
 	"github.com/delaybridge/delaybridge/bridge/nats"
@@ -29,6 +30,7 @@ type jsMute struct {
 	addr    string
 	mute    atomic.Bool
 	dropped atomic.Int32
+	prefix  string // the API requests dropped; default all ($JS.API.)
 }
 
 func newJSMute(t *testing.T, upstream string) *jsMute {
@@ -38,7 +40,7 @@ func newJSMute(t *testing.T, upstream string) *jsMute {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = l.Close() })
-	m := &jsMute{addr: l.Addr().String()}
+	m := &jsMute{addr: l.Addr().String(), prefix: "$JS.API."}
 	m.mute.Store(true)
 	go func() {
 		for {
@@ -78,7 +80,7 @@ func (m *jsMute) relay(c, s net.Conn) {
 			if _, err := io.ReadFull(r, payload); err != nil {
 				return
 			}
-			if m.mute.Load() && strings.HasPrefix(f[1], "$JS.API.") {
+			if m.mute.Load() && strings.HasPrefix(f[1], m.prefix) {
 				m.dropped.Add(1)
 				continue
 			}
@@ -122,6 +124,42 @@ func TestStartJetStreamSilent(t *testing.T) {
 	})
 }
 
+// TestNotReadyWhileConsumerUnanswered: the delay consumer stops answering
+// while its stream still does (a NATS cluster that lost its quorum: a
+// replica answers stream info, the consumer's requests get 503) — the
+// source consumes nothing, so the bridge is not ready, and says why; it is
+// ready again, and delivers, once the consumer answers. It used to stay
+// ready throughout (found by a clustered-NATS hunt).
+func TestNotReadyWhileConsumerUnanswered(t *testing.T) {
+	e := newEnv(t, "")
+	m := newJSMute(t, e.ns.Addr().String())
+	m.prefix = "$JS.API.CONSUMER."
+	m.mute.Store(false)
+	e.mutate = func(c *config.Config) { c.NATS.URL = "nats://" + m.addr }
+	svc, _, done := e.runWith(Options{NATS: func(c *nats.Config) { fastNATS(c); c.PullExpiry = time.Second }})
+	alive := func() {
+		select {
+		case err := <-done:
+			t.Fatalf("bridge Run returned: %v", err)
+		default:
+		}
+	}
+	eventually(t, "ready", func() bool { alive(); return svc.Ready() == nil })
+	m.mute.Store(true)
+	eventually(t, "not ready while the consumer does not answer", func() bool {
+		alive()
+		err := svc.Ready()
+		return err != nil && strings.Contains(err.Error(), "consumer info")
+	})
+	m.mute.Store(false)
+	eventually(t, "ready once the consumer answers", func() bool { alive(); return svc.Ready() == nil })
+	e.publishNATS("delay.js", []byte("after-quorum"), "delay-after", "0", "delay-target", "orders.js")
+	e.advanceUntil("the delivery once the consumer answers", func(ds []delivery) bool {
+		alive()
+		return len(byValue(ds, "orders.js")["after-quorum"]) > 0
+	})
+}
+
 func TestUnreachable(t *testing.T) {
 	tests := []struct {
 		err  error
@@ -138,6 +176,10 @@ func TestUnreachable(t *testing.T) {
 		{errors.Join(kafka.ErrUnreachable, kafka.ErrTLS), false},
 		{natsgo.ErrAuthorization, false},
 		{errors.New("nats source: stream DELAY does not capture delay.>"), false},
+		// JetStream answering for itself: a cluster without quorum (the
+		// start used to end there: a crash loop until quorum came back).
+		{fmt.Errorf("nats source: create consumer: %w", &jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}), true},
+		{fmt.Errorf("nats source: create stream: %w", &jetstream.APIError{Code: 500, ErrorCode: 10074, Description: "replicas > 1 not supported in non-clustered mode"}), false},
 		{context.Canceled, false},
 	}
 	for _, tt := range tests {
