@@ -95,7 +95,7 @@ var _ bridge.Healther = (*Source)(nil)
 func NewSource(nc *natsgo.Conn, cfg Config) (*Source, error) {
 	cfg.setDefaults()
 	if err := cfg.validateSource(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("nats source: %w", err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {

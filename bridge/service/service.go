@@ -441,7 +441,7 @@ func (s *Service) setupNATS(o Options, b *built) error {
 	b.health = append(b.health, sink)
 	src, err := nats.NewSource(conn, nc)
 	if err != nil {
-		return fmt.Errorf("nats source: %w", err)
+		return err // it names the source
 	}
 	b.closers = append(b.closers, src.Close)
 	b.sources = append(b.sources, src)
