@@ -168,6 +168,10 @@ type NATS struct {
 	Consumer string `yaml:"consumer"` // durable name; default "delaybridge"
 	// Create makes the bridge create the stream and consumer if missing.
 	Create bool `yaml:"create"`
+	// Replicas (1-5, with Create) is the replica count of the stream
+	// the bridge creates, and of an existing one it scales; 0: one for a
+	// new stream, an existing one's left alone.
+	Replicas int `yaml:"replicas"`
 	// CoreTargets lets a delivery to a target subject that no JetStream
 	// stream captures go out as a core NATS publish: best effort, no
 	// acknowledgement, lost without a subscriber. Default false: such a

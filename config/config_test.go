@@ -99,6 +99,7 @@ nats:
   stream: S
   consumer: C
   create: true
+  replicas: 3
   core_targets: true
   tls: {enabled: true}
   token: tok
@@ -135,6 +136,7 @@ admin:
 		{"nats.stream", c.NATS.Stream, "S"},
 		{"nats.consumer", c.NATS.Consumer, "C"},
 		{"nats.create", c.NATS.Create, true},
+		{"nats.replicas", c.NATS.Replicas, 3},
 		{"nats.core_targets", c.NATS.CoreTargets, true},
 		{"nats.token", c.NATS.Token.Value(), "tok"},
 		{"nats.sources", c.NATS.Sources, []NATSSource{{Subject: "delay.>", DLQ: "dlq.delay", DefaultTarget: "kafka:orders"}}},

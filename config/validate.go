@@ -263,6 +263,12 @@ func (c *Config) validateNATS(v *validator, n *NATS) {
 	} else if err := checkNATSName(n.Consumer); err != nil {
 		v.add("nats.consumer", "%v", err)
 	}
+	switch {
+	case n.Replicas < 0 || n.Replicas > 5:
+		v.add("nats.replicas", "%d: JetStream takes 1 to 5", n.Replicas)
+	case n.Replicas > 0 && !n.Create:
+		v.add("nats.replicas", "the bridge sets the stream's replicas only with nats.create: true; without it, set them on the stream (nats stream edit --replicas)")
+	}
 	validateTLS(v, "nats.tls", &n.TLS)
 	hasPass := n.Password != "" || n.PasswordFile != ""
 	hasToken := n.Token != "" || n.TokenFile != ""

@@ -29,6 +29,9 @@ func TestRenderedConfigLoads(t *testing.T) {
 			if f == "all-features-values.yaml" && (cfg.NATS == nil || !cfg.NATS.CoreTargets) {
 				t.Errorf("config.nats.core_targets: true did not reach the loaded config")
 			}
+			if f == "all-features-values.yaml" && (cfg.NATS == nil || !cfg.NATS.Create || cfg.NATS.Replicas != 3) {
+				t.Errorf("config.nats.create: true and replicas: 3 did not reach the loaded config")
+			}
 		})
 	}
 }

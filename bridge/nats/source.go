@@ -265,11 +265,12 @@ func (s *Source) ensure(ctx context.Context) error {
 			Retention:   jetstream.WorkQueuePolicy,
 			Storage:     jetstream.FileStorage,
 			Duplicates:  MinDuplicateWindow,
+			Replicas:    s.cfg.Replicas,
 		})
 		if err != nil {
-			return fmt.Errorf("nats source: create stream %q with subjects %v: %w", s.cfg.Stream, subjects, err)
+			return fmt.Errorf("nats source: create stream %q with subjects %v and %d replicas: %w", s.cfg.Stream, subjects, max(s.cfg.Replicas, 1), err)
 		}
-		s.log.Info("nats source: created stream", zap.Strings("subjects", subjects))
+		s.log.Info("nats source: created stream", zap.Strings("subjects", subjects), zap.Int("replicas", stream.CachedInfo().Config.Replicas))
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		return fmt.Errorf("%w: stream %q (create it with subjects %v, or set create): %w",
 			ErrNoStream, s.cfg.Stream, subjects, err)
@@ -299,17 +300,32 @@ func (s *Source) ensure(ctx context.Context) error {
 			s.log.Warn("nats source: stream does not capture some source subjects; messages published there are not stored",
 				zap.Strings("missing", missing), zap.Strings("stream_subjects", cfg.Subjects))
 		}
-		if len(missing) > 0 && s.cfg.Create {
+		rescale := s.cfg.Create && s.cfg.Replicas > 0 && max(cfg.Replicas, 1) != s.cfg.Replicas
+		if (len(missing) > 0 && s.cfg.Create) || rescale {
+			was := cfg.Replicas
 			cfg.Subjects = append(slices.Clone(cfg.Subjects), missing...)
-			if _, err := s.js.UpdateStream(ctx, cfg); err != nil {
-				return fmt.Errorf("nats source: add subjects %v to stream %q: %w", missing, s.cfg.Stream, err)
+			if rescale {
+				cfg.Replicas = s.cfg.Replicas
 			}
-			s.log.Info("nats source: added subjects to stream", zap.Strings("subjects", missing))
+			if stream, err = s.js.UpdateStream(ctx, cfg); err != nil {
+				return fmt.Errorf("nats source: update stream %q (add subjects %v, replicas %d): %w", s.cfg.Stream, missing, max(cfg.Replicas, 1), err)
+			}
+			if len(missing) > 0 {
+				s.log.Info("nats source: added subjects to stream", zap.Strings("subjects", missing))
+			}
+			if rescale {
+				s.log.Info("nats source: changed the stream's replicas", zap.Int("from", max(was, 1)), zap.Int("to", cfg.Replicas))
+			}
 		}
 	}
 
 	if info := stream.CachedInfo(); info != nil {
 		warnDuplicateWindow(s.log, info.Config.Duplicates)
+		if cluster := s.nc.ConnectedClusterName(); cluster != "" && max(info.Config.Replicas, 1) == 1 && s.cfg.Replicas == 0 {
+			s.log.Warn("nats source: the delay stream has one replica on a NATS cluster: while its server is down publishers cannot reach the delay subjects, "+
+				"and messages not yet taken by the bridge are lost with its disk; give it 3 replicas (nats.replicas with nats.create, or nats stream edit)",
+				zap.String("cluster", cluster))
+		}
 		s.created.Store(info.Created.UnixNano())
 		s.lastSeq.Store(info.State.LastSeq)
 	}

@@ -14,7 +14,8 @@ import (
 
 // TestNATSCoreTargetsWiring: nats.core_targets (YAML or
 // DELAYBRIDGE_NATS_CORE_TARGETS) reaches the NATS sink's config; without
-// it deliveries to subjects without a stream are not best effort.
+// it deliveries to subjects without a stream are not best effort. So does
+// nats.replicas the source's.
 func TestNATSCoreTargetsWiring(t *testing.T) {
 	ns := startNATSServer(t, &natsserver.Options{})
 	for _, c := range []struct {
@@ -22,11 +23,14 @@ func TestNATSCoreTargetsWiring(t *testing.T) {
 		extra string
 		env   []string
 		want  bool
+		repl  int
 	}{
-		{"default", "", nil, false},
-		{"yaml", "  core_targets: true\n", nil, true},
-		{"env", "", []string{"DELAYBRIDGE_NATS_CORE_TARGETS=true"}, true},
-		{"env beats yaml", "  core_targets: true\n", []string{"DELAYBRIDGE_NATS_CORE_TARGETS=false"}, false},
+		{"default", "", nil, false, 0},
+		{"yaml", "  core_targets: true\n", nil, true, 0},
+		{"env", "", []string{"DELAYBRIDGE_NATS_CORE_TARGETS=true"}, true, 0},
+		{"env beats yaml", "  core_targets: true\n", []string{"DELAYBRIDGE_NATS_CORE_TARGETS=false"}, false, 0},
+		{"replicas yaml", "  replicas: 1\n", nil, false, 1},
+		{"replicas env", "", []string{"DELAYBRIDGE_NATS_REPLICAS=1"}, false, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			yml := `
@@ -41,19 +45,19 @@ admin: {listen: "127.0.0.1:0"}
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := make(chan bool, 1)
+			got := make(chan nats.Config, 1)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			svc, err := New(ctx, cfg, Options{NATS: func(nc *nats.Config) { got <- nc.CoreTargets }})
+			svc, err := New(ctx, cfg, Options{NATS: func(nc *nats.Config) { got <- *nc }})
 			if err != nil {
 				t.Fatal(err)
 			}
 			done := make(chan error, 1)
 			go func() { done <- svc.Run(ctx) }()
 			select {
-			case v := <-got:
-				if v != c.want {
-					t.Errorf("nats.Config.CoreTargets = %v, want %v", v, c.want)
+			case nc := <-got:
+				if nc.CoreTargets != c.want || nc.Replicas != c.repl {
+					t.Errorf("nats.Config.CoreTargets = %v, Replicas = %d; want %v, %d", nc.CoreTargets, nc.Replicas, c.want, c.repl)
 				}
 			case err := <-done:
 				t.Fatalf("Run returned before the NATS setup: %v", err)

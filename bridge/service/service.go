@@ -401,6 +401,7 @@ func (s *Service) setupNATS(o Options, b *built) error {
 		Stream:      n.Stream,
 		Consumer:    n.Consumer,
 		Create:      n.Create,
+		Replicas:    n.Replicas,
 		CoreTargets: n.CoreTargets,
 		User:        n.User,
 		Password:    n.Password.Value(),

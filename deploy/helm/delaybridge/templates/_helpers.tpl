@@ -139,6 +139,9 @@ it is the one a default install always hits.
 {{- if not $c.nats.sources }}
 {{- fail "delaybridge: config.nats.sources is empty" }}
 {{- end }}
+{{- if and $c.nats.replicas (not $c.nats.create) }}
+{{- fail "delaybridge: config.nats.replicas is set but config.nats.create is false: the bridge sets the stream's replicas only when it creates (or updates) the stream" }}
+{{- end }}
 {{- if and $c.nats.user (not .Values.secrets.natsPassword.secretName) }}
 {{- fail "delaybridge: config.nats.user is set but secrets.natsPassword.secretName is empty" }}
 {{- end }}
@@ -269,8 +272,9 @@ The bridge's config.yaml: the user's config with the chart-only keys
 {{- $c = omit $c "kafka" }}
 {{- end }}
 {{- if $c.nats.enabled }}
-{{- $n := omit $c.nats "enabled" "tls" "user" "create" }}
+{{- $n := omit $c.nats "enabled" "tls" "user" "create" "replicas" }}
 {{- if $c.nats.create }}{{ $_ := set $n "create" true }}{{ end }}
+{{- if $c.nats.replicas }}{{ $_ := set $n "replicas" $c.nats.replicas }}{{ end }}
 {{- if $c.nats.tls.enabled }}
 {{- $tls := dict "enabled" true }}
 {{- with $c.nats.tls.server_name }}{{ $_ := set $tls "server_name" . }}{{ end }}
