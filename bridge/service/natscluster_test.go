@@ -4,12 +4,16 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/delaybridge/delaybridge/bridge/nats"
@@ -23,13 +27,15 @@ import (
 // only (DELAYBRIDGE_LONG=1); TestUnreachable and
 // TestNotReadyWhileConsumerUnanswered cover the same code in CI.
 
-func longNATSCluster(t *testing.T) *natstest.Cluster {
+// longNATSCluster starts a 3-node cluster (long form only) with an R3
+// DELAY stream and R3 streams; it returns a test client on every server.
+func longNATSCluster(t *testing.T, streams ...jetstream.StreamConfig) (*natstest.Cluster, *natsgo.Conn, jetstream.JetStream) {
 	t.Helper()
 	if os.Getenv("DELAYBRIDGE_LONG") != "1" {
-		t.Skip("long form only (DELAYBRIDGE_LONG=1): waits out a NATS cluster's lost-quorum interval")
+		t.Skip("long form only (DELAYBRIDGE_LONG=1): a NATS cluster's elections and lost-quorum interval take seconds")
 	}
 	c := natstest.StartCluster(t, 3)
-	nc, err := natsgo.Connect(c.URLs())
+	nc, err := natsgo.Connect(c.URLs(), natsgo.Name("test-client"), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,10 +44,10 @@ func longNATSCluster(t *testing.T) *natstest.Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, sc := range []jetstream.StreamConfig{
+	streams = append([]jetstream.StreamConfig{
 		{Name: "DELAY", Subjects: []string{"delay.>"}, Retention: jetstream.WorkQueuePolicy, Replicas: 3, Duplicates: nats.MinDuplicateWindow},
-		{Name: "ORDERS", Subjects: []string{"orders.>"}, Replicas: 3},
-	} {
+	}, streams...)
+	for _, sc := range streams {
 		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			_, err := js.CreateStream(ctx, sc)
@@ -54,13 +60,18 @@ func longNATSCluster(t *testing.T) *natstest.Cluster {
 			}
 		}
 	}
-	return c
+	return c, nc, js
 }
 
-func clusterYAML(t *testing.T, url string) string {
+var ordersR3 = jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}, Replicas: 3}
+
+// clusterYAML is a NATS-only bridge config on url; extra is added at the
+// top level.
+func clusterYAML(t *testing.T, url, extra string) string {
 	return fmt.Sprintf(`
 data_dir: %q
 shards: 2
+%s
 nats:
   url: %q
   stream: DELAY
@@ -73,7 +84,7 @@ targets:
   allow: ["*"]
 admin:
   listen: "127.0.0.1:0"
-`, t.TempDir(), url)
+`, t.TempDir(), extra, url)
 }
 
 // TestStartWhileNATSClusterLostQuorum: the bridge starts while two of the
@@ -82,12 +93,12 @@ admin:
 // its quorum again; it used to exit on the 503 (a crash loop, taking a
 // Kafka side down with it).
 func TestStartWhileNATSClusterLostQuorum(t *testing.T) {
-	c := longNATSCluster(t)
+	c, _, _ := longNATSCluster(t, ordersR3)
 	c.Stop(1)
 	c.Stop(2)
 	time.Sleep(11 * time.Second) // the lost-quorum interval: then the 503s
 
-	svc, _, done := runYAML(t, clusterYAML(t, c.URL(0)), Options{Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())), NATS: fastNATS})
+	svc, _, done := runYAML(t, clusterYAML(t, c.URL(0), ""), Options{Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())), NATS: fastNATS})
 	alive := func() {
 		select {
 		case err := <-done:
@@ -111,8 +122,8 @@ func TestStartWhileNATSClusterLostQuorum(t *testing.T) {
 // consumed: the bridge is not ready, and stays so until the quorum is
 // back. It used to stay ready.
 func TestNotReadyWhileNATSQuorumLost(t *testing.T) {
-	c := longNATSCluster(t)
-	svc, _, done := runYAML(t, clusterYAML(t, c.URL(0)), Options{Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())), NATS: fastNATS})
+	c, _, _ := longNATSCluster(t, ordersR3)
+	svc, _, done := runYAML(t, clusterYAML(t, c.URL(0), ""), Options{Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())), NATS: fastNATS})
 	alive := func() {
 		select {
 		case err := <-done:
@@ -132,4 +143,170 @@ func TestNotReadyWhileNATSQuorumLost(t *testing.T) {
 	c.Start(1)
 	c.Start(2)
 	eventually(t, "ready once the quorum is back", func() bool { alive(); return svc.Ready() == nil })
+}
+
+// TestNATSClusterFaults: R3 delay, target and DLQ streams on a 3-node
+// cluster; while the bridge ingests and fires 1200 tasks, leaders step
+// down and servers go away and come back. Every task arrives, none is
+// dead-lettered (an election is an outage, not a failed attempt), and the
+// bridge is ready again; duplicates only of what was in flight at a fault
+// (the target's 100 ms duplicate window lets them show; a fault rarely
+// has more than a handful in flight). Run one case with
+// NATS_CLUSTER_CASE=name.
+func TestNATSClusterFaults(t *testing.T) {
+	stepdown := func(subj string) func(*testing.T, *natstest.Cluster, *natsgo.Conn) {
+		return func(t *testing.T, _ *natstest.Cluster, nc *natsgo.Conn) {
+			for range 20 {
+				m, err := nc.Request(subj, nil, 2*time.Second)
+				if err == nil && !strings.Contains(string(m.Data), `"error"`) {
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			t.Fatalf("%s: no leader stepped down", subj)
+		}
+	}
+	consumerStep := stepdown("$JS.API.CONSUMER.LEADER.STEPDOWN.DELAY.bridge")
+	streamStep := stepdown("$JS.API.STREAM.LEADER.STEPDOWN.DELAY")
+	targetStep := stepdown("$JS.API.STREAM.LEADER.STEPDOWN.ORDERS")
+	bounce := func(pick func(c *natstest.Cluster) int) func(*testing.T, *natstest.Cluster, *natsgo.Conn) {
+		return func(t *testing.T, c *natstest.Cluster, _ *natsgo.Conn) {
+			i := pick(c)
+			if i < 0 {
+				t.Fatal("no server to stop")
+			}
+			t.Logf("stopping server %d (bridge on %d, DELAY leader %d, consumer leader %d)",
+				i, c.ServerOf("delaybridge"), c.StreamLeader("DELAY"), c.ConsumerLeader("DELAY", "bridge"))
+			c.Stop(i)
+			time.Sleep(2 * time.Second)
+			c.Start(i)
+		}
+	}
+	type fault = func(*testing.T, *natstest.Cluster, *natsgo.Conn)
+	for _, tc := range []struct {
+		name   string
+		faults []fault
+	}{
+		{"delay-stream-stepdown", []fault{streamStep}},
+		{"consumer-stepdown", []fault{consumerStep}},
+		{"target-stepdown", []fault{targetStep}},
+		{"consumer-stepdowns-5", []fault{consumerStep, consumerStep, consumerStep, consumerStep, consumerStep}},
+		{"mixed-stepdowns", []fault{consumerStep, streamStep, targetStep, consumerStep, streamStep}},
+		{"bridge-server-down", []fault{bounce(func(c *natstest.Cluster) int { return c.ServerOf("delaybridge") })}},
+		{"consumer-leader-down", []fault{bounce(func(c *natstest.Cluster) int { return c.ConsumerLeader("DELAY", "bridge") })}},
+		{"delay-leader-down", []fault{bounce(func(c *natstest.Cluster) int { return c.StreamLeader("DELAY") })}},
+	} {
+		if f := os.Getenv("NATS_CLUSTER_CASE"); f != "" && f != tc.name {
+			continue
+		}
+		t.Run(tc.name, func(t *testing.T) { runClusterFaults(t, tc.faults) })
+	}
+}
+
+func runClusterFaults(t *testing.T, faults []func(*testing.T, *natstest.Cluster, *natsgo.Conn)) {
+	c, nc, js := longNATSCluster(t,
+		// A short duplicate window on the target: what the bridge sends twice shows.
+		jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}, Replicas: 3, Duplicates: 100 * time.Millisecond},
+		jetstream.StreamConfig{Name: "DLQ", Subjects: []string{"dlq.>"}, Replicas: 3})
+	// Few attempts: a fault charged as a failed publish would dead-letter.
+	yml := clusterYAML(t, c.URL(0), "retry: {initial: 200ms, max: 1s, multiplier: 2, jitter: 0.1, max_attempts: 4}")
+	svc, _, done := runYAML(t, yml, Options{Logger: zaptest.NewLogger(t, zaptest.Level(zapcore.WarnLevel)),
+		NATS: func(c *nats.Config) { fastNATS(c); c.PublishTimeout = 3 * time.Second; c.AckWait = 3 * time.Second }})
+	alive := func() {
+		select {
+		case err := <-done:
+			t.Fatalf("bridge exited: %v", err)
+		default:
+		}
+	}
+	eventually(t, "ready", func() bool { alive(); return svc.Ready() == nil })
+
+	var mu sync.Mutex
+	got := map[string]int{}
+	var dlq atomic.Int64
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	for _, stream := range []string{"ORDERS", "DLQ"} {
+		oc, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cc, err := oc.Consume(func(m jetstream.Msg) {
+			if stream == "DLQ" {
+				dlq.Add(1)
+				t.Logf("dead letter: %s %v", m.Data(), m.Headers())
+				return
+			}
+			mu.Lock()
+			got[string(m.Data())]++
+			mu.Unlock()
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cc.Stop)
+	}
+
+	// The publisher: each task due about 1 s after it is sent.
+	const n = 1200
+	var published atomic.Int64
+	pubDone := make(chan error, 1)
+	go func() {
+		for i := range n {
+			id := fmt.Sprintf("t%04d", i)
+			due := time.Now().Add(time.Second).UnixMilli()
+			m := natsgo.NewMsg("delay.x")
+			m.Data = []byte(id)
+			m.Header.Set("delay-at", fmt.Sprint(due))
+			m.Header.Set("delay-target", "orders.out")
+			m.Header.Set("delay-id", id)
+			m.Header.Set("Nats-Msg-Id", id) // a retried publish is stored once
+			for attempt := 0; ; attempt++ {
+				pctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				_, err := js.PublishMsg(pctx, m)
+				cancel()
+				if err == nil {
+					break
+				}
+				if attempt > 100 {
+					pubDone <- fmt.Errorf("publish %s: %w", id, err)
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			published.Add(1)
+			time.Sleep(8 * time.Millisecond)
+		}
+		pubDone <- nil
+	}()
+	for k, f := range faults {
+		eventually(t, "tasks published", func() bool { alive(); return published.Load() > int64(n/4+k*n/(2*len(faults))) })
+		f(t, c, nc)
+	}
+	if err := <-pubDone; err != nil {
+		t.Fatal(err)
+	}
+	delivered := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got)
+	}
+	eventually(t, "every task delivered", func() bool { alive(); return delivered() == n })
+	eventually(t, "ready after the faults", func() bool { alive(); return svc.Ready() == nil })
+	mu.Lock()
+	var dups []string
+	for id, k := range got {
+		if k > 1 {
+			dups = append(dups, fmt.Sprintf("%s x%d", id, k))
+		}
+	}
+	mu.Unlock()
+	slices.Sort(dups)
+	t.Logf("delivered %d tasks; %d duplicates %v", n, len(dups), dups)
+	if dlq.Load() > 0 {
+		t.Errorf("%d dead letters during leader changes", dlq.Load())
+	}
+	if limit := 20 * len(faults); len(dups) > limit {
+		t.Errorf("%d duplicates for %d faults: more than the sends in flight at them could be", len(dups), len(faults))
+	}
 }

@@ -121,6 +121,48 @@ func (c *Cluster) WaitMeta() {
 	c.t.Fatal("nats cluster: no JetStream meta leader within 20 s")
 }
 
+// StreamLeader is the index of the server leading stream (account $G),
+// -1 if none.
+func (c *Cluster) StreamLeader(stream string) int {
+	return c.find(func(s *natsserver.Server) bool { return s.JetStreamIsStreamLeader(natsserver.DEFAULT_GLOBAL_ACCOUNT, stream) })
+}
+
+// ConsumerLeader is the index of the server leading the consumer, -1 if
+// none.
+func (c *Cluster) ConsumerLeader(stream, consumer string) int {
+	return c.find(func(s *natsserver.Server) bool {
+		return s.JetStreamIsConsumerLeader(natsserver.DEFAULT_GLOBAL_ACCOUNT, stream, consumer)
+	})
+}
+
+// ServerOf is the index of the server that has a client connection named
+// name, -1 if none.
+func (c *Cluster) ServerOf(name string) int {
+	return c.find(func(s *natsserver.Server) bool {
+		cz, err := s.Connz(&natsserver.ConnzOptions{})
+		if err != nil {
+			return false
+		}
+		for _, ci := range cz.Conns {
+			if ci.Name == name {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+func (c *Cluster) find(pred func(*natsserver.Server) bool) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, s := range c.servers {
+		if s != nil && pred(s) {
+			return i
+		}
+	}
+	return -1
+}
+
 func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
