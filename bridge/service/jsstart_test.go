@@ -160,6 +160,47 @@ func TestNotReadyWhileConsumerUnanswered(t *testing.T) {
 	})
 }
 
+// TestNATSPublisherUpBeforeItsSource: the NATS server answers publishes,
+// but not (yet) the delay stream's lookup (a cluster that lost quorum
+// serves a target stream before the delay stream's consumer; here the
+// lookup is dropped). Deliveries to NATS targets go out meanwhile; the
+// bridge is not ready until the source is set up, and then consumes. Before,
+// the whole transport waited for the source, then for the connect
+// backoff (up to 30 s, whatever retry.max said: found by a hunt of a
+// bridge restarted during a quorum loss, its held tasks 10-30 s late).
+func TestNATSPublisherUpBeforeItsSource(t *testing.T) {
+	e := newEnv(t, "")
+	m := newJSMute(t, e.ns.Addr().String())
+	m.prefix = "$JS.API.STREAM.INFO.DELAY"
+	e.mutate = func(c *config.Config) { c.NATS.URL = "nats://" + m.addr }
+	svc, _, done := e.runWith(Options{NATS: func(c *nats.Config) { fastNATS(c); c.ConnectTimeout = 200 * time.Millisecond }})
+	alive := func() {
+		select {
+		case err := <-done:
+			t.Fatalf("bridge Run returned: %v", err)
+		default:
+		}
+	}
+	e.publishKafka(0, e.clk.Now(), []byte("k"), []byte("cross"), "delay-after", "0", "delay-target", "nats:orders.x")
+	e.advanceUntil("the NATS delivery while the NATS source cannot be set up", func(ds []delivery) bool {
+		alive()
+		return len(byValue(ds, "orders.x")["cross"]) > 0
+	})
+	if m.dropped.Load() == 0 {
+		t.Fatal("the delay stream's lookup was never dropped")
+	}
+	if err := svc.Ready(); err == nil || !strings.Contains(err.Error(), "connecting to brokers") {
+		t.Fatalf("ready = %v while the NATS source is not set up", err)
+	}
+	m.mute.Store(false)
+	eventually(t, "ready once the delay stream answers", func() bool { alive(); return svc.Ready() == nil })
+	e.publishNATS("delay.js", []byte("after-lookup"), "delay-after", "0", "delay-target", "orders.js")
+	e.advanceUntil("the NATS source consuming", func(ds []delivery) bool {
+		alive()
+		return len(byValue(ds, "orders.js")["after-lookup"]) > 0
+	})
+}
+
 func TestUnreachable(t *testing.T) {
 	tests := []struct {
 		err  error

@@ -188,6 +188,12 @@ type built struct {
 	sources []bridge.Source
 	health  []bridge.Healther
 	closers []func() error
+	// addSources, when set by a transport's setup, builds its sources
+	// on the connection the setup made: retried on its own while the
+	// brokers answer the publisher but not the source (a NATS cluster
+	// without quorum answers 503 for the delay stream's consumer while a
+	// target stream may be served), so deliveries go out meanwhile.
+	addSources func(context.Context, *built) error
 }
 
 // lateSink is a configured transport's sink from the start of Run: until
@@ -198,10 +204,12 @@ type built struct {
 type lateSink struct {
 	transport string
 	setup     func(context.Context, *built) error
-	real      atomic.Pointer[built]
+	real      atomic.Pointer[built] // connected: publisher and sources
+	pub       atomic.Pointer[built] // its publisher is up (sources may not be yet)
 	err       atomic.Pointer[error] // the last connect failure
-	// tried is closed once the connector has reached the brokers or
-	// given up (a fatal error, or the stop): a delivery waits for it, so
+	// tried is closed once the connector has reached the brokers (its
+	// publisher is up) or given up (a fatal error, or the stop): a
+	// delivery waits for it, so
 	// tasks overdue at start are delivered once the brokers are reached,
 	// not held for an outage backoff as long as they are overdue (up to
 	// retry.max). The lane of this transport waits meanwhile; the other
@@ -215,7 +223,7 @@ func (l *lateSink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	case <-l.tried:
 	case <-ctx.Done():
 	}
-	if b := l.real.Load(); b != nil {
+	if b := l.pub.Load(); b != nil {
 		return b.sink.Deliver(ctx, batch)
 	}
 	reason := errors.New("not connected yet")
@@ -233,35 +241,76 @@ func (l *lateSink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 // publisher. A broker that does not answer is retried with backoff (the
 // readiness says why) until ctx ends; a refused credential, a failed TLS
 // handshake or a configuration the broker rejects is returned at once:
-// retrying would not help and the operator must see it.
+// retrying would not help and the operator must see it. Once the
+// publisher is up, deliveries go out while the sources are still being
+// set up (built.addSources, retried alone). The backoff doubles up to
+// retry.max (at most 30 s): a transport reached later than that would
+// hold its due tasks longer than an outage of a connected one does.
 func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 	backoff := 500 * time.Millisecond
+	maxBackoff := max(backoff, min(30*time.Second, s.cfg.Retry.Max.Std()))
+	tried := func() { l.triedOnce.Do(func() { close(l.tried) }) }
+	var b *built
 	for attempt := 1; ; attempt++ {
-		b := &built{}
-		err := l.setup(ctx, b)
+		var err error
+		if b == nil {
+			nb := &built{}
+			if err = l.setup(ctx, nb); err == nil {
+				b = nb
+				l.pub.Store(b)
+				tried()
+			} else {
+				_ = closeEach(nb.closers)
+			}
+		}
+		if err == nil && b.addSources != nil {
+			if err = b.addSources(ctx, b); err == nil {
+				b.addSources = nil
+			}
+		}
 		if err == nil {
 			l.err.Store(nil)
 			l.real.Store(b)
-			l.triedOnce.Do(func() { close(l.tried) })
 			return b, nil
 		}
-		_ = closeEach(b.closers)
 		l.err.Store(&err)
 		if !unreachable(err) || ctx.Err() != nil {
-			l.triedOnce.Do(func() { close(l.tried) })
+			s.adopt(b)
+			tried()
 			return nil, err
 		}
-		s.log.Warn("brokers unreachable; retrying", zap.String("transport", l.transport), zap.Int("attempt", attempt), zap.Duration("backoff", backoff), zap.Error(err))
+		s.log.Warn("brokers unreachable; retrying", zap.String("transport", l.transport), zap.Int("attempt", attempt),
+			zap.Bool("publisher_up", b != nil), zap.Duration("backoff", backoff), zap.Error(err))
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			l.triedOnce.Do(func() { close(l.tried) })
+			s.adopt(b)
+			tried()
 			return nil, err
 		case <-t.C:
 		}
-		backoff = min(2*backoff, 30*time.Second)
+		backoff = min(2*backoff, maxBackoff)
 	}
+}
+
+// adopt hands b's closers (b may be nil) to the shutdown, which closes
+// them after the fire loops stopped: a connector that gives up with its
+// publisher up (stopping, or a fatal error setting up a source) must not
+// close it under a delivery in flight. After the shutdown took the
+// closers, it closes them itself.
+func (s *Service) adopt(b *built) {
+	if b == nil {
+		return
+	}
+	s.mu.Lock()
+	if !s.closed {
+		s.closers = append(s.closers, b.closers...)
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	_ = closeEach(b.closers)
 }
 
 // unreachable reports whether err only says that no broker answered: for
@@ -440,13 +489,16 @@ func (s *Service) setupNATS(o Options, b *built) error {
 	}
 	b.sink = sink
 	b.health = append(b.health, sink)
-	src, err := nats.NewSource(conn, nc)
-	if err != nil {
-		return err // it names the source
+	b.addSources = func(context.Context, *built) error {
+		src, err := nats.NewSource(conn, nc)
+		if err != nil {
+			return err // it names the source
+		}
+		b.closers = append(b.closers, src.Close)
+		b.sources = append(b.sources, src)
+		b.health = append(b.health, src)
+		return nil
 	}
-	b.closers = append(b.closers, src.Close)
-	b.sources = append(b.sources, src)
-	b.health = append(b.health, src)
 	return nil
 }
 
