@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -562,4 +563,46 @@ func benchOutageMemory(b *testing.B, n, memory int) {
 	el := time.Since(start)
 	b.ReportMetric(float64(sink.acked.Load())/el.Seconds(), "delivered/s")
 	b.ReportMetric(el.Seconds(), "s-to-deliver")
+}
+
+// BenchmarkIngestBeforeOverdueHerd: 200 000 tasks due at one instant came
+// due while the engine was down (reopened an hour later, not running);
+// then tasks due before that instant, in scrambled order, are ingested
+// in batches of 100, as a source's backlog catches up. Reports the time
+// per such task. Before recovery started the wheel at the earliest stored
+// fire time the herd waited in the wheel's late list, and each such task
+// was inserted into it with a copy of the herd (130-155 µs a task, against
+// 6-7 µs with a 10 000 herd).
+func BenchmarkIngestBeforeOverdueHerd(b *testing.B) {
+	h := newHarness(b, func(o *Options) { o.Shards = 1; o.Logger = zap.NewNop() })
+	herd := t0.Add(30 * time.Minute)
+	const n = 200_000
+	for i := 0; i < n; i += 1000 {
+		var batch []codec.Task
+		for j := i; j < i+1000; j++ {
+			batch = append(batch, sched("h"+strconv.Itoa(j), herd, int64(j+1)))
+		}
+		h.ingest(batch)
+	}
+	h.clk.Set(t0.Add(time.Hour))
+	h.reopen()
+	s := h.e.shards[0]
+	off := int64(n + 1)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		var batch []codec.Task
+		for j := range 100 {
+			off++
+			due := herd.Add(-time.Duration((i*100+j)*7919%1800) * time.Second)
+			batch = append(batch, sched("e"+strconv.FormatInt(off, 10), due, off))
+		}
+		if err := h.e.Ingest(context.Background(), batch, nil); err != nil {
+			b.Fatal(err)
+		}
+		s.mu.Lock()
+		s.drainLocked()
+		s.mu.Unlock()
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100)/1000, "µs/task")
 }

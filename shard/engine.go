@@ -416,6 +416,15 @@ func (e *Engine) recover() error {
 			defer func() { <-sem }()
 			s.mu.Lock()
 			defer s.mu.Unlock()
+			// The wheel starts at the earliest stored fire time, not now:
+			// what is overdue then waits in its FIFO buckets, not in its
+			// late list, a list sorted by due into which every task
+			// ingested due before an overdue backlog would be inserted
+			// with a copy of the rest of it (a herd due at 09:00 while the
+			// bridge was down: 130 µs per such task with 200 k waiting).
+			if first, ok := s.firstStoredLocked(math.MinInt64); ok && first < now {
+				s.w = wheel.New(first)
+			}
 			if errs[i] = s.loadLocked(now); errs[i] == nil {
 				errs[i] = s.loadHeldLocked()
 			}

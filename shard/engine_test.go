@@ -1153,3 +1153,45 @@ func TestClearFiredReadErrorKeepsStored(t *testing.T) {
 		t.Fatalf("clearFiredLocked deleted %d stored, undelivered tasks", before-after)
 	}
 }
+
+// TestRecoveryOverdueBacklogInBuckets: a backlog that came due while the
+// engine was down (a herd due at one instant, and an earlier task) is put
+// in the wheel's buckets at recovery, the wheel starting at the earliest
+// stored fire time, not in its late list: a task ingested due before the
+// herd would otherwise be inserted into that sorted list with a copy of
+// the rest of the herd (BenchmarkIngestBeforeOverdueHerd). The backlog
+// then fires in due order, equal dues in ingest order, and the task
+// ingested after the restart in its place.
+func TestRecoveryOverdueBacklogInBuckets(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Shards = 1; o.FireBatch = 16 })
+	herd := t0.Add(30 * time.Minute)
+	var want []string
+	h.ingest([]codec.Task{sched("early", t0.Add(10*time.Minute), 1)})
+	want = append(want, "early")
+	var batch []codec.Task
+	for i := range 100 {
+		id := fmt.Sprintf("h%03d", i)
+		batch = append(batch, sched(id, herd, int64(i+2)))
+	}
+	h.ingest(batch)
+	h.clk.Set(t0.Add(time.Hour)) // down over both due times
+	h.reopen()
+	s := h.e.shards[0]
+	s.mu.Lock()
+	start := s.w.Now()
+	s.mu.Unlock()
+	if first := t0.Add(10 * time.Minute).UnixMilli(); start != first {
+		t.Fatalf("wheel starts at %v, want the earliest stored fire time %v", time.UnixMilli(start).UTC(), time.UnixMilli(first).UTC())
+	}
+	h.ingest([]codec.Task{sched("between", t0.Add(20*time.Minute), 200)})
+	want = append(want, "between")
+	for i := range 100 {
+		want = append(want, fmt.Sprintf("h%03d", i))
+	}
+	h.run()
+	h.advance(time.Millisecond)
+	if got := h.sink.acked(); !slices.Equal(got, want) {
+		t.Fatalf("order after recovery:\n got %v\nwant %v", got, want)
+	}
+	h.checkPending()
+}
