@@ -124,7 +124,9 @@ func (c *Cluster) WaitMeta() {
 // StreamLeader is the index of the server leading stream (account $G),
 // -1 if none.
 func (c *Cluster) StreamLeader(stream string) int {
-	return c.find(func(s *natsserver.Server) bool { return s.JetStreamIsStreamLeader(natsserver.DEFAULT_GLOBAL_ACCOUNT, stream) })
+	return c.find(func(s *natsserver.Server) bool {
+		return s.JetStreamIsStreamLeader(natsserver.DEFAULT_GLOBAL_ACCOUNT, stream)
+	})
 }
 
 // ConsumerLeader is the index of the server leading the consumer, -1 if
