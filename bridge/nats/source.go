@@ -308,7 +308,14 @@ func (s *Source) ensure(ctx context.Context) error {
 				cfg.Replicas = s.cfg.Replicas
 			}
 			if stream, err = s.js.UpdateStream(ctx, cfg); err != nil {
-				return fmt.Errorf("nats source: update stream %q (add subjects %v, replicas %d): %w", s.cfg.Stream, missing, max(cfg.Replicas, 1), err)
+				var what []string
+				if len(missing) > 0 {
+					what = append(what, fmt.Sprintf("add subjects %v", missing))
+				}
+				if rescale {
+					what = append(what, fmt.Sprintf("replicas %d", cfg.Replicas))
+				}
+				return fmt.Errorf("nats source: update stream %q (%s): %w", s.cfg.Stream, strings.Join(what, ", "), err)
 			}
 			if len(missing) > 0 {
 				s.log.Info("nats source: added subjects to stream", zap.Strings("subjects", missing))
@@ -319,13 +326,8 @@ func (s *Source) ensure(ctx context.Context) error {
 		}
 	}
 
-	if info := stream.CachedInfo(); info != nil {
-		warnDuplicateWindow(s.log, info.Config.Duplicates)
-		if cluster := s.nc.ConnectedClusterName(); cluster != "" && max(info.Config.Replicas, 1) == 1 && s.cfg.Replicas == 0 {
-			s.log.Warn("nats source: the delay stream has one replica on a NATS cluster: while its server is down publishers cannot reach the delay subjects, "+
-				"and messages not yet taken by the bridge are lost with its disk; give it 3 replicas (nats.replicas with nats.create, or nats stream edit)",
-				zap.String("cluster", cluster))
-		}
+	info := stream.CachedInfo()
+	if info != nil {
 		s.created.Store(info.Created.UnixNano())
 		s.lastSeq.Store(info.State.LastSeq)
 	}
@@ -429,6 +431,16 @@ func (s *Source) ensure(ctx context.Context) error {
 	s.setAckWait(cons.CachedInfo().Config)
 	s.consumer.Store(&consumerRef{cons})
 	s.consErr.Store(nil)
+	// Logged once the source is set up, not at every try of a start
+	// retried while the consumer does not answer.
+	if info != nil {
+		warnDuplicateWindow(s.log, info.Config.Duplicates)
+		if cluster := s.nc.ConnectedClusterName(); cluster != "" && max(info.Config.Replicas, 1) == 1 && s.cfg.Replicas == 0 {
+			s.log.Warn("nats source: the delay stream has one replica on a NATS cluster: while its server is down publishers cannot reach the delay subjects, "+
+				"and messages not yet taken by the bridge are lost with its disk; give it 3 replicas (nats.replicas with nats.create, or nats stream edit)",
+				zap.String("cluster", cluster))
+		}
+	}
 	return nil
 }
 

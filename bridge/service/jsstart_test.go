@@ -8,12 +8,14 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -201,6 +203,53 @@ func TestNATSPublisherUpBeforeItsSource(t *testing.T) {
 	})
 }
 
+// TestStartAccountWithoutJetStreamEnds: the bridge's NATS account has no
+// JetStream (the server answers the delay stream's lookup with 503, err
+// 10039). That is a configuration the broker rejects, so the start ends
+// with it rather than retrying it as an outage (found by a review: the
+// rule making a JetStream 503 an outage caught it too).
+func TestStartAccountWithoutJetStreamEnds(t *testing.T) {
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "nats.conf")
+	if err := os.WriteFile(conf, []byte(`
+listen: "127.0.0.1:-1"
+jetstream { store_dir: "`+filepath.Join(dir, "js")+`" }
+accounts {
+  JS { jetstream: enabled, users: [{user: js, password: js}] }
+  NOJS { users: [{user: nojs, password: nojs}] }
+}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o, err := natsserver.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.NoSigs, o.NoLog = true, true
+	ns, err := natsserver.NewServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server did not start")
+	}
+	t.Cleanup(ns.Shutdown)
+
+	e := newEnv(t, "")
+	e.mutate = func(c *config.Config) { c.NATS.URL = ns.ClientURL(); c.NATS.User = "nojs"; c.NATS.Password = "nojs" }
+	_, _, done := e.runWith(Options{NATS: func(c *nats.Config) { fastNATS(c); c.ConnectTimeout = 500 * time.Millisecond }})
+	select {
+	case err := <-done:
+		var api *jetstream.APIError
+		if !errors.As(err, &api) || api.ErrorCode != jetstream.JSErrCodeJetStreamNotEnabledForAccount {
+			t.Fatalf("Run ended with %v, want the account's missing JetStream", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not end although the NATS account has no JetStream: retried as an outage")
+	}
+}
+
 func TestUnreachable(t *testing.T) {
 	tests := []struct {
 		err  error
@@ -221,6 +270,10 @@ func TestUnreachable(t *testing.T) {
 		// start used to end there: a crash loop until quorum came back).
 		{fmt.Errorf("nats source: create consumer: %w", &jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}), true},
 		{fmt.Errorf("nats source: create stream: %w", &jetstream.APIError{Code: 500, ErrorCode: 10074, Description: "replicas > 1 not supported in non-clustered mode"}), false},
+		// 503 too, but the account (or server) has no JetStream: the
+		// operator must see it, retrying does not help.
+		{fmt.Errorf("nats source: look up stream: %w", jetstream.ErrJetStreamNotEnabledForAccount), false},
+		{fmt.Errorf("nats source: look up stream: %w", jetstream.ErrJetStreamNotEnabled), false},
 		{context.Canceled, false},
 	}
 	for _, tt := range tests {

@@ -321,7 +321,9 @@ func (s *Service) adopt(b *built) {
 // its JetStream, or a cluster without a meta leader, or one answered 503 for
 // JetStream itself ("JetStream system temporarily unavailable": a cluster
 // that lost its quorum, a server still recovering; also "insufficient
-// resources", which waits for the operator like a down broker).
+// resources", which waits for the operator like a down broker), but not
+// "JetStream not enabled" (for the account or the server): that ends the
+// start, as a configuration the broker rejects.
 func unreachable(err error) bool {
 	// A joined error of several brokers (kafka check) may hold a refused
 	// login or TLS handshake next to an unresolvable or silent one: the
@@ -332,7 +334,10 @@ func unreachable(err error) bool {
 	var dns *net.DNSError
 	var api *jetstream.APIError
 	if errors.As(err, &api) && api.Code == http.StatusServiceUnavailable {
-		return true
+		// JetStream off for the account or the server answers 503 too,
+		// but is a configuration the broker rejects: it ends the start.
+		return api.ErrorCode != jetstream.JSErrCodeJetStreamNotEnabledForAccount &&
+			api.ErrorCode != jetstream.JSErrCodeJetStreamNotEnabled
 	}
 	return errors.Is(err, kafka.ErrUnreachable) || errors.Is(err, natsgo.ErrNoServers) ||
 		errors.Is(err, natsgo.ErrTimeout) || errors.Is(err, os.ErrDeadlineExceeded) ||
