@@ -2,6 +2,7 @@ package service
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -151,5 +152,38 @@ func TestOverdueAtRestartNotHeldAfterSecondConnectAttempt(t *testing.T) {
 	t.Logf("Ready once NATS is connected: %v", svc2.Ready())
 	e.waitFor("the overdue task once NATS is reached", func(ds []delivery) bool {
 		return len(byValue(ds, "orders.o")["nats-overdue"]) > 0
+	})
+}
+
+// TestTransportDownAtStartHoldsOnDisk: NATS is down when the bridge
+// starts and stays down while tasks for it come due (ingested by the
+// Kafka source). Once the connector's first attempt failed plus
+// lateGrace, deliveries fail as an outage, so what waits is bounded by
+// retry.waiting_in_memory and the rest is held on disk; before, the NATS
+// lane waited for the connector through the whole outage and every task
+// coming due was set aside in memory, without bound (a hunt measured
+// about 170 B a task, none held). Once NATS is back every task arrives.
+func TestTransportDownAtStartHoldsOnDisk(t *testing.T) {
+	old := lateGrace
+	lateGrace = 200 * time.Millisecond
+	t.Cleanup(func() { lateGrace = old })
+	e := newEnv(t, "retry: {initial: 1s, max: 4s, multiplier: 2, jitter: 0.1, max_attempts: 3, waiting_in_memory: 10}\n")
+	e.ns.Shutdown()
+	svc, _ := e.start()
+	const n = 200
+	for i := range n {
+		e.publishKafka(int32(i%3), e.clk.Now(), []byte(fmt.Sprintf("k%d", i)), []byte(fmt.Sprintf("v%d", i)),
+			"delay-after", "0", "delay-target", "nats:orders.x")
+	}
+	eventually(t, "the tasks for the down NATS held on disk, not in memory", func() bool {
+		st := svc.Engine().Stats()
+		return st.Pending == n && st.Held >= n-4*10-20 // waiting_in_memory a shard (4), a batch in flight
+	})
+	if err := svc.Ready(); err == nil {
+		t.Fatal("ready with NATS down")
+	}
+	e.startNATS()
+	e.advanceUntil("every task once NATS is back", func(ds []delivery) bool {
+		return len(byValue(ds, "orders.x")) == n
 	})
 }

@@ -38,10 +38,10 @@ func TestConnectBackoff(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				s := &Service{cfg: &config.Config{Retry: config.Retry{Max: config.Duration(tc.retryMax)}}, log: zap.NewNop()}
 				attempts := 0
-				l := &lateSink{transport: "nats", tried: make(chan struct{}), setup: func(context.Context, *built) error {
+				l := newLateSink("nats", func(context.Context, *built) error {
 					attempts++
 					return fmt.Errorf("connect: %w", natsgo.ErrNoServers)
-				}}
+				})
 				ctx, cancel := context.WithTimeout(context.Background(), 59900*time.Millisecond)
 				defer cancel()
 				if _, err := s.connect(ctx, l); !errors.Is(err, natsgo.ErrNoServers) {
@@ -58,7 +58,7 @@ func TestConnectBackoff(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			s := &Service{cfg: &config.Config{Retry: config.Retry{Max: config.Duration(time.Second)}}, log: zap.NewNop()}
 			setups, sourceTries, closed := 0, 0, 0
-			l := &lateSink{transport: "nats", tried: make(chan struct{}), setup: func(_ context.Context, b *built) error {
+			l := newLateSink("nats", func(_ context.Context, b *built) error {
 				setups++
 				b.closers = append(b.closers, func() error { closed++; return nil })
 				b.addSources = func(context.Context, *built) error {
@@ -68,7 +68,7 @@ func TestConnectBackoff(t *testing.T) {
 					return nil
 				}
 				return nil
-			}}
+			})
 			b, err := s.connect(context.Background(), l)
 			if err != nil {
 				t.Fatal(err)

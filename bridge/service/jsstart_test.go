@@ -225,16 +225,7 @@ accounts {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o.NoSigs, o.NoLog = true, true
-	ns, err := natsserver.NewServer(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server did not start")
-	}
-	t.Cleanup(ns.Shutdown)
+	ns := startNATSServer(t, o) // JetStream on for the server, not the account
 
 	e := newEnv(t, "")
 	e.mutate = func(c *config.Config) { c.NATS.URL = ns.ClientURL(); c.NATS.User = "nojs"; c.NATS.Password = "nojs" }

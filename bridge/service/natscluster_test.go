@@ -99,13 +99,7 @@ func TestStartWhileNATSClusterLostQuorum(t *testing.T) {
 	time.Sleep(11 * time.Second) // the lost-quorum interval: then the 503s
 
 	svc, _, done := runYAML(t, clusterYAML(t, c.URL(0), ""), Options{Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())), NATS: fastNATS})
-	alive := func() {
-		select {
-		case err := <-done:
-			t.Fatalf("the bridge exited while the NATS cluster had no quorum: %v", err)
-		default:
-		}
-	}
+	alive := exitWatch(t, done)
 	eventually(t, "not ready, saying JetStream is unavailable", func() bool {
 		alive()
 		err := svc.Ready()
@@ -124,13 +118,7 @@ func TestStartWhileNATSClusterLostQuorum(t *testing.T) {
 func TestNotReadyWhileNATSQuorumLost(t *testing.T) {
 	c, _, _ := longNATSCluster(t, ordersR3)
 	svc, _, done := runYAML(t, clusterYAML(t, c.URL(0), ""), Options{Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())), NATS: fastNATS})
-	alive := func() {
-		select {
-		case err := <-done:
-			t.Fatalf("bridge exited: %v", err)
-		default:
-		}
-	}
+	alive := exitWatch(t, done)
 	eventually(t, "ready", func() bool { alive(); return svc.Ready() == nil })
 	c.Stop(1)
 	c.Stop(2)
@@ -212,13 +200,7 @@ func runClusterFaults(t *testing.T, faults []func(*testing.T, *natstest.Cluster,
 	yml := clusterYAML(t, c.URL(0), "retry: {initial: 200ms, max: 1s, multiplier: 2, jitter: 0.1, max_attempts: 4}")
 	svc, _, done := runYAML(t, yml, Options{Logger: zaptest.NewLogger(t, zaptest.Level(zapcore.WarnLevel)),
 		NATS: func(c *nats.Config) { fastNATS(c); c.PublishTimeout = 3 * time.Second; c.AckWait = 3 * time.Second }})
-	alive := func() {
-		select {
-		case err := <-done:
-			t.Fatalf("bridge exited: %v", err)
-		default:
-		}
-	}
+	alive := exitWatch(t, done)
 	eventually(t, "ready", func() bool { alive(); return svc.Ready() == nil })
 
 	var mu sync.Mutex
@@ -249,43 +231,12 @@ func runClusterFaults(t *testing.T, faults []func(*testing.T, *natstest.Cluster,
 
 	// The publisher: each task due about 1 s after it is sent.
 	const n = 1200
-	var published atomic.Int64
-	pubDone := make(chan error, 1)
-	go func() {
-		for i := range n {
-			id := fmt.Sprintf("t%04d", i)
-			due := time.Now().Add(time.Second).UnixMilli()
-			m := natsgo.NewMsg("delay.x")
-			m.Data = []byte(id)
-			m.Header.Set("delay-at", fmt.Sprint(due))
-			m.Header.Set("delay-target", "orders.out")
-			m.Header.Set("delay-id", id)
-			m.Header.Set("Nats-Msg-Id", id) // a retried publish is stored once
-			for attempt := 0; ; attempt++ {
-				pctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				_, err := js.PublishMsg(pctx, m)
-				cancel()
-				if err == nil {
-					break
-				}
-				if attempt > 100 {
-					pubDone <- fmt.Errorf("publish %s: %w", id, err)
-					return
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-			published.Add(1)
-			time.Sleep(8 * time.Millisecond)
-		}
-		pubDone <- nil
-	}()
+	published, wait := publishStream(t, js, "t", n, time.Second, 8*time.Millisecond, "orders.out")
 	for k, f := range faults {
-		eventually(t, "tasks published", func() bool { alive(); return published.Load() > int64(n/4+k*n/(2*len(faults))) })
+		eventually(t, "tasks published", func() bool { alive(); return published() > n/4+k*n/(2*len(faults)) })
 		f(t, c, nc)
 	}
-	if err := <-pubDone; err != nil {
-		t.Fatal(err)
-	}
+	wait()
 	delivered := func() int {
 		mu.Lock()
 		defer mu.Unlock()
@@ -308,5 +259,18 @@ func runClusterFaults(t *testing.T, faults []func(*testing.T, *natstest.Cluster,
 	}
 	if limit := 20 * len(faults); len(dups) > limit {
 		t.Errorf("%d duplicates for %d faults: more than the sends in flight at them could be", len(dups), len(faults))
+	}
+}
+
+// exitWatch returns a check that fails the test if the bridge's Run
+// (done) has returned.
+func exitWatch(t *testing.T, done <-chan error) func() {
+	return func() {
+		t.Helper()
+		select {
+		case err := <-done:
+			t.Fatalf("the bridge exited: %v", err)
+		default:
+		}
 	}
 }

@@ -135,6 +135,10 @@ func within(t *testing.T, what string, d time.Duration, cond func() bool) {
 	}
 }
 
+// outageRetry: short retries, and at most 100 waiting tasks in memory, so
+// an outage holds the rest on disk.
+const outageRetry = "retry: {initial: 200ms, max: 2s, multiplier: 2, jitter: 0.1, max_attempts: 3, waiting_in_memory: 100}"
+
 // outageStreams are the R3 target and DLQ streams, with the default
 // duplicate window (2 min). A publish that got no PubAck during the quorum
 // loss is not proof that it was not stored: a stream leader that lost its
@@ -208,14 +212,8 @@ func heapMB() float64 {
 // the quorum's return.
 func TestNATSQuorumLossHeld(t *testing.T) {
 	c, _, js := longNATSCluster(t, outageStreams()...)
-	svc, _, done, _ := runOnCluster(t, c, "retry: {initial: 200ms, max: 2s, multiplier: 2, jitter: 0.1, max_attempts: 3, waiting_in_memory: 100}")
-	alive := func() {
-		select {
-		case err := <-done:
-			t.Fatalf("bridge exited: %v", err)
-		default:
-		}
-	}
+	svc, _, done, _ := runOnCluster(t, c, outageRetry)
+	alive := exitWatch(t, done)
 	within(t, "ready", 60*time.Second, func() bool { alive(); return svc.Ready() == nil })
 	const n = 4000
 	t0 := time.Now().Add(8 * time.Second)
@@ -328,14 +326,8 @@ func publishStream(t *testing.T, js jetstream.JetStream, prefix string, n int, d
 // it is down.
 func TestNATSWholeClusterDown(t *testing.T) {
 	c, _, js := longNATSCluster(t, outageStreams()...)
-	svc, _, done, _ := runOnCluster(t, c, "retry: {initial: 200ms, max: 2s, multiplier: 2, jitter: 0.1, max_attempts: 3, waiting_in_memory: 100}")
-	alive := func() {
-		select {
-		case err := <-done:
-			t.Fatalf("bridge exited: %v", err)
-		default:
-		}
-	}
+	svc, _, done, _ := runOnCluster(t, c, outageRetry)
+	alive := exitWatch(t, done)
 	within(t, "ready", 60*time.Second, func() bool { alive(); return svc.Ready() == nil })
 	const n = 3000
 	published, wait := publishStream(t, js, "w", n, 3*time.Second, 3*time.Millisecond, "orders.out")
@@ -359,14 +351,7 @@ func TestNATSWholeClusterDown(t *testing.T) {
 	c.Start(2)
 	back := time.Now()
 	wait()
-	within(t, "all delivered", 90*time.Second, func() bool {
-		alive()
-		k, err := streamMsgs(js, "ORDERS")
-		return err == nil && k >= n
-	})
-	t.Logf("all delivered %v after the start", time.Since(back))
-	within(t, "nothing pending", 30*time.Second, func() bool { st := svc.Engine().Stats(); return st.Pending == 0 && st.Held == 0 })
-	within(t, "ready", 30*time.Second, func() bool { alive(); return svc.Ready() == nil })
+	awaitAllDelivered(t, js, svc, alive, n, back)
 	// Let any late re-ingestion show.
 	time.Sleep(5 * time.Second)
 	msgs := readStream(t, js, "ORDERS")
@@ -381,7 +366,7 @@ func TestNATSWholeClusterDown(t *testing.T) {
 // the restart and are all delivered once the quorum is back.
 func TestNATSRestartDuringQuorumLoss(t *testing.T) {
 	c, _, js := longNATSCluster(t, outageStreams()...)
-	svc, cancel, done, yml := runOnCluster(t, c, "retry: {initial: 200ms, max: 2s, multiplier: 2, jitter: 0.1, max_attempts: 3, waiting_in_memory: 100}")
+	svc, cancel, done, yml := runOnCluster(t, c, outageRetry)
 	within(t, "ready", 60*time.Second, func() bool { return svc.Ready() == nil })
 	const n = 3000
 	t0 := time.Now().Add(8 * time.Second)
@@ -402,13 +387,7 @@ func TestNATSRestartDuringQuorumLoss(t *testing.T) {
 	}
 	svc2, _, done2 := runYAML(t, yml, Options{Logger: zaptest.NewLogger(t, zaptest.Level(zapcore.WarnLevel)),
 		NATS: func(c *nats.Config) { fastNATS(c); c.PublishTimeout = 3 * time.Second; c.AckWait = 3 * time.Second }})
-	alive := func() {
-		select {
-		case err := <-done2:
-			t.Fatalf("bridge exited: %v", err)
-		default:
-		}
-	}
+	alive := exitWatch(t, done2)
 	st = svc2.Engine().Stats()
 	t.Logf("restarted: pending %d held %d", st.Pending, st.Held)
 	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
@@ -422,14 +401,7 @@ func TestNATSRestartDuringQuorumLoss(t *testing.T) {
 	c.Start(1)
 	c.Start(2)
 	back := time.Now()
-	within(t, "all delivered", 90*time.Second, func() bool {
-		alive()
-		k, err := streamMsgs(js, "ORDERS")
-		return err == nil && k >= n
-	})
-	t.Logf("all delivered %v after the start", time.Since(back))
-	within(t, "nothing pending", 30*time.Second, func() bool { st := svc2.Engine().Stats(); return st.Pending == 0 && st.Held == 0 })
-	within(t, "ready", 30*time.Second, func() bool { alive(); return svc2.Ready() == nil })
+	awaitAllDelivered(t, js, svc2, alive, n, back)
 	time.Sleep(3 * time.Second)
 	msgs := readStream(t, js, "ORDERS")
 	checkDelivered(t, msgs, "r", n, 50)
@@ -455,14 +427,8 @@ func TestNATSDLQWithoutQuorum(t *testing.T) {
 		within(t, "DLQ leader", 10*time.Second, func() bool { return c.StreamLeader("DLQ") >= 0 })
 	}
 	dlqServer := c.StreamLeader("DLQ")
-	svc, _, done, _ := runOnClusterServer(t, c, (dlqServer+1)%3, "retry: {initial: 200ms, max: 2s, multiplier: 2, jitter: 0.1, max_attempts: 3, waiting_in_memory: 100}")
-	alive := func() {
-		select {
-		case err := <-done:
-			t.Fatalf("bridge exited: %v", err)
-		default:
-		}
-	}
+	svc, _, done, _ := runOnClusterServer(t, c, (dlqServer+1)%3, outageRetry)
+	alive := exitWatch(t, done)
 	within(t, "ready", 60*time.Second, func() bool { alive(); return svc.Ready() == nil })
 	t.Logf("DLQ on %d, bridge on %d", dlqServer, c.ServerOf("delaybridge"))
 	c.Stop(dlqServer)
@@ -571,7 +537,7 @@ func TestNATSDLQWithoutQuorum(t *testing.T) {
 // the publisher waited for the delay stream's consumer to be set up.
 func TestNATSRestartedBridgeAfterQuorum(t *testing.T) {
 	c, _, js := longNATSCluster(t, outageStreams()...)
-	svc, cancel, done, yml := runOnCluster(t, c, "retry: {initial: 200ms, max: 2s, multiplier: 2, jitter: 0.1, max_attempts: 3, waiting_in_memory: 100}")
+	svc, cancel, done, yml := runOnCluster(t, c, outageRetry)
 	within(t, "ready", 60*time.Second, func() bool { return svc.Ready() == nil })
 	const n = 500
 	t0 := time.Now().Add(5 * time.Second)
@@ -608,4 +574,18 @@ func TestNATSRestartedBridgeAfterQuorum(t *testing.T) {
 	if late > 8*time.Second {
 		t.Errorf("the held tasks were delivered %v after the quorum was back; retry.max is 2s", late)
 	}
+}
+
+// awaitAllDelivered waits until the ORDERS stream holds n messages, then
+// until nothing is pending or held and the bridge is ready again.
+func awaitAllDelivered(t *testing.T, js jetstream.JetStream, svc *Service, alive func(), n int, back time.Time) {
+	t.Helper()
+	within(t, "all delivered", 90*time.Second, func() bool {
+		alive()
+		k, err := streamMsgs(js, "ORDERS")
+		return err == nil && k >= uint64(n)
+	})
+	t.Logf("all delivered %v after the start", time.Since(back))
+	within(t, "nothing pending", 30*time.Second, func() bool { st := svc.Engine().Stats(); return st.Pending == 0 && st.Held == 0 })
+	within(t, "ready", 30*time.Second, func() bool { alive(); return svc.Ready() == nil })
 }

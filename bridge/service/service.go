@@ -142,11 +142,11 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 		Logger:           s.log.Named("admin"),
 	})
 	if cfg.Kafka != nil {
-		l := &lateSink{transport: "kafka", tried: make(chan struct{}), setup: func(ctx context.Context, b *built) error { return s.setupKafka(ctx, s.opts, b) }}
+		l := newLateSink("kafka", func(ctx context.Context, b *built) error { return s.setupKafka(ctx, s.opts, b) })
 		s.late, s.sinks.Kafka = append(s.late, l), l
 	}
 	if cfg.NATS != nil {
-		l := &lateSink{transport: "nats", tried: make(chan struct{}), setup: func(_ context.Context, b *built) error { return s.setupNATS(s.opts, b) }}
+		l := newLateSink("nats", func(_ context.Context, b *built) error { return s.setupNATS(s.opts, b) })
 		s.late, s.sinks.NATS = append(s.late, l), l
 	}
 	s.sinks.Check = func(t *codec.Task) error { return checkStoredTarget(cfg, t) }
@@ -209,18 +209,38 @@ type lateSink struct {
 	err       atomic.Pointer[error] // the last connect failure
 	// tried is closed once the connector has reached the brokers (its
 	// publisher is up) or given up (a fatal error, or the stop): a
-	// delivery waits for it, so
-	// tasks overdue at start are delivered once the brokers are reached,
-	// not held for an outage backoff as long as they are overdue (up to
-	// retry.max). The lane of this transport waits meanwhile; the other
-	// transport's lanes do not (shard: lanes).
+	// delivery waits for it (or for waitedOut), so tasks overdue at start
+	// are delivered once the brokers are reached, not held for an outage
+	// backoff as long as they are overdue (up to retry.max). The lane of
+	// this transport waits meanwhile; the other transport's lanes do not
+	// (shard: lanes).
 	tried     chan struct{}
 	triedOnce sync.Once
+	// waitedOut is closed lateGrace after the first failed connect
+	// attempt: from then on a delivery fails at once as an outage, so the
+	// engine's outage path bounds what waits in memory
+	// (retry.waiting_in_memory, the rest held on disk). Waiting on for
+	// tried instead kept the lane busy through the whole outage, every
+	// task coming due set aside in memory (about 170 B each, without
+	// bound: found by a hunt with Kafka down at a restart).
+	waitedOut     chan struct{}
+	waitedOutOnce sync.Once
+}
+
+// lateGrace is how long after a transport's first failed connect attempt
+// its deliveries keep waiting for the connector (a broker down for a
+// moment at start: the tasks overdue at the restart go out as soon as it
+// is reached) before they fail as an outage (a variable for tests).
+var lateGrace = 5 * time.Second
+
+func newLateSink(transport string, setup func(context.Context, *built) error) *lateSink {
+	return &lateSink{transport: transport, setup: setup, tried: make(chan struct{}), waitedOut: make(chan struct{})}
 }
 
 func (l *lateSink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	select {
 	case <-l.tried:
+	case <-l.waitedOut:
 	case <-ctx.Done():
 	}
 	if b := l.pub.Load(); b != nil {
@@ -278,6 +298,9 @@ func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 			s.adopt(b)
 			tried()
 			return nil, err
+		}
+		if attempt == 1 && b == nil {
+			time.AfterFunc(lateGrace, func() { l.waitedOutOnce.Do(func() { close(l.waitedOut) }) })
 		}
 		s.log.Warn("brokers unreachable; retrying", zap.String("transport", l.transport), zap.Int("attempt", attempt),
 			zap.Bool("publisher_up", b != nil), zap.Duration("backoff", backoff), zap.Error(err))
