@@ -656,7 +656,8 @@ func refused(err error) bool {
 // unavailable reports whether a publish failed for want of a working server
 // rather than because of the message or its stream: no connection, no
 // PubAck in time, no responder for a subject that has a stream (a leader
-// election, JetStream down), or JetStream answering 503 for itself. A
+// election, JetStream down), JetStream answering 503 for itself, or an
+// earlier publish of the same message still in process. A
 // stream's refusal (limits, expected sequence, a bad header) is the task's
 // own, although the server answers some of those with 503 too.
 func unavailable(err error) bool {
@@ -671,7 +672,10 @@ func unavailable(err error) bool {
 		}
 	}
 	var api *jetstream.APIError
-	return errors.As(err, &api) && api.Code == 503 && !streamRefusal(api)
+	if !errors.As(err, &api) {
+		return false
+	}
+	return (api.Code == 503 && !streamRefusal(api)) || api.ErrorCode == jsErrDuplicateInProcess
 }
 
 // JetStream error codes the server answers a publish with, code 503, when
@@ -682,6 +686,14 @@ const (
 	jsErrInsufficientResources = 10023 // the account's or server's storage limits
 	// jsErrMessageExceedsMaximum (code 400) is the stream's max_msg_size.
 	jsErrMessageExceedsMaximum = 10054
+	// jsErrDuplicateInProcess (code 409): an earlier publish with this
+	// Nats-Msg-Id is still being proposed (a stream leader waiting for
+	// its quorum), so whether it is stored is not known yet. Not the
+	// task's fault: it waits as in an outage, and its next publish is
+	// acknowledged as a duplicate once the first is stored. Charged as
+	// an attempt, it dead-lettered valid tasks as publish-failed during a
+	// cluster's quorum loss (while their first publish was then stored).
+	jsErrDuplicateInProcess = 10158
 )
 
 // streamRefusal reports whether a 503 answer is the stream refusing the

@@ -275,6 +275,9 @@ func TestSinkUnavailable(t *testing.T) {
 		{"library PubAck timeout", jetstream.ErrAsyncPublishTimeout, true},
 		{"jetstream cluster unavailable", &jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}, true},
 		{"store closed (stream restarting)", &jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "store is closed"}, true},
+		// The previous publish of this Nats-Msg-Id is still proposed (a
+		// leader without its quorum): it may yet be stored.
+		{"duplicate message id in process", &jetstream.APIError{Code: 409, ErrorCode: 10158, Description: "duplicate message id is in process"}, true},
 		// The server answers these refusals with 503 as well.
 		{"stream full (DiscardNew)", &jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "maximum messages exceeded"}, false},
 		{"stream bytes full", &jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "maximum bytes exceeded"}, false},
