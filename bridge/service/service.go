@@ -225,6 +225,33 @@ type lateSink struct {
 	// bound: found by a hunt with Kafka down at a restart).
 	waitedOut     chan struct{}
 	waitedOutOnce sync.Once
+	// kick asks the connector to try now rather than at the end of its
+	// backoff: a delivery that finds no publisher once waitedOut closed
+	// sends it and waits for that attempt (kickWait at most), so a broker
+	// that answers again is reached by the engine's next probe, not a
+	// connect backoff after it (which failed the probe in between and
+	// added another retry.max).
+	kick chan struct{}
+	amu  sync.Mutex
+	// attemptEnd is closed when the connector's current (or next)
+	// attempt ends, and replaced.
+	attemptEnd chan struct{}
+}
+
+// kickWait bounds how long a delivery waits for a connect attempt it asked for.
+var kickWait = 2 * time.Second
+
+func (l *lateSink) endAttempt() {
+	l.amu.Lock()
+	close(l.attemptEnd)
+	l.attemptEnd = make(chan struct{})
+	l.amu.Unlock()
+}
+
+func (l *lateSink) nextAttemptEnd() <-chan struct{} {
+	l.amu.Lock()
+	defer l.amu.Unlock()
+	return l.attemptEnd
 }
 
 // lateGrace is how long after a transport's first failed connect attempt
@@ -234,7 +261,8 @@ type lateSink struct {
 var lateGrace = 5 * time.Second
 
 func newLateSink(transport string, setup func(context.Context, *built) error) *lateSink {
-	return &lateSink{transport: transport, setup: setup, tried: make(chan struct{}), waitedOut: make(chan struct{})}
+	return &lateSink{transport: transport, setup: setup, tried: make(chan struct{}), waitedOut: make(chan struct{}),
+		kick: make(chan struct{}, 1), attemptEnd: make(chan struct{})}
 }
 
 func (l *lateSink) Deliver(ctx context.Context, batch []*codec.Task) []error {
@@ -245,6 +273,36 @@ func (l *lateSink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	}
 	if b := l.pub.Load(); b != nil {
 		return b.sink.Deliver(ctx, batch)
+	}
+	select {
+	case <-l.tried: // connected (pub set above) or given up
+	default:
+		// Past the grace, not connected: ask for an attempt now and wait
+		// for it (the one in progress may have started before the broker
+		// was back: then for the next one too).
+		t := time.NewTimer(kickWait)
+	wait:
+		for range 2 {
+			end := l.nextAttemptEnd()
+			select {
+			case l.kick <- struct{}{}:
+			default:
+			}
+			select {
+			case <-end:
+			case <-ctx.Done():
+				break wait
+			case <-t.C:
+				break wait
+			}
+			if l.pub.Load() != nil {
+				break
+			}
+		}
+		t.Stop()
+		if b := l.pub.Load(); b != nil {
+			return b.sink.Deliver(ctx, batch)
+		}
 	}
 	reason := errors.New("not connected yet")
 	if p := l.err.Load(); p != nil {
@@ -291,9 +349,11 @@ func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 		if err == nil {
 			l.err.Store(nil)
 			l.real.Store(b)
+			l.endAttempt()
 			return b, nil
 		}
 		l.err.Store(&err)
+		l.endAttempt()
 		if !unreachable(err) || ctx.Err() != nil {
 			s.adopt(b)
 			tried()
@@ -305,6 +365,7 @@ func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 		s.log.Warn("brokers unreachable; retrying", zap.String("transport", l.transport), zap.Int("attempt", attempt),
 			zap.Bool("publisher_up", b != nil), zap.Duration("backoff", backoff), zap.Error(err))
 		t := time.NewTimer(backoff)
+		ended := time.Now()
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -312,6 +373,19 @@ func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 			tried()
 			return nil, err
 		case <-t.C:
+		case <-l.kick:
+			// A delivery waits for the brokers: try now, but not more
+			// often than the first pause.
+			t.Stop()
+			if d := 500*time.Millisecond - time.Since(ended); d > 0 {
+				select {
+				case <-ctx.Done():
+					s.adopt(b)
+					tried()
+					return nil, err
+				case <-time.After(d):
+				}
+			}
 		}
 		backoff = min(2*backoff, maxBackoff)
 	}
