@@ -1,6 +1,7 @@
 package wheel
 
 import (
+	"cmp"
 	"container/heap"
 	"flag"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"testing"
+	"time"
 )
 
 const (
@@ -398,6 +400,88 @@ func TestReentrantFn(t *testing.T) {
 	}
 }
 
+// TestLateOrdWraps: the late list's 32-bit Add counter reaching its end
+// while the list never empties renumbers the pending items, so equal dues
+// added across the wrap stay FIFO, in the sorted run and the heap alike.
+func TestLateOrdWraps(t *testing.T) {
+	w := New(t0)
+	var want []fired
+	add := func(due int64, seq uint64) {
+		w.Add(due, seq)
+		want = append(want, fired{due, seq})
+	}
+	add(t0-100, 1) // keeps the list from emptying, so the counter goes on
+	w.lateOrd = math.MaxUint32 - 5
+	seq := uint64(2)
+	for range 12 { // across the wrap: runs of equal dues, in and out of order
+		add(t0-10, seq)
+		add(t0-50, seq+1)
+		add(t0-10, seq+2)
+		seq += 3
+	}
+	if w.renumbers != 1 {
+		t.Fatalf("renumbered %d times, want 1", w.renumbers)
+	}
+	checkInvariants(t, w)
+	slices.SortStableFunc(want, func(a, b fired) int { return cmp.Compare(a.due, b.due) })
+	if got := collect(w, t0); !slices.Equal(got, want) {
+		t.Fatalf("got  %v\nwant %v", got, want)
+	}
+}
+
+// TestLateSteadyAllocs: once the late list's parts have grown to their
+// working size, adding dues in the past, in order or not, and firing them
+// does not allocate; and after a backlog larger than lateKeep is drained,
+// both parts are released.
+func TestLateSteadyAllocs(t *testing.T) {
+	w := New(t0)
+	w.Grow(1 << 12)
+	past := lateDues(1 << 12)
+	fn := func(int64, uint64) {}
+	i := 0
+	inOrder := func() {
+		for j := range 64 {
+			w.Add(t0-1000+int64(j), uint64(i))
+			i++
+		}
+		w.Advance(t0, fn)
+	}
+	random := func() {
+		for range 64 {
+			w.Add(t0-past[i%len(past)], uint64(i))
+			i++
+		}
+		w.Advance(t0, fn)
+	}
+	for range 100 {
+		inOrder()
+		random()
+	}
+	if a := testing.AllocsPerRun(1000, inOrder); a != 0 {
+		t.Fatalf("in-order late Adds: %v allocs", a)
+	}
+	if a := testing.AllocsPerRun(1000, random); a != 0 {
+		t.Fatalf("out-of-order late Adds: %v allocs", a)
+	}
+
+	for j := range 4 * lateKeep {
+		w.Add(t0-2*msHour+int64(j), uint64(j)) // ascending: the run
+	}
+	for j := range 4 * lateKeep {
+		w.Add(t0-past[j%len(past)], uint64(j)) // random and descending: the heap
+		w.Add(t0-1-int64(j), uint64(j))
+	}
+	if len(w.late) < 4*lateKeep || len(w.lateHeap) < 4*lateKeep {
+		t.Fatalf("backlog split %d run / %d heap", len(w.late), len(w.lateHeap))
+	}
+	if got := collect(w, t0); len(got) != 12*lateKeep {
+		t.Fatalf("fired %d", len(got))
+	}
+	if cap(w.late) > lateKeep || cap(w.lateHeap) > lateKeep {
+		t.Fatalf("drained late list kept run cap %d, heap cap %d", cap(w.late), cap(w.lateHeap))
+	}
+}
+
 func TestNow(t *testing.T) {
 	w := New(t0)
 	if w.Now() != t0 {
@@ -475,8 +559,11 @@ type model struct {
 	dead  []Handle
 	order uint64
 	clock int64 // the test's clock: highest time passed in
+	cfg   modelConfig
 
 	fired, capped, maxLen int // coverage counters, checked at the end
+
+	maxLate, maxRun, maxHeap int // late-list coverage
 }
 
 func (m *model) add(due int64) {
@@ -490,6 +577,27 @@ func (m *model) add(due int64) {
 
 func (m *model) randomDue() int64 {
 	r := m.rng
+	if m.cfg.late && r.IntN(2) == 0 {
+		// In the past, in random order, often far back (an overdue
+		// backlog added while the target is down), sometimes an exact
+		// pending due to exercise FIFO between the sorted run and the heap.
+		// Past means before the wheel's time, which capped advances
+		// leave behind the test's clock.
+		cur := unkey(m.w.cur)
+		switch p := r.IntN(10); {
+		case p < 4:
+			return cur - 1 - r.Int64N(50)
+		case p < 8:
+			return cur - 1 - r.Int64N(msHour)
+		default:
+			if len(m.live) > 0 {
+				if d := m.live[r.IntN(len(m.live))].due; d < cur {
+					return d
+				}
+			}
+			return cur - 1
+		}
+	}
 	switch p := r.IntN(100); {
 	case p < 45: // near
 		return m.clock + r.Int64N(301)
@@ -535,6 +643,10 @@ func (m *model) removeRandom() {
 }
 
 func (m *model) advance(now int64, max int) {
+	if m.cfg.late && max == math.MaxInt && m.rng.IntN(50) != 0 {
+		// A late-heavy run keeps a backlog: most advances are capped low.
+		max = m.rng.IntN(4)
+	}
 	var got, want []fired
 	fn := func(due int64, seq uint64) {
 		got = append(got, fired{due, seq})
@@ -579,7 +691,8 @@ func (m *model) advance(now int64, max int) {
 // checkInvariants verifies the wheel's internal bookkeeping: every slab slot
 // is live, dead or free exactly once; occupancy bits match non-empty
 // buckets; every queued item sits where placement by highest differing bit
-// puts it; the late list is sorted and before cur.
+// puts it; the late list's sorted run is sorted and its heap a heap, both
+// before cur, with distinct Add counters below the next one.
 func checkInvariants(t *testing.T, w *Wheel) {
 	t.Helper()
 	queued := make([]int, len(w.slab))
@@ -640,12 +753,15 @@ func checkInvariants(t *testing.T, w *Wheel) {
 			t.Fatalf("now queue: due %d, cur %d", due, unkey(w.cur))
 		}
 	})
-	prev := int64(math.MinInt64)
-	for _, it := range w.late[w.lateAt:] {
-		if it.due < prev || key(it.due) >= w.cur {
-			t.Fatalf("late list: due %d after %d, cur %d", it.due, prev, unkey(w.cur))
+	ords := make(map[uint32]bool)
+	visitLate := func(what string, it item) {
+		if key(it.due) >= w.cur {
+			t.Fatalf("%s: due %d not before cur %d", what, it.due, unkey(w.cur))
 		}
-		prev = it.due
+		if it.ord >= w.lateOrd || ords[it.ord] {
+			t.Fatalf("%s: ord %d repeated or not below next %d", what, it.ord, w.lateOrd)
+		}
+		ords[it.ord] = true
 		queued[it.idx]++
 		switch w.slab[it.idx].link {
 		case linkLive:
@@ -653,8 +769,21 @@ func checkInvariants(t *testing.T, w *Wheel) {
 		case linkDead:
 			dead++
 		default:
-			t.Fatalf("late: slot %d is free", it.idx)
+			t.Fatalf("%s: slot %d is free", what, it.idx)
 		}
+	}
+	run := w.late[w.lateAt:]
+	for j, it := range run {
+		if j > 0 && !run[j-1].before(it) {
+			t.Fatalf("late run: %v after %v", it, run[j-1])
+		}
+		visitLate("late run", it)
+	}
+	for j, it := range w.lateHeap {
+		if p := (j - 1) / heapArity; j > 0 && it.before(w.lateHeap[p]) {
+			t.Fatalf("late heap: %v at %d before its parent %v", it, j, w.lateHeap[p])
+		}
+		visitLate("late heap", it)
 	}
 	free := 0
 	for i := w.freeEnt; i != noLink; i = w.slab[i].link {
@@ -711,7 +840,7 @@ func TestPropertyAgainstHeap(t *testing.T) {
 	for seed := uint64(1); seed <= *propSeeds; seed++ {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			// Even seeds sweep removed entries as often as allowed.
-			m := runModel(t, seed, seed*0x9e3779b97f4a7c15, 4000, seed%2 == 0)
+			m := runModel(t, seed, seed*0x9e3779b97f4a7c15, 4000, modelConfig{sweep: seed%2 == 0})
 			// Guard against a generator that silently stopped exercising
 			// the interesting paths.
 			if m.fired < 10000 || m.capped < 50 || m.maxLen < 300 {
@@ -724,28 +853,90 @@ func TestPropertyAgainstHeap(t *testing.T) {
 
 // FuzzAgainstHeap lets the fuzzer pick the random stream of the model run;
 // without -fuzz it replays the seed corpus.
+// TestPropertyLateHeavy runs the model with half the Adds due in the past
+// in random order, so the late list's sorted run and heap both stay large
+// through removes, capped and uncapped advances and clock steps back; odd
+// seeds make the late Add counters run out (and be renumbered) early.
+func TestPropertyLateHeavy(t *testing.T) {
+	for seed := uint64(1); seed <= *propSeeds; seed++ {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			cfg := modelConfig{sweep: seed%4 < 2, late: true}
+			if seed%2 == 1 {
+				// Below the list's size (renumbered at every late Add)
+				// or above it (now and then).
+				cfg.ordLimit = []uint32{40, 2500}[seed/2%2] + uint32(seed)
+			}
+			m := runModel(t, seed, seed^0xdeadbeef, 4000, cfg)
+			if m.fired < 10000 || m.capped < 50 || m.maxLate < 1000 || m.maxRun < 10 || m.maxHeap < 300 {
+				t.Fatalf("weak run: fired %d, capped %d, max late %d, max run %d, max heap %d",
+					m.fired, m.capped, m.maxLate, m.maxRun, m.maxHeap)
+			}
+			// The low limit is always reached; the high one most times.
+			if cfg.ordLimit == 0 && m.w.renumbers > 0 || cfg.ordLimit > 0 && cfg.ordLimit < 100 && m.w.renumbers == 0 {
+				t.Fatalf("late counters renumbered %d times with limit %d", m.w.renumbers, cfg.ordLimit)
+			}
+			t.Logf("fired %d, capped %d, max late %d (run %d, heap %d), renumbered %d",
+				m.fired, m.capped, m.maxLate, m.maxRun, m.maxHeap, m.w.renumbers)
+		})
+	}
+}
+
+// FuzzAgainstHeap lets the fuzzer pick the random stream of the model run;
+// without -fuzz it replays the seed corpus.
 func FuzzAgainstHeap(f *testing.F) {
-	f.Add(uint64(1), uint64(2), uint16(300), false)
-	f.Add(uint64(7), uint64(0), uint16(1000), true)
-	f.Fuzz(func(t *testing.T, s1, s2 uint64, steps uint16, sweep bool) {
-		runModel(t, s1, s2, int(steps%2000), sweep)
+	f.Add(uint64(1), uint64(2), uint16(300), false, false, uint8(0))
+	f.Add(uint64(7), uint64(0), uint16(1000), true, false, uint8(0))
+	f.Add(uint64(3), uint64(5), uint16(1000), false, true, uint8(0))
+	f.Add(uint64(9), uint64(4), uint16(1000), true, true, uint8(17))
+	f.Fuzz(func(t *testing.T, s1, s2 uint64, steps uint16, sweep, late bool, ordLimit uint8) {
+		runModel(t, s1, s2, int(steps%2000), modelConfig{sweep: sweep, late: late, ordLimit: uint32(ordLimit)})
 	})
+}
+
+// modelConfig selects a model run's mix.
+type modelConfig struct {
+	sweep    bool   // sweep removed entries as often as allowed
+	late     bool   // half the Adds due in the past, in random order
+	ordLimit uint32 // if > 0, renumber the late Add counters when they reach it
 }
 
 // runModel drives a wheel and the heap reference with the same random
 // operations and fails t at the first difference.
-func runModel(t *testing.T, s1, s2 uint64, steps int, sweep bool) *model {
+func runModel(t *testing.T, s1, s2 uint64, steps int, cfg modelConfig) *model {
 	rng := rand.New(rand.NewPCG(s1, s2))
 	start := t0 + rng.Int64N(msDay)
-	m := &model{t: t, rng: rng, w: New(start), clock: start}
-	if sweep {
+	m := &model{t: t, rng: rng, w: New(start), clock: start, cfg: cfg}
+	if cfg.sweep {
 		m.w.sweepMin = 1
+	}
+	if cfg.ordLimit > 0 {
+		m.w.ordLimit = cfg.ordLimit
 	}
 	for step := 0; step < steps; step++ {
 		switch p := rng.IntN(100); {
 		case p < 40:
 			for n := rng.IntN(8); n >= 0; n-- {
 				m.add(m.randomDue())
+			}
+		case p < 45 && cfg.late && rng.IntN(2) == 0:
+			// An overdue backlog: hundreds of dues in the past, in random
+			// order, with runs of equal dues.
+			// Half of them ascending, as a loader scanning by key adds
+			// them: those go to the sorted run.
+			cur := unkey(m.w.cur)
+			dues := make([]int64, 100+rng.IntN(400))
+			for j := 0; j < len(dues); {
+				due := cur - 1 - rng.Int64N(5*msMinute)
+				for k := rng.IntN(3); k >= 0 && j < len(dues); k-- {
+					dues[j] = due
+					j++
+				}
+			}
+			if rng.IntN(2) == 0 {
+				slices.Sort(dues)
+			}
+			for _, due := range dues {
+				m.add(due)
 			}
 		case p < 45: // burst in one ms
 			due := m.clock + rng.Int64N(50)
@@ -778,11 +969,15 @@ func runModel(t *testing.T, s1, s2 uint64, steps int, sweep bool) *model {
 			}
 		}
 		m.check()
+		m.maxLate = maxInt(m.maxLate, len(m.w.late)-m.w.lateAt+len(m.w.lateHeap))
+		m.maxRun = maxInt(m.maxRun, len(m.w.late)-m.w.lateAt)
+		m.maxHeap = maxInt(m.maxHeap, len(m.w.lateHeap))
 		if step%50 == 0 {
 			checkInvariants(t, m.w)
 		}
 	}
 	// Drain: everything left fires in order.
+	m.cfg.late = false // uncapped
 	m.advance(math.MaxInt64, math.MaxInt)
 	m.check()
 	checkInvariants(t, m.w)
@@ -975,4 +1170,77 @@ func BenchmarkWheelMemory10M(b *testing.B) {
 		runtime.KeepAlive(w)
 	}
 	b.ReportMetric(perEntry, "B/entry")
+}
+
+// lateDues returns n pseudo-random offsets in [1, 1 h], for dues in the past.
+func lateDues(n int) []int64 {
+	rng := rand.New(rand.NewPCG(7, 8))
+	d := make([]int64, n)
+	for i := range d {
+		d[i] = 1 + rng.Int64N(msHour)
+	}
+	return d
+}
+
+// BenchmarkLateAddOutOfOrder: 200 k entries wait in the late list (an
+// overdue backlog added at run time while its target is down) and each op
+// adds one more due at a random time in the past, as overdue messages
+// arriving in no particular order do. Every 1024 ops the 1024 earliest are
+// fired, so the list stays at about 200 k: ns/op is the whole cycle,
+// add-ns/op and fire-ns/op its two parts.
+func BenchmarkLateAddOutOfOrder(b *testing.B) {
+	const backlog = 200_000
+	past := lateDues(1 << 16)
+	w := New(t0)
+	for i := range backlog {
+		w.Add(t0-past[i&(1<<16-1)], uint64(i))
+	}
+	var fire time.Duration
+	b.ReportAllocs()
+	b.ResetTimer()
+	stopCPU := startCPU(b)
+	for i := 0; i < b.N; i++ {
+		w.Add(t0-past[(i*7+3)&(1<<16-1)], uint64(i))
+		if i&1023 == 1023 {
+			t := time.Now()
+			w.AdvanceN(t0, 1024, nil)
+			fire += time.Since(t)
+		}
+	}
+	stopCPU()
+	b.ReportMetric(float64((b.Elapsed()-fire).Nanoseconds())/float64(b.N), "add-ns/op")
+	b.ReportMetric(float64(fire.Nanoseconds())/float64(b.N), "fire-ns/op")
+}
+
+// BenchmarkLateFill is a whole late-list life per op: 200 k entries due in
+// the past are added, in order (a loader scanning by key) or in random
+// order, then fired by one Advance. Reports ns per entry.
+func BenchmarkLateFill(b *testing.B) {
+	const n = 200_000
+	past := lateDues(n)
+	inOrder := slices.Clone(past)
+	slices.Sort(inOrder)
+	slices.Reverse(inOrder) // largest offset first: ascending dues
+	for _, tc := range []struct {
+		name string
+		offs []int64
+	}{{"in-order", inOrder}, {"random", past}} {
+		b.Run(tc.name, func(b *testing.B) {
+			w := New(t0)
+			w.Grow(n)
+			var sum uint64
+			fn := func(due int64, seq uint64) { sum += seq }
+			b.ReportAllocs()
+			b.ResetTimer()
+			stopCPU := startCPU(b)
+			for i := 0; i < b.N; i++ {
+				for j, off := range tc.offs {
+					w.Add(t0-off, uint64(j))
+				}
+				w.Advance(t0, fn)
+			}
+			stopCPU()
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/entry")
+		})
+	}
 }
