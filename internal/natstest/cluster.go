@@ -4,6 +4,7 @@
 package natstest
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -26,18 +27,44 @@ type Cluster struct {
 }
 
 // StartCluster starts n servers and waits until JetStream has a meta
-// leader. They are shut down when the test ends.
+// leader. They are shut down when the test ends. The ports are picked
+// free and then bound by the servers, so another process may take one in
+// between (parallel test packages do): a cluster that does not come up is
+// started again on new ports, up to three times.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
-	c := &Cluster{t: t, servers: make([]*natsserver.Server, n)}
+	var err error
+	for range 3 {
+		c := &Cluster{t: t, servers: make([]*natsserver.Server, n)}
+		c.opts = clusterOptions(t, n)
+		t.Cleanup(func() {
+			for i := range n {
+				c.Stop(i)
+			}
+		})
+		if err = c.startAll(); err == nil {
+			if err = c.waitMeta(); err == nil {
+				return c
+			}
+		}
+		for i := range n {
+			c.Stop(i)
+		}
+	}
+	t.Fatalf("nats cluster: %v", err)
+	return nil
+}
+
+func clusterOptions(t testing.TB, n int) []*natsserver.Options {
 	routes := make([]string, n)
 	cports := make([]int, n)
 	for i := range n {
 		cports[i] = freePort(t)
 		routes[i] = "nats://127.0.0.1:" + strconv.Itoa(cports[i])
 	}
+	opts := make([]*natsserver.Options, n)
 	for i := range n {
-		c.opts = append(c.opts, &natsserver.Options{
+		opts[i] = &natsserver.Options{
 			ServerName: fmt.Sprintf("S%d", i+1),
 			Host:       "127.0.0.1",
 			Port:       freePort(t),
@@ -47,34 +74,42 @@ func StartCluster(t testing.TB, n int) *Cluster {
 			NoLog:      true,
 			Cluster:    natsserver.ClusterOpts{Name: "C1", Host: "127.0.0.1", Port: cports[i]},
 			Routes:     natsserver.RoutesFromStr(strings.Join(routes, ",")),
-		})
-	}
-	t.Cleanup(func() {
-		for i := range n {
-			c.Stop(i)
 		}
-	})
-	for i := range n {
-		c.Start(i)
 	}
-	c.WaitMeta()
-	return c
+	return opts
+}
+
+func (c *Cluster) startAll() error {
+	for i := range c.opts {
+		if err := c.start(i); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Start starts server i (again).
 func (c *Cluster) Start(i int) {
 	c.t.Helper()
+	if err := c.start(i); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *Cluster) start(i int) error {
 	s, err := natsserver.NewServer(c.opts[i].Clone())
 	if err != nil {
-		c.t.Fatalf("nats server %d: %v", i, err)
+		return fmt.Errorf("nats server %d: %w", i, err)
 	}
 	go s.Start()
 	if !s.ReadyForConnections(10 * time.Second) {
-		c.t.Fatalf("nats server %d not ready", i)
+		s.Shutdown()
+		return fmt.Errorf("nats server %d not ready on ports %d/%d (taken meanwhile?)", i, c.opts[i].Port, c.opts[i].Cluster.Port)
 	}
 	c.mu.Lock()
 	c.servers[i] = s
 	c.mu.Unlock()
+	return nil
 }
 
 // Stop shuts server i down and waits until it is.
@@ -105,20 +140,18 @@ func (c *Cluster) URLs() string {
 // meta leader.
 func (c *Cluster) WaitMeta() {
 	c.t.Helper()
+	if err := c.waitMeta(); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *Cluster) waitMeta() error {
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		c.mu.Lock()
-		ok := false
-		for _, s := range c.servers {
-			if s != nil && s.JetStreamIsLeader() {
-				ok = true
-			}
-		}
-		c.mu.Unlock()
-		if ok {
-			return
+		if c.find(func(s *natsserver.Server) bool { return s.JetStreamIsLeader() }) >= 0 {
+			return nil
 		}
 	}
-	c.t.Fatal("nats cluster: no JetStream meta leader within 20 s")
+	return errors.New("nats cluster: no JetStream meta leader within 20 s")
 }
 
 // StreamLeader is the index of the server leading stream (account $G),
