@@ -352,13 +352,7 @@ func TestNATSWholeClusterDown(t *testing.T) {
 	back := time.Now()
 	wait()
 	awaitAllDelivered(t, js, svc, alive, n, back)
-	// Let any late re-ingestion show.
-	time.Sleep(5 * time.Second)
-	msgs := readStream(t, js, "ORDERS")
-	checkDelivered(t, msgs, "w", n, 50)
-	if dl, _ := streamMsgs(js, "DLQ"); dl != 0 {
-		t.Errorf("%d dead letters", dl)
-	}
+	checkOutage(t, js, "w", n, 5*time.Second) // let any late re-ingestion show
 }
 
 // TestNATSRestartDuringQuorumLoss: the bridge is restarted (the SIGTERM
@@ -402,12 +396,7 @@ func TestNATSRestartDuringQuorumLoss(t *testing.T) {
 	c.Start(2)
 	back := time.Now()
 	awaitAllDelivered(t, js, svc2, alive, n, back)
-	time.Sleep(3 * time.Second)
-	msgs := readStream(t, js, "ORDERS")
-	checkDelivered(t, msgs, "r", n, 50)
-	if dl, _ := streamMsgs(js, "DLQ"); dl != 0 {
-		t.Errorf("%d dead letters", dl)
-	}
+	checkOutage(t, js, "r", n, 3*time.Second)
 }
 
 // TestNATSDLQWithoutQuorum: the DLQ stream (R1) has no server while bad
@@ -583,10 +572,7 @@ func TestNATSRestartedBridgeAfterQuorum(t *testing.T) {
 	// A publish retried while the first one waits for the quorum is
 	// answered "duplicate message id is in process": an outage, not an
 	// attempt (charged, it dead-lettered most tasks as publish-failed).
-	if dl, _ := streamMsgs(js, "DLQ"); dl != 0 {
-		t.Errorf("%d dead letters", dl)
-	}
-	checkDelivered(t, readStream(t, js, "ORDERS"), "l", n, 50)
+	checkOutage(t, js, "l", n, 0)
 }
 
 // awaitAllDelivered waits until the ORDERS stream holds n messages, then
@@ -601,4 +587,16 @@ func awaitAllDelivered(t *testing.T, js jetstream.JetStream, svc *Service, alive
 	t.Logf("all delivered %v after the start", time.Since(back))
 	within(t, "nothing pending", 30*time.Second, func() bool { st := svc.Engine().Stats(); return st.Pending == 0 && st.Held == 0 })
 	within(t, "ready", 30*time.Second, func() bool { alive(); return svc.Ready() == nil })
+}
+
+// checkOutage waits settle, then checks that ORDERS holds every task of
+// prefix once (at most 50 duplicates: sends in flight at the faults) and
+// that nothing was dead-lettered: an outage charges no attempt.
+func checkOutage(t *testing.T, js jetstream.JetStream, prefix string, n int, settle time.Duration) {
+	t.Helper()
+	time.Sleep(settle)
+	checkDelivered(t, readStream(t, js, "ORDERS"), prefix, n, 50)
+	if dl, _ := streamMsgs(js, "DLQ"); dl != 0 {
+		t.Errorf("%d dead letters", dl)
+	}
 }
