@@ -67,47 +67,55 @@ type storedMsg struct {
 // at least want messages (or the deadline passes).
 func readStream(t *testing.T, js jetstream.JetStream, stream string) []storedMsg {
 	t.Helper()
+	// A cluster just back from a quorum loss may still answer 503 for a
+	// while: the whole read is tried again until the deadline.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		out, err := readStreamOnce(js, stream)
+		if err == nil {
+			return out
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("read stream %s: %v", stream, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func readStreamOnce(js jetstream.JetStream, stream string) ([]storedMsg, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var s jetstream.Stream
-	var err error
-	for {
-		s, err = js.Stream(ctx, stream)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("stream %s: %v", stream, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, err
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	total := info.State.Msgs
-	var out []storedMsg
 	if total == 0 {
-		return nil
+		return nil, nil
 	}
 	oc, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
+	var out []storedMsg
 	for uint64(len(out)) < total {
 		batch, err := oc.Fetch(500, jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
-			t.Fatalf("fetch %s: %v", stream, err)
+			return nil, fmt.Errorf("fetch: %w", err)
 		}
 		for m := range batch.Messages() {
 			md, _ := m.Metadata()
 			out = append(out, storedMsg{data: string(m.Data()), stamp: md.Timestamp, headers: m.Headers()})
 		}
 		if ctx.Err() != nil {
-			t.Fatalf("read %s: %d of %d", stream, len(out), total)
+			return nil, fmt.Errorf("read %d of %d: %w", len(out), total, ctx.Err())
 		}
 	}
-	return out
+	return out, nil
 }
 
 func streamMsgs(js jetstream.JetStream, stream string) (uint64, error) {
