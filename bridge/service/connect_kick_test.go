@@ -29,12 +29,7 @@ import (
 // try at once (kick) and waits for that attempt (found by a hunt).
 func TestBackWithinGraceAfterLastAttempt(t *testing.T) {
 	e := newEnv(t, "")
-	svc, stop := e.start()
-	e.publishNATS("delay.o", []byte("nats-overdue"), "delay-after", "5s", "delay-target", "orders.o")
-	waitIngested(t, svc, 1)
-	stop()
-	e.clk.Advance(10 * time.Minute)
-	e.ns.Shutdown()
+	e.overdueWithNATSDown()
 
 	var mu sync.Mutex
 	var attempts []time.Time

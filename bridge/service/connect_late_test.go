@@ -119,12 +119,7 @@ func TestNATSAuthRefusedWhileKafkaRuns(t *testing.T) {
 // overdue (up to retry.max, default 5 min), the fake clock not moving here.
 func TestOverdueAtRestartNotHeldAfterSecondConnectAttempt(t *testing.T) {
 	e := newEnv(t, "")
-	svc, stop := e.start()
-	e.publishNATS("delay.o", []byte("nats-overdue"), "delay-after", "5s", "delay-target", "orders.o")
-	waitIngested(t, svc, 1)
-	stop()
-	e.clk.Advance(10 * time.Minute) // the bridge was down for 10 minutes
-	e.ns.Shutdown()
+	e.overdueWithNATSDown()
 	svc2, _ := e.start()
 	var nl *lateSink
 	for _, l := range svc2.late {
@@ -186,4 +181,17 @@ func TestTransportDownAtStartHoldsOnDisk(t *testing.T) {
 	e.advanceUntil("every task once NATS is back", func(ds []delivery) bool {
 		return len(byValue(ds, "orders.x")) == n
 	})
+}
+
+// overdueWithNATSDown stores a NATS task ("nats-overdue" for orders.o),
+// stops the bridge, moves the clock 10 minutes on (the bridge was down
+// that long: the task is overdue at the restart) and shuts NATS down.
+func (e *env) overdueWithNATSDown() {
+	e.t.Helper()
+	svc, stop := e.start()
+	e.publishNATS("delay.o", []byte("nats-overdue"), "delay-after", "5s", "delay-target", "orders.o")
+	waitIngested(e.t, svc, 1)
+	stop()
+	e.clk.Advance(10 * time.Minute)
+	e.ns.Shutdown()
 }

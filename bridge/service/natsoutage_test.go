@@ -28,13 +28,8 @@ func publishTasks(t *testing.T, js jetstream.JetStream, prefix string, n int, du
 	t.Helper()
 	for i := range n {
 		id := fmt.Sprintf("%s%05d", prefix, i)
-		m := natsgo.NewMsg("delay.x")
-		m.Data = []byte(id)
+		m := delayMsg(id, target)
 		m.Header.Set("delay-at", fmt.Sprint(dueOf(i).UnixMilli()))
-		m.Header.Set("delay-target", target)
-		m.Header.Set("delay-id", id)
-		m.Header.Set("Nats-Msg-Id", id)
-		m.Header.Set("x-h", "v")
 		for attempt := 0; ; attempt++ {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			_, err := js.PublishMsgAsync(m)
@@ -54,6 +49,36 @@ func publishTasks(t *testing.T, js jetstream.JetStream, prefix string, n int, du
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
+	}
+}
+
+// delayMsg is a message to delay.x for target with id as its payload,
+// delay-id and Nats-Msg-Id (a retried publish is stored once) and one
+// header of its own; the caller adds the due header.
+func delayMsg(id, target string) *natsgo.Msg {
+	m := natsgo.NewMsg("delay.x")
+	m.Data = []byte(id)
+	m.Header.Set("delay-target", target)
+	m.Header.Set("delay-id", id)
+	m.Header.Set("Nats-Msg-Id", id)
+	m.Header.Set("x-h", "v")
+	return m
+}
+
+// publishStored publishes m until JetStream stores it, at most attempts
+// more times after the first, 50 ms apart.
+func publishStored(js jetstream.JetStream, m *natsgo.Msg, attempts int) error {
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := js.PublishMsg(ctx, m)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if attempt >= attempts {
+			return fmt.Errorf("publish %s: %w", m.Data, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -295,26 +320,11 @@ func publishStream(t *testing.T, js jetstream.JetStream, prefix string, n int, d
 	done := make(chan error, 1)
 	go func() {
 		for i := range n {
-			id := fmt.Sprintf("%s%05d", prefix, i)
-			m := natsgo.NewMsg("delay.x")
-			m.Data = []byte(id)
+			m := delayMsg(fmt.Sprintf("%s%05d", prefix, i), target)
 			m.Header.Set("delay-at", fmt.Sprint(time.Now().Add(dueAfter).UnixMilli()))
-			m.Header.Set("delay-target", target)
-			m.Header.Set("delay-id", id)
-			m.Header.Set("Nats-Msg-Id", id)
-			m.Header.Set("x-h", "v")
-			for attempt := 0; ; attempt++ {
-				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				_, err := js.PublishMsg(ctx, m)
-				cancel()
-				if err == nil {
-					break
-				}
-				if attempt > 1000 {
-					done <- fmt.Errorf("publish %s: %w", id, err)
-					return
-				}
-				time.Sleep(50 * time.Millisecond)
+			if err := publishStored(js, m, 1000); err != nil {
+				done <- err
+				return
 			}
 			count.Add(1)
 			time.Sleep(gap)
@@ -430,26 +440,12 @@ func TestNATSDLQWithoutQuorum(t *testing.T) {
 	t.Logf("DLQ on %d, bridge on %d", dlqServer, c.ServerOf("delaybridge"))
 	c.Stop(dlqServer)
 	pub := func(id string, bad bool) {
-		m := natsgo.NewMsg("delay.x")
-		m.Data = []byte(id)
+		m := delayMsg(id, "orders.out")
 		if !bad {
 			m.Header.Set("delay-after", "1s")
 		}
-		m.Header.Set("delay-target", "orders.out")
-		m.Header.Set("delay-id", id)
-		m.Header.Set("Nats-Msg-Id", id)
-		m.Header.Set("x-h", "v")
-		for attempt := 0; ; attempt++ {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_, err := js.PublishMsg(ctx, m)
-			cancel()
-			if err == nil {
-				return
-			}
-			if attempt > 100 {
-				t.Fatalf("publish %s: %v", id, err)
-			}
-			time.Sleep(50 * time.Millisecond)
+		if err := publishStored(js, m, 100); err != nil {
+			t.Fatal(err)
 		}
 	}
 	const n = 600
