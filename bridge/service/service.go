@@ -325,8 +325,8 @@ func (l *lateSink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 // retry.max (at most 30 s): a transport reached later than that would
 // hold its due tasks longer than an outage of a connected one does.
 func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
-	backoff := 500 * time.Millisecond
-	maxBackoff := max(backoff, min(30*time.Second, s.cfg.Retry.Max.Std()))
+	backoff := firstPause
+	maxBackoff := max(firstPause, min(30*time.Second, s.cfg.Retry.Max.Std()))
 	tried := func() { l.triedOnce.Do(func() { close(l.tried) }) }
 	var b *built
 	for attempt := 1; ; attempt++ {
@@ -346,48 +346,51 @@ func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 				b.addSources = nil
 			}
 		}
+		l.endAttempt()
 		if err == nil {
 			l.err.Store(nil)
 			l.real.Store(b)
-			l.endAttempt()
 			return b, nil
 		}
 		l.err.Store(&err)
-		l.endAttempt()
-		if !unreachable(err) || ctx.Err() != nil {
-			s.adopt(b)
-			tried()
-			return nil, err
-		}
 		if attempt == 1 && b == nil {
 			time.AfterFunc(lateGrace, func() { l.waitedOutOnce.Do(func() { close(l.waitedOut) }) })
 		}
-		s.log.Warn("brokers unreachable; retrying", zap.String("transport", l.transport), zap.Int("attempt", attempt),
-			zap.Bool("publisher_up", b != nil), zap.Duration("backoff", backoff), zap.Error(err))
-		t := time.NewTimer(backoff)
-		ended := time.Now()
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			s.adopt(b)
-			tried()
-			return nil, err
-		case <-t.C:
-		case <-l.kick:
-			// A delivery waits for the brokers: try now, but not more
-			// often than the first pause.
-			t.Stop()
-			if d := 500*time.Millisecond - time.Since(ended); d > 0 {
-				select {
-				case <-ctx.Done():
-					s.adopt(b)
-					tried()
-					return nil, err
-				case <-time.After(d):
-				}
+		if unreachable(err) && ctx.Err() == nil {
+			s.log.Warn("brokers unreachable; retrying", zap.String("transport", l.transport), zap.Int("attempt", attempt),
+				zap.Bool("publisher_up", b != nil), zap.Duration("backoff", backoff), zap.Error(err))
+			if pause(ctx, l.kick, backoff) {
+				backoff = min(2*backoff, maxBackoff)
+				continue
 			}
 		}
-		backoff = min(2*backoff, maxBackoff)
+		s.adopt(b)
+		tried()
+		return nil, err
+	}
+}
+
+// firstPause is the connector's first backoff, and the least time between
+// two attempts however often deliveries ask for one.
+const firstPause = 500 * time.Millisecond
+
+// pause waits d before the next connect attempt, or, once a delivery asks
+// for one (kick), until firstPause has passed since the last attempt. It
+// reports false if ctx ended first.
+func pause(ctx context.Context, kick <-chan struct{}, d time.Duration) bool {
+	start := time.Now()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case <-kick:
+			kick = nil
+			t.Reset(max(0, firstPause-time.Since(start)))
+		}
 	}
 }
 
