@@ -98,6 +98,7 @@ type Engine struct {
 	testHookIngestDecided func()       // an Ingest decided, before it applies
 	testHookLookupWaits   func()       // a Lookup waits for the write its entry comes from
 	testHookClaimRead     func(n int)  // a fire loop read the envelopes of n claimed entries, before it hands them to their lanes
+	loadPage              int          // most stored tasks one loadLocked reads (defaultLoadPage; tests set less)
 	// testHookBeginPublish sees each batch under its shard's lock right
 	// after deliver's last supersession check, where its publish begins.
 	testHookBeginPublish func(batch []*codec.Task)
@@ -113,9 +114,14 @@ type shard struct {
 	id    int
 	label string
 
-	mu         sync.Mutex
-	w          *wheel.Wheel
-	horizonEnd int64 // ms; the wheel holds every stored task with fire < horizonEnd
+	mu sync.Mutex
+	w  *wheel.Wheel
+	// The wheel holds every stored task whose (fire, seq) is before
+	// (horizonEnd, horizonSeq): all due before horizonEnd, and those due
+	// at horizonEnd with a seq below horizonSeq (0 unless the loader
+	// stopped a page inside a herd of equal dues; see loadLocked).
+	horizonEnd int64 // ms
+	horizonSeq uint64
 	pending    int64
 	nextSweep  int64
 	queue      []*pendingBatch         // applied batches waiting for their fsync, in apply order
@@ -284,12 +290,13 @@ func Open(opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{
-		opts:   opts,
-		log:    opts.Logger,
-		m:      opts.Metrics,
-		clk:    opts.Clock,
-		db:     db,
-		health: health,
+		loadPage: defaultLoadPage,
+		opts:     opts,
+		log:      opts.Logger,
+		m:        opts.Metrics,
+		clk:      opts.Clock,
+		db:       db,
+		health:   health,
 	}
 	e.cpOwner = make(map[string]*commitTicket)
 	e.commitIngest = e.m.StoreCommit.WithLabelValues("ingest")
@@ -707,7 +714,7 @@ func (s *shard) abandonLocked(pb *pendingBatch) {
 // horizon end (else the loader will find it) and wakes the fire loop if it
 // is parked past the task's due.
 func (s *shard) addLocked(fire int64, seq uint64) {
-	if fire >= s.horizonEnd {
+	if !s.belowHorizonLocked(fire, seq) {
 		return
 	}
 	s.w.Add(fire, seq)
