@@ -122,6 +122,7 @@ type shard struct {
 	// stopped a page inside a herd of equal dues; see loadLocked).
 	horizonEnd int64 // ms
 	horizonSeq uint64
+	lastNow    int64 // the engine time the fire loop last read (rebaseLocked)
 	pending    int64
 	nextSweep  int64
 	queue      []*pendingBatch         // applied batches waiting for their fsync, in apply order

@@ -136,6 +136,7 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 			s.e.log.Warn("cancel-marker sweep failed", zap.Int("shard", s.id), zap.Error(err))
 		}
 		s.mu.Lock()
+		s.rebaseLocked(now)
 		s.drainLocked()
 		err = s.housekeepLocked(now)
 		if wait, busy := s.laneWaitLocked(time.Now()); err == nil && busy {
@@ -269,6 +270,50 @@ func (s *shard) park(ctx context.Context, timer interface {
 		default:
 		}
 	}
+}
+
+// stepBackMin is the smallest step back of the engine clock that
+// rebaseLocked treats as one: less is the loop's own jitter.
+const stepBackMin = time.Second
+
+// rebaseLocked moves the shard's in-memory waits back with the clock when
+// it stepped back (NTP correcting a clock that ran ahead): a lane's next
+// look for held tasks, each down group's backoff end, the time of the
+// lane's outage record and the next sweep of cancel markers keep what was
+// left of them. So held tasks are released within Retry.Max of their
+// target's return, not the step later, and an outage record still goes
+// stale. Due times do not move (a task is
+// never fired early), and neither do the stored fire times of failed
+// publishes waiting for their backoff: those wait the step out.
+func (s *shard) rebaseLocked(now int64) {
+	back := s.lastNow - now
+	s.lastNow = now
+	if back < stepBackMin.Milliseconds() {
+		return
+	}
+	for l := range s.lanes {
+		ln := &s.lanes[l]
+		if ln.hold.next > now {
+			ln.hold.next = max(now, ln.hold.next-back)
+		}
+		for g, d := range ln.hold.down {
+			if d.until > now {
+				d.until = max(now, d.until-back)
+				ln.hold.down[g] = d
+			}
+		}
+		if ln.outage.err != nil && ln.outage.at > now {
+			ln.outage.at = max(math.MinInt64+back, ln.outage.at) - back
+		}
+	}
+	if s.nextSweep > now {
+		s.nextSweep = max(now, s.nextSweep-back)
+	}
+	if s.id != 0 {
+		return // one line for the engine
+	}
+	s.e.log.Warn("the clock stepped back: held tasks' waits moved back with it; retries of failed publishes wait their backoff plus the step",
+		zap.Int("shard", s.id), zap.Duration("step", time.Duration(back)*time.Millisecond))
 }
 
 // housekeepLocked moves the horizon and, with it, clears the tombstones

@@ -137,6 +137,16 @@ func (h *harness) advance(d time.Duration) {
 
 func (h *harness) set(at time.Time) {
 	h.t.Helper()
+	if back := at.Sub(h.clk.Now()); back < 0 && h.e != nil {
+		// A step back: the fake clock moves its armed timers back with
+		// it (as the monotonic clock does not step), so the loops' park
+		// deadlines, which settle compares with, move back too.
+		for _, s := range h.e.shards {
+			s.mu.Lock()
+			s.parkUntil = s.parkUntil.Add(back)
+			s.mu.Unlock()
+		}
+	}
 	h.clk.Set(at)
 	h.settle()
 }

@@ -62,9 +62,19 @@ func (f *Fake) Advance(d time.Duration) {
 }
 
 // Set moves the clock to t, forward or back (a wall-clock step), and fires
-// due timers.
+// due timers. A step back moves the armed timers' deadlines back with it,
+// as the monotonic clock real timers run on does not step: each still
+// fires after the rest of its duration. (A step forward fires what it
+// passes, as a test wants of a jump in time.)
 func (f *Fake) Set(t time.Time) {
 	f.mu.Lock()
+	if back := t.Sub(f.now); back < 0 {
+		for _, tm := range f.timers {
+			if tm.armed {
+				tm.at = tm.at.Add(back)
+			}
+		}
+	}
 	f.now = t
 	f.fireLocked()
 	f.mu.Unlock()
