@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -328,6 +329,14 @@ func parseRFC3339(s string) (time.Time, error) {
 	leap := len(s) > len("2006-01-02T15:04:60") && s[13] == ':' && s[16] == ':' && s[17:19] == "60"
 	if leap {
 		s = s[:17] + "59" + s[19:]
+	}
+	// Go's parser is laxer than RFC 3339 5.6 in two places: it takes an
+	// offset hour of 24 and a "," before the fraction.
+	if n := len(s); n > len("Z07:00") && (s[n-6] == '+' || s[n-6] == '-') && s[n-3] == ':' && s[n-5:n-3] > "23" {
+		return time.Time{}, fmt.Errorf("offset hour %s beyond 23", s[n-5:n-3])
+	}
+	if strings.IndexByte(s, ',') >= 0 {
+		return time.Time{}, fmt.Errorf("a fraction of a second follows \".\", not \",\"")
 	}
 	t, err := time.Parse(time.RFC3339, s)
 	if err != nil || !leap {
