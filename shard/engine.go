@@ -1353,21 +1353,22 @@ func (e *Engine) Stats() Stats {
 		// fire time, and none between that bound and the wheel's earliest
 		// entry (tasks in flight fired before it), so the first key from
 		// there is exact. Without wheel entries the store's first task is
-		// past the horizon.
-		from, ok := s.w.Next()
-		if !ok {
+		// past the horizon. The iterator is made under the lock, so it
+		// reads the store as it is now, and used after it: finding the
+		// first key may step over many deletions (a herd of equal dues
+		// being fired leaves one a task, about 6 ms for 100 k), which
+		// must not hold up the shard's ingest and fire loop.
+		from, inWheel := s.w.Next()
+		if !inWheel {
 			from = s.horizonEnd
 		}
-		var next int64
-		if ok || s.pending > 0 {
-			next, ok = s.firstStoredLocked(from)
+		var stored *pebble.Iterator
+		if inWheel || s.pending > 0 {
+			stored = s.storedIterLocked(from)
 		}
 		// Claimed but not delivered yet: a batch being published, and
 		// due tasks set aside while their lane is stuck.
 		claimedDue, parkedFire, parked := s.lanesDueLocked()
-		if parked && (!ok || parkedFire < next) {
-			next, ok = parkedFire, true
-		}
 		late, isLate := s.oldestLateLocked()
 		for l := range s.lanes {
 			ss.Held += s.lanes[l].hold.n
@@ -1377,6 +1378,10 @@ func (e *Engine) Stats() Stats {
 		}
 		horizon = min(horizon, s.horizonEnd)
 		s.mu.Unlock()
+		next, ok := firstFire(stored)
+		if parked && (!ok || parkedFire < next) {
+			next, ok = parkedFire, true
+		}
 		if ss.Held > 0 {
 			if due, ok := s.heldOldestDue(); ok && due <= now && (!isLate || due < late) {
 				late, isLate = due, true
@@ -1411,9 +1416,24 @@ func (e *Engine) Stats() Stats {
 // firstStoredLocked returns the fire time of the first stored task at or
 // after from.
 func (s *shard) firstStoredLocked(from int64) (int64, bool) {
-	// Held tasks (hold.go) have no fire time.
+	return firstFire(s.storedIterLocked(from))
+}
+
+// storedIterLocked returns an iterator over the shard's stored tasks with
+// a fire time from from (held tasks, hold.go, have none), nil if it
+// cannot be made. It reads the store as it was when made.
+func (s *shard) storedIterLocked(from int64) *pebble.Iterator {
 	it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, from), UpperBound: taskBound(s.id, heldBase)})
 	if err != nil {
+		return nil
+	}
+	return it
+}
+
+// firstFire returns the fire time of it's first task and closes it; ok
+// false for none, or a nil it.
+func firstFire(it *pebble.Iterator) (int64, bool) {
+	if it == nil {
 		return 0, false
 	}
 	defer it.Close()
