@@ -68,6 +68,10 @@ type Config struct {
 	CancelRetention Duration `yaml:"cancel_retention"`
 	// FireBatch is the largest number of tasks published at once. Default 512.
 	FireBatch int `yaml:"fire_batch"`
+	// FireBatchBytes bounds the stored tasks (bytes, plus 40 a header) a
+	// shard's fire loop reads into memory a round; the rest wait for the
+	// next. Default DefaultFireBatchBytes (4 MiB).
+	FireBatchBytes int `yaml:"fire_batch_bytes"`
 	// Store sizes the store's memory.
 	Store Store `yaml:"store"`
 	// Retry is the backoff for fire-time publish failures.
@@ -259,6 +263,7 @@ const (
 	DefaultMaxMessageBytes = 1<<20 - 1024
 	DefaultCancelRetention = 24 * time.Hour
 	DefaultFireBatch       = 512
+	DefaultFireBatchBytes  = 4 << 20
 	DefaultStoreCacheMB    = 768
 	DefaultStoreMemtableMB = 128
 	DefaultShutdownTimeout = 10 * time.Second
@@ -279,6 +284,7 @@ func Default() *Config {
 		MaxMessageBytes: DefaultMaxMessageBytes,
 		CancelRetention: Duration(DefaultCancelRetention),
 		FireBatch:       DefaultFireBatch,
+		FireBatchBytes:  DefaultFireBatchBytes,
 		Store:           Store{CacheMB: DefaultStoreCacheMB, MemtableMB: DefaultStoreMemtableMB},
 		Retry: Retry{
 			Initial:         Duration(500 * time.Millisecond),

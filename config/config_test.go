@@ -82,6 +82,7 @@ max_delay: 30d
 max_message_bytes: 2048
 cancel_retention: 2d
 fire_batch: 100
+fire_batch_bytes: 65536
 store: {cache_mb: 1024, memtable_mb: 128}
 retry: {initial: 1s, max: 1m, multiplier: 1.5, jitter: 0, max_attempts: 3}
 shutdown_timeout: 30s
@@ -122,6 +123,7 @@ admin:
 		{"max_message_bytes", c.MaxMessageBytes, 2048},
 		{"cancel_retention", c.CancelRetention.Std(), 48 * time.Hour},
 		{"fire_batch", c.FireBatch, 100},
+		{"fire_batch_bytes", c.FireBatchBytes, 65536},
 		{"store", c.Store, Store{CacheMB: 1024, MemtableMB: 128}},
 		{"retry", c.Retry, Retry{Initial: Duration(time.Second), Max: Duration(time.Minute), Multiplier: 1.5, Jitter: 0, MaxAttempts: 3, WaitingInMemory: DefaultWaitingInMemory}},
 		{"shutdown_timeout", c.ShutdownTimeout.Std(), 30 * time.Second},

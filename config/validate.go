@@ -74,6 +74,9 @@ func (c *Config) validate(v *validator) {
 	if c.FireBatch < 1 || c.FireBatch > 1<<16 {
 		v.add("fire_batch", "must be between 1 and 65536, got %d", c.FireBatch)
 	}
+	if c.FireBatchBytes < 1<<10 || c.FireBatchBytes > 1<<30 {
+		v.add("fire_batch_bytes", "must be between 1024 and 1073741824, got %d", c.FireBatchBytes)
+	}
 	if c.Store.CacheMB < 64 || c.Store.CacheMB > 1<<20 {
 		v.add("store.cache_mb", "must be between 64 and 1048576, got %d", c.Store.CacheMB)
 	} else if c.Store.MemtableMB < 4 || c.Store.MemtableMB > c.Store.CacheMB/2 {

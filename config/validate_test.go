@@ -33,6 +33,8 @@ func TestValidate(t *testing.T) {
 		{"max_message_bytes", func(c *Config) { c.MaxMessageBytes = 0 }, "max_message_bytes: must be positive"},
 		{"cancel_retention", func(c *Config) { c.CancelRetention = -1 }, "cancel_retention: must not be negative"},
 		{"fire_batch", func(c *Config) { c.FireBatch = 0 }, "fire_batch: must be between"},
+		{"fire_batch_bytes low", func(c *Config) { c.FireBatchBytes = 1023 }, "fire_batch_bytes: must be between 1024"},
+		{"fire_batch_bytes high", func(c *Config) { c.FireBatchBytes = 1<<30 + 1 }, "fire_batch_bytes: must be between"},
 		{"store cache too small", func(c *Config) { c.Store.CacheMB = 32 }, "store.cache_mb: must be between 64"},
 		{"store memtable over half the cache", func(c *Config) { c.Store.MemtableMB = 512 }, "store.memtable_mb: must be between 4 and store.cache_mb/2 (384), got 512"},
 		{"store memtable zero", func(c *Config) { c.Store.MemtableMB = 0 }, "store.memtable_mb: must be between"},

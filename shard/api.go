@@ -117,6 +117,11 @@ type Options struct {
 	// now+Horizon, the rest stays on disk until the loader reaches it.
 	Horizon   time.Duration // default 10m
 	FireBatch int           // max tasks per Deliver call; default 512
+	// FireBatchBytes bounds the stored envelopes (plus 40 bytes a header,
+	// their decoded cost) a fire round reads into memory: the rest of its
+	// claim goes back to the wheel for the next round. At least one task is
+	// read. Default 4 MiB.
+	FireBatchBytes int
 	// LaneGrace is how long (real time) a fire batch may be in the sink
 	// before its target transport's lane counts as stuck: the shard then
 	// claims and delivers the other transport's due tasks without waiting

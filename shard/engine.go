@@ -210,6 +210,9 @@ func (o *Options) setDefaults() {
 	if o.FireBatch <= 0 {
 		o.FireBatch = 512
 	}
+	if o.FireBatchBytes <= 0 {
+		o.FireBatchBytes = DefaultFireBatchBytes
+	}
 	if o.LaneGrace <= 0 {
 		o.LaneGrace = 2 * time.Second
 	}

@@ -567,7 +567,16 @@ func (s *shard) readClaimed(claimed []fireItem) (items, dropped, retry []fireIte
 	var key []byte
 	var firstErr error
 	stale := false // the iterator failed: its next seeks cannot be trusted
+	read := 0      // bytes of the tasks decoded, see taskCost
 	for i, it := range claimed {
+		if read >= s.e.opts.FireBatchBytes && len(items) > 0 {
+			// The round's byte budget is spent: the rest goes back to
+			// the wheel, due, and is claimed again next round. Without
+			// it a batch was bounded by count only: 512 tasks of up to
+			// max_message_bytes each, per shard and lane.
+			retry = append(retry, claimed[i:]...)
+			break
+		}
 		if stale {
 			// After a failed read (a value failing its checksum, an I/O
 			// error) Pebble's iterator answered the next seek with no key
@@ -624,8 +633,25 @@ func (s *shard) readClaimed(claimed []fireItem) (items, dropped, retry []fireIte
 		}
 		it.task = t
 		items = append(items, it)
+		read += taskCost(len(v), t)
 	}
 	return items, dropped, retry, firstErr
+}
+
+// DefaultFireBatchBytes is Options.FireBatchBytes's default: 4 MiB a
+// round, so the tasks the fire loops hold decoded stay within about
+// shards x 2 lanes x 4 MiB (64 MiB with 8 shards), whatever their size.
+const DefaultFireBatchBytes = 4 << 20
+
+// headerCost is what a decoded header costs beyond its bytes: its
+// codec.Header (a string and a slice header).
+const headerCost = 40
+
+// taskCost is the memory a decoded task holds: its envelope's bytes and
+// the headers' own cost (an envelope of many empty headers decodes to
+// many times its size).
+func taskCost(envelope int, t *codec.Task) int {
+	return envelope + headerCost*len(t.Headers)
 }
 
 // settleClaimed releases claimed entries that will not be delivered:

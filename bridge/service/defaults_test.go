@@ -17,6 +17,9 @@ func TestStoreDefaultsAgree(t *testing.T) {
 	if got, want := int64(config.DefaultStoreMemtableMB)<<20, int64(shard.DefaultMemTableBytes); got != want {
 		t.Errorf("config store.memtable_mb default %d B, engine default %d B", got, want)
 	}
+	if got, want := config.DefaultFireBatchBytes, shard.DefaultFireBatchBytes; got != want {
+		t.Errorf("config fire_batch_bytes default %d B, engine default %d B", got, want)
+	}
 }
 
 // A zero in the config is an explicit choice (the config holds the defaults
@@ -53,7 +56,7 @@ func TestEngineOptionsKeepExplicitZeros(t *testing.T) {
 			if eo.CancelRetention != tc.wantRetention {
 				t.Errorf("CancelRetention = %s, want %s", eo.CancelRetention, tc.wantRetention)
 			}
-			if eo.Dir != "/tmp/x" || eo.Shards != cfg.Shards || eo.FireBatch != cfg.FireBatch {
+			if eo.Dir != "/tmp/x" || eo.Shards != cfg.Shards || eo.FireBatch != cfg.FireBatch || eo.FireBatchBytes != cfg.FireBatchBytes {
 				t.Errorf("options %+v do not carry the config", eo)
 			}
 		})

@@ -896,12 +896,13 @@ func closeEach(closers []func() error) error {
 // cancel_retention), the zero is passed as the engine's "none" (negative).
 func engineOptions(cfg *config.Config) shard.Options {
 	eo := shard.Options{
-		Dir:           cfg.DataDir,
-		Shards:        cfg.Shards,
-		Horizon:       cfg.Horizon.Std(),
-		FireBatch:     cfg.FireBatch,
-		CacheBytes:    int64(cfg.Store.CacheMB) << 20,
-		MemTableBytes: int64(cfg.Store.MemtableMB) << 20,
+		Dir:            cfg.DataDir,
+		Shards:         cfg.Shards,
+		Horizon:        cfg.Horizon.Std(),
+		FireBatch:      cfg.FireBatch,
+		FireBatchBytes: cfg.FireBatchBytes,
+		CacheBytes:     int64(cfg.Store.CacheMB) << 20,
+		MemTableBytes:  int64(cfg.Store.MemtableMB) << 20,
 		Retry: shard.RetryPolicy{
 			Initial:     cfg.Retry.Initial.Std(),
 			Max:         cfg.Retry.Max.Std(),
