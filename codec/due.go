@@ -330,10 +330,16 @@ func parseRFC3339(s string) (time.Time, error) {
 	if leap {
 		s = s[:17] + "59" + s[19:]
 	}
-	// Go's parser is laxer than RFC 3339 5.6 in two places: it takes an
-	// offset hour of 24 and a "," before the fraction.
-	if n := len(s); n > len("Z07:00") && (s[n-6] == '+' || s[n-6] == '-') && s[n-3] == ':' && s[n-5:n-3] > "23" {
-		return time.Time{}, fmt.Errorf("offset hour %s beyond 23", s[n-5:n-3])
+	// Go's parser is laxer than RFC 3339 5.6 in three places: it takes an
+	// offset hour of 24, an offset minute of 60 and a "," before the
+	// fraction.
+	if n := len(s); n > len("Z07:00") && (s[n-6] == '+' || s[n-6] == '-') && s[n-3] == ':' {
+		if h := s[n-5 : n-3]; h > "23" {
+			return time.Time{}, fmt.Errorf("offset hour %s beyond 23", h)
+		}
+		if m := s[n-2:]; m > "59" {
+			return time.Time{}, fmt.Errorf("offset minute %s beyond 59", m)
+		}
 	}
 	if strings.IndexByte(s, ',') >= 0 {
 		return time.Time{}, fmt.Errorf("a fraction of a second follows \".\", not \",\"")

@@ -88,10 +88,13 @@ func TestParseDue(t *testing.T) {
 		{name: "at second 60 not at 23:59 UTC", hs: []Header{h("delay-at", "2025-06-15T10:30:60Z")}, code: CodeBadDue},
 		{name: "at second 60 at 23:59 local, not UTC", hs: []Header{h("delay-at", "2016-12-31T23:59:60+01:00")}, code: CodeBadDue},
 		{name: "at date only", hs: []Header{h("delay-at", "2026-11-22")}, code: CodeBadDue},
-		// RFC 3339 5.6: time-numoffset hours are 00-23 and a fraction
-		// follows a "."; Go's parser takes +24:00 and ",".
+		// RFC 3339 5.6: time-numoffset hours are 00-23, minutes 00-59,
+		// and a fraction follows a "."; Go's parser takes +24:00, +00:60
+		// and ",".
 		{name: "at offset hour 24", hs: []Header{h("delay-at", "2026-11-22T00:00:00+24:00")}, code: CodeBadDue},
 		{name: "at offset -24:00", hs: []Header{h("delay-at", "2026-11-22T00:00:00-24:00")}, code: CodeBadDue},
+		{name: "at offset minute 60", hs: []Header{h("delay-at", "2026-11-22T16:00:00+00:60")}, code: CodeBadDue},
+		{name: "at offset -23:60", hs: []Header{h("delay-at", "2026-11-22T16:00:00-23:60")}, code: CodeBadDue},
 		{name: "at offset +23:59", hs: []Header{h("delay-at", "2026-11-22T23:59:00+23:59")}, due: mustMs("2026-11-22T00:00:00Z")},
 		{name: "at offset +14:00", hs: []Header{h("delay-at", "2026-11-23T06:00:00+14:00")}, due: mustMs("2026-11-22T16:00:00Z")},
 		{name: "at offset -12:00", hs: []Header{h("delay-at", "2026-11-22T04:00:00-12:00")}, due: mustMs("2026-11-22T16:00:00Z")},
