@@ -95,6 +95,11 @@ type Config struct {
 	RootCAs func() (*x509.CertPool, error)
 
 	BatchSize int // max messages per Handle call; default 256
+	// BatchBytes ends a batch once its messages' data and headers reach
+	// it (at least one message), and bounds each pull request's bytes
+	// (raised to the server's max_payload plus framing, so that any
+	// message it takes can be delivered). Default 4 MiB.
+	BatchBytes int
 	// Linger is how long the Source waits for more messages to fill a batch
 	// once it has one; default 2ms. It bounds the added ingest latency.
 	Linger        time.Duration
@@ -135,6 +140,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = 256
+	}
+	if c.BatchBytes <= 0 {
+		c.BatchBytes = 4 << 20
 	}
 	if c.Linger <= 0 {
 		c.Linger = 2 * time.Millisecond

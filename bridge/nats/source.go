@@ -1122,7 +1122,9 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	}
 	st.start(int64(info.AckFloor.Stream), int64(info.Delivered.Stream), info.Delivered.Consumer)
 	it, err := cons.Messages(
-		jetstream.PullMaxMessages(2*s.cfg.BatchSize),
+		// Bytes as well as messages: a backlog of large messages held
+		// 2 x BatchSize of them (512 MiB at a 1 MiB max_payload).
+		jetstream.PullMaxMessagesWithBytesLimit(2*s.cfg.BatchSize, pullBytes(s.cfg.BatchBytes, s.nc.MaxPayload())),
 		jetstream.PullExpiry(s.cfg.PullExpiry),
 		jetstream.WithMessagesErrOnMissingHeartbeat(true),
 	)
@@ -1243,12 +1245,13 @@ func (s *Source) collect(ctx context.Context, it jetstream.MessagesContext, batc
 		return err
 	}
 	*batch = append(*batch, m)
-	if len(*batch) >= s.cfg.BatchSize {
+	size := msgBytes(m)
+	if len(*batch) >= s.cfg.BatchSize || size >= s.cfg.BatchBytes {
 		return nil
 	}
 	lctx, cancel := context.WithTimeout(ctx, s.cfg.Linger)
 	defer cancel()
-	for len(*batch) < s.cfg.BatchSize {
+	for len(*batch) < s.cfg.BatchSize && size < s.cfg.BatchBytes {
 		m, err := it.Next(jetstream.NextContext(lctx))
 		if err != nil {
 			if lctx.Err() != nil && ctx.Err() == nil {
@@ -1257,8 +1260,33 @@ func (s *Source) collect(ctx context.Context, it jetstream.MessagesContext, batc
 			return err
 		}
 		*batch = append(*batch, m)
+		size += msgBytes(m)
 	}
 	return nil
+}
+
+// msgBytes is what a batch counts for m: its data and its headers' names
+// and values.
+func msgBytes(m jetstream.Msg) int {
+	n := len(m.Data())
+	for k, vs := range m.Headers() {
+		for _, v := range vs {
+			n += len(k) + len(v)
+		}
+	}
+	return n
+}
+
+// pullFraming is what a pull request's byte limit must leave above the
+// largest message for its subject, reply and header framing.
+const pullFraming = 64 << 10
+
+// pullBytes is the byte limit of a pull request: the batch's, or the
+// server's largest message and its framing if that is more, since a
+// server that cannot fit a pending message into a request never delivers
+// it (the consumer would stall).
+func pullBytes(batchBytes int, maxPayload int64) int {
+	return max(batchBytes, int(min(maxPayload, 1<<40))+pullFraming)
 }
 
 // process hands the batch to the handler (retrying until it succeeds or
