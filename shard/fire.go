@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -638,20 +639,33 @@ func (s *shard) readClaimed(claimed []fireItem) (items, dropped, retry []fireIte
 	return items, dropped, retry, firstErr
 }
 
+// maxLogID bounds a task id in a log line: ids may be as long as a
+// message allows, and a target that refuses every task logs a line each.
+const maxLogID = 128
+
+// logID is id for a log line, cut to maxLogID bytes (at a UTF-8 boundary)
+// with "..." when longer.
+func logID(id string) string {
+	if len(id) <= maxLogID {
+		return id
+	}
+	cut := maxLogID
+	for cut > 0 && !utf8.RuneStart(id[cut]) {
+		cut--
+	}
+	return id[:cut] + "..."
+}
+
 // DefaultFireBatchBytes is Options.FireBatchBytes's default: 4 MiB a
 // round, so the tasks the fire loops hold decoded stay within about
 // shards x 2 lanes x 4 MiB (64 MiB with 8 shards), whatever their size.
 const DefaultFireBatchBytes = 4 << 20
 
-// headerCost is what a decoded header costs beyond its bytes: its
-// codec.Header (a string and a slice header).
-const headerCost = 40
-
 // taskCost is the memory a decoded task holds: its envelope's bytes and
 // the headers' own cost (an envelope of many empty headers decodes to
 // many times its size).
 func taskCost(envelope int, t *codec.Task) int {
-	return envelope + headerCost*len(t.Headers)
+	return envelope + codec.HeaderMemory*len(t.Headers)
 }
 
 // settleClaimed releases claimed entries that will not be delivered:
@@ -942,7 +956,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			s.clearLateLocked(it.seq)
 			e.log.Warn("task dead-lettered at fire time", zap.String("code", string(code)),
 				zap.String("origin", t.Origin), zap.String("dlq", dl.Destination()),
-				zap.String("source", t.Source), zap.String("id", t.ID), zap.Uint32("attempts", t.Attempts), zap.Error(derr))
+				zap.String("source", t.Source), zap.String("id", logID(t.ID)), zap.Uint32("attempts", t.Attempts), zap.Error(derr))
 			continue
 		}
 		fire := now + wait.Milliseconds()

@@ -24,7 +24,7 @@ type batchSink struct {
 func (s *batchSink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	n := 0
 	for _, t := range batch {
-		n += len(t.Value) + headerCost*len(t.Headers)
+		n += len(t.Value) + codec.HeaderMemory*len(t.Headers)
 	}
 	s.mu.Lock()
 	s.batches = append(s.batches, n)
@@ -67,7 +67,7 @@ func TestFireBatchBytesBounded(t *testing.T) {
 			}
 			h.ingest(batch)
 			h.advance(time.Second)
-			one := tc.size + headerCost*tc.headers
+			one := tc.size + codec.HeaderMemory*tc.headers
 			bs.mu.Lock()
 			batches := slices.Clone(bs.batches)
 			bs.mu.Unlock()
@@ -89,5 +89,20 @@ func TestFireBatchBytesBounded(t *testing.T) {
 			}
 			h.checkPending()
 		})
+	}
+}
+
+func TestLogID(t *testing.T) {
+	long := strings.Repeat("x", maxLogID+10)
+	for _, tc := range []struct{ in, want string }{
+		{"order-42", "order-42"},
+		{long[:maxLogID], long[:maxLogID]},
+		{long, long[:maxLogID] + "..."},
+		// A cut inside a multi-byte rune moves back to its start.
+		{long[:maxLogID-1] + "é" + "tail", long[:maxLogID-1] + "..."},
+	} {
+		if got := logID(tc.in); got != tc.want {
+			t.Errorf("logID(%d bytes) = %q, want %q", len(tc.in), got, tc.want)
+		}
 	}
 }

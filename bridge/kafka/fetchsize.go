@@ -1,6 +1,9 @@
 package kafka
 
-import "github.com/delaybridge/delaybridge/bridge"
+import (
+	"github.com/delaybridge/delaybridge/bridge"
+	"github.com/delaybridge/delaybridge/codec"
+)
 
 // Fetch sizing. A fetch's byte limit counts record batches as stored,
 // compressed; kafka-go decompresses a whole response as it reads it, and a
@@ -90,14 +93,15 @@ func (f *fetchSizer) next(decoded int, stepped, caughtUp bool) {
 }
 
 // decodedBytes is what items hold of their records: keys, values and
-// headers.
+// headers, each header with its codec.Header (a record of many empty
+// headers is small on the wire and not in memory).
 func decodedBytes(items []bridge.Item) int {
 	n := 0
 	for i := range items {
 		m := &items[i].Msg
 		n += len(m.Key) + len(m.Value)
 		for _, h := range m.Headers {
-			n += len(h.Key) + len(h.Value)
+			n += len(h.Key) + len(h.Value) + codec.HeaderMemory
 		}
 	}
 	return n

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
 )
 
@@ -453,4 +454,25 @@ func fetchClient(t *testing.T, c *kfake.Cluster) (*kafkago.Client, *Config, cont
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	return client, &cfg, ctx
+}
+
+// TestDecodedBytesCountsHeaders: a header costs its codec.Header beside its
+// bytes, so a record of many empty headers (3 bytes each on the wire, 40
+// in memory) shrinks the next fetch as its memory does.
+func TestDecodedBytesCountsHeaders(t *testing.T) {
+	many := make([]codec.Header, 1000)
+	for _, tc := range []struct {
+		name  string
+		items []bridge.Item
+		want  int
+	}{
+		{"none", nil, 0},
+		{"key and value", []bridge.Item{{Msg: codec.Message{Key: []byte("k"), Value: []byte("value")}}}, 6},
+		{"headers", []bridge.Item{{Msg: codec.Message{Value: []byte("v"), Headers: []codec.Header{{Key: "a", Value: []byte("bc")}, {Key: "d"}}}}}, 1 + 3 + 1 + 2*codec.HeaderMemory},
+		{"many empty headers", []bridge.Item{{Msg: codec.Message{Headers: many}}}, 1000 * codec.HeaderMemory},
+	} {
+		if got := decodedBytes(tc.items); got != tc.want {
+			t.Errorf("%s: decodedBytes = %d, want %d", tc.name, got, tc.want)
+		}
+	}
 }

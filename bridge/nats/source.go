@@ -1266,12 +1266,12 @@ func (s *Source) collect(ctx context.Context, it jetstream.MessagesContext, batc
 }
 
 // msgBytes is what a batch counts for m: its data and its headers' names
-// and values.
+// and values, each header with the codec.Header it becomes.
 func msgBytes(m jetstream.Msg) int {
 	n := len(m.Data())
 	for k, vs := range m.Headers() {
 		for _, v := range vs {
-			n += len(k) + len(v)
+			n += len(k) + len(v) + codec.HeaderMemory
 		}
 	}
 	return n
