@@ -578,13 +578,7 @@ func BenchmarkIngestBeforeOverdueHerd(b *testing.B) {
 	h := newHarness(b, func(o *Options) { o.Shards = 1; o.Logger = zap.NewNop() })
 	herd := t0.Add(30 * time.Minute)
 	const n = 200_000
-	for i := 0; i < n; i += 1000 {
-		var batch []codec.Task
-		for j := i; j < i+1000; j++ {
-			batch = append(batch, sched("h"+strconv.Itoa(j), herd, int64(j+1)))
-		}
-		h.ingest(batch)
-	}
+	ingestHerd(h, n, herd)
 	h.clk.Set(t0.Add(time.Hour))
 	h.reopen()
 	s := h.e.shards[0]
@@ -621,13 +615,7 @@ func BenchmarkLoadHerd(b *testing.B) {
 	h := newHarness(b, func(o *Options) { o.Shards = 1; o.Logger = zap.NewNop(); o.Horizon = 10 * time.Minute })
 	herd := t0.Add(time.Hour)
 	const n = 400_000
-	for i := 0; i < n; i += 1000 {
-		var batch []codec.Task
-		for j := i; j < i+1000; j++ {
-			batch = append(batch, sched("h"+strconv.Itoa(j), herd, int64(j+1)))
-		}
-		h.ingest(batch)
-	}
+	ingestHerd(h, n, herd)
 	now := ms(herd.Add(-6 * time.Minute))
 	s := h.e.shards[0]
 	var longest time.Duration
@@ -665,13 +653,7 @@ func BenchmarkStatsDuringFiredHerd(b *testing.B) {
 	h := newHarness(b, func(o *Options) { o.Shards = 1; o.Logger = zap.NewNop() })
 	herd := t0.Add(time.Minute)
 	const n, fired = 100_000, 99_000
-	for i := 0; i < n; i += 1000 {
-		var batch []codec.Task
-		for j := i; j < i+1000; j++ {
-			batch = append(batch, sched("h"+strconv.Itoa(j), herd, int64(j+1)))
-		}
-		h.ingest(batch)
-	}
+	ingestHerd(h, n, herd)
 	h.clk.Set(herd)
 	s := h.e.shards[0]
 	s.mu.Lock()
@@ -715,4 +697,15 @@ func BenchmarkStatsDuringFiredHerd(b *testing.B) {
 	wg.Wait()
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "stats-ms/op")
 	b.ReportMetric(float64(longest.Load())/1e6, "max-lock-wait-ms")
+}
+
+// ingestHerd ingests n tasks h0..h(n-1) due at herd, in batches of 1000.
+func ingestHerd(h *harness, n int, herd time.Time) {
+	for i := 0; i < n; i += 1000 {
+		var batch []codec.Task
+		for j := i; j < min(i+1000, n); j++ {
+			batch = append(batch, sched("h"+strconv.Itoa(j), herd, int64(j+1)))
+		}
+		h.ingest(batch)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -107,10 +108,31 @@ func (h *harness) settle() {
 	deadline := time.Now().Add(20 * time.Second)
 	for !h.e.settled() {
 		if time.Now().After(deadline) {
-			h.t.Fatalf("fire loops did not settle")
+			h.t.Fatalf("fire loops did not settle: %s", h.e.loopStates())
 		}
 		time.Sleep(50 * time.Microsecond)
 	}
+}
+
+// loopStates describes each fire loop's state for a failed settle.
+func (e *Engine) loopStates() string {
+	now := e.clk.Now()
+	var b strings.Builder
+	fmt.Fprintf(&b, "now %d", now.UnixMilli())
+	for _, s := range e.shards {
+		s.mu.Lock()
+		next, ok := s.w.Next()
+		fmt.Fprintf(&b, "; shard %d: parked %v until %d, wake %d, notify %d, queue %d, wheel %d (time %d, next %d %v), horizon (%d, %d), late %d",
+			s.id, s.parked, s.parkUntil.UnixMilli(), s.wakeAt, len(s.notify), len(s.queue), s.w.Len(), s.w.Now(), next, ok, s.horizonEnd, s.horizonSeq, len(s.late))
+		for l := range s.lanes {
+			ln := &s.lanes[l]
+			if ln.busy || len(ln.parked) > 0 || ln.hold.n > 0 {
+				fmt.Fprintf(&b, ", lane %d busy %v parked %d held %d next %d", l, ln.busy, len(ln.parked), ln.hold.n, ln.hold.next)
+			}
+		}
+		s.mu.Unlock()
+	}
+	return b.String()
 }
 
 func (e *Engine) settled() bool {
