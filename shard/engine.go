@@ -175,9 +175,11 @@ type shard struct {
 
 	// Fire-loop parking, so Ingest can wake the loop for an earlier due and
 	// tests can tell when the loop is idle.
-	parked    bool
-	wakeAt    int64     // ms the parked loop wakes for
-	parkUntil time.Time // clock time the loop's timer fires
+	parked bool
+	wakeAt int64 // ms the parked loop wakes for
+	// parkTimer is the loop's timer, for tests: a fake clock's tells
+	// when it fires (clock.Deadliner), so a test knows the loop is idle.
+	parkTimer clock.Timer
 	notify    chan struct{}
 
 	rng *rand.Rand // jitter; used by the fire loop only

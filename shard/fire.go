@@ -110,6 +110,9 @@ type fireItem struct {
 func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit) {
 	timer := s.e.clk.NewTimer(time.Hour)
 	defer timer.Stop()
+	s.mu.Lock()
+	s.parkTimer = timer
+	s.mu.Unlock()
 	// The lanes' batches finish (and send their commits) before the loop
 	// returns; what they left parked goes back in the wheel for a next Run.
 	var lanes sync.WaitGroup
@@ -147,6 +150,7 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 			continue
 		}
 		var claimed []fireItem
+		nHeld := 0
 		if err == nil {
 			claimed = append(s.takeParkedLocked(s.e.opts.FireBatch), s.claimLocked(now)...)
 			// Held tasks (hold.go) get what is left of a batch, and at
@@ -157,6 +161,7 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 				s.e.log.Warn("fire loop: reading held tasks failed", zap.Int("shard", s.id), zap.Error(herr))
 			}
 			claimed = append(claimed, held...)
+			nHeld = len(held)
 		}
 		if err == nil && len(claimed) == 0 {
 			if moreToSweep {
@@ -178,7 +183,7 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 		var items []fireItem
 		if err == nil {
 			var dropped, retry []fireItem
-			items, dropped, retry, err = s.readClaimed(claimed)
+			items, dropped, retry, err = s.readClaimedSplit(claimed, len(claimed)-nHeld)
 			s.settleClaimed(dropped, retry)
 			if h := s.e.testHookClaimRead; h != nil {
 				h(len(claimed))
@@ -254,7 +259,6 @@ func (s *shard) park(ctx context.Context, timer interface {
 	timer.Reset(d)
 	s.parked = true
 	s.wakeAt = wake
-	s.parkUntil = now.Add(d)
 	s.mu.Unlock()
 	select {
 	case <-ctx.Done():
@@ -543,6 +547,15 @@ func (s *shard) claimLocked(now int64) []fireItem {
 // store and logged. Entries in retry could not be read and go back to the
 // wheel. The caller settles dropped and retry with settleClaimed.
 func (s *shard) readClaimed(claimed []fireItem) (items, dropped, retry []fireItem, err error) {
+	return s.readClaimedSplit(claimed, len(claimed))
+}
+
+// readClaimedSplit is readClaimed for a claim whose entries from split on
+// are released held tasks: when there are some, the due ones before them
+// read at most half the byte budget and the held ones the rest (at least
+// one task each), as the count rule gives held tasks at least half a
+// batch, so neither starves the other.
+func (s *shard) readClaimedSplit(claimed []fireItem, split int) (items, dropped, retry []fireItem, err error) {
 	if len(claimed) == 0 {
 		return nil, nil, nil, nil
 	}
@@ -569,8 +582,19 @@ func (s *shard) readClaimed(claimed []fireItem) (items, dropped, retry []fireIte
 	var firstErr error
 	stale := false // the iterator failed: its next seeks cannot be trusted
 	read := 0      // bytes of the tasks decoded, see taskCost
+	budget, dueItems := s.e.opts.FireBatchBytes, 0
+	if split < len(claimed) {
+		budget = max(budget/2, 1)
+	}
 	for i, it := range claimed {
-		if read >= s.e.opts.FireBatchBytes && len(items) > 0 {
+		if i == split {
+			budget, dueItems = s.e.opts.FireBatchBytes, len(items)
+		}
+		if i < split && read >= budget && len(items) > 0 {
+			retry = append(retry, it)
+			continue
+		}
+		if read >= budget && len(items) > dueItems {
 			// The round's byte budget is spent: the rest goes back to
 			// the wheel, due, and is claimed again next round. Without
 			// it a batch was bounded by count only: 512 tasks of up to
@@ -699,9 +723,16 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 		}
 	}
 	for _, it := range retry {
-		// A cancel or drop that met it is not counted (its next claim
-		// finds it gone, not superseded): a read error is rare enough.
-		s.endInflightLocked(it.seq)
+		// A cancel or drop that met it is counted here, as for a dropped
+		// entry: its next claim finds it gone, not superseded. (With the
+		// byte budget, every round of large tasks sends some back.)
+		sup, cancelSrc := s.endInflightLocked(it.seq)
+		switch {
+		case sup == cancelledInFlight:
+			s.e.m.Cancelled.WithLabelValues(cancelSrc).Inc()
+		case sup.dropped():
+			s.e.m.StuckDropped.WithLabelValues(string(sup.state())).Inc()
+		}
 		s.addLocked(it.fire, it.seq) // a held one stays out: it is released again from the store
 	}
 	s.inWheelG.Set(float64(s.w.Len()))

@@ -108,10 +108,32 @@ func (h *harness) settle() {
 	deadline := time.Now().Add(20 * time.Second)
 	for !h.e.settled() {
 		if time.Now().After(deadline) {
-			h.t.Fatalf("fire loops did not settle: %s", h.e.loopStates())
+			var timers []int64
+			for _, at := range h.clk.Deadlines() {
+				timers = append(timers, at.UnixMilli())
+			}
+			h.t.Fatalf("fire loops did not settle: %s; fake timers at %v", h.e.loopStates(), timers)
 		}
 		time.Sleep(50 * time.Microsecond)
 	}
+}
+
+// parkDeadline is when s's loop timer fires (ms), ok false if it is not
+// armed (fired, stopped, or the loop not started).
+func parkDeadline(s *shard) (ms int64, ok bool) {
+	if d, isFake := s.parkTimer.(clock.Deadliner); isFake {
+		if at, armed := d.Deadline(); armed {
+			return at.UnixMilli(), true
+		}
+	}
+	return 0, false
+}
+
+func deadlineText(s *shard) string {
+	if ms, ok := parkDeadline(s); ok {
+		return fmt.Sprint(ms)
+	}
+	return "(no timer armed)"
 }
 
 // loopStates describes each fire loop's state for a failed settle.
@@ -122,8 +144,8 @@ func (e *Engine) loopStates() string {
 	for _, s := range e.shards {
 		s.mu.Lock()
 		next, ok := s.w.Next()
-		fmt.Fprintf(&b, "; shard %d: parked %v until %d, wake %d, notify %d, queue %d, wheel %d (time %d, next %d %v), horizon (%d, %d), late %d",
-			s.id, s.parked, s.parkUntil.UnixMilli(), s.wakeAt, len(s.notify), len(s.queue), s.w.Len(), s.w.Now(), next, ok, s.horizonEnd, s.horizonSeq, len(s.late))
+		fmt.Fprintf(&b, "; shard %d: parked %v until %s, wake %d, notify %d, queue %d, wheel %d (time %d, next %d %v), horizon (%d, %d), late %d",
+			s.id, s.parked, deadlineText(s), s.wakeAt, len(s.notify), len(s.queue), s.w.Len(), s.w.Now(), next, ok, s.horizonEnd, s.horizonSeq, len(s.late))
 		for l := range s.lanes {
 			ln := &s.lanes[l]
 			if ln.busy || len(ln.parked) > 0 || ln.hold.n > 0 {
@@ -136,10 +158,12 @@ func (e *Engine) loopStates() string {
 }
 
 func (e *Engine) settled() bool {
-	now := e.clk.Now()
 	for _, s := range e.shards {
 		s.mu.Lock()
-		ok := s.parked && now.Before(s.parkUntil) && len(s.notify) == 0 && len(s.queue) == 0
+		// A fake timer still armed has not fired (the fake clock fires
+		// what is due whenever it moves): the loop waits for the clock.
+		_, armed := parkDeadline(s)
+		ok := s.parked && armed && len(s.notify) == 0 && len(s.queue) == 0
 		for l := range s.lanes { // a stuck lane's batch, or tasks waiting aside
 			ok = ok && !s.lanes[l].busy && len(s.lanes[l].parked) == 0
 		}
@@ -159,16 +183,6 @@ func (h *harness) advance(d time.Duration) {
 
 func (h *harness) set(at time.Time) {
 	h.t.Helper()
-	if back := at.Sub(h.clk.Now()); back < 0 && h.e != nil {
-		// A step back: the fake clock moves its armed timers back with
-		// it (as the monotonic clock does not step), so the loops' park
-		// deadlines, which settle compares with, move back too.
-		for _, s := range h.e.shards {
-			s.mu.Lock()
-			s.parkUntil = s.parkUntil.Add(back)
-			s.mu.Unlock()
-		}
-	}
 	h.clk.Set(at)
 	h.settle()
 }

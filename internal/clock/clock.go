@@ -80,6 +80,20 @@ func (f *Fake) Set(t time.Time) {
 	f.mu.Unlock()
 }
 
+// Deadlines returns the deadlines of the armed timers, for a test's
+// failure message.
+func (f *Fake) Deadlines() []time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []time.Time
+	for _, t := range f.timers {
+		if t.armed {
+			out = append(out, t.at)
+		}
+	}
+	return out
+}
+
 // Timers returns the number of armed timers, so a test can wait until the
 // code under test is parked on one.
 func (f *Fake) Timers() int {
@@ -131,6 +145,21 @@ type fakeTimer struct {
 }
 
 func (t *fakeTimer) C() <-chan time.Time { return t.c }
+
+// Deadliner is a Timer that tells when it fires: a fake clock's, so a
+// test can tell that the code under test is parked on it.
+type Deadliner interface {
+	// Deadline returns when the timer fires, ok false if it is not
+	// armed (stopped, or fired).
+	Deadline() (at time.Time, ok bool)
+}
+
+// Deadline implements Deadliner.
+func (t *fakeTimer) Deadline() (time.Time, bool) {
+	t.f.mu.Lock()
+	defer t.f.mu.Unlock()
+	return t.at, t.armed
+}
 
 func (t *fakeTimer) Stop() bool {
 	t.f.mu.Lock()
