@@ -22,7 +22,7 @@ func TestSourceBatchBytesBounded(t *testing.T) {
 		batchBytes = 1 << 20
 		bound      = 8 << 20 // two pulls of about max_payload (1 MiB), a batch in hand, slack
 	)
-	_, _, js, src := createdSource(t, func(c *Config) { c.AckWait = time.Hour; c.BatchBytes = batchBytes })
+	_, _, js, src := createdSource(t, func(c *Config) { c.AckWait = time.Hour; c.BatchBytes = batchBytes; c.PullBytes = batchBytes })
 	body := strings.Repeat("x", size)
 	for i := range n {
 		h := natsgo.Header{}

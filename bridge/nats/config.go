@@ -96,10 +96,17 @@ type Config struct {
 
 	BatchSize int // max messages per Handle call; default 256
 	// BatchBytes ends a batch once its messages' data and headers reach
-	// it (at least one message), and bounds each pull request's bytes
-	// (raised to the server's max_payload plus framing, so that any
-	// message it takes can be delivered). Default 4 MiB.
+	// it (at least one message). Default 4 MiB.
 	BatchBytes int
+	// PullBytes bounds each pull request's bytes, so that a backlog of
+	// large messages is not prefetched 2 x BatchSize at a time. It is
+	// raised to the server's max_payload plus framing when that is more:
+	// a pending message larger than a pull request's limit is never
+	// delivered, and nats.go retries such a pull without an error (the
+	// consumer would stall). Default 64 MiB: above any max_payload a
+	// server with the default max_pending (64 MB) accepts, so a message
+	// stored before max_payload was lowered still fits.
+	PullBytes int
 	// Linger is how long the Source waits for more messages to fill a batch
 	// once it has one; default 2ms. It bounds the added ingest latency.
 	Linger        time.Duration
@@ -143,6 +150,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.BatchBytes <= 0 {
 		c.BatchBytes = 4 << 20
+	}
+	if c.PullBytes <= 0 {
+		c.PullBytes = 64 << 20
 	}
 	if c.Linger <= 0 {
 		c.Linger = 2 * time.Millisecond

@@ -1124,7 +1124,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	it, err := cons.Messages(
 		// Bytes as well as messages: a backlog of large messages held
 		// 2 x BatchSize of them (512 MiB at a 1 MiB max_payload).
-		jetstream.PullMaxMessagesWithBytesLimit(2*s.cfg.BatchSize, pullBytes(s.cfg.BatchBytes, s.nc.MaxPayload())),
+		jetstream.PullMaxMessagesWithBytesLimit(2*s.cfg.BatchSize, pullBytes(s.cfg.PullBytes, s.nc.MaxPayload())),
 		jetstream.PullExpiry(s.cfg.PullExpiry),
 		jetstream.WithMessagesErrOnMissingHeartbeat(true),
 	)
@@ -1281,12 +1281,14 @@ func msgBytes(m jetstream.Msg) int {
 // largest message for its subject, reply and header framing.
 const pullFraming = 64 << 10
 
-// pullBytes is the byte limit of a pull request: the batch's, or the
-// server's largest message and its framing if that is more, since a
-// server that cannot fit a pending message into a request never delivers
-// it (the consumer would stall).
-func pullBytes(batchBytes int, maxPayload int64) int {
-	return max(batchBytes, int(min(maxPayload, 1<<40))+pullFraming)
+// pullBytes is the byte limit of a pull request: Config.PullBytes, or
+// the connected server's largest message and its framing if that is more,
+// since a server that cannot fit a pending message into a request never
+// delivers it (the consumer would stall). It is set when the source starts
+// pulling: a max_payload raised above it later takes a restart of the
+// source (any failed pull or lost heartbeat does one) to be followed.
+func pullBytes(limit int, maxPayload int64) int {
+	return max(limit, int(min(maxPayload, 1<<40))+pullFraming)
 }
 
 // process hands the batch to the handler (retrying until it succeeds or
