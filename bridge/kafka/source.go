@@ -194,8 +194,25 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		groupCancel()
 		workers.Wait()
 		if cg != nil {
-			_ = cg.Close()
+			c := cg
 			cg = nil
+			if ctx.Err() == nil {
+				_ = c.Close()
+				return
+			}
+			// Stopping: kafka-go's Close waits for a JoinGroup in flight,
+			// which the coordinator answers only when the rebalance
+			// completes (up to RebalanceTimeout). The workers have
+			// committed; do not hold the shutdown for the leave.
+			closed := make(chan struct{})
+			go func() { _ = c.Close(); close(closed) }()
+			t := time.NewTimer(leaveWait)
+			defer t.Stop()
+			select {
+			case <-closed:
+			case <-t.C:
+				s.log.Warn("leaving the consumer group: a join in flight holds it; not waiting for it")
+			}
 		}
 	}
 	defer func() { leave() }()
@@ -289,6 +306,9 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		})
 	}
 }
+
+// leaveWait bounds how long a stopping source waits to leave its group.
+var leaveWait = time.Second
 
 // groupContext is the context of one consumer group's workers. It is
 // context.WithCancel behind a call because its cancel is kept in a
