@@ -56,10 +56,12 @@ func TestHeldNotStarvedByByteBudget(t *testing.T) {
 	if len(acked) != 130 {
 		t.Fatalf("%d delivered, want 130", len(acked))
 	}
-	// Each round delivers 2 Kafka tasks; the held tasks are claimed in
-	// every one of them (half a batch), so they should be among the
-	// first few rounds' deliveries, not after all 120 Kafka ones.
-	if first > 4*2 {
+	// A round delivers one or two Kafka tasks, and the held tasks are
+	// claimed in any round their lane is free: they come among the first
+	// rounds' deliveries (usually within the first 8; 17 was seen under
+	// -race with the lanes' goroutines scheduled late), not after the
+	// whole Kafka backlog as when the due tasks spent the budget.
+	if first > 60 {
 		t.Errorf("the first held NATS task was delivered after %d Kafka tasks: held tasks claimed every round and sent back by the byte budget", first)
 	}
 	h.checkPending()
