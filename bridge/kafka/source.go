@@ -196,16 +196,19 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		if cg != nil {
 			c := cg
 			cg = nil
-			if ctx.Err() == nil {
-				_ = c.Close()
-				return
-			}
-			// Stopping: kafka-go's Close waits for a JoinGroup in flight,
-			// which the coordinator answers only when the rebalance
-			// completes (up to RebalanceTimeout). The workers have
-			// committed; do not hold the shutdown for the leave.
+			// kafka-go's Close waits for a JoinGroup in flight, which the
+			// coordinator answers only when the rebalance completes (up
+			// to RebalanceTimeout). Running, the next group waits for it
+			// (a leave for a topic change); stopping, at most leaveWait,
+			// also when the stop comes during such a wait: the workers
+			// have committed, so the shutdown is not held for the leave.
 			closed := make(chan struct{})
 			go func() { _ = c.Close(); close(closed) }()
+			select {
+			case <-closed:
+				return
+			case <-ctx.Done():
+			}
 			t := time.NewTimer(leaveWait)
 			defer t.Stop()
 			select {

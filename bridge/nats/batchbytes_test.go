@@ -13,16 +13,16 @@ import (
 // batches of about BatchBytes, not BatchSize messages, and the pull
 // requests are bounded in bytes too: what the server has delivered and
 // the bridge not yet acked stays a few MiB, where 2 x BatchSize
-// prefetched messages of 128 KiB were 64 MiB. Every message still
+// prefetched messages of 128 KiB were 64 MiB (all 15 MiB here). Every message still
 // arrives once.
 func TestSourceBatchBytesBounded(t *testing.T) {
 	const (
 		n          = 120
 		size       = 128 << 10
 		batchBytes = 1 << 20
-		bound      = 8 << 20 // two pulls of about max_payload (1 MiB), a batch in hand, slack
+		bound      = 12 << 20 // the default pull limit (4 MiB) twice, a batch in hand, slack
 	)
-	_, _, js, src := createdSource(t, func(c *Config) { c.AckWait = time.Hour; c.BatchBytes = batchBytes; c.PullBytes = batchBytes })
+	_, _, js, src := createdSource(t, func(c *Config) { c.AckWait = time.Hour; c.BatchBytes = batchBytes })
 	body := strings.Repeat("x", size)
 	for i := range n {
 		h := natsgo.Header{}

@@ -102,10 +102,12 @@ type Config struct {
 	// large messages is not prefetched 2 x BatchSize at a time. It is
 	// raised to the server's max_payload plus framing when that is more:
 	// a pending message larger than a pull request's limit is never
-	// delivered, and nats.go retries such a pull without an error (the
-	// consumer would stall). Default 64 MiB: above any max_payload a
-	// server with the default max_pending (64 MB) accepts, so a message
-	// stored before max_payload was lowered still fits.
+	// delivered, and nats.go retries such a pull without an error. The
+	// source watches for that (nothing delivered between two looks two
+	// PullExpiries apart while the consumer has messages pending and none
+	// awaiting an ack) and pulls again with four times the limit. Not much more by default:
+	// the server writes a whole pull's messages under one write deadline
+	// and drops a connection too slow for it. Default 4 MiB.
 	PullBytes int
 	// Linger is how long the Source waits for more messages to fill a batch
 	// once it has one; default 2ms. It bounds the added ingest latency.
@@ -152,7 +154,7 @@ func (c *Config) setDefaults() {
 		c.BatchBytes = 4 << 20
 	}
 	if c.PullBytes <= 0 {
-		c.PullBytes = 64 << 20
+		c.PullBytes = 4 << 20
 	}
 	if c.Linger <= 0 {
 		c.Linger = 2 * time.Millisecond

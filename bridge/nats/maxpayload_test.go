@@ -6,24 +6,29 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// A pending message larger than a pull request's byte limit is never
+// delivered: the server answers each pull 409 Message Size Exceeds
+// MaxBytes, which nats.go retries without an error, and the consumer
+// stalls on it, ready and silent (review R121). The source pulls again
+// with a limit that holds the message. Two ways to get there follow.
+
 // TestPullFitsMessageAfterMaxPayloadRaised: the bridge started against a
-// server with the default max_payload (1 MiB); the operator raises
-// max_payload to 8 MiB and restarts the server (same store, same
-// address); the bridge reconnects on its own. A publisher then sends a
-// 6 MiB delayed message, which the server accepts. The source's pull
-// requests still ask for at most pullBytes(4 MiB, 1 MiB) = 4 MiB, so the
-// server answers each with 409 Message Size Exceeds MaxBytes (which
-// nats.go swallows) and the message is never handed over: the consumer
-// stalls on it, and on everything behind it.
+// server with max_payload 1 MiB (pull limit 4 MiB); the operator raises it
+// to 8 MiB and restarts the server (same store and address); the bridge
+// reconnects on its own, its pull iterator with it. A publisher then sends
+// a 6 MiB delayed message: the source sees the new max_payload at its next
+// idle look and pulls again with a limit that holds it.
 func TestPullFitsMessageAfterMaxPayloadRaised(t *testing.T) {
 	opts := jsOptions(t)
 	srv := startServer(t, opts)
 	cfg := testConfig(t, serverURL(srv))
 	cfg.Create = true
+	cfg.PullExpiry = time.Second
 	nc := connect(t, cfg)
 	src, err := NewSource(nc, cfg)
 	if err != nil {
@@ -32,50 +37,111 @@ func TestPullFitsMessageAfterMaxPayloadRaised(t *testing.T) {
 	rec := newRecorder()
 	stop := runSource(t, src, rec)
 	defer stop()
-	js := newJS(t, nc)
-	h := natsgo.Header{}
-	h.Set("delay-after", "1h")
-	h.Set("delay-target", "out")
-	publish(t, js, "delay.a", "small", h)
-	count := func() int { rec.mu.Lock(); defer rec.mu.Unlock(); return len(rec.items) }
+	h := delayHeader()
+	publish(t, newJS(t, nc), "delay.a", "small", h)
+	count := rec.itemCount
 	eventually(t, "first message", func() bool { return count() == 1 })
-	t.Logf("max_payload seen by the bridge: %d", nc.MaxPayload())
 
-	// Restart the server with max_payload 8 MiB on the same port and store.
-	tcp := srv.Addr().String()
-	srv.Shutdown()
-	srv.WaitForShutdown()
-	opts2 := *opts
-	_, p, _ := strings.Cut(tcp, "127.0.0.1:")
-	var portN int
-	for _, c := range p {
-		portN = portN*10 + int(c-'0')
-	}
-	opts2.Port = portN
-	opts2.MaxPayload = 8 << 20
-	opts2.MaxPending = 64 << 20
-	srv2 := startServer(t, &opts2)
+	srv2 := restartServer(t, srv, opts, 8<<20)
 	eventually(t, "reconnect", func() bool { return nc.IsConnected() && nc.MaxPayload() == 8<<20 })
-	t.Logf("after reconnect: max_payload %d", nc.MaxPayload())
-
-	pub, err := natsgo.Connect(serverURL(srv2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	pjs, _ := jetstream.New(pub)
-	big := strings.Repeat("x", 6<<20)
-	if _, err := pjs.PublishMsg(context.Background(), &natsgo.Msg{Subject: "delay.a", Data: []byte(big), Header: h}); err != nil {
+	pjs := publisherJS(t, srv2)
+	if _, err := pjs.PublishMsg(context.Background(), &natsgo.Msg{Subject: "delay.a", Data: []byte(strings.Repeat("x", 6<<20)), Header: h}); err != nil {
 		t.Fatalf("publish 6 MiB: %v", err)
 	}
 	publish(t, pjs, "delay.a", "after", h)
-	deadline := time.Now().Add(15 * time.Second)
-	for count() < 3 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	eventually(t, "the 6 MiB message and the one after it", func() bool { return count() == 3 })
+}
+
+// TestPullFitsMessageStoredBeforeMaxPayloadLowered: a 6 MiB message stored
+// while max_payload was 8 MiB, then the server restarted with 1 MiB, and
+// the bridge started against it (pull limit 4 MiB). Two idle looks a
+// PullExpiry apart find messages pending and nothing delivered: the
+// source pulls again with four times the limit.
+func TestPullFitsMessageStoredBeforeMaxPayloadLowered(t *testing.T) {
+	opts := jsOptions(t)
+	opts.MaxPayload, opts.MaxPending = 8<<20, 64<<20
+	srv := startServer(t, opts)
+	cfg := testConfig(t, serverURL(srv))
+	cfg.Create = true
+	cfg.PullExpiry = time.Second
+	// The stream and consumer exist before the message (a source that
+	// ensures them and stops).
+	ensured, err := NewSource(connect(t, cfg), cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("source health during the stall: %v", src.Health())
-	if got := count(); got != 3 {
-		t.Fatalf("%d of 3 messages handed over 15 s after a 6 MiB message (server max_payload now %d): the consumer is stalled",
-			got, nc.MaxPayload())
+	stopEnsured := runSource(t, ensured, newRecorder())
+	pjs := publisherJS(t, srv)
+	h := delayHeader()
+	eventually(t, "the delay stream", func() bool {
+		_, err := pjs.Stream(context.Background(), "DELAY")
+		return err == nil
+	})
+	if err := stopEnsured(); err != nil {
+		t.Fatal(err)
 	}
+	if _, err := pjs.PublishMsg(context.Background(), &natsgo.Msg{Subject: "delay.a", Data: []byte(strings.Repeat("x", 6<<20)), Header: h}); err != nil {
+		t.Fatalf("publish 6 MiB: %v", err)
+	}
+	publish(t, pjs, "delay.a", "after", h)
+
+	srv2 := restartServer(t, srv, opts, 1<<20)
+	nc := connect(t, cfg)
+	if got := nc.MaxPayload(); got != 1<<20 {
+		t.Fatalf("max_payload %d after the restart, want 1 MiB", got)
+	}
+	_ = srv2
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	stop := runSource(t, src, rec)
+	defer stop()
+	eventually(t, "the 6 MiB message and the one after it", func() bool { return rec.itemCount() == 2 })
+}
+
+func delayHeader() natsgo.Header {
+	h := natsgo.Header{}
+	h.Set("delay-after", "1h")
+	h.Set("delay-target", "out")
+	return h
+}
+
+func (r *recorder) itemCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.items)
+}
+
+// restartServer shuts srv down and starts it again on the same port and
+// store with max_payload maxPayload.
+func restartServer(t *testing.T, srv *server.Server, opts *server.Options, maxPayload int32) *server.Server {
+	t.Helper()
+	port := srv.Addr().(interface{ String() string }).String()
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	o := *opts
+	_, p, _ := strings.Cut(port, "127.0.0.1:")
+	o.Port = 0
+	for _, c := range p {
+		o.Port = o.Port*10 + int(c-'0')
+	}
+	o.MaxPayload, o.MaxPending = maxPayload, 64<<20
+	return startServer(t, &o)
+}
+
+// publisherJS is a JetStream client of its own for srv.
+func publisherJS(t *testing.T, srv *server.Server) jetstream.JetStream {
+	t.Helper()
+	pub, err := natsgo.Connect(serverURL(srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pub.Close)
+	js, err := jetstream.New(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }

@@ -68,6 +68,9 @@ type Source struct {
 
 	consumer atomic.Pointer[consumerRef]
 	consErr  atomic.Pointer[error]
+	// pullRaised (Run's goroutine only) is the pull limit raised after a
+	// stall on a message larger than the limit (see stalledPull); 0 none.
+	pullRaised int
 	// The stream's identity (creation time, Unix ns) and last sequence as
 	// ensure last saw them: a stream deleted and created again numbers
 	// its messages from 1, so a floor from before says nothing about it.
@@ -1121,10 +1124,12 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 		}
 	}
 	st.start(int64(info.AckFloor.Stream), int64(info.Delivered.Stream), info.Delivered.Consumer)
+	maxPayload := s.nc.MaxPayload()
+	pullLimit := max(pullBytes(s.cfg.PullBytes, maxPayload), s.pullRaised)
 	it, err := cons.Messages(
 		// Bytes as well as messages: a backlog of large messages held
 		// 2 x BatchSize of them (512 MiB at a 1 MiB max_payload).
-		jetstream.PullMaxMessagesWithBytesLimit(2*s.cfg.BatchSize, pullBytes(s.cfg.PullBytes, s.nc.MaxPayload())),
+		jetstream.PullMaxMessagesWithBytesLimit(2*s.cfg.BatchSize, pullLimit),
 		jetstream.PullExpiry(s.cfg.PullExpiry),
 		jetstream.WithMessagesErrOnMissingHeartbeat(true),
 	)
@@ -1140,6 +1145,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 
 	batch := make([]jetstream.Msg, 0, s.cfg.BatchSize)
 	items := make([]bridge.Item, 0, s.cfg.BatchSize)
+	var suspect uint64 // see stalledPull
 	for {
 		batch = batch[:0]
 		nextErr := s.collect(ctx, it, &batch)
@@ -1166,6 +1172,12 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if errors.Is(nextErr, errIdle) {
+			if err := s.stalledPull(ctx, cons, maxPayload, pullLimit, &suspect); err != nil {
+				return err // pull again, with the new limit
+			}
+			continue
 		}
 		if errors.Is(nextErr, jetstream.ErrNoHeartbeat) {
 			// Quiet or broken? Ask the server whether the consumer is there.
@@ -1240,8 +1252,15 @@ func nakAll(msgs []jetstream.Msg) {
 // follows within Linger, up to BatchSize. The error is the one that ended
 // the wait for the first message, or a terminal one seen while lingering.
 func (s *Source) collect(ctx context.Context, it jetstream.MessagesContext, batch *[]jetstream.Msg) error {
-	m, err := it.Next(jetstream.NextContext(ctx))
+	// Longer than the iterator's own watch (two missed heartbeats, about a
+	// PullExpiry), so that a consumer gone or a server lost is its error.
+	ictx, icancel := context.WithTimeout(ctx, idleLook*s.cfg.PullExpiry)
+	m, err := it.Next(jetstream.NextContext(ictx))
+	icancel()
 	if err != nil {
+		if ictx.Err() != nil && ctx.Err() == nil {
+			return errIdle
+		}
 		return err
 	}
 	*batch = append(*batch, m)
@@ -1264,6 +1283,55 @@ func (s *Source) collect(ctx context.Context, it jetstream.MessagesContext, batc
 	}
 	return nil
 }
+
+// errIdle: nothing was delivered for idleLook PullExpiries.
+var errIdle = errors.New("nats source: nothing delivered")
+
+// idleLook is how many PullExpiries collect waits for a first message
+// before it returns errIdle.
+const idleLook = 2
+
+// stalledPull looks, after a PullExpiry with nothing delivered, for a
+// pull that cannot deliver: a pending message larger than the pull's byte
+// limit is never delivered (the server answers each pull 409 Message Size
+// Exceeds MaxBytes, which nats.go takes as routine), and the consumer
+// would stall on it for good, ready and silent. That is the server's
+// max_payload raised while the iterator ran (it read the old one), or a
+// message stored before max_payload was lowered. An error means: pull
+// again, with the limit it sets; so does the consumer's info failing (as
+// after missed heartbeats: the source is not ready meanwhile). A stall is
+// taken as one only when two looks idleLook PullExpiries apart find
+// messages pending, none awaiting an ack and nothing delivered between
+// them (suspect holds the consumer's delivered sequence of the first),
+// not when a message came in just as the wait ended.
+func (s *Source) stalledPull(ctx context.Context, cons jetstream.Consumer, maxPayload int64, limit int, suspect *uint64) error {
+	if now := s.nc.MaxPayload(); now > maxPayload && pullBytes(s.cfg.PullBytes, now) > limit {
+		return fmt.Errorf("nats source: the server's max_payload is now %d (was %d): pulling again with a limit that holds it", now, maxPayload)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return s.consumerUnread(ctx, fmt.Errorf("nats source: nothing delivered for a while, consumer info: %w", err))
+	}
+	if info.NumPending == 0 || info.NumAckPending != 0 {
+		*suspect = 0
+		return nil
+	}
+	if delivered := info.Delivered.Consumer + 1; *suspect != delivered {
+		*suspect = delivered // (+1: a consumer that delivered nothing yet is 0)
+		return nil
+	}
+	if limit >= maxPullBytes {
+		s.log.Error("nats source: messages pending but none delivered, with the largest pull limit: is a message larger than it?",
+			zap.Uint64("pending", info.NumPending), zap.Int("pull_bytes", limit))
+		return nil
+	}
+	s.pullRaised = min(4*limit, maxPullBytes)
+	return fmt.Errorf("nats source: %d messages pending but none delivered in %s: a message larger than the pull limit of %d bytes? pulling again with %d",
+		info.NumPending, 2*idleLook*s.cfg.PullExpiry, limit, s.pullRaised)
+}
+
+// maxPullBytes bounds how far stalledPull raises the pull limit.
+const maxPullBytes = 1 << 30
 
 // msgBytes is what a batch counts for m: its data and its headers' names
 // and values, each header with the codec.Header it becomes.
