@@ -1310,7 +1310,11 @@ func (s *Source) stalledPull(ctx context.Context, cons jetstream.Consumer, maxPa
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
-		return s.consumerUnread(ctx, fmt.Errorf("nats source: nothing delivered for a while, consumer info: %w", err))
+		err = fmt.Errorf("nats source: nothing delivered for a while, consumer info: %w", err)
+		if isConsumerGone(err) {
+			return err // Run says so (ErrNoConsumer) and makes it again
+		}
+		return s.consumerUnread(ctx, err)
 	}
 	if info.NumPending == 0 || info.NumAckPending != 0 {
 		*suspect = 0
