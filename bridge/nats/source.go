@@ -1126,11 +1126,25 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	st.start(int64(info.AckFloor.Stream), int64(info.Delivered.Stream), info.Delivered.Consumer)
 	maxPayload := s.nc.MaxPayload()
 	pullLimit := max(pullBytes(s.cfg.PullBytes, maxPayload), s.pullRaised)
+	// The consumer's own request limits (set by an operator, or by the
+	// server's jetstream.limits.max_request_batch): a pull above one of
+	// them is refused 409, which nats.go swallows, and nothing is ever
+	// delivered.
+	pullMsgs, expiry := 2*s.cfg.BatchSize, s.cfg.PullExpiry
+	if lim := info.Config.MaxRequestBatch; lim > 0 && pullMsgs > lim {
+		pullMsgs = lim
+	}
+	if lim := info.Config.MaxRequestMaxBytes; lim > 0 && pullLimit > lim {
+		pullLimit = lim
+	}
+	if lim := info.Config.MaxRequestExpires; lim > 0 && expiry > lim {
+		expiry = lim
+	}
 	it, err := cons.Messages(
 		// Bytes as well as messages: a backlog of large messages held
 		// 2 x BatchSize of them (512 MiB at a 1 MiB max_payload).
-		jetstream.PullMaxMessagesWithBytesLimit(2*s.cfg.BatchSize, pullLimit),
-		jetstream.PullExpiry(s.cfg.PullExpiry),
+		jetstream.PullMaxMessagesWithBytesLimit(pullMsgs, pullLimit),
+		jetstream.PullExpiry(expiry),
 		jetstream.WithMessagesErrOnMissingHeartbeat(true),
 	)
 	if err != nil {
@@ -1174,7 +1188,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 			return ctx.Err()
 		}
 		if errors.Is(nextErr, errIdle) {
-			if err := s.stalledPull(ctx, cons, maxPayload, pullLimit, &suspect); err != nil {
+			if err := s.stalledPull(ctx, cons, maxPayload, pullLimit, info.Config.MaxRequestMaxBytes, &suspect); err != nil {
 				return err // pull again, with the new limit
 			}
 			continue
@@ -1256,9 +1270,11 @@ func (s *Source) collect(ctx context.Context, it jetstream.MessagesContext, batc
 	// PullExpiry), so that a consumer gone or a server lost is its error.
 	ictx, icancel := context.WithTimeout(ctx, idleLook*s.cfg.PullExpiry)
 	m, err := it.Next(jetstream.NextContext(ictx))
+	// Read before icancel, which sets ictx.Err() whatever ended Next.
+	idle := errors.Is(ictx.Err(), context.DeadlineExceeded)
 	icancel()
 	if err != nil {
-		if ictx.Err() != nil && ctx.Err() == nil {
+		if idle && ctx.Err() == nil {
 			return errIdle
 		}
 		return err
@@ -1304,7 +1320,7 @@ const idleLook = 2
 // messages pending, none awaiting an ack and nothing delivered between
 // them (suspect holds the consumer's delivered sequence of the first),
 // not when a message came in just as the wait ended.
-func (s *Source) stalledPull(ctx context.Context, cons jetstream.Consumer, maxPayload int64, limit int, suspect *uint64) error {
+func (s *Source) stalledPull(ctx context.Context, cons jetstream.Consumer, maxPayload int64, limit, consLimit int, suspect *uint64) error {
 	if now := s.nc.MaxPayload(); now > maxPayload && pullBytes(s.cfg.PullBytes, now) > limit {
 		return fmt.Errorf("nats source: the server's max_payload is now %d (was %d): pulling again with a limit that holds it", now, maxPayload)
 	}
@@ -1316,7 +1332,7 @@ func (s *Source) stalledPull(ctx context.Context, cons jetstream.Consumer, maxPa
 		}
 		return s.consumerUnread(ctx, err)
 	}
-	if info.NumPending == 0 || info.NumAckPending != 0 {
+	if info.Paused || info.NumPending == 0 || info.NumAckPending != 0 {
 		*suspect = 0
 		return nil
 	}
@@ -1324,7 +1340,7 @@ func (s *Source) stalledPull(ctx context.Context, cons jetstream.Consumer, maxPa
 		*suspect = delivered // (+1: a consumer that delivered nothing yet is 0)
 		return nil
 	}
-	if limit >= maxPullBytes {
+	if limit >= maxPullBytes || (consLimit > 0 && limit >= consLimit) {
 		s.log.Error("nats source: messages pending but none delivered, with the largest pull limit: is a message larger than it?",
 			zap.Uint64("pending", info.NumPending), zap.Int("pull_bytes", limit))
 		return nil
