@@ -98,17 +98,6 @@ type Config struct {
 	// BatchBytes ends a batch once its messages' data and headers reach
 	// it (at least one message). Default 4 MiB.
 	BatchBytes int
-	// PullBytes bounds each pull request's bytes, so that a backlog of
-	// large messages is not prefetched 2 x BatchSize at a time. It is
-	// raised to the server's max_payload plus framing when that is more:
-	// a pending message larger than a pull request's limit is never
-	// delivered, and nats.go retries such a pull without an error. The
-	// source watches for that (nothing delivered between two looks two
-	// PullExpiries apart while the consumer has messages pending and none
-	// awaiting an ack) and pulls again with four times the limit. Not much more by default:
-	// the server writes a whole pull's messages under one write deadline
-	// and drops a connection too slow for it. Default 4 MiB.
-	PullBytes int
 	// Linger is how long the Source waits for more messages to fill a batch
 	// once it has one; default 2ms. It bounds the added ingest latency.
 	Linger        time.Duration
@@ -152,9 +141,6 @@ func (c *Config) setDefaults() {
 	}
 	if c.BatchBytes <= 0 {
 		c.BatchBytes = 4 << 20
-	}
-	if c.PullBytes <= 0 {
-		c.PullBytes = 4 << 20
 	}
 	if c.Linger <= 0 {
 		c.Linger = 2 * time.Millisecond

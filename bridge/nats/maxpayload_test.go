@@ -14,15 +14,15 @@ import (
 // A pending message larger than a pull request's byte limit is never
 // delivered: the server answers each pull 409 Message Size Exceeds
 // MaxBytes, which nats.go retries without an error, and the consumer
-// stalls on it, ready and silent (review R121). The source pulls again
-// with a limit that holds the message. Two ways to get there follow.
+// stalls on it, ready and silent (review R121, of a byte-limited pull
+// tried on 2026-11-27). The source's pulls have no byte limit; these
+// tests keep it so.
 
 // TestPullFitsMessageAfterMaxPayloadRaised: the bridge started against a
-// server with max_payload 1 MiB (pull limit 4 MiB); the operator raises it
-// to 8 MiB and restarts the server (same store and address); the bridge
-// reconnects on its own, its pull iterator with it. A publisher then sends
-// a 6 MiB delayed message: the source sees the new max_payload at its next
-// idle look and pulls again with a limit that holds it.
+// server with max_payload 1 MiB; the operator raises it to 8 MiB and
+// restarts the server (same store and address); the bridge reconnects on
+// its own, its pull iterator with it. A 6 MiB delayed message published
+// then is delivered.
 func TestPullFitsMessageAfterMaxPayloadRaised(t *testing.T) {
 	opts := jsOptions(t)
 	srv := startServer(t, opts)
@@ -52,11 +52,9 @@ func TestPullFitsMessageAfterMaxPayloadRaised(t *testing.T) {
 	eventually(t, "the 6 MiB message and the one after it", func() bool { return count() == 3 })
 }
 
-// TestPullFitsMessageStoredBeforeMaxPayloadLowered: a 6 MiB message stored
-// while max_payload was 8 MiB, then the server restarted with 1 MiB, and
-// the bridge started against it (pull limit 4 MiB). Two idle looks a
-// PullExpiry apart find messages pending and nothing delivered: the
-// source pulls again with four times the limit.
+// TestPullFitsMessageStoredBeforeMaxPayloadLowered: a 6 MiB message
+// stored while max_payload was 8 MiB, then the server restarted with
+// 1 MiB, and the bridge started against it: the message is delivered.
 func TestPullFitsMessageStoredBeforeMaxPayloadLowered(t *testing.T) {
 	opts := jsOptions(t)
 	opts.MaxPayload, opts.MaxPending = 8<<20, 64<<20

@@ -12,43 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// An operator pauses the bridge's consumer (nats consumer pause,
-// nats-server 2.11+) with messages pending. Nothing is wrong with the
-// pull: nothing is delivered because the consumer is paused. The stall
-// detection must not take that for a message larger than the pull limit
-// (restart, Warn, source error, pull limit x4 up to 1 GiB for good).
-func TestPausedConsumerIsNoStall(t *testing.T) {
-	cfg, _, js, src := createdSource(t, func(c *Config) { c.PullExpiry = time.Second })
-	rec := newRecorder()
-	stop := runSource(t, src, rec)
-	defer stop()
-	h := delayHeader()
-	publish(t, js, "delay.a", "first", h)
-	eventually(t, "first message", func() bool { return rec.itemCount() == 1 })
-
-	if _, err := js.PauseConsumer(context.Background(), cfg.Stream, cfg.Consumer, time.Now().Add(time.Hour)); err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < 5; i++ {
-		publish(t, js, "delay.a", "while paused", h)
-	}
-	errs := cfg.Metrics.SourceErrors.WithLabelValues(cfg.Stream)
-	// A false stall takes two looks, 2 x idleLook x PullExpiry (4 s);
-	// each would raise the limit 4x, up to 1 GiB. Watched for one and a
-	// half of them.
-	deadline := time.Now().Add(6 * time.Second)
-	for time.Now().Before(deadline) && testutil.ToFloat64(errs) < 1 {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-	// Run has returned: its fields may be read.
-	if n := testutil.ToFloat64(errs); n > 0 || src.pullRaised != 0 {
-		t.Fatalf("a paused consumer was taken for a stalled pull: %v source errors, pull limit raised to %d bytes", n, src.pullRaised)
-	}
-}
-
 // A server whose JetStream limits cap a pull request's batch
 // (jetstream { limits { max_request_batch: 100 } }) gives the consumer
 // the bridge creates MaxRequestBatch 100. The source asks for
@@ -78,53 +41,7 @@ func TestServerMaxRequestBatch(t *testing.T) {
 	waitReady(t, src, "the message taken in", func() bool { return rec.itemCount() == 1 })
 }
 
-// an operator's consumer with max_bytes (MaxRequestMaxBytes) of
-// 8 MiB works with the 4 MiB pull limit; a false stall (above) raises the
-// limit to 16 MiB and every pull is refused from then on.
-func TestConsumerMaxRequestMaxBytesAfterRaise(t *testing.T) {
-	srv := startServer(t, jsOptions(t))
-	cfg := testConfig(t, serverURL(srv))
-	cfg.PullExpiry = time.Second
-	nc := connect(t, cfg)
-	js := newJS(t, nc)
-	ctx := context.Background()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{"delay.>"}, Retention: jetstream.WorkQueuePolicy}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, jetstream.ConsumerConfig{
-		Durable: cfg.Consumer, AckPolicy: jetstream.AckExplicitPolicy, MaxRequestMaxBytes: 8 << 20,
-	}); err != nil {
-		t.Fatal(err)
-	}
-	src, err := NewSource(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := newRecorder()
-	stop := runSource(t, src, rec)
-	defer stop()
-	h := delayHeader()
-	publish(t, js, "delay.a", "first", h)
-	eventually(t, "first message", func() bool { return rec.itemCount() == 1 })
-
-	// A pause of a few looks: one false stall at least.
-	errs := cfg.Metrics.SourceErrors.WithLabelValues(cfg.Stream)
-	if _, err := js.PauseConsumer(ctx, cfg.Stream, cfg.Consumer, time.Now().Add(time.Hour)); err != nil {
-		t.Fatal(err)
-	}
-	publish(t, js, "delay.a", "second", h)
-	// Long enough for one false stall (two looks, 2 x idleLook x PullExpiry)
-	// where the pause is taken for one.
-	for deadline := time.Now().Add(8 * time.Second); time.Now().Before(deadline) && testutil.ToFloat64(errs) < 1; {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if _, err := js.ResumeConsumer(ctx, cfg.Stream, cfg.Consumer); err != nil {
-		t.Fatal(err)
-	}
-	waitReady(t, src, "the message published while paused", func() bool { return rec.itemCount() == 2 })
-}
-
-// waitReady polls cond for 30 s (several idle looks) and fails saying
+// waitReady polls cond for 30 s and fails saying
 // whether the source reported itself healthy meanwhile.
 func waitReady(t *testing.T, src *Source, what string, cond func() bool) {
 	t.Helper()
