@@ -30,13 +30,7 @@ func TestPullFitsMessageAfterMaxPayloadRaised(t *testing.T) {
 	cfg.Create = true
 	cfg.PullExpiry = time.Second
 	nc := connect(t, cfg)
-	src, err := NewSource(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := newRecorder()
-	stop := runSource(t, src, rec)
-	defer stop()
+	rec := runRecorded(t, nc, cfg)
 	h := delayHeader()
 	publish(t, newJS(t, nc), "delay.a", "small", h)
 	count := rec.itemCount
@@ -89,14 +83,22 @@ func TestPullFitsMessageStoredBeforeMaxPayloadLowered(t *testing.T) {
 		t.Fatalf("max_payload %d after the restart, want 1 MiB", got)
 	}
 	_ = srv2
+	rec := runRecorded(t, nc, cfg)
+	eventually(t, "the 6 MiB message and the one after it", func() bool { return rec.itemCount() == 2 })
+}
+
+// runRecorded runs a source on nc with cfg into a recorder until the
+// test ends.
+func runRecorded(t *testing.T, nc *natsgo.Conn, cfg Config) *recorder {
+	t.Helper()
 	src, err := NewSource(nc, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := newRecorder()
 	stop := runSource(t, src, rec)
-	defer stop()
-	eventually(t, "the 6 MiB message and the one after it", func() bool { return rec.itemCount() == 2 })
+	t.Cleanup(func() { _ = stop() })
+	return rec
 }
 
 func delayHeader() natsgo.Header {
