@@ -107,6 +107,8 @@ type brokers struct {
 	ns    *natsserver.Server
 	// maxPayload, if set, is the NATS server's max_payload.
 	maxPayload int32
+	// natsStarted: the server has started once (a restart keeps nport).
+	natsStarted bool
 }
 
 func newBrokers(t *testing.T, maxPayload int32) *brokers {
@@ -163,24 +165,35 @@ func (b *brokers) stopKafka() {
 }
 
 // startNATS starts (or restarts, on the same port and store dir) the NATS
-// server with JetStream.
+// server with JetStream. The first start may find its port taken by a
+// parallel test since freePort picked it (seen once in CI: the server did
+// not start): it then starts on a new one. A restart keeps its port.
 func (b *brokers) startNATS() {
 	b.t.Helper()
-	opts := &natsserver.Options{
-		Host: "127.0.0.1", Port: b.nport, JetStream: true, StoreDir: b.ndir, NoSigs: true, NoLog: true,
+	first := !b.natsStarted
+	for attempt := 1; ; attempt++ {
+		opts := &natsserver.Options{
+			Host: "127.0.0.1", Port: b.nport, JetStream: true, StoreDir: b.ndir, NoSigs: true, NoLog: true,
+		}
+		if b.maxPayload > 0 {
+			opts.MaxPayload = b.maxPayload
+		}
+		ns, err := natsserver.NewServer(opts)
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		go ns.Start()
+		if ns.ReadyForConnections(20 * time.Second) {
+			b.ns, b.natsStarted = ns, true
+			return
+		}
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		if !first || attempt == 3 {
+			b.t.Fatalf("nats server did not start on port %d", b.nport)
+		}
+		b.nport = freePort(b.t)
 	}
-	if b.maxPayload > 0 {
-		opts.MaxPayload = b.maxPayload
-	}
-	ns, err := natsserver.NewServer(opts)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(20 * time.Second) {
-		b.t.Fatal("nats server did not start")
-	}
-	b.ns = ns
 }
 
 func (b *brokers) stopNATS() {
