@@ -21,6 +21,7 @@ import (
 	"github.com/delaybridge/delaybridge/bridge/kafka"
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/config"
+	"github.com/delaybridge/delaybridge/shard"
 )
 
 // TestMixedDelays publishes messages with delays from 0 ms to 5 minutes on
@@ -299,8 +300,22 @@ func testBrokerOutage(t *testing.T, waiting string, wantHeld int64) {
 	if got := countDest(e.deliveries(), func(d delivery) bool { return d.dest == kafkaOut || d.dest == "orders.o" }); got != 0 {
 		t.Fatalf("%d delivered during the outage", got)
 	}
-	if st := svc.Engine().Stats(); st.Pending != 2*n || st.Held != wantHeld {
-		t.Fatalf("pending during outage = %d, held %d; want %d (nothing lost, nothing dead-lettered), %d held", st.Pending, st.Held, 2*n, wantHeld)
+	// Every task is still pending; with waiting_in_memory 0 each is held
+	// once a round has failed it, which under load may take more rounds
+	// than the five above (CI once saw 85 of 100 held after them).
+	var st shard.Stats
+	eventually(t, fmt.Sprintf("all %d tasks pending, %d held", 2*n, wantHeld), func() bool {
+		if st = svc.Engine().Stats(); st.Pending != 2*n {
+			t.Fatalf("pending during outage = %d, held %d; want %d (nothing lost, nothing dead-lettered)", st.Pending, st.Held, 2*n)
+		}
+		if st.Held == wantHeld {
+			return true
+		}
+		e.clk.Advance(2 * time.Second) // another retry round
+		return false
+	})
+	if got := countDest(e.deliveries(), func(d delivery) bool { return d.dest == kafkaOut || d.dest == "orders.o" }); got != 0 {
+		t.Fatalf("%d delivered during the outage", got)
 	}
 
 	failProduce.Store(false)
