@@ -100,6 +100,9 @@ type fireItem struct {
 	fire int64
 	seq  uint64
 	task *codec.Task
+	// parked: taken back from its lane's tasks set aside (lane.go), so
+	// older than any the round claimed from the wheel.
+	parked bool
 	// corrupt: dropped because its envelope cannot be decoded (it stays
 	// in the store, see shard.undecodable); a dropped item without it is
 	// gone from the store. decodeErr says why.

@@ -114,8 +114,19 @@ func (s *shard) dispatch(ctx context.Context, sink Sink, items []fireItem, commi
 		// else what exceeds a batch (parked tasks taken back plus new
 		// ones) does.
 		n := min(len(part), s.e.opts.FireBatch)
-		if ln.busy {
+		switch {
+		case ln.busy:
 			n = 0
+		case len(ln.parked) > 0:
+			// Older tasks still wait aside: the lane returned after this
+			// round took its parked ones (none, or a batch of them). Only
+			// those taken go now; the new ones go behind the rest, or a
+			// stuck lane's backlog went out after later claims.
+			k := 0
+			for k < n && part[k].parked {
+				k++
+			}
+			n = k
 		}
 		for _, it := range part[n:] {
 			ln.parked = append(ln.parked, parkedOf(it))
@@ -167,7 +178,7 @@ func (s *shard) takeParkedLocked(max int) []fireItem {
 				s.unparkOneLocked(p)
 				continue
 			}
-			out = append(out, fireItem{fire: p.fire, seq: p.seq})
+			out = append(out, fireItem{fire: p.fire, seq: p.seq, parked: true})
 		}
 		ln.parked = ln.parked[k:]
 		if len(ln.parked) == 0 {

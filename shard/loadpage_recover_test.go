@@ -14,10 +14,9 @@ import (
 // a restart, with tasks ingested after Open and before Run into it and
 // before it: each delivered once, the herd in ingest order.
 func TestRecoverPagedHerd(t *testing.T) {
-	// A long lane grace: this is about the loader's order. With lanes
-	// taken as stuck at once (make test-long's DELAYBRIDGE_LANE_GRACE=1ms)
-	// the last task of a batch was seen delivered after the next batch,
-	// equal dues of other ids, whose order no one promises.
+	// A long lane grace: this is about the loader's order (lanes taken
+	// as stuck at once, make test-long's DELAYBRIDGE_LANE_GRACE=1ms, have
+	// TestStuckLaneParkedGoFirst).
 	h := newHarness(t, func(o *Options) { o.Shards = 1; o.Logger = zap.NewNop(); o.FireBatch = 4096; o.LaneGrace = time.Hour })
 	herd := t0.Add(time.Hour)
 	const n = defaultLoadPage + 3000
