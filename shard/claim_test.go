@@ -44,7 +44,7 @@ func TestClaimReadSettle(t *testing.T) {
 			claimed := claimDue(t, s, due, 3)
 			tc.damage(t, h, appendTaskKey(nil, 0, claimed[1].fire, claimed[1].seq))
 
-			items, dropped, retry, err := s.readClaimed(claimed)
+			items, dropped, retry, err := s.readClaimed(claimed, len(claimed))
 			if err != nil || len(retry) != 0 {
 				t.Fatalf("readClaimed: err %v, %d to retry", err, len(retry))
 			}

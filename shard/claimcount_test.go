@@ -35,7 +35,7 @@ func claimUnread(t *testing.T, h *harness) (*shard, []fireItem) {
 // gone: nothing to deliver.
 func readAndSettle(t *testing.T, s *shard, claimed []fireItem) {
 	t.Helper()
-	items, dropped, retry, err := s.readClaimed(claimed)
+	items, dropped, retry, err := s.readClaimed(claimed, len(claimed))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -186,7 +186,7 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 		var items []fireItem
 		if err == nil {
 			var dropped, retry []fireItem
-			items, dropped, retry, err = s.readClaimedSplit(claimed, len(claimed)-nHeld)
+			items, dropped, retry, err = s.readClaimed(claimed, len(claimed)-nHeld)
 			s.settleClaimed(dropped, retry)
 			if h := s.e.testHookClaimRead; h != nil {
 				h(len(claimed))
@@ -290,9 +290,9 @@ const stepBackMin = time.Second
 // lane's outage record and the next sweep of cancel markers keep what was
 // left of them. So held tasks are released within Retry.Max of their
 // target's return, not the step later, and an outage record still goes
-// stale. Due times do not move (a task is
-// never fired early), and neither do the stored fire times of failed
-// publishes waiting for their backoff: those wait the step out.
+// stale. Due times do not move (a task is never fired early), and neither
+// do the stored fire times of failed publishes waiting for their backoff:
+// those wait the step out.
 func (s *shard) rebaseLocked(now int64) {
 	back := s.lastNow - now
 	s.lastNow = now
@@ -548,17 +548,13 @@ func (s *shard) claimLocked(now int64) []fireItem {
 // not to deliver: a key that is gone was replaced or cancelled after it
 // entered the wheel (lazy deletion); a corrupt envelope is left in the
 // store and logged. Entries in retry could not be read and go back to the
-// wheel. The caller settles dropped and retry with settleClaimed.
-func (s *shard) readClaimed(claimed []fireItem) (items, dropped, retry []fireItem, err error) {
-	return s.readClaimedSplit(claimed, len(claimed))
-}
-
-// readClaimedSplit is readClaimed for a claim whose entries from split on
-// are released held tasks: when there are some, the due ones before them
-// read at most half the byte budget and the held ones the rest (at least
-// one task each), as the count rule gives held tasks at least half a
-// batch, so neither starves the other.
-func (s *shard) readClaimedSplit(claimed []fireItem, split int) (items, dropped, retry []fireItem, err error) {
+// wheel, and so do those past the round's byte budget (FireBatchBytes;
+// at least one task is read). The caller settles dropped and retry with
+// settleClaimed. The entries from split on are released held tasks: when
+// there are some, the due ones before them read at most half the budget
+// and the held ones the rest (at least one task each), as the count rule
+// gives held tasks at least half a batch, so neither starves the other.
+func (s *shard) readClaimed(claimed []fireItem, split int) (items, dropped, retry []fireItem, err error) {
 	if len(claimed) == 0 {
 		return nil, nil, nil, nil
 	}
@@ -715,12 +711,7 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 			// Gone from the store before it was read: a cancel or an
 			// operator's drop claimed after the entry was (counted here,
 			// as no delivery is left to count it), or an older deletion.
-			switch {
-			case sup == cancelledInFlight:
-				s.e.m.Cancelled.WithLabelValues(cancelSrc).Inc()
-			case sup.dropped():
-				s.e.m.StuckDropped.WithLabelValues(string(sup.state())).Inc()
-			}
+			s.countUndeliveredLocked(sup, cancelSrc)
 		case sup == notSuperseded:
 			s.noteUndecodableLocked(it.fire, it.seq, it.decodeErr)
 		}
@@ -729,13 +720,7 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 		// A cancel or drop that met it is counted here, as for a dropped
 		// entry: its next claim finds it gone, not superseded. (With the
 		// byte budget, every round of large tasks sends some back.)
-		sup, cancelSrc := s.endInflightLocked(it.seq)
-		switch {
-		case sup == cancelledInFlight:
-			s.e.m.Cancelled.WithLabelValues(cancelSrc).Inc()
-		case sup.dropped():
-			s.e.m.StuckDropped.WithLabelValues(string(sup.state())).Inc()
-		}
+		s.countUndeliveredLocked(s.endInflightLocked(it.seq))
 		s.addLocked(it.fire, it.seq) // a held one stays out: it is released again from the store
 	}
 	s.inWheelG.Set(float64(s.w.Len()))

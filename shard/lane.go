@@ -214,14 +214,21 @@ func (s *shard) unparkLocked(ln *lane) {
 }
 
 func (s *shard) unparkOneLocked(p parkedTask) {
-	sup, _ := s.endInflightLocked(p.seq) // a cancel's source: the task's
+	sup, _ := s.endInflightLocked(p.seq)
+	s.countUndeliveredLocked(sup, p.source) // a cancel's source: the task's
+	s.addLocked(p.fire, p.seq)
+}
+
+// countUndeliveredLocked counts a claimed task that leaves the in-flight
+// set without a delivery to count it: cancelled (by a cancel from
+// cancelSrc) or dropped by an operator while claimed.
+func (s *shard) countUndeliveredLocked(sup supersession, cancelSrc string) {
 	switch {
 	case sup == cancelledInFlight:
-		s.e.m.Cancelled.WithLabelValues(p.source).Inc()
+		s.e.m.Cancelled.WithLabelValues(cancelSrc).Inc()
 	case sup.dropped():
 		s.e.m.StuckDropped.WithLabelValues(string(sup.state())).Inc()
 	}
-	s.addLocked(p.fire, p.seq)
 }
 
 // lanesDueLocked reports, for Stats, the tasks claimed but not delivered:
