@@ -209,11 +209,9 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 				return
 			case <-ctx.Done():
 			}
-			t := time.NewTimer(leaveWait)
-			defer t.Stop()
 			select {
 			case <-closed:
-			case <-t.C:
+			case <-time.After(leaveWait):
 				s.log.Warn("leaving the consumer group: a join in flight holds it; not waiting for it")
 			}
 		}

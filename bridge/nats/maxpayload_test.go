@@ -4,7 +4,6 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	natsgo "github.com/nats-io/nats.go"
@@ -28,7 +27,6 @@ func TestPullFitsMessageAfterMaxPayloadRaised(t *testing.T) {
 	srv := startServer(t, opts)
 	cfg := testConfig(t, serverURL(srv))
 	cfg.Create = true
-	cfg.PullExpiry = time.Second
 	nc := connect(t, cfg)
 	rec := runRecorded(t, nc, cfg)
 	h := delayHeader()
@@ -55,7 +53,6 @@ func TestPullFitsMessageStoredBeforeMaxPayloadLowered(t *testing.T) {
 	srv := startServer(t, opts)
 	cfg := testConfig(t, serverURL(srv))
 	cfg.Create = true
-	cfg.PullExpiry = time.Second
 	// The stream and consumer exist before the message (a source that
 	// ensures them and stops).
 	ensured, err := NewSource(connect(t, cfg), cfg)
