@@ -105,6 +105,9 @@ type Engine struct {
 	// testHookLaneDone: a lane's batch returned and the lane is free
 	// again, before the fire loop is woken to use it.
 	testHookLaneDone func()
+	// testHookPark: a parking fire loop read the clock and is about to
+	// arm its timer (under the shard lock).
+	testHookPark func()
 }
 
 // shard is one slice of the keyspace with its wheel and fire loop. mu

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/clock"
 )
 
 // Run runs one fire loop per shard (each also moves its shard's horizon and
@@ -216,11 +217,7 @@ const maxPark = time.Second
 // since the loop looked, or the batches it drains hold due tasks. With
 // hold it waits for wake itself, whatever the wheel holds (the pause after
 // a failed store read, which put its tasks back in the wheel).
-func (s *shard) park(ctx context.Context, timer interface {
-	C() <-chan time.Time
-	Stop() bool
-	Reset(time.Duration) bool
-}, wake int64, hold bool) {
+func (s *shard) park(ctx context.Context, timer clock.Timer, wake int64, hold bool) {
 	s.mu.Lock()
 	// Consume a stale wake-up first, then take durable batches: a batch
 	// marked durable after this drain sends a fresh wake-up.
@@ -249,17 +246,25 @@ func (s *shard) park(ctx context.Context, timer interface {
 		s.mu.Unlock()
 		return
 	}
-	d := time.UnixMilli(wake).Sub(now)
-	if d <= 0 {
+	at := time.UnixMilli(wake)
+	if !at.After(now) {
 		// The wheel says something is due but yielded nothing (its time is
 		// ahead of a wall clock that stepped back): wait, never fire early.
-		d = time.Millisecond
+		at = now.Add(time.Millisecond)
 	}
 	// Timers run on the monotonic clock, due times on the wall clock: a
 	// wall clock stepped forward (NTP, a VM resumed from suspend) is seen
 	// within maxPark, not when a long timer ends (up to horizon/2).
-	d = min(d, maxPark)
-	timer.Reset(d)
+	if at.Sub(now) > maxPark {
+		at = now.Add(maxPark)
+	}
+	if h := s.e.testHookPark; h != nil {
+		h()
+	}
+	// Armed for a time, not a duration from now: a clock that moved since
+	// now was read must not push the wake-up out (a fake clock advanced
+	// meanwhile fires it at once).
+	timer.ResetAt(at)
 	s.parked = true
 	s.wakeAt = wake
 	s.mu.Unlock()

@@ -13,11 +13,18 @@ type Clock interface {
 	NewTimer(d time.Duration) Timer
 }
 
-// Timer is the subset of *time.Timer the engine uses.
+// Timer is the subset of *time.Timer the engine uses, and ResetAt.
 type Timer interface {
 	C() <-chan time.Time
 	Stop() bool
 	Reset(d time.Duration) bool
+	// ResetAt arms the timer to fire when the clock reaches at. Unlike
+	// Reset with a duration the caller worked out from an earlier Now,
+	// it cannot fire late when the clock moved in between: a fake clock
+	// advanced by a test between that Now and the Reset pushed the
+	// deadline past the time the caller meant, and a test that waits for
+	// the fire before it advances again waited forever.
+	ResetAt(at time.Time) bool
 }
 
 // Real is the system clock.
@@ -34,6 +41,9 @@ type realTimer struct{ t *time.Timer }
 func (r realTimer) C() <-chan time.Time        { return r.t.C }
 func (r realTimer) Stop() bool                 { return r.t.Stop() }
 func (r realTimer) Reset(d time.Duration) bool { return r.t.Reset(d) }
+
+// ResetAt resets the timer to the wall time left until at.
+func (r realTimer) ResetAt(at time.Time) bool { return r.t.Reset(time.Until(at)) }
 
 // Fake is a manually driven clock. Timers fire when Advance or Set moves the
 // time to or past their deadline. Safe for concurrent use.
@@ -172,8 +182,20 @@ func (t *fakeTimer) Stop() bool {
 func (t *fakeTimer) Reset(d time.Duration) bool {
 	t.f.mu.Lock()
 	defer t.f.mu.Unlock()
+	return t.armLocked(t.f.now.Add(d))
+}
+
+// ResetAt arms the timer for the fake time at; one already past fires at
+// once.
+func (t *fakeTimer) ResetAt(at time.Time) bool {
+	t.f.mu.Lock()
+	defer t.f.mu.Unlock()
+	return t.armLocked(at)
+}
+
+func (t *fakeTimer) armLocked(at time.Time) bool {
 	was := t.armed
-	t.at = t.f.now.Add(d)
+	t.at = at
 	if !t.armed {
 		t.f.timers = append(t.f.timers, t)
 	}

@@ -70,3 +70,60 @@ func TestFakeStopResetStepBack(t *testing.T) {
 		t.Fatalf("Now = %v", got)
 	}
 }
+
+// ResetAt arms for an absolute time: a clock that moved between the
+// caller's Now and the arming does not push the deadline out, as Reset
+// with a duration worked out from that Now does.
+func TestFakeResetAt(t *testing.T) {
+	start := time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name    string
+		moved   time.Duration // between the caller's Now and the arming
+		advance time.Duration // after the arming
+		fired   bool
+	}{
+		{"not yet", 0, 9 * time.Second, false},
+		{"at deadline", 0, 10 * time.Second, true},
+		{"clock moved, deadline kept", 3 * time.Second, 7 * time.Second, true},
+		{"clock moved, before deadline", 3 * time.Second, 6 * time.Second, false},
+		{"clock moved past it: fires on arming", 11 * time.Second, 0, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := NewFake(start)
+			tm := f.NewTimer(time.Hour)
+			at := f.Now().Add(10 * time.Second)
+			f.Advance(tc.moved)
+			tm.ResetAt(at)
+			f.Advance(tc.advance)
+			select {
+			case <-tm.C():
+				if !tc.fired {
+					t.Fatal("timer fired early")
+				}
+			default:
+				if tc.fired {
+					t.Fatalf("timer did not fire at %v (deadlines %v)", f.Now(), f.Deadlines())
+				}
+			}
+		})
+	}
+	// The same race with Reset: the deadline moved out by the step.
+	f := NewFake(start)
+	tm := f.NewTimer(time.Hour)
+	d := start.Add(10 * time.Second).Sub(f.Now())
+	f.Advance(3 * time.Second)
+	tm.Reset(d)
+	f.Advance(7 * time.Second)
+	select {
+	case <-tm.C():
+		t.Fatal("Reset fired at the caller's time: the case above tests nothing")
+	default:
+	}
+}
+
+func TestRealResetAt(t *testing.T) {
+	tm := Real{}.NewTimer(time.Hour)
+	tm.ResetAt(time.Now().Add(-time.Second)) // past: fires at once
+	<-tm.C()
+}
