@@ -108,6 +108,9 @@ type Engine struct {
 	// testHookPark: a parking fire loop read the clock and is about to
 	// arm its timer (under the shard lock).
 	testHookPark func()
+	// testHookClear: clearFiredLocked is about to delete the range up to
+	// end (under the shard lock).
+	testHookClear func(end []byte)
 }
 
 // shard is one slice of the keyspace with its wheel and fire loop. mu

@@ -344,24 +344,38 @@ func (s *shard) housekeepLocked(now int64) error {
 // clearFiredLocked covers the point tombstones that fired tasks left before
 // the shard's first stored task with one range deletion, so recovery and
 // the loader do not step over them one by one and compactions can drop
-// them. It runs only when every decided batch of the shard is applied and
-// drained (and no new one can be decided while the lock is held), so the
-// range holds nothing but tombstones: a batch a lane is publishing is
-// still stored, so the first stored task is at or before it. The deletion
-// is applied before the lock is released, so every later write (that
-// batch's deletes and retries included) has a higher sequence number. A
-// lost (unsynced) range deletion is harmless. The range ends at now at
-// the latest (fired tasks were due by then): ended at the shard's first
-// stored task, it did not move while that task stayed first (a long
-// delay, a held task of hold.go, none: the shard's end), and the
-// tombstones of every task fired below it later stayed. One is made only
-// when tasks fired since the last: every range deletion in a memtable
-// costs each new iterator some work.
+// them. The range holds nothing but tombstones: it ends at the first
+// stored task (a batch a lane is publishing is still stored, so that is
+// at or before it) and before the first task key of any batch decided
+// but not applied yet (s.queue; no new one can be decided while the lock
+// is held), which could otherwise be applied between the look and the
+// deletion and be deleted with it. The deletion is applied before the
+// lock is released, so every later write (those batches, deletes and
+// retries included) has a higher sequence number. A lost (unsynced) range
+// deletion is harmless. The range ends at now at the latest (fired tasks
+// were due by then): ended at the shard's first stored task, it did not
+// move while that task stayed first (a long delay, a held task of
+// hold.go, none: the shard's end), and the tombstones of every task fired
+// below it later stayed. One is made only when tasks fired since the
+// last: every range deletion in a memtable costs each new iterator some
+// work. (It used to wait for an empty queue instead, which a source that
+// never pauses never has: under steady load it never ran.)
 func (s *shard) clearFiredLocked(now int64) {
-	if len(s.queue) != 0 || s.e.failed() != nil || s.firedSinceClear == 0 {
+	if s.e.failed() != nil || s.firedSinceClear == 0 {
 		return
 	}
 	end := taskBound(s.id, now)
+	first := wheelOp{fire: now} // (fire, seq) of end
+	for _, pb := range s.queue {
+		for _, op := range pb.ops {
+			if op.fire < first.fire || op.fire == first.fire && op.seq < first.seq {
+				first = op
+			}
+		}
+	}
+	if first.fire < now {
+		end = appendTaskKey(nil, s.id, first.fire, first.seq)
+	}
 	it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, 0), UpperBound: end})
 	if err != nil {
 		return
@@ -375,6 +389,9 @@ func (s *shard) clearFiredLocked(now int64) {
 	if err := errors.Join(it.Error(), it.Close()); err != nil {
 		s.e.log.Warn("clearing fired-task tombstones skipped: reading the shard's first task failed", zap.Int("shard", s.id), zap.Error(err))
 		return
+	}
+	if h := s.e.testHookClear; h != nil {
+		h(end)
 	}
 	s.clears++
 	err = safeCall(func() error { return s.e.db.DeleteRange(taskBound(s.id, 0), end, pebble.NoSync) })
