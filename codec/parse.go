@@ -24,6 +24,7 @@ const (
 	hdrError
 	hdrErrorDetail
 	hdrNatsMsgID
+	hdrIDEncoding
 	hdrCount
 )
 
@@ -39,6 +40,7 @@ var hdrNames = [hdrCount]string{
 	hdrError:       HeaderError,
 	hdrErrorDetail: HeaderErrorDetail,
 	hdrNatsMsgID:   HeaderNatsMsgID,
+	hdrIDEncoding:  HeaderIDEncoding,
 }
 
 // classify matches a header name case-insensitively. Most headers of real
@@ -272,16 +274,30 @@ func Parse(m *Message, r *Rules) Task {
 	hs := make([]Header, 0, len(m.Headers)+3)
 	for _, h := range m.Headers {
 		switch c := classify(h.Key); {
-		case c.isControl(), c == hdrOrigin, c == hdrDue:
+		case c.isControl(), c == hdrOrigin, c == hdrDue, c == hdrIDEncoding:
 			continue
 		}
 		hs = append(hs, h)
+	}
+	if tr == TransportNATS {
+		if enc, ok := NATSHeaderID(idVal); ok {
+			// The consumer's dedup key (delay-id, delay-due) must tell
+			// tasks apart: nats.go would trim the id and turn its CR
+			// and LF into spaces, so "job-7" and "job-7 " arrived equal.
+			idVal = enc
+			hs = append(hs, Header{Key: HeaderIDEncoding, Value: []byte(IDEncodingPercent)})
+		}
 	}
 	hs = append(hs,
 		Header{Key: HeaderID, Value: idVal},
 		Header{Key: HeaderOrigin, Value: buf[idEnd:originEnd:originEnd]},
 		Header{Key: HeaderDue, Value: buf[suffixEnd:dueEnd:dueEnd]},
 	)
+	if tr == TransportNATS {
+		if n := natsHeaderBlock(hs, m.Source, id); n > NATSMaxHeaderBytes {
+			return p.deadLetter(CodeTooLarge, "header block of "+strconv.Itoa(n)+" bytes as delivered to NATS (the headers and the added delay-id, delay-origin, delay-due and Nats-Msg-Id) exceeds JetStream's limit of "+strconv.Itoa(NATSMaxHeaderBytes))
+		}
+	}
 
 	return Task{
 		Kind:         KindSchedule,
@@ -517,7 +533,91 @@ const MaxClockSkew = time.Minute
 // it costs a Kafka target a few dozen bytes of the limit.
 func natsAddedSize(source, id string) int {
 	v := len("kafka:") + 3*len(source) + 1 + 3*len(id) + 1 + dueLen
-	return len("Nats-Msg-Id") + v + headerFraming(len("Nats-Msg-Id"), v) + len("NATS/1.0\r\n\r\n")
+	return len("Nats-Msg-Id") + v + headerFraming(len("Nats-Msg-Id"), v) + len("NATS/1.0\r\n\r\n") + natsIDGrowth(id)
+}
+
+// NATSMaxHeaderBytes is the largest header block JetStream stores: the
+// server refuses a longer one (error 10097) whatever the stream's limits.
+const NATSMaxHeaderBytes = 65535
+
+// natsHeaderBlock bounds the header block a NATS target gets for the
+// delivered headers hs: the "NATS/1.0" line, each header as
+// "name: value" and CRLF (a name grown as NATSHeaderName writes it), the
+// sink's Nats-Msg-Id and the closing CRLF.
+func natsHeaderBlock(hs []Header, source, id string) int {
+	v := len("kafka:") + 3*len(source) + 1 + 3*len(id) + 1 + dueLen
+	n := len("NATS/1.0\r\n\r\n") + len(HeaderNatsMsgID) + v + minHeaderFraming
+	for _, h := range hs {
+		n += len(h.Key) + natsNameGrowth(h.Key) + len(h.Value) + minHeaderFraming
+	}
+	return n
+}
+
+// IDEncodingPercent is the value of HeaderIDEncoding.
+const IDEncodingPercent = "percent"
+
+// natsIDAltered reports whether nats.go would change id as a header
+// value: it trims ASCII white space from both ends and turns CR and LF
+// into spaces.
+func natsIDAltered[T string | []byte](id T) bool {
+	if len(id) == 0 {
+		return false
+	}
+	switch id[0] {
+	case ' ', '\t':
+		return true
+	}
+	switch id[len(id)-1] {
+	case ' ', '\t':
+		return true
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] == '\r' || id[i] == '\n' {
+			return true
+		}
+	}
+	return false
+}
+
+// idEncodes reports whether NATSHeaderID writes byte c as %XX.
+func idEncodes(c byte) bool { return c <= ' ' || c == 0x7f || c == '%' }
+
+// NATSHeaderID is the delay-id header value a NATS target gets for id,
+// ok false when that is id itself. An id nats.go would alter (white space
+// at either end, a CR or LF) is percent-encoded instead: '%', space, the
+// ASCII control characters and DEL as %XX, and the delivery carries
+// delay-id-encoding: percent, so distinct ids stay distinct and any
+// percent-decoder gives the id back.
+func NATSHeaderID(id []byte) (enc []byte, ok bool) {
+	if !natsIDAltered(id) {
+		return id, false
+	}
+	const hex = "0123456789ABCDEF"
+	out := make([]byte, 0, len(id)+natsIDGrowth(string(id)))
+	for _, c := range id {
+		if idEncodes(c) {
+			out = append(out, '%', hex[c>>4], hex[c&15])
+		} else {
+			out = append(out, c)
+		}
+	}
+	return out, true
+}
+
+// natsIDGrowth is what NATSHeaderID adds to a NATS delivery of id: two
+// bytes per byte it encodes and the delay-id-encoding header; none for an
+// id NATS carries as it is.
+func natsIDGrowth(id string) int {
+	if !natsIDAltered(id) {
+		return 0
+	}
+	n := 0
+	for i := 0; i < len(id); i++ {
+		if idEncodes(id[i]) {
+			n += 2
+		}
+	}
+	return n + len(HeaderIDEncoding) + len(IDEncodingPercent) + headerFraming(len(HeaderIDEncoding), len(IDEncodingPercent))
 }
 
 // MaxDetail bounds a dead letter's delay-error-detail, in bytes.

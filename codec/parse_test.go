@@ -940,7 +940,8 @@ func TestParseTargetNATSUTF8(t *testing.T) {
 func TestNATSHeaderName(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"x-app", "x-app"},
-		{"50%", "50%"}, // valid as it is: '%' kept
+		{"50%", "50%25"}, // valid, but kept it would be "a b"'s form of another name
+		{"a%20b", "a%2520b"},
 		{"trace id", "trace%20id"},
 		{"a:b", "a%3Ab"},
 		{"x/100%", "x%2F100%25"},

@@ -140,8 +140,10 @@ func natsNameByte(c byte) bool {
 
 // NATSHeaderName is a (Kafka) header name as a NATS header name; nats.go
 // refuses the whole message for one name NATS cannot carry. A valid name
-// is kept as it is; in any other, each byte NATS cannot carry, and '%', is
-// written %XX (percent-encoding, so the name can be decoded).
+// without '%' is kept as it is; in any other, each byte NATS cannot carry,
+// and '%', is written %XX. So distinct names stay distinct ("a b" is
+// "a%20b", and "a%20b" is "a%2520b"), and a name with a '%' in it decodes
+// back with any percent-decoder.
 func NATSHeaderName(k string) string {
 	if natsNameGrowth(k) == 0 {
 		return k
@@ -161,7 +163,7 @@ func NATSHeaderName(k string) string {
 }
 
 // natsNameGrowth is how much longer NATSHeaderName(k) is than k: 2 bytes
-// for each byte it encodes, none for a name NATS carries as it is.
+// for each byte it encodes, none for a name it keeps as it is.
 func natsNameGrowth(k string) int {
 	bad, pct := 0, 0
 	for i := 0; i < len(k); i++ {
@@ -171,9 +173,6 @@ func natsNameGrowth(k string) int {
 		case !natsNameByte(c):
 			bad++
 		}
-	}
-	if bad == 0 {
-		return 0
 	}
 	return 2 * (bad + pct)
 }

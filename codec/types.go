@@ -33,6 +33,11 @@ const (
 	HeaderError       = "delay-error"
 	HeaderErrorDetail = "delay-error-detail"
 
+	// HeaderIDEncoding ("percent") marks a delay-id delivered
+	// percent-encoded to a NATS target, which cannot carry the id as it
+	// is (see NATSHeaderID). The bridge sets it; a publisher's is dropped.
+	HeaderIDEncoding = "delay-id-encoding"
+
 	// HeaderNatsMsgID is the JetStream de-duplication header; on NATS sources
 	// it is the default task id.
 	HeaderNatsMsgID = "Nats-Msg-Id"

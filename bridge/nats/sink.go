@@ -632,7 +632,10 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 // so that its subject will never take it as is: larger than the server's
 // max_payload (the client refuses it, nats.ErrMaxPayload) or than its
 // stream's max_msg_size (JetStream error 10054), or than the stream's
-// file store can hold (10077, "message too large"). A stream that is full
+// file store can hold (10077, "message too large"), or with a header
+// block over JetStream's 64 KiB (10097, whatever the stream's limits: a
+// dead letter's added headers can take a source message just under it
+// over). A stream that is full
 // (its limits with DiscardNew), an account out of JetStream resources and
 // a subject no stream captures are not: they heal when the operator fixes
 // the stream.
@@ -645,7 +648,7 @@ func refused(err error) bool {
 		return false
 	}
 	switch api.ErrorCode {
-	case jsErrMessageExceedsMaximum:
+	case jsErrMessageExceedsMaximum, jsErrHeaderExceedsMaximum:
 		return true
 	case jsErrStreamStoreFailed:
 		return strings.ToLower(api.Description) == "message too large"
@@ -686,6 +689,9 @@ const (
 	jsErrInsufficientResources = 10023 // the account's or server's storage limits
 	// jsErrMessageExceedsMaximum (code 400) is the stream's max_msg_size.
 	jsErrMessageExceedsMaximum = 10054
+	// jsErrHeaderExceedsMaximum (code 400): a header block over 65535
+	// bytes, which no stream takes.
+	jsErrHeaderExceedsMaximum = 10097
 	// jsErrDuplicateInProcess (code 409): an earlier publish with this
 	// Nats-Msg-Id is still being proposed (a stream leader waiting for
 	// its quorum), so whether it is stored is not known yet. Not the

@@ -286,6 +286,7 @@ func TestSinkUnavailable(t *testing.T) {
 		{"account storage limit", &jetstream.APIError{Code: 503, ErrorCode: 10023, Description: "insufficient resources"}, false},
 		{"wrong last sequence", &jetstream.APIError{Code: 400, ErrorCode: 10071, Description: "wrong last sequence: 3"}, false},
 		{"message too large", &jetstream.APIError{Code: 400, ErrorCode: 10054, Description: "message size exceeds maximum allowed"}, false},
+		{"header block over 64 KiB", &jetstream.APIError{Code: 400, ErrorCode: 10097, Description: "header size exceeds maximum allowed of 64k"}, false},
 		{"wrong transport", ErrWrongTransport, false},
 		{"bad header", natsgo.ErrBadHeaderMsg, false},
 	} {
@@ -312,6 +313,7 @@ func TestSinkRefused(t *testing.T) {
 		{"over max_payload", natsgo.ErrMaxPayload, true},
 		{"over max_msg_size", &jetstream.APIError{Code: 400, ErrorCode: 10054, Description: "message size exceeds maximum allowed"}, true},
 		{"over the file store's limit", &jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "message too large"}, true},
+		{"header block over 64 KiB", &jetstream.APIError{Code: 400, ErrorCode: 10097, Description: "header size exceeds maximum allowed of 64k"}, true},
 		{"stream full (DiscardNew)", &jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "maximum messages exceeded"}, false},
 		{"stream bytes full", &jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "maximum bytes exceeded"}, false},
 		{"subject full", &jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "maximum messages per subject exceeded"}, false},

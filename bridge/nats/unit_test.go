@@ -229,8 +229,11 @@ func TestHeadersOut(t *testing.T) {
 				{Key: "x/100%", Value: []byte("4")},
 				{Key: "50%", Value: []byte("5")},
 				{Key: "é", Value: []byte("6")},
+				// Valid as it is, but kept it would be "trace id"'s
+				// form: the two would merge into one header.
+				{Key: "trace%20id", Value: []byte("7")},
 			},
-			natsgo.Header{"trace%20id": {"1"}, "a%3Ab": {"2"}, "x%2F100%25": {"4"}, "50%": {"5"}, "%C3%A9": {"6"}, "Nats-Msg-Id": {"ID"}},
+			natsgo.Header{"trace%20id": {"1"}, "a%3Ab": {"2"}, "x%2F100%25": {"4"}, "50%25": {"5"}, "%C3%A9": {"6"}, "trace%2520id": {"7"}, "Nats-Msg-Id": {"ID"}},
 		},
 	}
 	for _, tt := range tests {
