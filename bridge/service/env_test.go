@@ -479,9 +479,14 @@ func (e *env) advanceUntil(what string, done func([]delivery) bool) []delivery {
 }
 
 // publishKafka writes one record to the delay topic's partition with the
-// given timestamp (zero: now) and headers as key, value pairs.
+// given timestamp (zero: the fake clock's now, so a delay-after counts
+// from the bridge's clock however long the test's setup took in real
+// time) and headers as key, value pairs.
 func (e *env) publishKafka(partition int32, ts time.Time, key, value []byte, headers ...string) {
 	e.t.Helper()
+	if ts.IsZero() {
+		ts = e.clk.Now()
+	}
 	r := &kgo.Record{Topic: kafkaDelay, Partition: partition, Key: key, Value: value, Timestamp: ts}
 	for i := 0; i+1 < len(headers); i += 2 {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: headers[i], Value: []byte(headers[i+1])})

@@ -68,3 +68,28 @@ func TestTooLargeDeadLetterReachesRoomyDLQ(t *testing.T) {
 		t.Fatalf("delay-error %q", code)
 	}
 }
+
+// TestNATSDeadLetterOverHeaderLimitParked (hunt H127): a NATS delay
+// message with a header block just under JetStream's 64 KiB is stored by
+// the delay stream; for a NATS target it is too-large (its headers as
+// delivered go over), and its dead letter, with the error headers added,
+// goes over too, which no NATS DLQ takes (error 10097). That refusal is of
+// the message itself: the dead letter is parked after the retry policy and
+// the source moves on. It used to be retried for ever, holding the NATS
+// source: nothing published after it was delivered.
+func TestNATSDeadLetterOverHeaderLimitParked(t *testing.T) {
+	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 2}\n")
+	svc, _ := e.start()
+	e.publishNATS("delay.big", []byte("big-headers"), "delay-after", "1s", "delay-target", "orders.x", "big", strings.Repeat("h", 65400))
+	e.advanceUntil("the dead letter parked", func([]delivery) bool {
+		err := svc.Engine().Err()
+		return err != nil && strings.Contains(err.Error(), "parked") && strings.Contains(err.Error(), "10097")
+	})
+	e.publishNATS("delay.ok", []byte("after"), "delay-after", "1s", "delay-target", "orders.ok")
+	e.advanceUntil("a message published after it delivered", func(ds []delivery) bool {
+		return len(byValue(ds, "orders.ok")["after"]) > 0
+	})
+	if n := len(byValue(e.deliveries(), "")["big-headers"]); n != 0 {
+		t.Fatalf("the message with a 64 KiB header block arrived %d times", n)
+	}
+}
