@@ -7,45 +7,84 @@ import (
 	"time"
 )
 
-// TestNATSHeaderID: an id nats.go would alter as a header value (white
-// space at either end, CR or LF anywhere) is percent-encoded; any other
-// is kept. The encoding decodes back to the id, and natsIDGrowth is what
-// it adds, with the marker header.
+// TestNATSHeaderID: a Kafka id that would not arrive on NATS as only it
+// can (white space at either end, CR or LF anywhere: nats.go alters
+// those; a '%': it would read as an encoding) is percent-encoded; any
+// other is kept, as is every NATS source's id. The encoding decodes back
+// to the id with a URL path decoder and a form decoder alike, and
+// natsIDGrowth is what it adds, with the marker header.
 func TestNATSHeaderID(t *testing.T) {
 	for _, tc := range []struct {
-		in, want string
-		enc      bool
+		in   string
+		from Transport
+		want string
+		enc  bool
 	}{
-		{"job-7", "job-7", false},
-		{"a b", "a b", false},   // inner space: nats.go keeps it
-		{"a\tb", "a\tb", false}, // inner tab too
-		{"50%", "50%", false},
-		{"", "", false},
-		{"job-7 ", "job-7%20", true},
-		{" job-7", "%20job-7", true},
-		{"job-7\t", "job-7%09", true},
-		{"a\nb", "a%0Ab", true},
-		{"a\r\nb", "a%0D%0Ab", true},
-		{"50% ", "50%25%20", true},
-		{"a b\n", "a%20b%0A", true},
-		{"x\x00\x7f\n", "x%00%7F%0A", true},
+		{"job-7", TransportKafka, "job-7", false},
+		{"a b", TransportKafka, "a b", false},   // inner space: nats.go keeps it
+		{"a\tb", TransportKafka, "a\tb", false}, // inner tab too
+		{"a+b", TransportKafka, "a+b", false},
+		{"", TransportKafka, "", false},
+		{"job-7 ", TransportKafka, "job-7%20", true},
+		{" job-7", TransportKafka, "%20job-7", true},
+		{"job-7\t", TransportKafka, "job-7%09", true},
+		{"a\nb", TransportKafka, "a%0Ab", true},
+		{"a\r\nb", TransportKafka, "a%0D%0Ab", true},
+		{"50%", TransportKafka, "50%25", true},
+		{"job-7%20", TransportKafka, "job-7%2520", true}, // not "job-7 "'s form
+		{"50% ", TransportKafka, "50%25%20", true},
+		{"a+b ", TransportKafka, "a%2Bb%20", true},
+		{"a b\n", TransportKafka, "a%20b%0A", true},
+		{"x\x00\x7f\n", TransportKafka, "x%00%7F%0A", true},
+		{"50%", TransportNATS, "50%", false}, // a NATS header value already
+		{"order-1", TransportNATS, "order-1", false},
 	} {
-		got, enc := NATSHeaderID([]byte(tc.in))
+		got, enc := NATSHeaderID([]byte(tc.in), tc.from)
 		if string(got) != tc.want || enc != tc.enc {
-			t.Errorf("NATSHeaderID(%q) = %q, %v; want %q, %v", tc.in, got, enc, tc.want, tc.enc)
+			t.Errorf("NATSHeaderID(%q, %v) = %q, %v; want %q, %v", tc.in, tc.from, got, enc, tc.want, tc.enc)
 			continue
 		}
 		growth := 0
 		if enc {
 			if back, err := url.PathUnescape(string(got)); err != nil || back != tc.in {
-				t.Errorf("NATSHeaderID(%q) = %q decodes to %q, %v", tc.in, got, back, err)
+				t.Errorf("NATSHeaderID(%q) = %q: URL path decoding gives %q, %v", tc.in, got, back, err)
+			}
+			if back, err := url.QueryUnescape(string(got)); err != nil || back != tc.in {
+				t.Errorf("NATSHeaderID(%q) = %q: form decoding gives %q, %v", tc.in, got, back, err)
 			}
 			growth = len(got) - len(tc.in) + len(HeaderIDEncoding) + len(IDEncodingPercent) + minHeaderFraming
+		} else if strings.Contains(string(got), "%") && tc.from == TransportKafka {
+			t.Errorf("NATSHeaderID(%q) = %q unmarked with a %%: it reads as an encoding", tc.in, got)
 		}
-		if g := natsIDGrowth(tc.in); g != growth {
+		if g := natsIDGrowth(tc.in, tc.from); g != growth {
 			t.Errorf("natsIDGrowth(%q) = %d, want %d", tc.in, g, growth)
 		}
 	}
+}
+
+// TestNATSHeaderIDInjective: no two Kafka ids give one delay-id value on
+// NATS (the marker header aside: consumers dedup on the value), over ids
+// built from the bytes that matter.
+func TestNATSHeaderIDInjective(t *testing.T) {
+	alphabet := []byte{'a', ' ', '%', '2', '0', '\n', '+', '\t'}
+	seen := map[string]string{}
+	var walk func(prefix []byte)
+	walk = func(prefix []byte) {
+		if len(prefix) > 0 {
+			got, _ := NATSHeaderID(prefix, TransportKafka)
+			if other, ok := seen[string(got)]; ok {
+				t.Fatalf("ids %q and %q both arrive as delay-id %q", other, prefix, got)
+			}
+			seen[string(got)] = string(prefix)
+		}
+		if len(prefix) == 4 {
+			return
+		}
+		for _, c := range alphabet {
+			walk(append(prefix[:len(prefix):len(prefix)], c))
+		}
+	}
+	walk(nil)
 }
 
 // TestParseNATSTargetIDEncoded: a Kafka key that nats.go would trim,

@@ -138,7 +138,7 @@ func Parse(m *Message, r *Rules) Task {
 		// Bounded as delivered: the headers the bridge adds count, or a
 		// message just under the limit would be taken in and then be
 		// refused by the target broker on every try.
-		if n := messageSize(m) + addedSize(p.id(), p.orig()) + natsAddedSize(m.Source, p.id()); n > r.MaxBytes {
+		if n := messageSize(m) + addedSize(p.id(), p.orig()) + natsAddedSize(m.Source, p.id(), m.Transport); n > r.MaxBytes {
 			return p.deadLetter(CodeTooLarge, "message of "+strconv.Itoa(n)+" bytes as delivered (key, value, headers and the added delay-id, delay-origin, delay-due and on NATS Nats-Msg-Id) exceeds the limit of "+strconv.Itoa(r.MaxBytes))
 		}
 	}
@@ -280,7 +280,7 @@ func Parse(m *Message, r *Rules) Task {
 		hs = append(hs, h)
 	}
 	if tr == TransportNATS {
-		if enc, ok := NATSHeaderID(idVal); ok {
+		if enc, ok := NATSHeaderID(idVal, m.Transport); ok {
 			// The consumer's dedup key (delay-id, delay-due) must tell
 			// tasks apart: nats.go would trim the id and turn its CR
 			// and LF into spaces, so "job-7" and "job-7 " arrived equal.
@@ -294,7 +294,7 @@ func Parse(m *Message, r *Rules) Task {
 		Header{Key: HeaderDue, Value: buf[suffixEnd:dueEnd:dueEnd]},
 	)
 	if tr == TransportNATS {
-		if n := natsHeaderBlock(hs, m.Source, id); n > NATSMaxHeaderBytes {
+		if n := natsHeaderBlock(hs, m.Source, id, m.Transport); n > NATSMaxHeaderBytes {
 			return p.deadLetter(CodeTooLarge, "header block of "+strconv.Itoa(n)+" bytes as delivered to NATS (the headers and the added delay-id, delay-origin, delay-due and Nats-Msg-Id) exceeds JetStream's limit of "+strconv.Itoa(NATSMaxHeaderBytes))
 		}
 	}
@@ -531,9 +531,9 @@ const MaxClockSkew = time.Minute
 // "NATS/1.0" line and closing CRLF. It is counted whatever the target's
 // transport: the bound is checked before the target is resolved, and
 // it costs a Kafka target a few dozen bytes of the limit.
-func natsAddedSize(source, id string) int {
+func natsAddedSize(source, id string, from Transport) int {
 	v := len("kafka:") + 3*len(source) + 1 + 3*len(id) + 1 + dueLen
-	return len("Nats-Msg-Id") + v + headerFraming(len("Nats-Msg-Id"), v) + len("NATS/1.0\r\n\r\n") + natsIDGrowth(id)
+	return len("Nats-Msg-Id") + v + headerFraming(len("Nats-Msg-Id"), v) + len("NATS/1.0\r\n\r\n") + natsIDGrowth(id, from)
 }
 
 // NATSMaxHeaderBytes is the largest header block JetStream stores: the
@@ -543,12 +543,13 @@ const NATSMaxHeaderBytes = 65535
 // natsHeaderBlock bounds the header block a NATS target gets for the
 // delivered headers hs: the "NATS/1.0" line, each header as
 // "name: value" and CRLF (a name grown as NATSHeaderName writes it), the
-// sink's Nats-Msg-Id and the closing CRLF.
-func natsHeaderBlock(hs []Header, source, id string) int {
+// sink's Nats-Msg-Id and the closing CRLF, for a message from transport
+// from.
+func natsHeaderBlock(hs []Header, source, id string, from Transport) int {
 	v := len("kafka:") + 3*len(source) + 1 + 3*len(id) + 1 + dueLen
 	n := len("NATS/1.0\r\n\r\n") + len(HeaderNatsMsgID) + v + minHeaderFraming
 	for _, h := range hs {
-		n += len(h.Key) + natsNameGrowth(h.Key) + len(h.Value) + minHeaderFraming
+		n += len(h.Key) + natsNameGrowth(h.Key, from) + len(h.Value) + minHeaderFraming
 	}
 	return n
 }
@@ -556,11 +557,15 @@ func natsHeaderBlock(hs []Header, source, id string) int {
 // IDEncodingPercent is the value of HeaderIDEncoding.
 const IDEncodingPercent = "percent"
 
-// natsIDAltered reports whether nats.go would change id as a header
-// value: it trims ASCII white space from both ends and turns CR and LF
-// into spaces.
-func natsIDAltered[T string | []byte](id T) bool {
-	if len(id) == 0 {
+// natsIDAltered reports whether id, from transport from, would not arrive
+// on a NATS target as a delay-id that only it can be: nats.go trims ASCII
+// white space from both ends of a header value and turns CR and LF into
+// spaces; and a Kafka id with a '%' in it kept as it is would read as the
+// encoding of another ("job-7%20" of "job-7 "), one (delay-id, delay-due)
+// for two tasks. A NATS source's ids came through a NATS header: none of
+// these.
+func natsIDAltered[T string | []byte](id T, from Transport) bool {
+	if len(id) == 0 || from == TransportNATS {
 		return false
 	}
 	switch id[0] {
@@ -572,28 +577,31 @@ func natsIDAltered[T string | []byte](id T) bool {
 		return true
 	}
 	for i := 0; i < len(id); i++ {
-		if id[i] == '\r' || id[i] == '\n' {
+		if c := id[i]; c == '\r' || c == '\n' || c == '%' {
 			return true
 		}
 	}
 	return false
 }
 
-// idEncodes reports whether NATSHeaderID writes byte c as %XX.
-func idEncodes(c byte) bool { return c <= ' ' || c == 0x7f || c == '%' }
+// idEncodes reports whether NATSHeaderID writes byte c as %XX: '%', '+'
+// (a form decoder reads it as a space), space, the ASCII control
+// characters and DEL.
+func idEncodes(c byte) bool { return c <= ' ' || c == 0x7f || c == '%' || c == '+' }
 
-// NATSHeaderID is the delay-id header value a NATS target gets for id,
-// ok false when that is id itself. An id nats.go would alter (white space
-// at either end, a CR or LF) is percent-encoded instead: '%', space, the
-// ASCII control characters and DEL as %XX, and the delivery carries
-// delay-id-encoding: percent, so distinct ids stay distinct and any
-// percent-decoder gives the id back.
-func NATSHeaderID(id []byte) (enc []byte, ok bool) {
-	if !natsIDAltered(id) {
+// NATSHeaderID is the delay-id header value a NATS target gets for id of a
+// message from transport from, ok false when that is id itself. An id
+// natsIDAltered finds is percent-encoded instead (idEncodes' bytes as
+// %XX), and the delivery carries delay-id-encoding: percent. A value
+// without that header never has a '%' in it, so distinct ids never
+// arrive as one, and any percent-decoder, URL path or form, gives the id
+// back.
+func NATSHeaderID(id []byte, from Transport) (enc []byte, ok bool) {
+	if !natsIDAltered(id, from) {
 		return id, false
 	}
 	const hex = "0123456789ABCDEF"
-	out := make([]byte, 0, len(id)+natsIDGrowth(string(id)))
+	out := make([]byte, 0, len(id)+natsIDGrowth(string(id), from))
 	for _, c := range id {
 		if idEncodes(c) {
 			out = append(out, '%', hex[c>>4], hex[c&15])
@@ -607,8 +615,8 @@ func NATSHeaderID(id []byte) (enc []byte, ok bool) {
 // natsIDGrowth is what NATSHeaderID adds to a NATS delivery of id: two
 // bytes per byte it encodes and the delay-id-encoding header; none for an
 // id NATS carries as it is.
-func natsIDGrowth(id string) int {
-	if !natsIDAltered(id) {
+func natsIDGrowth(id string, from Transport) int {
+	if !natsIDAltered(id, from) {
 		return 0
 	}
 	n := 0
@@ -633,7 +641,7 @@ func messageSize(m *Message) int {
 	n := len(m.Key) + len(m.Value)
 	for _, h := range m.Headers {
 		// A name NATS cannot carry grows on a NATS target (NATSHeaderName).
-		n += len(h.Key) + natsNameGrowth(h.Key) + len(h.Value) + headerFraming(len(h.Key), len(h.Value))
+		n += len(h.Key) + natsNameGrowth(h.Key, m.Transport) + len(h.Value) + headerFraming(len(h.Key), len(h.Value))
 	}
 	return n
 }

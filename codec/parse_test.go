@@ -369,7 +369,7 @@ func TestParseTooLargeManyHeaders(t *testing.T) {
 		bare += len(hd.Key) + len(hd.Value)
 	}
 	bare += 8 + 7 + 12 + 16 + 9 + 24 // the added headers
-	bare += natsAddedSize("delay", "order-1")
+	bare += natsAddedSize("delay", "order-1", TransportKafka)
 	wantDeadLetter(t, Parse(m, &Rules{MaxBytes: bare + 600*4}), CodeTooLarge)
 	if got := Parse(m, &Rules{MaxBytes: bare + 605*4}); got.Kind != KindSchedule {
 		t.Fatalf("at the limit with framing: %v %s %s", got.Kind, got.Code, got.Detail)
@@ -935,25 +935,34 @@ func TestParseTargetNATSUTF8(t *testing.T) {
 }
 
 // TestNATSHeaderName: a header name NATS cannot carry is percent-encoded
-// (each byte it cannot carry, and '%'), and natsNameGrowth, which too-large
-// counts, is exactly how much longer that makes it.
+// (each byte it cannot carry, and '%'), as is a Kafka name with a '%' in
+// it, so two Kafka names never merge; a NATS source's valid names are
+// kept. natsNameGrowth, which too-large counts, is exactly how much longer
+// that makes a name.
 func TestNATSHeaderName(t *testing.T) {
-	for _, tc := range []struct{ in, want string }{
-		{"x-app", "x-app"},
-		{"50%", "50%25"}, // valid, but kept it would be "a b"'s form of another name
-		{"a%20b", "a%2520b"},
-		{"trace id", "trace%20id"},
-		{"a:b", "a%3Ab"},
-		{"x/100%", "x%2F100%25"},
-		{"é", "%C3%A9"},
-		{"", ""},
+	for _, tc := range []struct {
+		in   string
+		from Transport
+		want string
+	}{
+		{"x-app", TransportKafka, "x-app"},
+		{"50%", TransportKafka, "50%25"}, // valid, but kept it could be another name's encoding
+		{"a%20b", TransportKafka, "a%2520b"},
+		{"trace id", TransportKafka, "trace%20id"},
+		{"a:b", TransportKafka, "a%3Ab"},
+		{"x/100%", TransportKafka, "x%2F100%25"},
+		{"é", TransportKafka, "%C3%A9"},
+		{"", TransportKafka, ""},
+		{"x-app", TransportNATS, "x-app"},
+		{"50%", TransportNATS, "50%"}, // a NATS name already: delivered as it came
+		{"a%20b", TransportNATS, "a%20b"},
 	} {
-		got := NATSHeaderName(tc.in)
+		got := NATSHeaderName(tc.in, tc.from)
 		if got != tc.want {
-			t.Errorf("NATSHeaderName(%q) = %q, want %q", tc.in, got, tc.want)
+			t.Errorf("NATSHeaderName(%q, %v) = %q, want %q", tc.in, tc.from, got, tc.want)
 		}
-		if g := natsNameGrowth(tc.in); g != len(got)-len(tc.in) {
-			t.Errorf("natsNameGrowth(%q) = %d, want %d", tc.in, g, len(got)-len(tc.in))
+		if g := natsNameGrowth(tc.in, tc.from); g != len(got)-len(tc.in) {
+			t.Errorf("natsNameGrowth(%q, %v) = %d, want %d", tc.in, tc.from, g, len(got)-len(tc.in))
 		}
 	}
 }

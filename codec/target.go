@@ -138,14 +138,16 @@ func natsNameByte(c byte) bool {
 	return c > ' ' && c < 0x7f && strings.IndexByte(`"()/,:;<=>?@[\]{}`, c) < 0
 }
 
-// NATSHeaderName is a (Kafka) header name as a NATS header name; nats.go
-// refuses the whole message for one name NATS cannot carry. A valid name
-// without '%' is kept as it is; in any other, each byte NATS cannot carry,
-// and '%', is written %XX. So distinct names stay distinct ("a b" is
-// "a%20b", and "a%20b" is "a%2520b"), and a name with a '%' in it decodes
-// back with any percent-decoder.
-func NATSHeaderName(k string) string {
-	if natsNameGrowth(k) == 0 {
+// NATSHeaderName is a header name as a NATS header name, for a message
+// from transport from; nats.go refuses the whole message for one name NATS
+// cannot carry. A valid name is kept as it is, except, from Kafka, one with
+// a '%' in it; in any other, each byte NATS cannot carry, and '%', is
+// written %XX (RFC 3986 percent-encoding: decode it as a URL path, not as
+// a form, where '+' is a space). So distinct Kafka names stay distinct ("a
+// b" is "a%20b", and "a%20b" is "a%2520b"), and a NATS source's names,
+// valid NATS names already, arrive as they are (CONTRACT §2).
+func NATSHeaderName(k string, from Transport) string {
+	if natsNameGrowth(k, from) == 0 {
 		return k
 	}
 	const hex = "0123456789ABCDEF"
@@ -162,9 +164,9 @@ func NATSHeaderName(k string) string {
 	return b.String()
 }
 
-// natsNameGrowth is how much longer NATSHeaderName(k) is than k: 2 bytes
-// for each byte it encodes, none for a name it keeps as it is.
-func natsNameGrowth(k string) int {
+// natsNameGrowth is how much longer NATSHeaderName(k, from) is than k: 2
+// bytes for each byte it encodes, none for a name it keeps as it is.
+func natsNameGrowth(k string, from Transport) int {
 	bad, pct := 0, 0
 	for i := 0; i < len(k); i++ {
 		switch c := k[i]; {
@@ -173,6 +175,9 @@ func natsNameGrowth(k string) int {
 		case !natsNameByte(c):
 			bad++
 		}
+	}
+	if bad == 0 && (pct == 0 || from == TransportNATS) {
+		return 0
 	}
 	return 2 * (bad + pct)
 }

@@ -449,7 +449,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 			fail(i, fmt.Errorf("nats sink: subject %.64q... is longer than %d bytes", t.Target, codec.MaxSubjectLen))
 			continue
 		}
-		msgs[i] = &natsgo.Msg{Subject: t.Target, Data: t.Value, Header: headersOut(t.Headers, DeliveryID(t))}
+		msgs[i] = &natsgo.Msg{Subject: t.Target, Data: t.Value, Header: headersOut(t.Headers, DeliveryID(t), t.DLQTransport)}
 		v, ok := verdictOf(t.Target)
 		if ok && v.core {
 			if !s.coreOK(t) {

@@ -140,14 +140,14 @@ func publishDirective(key string) bool {
 
 // headersOut converts task headers to a NATS header, keeping repeated keys
 // and their order, dropping JetStream publish directives and setting
-// Nats-Msg-Id to msgID.
-func headersOut(hs []codec.Header, msgID string) natsgo.Header {
+// Nats-Msg-Id to msgID; from is the transport the task came from.
+func headersOut(hs []codec.Header, msgID string, from codec.Transport) natsgo.Header {
 	h := make(natsgo.Header, len(hs)+1)
 	for _, x := range hs {
 		if publishDirective(x.Key) {
 			continue
 		}
-		k := codec.NATSHeaderName(x.Key)
+		k := codec.NATSHeaderName(x.Key, from)
 		if k == "" {
 			continue // NATS has no empty header name
 		}

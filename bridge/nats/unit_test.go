@@ -238,7 +238,7 @@ func TestHeadersOut(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := headersOut(tt.in, "ID")
+			got := headersOut(tt.in, "ID", codec.TransportKafka)
 			if !headerKeysValid(got) {
 				t.Fatalf("%v: not a valid NATS header", got)
 			}
