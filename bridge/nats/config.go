@@ -98,6 +98,12 @@ type Config struct {
 	// BatchBytes ends a batch once its messages' data and headers reach
 	// it (at least one message). Default 4 MiB.
 	BatchBytes int
+	// PullBytes bounds what the source's pull requests bring in at once,
+	// counted in messages of the server's max_payload: a pull asks for
+	// 2 x BatchSize messages, or as many of that size as fit (at least
+	// 2; see pullMessages). Default 64 MiB: 63 messages at the default
+	// 1 MiB max_payload, 512 up to a max_payload of about 124 KiB.
+	PullBytes int
 	// Linger is how long the Source waits for more messages to fill a batch
 	// once it has one; default 2ms. It bounds the added ingest latency.
 	Linger        time.Duration
@@ -141,6 +147,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.BatchBytes <= 0 {
 		c.BatchBytes = 4 << 20
+	}
+	if c.PullBytes <= 0 {
+		c.PullBytes = 64 << 20
 	}
 	if c.Linger <= 0 {
 		c.Linger = 2 * time.Millisecond

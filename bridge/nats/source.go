@@ -1124,11 +1124,19 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	// Within the consumer's own request limits (set by an operator, or by
 	// the server's jetstream.limits.max_request_batch): a pull above one
 	// of them is refused 409, which nats.go swallows, and nothing would
-	// ever be delivered. Messages only, no byte limit: a byte-limited pull
-	// (PullMaxMessagesWithBytesLimit, nats.go v1.55) delivered about 6 000
-	// 1 KB messages a second with 30 s stalls in bench, against 45 000,
-	// and a pending message larger than the limit is never delivered.
-	pullMsgs, expiry := 2*s.cfg.BatchSize, s.cfg.PullExpiry
+	// ever be delivered. Messages only, no byte limit in the request, but
+	// few enough that messages of max_payload stay within PullBytes (see
+	// pullMessages): 512 of 1 MiB were 512 MiB of memory. Not
+	// PullMaxMessagesWithBytesLimit: with it (nats.go v1.55) the server
+	// ends every pull with a status (409 Batch Completed), which the
+	// iterator puts in the channel it sized for the messages alone; with
+	// the handler busy a message found it full and was dropped (a slow
+	// consumer), back only after AckWait: the bench's 30 s stalls (hunt
+	// H134). Not PullMaxBytes either: it asks for up to 1 000 000
+	// messages, so one source would take MaxAckPending of them, and a
+	// message over half its limit never fits a pull (nats.go asks for
+	// the limit less what it thinks is outstanding).
+	pullMsgs, expiry := pullMessages(2*s.cfg.BatchSize, s.cfg.PullBytes, s.nc.MaxPayload()), s.cfg.PullExpiry
 	if lim := info.Config.MaxRequestBatch; lim > 0 && pullMsgs > lim {
 		pullMsgs = lim
 	}
@@ -1275,6 +1283,21 @@ func (s *Source) collect(ctx context.Context, it jetstream.MessagesContext, batc
 		size += msgBytes(m)
 	}
 	return nil
+}
+
+// pullFraming bounds what a delivered message carries beyond its
+// max_payload (headers and data): its subject and reply subject.
+const pullFraming = 4 << 10
+
+// pullMessages is how many messages a pull asks for: want (2 x BatchSize),
+// or fewer if that many messages of maxPayload would be more than
+// pullBytes, at least 2. The bound holds for messages up to the
+// max_payload read when the source starts pulling; a larger one
+// (max_payload raised while the bridge runs, or lowered after it was
+// stored) still comes through, the pull having no byte limit.
+func pullMessages(want, pullBytes int, maxPayload int64) int {
+	per := min(max(maxPayload, 0), 1<<40) + pullFraming
+	return max(2, min(want, int(int64(pullBytes)/per)))
 }
 
 // msgBytes is what a batch counts for m: its data and its headers' names
