@@ -120,4 +120,3 @@ func TestPullMessages(t *testing.T) {
 		}
 	}
 }
-
