@@ -15,6 +15,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/testlog"
 	"github.com/delaybridge/delaybridge/shard"
 )
 
@@ -44,7 +45,7 @@ func testConfig(t testing.TB, brokers []string, group string, topics ...string) 
 		MaxWait:           200 * time.Millisecond,
 		IdentityWait:      600 * time.Millisecond, // three long polls
 		DialTimeout:       5 * time.Second,
-		Logger:            zaptest.NewLogger(t, zaptest.Level(zapcore.InfoLevel)),
+		Logger:            testlog.New(t, zaptest.Level(zapcore.InfoLevel)),
 	}
 	for _, tp := range topics {
 		cfg.Sources = append(cfg.Sources, SourceConfig{Topic: tp, Rules: &codec.Rules{DLQ: tp + ".dlq"}})

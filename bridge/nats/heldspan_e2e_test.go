@@ -3,10 +3,12 @@ package nats
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	natsgo "github.com/nats-io/nats.go"
 
 	"github.com/delaybridge/delaybridge/bridge"
@@ -21,7 +23,7 @@ type crashAfterStore struct {
 	*recorder
 	nc       *natsgo.Conn
 	crashSeq int64
-	before   func() // run before storing the crash batch, if set
+	before   func(nc *natsgo.Conn) // run before storing the crash batch, if set
 	once     sync.Once
 	crashed  chan struct{}
 }
@@ -34,7 +36,7 @@ func (c *crashAfterStore) Handle(ctx context.Context, b *bridge.Batch) error {
 	}
 	crash := slices.ContainsFunc(b.Items, func(it bridge.Item) bool { return it.Msg.Offset == c.crashSeq })
 	if crash && c.before != nil {
-		c.before()
+		c.before(c.nc)
 	}
 	if err := c.recorder.Handle(ctx, b); err != nil {
 		return err
@@ -68,7 +70,7 @@ func TestSourceCrashInBarrierWindowNoReingest(t *testing.T) {
 	js := newJS(t, pub)
 	store := newRecorder()
 
-	newRun := func(crashSeq int64, before func()) (*Source, *crashAfterStore) {
+	newRun := func(crashSeq int64, before func(*natsgo.Conn)) (*Source, *crashAfterStore) {
 		nc := connect(t, cfg)
 		src, err := NewSource(nc, cfg)
 		if err != nil {
@@ -98,9 +100,14 @@ func TestSourceCrashInBarrierWindowNoReingest(t *testing.T) {
 	}
 
 	// Run 1.
-	src1, h1 := newRun(1, func() {
+	// The consumer counts 2 as delivered when it hands it to the server's
+	// send queue; the send to run 1's pull inbox comes after, and a send
+	// that finds run 1 gone (closed below) is redelivered at once, not
+	// after AckWait. So wait until the server wrote both to run 1's
+	// connection.
+	src1, h1 := newRun(1, func(nc *natsgo.Conn) {
 		eventually(t, "2 delivered to run 1's buffer", func() bool {
-			return consumerInfo(t, js, "DELAY", "bridge").Delivered.Stream >= 2
+			return consumerInfo(t, js, "DELAY", "bridge").Delivered.Stream >= 2 && pulledBy(t, s, nc) >= 2
 		})
 	})
 	publish(t, js, "delay.a", "1", nil)
@@ -137,4 +144,28 @@ func TestSourceCrashInBarrierWindowNoReingest(t *testing.T) {
 	if got := slices.Sorted(slices.Values(store.seqs())); !slices.Equal(got, []int64{1, 2, 3}) {
 		t.Fatalf("the store took %v, want 1, 2, 3 once each: a message stored under a barrier was taken in again after its ack was lost", got)
 	}
+}
+
+// pulledBy returns how many messages the server wrote to nc's pull inboxes
+// (plain inboxes, not the request mux's wildcard): the messages a source on
+// nc received from its consumer, as far as the server knows.
+func pulledBy(t testing.TB, s *server.Server, nc *natsgo.Conn) int64 {
+	t.Helper()
+	cid, err := nc.GetClientID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cz, err := s.Connz(&server.ConnzOptions{CID: cid, SubscriptionsDetail: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, c := range cz.Conns {
+		for _, sub := range c.SubsDetail {
+			if strings.HasPrefix(sub.Subject, natsgo.InboxPrefix) && !strings.ContainsAny(sub.Subject, "*>") {
+				n += sub.Msgs
+			}
+		}
+	}
+	return n
 }

@@ -13,9 +13,9 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/delaybridge/delaybridge/bridge"
+	"github.com/delaybridge/delaybridge/internal/testlog"
 	"github.com/delaybridge/delaybridge/metrics"
 	"github.com/delaybridge/delaybridge/shard"
 )
@@ -61,7 +61,7 @@ func testConfig(t testing.TB, url string) Config {
 		Consumer:      "bridge",
 		Sources:       []SourceConfig{{Subject: "delay.>"}},
 		ReconnectWait: 20 * time.Millisecond,
-		Logger:        zaptest.NewLogger(t),
+		Logger:        testlog.New(t),
 		Metrics:       metrics.New(prometheus.NewRegistry()),
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/delaybridge/delaybridge/internal/testcert"
+	"github.com/delaybridge/delaybridge/internal/testlog"
 )
 
 func writeTestFile(t *testing.T, path string, data []byte) {
@@ -58,7 +59,7 @@ targets:
 admin:
   listen: "127.0.0.1:0"
 `, t.TempDir(), port, caFile, certFile, keyFile)
-	svc, _, _ := runYAML(t, yml, Options{Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())), NATS: fastNATS})
+	svc, _, _ := runYAML(t, yml, Options{Logger: testlog.New(t, zaptest.Level(testLogLevel())), NATS: fastNATS})
 	eventually(t, "ready with the first certificate", func() bool { return svc.Ready() == nil })
 
 	// The Secret is renewed: new files; the server now takes only them.

@@ -12,6 +12,7 @@ import (
 	"github.com/delaybridge/delaybridge/bridge/nats"
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/internal/clock"
+	"github.com/delaybridge/delaybridge/internal/testlog"
 	"github.com/delaybridge/delaybridge/shard"
 )
 
@@ -137,7 +138,7 @@ func TestDownLongerThanGraceDeliveredWithinRetryMax(t *testing.T) {
 		return attempts[i], true
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	svc, err := New(ctx, e.config(), Options{Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())), Clock: clock.Real{}, Kafka: fastKafka, NATS: natsHook})
+	svc, err := New(ctx, e.config(), Options{Logger: testlog.New(t, zaptest.Level(testLogLevel())), Clock: clock.Real{}, Kafka: fastKafka, NATS: natsHook})
 	if err != nil {
 		t.Fatal(err)
 	}

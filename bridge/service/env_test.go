@@ -29,6 +29,7 @@ import (
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/config"
 	"github.com/delaybridge/delaybridge/internal/clock"
+	"github.com/delaybridge/delaybridge/internal/testlog"
 )
 
 // env is a real Kafka-protocol broker (kfake) and a real NATS server with
@@ -346,7 +347,7 @@ func (e *env) startWith(kafkaHook func(*kafka.Config)) (svc *Service, stop func(
 func (e *env) runWith(o Options) (svc *Service, cancel context.CancelFunc, done <-chan error) {
 	e.t.Helper()
 	if o.Logger == nil {
-		o.Logger = zaptest.NewLogger(e.t, zaptest.Level(testLogLevel()))
+		o.Logger = testlog.New(e.t, zaptest.Level(testLogLevel()))
 	}
 	if o.Clock == nil {
 		o.Clock = e.clk

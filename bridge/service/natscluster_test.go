@@ -18,6 +18,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/bridge/nats"
 	"github.com/delaybridge/delaybridge/internal/natstest"
+	"github.com/delaybridge/delaybridge/internal/testlog"
 )
 
 // A NATS cluster that loses its quorum: the remaining server answers the
@@ -98,7 +99,7 @@ func TestStartWhileNATSClusterLostQuorum(t *testing.T) {
 	c.Stop(2)
 	time.Sleep(11 * time.Second) // the lost-quorum interval: then the 503s
 
-	svc, _, done := runYAML(t, clusterYAML(t, c.URL(0), ""), Options{Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())), NATS: fastNATS})
+	svc, _, done := runYAML(t, clusterYAML(t, c.URL(0), ""), Options{Logger: testlog.New(t, zaptest.Level(testLogLevel())), NATS: fastNATS})
 	alive := exitWatch(t, done)
 	eventually(t, "not ready, saying JetStream is unavailable", func() bool {
 		alive()
@@ -117,7 +118,7 @@ func TestStartWhileNATSClusterLostQuorum(t *testing.T) {
 // back. It used to stay ready.
 func TestNotReadyWhileNATSQuorumLost(t *testing.T) {
 	c, _, _ := longNATSCluster(t, ordersR3)
-	svc, _, done := runYAML(t, clusterYAML(t, c.URL(0), ""), Options{Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())), NATS: fastNATS})
+	svc, _, done := runYAML(t, clusterYAML(t, c.URL(0), ""), Options{Logger: testlog.New(t, zaptest.Level(testLogLevel())), NATS: fastNATS})
 	alive := exitWatch(t, done)
 	eventually(t, "ready", func() bool { alive(); return svc.Ready() == nil })
 	c.Stop(1)
@@ -198,7 +199,7 @@ func runClusterFaults(t *testing.T, faults []func(*testing.T, *natstest.Cluster,
 		jetstream.StreamConfig{Name: "DLQ", Subjects: []string{"dlq.>"}, Replicas: 3})
 	// Few attempts: a fault charged as a failed publish would dead-letter.
 	yml := clusterYAML(t, c.URL(0), "retry: {initial: 200ms, max: 1s, multiplier: 2, jitter: 0.1, max_attempts: 4}")
-	svc, _, done := runYAML(t, yml, Options{Logger: zaptest.NewLogger(t, zaptest.Level(zapcore.WarnLevel)),
+	svc, _, done := runYAML(t, yml, Options{Logger: testlog.New(t, zaptest.Level(zapcore.WarnLevel)),
 		NATS: func(c *nats.Config) { fastNATS(c); c.PublishTimeout = 3 * time.Second; c.AckWait = 3 * time.Second }})
 	alive := exitWatch(t, done)
 	eventually(t, "ready", func() bool { alive(); return svc.Ready() == nil })

@@ -16,6 +16,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/bridge/nats"
 	"github.com/delaybridge/delaybridge/internal/natstest"
+	"github.com/delaybridge/delaybridge/internal/testlog"
 )
 
 // A NATS cluster through long quorum losses (long form only, through
@@ -226,7 +227,7 @@ func runOnCluster(t *testing.T, c *natstest.Cluster, extra string) (*Service, co
 
 func runOnClusterServer(t *testing.T, c *natstest.Cluster, server int, extra string) (*Service, context.CancelFunc, <-chan error, string) {
 	yml := clusterYAML(t, c.URL(server), extra)
-	svc, cancel, done := runYAML(t, yml, Options{Logger: zaptest.NewLogger(t, zaptest.Level(zapcore.WarnLevel)),
+	svc, cancel, done := runYAML(t, yml, Options{Logger: testlog.New(t, zaptest.Level(zapcore.WarnLevel)),
 		NATS: func(c *nats.Config) { fastNATS(c); c.PublishTimeout = 3 * time.Second; c.AckWait = 3 * time.Second }})
 	return svc, cancel, done, yml
 }
@@ -397,7 +398,7 @@ func TestNATSRestartDuringQuorumLoss(t *testing.T) {
 	case <-time.After(40 * time.Second):
 		t.Fatal("bridge did not stop")
 	}
-	svc2, _, done2 := runYAML(t, yml, Options{Logger: zaptest.NewLogger(t, zaptest.Level(zapcore.WarnLevel)),
+	svc2, _, done2 := runYAML(t, yml, Options{Logger: testlog.New(t, zaptest.Level(zapcore.WarnLevel)),
 		NATS: func(c *nats.Config) { fastNATS(c); c.PublishTimeout = 3 * time.Second; c.AckWait = 3 * time.Second }})
 	alive := exitWatch(t, done2)
 	st = svc2.Engine().Stats()
@@ -547,7 +548,7 @@ func TestNATSRestartedBridgeAfterQuorum(t *testing.T) {
 	})
 	cancel()
 	<-done
-	svc2, _, done2 := runYAML(t, yml, Options{Logger: zaptest.NewLogger(t, zaptest.Level(zapcore.WarnLevel)),
+	svc2, _, done2 := runYAML(t, yml, Options{Logger: testlog.New(t, zaptest.Level(zapcore.WarnLevel)),
 		NATS: func(c *nats.Config) { fastNATS(c); c.PublishTimeout = 3 * time.Second; c.AckWait = 3 * time.Second }})
 	restarted := time.Now()
 	// The quorum comes back 17 s after the restart.

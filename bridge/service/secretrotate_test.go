@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/delaybridge/delaybridge/internal/testcert"
+	"github.com/delaybridge/delaybridge/internal/testlog"
 )
 
 // TestSecretFilesRotate: the files a Kubernetes Secret mounts change under
@@ -59,7 +60,7 @@ admin:
   listen: "127.0.0.1:0"
   token_file: %q
 `, t.TempDir(), port, passFile, caFile, tokenFile)
-	svc, _, _ := runYAML(t, yml, Options{Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())), NATS: fastNATS})
+	svc, _, _ := runYAML(t, yml, Options{Logger: testlog.New(t, zaptest.Level(testLogLevel())), NATS: fastNATS})
 	eventually(t, "ready with the first CA and password", func() bool { return svc.Ready() == nil })
 	stats := func(token string) int {
 		req := httptest.NewRequest(http.MethodGet, "/v1/stats", nil)

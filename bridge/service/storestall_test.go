@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/delaybridge/delaybridge/internal/faultfs"
+	"github.com/delaybridge/delaybridge/internal/testlog"
 	"github.com/delaybridge/delaybridge/shard"
 )
 
@@ -56,7 +57,7 @@ func TestShutdownWithStoreWriteStalled(t *testing.T) {
 	var err error
 	eventually(t, "reopened", func() bool {
 		svc2, err = New(context.Background(), e.config(), Options{
-			Logger: zaptest.NewLogger(t, zaptest.Level(testLogLevel())), Clock: e.clk, Kafka: fastKafka, NATS: fastNATS})
+			Logger: testlog.New(t, zaptest.Level(testLogLevel())), Clock: e.clk, Kafka: fastKafka, NATS: fastNATS})
 		return err == nil
 	})
 	ctx2, cancel2 := context.WithCancel(context.Background())

@@ -20,6 +20,7 @@ import (
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/config"
 	"github.com/delaybridge/delaybridge/internal/clock"
+	"github.com/delaybridge/delaybridge/internal/testlog"
 )
 
 // inproc runs bridge processes inside the test (bridge/service, the code
@@ -56,7 +57,7 @@ func (ip *inproc) start() *running {
 	ip.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	svc, err := service.New(ctx, ip.cfg, service.Options{
-		Logger: zaptest.NewLogger(ip.t, zaptest.Level(zap.WarnLevel)),
+		Logger: testlog.New(ip.t, zaptest.Level(zap.WarnLevel)),
 		Clock:  ip.clk,
 		FS:     ip.fs,
 		Kafka: func(c *kafka.Config) {
