@@ -1132,7 +1132,11 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	// iterator puts in the channel it sized for the messages alone; with
 	// the handler busy a message found it full and was dropped (a slow
 	// consumer), back only after AckWait: the bench's 30 s stalls (hunt
-	// H134). Not PullMaxBytes either: it asks for up to 1 000 000
+	// H134). (An idle heartbeat, sent on a pull still waiting after half
+	// of PullExpiry, takes a place the same way: while a batch is held
+	// that long and the pulls fill up, up to one message per outstanding
+	// pull is dropped and comes back after AckWait; review R137, a known
+	// limit.) Not PullMaxBytes either: it asks for up to 1 000 000
 	// messages, so one source would take MaxAckPending of them, and a
 	// message over half its limit never fits a pull (nats.go asks for
 	// the limit less what it thinks is outstanding).
