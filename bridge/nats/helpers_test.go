@@ -90,7 +90,13 @@ func newJS(t testing.TB, nc *natsgo.Conn) jetstream.JetStream {
 // config first.
 func createdSource(t testing.TB, mod func(*Config)) (Config, *natsgo.Conn, jetstream.JetStream, *Source) {
 	t.Helper()
-	s := startServer(t, jsOptions(t))
+	return createdSourceOn(t, jsOptions(t), mod)
+}
+
+// createdSourceOn is createdSource on a server started with opts.
+func createdSourceOn(t testing.TB, opts *server.Options, mod func(*Config)) (Config, *natsgo.Conn, jetstream.JetStream, *Source) {
+	t.Helper()
+	s := startServer(t, opts)
 	cfg := testConfig(t, serverURL(s))
 	cfg.Create = true
 	if mod != nil {

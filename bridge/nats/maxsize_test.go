@@ -32,18 +32,7 @@ func TestSinkMaxSizeKafkaRecord(t *testing.T) {
 		}
 	}
 	// The largest value Parse takes: the message is exactly at the limit.
-	lo, hi := 0, config.DefaultMaxMessageBytes
-	for lo < hi {
-		mid := (lo + hi + 1) / 2
-		m := msg(mid)
-		if tk := codec.Parse(&m, rules); tk.Kind == codec.KindSchedule {
-			lo = mid
-		} else {
-			hi = mid - 1
-		}
-	}
-	m := msg(lo)
-	tk := codec.Parse(&m, rules)
+	_, tk := largestScheduled(msg, rules, config.DefaultMaxMessageBytes)
 	if tk.Kind != codec.KindSchedule {
 		t.Fatalf("kind %v", tk.Kind)
 	}
@@ -97,18 +86,7 @@ func TestSinkHeaderBlockBound(t *testing.T) {
 			Headers: []codec.Header{{Key: "delay-after", Value: []byte("0")}, {Key: "a b", Value: []byte(strings.Repeat("h", n))}},
 		}
 	}
-	lo, hi := 0, codec.NATSMaxHeaderBytes
-	for lo < hi {
-		mid := (lo + hi + 1) / 2
-		m := msg(mid)
-		if tk := codec.Parse(&m, rules); tk.Kind == codec.KindSchedule {
-			lo = mid
-		} else {
-			hi = mid - 1
-		}
-	}
-	m := msg(lo)
-	tk := codec.Parse(&m, rules)
+	lo, tk := largestScheduled(msg, rules, codec.NATSMaxHeaderBytes)
 	if tk.Kind != codec.KindSchedule || lo < codec.NATSMaxHeaderBytes-400 {
 		t.Fatalf("largest header value taken %d: %v %s", lo, tk.Code, tk.Detail)
 	}
@@ -122,4 +100,21 @@ func TestSinkHeaderBlockBound(t *testing.T) {
 	if id, enc := got.Header.Get(codec.HeaderID), got.Header.Get(codec.HeaderIDEncoding); id != "job%207%0A" || enc != codec.IDEncodingPercent {
 		t.Fatalf("delay-id %q, delay-id-encoding %q; want %q, %q", id, enc, "job%207%0A", codec.IDEncodingPercent)
 	}
+}
+
+// largestScheduled finds the largest n <= hi for which Parse schedules
+// msg(n) (Parse refuses every larger one), and that task.
+func largestScheduled(msg func(n int) codec.Message, rules *codec.Rules, hi int) (int, codec.Task) {
+	lo := 0
+	for lo < hi {
+		mid := (lo + hi + 1) / 2
+		m := msg(mid)
+		if tk := codec.Parse(&m, rules); tk.Kind == codec.KindSchedule {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	m := msg(lo)
+	return lo, codec.Parse(&m, rules)
 }

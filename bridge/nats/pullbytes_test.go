@@ -72,19 +72,12 @@ func TestSourcePullsBoundedBytes(t *testing.T) {
 func testPullsBoundedBytes(t *testing.T, maxPayload int32, want int) {
 	opts := jsOptions(t)
 	opts.MaxPayload = maxPayload
-	srv := startServer(t, opts)
-	cfg := testConfig(t, serverURL(srv))
-	cfg.Create = true
-	nc := connect(t, cfg)
-	src, err := NewSource(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := watchPulls(t, serverURL(srv), cfg.Stream, cfg.Consumer)
+	cfg, _, js, src := createdSourceOn(t, opts, nil)
+	w := watchPulls(t, cfg.URL, cfg.Stream, cfg.Consumer)
 	rec := newRecorder()
 	stop := runSource(t, src, rec)
 	defer stop()
-	publish(t, newJS(t, nc), "delay.a", "m", delayHeader())
+	publish(t, js, "delay.a", "m", delayHeader())
 	eventually(t, "the message taken in", func() bool { return rec.itemCount() == 1 })
 	reqs := w.all()
 	if len(reqs) == 0 {

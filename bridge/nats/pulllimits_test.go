@@ -14,15 +14,7 @@ import (
 func TestServerMaxRequestBatch(t *testing.T) {
 	opts := jsOptions(t)
 	opts.JetStreamLimits.MaxRequestBatch = 100
-	srv := startServer(t, opts)
-	cfg := testConfig(t, serverURL(srv))
-	cfg.Create = true
-	nc := connect(t, cfg)
-	src, err := NewSource(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	js := newJS(t, nc)
+	cfg, _, js, src := createdSourceOn(t, opts, nil)
 	if info := consumerInfo(t, js, cfg.Stream, cfg.Consumer); info.Config.MaxRequestBatch != 100 {
 		t.Fatalf("consumer max_request_batch %d, want the server's 100", info.Config.MaxRequestBatch)
 	}
