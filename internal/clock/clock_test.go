@@ -23,16 +23,7 @@ func TestFakeTimers(t *testing.T) {
 			f := NewFake(start)
 			tm := f.NewTimer(tc.after)
 			f.Advance(tc.advance)
-			select {
-			case <-tm.C():
-				if !tc.fired {
-					t.Fatal("timer fired early")
-				}
-			default:
-				if tc.fired {
-					t.Fatal("timer did not fire")
-				}
-			}
+			checkFired(t, f, tm, tc.fired)
 		})
 	}
 }
@@ -96,16 +87,7 @@ func TestFakeResetAt(t *testing.T) {
 			f.Advance(tc.moved)
 			tm.ResetAt(at)
 			f.Advance(tc.advance)
-			select {
-			case <-tm.C():
-				if !tc.fired {
-					t.Fatal("timer fired early")
-				}
-			default:
-				if tc.fired {
-					t.Fatalf("timer did not fire at %v (deadlines %v)", f.Now(), f.Deadlines())
-				}
-			}
+			checkFired(t, f, tm, tc.fired)
 		})
 	}
 	// The same race with Reset: the deadline moved out by the step.
@@ -126,4 +108,19 @@ func TestRealResetAt(t *testing.T) {
 	tm := Real{}.NewTimer(time.Hour)
 	tm.ResetAt(time.Now().Add(-time.Second)) // past: fires at once
 	<-tm.C()
+}
+
+// checkFired fails t unless tm fired exactly when want says.
+func checkFired(t *testing.T, f *Fake, tm Timer, want bool) {
+	t.Helper()
+	select {
+	case <-tm.C():
+		if !want {
+			t.Fatal("timer fired early")
+		}
+	default:
+		if want {
+			t.Fatalf("timer did not fire at %v (deadlines %v)", f.Now(), f.Deadlines())
+		}
+	}
 }
