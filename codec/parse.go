@@ -138,7 +138,8 @@ func Parse(m *Message, r *Rules) Task {
 		// Bounded as delivered: the headers the bridge adds count, or a
 		// message just under the limit would be taken in and then be
 		// refused by the target broker on every try.
-		if n := messageSize(m) + addedSize(p.id(), p.orig()) + natsAddedSize(m.Source, p.id(), m.Transport); n > r.MaxBytes {
+		id := p.id()
+		if n := messageSize(m) + addedSize(id, p.orig()) + natsAddedSize(m.Source, id, m.Transport); n > r.MaxBytes {
 			return p.deadLetter(CodeTooLarge, "message of "+strconv.Itoa(n)+" bytes as delivered (key, value, headers and the added delay-id, delay-origin, delay-due and on NATS Nats-Msg-Id) exceeds the limit of "+strconv.Itoa(r.MaxBytes))
 		}
 	}
@@ -532,8 +533,15 @@ const MaxClockSkew = time.Minute
 // transport: the bound is checked before the target is resolved, and
 // it costs a Kafka target a few dozen bytes of the limit.
 func natsAddedSize(source, id string, from Transport) int {
-	v := len("kafka:") + 3*len(source) + 1 + 3*len(id) + 1 + dueLen
-	return len("Nats-Msg-Id") + v + headerFraming(len("Nats-Msg-Id"), v) + len("NATS/1.0\r\n\r\n") + natsIDGrowth(id, from)
+	v := natsMsgIDLen(source, id)
+	return len(HeaderNatsMsgID) + v + headerFraming(len(HeaderNatsMsgID), v) + len("NATS/1.0\r\n\r\n") + natsIDGrowth(id, from)
+}
+
+// natsMsgIDLen bounds the Nats-Msg-Id the NATS sink sets for a task of
+// source with id ("transport:source|id|due", each part percent-encoded,
+// at most 3 bytes per byte).
+func natsMsgIDLen(source, id string) int {
+	return len("kafka:") + 3*len(source) + 1 + 3*len(id) + 1 + dueLen
 }
 
 // NATSMaxHeaderBytes is the largest header block JetStream stores: the
@@ -546,8 +554,7 @@ const NATSMaxHeaderBytes = 65535
 // sink's Nats-Msg-Id and the closing CRLF, for a message from transport
 // from.
 func natsHeaderBlock(hs []Header, source, id string, from Transport) int {
-	v := len("kafka:") + 3*len(source) + 1 + 3*len(id) + 1 + dueLen
-	n := len("NATS/1.0\r\n\r\n") + len(HeaderNatsMsgID) + v + minHeaderFraming
+	n := len("NATS/1.0\r\n\r\n") + len(HeaderNatsMsgID) + natsMsgIDLen(source, id) + minHeaderFraming
 	for _, h := range hs {
 		n += len(h.Key) + natsNameGrowth(h.Key, from) + len(h.Value) + minHeaderFraming
 	}
@@ -600,16 +607,7 @@ func NATSHeaderID(id []byte, from Transport) (enc []byte, ok bool) {
 	if !natsIDAltered(id, from) {
 		return id, false
 	}
-	const hex = "0123456789ABCDEF"
-	out := make([]byte, 0, len(id)+natsIDGrowth(string(id), from))
-	for _, c := range id {
-		if idEncodes(c) {
-			out = append(out, '%', hex[c>>4], hex[c&15])
-		} else {
-			out = append(out, c)
-		}
-	}
-	return out, true
+	return appendPercent(make([]byte, 0, 3*len(id)), id, idEncodes), true
 }
 
 // natsIDGrowth is what NATSHeaderID adds to a NATS delivery of id: two

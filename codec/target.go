@@ -147,21 +147,24 @@ func natsNameByte(c byte) bool {
 // b" is "a%20b", and "a%20b" is "a%2520b"), and a NATS source's names,
 // valid NATS names already, arrive as they are (CONTRACT §2).
 func NATSHeaderName(k string, from Transport) string {
-	if natsNameGrowth(k, from) == 0 {
+	g := natsNameGrowth(k, from)
+	if g == 0 {
 		return k
 	}
+	return string(appendPercent(make([]byte, 0, len(k)+g), k, func(c byte) bool { return !natsNameByte(c) || c == '%' }))
+}
+
+// appendPercent appends s to dst with each byte enc reports written %XX.
+func appendPercent[T string | []byte](dst []byte, s T, enc func(byte) bool) []byte {
 	const hex = "0123456789ABCDEF"
-	var b strings.Builder
-	for i := 0; i < len(k); i++ {
-		if c := k[i]; natsNameByte(c) && c != '%' {
-			b.WriteByte(c)
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; enc(c) {
+			dst = append(dst, '%', hex[c>>4], hex[c&15])
 		} else {
-			b.WriteByte('%')
-			b.WriteByte(hex[c>>4])
-			b.WriteByte(hex[c&15])
+			dst = append(dst, c)
 		}
 	}
-	return b.String()
+	return dst
 }
 
 // natsNameGrowth is how much longer NATSHeaderName(k, from) is than k: 2
