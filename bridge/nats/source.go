@@ -922,6 +922,9 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		if errors.Is(err, errPulledWhileHeld) {
+			continue // the batch is handled: pull again at once
+		}
 		s.cfg.Metrics.SourceErrors.WithLabelValues(s.cfg.Stream).Inc()
 		gone = isConsumerGone(err)
 		if gone {
@@ -1133,10 +1136,8 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	// the handler busy a message found it full and was dropped (a slow
 	// consumer), back only after AckWait: the bench's 30 s stalls (hunt
 	// H134). (An idle heartbeat, sent on a pull still waiting after half
-	// of PullExpiry, takes a place the same way: while a batch is held
-	// that long and the pulls fill up, up to one message per outstanding
-	// pull is dropped and comes back after AckWait; review R137, a known
-	// limit.) Not PullMaxBytes either: it asks for up to 1 000 000
+	// of PullExpiry, takes a place the same way, which is why the pulls
+	// stop while a batch is held: see heldPause.) Not PullMaxBytes either: it asks for up to 1 000 000
 	// messages, so one source would take MaxAckPending of them, and a
 	// message over half its limit never fits a pull (nats.go asks for
 	// the limit less what it thinks is outstanding).
@@ -1168,15 +1169,22 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 		batch = batch[:0]
 		nextErr := s.collect(ctx, it, &batch)
 		if len(batch) > 0 {
-			if err := s.process(ctx, h, cons, st, batch, items[:0]); err != nil {
+			pause := s.stopWhenHeld(it, heldPullStop(expiry))
+			err := s.process(ctx, h, cons, st, batch, items[:0])
+			paused := pause.end()
+			stopped = stopped || paused
+			if err != nil {
 				var ab *abandonedError
 				if errors.As(err, &ab) {
 					// Shutting down with a batch not held: ask for
 					// redelivery now rather than after AckWait. Unsubscribe
 					// first, or the server would hand the messages straight
 					// back to this iterator's outstanding pull request.
-					stopped = true
-					left := stopIterator(it)
+					var left []jetstream.Msg
+					if !stopped {
+						stopped = true
+						left = stopIterator(it)
+					}
 					nakAll(ab.batch)
 					nakAll(left)
 					return ab.err
@@ -1184,6 +1192,10 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 				return err
 			}
 			bo.reset()
+			if paused {
+				s.log.Info("nats source: the held batch is handled; pulling again", zap.Duration("held", time.Since(pause.start)))
+				return errPulledWhileHeld
+			}
 		}
 		if nextErr == nil {
 			continue
@@ -1250,6 +1262,56 @@ func stopIterator(it jetstream.MessagesContext) []jetstream.Msg {
 		}
 		left = append(left, m)
 	}
+}
+
+// errPulledWhileHeld ends a consume whose iterator was stopped while its
+// handler held a batch (see stopWhenHeld); Run starts the next one at once.
+var errPulledWhileHeld = errors.New("nats source: pulls stopped while a batch was held")
+
+// heldPullStop is how long a batch may be held before the iterator's pulls
+// are stopped: under half the idle heartbeat nats.go asks the server for
+// (half the pull expiry, at most 30 s), and at most a second.
+func heldPullStop(expiry time.Duration) time.Duration {
+	hb := min(expiry/2, 30*time.Second)
+	return max(min(hb/2, time.Second), time.Millisecond)
+}
+
+// heldPause stops a pull iterator once the batch taken from it has been
+// held for a while. The iterator's channel holds as many messages as its
+// pulls ask for, and nothing else: a status the server sends on a pull
+// still waiting (an idle heartbeat, every half PullExpiry) takes a place in
+// it. While the handler holds a batch (a DLQ or store outage being
+// retried) nothing reads the channel, the pulls fill up as publishers go
+// on, and a message that then finds the channel full is dropped by the
+// client as a slow consumer, to come back only after AckWait (review
+// R137). Stopped, the iterator has no pull outstanding: what it had
+// received is nak'd (redelivered by the next pull, ahead of new messages)
+// and the consume that follows the batch pulls again.
+type heldPause struct {
+	t     *time.Timer
+	start time.Time
+	done  chan struct{}
+}
+
+func (s *Source) stopWhenHeld(it jetstream.MessagesContext, after time.Duration) *heldPause {
+	p := &heldPause{start: time.Now(), done: make(chan struct{})}
+	p.t = time.AfterFunc(after, func() {
+		defer close(p.done)
+		left := stopIterator(it)
+		nakAll(left)
+		s.log.Info("nats source: a batch is held; pulls stopped until it is handled",
+			zap.Duration("held", time.Since(p.start)), zap.Int("naked", len(left)))
+	})
+	return p
+}
+
+// end reports whether the iterator was stopped, after the stop is over.
+func (p *heldPause) end() bool {
+	if p.t.Stop() {
+		return false
+	}
+	<-p.done
+	return true
 }
 
 // nakAll asks for the redelivery of msgs now rather than after AckWait.

@@ -1,0 +1,200 @@
+package nats
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/delaybridge/delaybridge/bridge"
+)
+
+// holdFirst holds the first batch it is given until release is closed.
+type holdFirst struct {
+	*recorder
+	once    sync.Once
+	held    chan int // the held batch's size
+	release chan struct{}
+}
+
+func (h *holdFirst) Handle(ctx context.Context, b *bridge.Batch) error {
+	first := false
+	if len(b.Items) > 0 {
+		h.once.Do(func() { first = true })
+	}
+	if first {
+		h.held <- len(b.Items)
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return h.recorder.Handle(ctx, b)
+}
+
+// TestHeldBatchStopsPulls: while the handler holds a batch, the
+// iterator's pulls must not stay outstanding. Its channel holds as many
+// messages as the pulls ask for (63 at the default max_payload); an idle
+// heartbeat on a pull that still wants messages takes a place in it, so
+// once publishers fill the pulls a message finds the channel full and is
+// dropped by the client (slow consumer), back only after AckWait (review
+// R137). The source stops pulling once a batch is held (heldPullStop) and
+// pulls again after it: every message arrives well within AckWait, no
+// slow consumer.
+func TestHeldBatchStopsPulls(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	srv := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(srv))
+	cfg.Create = true
+	// Idle heartbeats every 2 s; the pulls stop after a batch is held 1 s
+	// (heldPullStop), before the first heartbeat.
+	cfg.PullExpiry = 4 * time.Second
+	cfg.AckWait = 2 * time.Minute // a dropped message shows as missing
+	cfg.Logger = zap.New(zapcore.NewTee(cfg.Logger.Core(), core))
+	nc := connect(t, cfg)
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := publisherJS(t, srv)
+
+	// Idle heartbeats on the iterator's inbox, seen by another client.
+	watch, err := natsgo.Connect(serverURL(srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(watch.Close)
+	var hbs atomic.Int64
+	sub, err := watch.Subscribe("_INBOX.>", func(m *natsgo.Msg) {
+		if m.Header.Get("Status") == "100" {
+			hbs.Add(1)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := watch.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A backlog of 32 (half of 63, rounded up): the iterator hands out
+	// all 32 and, at the last, asks for 32 more: 63 wanted, none in its
+	// channel.
+	const first = 32
+	for i := range first {
+		publish(t, pub, "delay.a", fmt.Sprint("a", i), delayHeader())
+	}
+	h := &holdFirst{recorder: newRecorder(), held: make(chan int, 1), release: make(chan struct{})}
+	stop := runSource(t, src, h)
+	defer func() { _ = stop() }()
+	select {
+	case n := <-h.held:
+		t.Logf("holding a batch of %d", n)
+	case <-time.After(15 * time.Second):
+		t.Fatal("no batch")
+	}
+	// Held past an idle heartbeat. The watcher's subscription is interest
+	// in the pull's inbox too, so the server would keep a stopped
+	// iterator's pulls alive for it: it goes before the publishers do.
+	base := hbs.Load()
+	eventually(t, "an idle heartbeat", func() bool { return hbs.Load() > base })
+	if err := sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := watch.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Publishers go on: 63 more, what the pulls asked for.
+	const more = 63
+	for i := range more {
+		publish(t, pub, "delay.a", fmt.Sprint("b", i), delayHeader())
+	}
+	close(h.release)
+	total := first + more
+	eventually(t, fmt.Sprintf("all %d messages (AckWait 2 min)", total), func() bool { return h.itemCount() >= total })
+	slow := 0
+	for _, e := range logs.All() {
+		for _, f := range e.Context {
+			if err, ok := f.Interface.(error); ok && strings.Contains(err.Error(), "slow consumer") {
+				slow++
+			}
+		}
+	}
+	if slow > 0 {
+		t.Fatalf("%d slow consumer errors logged", slow)
+	}
+	if logs.FilterMessageSnippet("pulls stopped until it is handled").Len() == 0 {
+		t.Fatal("no log line says the pulls were stopped")
+	}
+}
+
+// TestHeldBatchPullsStoppedNaksBuffered: what the stopped iterator had
+// received but not handed out is nak'd and comes back by the next pull,
+// each message handed over once, and in the end all acked (the consumer's
+// ack floor at the last sequence).
+func TestHeldBatchPullsStoppedNaksBuffered(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	srv := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(srv))
+	cfg.Create = true
+	cfg.BatchSize = 8 // pulls ask for 16
+	cfg.PullExpiry = 4 * time.Second
+	cfg.AckWait = 2 * time.Minute
+	cfg.Logger = zap.New(zapcore.NewTee(cfg.Logger.Core(), core))
+	nc := connect(t, cfg)
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := publisherJS(t, srv)
+	const n = 40
+	for i := range n {
+		publish(t, pub, "delay.a", fmt.Sprint("a", i), delayHeader())
+	}
+	h := &holdFirst{recorder: newRecorder(), held: make(chan int, 1), release: make(chan struct{})}
+	stop := runSource(t, src, h)
+	defer func() { _ = stop() }()
+	select {
+	case <-h.held:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no batch")
+	}
+	eventually(t, "the pulls stopped", func() bool {
+		return logs.FilterMessageSnippet("pulls stopped until it is handled").Len() > 0
+	})
+	naked := logs.FilterMessageSnippet("pulls stopped until it is handled").All()[0].ContextMap()["naked"]
+	if k, ok := naked.(int64); !ok || k == 0 {
+		t.Fatalf("nothing was buffered at the stop (naked %v): the test does not test the nak", naked)
+	}
+	close(h.release)
+	eventually(t, "all messages", func() bool { return h.itemCount() >= n })
+	seqs := h.seqs()
+	seen := map[int64]bool{}
+	for _, q := range seqs {
+		if seen[q] {
+			t.Fatalf("sequence %d handed over twice: %v", q, seqs)
+		}
+		seen[q] = true
+	}
+	if len(seen) != n {
+		t.Fatalf("%d distinct sequences, want %d", len(seen), n)
+	}
+	js := publisherJS(t, srv)
+	eventually(t, "every message acked", func() bool {
+		c, err := js.Consumer(context.Background(), cfg.Stream, cfg.Consumer)
+		if err != nil {
+			return false
+		}
+		ci, err := c.Info(context.Background())
+		return err == nil && ci.NumAckPending == 0 && ci.AckFloor.Stream == n
+	})
+}
