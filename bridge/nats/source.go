@@ -424,7 +424,7 @@ func (s *Source) ensure(ctx context.Context) error {
 				zap.String("consumer", s.cfg.Consumer), zap.Strings("source_subjects", unread), zap.Strings("consumer_filters", filters))
 		}
 		if cc.MaxDeliver > 0 {
-			s.log.Warn("nats source: consumer has max_deliver set; a message failing that often is dropped by the server",
+			s.log.Warn("nats source: consumer has max_deliver set; a message delivered that often is dropped by the server (every redelivery counts: after a failure, a restart, or the nak of a batch held with pulls stopped)",
 				zap.Int("max_deliver", cc.MaxDeliver))
 		}
 	}
@@ -1137,10 +1137,11 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	// consumer), back only after AckWait: the bench's 30 s stalls (hunt
 	// H134). (An idle heartbeat, sent on a pull still waiting after half
 	// of PullExpiry, takes a place the same way, which is why the pulls
-	// stop while a batch is held: see heldPause.) Not PullMaxBytes either: it asks for up to 1 000 000
-	// messages, so one source would take MaxAckPending of them, and a
-	// message over half its limit never fits a pull (nats.go asks for
-	// the limit less what it thinks is outstanding).
+	// stop while a batch is held: see heldPause.) Not PullMaxBytes
+	// either: it asks for up to 1 000 000 messages, so one source would
+	// take MaxAckPending of them, and a message over half its limit never
+	// fits a pull (nats.go asks for the limit less what it thinks is
+	// outstanding).
 	pullMsgs, expiry := pullMessages(2*s.cfg.BatchSize, s.cfg.PullBytes, s.nc.MaxPayload()), s.cfg.PullExpiry
 	if lim := info.Config.MaxRequestBatch; lim > 0 && pullMsgs > lim {
 		pullMsgs = lim
@@ -1269,8 +1270,8 @@ func stopIterator(it jetstream.MessagesContext) []jetstream.Msg {
 var errPulledWhileHeld = errors.New("nats source: pulls stopped while a batch was held")
 
 // heldPullStop is how long a batch may be held before the iterator's pulls
-// are stopped: under half the idle heartbeat nats.go asks the server for
-// (half the pull expiry, at most 30 s), and at most a second.
+// are stopped: half the idle heartbeat nats.go asks the server for (half
+// the pull expiry, at most 30 s), at most a second.
 func heldPullStop(expiry time.Duration) time.Duration {
 	hb := min(expiry/2, 30*time.Second)
 	return max(min(hb/2, time.Second), time.Millisecond)
@@ -1287,6 +1288,14 @@ func heldPullStop(expiry time.Duration) time.Duration {
 // R137). Stopped, the iterator has no pull outstanding: what it had
 // received is nak'd (redelivered by the next pull, ahead of new messages)
 // and the consume that follows the batch pulls again.
+//
+// This narrows the window, it does not close it: the heartbeat's clock is
+// the pull's last delivery, not the hold's start. A pull whose messages
+// waited in the channel behind slower batches may have been idle for most
+// of a heartbeat when the hold begins, and a burst that fills it before
+// the stop still loses one message until AckWait (review R139). Closing it
+// needs a buffer without the channel's fixed size, e.g. the callback
+// Consume API, whose subscription queues statuses beside the messages.
 type heldPause struct {
 	t     *time.Timer
 	start time.Time
