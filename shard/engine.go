@@ -39,6 +39,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/internal/clock"
+	"github.com/delaybridge/delaybridge/internal/logthrottle"
 	"github.com/delaybridge/delaybridge/metrics"
 	"github.com/delaybridge/delaybridge/wheel"
 )
@@ -53,13 +54,17 @@ var ErrRunning = errors.New("shard: engine running")
 
 // Engine is the durable delay engine.
 type Engine struct {
-	opts   Options
-	log    *zap.Logger
-	m      *metrics.Metrics
-	clk    clock.Clock
-	db     *pebble.DB
-	shards []*shard
-	health *storeHealth // Pebble's write stalls and background errors
+	opts Options
+	log  *zap.Logger
+	// refusedLog: the first refused publish per destination, then one
+	// line per 30 s, so a target that refuses (a missing topic, a subject
+	// no stream captures) is seen before its tasks are dead-lettered.
+	refusedLog logthrottle.Throttle
+	m          *metrics.Metrics
+	clk        clock.Clock
+	db         *pebble.DB
+	shards     []*shard
+	health     *storeHealth // Pebble's write stalls and background errors
 
 	seq atomic.Uint64 // last allocated store sequence
 

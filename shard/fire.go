@@ -980,6 +980,14 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		default:
 			t.Attempts++
 			wait = s.backoff(t.Attempts)
+			if indexed && int(t.Attempts) < e.opts.Retry.MaxAttempts {
+				if held, ok := e.refusedLog.AllowKey(s.e.clk.Now(), t.Destination()); ok {
+					e.log.Warn("target refused a publish; retrying with backoff, then dead-lettered publish-failed",
+						zap.String("target", t.Destination()), zap.String("source", t.Source), zap.String("id", logID(t.ID)),
+						zap.Uint32("attempt", t.Attempts), zap.Int("max_attempts", e.opts.Retry.MaxAttempts),
+						zap.Duration("next_in", wait), zap.Int("held_back", held), zap.Error(derr))
+				}
+			}
 		}
 		if isRejected || (!errors.Is(derr, ErrUnavailable) && indexed && int(t.Attempts) >= e.opts.Retry.MaxAttempts) {
 			code, detail := codec.CodePublishFailed, ""
