@@ -32,6 +32,9 @@ type Source struct {
 	topics []string
 	rules  map[string]*codec.Rules
 	log    *zap.Logger
+	// notReady throttles awaitTopics' line: a missing delay topic fails
+	// every retry for as long as it is missing.
+	notReady logthrottle.Throttle
 
 	transport *kafkago.Transport
 	client    *kafkago.Client
@@ -329,6 +332,7 @@ func (s *Source) awaitTopics(ctx context.Context, joined bool) (present []string
 		err := s.Check(ctx)
 		if err == nil {
 			s.setHealth("group", nil)
+			s.notReady.Reset()
 			return s.topics, nil, nil
 		}
 		if ctx.Err() != nil {
@@ -342,7 +346,9 @@ func (s *Source) awaitTopics(ctx context.Context, joined bool) (present []string
 			return nil, nil, err
 		}
 		s.setHealth("group", err)
-		s.log.Warn("kafka source not ready; retrying", zap.Duration("backoff", wait), zap.Error(err))
+		if suppressed, ok := s.notReady.AllowKey(time.Now(), err.Error()); ok {
+			s.log.Warn("kafka source not ready; retrying", zap.Duration("backoff", wait), zap.Error(err), zap.Int("suppressed", suppressed))
+		}
 		if !sleep(ctx, wait) {
 			return nil, nil, nil
 		}

@@ -272,7 +272,7 @@ func (s *Source) ensure(ctx context.Context) error {
 		}
 		s.log.Info("nats source: created stream", zap.Strings("subjects", subjects), zap.Int("replicas", stream.CachedInfo().Config.Replicas))
 	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return fmt.Errorf("%w: stream %q (create it with subjects %v, or set create): %w",
+		return fmt.Errorf("%w: stream %q (create it with subjects %v, or set nats.create: true): %w",
 			ErrNoStream, s.cfg.Stream, subjects, err)
 	case err != nil:
 		return fmt.Errorf("nats source: look up stream %q: %w", s.cfg.Stream, err)
@@ -375,7 +375,7 @@ func (s *Source) ensure(ctx context.Context) error {
 	} else {
 		cons, err = s.js.Consumer(ctx, s.cfg.Stream, s.cfg.Consumer)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return fmt.Errorf("%w: consumer %q on stream %q (create it or set create): %w",
+			return fmt.Errorf("%w: consumer %q on stream %q (create it, or set nats.create: true): %w",
 				ErrNoConsumer, s.cfg.Consumer, s.cfg.Stream, err)
 		}
 		if err != nil {

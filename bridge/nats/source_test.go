@@ -36,6 +36,9 @@ func TestNewSourceStreamAndConsumer(t *testing.T) {
 	if want := `"DELAY"`; err == nil || !bytes.Contains([]byte(err.Error()), []byte(want)) {
 		t.Errorf("error %q does not name the stream", err)
 	}
+	if want := "nats.create: true"; !bytes.Contains([]byte(err.Error()), []byte(want)) {
+		t.Errorf("error %q does not name the config key (%s)", err, want)
+	}
 
 	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "DELAY", Subjects: []string{"delay.>"}}); err != nil {
 		t.Fatal(err)
@@ -43,6 +46,9 @@ func TestNewSourceStreamAndConsumer(t *testing.T) {
 	_, err = NewSource(nc, cfg)
 	if !errors.Is(err, ErrNoConsumer) {
 		t.Fatalf("missing consumer: err = %v, want ErrNoConsumer", err)
+	}
+	if want := "nats.create: true"; !bytes.Contains([]byte(err.Error()), []byte(want)) {
+		t.Errorf("error %q does not name the config key (%s)", err, want)
 	}
 
 	// A consumer with the wrong ack policy is refused rather than used.
