@@ -198,3 +198,106 @@ func TestHeldBatchPullsStoppedNaksBuffered(t *testing.T) {
 		return err == nil && ci.NumAckPending == 0 && ci.AckFloor.Stream == n
 	})
 }
+
+// TestStopNaksQueued: a source stopped while it holds a batch naks the
+// batch and what its pulls had brought in but not handed out, so a new
+// source gets every message at once rather than after AckWait.
+func TestStopNaksQueued(t *testing.T) {
+	srv := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(srv))
+	cfg.Create = true
+	cfg.BatchSize = 8 // pulls ask for 16
+	cfg.AckWait = 2 * time.Minute
+	nc := connect(t, cfg)
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := publisherJS(t, srv)
+	const n = 40
+	for i := range n {
+		publish(t, pub, "delay.a", fmt.Sprint("a", i), delayHeader())
+	}
+	h := &holdFirst{recorder: newRecorder(), held: make(chan int, 1), release: make(chan struct{})}
+	stop := runSource(t, src, h)
+	select {
+	case <-h.held:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no batch")
+	}
+	js := newJS(t, nc)
+	eventually(t, "the pulls' messages delivered", func() bool {
+		return consumerInfo(t, js, cfg.Stream, cfg.Consumer).NumAckPending >= 16
+	})
+	_ = stop() // the held batch is abandoned
+	if got := h.itemCount(); got != 0 {
+		t.Fatalf("%d messages handled before the stop, want 0", got)
+	}
+	src2, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runSource(t, src2, h.recorder)
+	eventually(t, fmt.Sprintf("all %d messages (AckWait 2 min)", n), func() bool { return h.itemCount() >= n })
+	seen := map[int64]bool{}
+	for _, q := range h.seqs() {
+		if seen[q] {
+			t.Fatalf("sequence %d handed over twice: %v", q, h.seqs())
+		}
+		seen[q] = true
+	}
+	if len(seen) != n {
+		t.Fatalf("%d distinct sequences, want %d", len(seen), n)
+	}
+}
+
+// TestHeldBatchReconnectBounded (review R140): a batch is held and the
+// connection reconnects meanwhile (a network blip, a server restart).
+// What the server delivers to the source must stay within about one pull
+// of what it had delivered before: nats.go's callback Consume, tried as a
+// fix for the heartbeat's place in the iterator's buffer, pulled again at
+// the reconnect and then at every missed heartbeat while its callback
+// waited, without bound.
+func TestHeldBatchReconnectBounded(t *testing.T) {
+	srv := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(srv))
+	cfg.Create = true
+	cfg.BatchSize = 8                // pulls of 16
+	cfg.PullExpiry = 2 * time.Second // heartbeat 1 s, missed after 2 s
+	cfg.AckWait = 2 * time.Minute
+	nc := connect(t, cfg)
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := publisherJS(t, srv)
+	const backlog = 400
+	for i := range backlog {
+		publish(t, pub, "delay.a", fmt.Sprint("a", i), delayHeader())
+	}
+	h := &holdFirst{recorder: newRecorder(), held: make(chan int, 1), release: make(chan struct{})}
+	runSource(t, src, h)
+	select {
+	case <-h.held:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no batch")
+	}
+	js := newJS(t, nc)
+	eventually(t, "the first pull delivered", func() bool {
+		return consumerInfo(t, js, cfg.Stream, cfg.Consumer).NumAckPending >= 16
+	})
+	before := consumerInfo(t, js, cfg.Stream, cfg.Consumer).NumAckPending
+	if err := nc.ForceReconnect(); err != nil {
+		t.Fatal(err)
+	}
+	// Held for 5 s more: two and a half missed-heartbeat periods.
+	maxPending := before
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		maxPending = max(maxPending, consumerInfo(t, js, cfg.Stream, cfg.Consumer).NumAckPending)
+	}
+	close(h.release)
+	eventually(t, fmt.Sprintf("all %d messages", backlog), func() bool { return h.itemCount() >= backlog })
+	if maxPending > before+16 {
+		t.Fatalf("%d messages delivered and not acked while the batch was held after a reconnect, %d before it: more than one pull", maxPending, before)
+	}
+}

@@ -1294,8 +1294,11 @@ func heldPullStop(expiry time.Duration) time.Duration {
 // waited in the channel behind slower batches may have been idle for most
 // of a heartbeat when the hold begins, and a burst that fills it before
 // the stop still loses one message until AckWait (review R139). Closing it
-// needs a buffer without the channel's fixed size, e.g. the callback
-// Consume API, whose subscription queues statuses beside the messages.
+// needs pulls the source issues itself into a buffer with room for the
+// statuses. Not the callback Consume API: tried, it queues statuses beside
+// the messages, but it pulls again at a reconnect and at every missed
+// heartbeat while its callback waits, without bound (review R140; see
+// TestHeldBatchReconnectBounded).
 type heldPause struct {
 	t     *time.Timer
 	start time.Time
