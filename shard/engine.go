@@ -56,9 +56,10 @@ var ErrRunning = errors.New("shard: engine running")
 type Engine struct {
 	opts Options
 	log  *zap.Logger
-	// refusedLog: the first refused publish per destination, then one
-	// line per 30 s, so a target that refuses (a missing topic, a subject
-	// no stream captures) is seen before its tasks are dead-lettered.
+	// refusedLog: the first refused publish per destination and reason,
+	// then one line per 30 s, so a target that refuses (a missing topic, a
+	// subject no stream captures) is seen before its tasks are
+	// dead-lettered.
 	refusedLog logthrottle.Throttle
 	m          *metrics.Metrics
 	clk        clock.Clock

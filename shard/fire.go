@@ -981,7 +981,9 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			t.Attempts++
 			wait = s.backoff(t.Attempts)
 			if indexed && int(t.Attempts) < e.opts.Retry.MaxAttempts {
-				if held, ok := e.refusedLog.AllowKey(s.e.clk.Now(), t.Destination()); ok {
+				// Per target and reason: a second reason at one target
+				// is not hidden behind the first (review R141).
+				if held, ok := e.refusedLog.AllowEach(s.e.clk.Now(), t.Destination()+"\x00"+derr.Error()); ok {
 					e.log.Warn("target refused a publish; retrying with backoff, then dead-lettered publish-failed",
 						zap.String("target", t.Destination()), zap.String("source", t.Source), zap.String("id", logID(t.ID)),
 						zap.Uint32("attempt", t.Attempts), zap.Int("max_attempts", e.opts.Retry.MaxAttempts),

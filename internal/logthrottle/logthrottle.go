@@ -18,9 +18,24 @@ type Throttle struct {
 	Every time.Duration // 0: DefaultEvery
 
 	mu         sync.Mutex
-	keys       map[string]time.Time // when each failure text was last logged
-	suppressed int
+	keys       map[string]*keyState
+	suppressed int // held back since the last line, all keys
 }
+
+// keyState is a key's last line and the lines held back since.
+type keyState struct {
+	at   time.Time
+	held int
+}
+
+// maxKeys bounds the keys a Throttle remembers. Past it, the keys not
+// logged within Every are forgotten; if all are recent, further new keys
+// share one overflow entry (one line per Every for all of them) rather
+// than wiping the others, which would let every line through (review
+// R141: a publisher naming 100 refusing targets).
+const maxKeys = 64
+
+const overflowKey = "\x00overflow"
 
 // Allow reports whether to log now and how many lines were held back
 // since the last one.
@@ -34,22 +49,64 @@ func (t *Throttle) Allow(now time.Time) (suppressed int, ok bool) {
 // failures that take turns (the servers of a cluster, each with its own
 // address in the error) are each throttled.
 func (t *Throttle) AllowKey(now time.Time, key string) (suppressed int, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	k, ok := t.allowLocked(now, key)
+	if !ok {
+		t.suppressed++
+		return 0, false
+	}
+	k.held = 0
+	suppressed, t.suppressed = t.suppressed, 0
+	return suppressed, true
+}
+
+// AllowEach is AllowKey with the count of lines held back for key alone
+// (or, past maxKeys, for the keys that share the overflow entry), for a
+// line that names what key stands for (a target): another key's count
+// would be read as its own.
+func (t *Throttle) AllowEach(now time.Time, key string) (suppressed int, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	k, ok := t.allowLocked(now, key)
+	if !ok {
+		k.held++
+		return 0, false
+	}
+	suppressed, k.held = k.held, 0
+	return suppressed, true
+}
+
+// allowLocked returns key's state (the overflow entry's once maxKeys
+// recent keys are held) and whether a line is due, noting it if so.
+func (t *Throttle) allowLocked(now time.Time, key string) (*keyState, bool) {
 	every := t.Every
 	if every <= 0 {
 		every = DefaultEvery
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if at, seen := t.keys[key]; seen && now.Sub(at) < every {
-		t.suppressed++
-		return 0, false
+	if t.keys == nil {
+		t.keys = map[string]*keyState{}
 	}
-	if t.keys == nil || len(t.keys) >= 64 {
-		t.keys = map[string]time.Time{} // bounded: forget older causes
+	if _, seen := t.keys[key]; !seen && len(t.keys) >= maxKeys {
+		for k, st := range t.keys {
+			if now.Sub(st.at) >= every {
+				delete(t.keys, k)
+			}
+		}
+		if len(t.keys) >= maxKeys {
+			key = overflowKey
+		}
 	}
-	t.keys[key] = now
-	suppressed, t.suppressed = t.suppressed, 0
-	return suppressed, true
+	k, seen := t.keys[key]
+	if !seen {
+		k = &keyState{}
+		t.keys[key] = k
+	}
+	if seen && now.Sub(k.at) < every {
+		return k, false
+	}
+	k.at = now
+	return k, true
 }
 
 // Reset ends a run of failures: the next one is logged at once.

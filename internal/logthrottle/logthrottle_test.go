@@ -1,6 +1,7 @@
 package logthrottle
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -54,5 +55,57 @@ func TestThrottleNewCause(t *testing.T) {
 	}
 	if _, ok := th.AllowKey(t0.Add(3*time.Second), "group authorization failed"); ok {
 		t.Fatal("a repeat of the new cause logged within DefaultEvery")
+	}
+}
+
+// TestThrottleManyKeys: past maxKeys recent keys, new keys share one
+// overflow line per Every instead of wiping the others (which let every
+// line through); keys idle for Every make room again.
+func TestThrottleManyKeys(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC)
+	var th Throttle
+	lines := 0
+	for round := range 3 { // three passes over 200 keys within one Every
+		for i := range 200 {
+			if _, ok := th.AllowKey(t0.Add(time.Duration(round)*time.Second), fmt.Sprint("k", i)); ok {
+				lines++
+			}
+		}
+	}
+	if want := maxKeys + 1; lines != want {
+		t.Fatalf("%d lines for 200 keys, three times within %v: want %d (each of the first %d keys once, the rest one overflow line)", lines, DefaultEvery, want, maxKeys)
+	}
+	// An Every later the old keys are forgotten: a new key has its own line.
+	later := t0.Add(DefaultEvery + 3*time.Second)
+	if _, ok := th.AllowKey(later, "new"); !ok {
+		t.Fatal("a new key after the others went quiet was held back")
+	}
+	if _, ok := th.AllowKey(later, "new"); ok {
+		t.Fatal("the same key twice at once was logged twice")
+	}
+}
+
+// TestThrottleAllowEach: each key's held-back count is its own.
+func TestThrottleAllowEach(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC)
+	var th Throttle
+	for i, c := range []struct {
+		at   time.Duration
+		key  string
+		ok   bool
+		held int
+	}{
+		{0, "a", true, 0},
+		{time.Second, "a", false, 0},
+		{2 * time.Second, "a", false, 0},
+		{3 * time.Second, "b", true, 0}, // a's two are not b's
+		{4 * time.Second, "b", false, 0},
+		{DefaultEvery, "a", true, 2},
+		{DefaultEvery + 3*time.Second, "b", true, 1},
+	} {
+		held, ok := th.AllowEach(t0.Add(c.at), c.key)
+		if ok != c.ok || held != c.held {
+			t.Fatalf("step %d (%v, %s): ok=%v held=%d, want ok=%v held=%d", i, c.at, c.key, ok, held, c.ok, c.held)
+		}
 	}
 }
