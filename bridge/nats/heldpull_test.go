@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,33 +12,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
-
-	"github.com/delaybridge/delaybridge/bridge"
 )
-
-// holdFirst holds the first batch it is given until release is closed.
-type holdFirst struct {
-	*recorder
-	once    sync.Once
-	held    chan int // the held batch's size
-	release chan struct{}
-}
-
-func (h *holdFirst) Handle(ctx context.Context, b *bridge.Batch) error {
-	first := false
-	if len(b.Items) > 0 {
-		h.once.Do(func() { first = true })
-	}
-	if first {
-		h.held <- len(b.Items)
-		select {
-		case <-h.release:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return h.recorder.Handle(ctx, b)
-}
 
 // TestHeldBatchStopsPulls: while the handler holds a batch, the
 // iterator's pulls must not stay outstanding. Its channel holds as many
@@ -52,23 +25,16 @@ func (h *holdFirst) Handle(ctx context.Context, b *bridge.Batch) error {
 // slow consumer.
 func TestHeldBatchStopsPulls(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
-	srv := startServer(t, jsOptions(t))
-	cfg := testConfig(t, serverURL(srv))
-	cfg.Create = true
-	// Idle heartbeats every 2 s; the pulls stop after a batch is held 1 s
-	// (heldPullStop), before the first heartbeat.
-	cfg.PullExpiry = 4 * time.Second
-	cfg.AckWait = 2 * time.Minute // a dropped message shows as missing
-	cfg.Logger = zap.New(zapcore.NewTee(cfg.Logger.Core(), core))
-	nc := connect(t, cfg)
-	src, err := NewSource(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub := publisherJS(t, srv)
+	cfg, _, pub, src := createdSource(t, func(c *Config) {
+		// Idle heartbeats every 2 s; the pulls stop after a batch is held 1 s
+		// (heldPullStop), before the first heartbeat.
+		c.PullExpiry = 4 * time.Second
+		c.AckWait = 2 * time.Minute // a dropped message shows as missing
+		c.Logger = zap.New(zapcore.NewTee(c.Logger.Core(), core))
+	})
 
 	// Idle heartbeats on the iterator's inbox, seen by another client.
-	watch, err := natsgo.Connect(serverURL(srv))
+	watch, err := natsgo.Connect(cfg.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,12 +59,11 @@ func TestHeldBatchStopsPulls(t *testing.T) {
 	for i := range first {
 		publish(t, pub, "delay.a", fmt.Sprint("a", i), delayHeader())
 	}
-	h := &holdFirst{recorder: newRecorder(), held: make(chan int, 1), release: make(chan struct{})}
+	h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
 	stop := runSource(t, src, h)
 	defer func() { _ = stop() }()
 	select {
-	case n := <-h.held:
-		t.Logf("holding a batch of %d", n)
+	case <-h.entered:
 	case <-time.After(15 * time.Second):
 		t.Fatal("no batch")
 	}
@@ -143,28 +108,21 @@ func TestHeldBatchStopsPulls(t *testing.T) {
 // ack floor at the last sequence).
 func TestHeldBatchPullsStoppedNaksBuffered(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
-	srv := startServer(t, jsOptions(t))
-	cfg := testConfig(t, serverURL(srv))
-	cfg.Create = true
-	cfg.BatchSize = 8 // pulls ask for 16
-	cfg.PullExpiry = 4 * time.Second
-	cfg.AckWait = 2 * time.Minute
-	cfg.Logger = zap.New(zapcore.NewTee(cfg.Logger.Core(), core))
-	nc := connect(t, cfg)
-	src, err := NewSource(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub := publisherJS(t, srv)
+	cfg, _, pub, src := createdSource(t, func(c *Config) {
+		c.BatchSize = 8 // pulls ask for 16
+		c.PullExpiry = 4 * time.Second
+		c.AckWait = 2 * time.Minute
+		c.Logger = zap.New(zapcore.NewTee(c.Logger.Core(), core))
+	})
 	const n = 40
 	for i := range n {
 		publish(t, pub, "delay.a", fmt.Sprint("a", i), delayHeader())
 	}
-	h := &holdFirst{recorder: newRecorder(), held: make(chan int, 1), release: make(chan struct{})}
+	h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
 	stop := runSource(t, src, h)
 	defer func() { _ = stop() }()
 	select {
-	case <-h.held:
+	case <-h.entered:
 	case <-time.After(15 * time.Second):
 		t.Fatal("no batch")
 	}
@@ -177,20 +135,9 @@ func TestHeldBatchPullsStoppedNaksBuffered(t *testing.T) {
 	}
 	close(h.release)
 	eventually(t, "all messages", func() bool { return h.itemCount() >= n })
-	seqs := h.seqs()
-	seen := map[int64]bool{}
-	for _, q := range seqs {
-		if seen[q] {
-			t.Fatalf("sequence %d handed over twice: %v", q, seqs)
-		}
-		seen[q] = true
-	}
-	if len(seen) != n {
-		t.Fatalf("%d distinct sequences, want %d", len(seen), n)
-	}
-	js := publisherJS(t, srv)
+	handedOnce(t, h.recorder, n)
 	eventually(t, "every message acked", func() bool {
-		c, err := js.Consumer(context.Background(), cfg.Stream, cfg.Consumer)
+		c, err := pub.Consumer(context.Background(), cfg.Stream, cfg.Consumer)
 		if err != nil {
 			return false
 		}
@@ -203,25 +150,18 @@ func TestHeldBatchPullsStoppedNaksBuffered(t *testing.T) {
 // batch and what its pulls had brought in but not handed out, so a new
 // source gets every message at once rather than after AckWait.
 func TestStopNaksQueued(t *testing.T) {
-	srv := startServer(t, jsOptions(t))
-	cfg := testConfig(t, serverURL(srv))
-	cfg.Create = true
-	cfg.BatchSize = 8 // pulls ask for 16
-	cfg.AckWait = 2 * time.Minute
-	nc := connect(t, cfg)
-	src, err := NewSource(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub := publisherJS(t, srv)
+	cfg, nc, pub, src := createdSource(t, func(c *Config) {
+		c.BatchSize = 8 // pulls ask for 16
+		c.AckWait = 2 * time.Minute
+	})
 	const n = 40
 	for i := range n {
 		publish(t, pub, "delay.a", fmt.Sprint("a", i), delayHeader())
 	}
-	h := &holdFirst{recorder: newRecorder(), held: make(chan int, 1), release: make(chan struct{})}
+	h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
 	stop := runSource(t, src, h)
 	select {
-	case <-h.held:
+	case <-h.entered:
 	case <-time.After(15 * time.Second):
 		t.Fatal("no batch")
 	}
@@ -239,16 +179,7 @@ func TestStopNaksQueued(t *testing.T) {
 	}
 	runSource(t, src2, h.recorder)
 	eventually(t, fmt.Sprintf("all %d messages (AckWait 2 min)", n), func() bool { return h.itemCount() >= n })
-	seen := map[int64]bool{}
-	for _, q := range h.seqs() {
-		if seen[q] {
-			t.Fatalf("sequence %d handed over twice: %v", q, h.seqs())
-		}
-		seen[q] = true
-	}
-	if len(seen) != n {
-		t.Fatalf("%d distinct sequences, want %d", len(seen), n)
-	}
+	handedOnce(t, h.recorder, n)
 }
 
 // TestHeldBatchReconnectBounded (review R140): a batch is held and the
@@ -259,26 +190,19 @@ func TestStopNaksQueued(t *testing.T) {
 // the reconnect and then at every missed heartbeat while its callback
 // waited, without bound.
 func TestHeldBatchReconnectBounded(t *testing.T) {
-	srv := startServer(t, jsOptions(t))
-	cfg := testConfig(t, serverURL(srv))
-	cfg.Create = true
-	cfg.BatchSize = 8                // pulls of 16
-	cfg.PullExpiry = 2 * time.Second // heartbeat 1 s, missed after 2 s
-	cfg.AckWait = 2 * time.Minute
-	nc := connect(t, cfg)
-	src, err := NewSource(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub := publisherJS(t, srv)
+	cfg, nc, pub, src := createdSource(t, func(c *Config) {
+		c.BatchSize = 8                // pulls of 16
+		c.PullExpiry = 2 * time.Second // heartbeat 1 s, missed after 2 s
+		c.AckWait = 2 * time.Minute
+	})
 	const backlog = 400
 	for i := range backlog {
 		publish(t, pub, "delay.a", fmt.Sprint("a", i), delayHeader())
 	}
-	h := &holdFirst{recorder: newRecorder(), held: make(chan int, 1), release: make(chan struct{})}
+	h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
 	runSource(t, src, h)
 	select {
-	case <-h.held:
+	case <-h.entered:
 	case <-time.After(15 * time.Second):
 		t.Fatal("no batch")
 	}
@@ -299,5 +223,22 @@ func TestHeldBatchReconnectBounded(t *testing.T) {
 	eventually(t, fmt.Sprintf("all %d messages", backlog), func() bool { return h.itemCount() >= backlog })
 	if maxPending > before+16 {
 		t.Fatalf("%d messages delivered and not acked while the batch was held after a reconnect, %d before it: more than one pull", maxPending, before)
+	}
+}
+
+// handedOnce fails t unless r was handed n distinct stream sequences, each
+// once.
+func handedOnce(t *testing.T, r *recorder, n int) {
+	t.Helper()
+	seqs := r.seqs()
+	seen := map[int64]bool{}
+	for _, q := range seqs {
+		if seen[q] {
+			t.Fatalf("sequence %d handed over twice: %v", q, seqs)
+		}
+		seen[q] = true
+	}
+	if len(seen) != n {
+		t.Fatalf("%d distinct sequences, want %d", len(seen), n)
 	}
 }
