@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -60,7 +61,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	signal.Notify(sigs, stopSigs...)
 	defer signal.Stop(sigs)
 	cleanups := new(exitCleanups) // dev and bench register what they create; run nothing
-	ctx, stop := shutdownOnSignal(context.Background(), sigs, stderr, os.Exit, cleanups)
+	ctx, stop := shutdownOnSignal(context.Background(), sigs, stderr, os.Exit, cleanups, time.Now)
 	defer stop()
 	var err error
 	switch args[0] {
@@ -160,6 +161,10 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// repeatSignalWindow: the same signal again within it is the first one
+// delivered twice, not a second request.
+const repeatSignalWindow = 50 * time.Millisecond
+
 // shutdownOnSignal returns a context cancelled by the first signal on sigs:
 // the graceful shutdown (stop the sources, finish the batch in flight, close
 // the store within shutdown_timeout). A second signal means whoever sent it
@@ -175,23 +180,39 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 // only after its target acknowledged it), so the next start replays the WAL
 // and at most redelivers what was in flight, as after kill -9.
 //
+// The first signal repeated within repeatSignalWindow (now tells the time)
+// is not a second one: a kill sent to the process and to its process group
+// arrives twice at once (GNU timeout does that), and was taken as the
+// operator giving up on the graceful stop (hunt H138).
+//
 // stop cancels the context and ends the watch; once it has returned, no
 // signal is acted on. It may be called more than once.
-func shutdownOnSignal(parent context.Context, sigs <-chan os.Signal, stderr io.Writer, exit func(code int), cleanups *exitCleanups) (ctx context.Context, stop func()) {
+func shutdownOnSignal(parent context.Context, sigs <-chan os.Signal, stderr io.Writer, exit func(code int), cleanups *exitCleanups, now func() time.Time) (ctx context.Context, stop func()) {
 	ctx, cancel := context.WithCancel(parent)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		var first os.Signal
+		var at time.Time
 		select {
-		case <-sigs:
+		case first = <-sigs:
+			at = now()
 			cancel()
 		case <-done:
 			return
 		}
-		select {
-		case sig := <-sigs:
+		for {
+			var sig os.Signal
+			select {
+			case sig = <-sigs:
+			case <-done:
+				return
+			}
+			if sig == first && now().Sub(at) < repeatSignalWindow {
+				continue
+			}
 			fmt.Fprintln(stderr, "delaybridge: second signal: exiting without waiting")
 			shard.Exiting() // the cleanups may remove a store's directory under it
 			code := 128 + int(syscall.SIGINT)
@@ -200,7 +221,7 @@ func shutdownOnSignal(parent context.Context, sigs <-chan os.Signal, stderr io.W
 			}
 			cleanups.run(stderr)
 			exit(code)
-		case <-done:
+			return
 		}
 	}()
 	var once sync.Once

@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -132,6 +133,65 @@ func TestRealMain(t *testing.T) {
 // the context (graceful shutdown) and does not exit, the second exits at
 // once with 128+its number after one line on stderr, and none is acted on
 // after stop.
+// TestShutdownOnSignalRepeat (hunt H138): the first signal again within
+// repeatSignalWindow is the same kill delivered twice (to the process and
+// to its group, as GNU timeout sends it), not a second request; another
+// signal, or the same one later, is.
+func TestShutdownOnSignalRepeat(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		second os.Signal
+		after  time.Duration
+		exits  bool
+	}{
+		{"same at once", syscall.SIGTERM, time.Millisecond, false},
+		{"same just inside", syscall.SIGTERM, repeatSignalWindow - time.Millisecond, false},
+		{"same after the window", syscall.SIGTERM, repeatSignalWindow, true},
+		{"another at once", syscall.SIGINT, time.Millisecond, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var clock atomic.Int64
+			now := func() time.Time { return time.Unix(0, clock.Load()) }
+			sigs := make(chan os.Signal) // unbuffered: a send returns once the watcher has it
+			exited := make(chan int, 3)
+			ctx, stop := shutdownOnSignal(context.Background(), sigs, io.Discard, func(code int) { exited <- code }, new(exitCleanups), now)
+			defer stop()
+			send := func(s os.Signal) {
+				t.Helper()
+				select {
+				case sigs <- s:
+				case <-time.After(10 * time.Second):
+					t.Fatalf("%v not taken", s)
+				}
+			}
+			send(syscall.SIGTERM)
+			<-ctx.Done()
+			clock.Add(int64(tc.after))
+			send(tc.second)
+			if !tc.exits {
+				// Another signal, taken only once the watcher is back
+				// waiting: the repeat did not exit.
+				send(syscall.SIGINT)
+			}
+			select {
+			case code := <-exited:
+				want := 128 + int(tc.second.(syscall.Signal))
+				if !tc.exits {
+					want = 130
+				}
+				if code != want {
+					t.Fatalf("exit code %d, want %d", code, want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("no exit")
+			}
+			if len(exited) != 0 {
+				t.Fatalf("exited again: %d", <-exited)
+			}
+		})
+	}
+}
+
 func TestShutdownOnSignal(t *testing.T) {
 	tests := []struct {
 		first, second os.Signal
@@ -147,7 +207,7 @@ func TestShutdownOnSignal(t *testing.T) {
 			exited := make(chan int, 2)
 			var errOut bytes.Buffer
 			// An empty registry, as `run` leaves it: the exit is as before.
-			ctx, stop := shutdownOnSignal(context.Background(), sigs, &errOut, func(code int) { exited <- code }, new(exitCleanups))
+			ctx, stop := shutdownOnSignal(context.Background(), sigs, &errOut, func(code int) { exited <- code }, new(exitCleanups), time.Now)
 			defer stop()
 			if ctx.Err() != nil {
 				t.Fatal("context cancelled before any signal")
@@ -190,7 +250,7 @@ func TestShutdownOnSignal(t *testing.T) {
 			if _, err := cleanups.add("a test hook", func(context.Context) error { cleaned = true; return nil }); err != nil {
 				t.Fatal(err)
 			}
-			ctx, stop := shutdownOnSignal(context.Background(), sigs, io.Discard, func(code int) { exited <- code }, cleanups)
+			ctx, stop := shutdownOnSignal(context.Background(), sigs, io.Discard, func(code int) { exited <- code }, cleanups, time.Now)
 			if signals == 1 {
 				sigs <- syscall.SIGTERM
 			}
@@ -230,7 +290,11 @@ func TestShutdownOnSignalCleanups(t *testing.T) {
 			state string
 		}
 		exited := make(chan exitCall, 1)
-		_, stop := shutdownOnSignal(context.Background(), sigs, stderr, func(code int) { exited <- exitCall{code, state()} }, cleanups)
+		// Each look at the clock a window later: the second signal is
+		// never taken for the first one delivered twice.
+		var clock atomic.Int64
+		now := func() time.Time { return time.Unix(0, clock.Add(int64(repeatSignalWindow))) }
+		_, stop := shutdownOnSignal(context.Background(), sigs, stderr, func(code int) { exited <- exitCall{code, state()} }, cleanups, now)
 		defer stop()
 		sigs <- syscall.SIGTERM
 		sigs <- second
@@ -620,7 +684,12 @@ func devChild(dataDir string) {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	cleanups := new(exitCleanups)
-	ctx, stop := shutdownOnSignal(context.Background(), sigs, os.Stderr, os.Exit, cleanups)
+	// Each look at the clock a repeat window later: the test's second
+	// SIGINT follows "stopping" within milliseconds, which would be taken
+	// for the first one delivered twice (TestShutdownOnSignalRepeat).
+	var clock atomic.Int64
+	now := func() time.Time { return time.Unix(0, clock.Add(int64(repeatSignalWindow))) }
+	ctx, stop := shutdownOnSignal(context.Background(), sigs, os.Stderr, os.Exit, cleanups, now)
 	defer stop()
 	go func() {
 		<-ctx.Done()
