@@ -1083,6 +1083,21 @@ func checkExpr(t *testing.T, where, expr string, known map[string][]string) []st
 	return names
 }
 
+// TestAlertsPromtool runs the rule unit tests of
+// testdata/alerts_target_test.yaml with promtool (Debian: apt-get install
+// prometheus) when it is on PATH; TestAlertRules checks the rules without it.
+func TestAlertsPromtool(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("promtool not on PATH")
+	}
+	cmd := exec.Command(promtool, "test", "rules", "alerts_target_test.yaml")
+	cmd.Dir = "testdata"
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("promtool test rules: %v\n%s", err, out)
+	}
+}
+
 func TestAlertRules(t *testing.T) {
 	raw, err := os.ReadFile("prometheus/alerts.yaml")
 	if err != nil {
@@ -1111,7 +1126,9 @@ func TestAlertRules(t *testing.T) {
 	for name, want := range map[string]string{
 		"DelaybridgeNotReady": "delaybridge_ready == 0 for 5m",
 		// Down, crash-looping or recovering: no delaybridge_ready at all.
-		"DelaybridgeDown":             "up == 0",
+		"DelaybridgeDown": "up == 0",
+		// No target at all (a Pending or lost pod): up is absent.
+		"DelaybridgeTargetGone":       "unless on (job) up",
 		"DelaybridgeFireLatenessHigh": "histogram_quantile(0.99",
 		"DelaybridgeDeadLettering":    "delaybridge_dead_lettered_total",
 		"DelaybridgeStoreErrors":      "delaybridge_store_errors_total",
