@@ -9,6 +9,7 @@ import (
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -56,17 +57,8 @@ func TestHeldBatchStopsPulls(t *testing.T) {
 	// all 32 and, at the last, asks for 32 more: 63 wanted, none in its
 	// channel.
 	const first = 32
-	for i := range first {
-		publish(t, pub, "delay.a", fmt.Sprint("a", i), delayHeader())
-	}
-	h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
-	stop := runSource(t, src, h)
+	h, stop := holdFirstBatch(t, src, pub, first)
 	defer func() { _ = stop() }()
-	select {
-	case <-h.entered:
-	case <-time.After(15 * time.Second):
-		t.Fatal("no batch")
-	}
 	// Held past an idle heartbeat. The watcher's subscription is interest
 	// in the pull's inbox too, so the server would keep a stopped
 	// iterator's pulls alive for it: it goes before the publishers do.
@@ -115,17 +107,8 @@ func TestHeldBatchPullsStoppedNaksBuffered(t *testing.T) {
 		c.Logger = zap.New(zapcore.NewTee(c.Logger.Core(), core))
 	})
 	const n = 40
-	for i := range n {
-		publish(t, pub, "delay.a", fmt.Sprint("a", i), delayHeader())
-	}
-	h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
-	stop := runSource(t, src, h)
+	h, stop := holdFirstBatch(t, src, pub, n)
 	defer func() { _ = stop() }()
-	select {
-	case <-h.entered:
-	case <-time.After(15 * time.Second):
-		t.Fatal("no batch")
-	}
 	eventually(t, "the pulls stopped", func() bool {
 		return logs.FilterMessageSnippet("pulls stopped until it is handled").Len() > 0
 	})
@@ -155,16 +138,7 @@ func TestStopNaksQueued(t *testing.T) {
 		c.AckWait = 2 * time.Minute
 	})
 	const n = 40
-	for i := range n {
-		publish(t, pub, "delay.a", fmt.Sprint("a", i), delayHeader())
-	}
-	h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
-	stop := runSource(t, src, h)
-	select {
-	case <-h.entered:
-	case <-time.After(15 * time.Second):
-		t.Fatal("no batch")
-	}
+	h, stop := holdFirstBatch(t, src, pub, n)
 	js := newJS(t, nc)
 	eventually(t, "the pulls' messages delivered", func() bool {
 		return consumerInfo(t, js, cfg.Stream, cfg.Consumer).NumAckPending >= 16
@@ -196,16 +170,7 @@ func TestHeldBatchReconnectBounded(t *testing.T) {
 		c.AckWait = 2 * time.Minute
 	})
 	const backlog = 400
-	for i := range backlog {
-		publish(t, pub, "delay.a", fmt.Sprint("a", i), delayHeader())
-	}
-	h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
-	runSource(t, src, h)
-	select {
-	case <-h.entered:
-	case <-time.After(15 * time.Second):
-		t.Fatal("no batch")
-	}
+	h, _ := holdFirstBatch(t, src, pub, backlog)
 	js := newJS(t, nc)
 	eventually(t, "the first pull delivered", func() bool {
 		return consumerInfo(t, js, cfg.Stream, cfg.Consumer).NumAckPending >= 16
@@ -241,4 +206,21 @@ func handedOnce(t *testing.T, r *recorder, n int) {
 	if len(seen) != n {
 		t.Fatalf("%d distinct sequences, want %d", len(seen), n)
 	}
+}
+
+// holdFirstBatch publishes n messages to delay.a, runs src with a blocker
+// and returns once the blocker holds the first batch.
+func holdFirstBatch(t *testing.T, src *Source, pub jetstream.JetStream, n int) (*blocker, func() error) {
+	t.Helper()
+	for i := range n {
+		publish(t, pub, "delay.a", fmt.Sprint("a", i), delayHeader())
+	}
+	h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
+	stop := runSource(t, src, h)
+	select {
+	case <-h.entered:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no batch")
+	}
+	return h, stop
 }
