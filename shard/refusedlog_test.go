@@ -20,11 +20,7 @@ import (
 // refusal is logged at once, with the target and the broker's error, then
 // one line per 30 s per target.
 func TestRefusedPublishLogged(t *testing.T) {
-	core, logs := observer.New(zapcore.InfoLevel)
-	h := newHarness(t, func(o *Options) {
-		o.Logger = zap.New(core)
-		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 10}
-	})
+	h, logs := refusalHarness(t, 0)
 	refused := errors.New(`kafka: publish to "out": [3] Unknown Topic Or Partition`)
 	h.sink.setFail(func(t *codec.Task) error {
 		if t.Target == "out" {
@@ -63,11 +59,7 @@ func TestRefusedPublishLogged(t *testing.T) {
 // line per target and 30 s. logthrottle forgot all its keys when a 65th
 // came, so every attempt was logged (5754 lines for 100 targets).
 func TestRefusedLogManyTargets(t *testing.T) {
-	core, logs := observer.New(zapcore.InfoLevel)
-	h := newHarness(t, func(o *Options) {
-		o.Logger = zap.New(core)
-		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 10}
-	})
+	h, logs := refusalHarness(t, 0)
 	h.sink.setFail(func(t *codec.Task) error {
 		return fmt.Errorf(`kafka: publish to %q: [3] Unknown Topic Or Partition`, t.Target)
 	})
@@ -97,12 +89,7 @@ func TestRefusedLogManyTargets(t *testing.T) {
 // (keyed by the destination alone, the second showed only in its
 // publish-failed line minutes later).
 func TestRefusedLogSecondReason(t *testing.T) {
-	core, logs := observer.New(zapcore.InfoLevel)
-	h := newHarness(t, func(o *Options) {
-		o.Logger = zap.New(core)
-		o.Shards = 1
-		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 10}
-	})
+	h, logs := refusalHarness(t, 1)
 	errA := errors.New(`kafka: publish to "out": [87] Invalid Record: policy violation A`)
 	errB := errors.New(`kafka: publish to "out": [87] Invalid Record: policy violation B`)
 	h.sink.setFail(func(t *codec.Task) error {
@@ -131,11 +118,7 @@ func TestRefusedLogSecondReason(t *testing.T) {
 // TestRefusedLogHeldBackCount (review R141): held_back on a target's line
 // counts that target's held-back lines, not other targets'.
 func TestRefusedLogHeldBackCount(t *testing.T) {
-	core, logs := observer.New(zapcore.InfoLevel)
-	h := newHarness(t, func(o *Options) {
-		o.Logger = zap.New(core)
-		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 10}
-	})
+	h, logs := refusalHarness(t, 0)
 	h.sink.setFail(func(t *codec.Task) error {
 		if t.Target == "busy" {
 			return errors.New("refused busy")
@@ -167,4 +150,19 @@ func TestRefusedLogHeldBackCount(t *testing.T) {
 			t.Fatalf("the first line for target quiet says held_back=%v: other targets' lines counted", m["held_back"])
 		}
 	}
+}
+
+// refusalHarness is a harness whose log is observed, with the default
+// retry policy without jitter (500 ms doubling, 10 attempts) and shards
+// shards (0: the default).
+func refusalHarness(t *testing.T, shards int) (*harness, *observer.ObservedLogs) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	h := newHarness(t, func(o *Options) {
+		o.Logger = zap.New(core)
+		if shards > 0 {
+			o.Shards = shards
+		}
+		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 10}
+	})
+	return h, logs
 }
