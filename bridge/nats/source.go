@@ -20,6 +20,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/logthrottle"
 	"github.com/delaybridge/delaybridge/shard"
 )
 
@@ -848,6 +849,15 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 
 	st := &floorState{}
 	bo := backoff{min: 100 * time.Millisecond, max: 10 * time.Second}
+	// A stream or consumer that stays missing (deleted, create: false)
+	// fails every retry: counted each time, logged once per 30 s.
+	var unavailable logthrottle.Throttle
+	retryFailed := func(msg string, err error) {
+		s.cfg.Metrics.SourceErrors.WithLabelValues(s.cfg.Stream).Inc()
+		if suppressed, ok := unavailable.AllowKey(time.Now(), msg+err.Error()); ok {
+			s.log.Warn(msg, zap.Error(err), zap.Int("suppressed", suppressed))
+		}
+	}
 	for {
 		// The stream's identity now, not as NewSource saw it.
 		err := s.reconcile(ctx, false)
@@ -871,7 +881,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		if err == nil {
 			break
 		}
-		s.log.Warn("nats source: read stream info or checkpoint failed; retrying", zap.Error(err))
+		retryFailed("nats source: read stream info or checkpoint failed; retrying", err)
 		if !sleepCtx(ctx, bo.next()) {
 			return nil
 		}
@@ -890,7 +900,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			// or lost with the server's storage): its sequences start
 			// over, and so must the floor.
 			if err := s.reconcile(ctx, gone); err != nil {
-				s.log.Warn("nats source: stream or consumer unavailable", zap.Error(err))
+				retryFailed("nats source: stream or consumer unavailable", err)
 				if !sleepCtx(ctx, bo.next()) {
 					return nil
 				}
@@ -917,6 +927,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 				continue
 			}
 			verified = true
+			unavailable.Reset()
 		}
 		err := s.consume(ctx, h, st, &bo)
 		if ctx.Err() != nil {
