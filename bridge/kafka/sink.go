@@ -172,7 +172,7 @@ func (s *Sink) probe() {
 			continue // closing: the failure says nothing about the brokers
 		}
 		if s.probeDone(epoch, err) {
-			s.log.Info("kafka brokers reachable again; sink healthy",
+			s.log.Info("kafka partition leaders answer again; publishes are retried (a target that still hangs shows in the engine's log and /readyz)",
 				zap.Strings("brokers", s.cfg.Brokers), zap.Strings("topics", topics), zap.Duration("unhealthy_for", time.Since(since).Round(time.Millisecond)))
 			return
 		}
