@@ -983,9 +983,10 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			if indexed && int(t.Attempts) < e.opts.Retry.MaxAttempts {
 				// Per target and reason: a second reason at one target
 				// is not hidden behind the first (review R141).
-				if held, ok := e.refusedLog.AllowEach(s.e.clk.Now(), t.Destination()+"\x00"+derr.Error()); ok {
+				dest := t.Destination()
+				if held, ok := e.refusedLog.AllowEach(time.UnixMilli(now), dest+"\x00"+derr.Error()); ok {
 					e.log.Warn("target refused a publish; retrying with backoff, then dead-lettered publish-failed",
-						zap.String("target", t.Destination()), zap.String("source", t.Source), zap.String("id", logID(t.ID)),
+						zap.String("target", dest), zap.String("source", t.Source), zap.String("id", logID(t.ID)),
 						zap.Uint32("attempt", t.Attempts), zap.Int("max_attempts", e.opts.Retry.MaxAttempts),
 						zap.Duration("next_in", wait), zap.Int("held_back", held), zap.Error(derr))
 				}

@@ -139,9 +139,8 @@ func TestStopNaksQueued(t *testing.T) {
 	})
 	const n = 40
 	h, stop := holdFirstBatch(t, src, pub, n)
-	js := newJS(t, nc)
 	eventually(t, "the pulls' messages delivered", func() bool {
-		return consumerInfo(t, js, cfg.Stream, cfg.Consumer).NumAckPending >= 16
+		return consumerInfo(t, pub, cfg.Stream, cfg.Consumer).NumAckPending >= 16
 	})
 	_ = stop() // the held batch is abandoned
 	if got := h.itemCount(); got != 0 {
@@ -171,18 +170,17 @@ func TestHeldBatchReconnectBounded(t *testing.T) {
 	})
 	const backlog = 400
 	h, _ := holdFirstBatch(t, src, pub, backlog)
-	js := newJS(t, nc)
 	eventually(t, "the first pull delivered", func() bool {
-		return consumerInfo(t, js, cfg.Stream, cfg.Consumer).NumAckPending >= 16
+		return consumerInfo(t, pub, cfg.Stream, cfg.Consumer).NumAckPending >= 16
 	})
-	before := consumerInfo(t, js, cfg.Stream, cfg.Consumer).NumAckPending
+	before := consumerInfo(t, pub, cfg.Stream, cfg.Consumer).NumAckPending
 	if err := nc.ForceReconnect(); err != nil {
 		t.Fatal(err)
 	}
 	// Held for 5 s more: two and a half missed-heartbeat periods.
 	maxPending := before
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		maxPending = max(maxPending, consumerInfo(t, js, cfg.Stream, cfg.Consumer).NumAckPending)
+		maxPending = max(maxPending, consumerInfo(t, pub, cfg.Stream, cfg.Consumer).NumAckPending)
 	}
 	close(h.release)
 	eventually(t, fmt.Sprintf("all %d messages", backlog), func() bool { return h.itemCount() >= backlog })
