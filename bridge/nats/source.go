@@ -908,7 +908,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			}
 			if id := s.created.Load(); id != streamID {
 				if err := s.settleIncarnation(ctx, h, id, true); err != nil {
-					s.log.Warn("nats source: the stream was created again; reading its incarnation failed", zap.Error(err))
+					retryFailed("nats source: the stream was created again; reading its incarnation failed", err)
 					if !sleepCtx(ctx, bo.next()) {
 						return nil
 					}
@@ -920,7 +920,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 				*st, streamID = floorState{}, id
 				s.key = CheckpointKey(s.cfg.Stream, id, s.subjects())
 			} else if err := s.checkRestored(ctx, h, st); err != nil {
-				s.log.Warn("nats source: the stream went back below the floor; storing the new floor failed", zap.Error(err))
+				retryFailed("nats source: the stream went back below the floor; storing the new floor failed", err)
 				if !sleepCtx(ctx, bo.next()) {
 					return nil
 				}

@@ -46,3 +46,36 @@ func TestConsumerGoneRetriesCountedLogThrottled(t *testing.T) {
 		t.Fatalf("%d \"stream or consumer unavailable\" lines over %v failed retries, want 1 (then one per 30 s)", n, testutil.ToFloat64(errs))
 	}
 }
+
+// TestIncarnationRetriesCountedLogThrottled: a stream created again whose
+// incarnation cannot be stored (the store refusing writes) fails every
+// retry the same way: each counts in delaybridge_source_errors_total and
+// the reason is logged once per 30 s, not once per retry.
+func TestIncarnationRetriesCountedLogThrottled(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	cfg, _, js, src := createdSource(t, func(c *Config) {
+		c.Logger = zap.New(zapcore.NewTee(c.Logger.Core(), core))
+	})
+	rec := newRecorder()
+	runSource(t, src, rec)
+	eventually(t, "the source pulling", func() bool {
+		return consumerInfo(t, js, "DELAY", "bridge").NumWaiting > 0
+	})
+	rec.mu.Lock()
+	rec.failCpOnly = 1 << 30 // every checkpoint-only write from now on
+	rec.mu.Unlock()
+	if err := js.DeleteStream(context.Background(), "DELAY"); err != nil {
+		t.Fatal(err)
+	}
+	const msg = "reading its incarnation failed"
+	eventually(t, "five failed incarnation writes", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return rec.cpOnly >= 5
+	})
+	errs := cfg.Metrics.SourceErrors.WithLabelValues("DELAY")
+	eventually(t, "the failed retries counted", func() bool { return testutil.ToFloat64(errs) >= 5 })
+	if n := logs.FilterMessageSnippet(msg).Len(); n != 1 {
+		t.Fatalf("%d %q lines over %v failed retries, want 1 (then one per 30 s)", n, msg, testutil.ToFloat64(errs))
+	}
+}
