@@ -24,8 +24,10 @@
 // must exist and a missing one is an error naming it (ErrNoStream,
 // ErrNoConsumer).
 //
-// Messages are pulled with the Messages iterator, which keeps the next
-// batch in flight while the handler makes the current one durable. A batch
+// Messages are pulled with pull requests the source issues itself (see
+// puller), which keep the next batch in flight while the handler makes
+// the current one durable, and never drop a message, however long the
+// handler holds a batch. A batch
 // is the first available message plus what arrives within Config.Linger
 // (2 ms), up to Config.BatchSize; it is handed over sorted by stream
 // sequence. Each message becomes a codec.Message with Source = stream,

@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -40,4 +41,28 @@ func waitReady(t *testing.T, src *Source, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// TestConsumerMaxRequestBatchLowered: an operator lowers the consumer's
+// max_request_batch below the source's pulls while it runs. The server
+// refuses the next pull (409 Exceeded MaxRequestBatch); the source starts
+// consuming over, reads the consumer's limits again and pulls within
+// them, rather than waiting on a pull that never comes.
+func TestConsumerMaxRequestBatchLowered(t *testing.T) {
+	cfg, _, js, src := createdSource(t, func(c *Config) { c.BatchSize = 8 }) // pulls of 16
+	rec := newRecorder()
+	stop := runSource(t, src, rec)
+	defer stop()
+	publish(t, js, "delay.a", "first", delayHeader())
+	waitReady(t, src, "the first message", func() bool { return rec.itemCount() == 1 })
+	cc := consumerInfo(t, js, cfg.Stream, cfg.Consumer).Config
+	cc.MaxRequestBatch = 4
+	if _, err := js.UpdateConsumer(ctxT(t), cfg.Stream, cc); err != nil {
+		t.Fatal(err)
+	}
+	const n = 40
+	for i := range n {
+		publish(t, js, "delay.a", fmt.Sprint("m", i), delayHeader())
+	}
+	waitReady(t, src, fmt.Sprintf("%d more messages", n), func() bool { return rec.itemCount() == 1+n })
 }

@@ -31,8 +31,8 @@ const barrierCheckEvery = 500 * time.Millisecond
 // Source reads the delay subjects of one stream through a durable pull
 // consumer. It implements bridge.Source and bridge.Healther.
 //
-// Messages are consumed with the Messages iterator, which keeps pull
-// requests outstanding so the next batch is already buffered while the
+// Messages are consumed with pull requests the source issues itself (see
+// puller), outstanding so the next batch is already buffered while the
 // handler makes the current one durable. A batch is the first message
 // available plus whatever else arrives within Config.Linger, up to
 // Config.BatchSize.
@@ -425,7 +425,7 @@ func (s *Source) ensure(ctx context.Context) error {
 				zap.String("consumer", s.cfg.Consumer), zap.Strings("source_subjects", unread), zap.Strings("consumer_filters", filters))
 		}
 		if cc.MaxDeliver > 0 {
-			s.log.Warn("nats source: consumer has max_deliver set; a message delivered that often is dropped by the server (every redelivery counts: after a failure, a restart, or the nak of a batch held with pulls stopped)",
+			s.log.Warn("nats source: consumer has max_deliver set; a message delivered that often is dropped by the server (every redelivery counts: after a failure, or the nak of what was received and not handled at a stop)",
 				zap.Int("max_deliver", cc.MaxDeliver))
 		}
 	}
@@ -526,7 +526,7 @@ func (s *Source) Close() error {
 // gets the next consumer sequence. So while the consumer sequences the
 // source sees are contiguous, everything up to the highest handled sequence
 // is handled. Where that is not known (messages delivered before this
-// iterator started and not yet acked; a gap in consumer sequences, meaning
+// consume started and not yet acked; a gap in consumer sequences, meaning
 // a delivery was lost in transit or went to another client), a barrier
 // holds the floor back until the server's ack floor has passed the barrier.
 // The barrier must be at least the sequence of every delivery missed. One
@@ -570,7 +570,7 @@ type floorState struct {
 	// seen since the last gap in consumer sequences (0: none). First
 	// deliveries come in stream order, so every message of the consumer
 	// between runLo and the last first delivery was delivered to this
-	// iterator: one span.
+	// consume: one span.
 	runLo int64
 	// stored is what the held slots hold in the store.
 	stored heldSlotState
@@ -697,7 +697,7 @@ func (f *floorState) maxHeld() int64 {
 	return m
 }
 
-// adoptLegacy decides, at the first iterator start, on a floor stored
+// adoptLegacy decides, at the first consume's start, on a floor stored
 // without the stream's identity, given the stream sequence the consumer
 // has delivered up to. Such a floor may come from a stream since deleted
 // and created again, and then skipping up to it would lose the new
@@ -725,7 +725,7 @@ func (f *floorState) adoptLegacy(delivered int64) (kept bool) {
 	return kept
 }
 
-// start is called when an iterator starts, with the consumer's info.
+// start is called when a consume starts, with the consumer's info.
 func (f *floorState) start(ackFloor, delivered int64, deliveredDseq uint64) {
 	f.floor = max(f.floor, ackFloor)
 	f.pend, f.runLo = f.pend[:0], 0
@@ -733,7 +733,7 @@ func (f *floorState) start(ackFloor, delivered int64, deliveredDseq uint64) {
 	f.lastDseq = deliveredDseq
 	f.maxSeen = max(f.maxSeen, delivered)
 	if ackFloor < delivered {
-		// Delivered before this iterator and not all acked: those come
+		// Delivered before this consume and not all acked: those come
 		// back as redeliveries, in no particular order relative to new
 		// messages.
 		f.barrier = max(f.barrier, delivered)
@@ -744,7 +744,7 @@ func (f *floorState) start(ackFloor, delivered int64, deliveredDseq uint64) {
 // the message is already held.
 func (f *floorState) see(dseq uint64, seq int64, first bool) (held bool) {
 	if dseq != f.lastDseq+1 {
-		// A delivery this iterator did not see: lost in transit or taken
+		// A delivery this consume did not see: lost in transit or taken
 		// by another client. Before a first delivery it was of a lower
 		// sequence; before a redelivery of any the consumer had delivered.
 		f.barrier = max(f.barrier, f.maxSeen, seq)
@@ -759,7 +759,7 @@ func (f *floorState) see(dseq uint64, seq int64, first bool) (held bool) {
 	if first {
 		// Every message of the consumer between the run's first
 		// delivery and this one was delivered in between, to this
-		// iterator.
+		// consume.
 		if f.runLo == 0 {
 			f.runLo = seq
 		}
@@ -933,9 +933,6 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, errPulledWhileHeld) {
-			continue // the batch is handled: pull again at once
-		}
 		s.cfg.Metrics.SourceErrors.WithLabelValues(s.cfg.Stream).Inc()
 		gone = isConsumerGone(err)
 		if gone {
@@ -1099,7 +1096,7 @@ func isConsumerGone(err error) bool {
 		errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, ErrNoConsumer) || errors.Is(err, ErrNoStream)
 }
 
-// consume runs one Messages iterator until it fails or ctx ends.
+// consume pulls and hands over batches until it fails or ctx ends.
 func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, bo *backoff) error {
 	ref := s.consumer.Load()
 	if ref == nil {
@@ -1137,22 +1134,11 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	st.start(int64(info.AckFloor.Stream), int64(info.Delivered.Stream), info.Delivered.Consumer)
 	// Within the consumer's own request limits (set by an operator, or by
 	// the server's jetstream.limits.max_request_batch): a pull above one
-	// of them is refused 409, which nats.go swallows, and nothing would
-	// ever be delivered. Messages only, no byte limit in the request, but
-	// few enough that messages of max_payload stay within PullBytes (see
-	// pullMessages): 512 of 1 MiB were 512 MiB of memory. Not
-	// PullMaxMessagesWithBytesLimit: with it (nats.go v1.55) the server
-	// ends every pull with a status (409 Batch Completed), which the
-	// iterator puts in the channel it sized for the messages alone; with
-	// the handler busy a message found it full and was dropped (a slow
-	// consumer), back only after AckWait: the bench's 30 s stalls (hunt
-	// H134). (An idle heartbeat, sent on a pull still waiting after half
-	// of PullExpiry, takes a place the same way, which is why the pulls
-	// stop while a batch is held: see heldPause.) Not PullMaxBytes
-	// either: it asks for up to 1 000 000 messages, so one source would
-	// take MaxAckPending of them, and a message over half its limit never
-	// fits a pull (nats.go asks for the limit less what it thinks is
-	// outstanding).
+	// of them is refused 409. Messages only, no byte limit in the request
+	// (a pull with max_bytes ends with a status, and a message over half
+	// the limit would never fit one), but few enough that messages of
+	// max_payload stay within PullBytes (see pullMessages): 512 of 1 MiB
+	// were 512 MiB of memory.
 	pullMsgs, expiry := pullMessages(2*s.cfg.BatchSize, s.cfg.PullBytes, s.nc.MaxPayload()), s.cfg.PullExpiry
 	if lim := info.Config.MaxRequestBatch; lim > 0 && pullMsgs > lim {
 		pullMsgs = lim
@@ -1160,54 +1146,41 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	if lim := info.Config.MaxRequestExpires; lim > 0 && expiry > lim {
 		expiry = lim
 	}
-	it, err := cons.Messages(
-		jetstream.PullMaxMessages(pullMsgs),
-		jetstream.PullExpiry(expiry),
-		jetstream.WithMessagesErrOnMissingHeartbeat(true),
-	)
-	if err != nil {
-		return fmt.Errorf("nats source: start pulling: %w", err)
-	}
-	stopped := false
+	p := newPuller(s.nc, s.cfg.Stream, s.cfg.Consumer, pullMsgs, expiry)
+	var abandoned []jetstream.Msg
 	defer func() {
-		if !stopped {
-			nakAll(stopIterator(it))
-		}
+		// Received and not handled: asked back now rather than after
+		// AckWait (30 s by default: on every restart, messages due sooner
+		// fired that late). The subscription is gone first, or the server
+		// would hand them straight back to a pull of it.
+		left := p.close()
+		nakAll(abandoned)
+		nakAll(left)
 	}()
 
 	batch := make([]jetstream.Msg, 0, s.cfg.BatchSize)
 	items := make([]bridge.Item, 0, s.cfg.BatchSize)
 	for {
 		batch = batch[:0]
-		nextErr := s.collect(ctx, it, &batch)
+		nextErr := s.collect(ctx, p, &batch)
 		if len(batch) > 0 {
-			pause := s.stopWhenHeld(it, heldPullStop(expiry))
-			err := s.process(ctx, h, cons, st, batch, items[:0])
-			paused := pause.end()
-			stopped = stopped || paused
+			// The next pull goes out before the batch is made durable, so
+			// its messages come in meanwhile.
+			if err := p.topUp(); err != nil && nextErr == nil {
+				nextErr = err
+			}
+			p.setAway(true)
+			err := s.process(ctx, h, cons, st, batch, items[:0], p.keepAside)
+			p.setAway(false)
 			if err != nil {
 				var ab *abandonedError
 				if errors.As(err, &ab) {
-					// Shutting down with a batch not held: ask for
-					// redelivery now rather than after AckWait. Unsubscribe
-					// first, or the server would hand the messages straight
-					// back to this iterator's outstanding pull request.
-					var left []jetstream.Msg
-					if !stopped {
-						stopped = true
-						left = stopIterator(it)
-					}
-					nakAll(ab.batch)
-					nakAll(left)
+					abandoned = ab.batch
 					return ab.err
 				}
 				return err
 			}
 			bo.reset()
-			if paused {
-				s.log.Info("nats source: the held batch is handled; pulling again", zap.Duration("held", time.Since(pause.start)))
-				return errPulledWhileHeld
-			}
 		}
 		if nextErr == nil {
 			continue
@@ -1215,14 +1188,18 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if errors.Is(nextErr, jetstream.ErrNoHeartbeat) {
+		switch {
+		case errors.Is(nextErr, errMissedHeartbeat):
 			// Quiet or broken? Ask the server whether the consumer is there.
 			if _, err := cons.Info(ctx); err != nil {
 				return s.consumerUnread(ctx, fmt.Errorf("nats source: no heartbeat, consumer info: %w", err))
 			}
-			continue
+			fallthrough
+		case errors.Is(nextErr, errReset):
+			p.reset()
+		default:
+			return fmt.Errorf("nats source: next message: %w", nextErr)
 		}
-		return fmt.Errorf("nats source: next message: %w", nextErr)
 	}
 }
 
@@ -1252,91 +1229,6 @@ type abandonedError struct {
 func (e *abandonedError) Error() string { return "nats source: batch abandoned: " + e.err.Error() }
 func (e *abandonedError) Unwrap() error { return e.err }
 
-// stopIterator ends it and returns the messages it had received but not
-// handed out: its pull requests prefetch up to twice a batch, and Stop
-// would discard those, which the server then redelivers only after AckWait
-// (30 s by default: on every restart, messages due sooner fired that
-// late). Draining unsubscribes and yields them; the caller naks them once
-// the subscription is gone, so the server does not hand them straight back
-// to it. It waits at most a second.
-func stopIterator(it jetstream.MessagesContext) []jetstream.Msg {
-	it.Drain()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	var left []jetstream.Msg
-	for {
-		m, err := it.Next(jetstream.NextContext(ctx))
-		if err != nil {
-			if ctx.Err() != nil {
-				it.Stop() // the drain did not finish: discard the rest
-			}
-			return left
-		}
-		left = append(left, m)
-	}
-}
-
-// errPulledWhileHeld ends a consume whose iterator was stopped while its
-// handler held a batch (see stopWhenHeld); Run starts the next one at once.
-var errPulledWhileHeld = errors.New("nats source: pulls stopped while a batch was held")
-
-// heldPullStop is how long a batch may be held before the iterator's pulls
-// are stopped: half the idle heartbeat nats.go asks the server for (half
-// the pull expiry, at most 30 s), at most a second.
-func heldPullStop(expiry time.Duration) time.Duration {
-	hb := min(expiry/2, 30*time.Second)
-	return max(min(hb/2, time.Second), time.Millisecond)
-}
-
-// heldPause stops a pull iterator once the batch taken from it has been
-// held for a while. The iterator's channel holds as many messages as its
-// pulls ask for, and nothing else: a status the server sends on a pull
-// still waiting (an idle heartbeat, every half PullExpiry) takes a place in
-// it. While the handler holds a batch (a DLQ or store outage being
-// retried) nothing reads the channel, the pulls fill up as publishers go
-// on, and a message that then finds the channel full is dropped by the
-// client as a slow consumer, to come back only after AckWait (review
-// R137). Stopped, the iterator has no pull outstanding: what it had
-// received is nak'd (redelivered by the next pull, ahead of new messages)
-// and the consume that follows the batch pulls again.
-//
-// This narrows the window, it does not close it: the heartbeat's clock is
-// the pull's last delivery, not the hold's start. A pull whose messages
-// waited in the channel behind slower batches may have been idle for most
-// of a heartbeat when the hold begins, and a burst that fills it before
-// the stop still loses one message until AckWait (review R139). Closing it
-// needs pulls the source issues itself into a buffer with room for the
-// statuses. Not the callback Consume API: tried, it queues statuses beside
-// the messages, but it pulls again at a reconnect and at every missed
-// heartbeat while its callback waits, without bound (review R140; see
-// TestHeldBatchReconnectBounded).
-type heldPause struct {
-	t     *time.Timer
-	start time.Time
-	done  chan struct{}
-}
-
-func (s *Source) stopWhenHeld(it jetstream.MessagesContext, after time.Duration) *heldPause {
-	p := &heldPause{start: time.Now(), done: make(chan struct{})}
-	p.t = time.AfterFunc(after, func() {
-		defer close(p.done)
-		left := stopIterator(it)
-		nakAll(left)
-		s.log.Info("nats source: a batch is held; pulls stopped until it is handled",
-			zap.Duration("held", time.Since(p.start)), zap.Int("naked", len(left)))
-	})
-	return p
-}
-
-// end reports whether the iterator was stopped, after the stop is over.
-func (p *heldPause) end() bool {
-	if p.t.Stop() {
-		return false
-	}
-	<-p.done
-	return true
-}
-
 // nakAll asks for the redelivery of msgs now rather than after AckWait.
 // A nak lost on the way (connection gone) leaves AckWait to do it.
 func nakAll(msgs []jetstream.Msg) {
@@ -1348,8 +1240,8 @@ func nakAll(msgs []jetstream.Msg) {
 // collect appends to batch the next message (waiting for it) and whatever
 // follows within Linger, up to BatchSize. The error is the one that ended
 // the wait for the first message, or a terminal one seen while lingering.
-func (s *Source) collect(ctx context.Context, it jetstream.MessagesContext, batch *[]jetstream.Msg) error {
-	m, err := it.Next(jetstream.NextContext(ctx))
+func (s *Source) collect(ctx context.Context, p *puller, batch *[]jetstream.Msg) error {
+	m, err := p.next(ctx)
 	if err != nil {
 		return err
 	}
@@ -1361,7 +1253,7 @@ func (s *Source) collect(ctx context.Context, it jetstream.MessagesContext, batc
 	lctx, cancel := context.WithTimeout(ctx, s.cfg.Linger)
 	defer cancel()
 	for len(*batch) < s.cfg.BatchSize && size < s.cfg.BatchBytes {
-		m, err := it.Next(jetstream.NextContext(lctx))
+		m, err := p.next(lctx)
 		if err != nil {
 			if lctx.Err() != nil && ctx.Err() == nil {
 				return nil // linger over
@@ -1402,8 +1294,9 @@ func msgBytes(m jetstream.Msg) int {
 }
 
 // process hands the batch to the handler (retrying until it succeeds or
-// ctx ends) and acks it.
-func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.Consumer, st *floorState, batch []jetstream.Msg, items []bridge.Item) error {
+// ctx ends) and acks it. aside, if not nil, is called with each keep-alive
+// of the batch (see handle).
+func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.Consumer, st *floorState, batch []jetstream.Msg, items []bridge.Item, aside func()) error {
 	var high int64
 	var pending uint64
 	for _, m := range batch {
@@ -1418,7 +1311,7 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		if md.Sequence.Consumer <= st.lastDseq {
 			// Consumer sequences only grow: this is another consumer of
 			// the same name, e.g. on a stream created again (storage lost,
-			// a new cluster) while the iterator rode out a reconnect.
+			// a new cluster) while the pulls rode out a reconnect.
 			// Nothing of the batch is taken or acked as held until Run
 			// has checked the stream's identity.
 			return &abandonedError{err: fmt.Errorf("%w: delivery %d after %d", errConsumerSeqBack, md.Sequence.Consumer, st.lastDseq), batch: batch}
@@ -1475,7 +1368,7 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 			{Key: s.incKey, Offset: int64(s.inc), Fingerprint: uint64(s.incOf)},
 		}, heldCps...)}
 		stopLag := s.refreshLagWhile(ctx, cons)
-		err := s.handle(ctx, h, b, batch)
+		err := s.handle(ctx, h, b, batch, aside)
 		stopLag()
 		if err != nil {
 			return &abandonedError{err: err, batch: batch}
@@ -1523,8 +1416,8 @@ func (s *Source) refreshLagWhile(ctx context.Context, cons jetstream.Consumer) (
 			case <-t.C:
 				if info, err := cons.Info(ctx); err == nil {
 					// Delivered but not acked (the held batch, and what
-					// the pull iterator buffered behind it) is not taken
-					// in either.
+					// the pulls brought in behind it) is not taken in
+					// either.
 					s.lag.Set(float64(info.NumPending + uint64(info.NumAckPending)))
 				}
 			}
@@ -1552,9 +1445,11 @@ func serverMarker(m jetstream.Msg) bool {
 // handle calls h.Handle until it succeeds or ctx ends. Meanwhile the batch
 // is marked in progress every third of the consumer's redelivery wait (see
 // keepAlivePeriod), so a slow or failing handler does not make the server
-// redeliver what it is still working on.
-func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, batch []jetstream.Msg) error {
-	k := startKeepAlive(batch, s.keepAlivePeriod())
+// redeliver what it is still working on; aside (if not nil) is called at
+// each mark, for what the pulls brought in behind the batch (see
+// puller.keepAside).
+func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, batch []jetstream.Msg, aside func()) error {
+	k := startKeepAlive(batch, s.keepAlivePeriod(), aside)
 	defer k.stop()
 	bo := backoff{min: 100 * time.Millisecond, max: 10 * time.Second}
 	for {
@@ -1581,12 +1476,13 @@ type keepAlive struct {
 	mu      sync.Mutex
 	t       *time.Timer
 	msgs    []jetstream.Msg
+	also    func()
 	period  time.Duration
 	stopped bool
 }
 
-func startKeepAlive(msgs []jetstream.Msg, period time.Duration) *keepAlive {
-	k := &keepAlive{msgs: msgs, period: period}
+func startKeepAlive(msgs []jetstream.Msg, period time.Duration, also func()) *keepAlive {
+	k := &keepAlive{msgs: msgs, period: period, also: also}
 	k.mu.Lock() // the callback waits until k.t is set
 	k.t = time.AfterFunc(period, k.fire)
 	k.mu.Unlock()
@@ -1601,6 +1497,9 @@ func (k *keepAlive) fire() {
 	}
 	for _, m := range k.msgs {
 		_ = m.InProgress()
+	}
+	if k.also != nil {
+		k.also()
 	}
 	k.t.Reset(k.period)
 }
