@@ -347,10 +347,19 @@ func (p *puller) setAway(away bool) {
 	p.mu.Unlock()
 }
 
-// isUserMsg tells a delivered message from a status: a status has a Status
-// header and no data.
+// isUserMsg tells a delivered message from a status. The server sends a
+// status to the pull's reply subject, its own subscription's, with a
+// Status header and no data; it delivers a message under the subject the
+// message was published to, with a $JS.ACK reply. The header alone does
+// not tell: a message may carry an application's own header named Status
+// and no data (a cancel, a reminder with headers only), and taken for a
+// status it was never handed over, or "answered" on its ack subject as a
+// heartbeat is, which acks it unread.
 func isUserMsg(m *natsgo.Msg) bool {
-	return len(m.Data) > 0 || m.Header.Get("Status") == ""
+	if len(m.Data) > 0 || m.Header.Get("Status") == "" || strings.HasPrefix(m.Reply, "$JS.ACK.") {
+		return true
+	}
+	return m.Sub == nil || m.Subject != m.Sub.Subject
 }
 
 // pulledMsg is a message the source's own pulls received, with what the
