@@ -232,21 +232,25 @@ func (p *puller) next(ctx context.Context) (jetstream.Msg, error) {
 		}
 		m, ok := p.popAside()
 		if !ok {
-			if hbTimer == nil && len(p.pulls) > 0 {
-				hbTimer = time.NewTimer(2 * p.hb)
-				hbC = hbTimer.C
-			}
 			select {
-			case m = <-p.ch:
-			case st := <-p.status:
-				if st == natsgo.CLOSED || p.nc.IsClosed() {
-					return nil, fmt.Errorf("nats source: %w", natsgo.ErrConnectionClosed)
+			case m = <-p.ch: // already there: no wait, no timer
+			default:
+				if hbTimer == nil && len(p.pulls) > 0 {
+					hbTimer = time.NewTimer(2 * p.hb)
+					hbC = hbTimer.C
 				}
-				return nil, errReset // reconnected: the pulls may be gone
-			case <-hbC:
-				return nil, errMissedHeartbeat
-			case <-ctx.Done():
-				return nil, ctx.Err()
+				select {
+				case m = <-p.ch:
+				case st := <-p.status:
+					if st == natsgo.CLOSED || p.nc.IsClosed() {
+						return nil, fmt.Errorf("nats source: %w", natsgo.ErrConnectionClosed)
+					}
+					return nil, errReset // reconnected: the pulls may be gone
+				case <-hbC:
+					return nil, errMissedHeartbeat
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
 			}
 		}
 		if hbTimer != nil {
