@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 )
@@ -55,9 +56,13 @@ type parkedTask struct {
 	source string // for the cancelled metric
 }
 
-// parkedOf is the parked form of a claimed item.
+// parkedOf is the parked form of a claimed item. Its source is a copy:
+// DecodeTask keeps all of a task's strings in one block, which a substring
+// would keep alive (the id, target, origin...: kilobytes for a long id) for
+// as long as the task waits aside, and a herd claimed while its lane waits
+// may set aside every task due.
 func parkedOf(it fireItem) parkedTask {
-	return parkedTask{fire: it.fire, seq: it.seq, due: it.task.Due, source: it.task.Source}
+	return parkedTask{fire: it.fire, seq: it.seq, due: it.task.Due, source: strings.Clone(it.task.Source)}
 }
 
 // laneWaitLocked reports whether a lane is publishing a batch for less
