@@ -375,6 +375,17 @@ func (e *Engine) startFilterLoop() {
 	}()
 }
 
+// ShardCountError is Open's error for a store created with another
+// number of shards than Options.Shards: tasks are routed to shards by a
+// hash modulo the count, so it cannot change.
+type ShardCountError struct {
+	Stored, Asked int
+}
+
+func (e *ShardCountError) Error() string {
+	return fmt.Sprintf("store has %d shards, options ask for %d: changing the shard count is not supported", e.Stored, e.Asked)
+}
+
 func (e *Engine) recover() error {
 	if err := e.checkFormat(); err != nil {
 		return err
@@ -389,7 +400,7 @@ func (e *Engine) recover() error {
 			return fmt.Errorf("shard: recover: corrupt shard count")
 		}
 		if stored := int(uint16(v[0])<<8 | uint16(v[1])); stored != n {
-			return fmt.Errorf("shard: recover: store has %d shards, options ask for %d: changing the shard count is not supported", stored, n)
+			return fmt.Errorf("shard: recover: %w", &ShardCountError{Stored: stored, Asked: n})
 		}
 	} else if err := safeCall(func() error { return e.db.Set(shardsKey, []byte{byte(n >> 8), byte(n)}, pebble.Sync) }); err != nil {
 		return fmt.Errorf("shard: recover: write shard count: %w", err)

@@ -301,6 +301,24 @@ func (s *Source) ensure(ctx context.Context) error {
 			s.log.Warn("nats source: stream does not capture some source subjects; messages published there are not stored",
 				zap.Strings("missing", missing), zap.Strings("stream_subjects", cfg.Subjects))
 		}
+		if s.cfg.Create && cfg.Mirror == nil && len(cfg.Sources) == 0 {
+			// The bridge adds subjects to the stream and never takes
+			// any away (another consumer may read them): one dropped from
+			// the sources is still stored, and acknowledged to its
+			// publishers, and the bridge does not read it.
+			var unread []string
+			for _, f := range cfg.Subjects {
+				if !slices.ContainsFunc(subjects, func(src string) bool { return filterCovers(src, f) }) {
+					unread = append(unread, f)
+				}
+			}
+			if len(unread) > 0 {
+				s.log.Warn("nats source: the stream captures subjects that no source reads (taken out of nats.sources?): messages published there are stored "+
+					"and acknowledged to their publishers, and the bridge does not schedule them; remove them from the stream (nats stream edit) "+
+					"unless another consumer reads them, or add them to nats.sources again",
+					zap.Strings("unread", unread), zap.Strings("sources", subjects))
+			}
+		}
 		rescale := s.cfg.Create && s.cfg.Replicas > 0 && max(cfg.Replicas, 1) != s.cfg.Replicas
 		if (len(missing) > 0 && s.cfg.Create) || rescale {
 			was := cfg.Replicas
@@ -349,6 +367,16 @@ func (s *Source) ensure(ctx context.Context) error {
 				return fmt.Errorf("%w: consumer %q on stream %q exists with ack policy %s (push: %v); need an explicit-ack pull consumer",
 					ErrConfig, s.cfg.Consumer, s.cfg.Stream, cc.AckPolicy, cc.DeliverSubject != "")
 			}
+			if gained := gainedFilters(cc, subjects); len(gained) > 0 {
+				if s.widenConsumer(ctx, stream, old.CachedInfo(), gained) {
+					cc = jetstream.ConsumerConfig{
+						Durable:       s.cfg.Consumer,
+						Description:   "delaybridge",
+						DeliverPolicy: jetstream.DeliverAllPolicy,
+						AckPolicy:     jetstream.AckExplicitPolicy,
+					}
+				}
+			}
 		}
 		cc.AckWait = s.cfg.AckWait
 		cc.MaxDeliver = -1 // never give up on a message: nothing is dropped
@@ -369,6 +397,9 @@ func (s *Source) ensure(ctx context.Context) error {
 				zap.Int("max_ack_pending", cc.MaxAckPending), zap.Error(err))
 			cc.MaxAckPending = 0
 			cons, err = s.js.CreateOrUpdateConsumer(ctx, s.cfg.Stream, cc)
+		}
+		if apiErr := (*jetstream.APIError)(nil); errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrConsumerWQNotUnique {
+			return s.workQueueTaken(ctx, stream, err)
 		}
 		if err != nil {
 			return fmt.Errorf("nats source: create consumer %q on stream %q: %w", s.cfg.Consumer, s.cfg.Stream, err)
@@ -449,6 +480,96 @@ func (s *Source) ensure(ctx context.Context) error {
 // consumer whose max ack pending exceeds the stream's, the account's or
 // the server's limit.
 const jsErrConsumerMaxAckPendingExcess = 10121
+
+// jsErrConsumerWQNotUnique is JetStream's error code for a consumer whose
+// filters overlap another consumer's on a work-queue stream ("filtered
+// consumer not unique on workqueue stream"): one message, one consumer.
+const jsErrConsumerWQNotUnique = 10100
+
+// gainedFilters returns the source subjects that the existing consumer
+// cc does not read (none when it reads the whole stream).
+func gainedFilters(cc jetstream.ConsumerConfig, subjects []string) []string {
+	filters := cc.FilterSubjects
+	if cc.FilterSubject != "" {
+		filters = []string{cc.FilterSubject}
+	}
+	if len(filters) == 0 {
+		return nil
+	}
+	var gained []string
+	for _, sub := range subjects {
+		if !slices.ContainsFunc(filters, func(f string) bool { return filterCovers(f, sub) }) {
+			gained = append(gained, sub)
+		}
+	}
+	return gained
+}
+
+// widenConsumer handles an existing consumer whose filters the source
+// subjects now widen by gained. JetStream does not rewind a consumer
+// whose filters change: a message the stream already held on a gained
+// subject below the consumer's position (published while the subject was
+// no source of the bridge, or before the bridge read it) would never be
+// delivered. On a work-queue stream, which holds only messages no
+// consumer acknowledged, the consumer is deleted and created again from
+// the start of the stream (it returns true): it then delivers those
+// messages, and again those its predecessor had not had acknowledged,
+// which a changed set of source subjects may take in again anyway (their
+// floor is kept per set of subjects). On another stream a new consumer
+// would deliver every message it keeps, so the consumer is updated and
+// the skipped range is logged.
+func (s *Source) widenConsumer(ctx context.Context, stream jetstream.Stream, ci *jetstream.ConsumerInfo, gained []string) (recreated bool) {
+	passed := ci.Delivered.Stream
+	if passed == 0 || stream == nil || stream.CachedInfo() == nil {
+		return false
+	}
+	if stream.CachedInfo().Config.Retention != jetstream.WorkQueuePolicy {
+		s.log.Error("nats source: the source subjects now include subjects the consumer did not read, and JetStream does not rewind a consumer "+
+			"whose filters change: messages the stream already held on them up to the consumer's position are not delivered; "+
+			"to read them, stop the bridge, copy them to a delay subject again, or delete the consumer (nats consumer rm) to read the stream again from its start",
+			zap.Strings("gained", gained), zap.Uint64("up_to_stream_seq", passed))
+		return false
+	}
+	if err := s.js.DeleteConsumer(ctx, s.cfg.Stream, s.cfg.Consumer); err != nil {
+		// A repair, not a condition of the start (the user may lack
+		// $JS.API.CONSUMER.DELETE): updated, the consumer reads on.
+		s.log.Error("nats source: the source subjects now include subjects the consumer did not read, and it could not be created again from the start of the work queue: "+
+			"messages the stream already held on them up to the consumer's position are not delivered (JetStream does not rewind a consumer whose filters change); "+
+			"to read them, stop the bridge and delete the consumer (nats consumer rm)",
+			zap.Strings("gained", gained), zap.Uint64("up_to_stream_seq", passed), zap.Error(err))
+		return false
+	}
+	s.log.Warn("nats source: the source subjects now include subjects the consumer did not read; created it again from the start of the work queue "+
+		"so that the messages it holds on them are delivered (JetStream does not rewind a consumer whose filters change)",
+		zap.Strings("gained", gained), zap.Uint64("was_at_stream_seq", passed))
+	return true
+}
+
+// workQueueTaken is the error of a consumer that a work-queue stream
+// refused because another consumer reads its subjects: after a rename of
+// nats.consumer (or nats.stream kept with another bridge's consumer), the
+// old one. It names the others, and the remedy.
+func (s *Source) workQueueTaken(ctx context.Context, stream jetstream.Stream, err error) error {
+	var others []string
+	names := stream.ConsumerNames(ctx)
+	for n := range names.Name() {
+		if n != s.cfg.Consumer {
+			others = append(others, n)
+		}
+	}
+	// Listing needs $JS.API.CONSUMER.NAMES; without it, no names.
+	who, old := "another consumer", "OLD"
+	if len(others) > 0 {
+		who = fmt.Sprintf("its consumers %v", others)
+	}
+	if len(others) == 1 {
+		old = others[0]
+	}
+	return fmt.Errorf("%w: nats.consumer %q: stream %q is a work queue, where only one consumer may read a subject, and %s already read some of the source subjects %v "+
+		"(if nats.consumer was renamed, delete the old consumer while the bridge is stopped, nats consumer rm %s %s: its unacknowledged messages then go to the new one, "+
+		"and the store keeps what it already holds from being taken in again): %w",
+		ErrConfig, s.cfg.Consumer, s.cfg.Stream, who, s.subjects(), s.cfg.Stream, old, err)
+}
 
 // setAckWait takes the redelivery wait from the consumer's configuration
 // as the server reports it: a consumer made by an operator need not have

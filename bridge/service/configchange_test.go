@@ -1,10 +1,16 @@
 package service
 
 import (
+	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/config"
@@ -144,6 +150,106 @@ targets:
 		var rej *shard.RejectedError
 		if !errors.As(err, &rej) || rej.Code != tt.code || !strings.Contains(err.Error(), tt.why) {
 			t.Errorf("%s:%s (DLQ on %s): %v, want a %s rejection saying %q", tt.transport, tt.target, tt.dlq, err, tt.code, tt.why)
+		}
+	}
+}
+
+// A restart with an empty targets.allow (deny all: the Helm chart's
+// default, or a list lost in an upgrade) while tasks are pending says at
+// start that each of them will be dead-lettered when it comes due, rather
+// than only one Warn per task at its due time.
+func TestEmptyAllowWithPendingWarns(t *testing.T) {
+	e := newEnv(t, "")
+	svc, stop := e.start()
+	e.publishKafka(0, time.Time{}, []byte("k1"), []byte("v"), "delay-after", "1h", "delay-target", "orders")
+	eventually(t, "ingest", func() bool { return svc.Engine().Stats().Pending == 1 })
+	stop()
+
+	e.mutate = func(c *config.Config) { c.Targets.Allow = nil }
+	core, logs := observer.New(zap.WarnLevel)
+	svc, err := New(context.Background(), e.config(), Options{Logger: zap.New(core), Clock: e.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.closeAll()
+	l := logs.FilterMessageSnippet("targets.allow is empty").All()
+	if len(l) != 1 || l[0].ContextMap()["pending"] != int64(1) {
+		t.Fatalf("logged %+v, want one warning with pending 1", l)
+	}
+}
+
+// kafka.group renamed: the new group has no committed offsets, and each
+// partition resumes after the store's checkpoint, which is kept per topic
+// and partition: what was delivered is not read (and delivered) again.
+func TestKafkaGroupRenamed(t *testing.T) {
+	e := newEnv(t, "")
+	svc, stop := e.start()
+	for i := range 3 {
+		s := strconv.Itoa(i)
+		e.publishKafka(int32(i), time.Time{}, []byte("now"+s), []byte("now"+s), "delay-after", "0s", "delay-target", "orders")
+	}
+	e.advanceUntil("3 delivered", func(ds []delivery) bool { return len(byValue(ds, kafkaOut)) == 3 })
+	eventually(t, "nothing pending", func() bool { return svc.Engine().Stats().Pending == 0 })
+	stop()
+
+	e.mutate = func(c *config.Config) { c.Kafka.Group = "bridge2" }
+	svc, stop = e.start()
+	for i := range 3 {
+		s := strconv.Itoa(i)
+		e.publishKafka(int32(i), time.Time{}, []byte("after"+s), []byte("after"+s), "delay-after", "0s", "delay-target", "orders")
+	}
+	e.advanceUntil("the new messages delivered", func(ds []delivery) bool { return len(byValue(ds, kafkaOut)) == 6 })
+	e.advance(svc, 5*time.Second, time.Second)
+	got := e.deliveries()
+	stop()
+	// Each new message is behind an old one on its partition, due later:
+	// an old one read again would be delivered by now.
+	for v, ds := range byValue(got, kafkaOut) {
+		if len(ds) != 1 {
+			t.Errorf("%s delivered %d times, want 1", v, len(ds))
+		}
+	}
+}
+
+// A Kafka delay topic taken out of kafka.sources and added back: its
+// pending tasks fire meanwhile, and what was published to it meanwhile is
+// read once it is a source again, from the stored checkpoint: nothing
+// delivered before is read again.
+func TestKafkaSourceRemovedAndBack(t *testing.T) {
+	e := newEnv(t, "")
+	req := kmsg.NewPtrCreateTopicsRequest()
+	rt := kmsg.NewCreateTopicsRequestTopic()
+	rt.Topic, rt.NumPartitions, rt.ReplicationFactor = "delay2", 1, 1
+	req.Topics = append(req.Topics, rt)
+	if resp, err := req.RequestWith(context.Background(), e.kcl); err != nil || resp.Topics[0].ErrorCode != 0 {
+		t.Fatalf("create topic delay2: %v %+v", err, resp)
+	}
+	svc, stop := e.start()
+	for i := range 3 {
+		s := strconv.Itoa(i)
+		e.publishKafka(int32(i), time.Time{}, []byte("now"+s), []byte("now"+s), "delay-after", "0s", "delay-target", "orders")
+	}
+	e.publishKafka(0, time.Time{}, []byte("soon"), []byte("soon"), "delay-after", "30s", "delay-target", "orders")
+	e.publishKafka(1, time.Time{}, []byte("later"), []byte("later"), "delay-after", "2h", "delay-target", "orders")
+	e.advanceUntil("3 delivered", func(ds []delivery) bool { return len(byValue(ds, kafkaOut)) == 3 })
+	eventually(t, "2 pending", func() bool { return svc.Engine().Stats().Pending == 2 })
+	stop()
+
+	e.mutate = func(c *config.Config) { c.Kafka.Sources = []config.KafkaSource{{Topic: "delay2", DLQ: kafkaDLQ}} }
+	_, stop = e.start()
+	e.publishKafka(2, time.Time{}, []byte("meanwhile"), []byte("meanwhile"), "delay-after", "10s", "delay-target", "orders")
+	e.advanceUntil("the pending task of the removed source", func(ds []delivery) bool { return len(byValue(ds, kafkaOut)["soon"]) == 1 })
+	stop()
+
+	e.mutate = nil
+	svc, stop = e.start()
+	e.advanceUntil("what was published meanwhile", func(ds []delivery) bool { return len(byValue(ds, kafkaOut)["meanwhile"]) == 1 })
+	e.advance(svc, 2*time.Hour+time.Minute, time.Minute)
+	got := e.advanceUntil("the later task", func(ds []delivery) bool { return len(byValue(ds, kafkaOut)["later"]) == 1 })
+	stop()
+	for _, v := range []string{"now0", "now1", "now2", "soon", "meanwhile", "later"} {
+		if n := len(byValue(got, kafkaOut)[v]); n != 1 {
+			t.Errorf("%s delivered %d times, want 1", v, n)
 		}
 	}
 }

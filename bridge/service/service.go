@@ -115,6 +115,10 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 	eo := engineOptions(cfg)
 	eo.FS, eo.Clock, eo.Logger, eo.Metrics = o.FS, o.Clock, s.log.Named("engine"), s.m
 	s.eng, err = shard.Open(eo)
+	if sc := (*shard.ShardCountError)(nil); errors.As(err, &sc) {
+		return nil, fmt.Errorf("config: shards: %d, but the store in %s was created with %d shards, and the count cannot be changed (tasks are placed by it): set shards: %d: %w",
+			sc.Asked, cfg.DataDir, sc.Stored, sc.Stored, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", cfg.DataDir, err)
 	}
@@ -126,6 +130,13 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 	})
 	st := s.eng.Stats()
 	s.log.Info("store recovered", zap.Int64("pending", st.Pending), zap.Duration("took", time.Since(start)))
+	if st.Pending > 0 && len(cfg.Targets.Allow) == 0 {
+		// Pending tasks are checked against targets.allow again when they
+		// come due (checkStoredTarget): a list lost in an upgrade would
+		// dead-letter them all, one at a time, as they come due.
+		s.log.Warn("targets.allow is empty, so no target is allowed: every pending task will be dead-lettered target-not-allowed when it comes due",
+			zap.Int64("pending", st.Pending))
+	}
 	s.pipeline = bridge.NewPipeline(s.eng, s.log.Named("pipeline"))
 	s.admin = admin.NewHandler(admin.Options{
 		Engine:   s.eng,

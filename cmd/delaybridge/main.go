@@ -269,6 +269,10 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	log.Info("starting delaybridge", zap.String("version", versionString()), zap.Object("config", cfg.Redacted()))
 	logMemory(log, cfg.Store.CacheMB)
 	svc, err := service.New(ctx, cfg, service.Options{Logger: log})
+	if v, ok := os.LookupEnv("DELAYBRIDGE_SHARDS"); ok && errors.As(err, new(*shard.ShardCountError)) {
+		// The file may say otherwise: name where the count came from.
+		err = fmt.Errorf("%w (shards is set by DELAYBRIDGE_SHARDS=%s)", err, v)
+	}
 	if err != nil {
 		log.Error("start failed", zap.Error(err))
 		return err
