@@ -153,6 +153,7 @@ type Options struct {
 
 	filterMinKeys int           // capacity of all index filters together, at least; tests lower it
 	stallGrace    time.Duration // default storeStallGrace; tests lower it
+	openGrace     time.Duration // default storeOpenGrace; tests lower it
 }
 
 // TaskInfo is what Lookup reports of a pending task.

@@ -303,7 +303,7 @@ func Open(opts Options) (*Engine, error) {
 		}
 	}
 	health := newStoreHealth(opts.stallGrace)
-	db, err := openPebble(opts.Dir, opts.FS, opts.Logger, opts.CacheBytes, opts.MemTableBytes, health)
+	db, err := openPebble(opts.Dir, opts.FS, opts.Logger, opts.CacheBytes, opts.MemTableBytes, health, opts.openGrace)
 	if err != nil {
 		return nil, err
 	}

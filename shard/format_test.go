@@ -34,7 +34,7 @@ func TestStoreFormat(t *testing.T) {
 				t.Fatal(err)
 			}
 			e.Close()
-			db, err := openPebble(dir, nil, zap.NewNop(), 0, 0, nil)
+			db, err := openPebble(dir, nil, zap.NewNop(), 0, 0, nil, 0)
 			if err != nil {
 				t.Fatal(err)
 			}

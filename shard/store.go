@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -574,6 +575,10 @@ const (
 // keep up, and every Ingest waits in it meanwhile.
 const storeStallGrace = 5 * time.Second
 
+// abandonedOpens counts the pebble.Open calls openPebble gave up waiting
+// for; each closes its store if it completes. Tests wait for them.
+var abandonedOpens sync.WaitGroup
+
 // storeHealth follows Pebble's write stalls and background errors, which
 // no write returns: a flush that fails (ENOSPC) is retried by Pebble at
 // once and forever, while writes wait in the stall once the memtables
@@ -585,6 +590,8 @@ type storeHealth struct {
 	stallSince atomic.Int64 // ns since epoch, +1; 0 while writes flow
 	stallWhy   atomic.Pointer[string]
 	bgErr      atomic.Pointer[error]
+	bgFirst    atomic.Int64         // ns since epoch, +1, of the first background error; 0: none yet
+	bgCount    atomic.Int64         // background errors so far
 	bgLog      logthrottle.Throttle // Pebble retries a failed flush at once and forever
 }
 
@@ -602,6 +609,8 @@ func (h *storeHealth) listener() *pebble.EventListener {
 		WriteStallEnd: func() { h.stallSince.Store(0) },
 		BackgroundError: func(err error) {
 			h.bgErr.Store(&err)
+			h.bgFirst.CompareAndSwap(0, int64(time.Since(h.epoch))+1)
+			h.bgCount.Add(1)
 			if suppressed, ok := h.bgLog.Allow(time.Now()); ok {
 				h.log.Error("store background error (a flush or compaction failed; Pebble retries it)",
 					zap.Error(err), zap.Int("suppressed", suppressed))
@@ -631,7 +640,84 @@ func (h *storeHealth) err() error {
 	return fmt.Errorf("%w: %s", ErrStoreStalled, msg)
 }
 
-func openPebble(dir string, fs vfs.FS, log *zap.Logger, cacheBytes, memTableBytes int64, health *storeHealth) (*pebble.DB, error) {
+// openPebble opens the store in dir. With health, an open whose WAL
+// replay cannot be flushed gives up after openGrace (0: storeOpenGrace):
+// see openWaiting.
+// storeOpenGrace is how long Open lets Pebble retry a failing flush of the
+// WAL it replays before it gives up (openWaiting).
+const storeOpenGrace = 30 * time.Second
+
+// openWaiting is pebble.Open, except that it does not wait forever for a
+// flush that keeps failing. Pebble flushes the memtables it replays from
+// the WAL before Open returns, and retries a failed flush at once and
+// forever: on a full (or read-only) volume pebble.Open never returns, and
+// the process would hang in its start, serving no probe, ignoring SIGTERM,
+// spinning a core and leaving an empty blob file behind per try, while the
+// log only says that Pebble retries. Once background errors have kept
+// coming for grace (at least 3, the first grace ago: a slow flush that
+// then succeeds does not count), openWaiting returns the last one with
+// what to do, and leaves the open to the process exit; should it complete
+// (tests free the space), its store is closed.
+func openWaiting(dir string, po *pebble.Options, health *storeHealth, grace time.Duration) (*pebble.DB, error) {
+	if health == nil {
+		return pebble.Open(dir, po)
+	}
+	if grace <= 0 {
+		grace = storeOpenGrace
+	}
+	type result struct {
+		db  *pebble.DB
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		db, err := pebble.Open(dir, po)
+		done <- result{db, err}
+	}()
+	tick := time.NewTicker(min(grace/4, time.Second))
+	defer tick.Stop()
+	for {
+		select {
+		case r := <-done:
+			return r.db, r.err
+		case <-tick.C:
+		}
+		first := health.bgFirst.Load()
+		if first == 0 || health.bgCount.Load() < 3 {
+			continue
+		}
+		failing := time.Since(health.epoch) - time.Duration(first-1)
+		if failing < grace {
+			continue
+		}
+		abandonedOpens.Add(1)
+		go func() {
+			defer abandonedOpens.Done()
+			if r := <-done; r.db != nil {
+				_ = r.db.Close()
+			}
+		}()
+		err := *health.bgErr.Load()
+		return nil, fmt.Errorf("replaying the write-ahead log: its flush has failed %d times in %s (%w); %s",
+			health.bgCount.Load(), failing.Truncate(time.Second), err, openFailHint(err))
+	}
+}
+
+// openFailHint says what an operator can do about a flush that keeps
+// failing while the store opens.
+func openFailHint(err error) string {
+	const intact = "the store is intact (the tasks are in its WAL)"
+	switch {
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return "the volume is full (of bytes or inodes): free space on it or grow it, then start again; " + intact
+	case errors.Is(err, syscall.EROFS):
+		return "the volume is read-only: remount it read-write (after a file system check if the kernel made it read-only), then start again; " + intact
+	default:
+		return "check the volume (space, inodes, I/O errors in the kernel log), then start again; " + intact
+	}
+}
+
+func openPebble(dir string, fs vfs.FS, log *zap.Logger, cacheBytes, memTableBytes int64, health *storeHealth, openGrace time.Duration) (*pebble.DB, error) {
 	if fs == nil {
 		fs = vfs.Default
 	}
@@ -685,7 +771,7 @@ func openPebble(dir string, fs vfs.FS, log *zap.Logger, cacheBytes, memTableByte
 	// not per ~3). Deeper levels keep 4 KiB blocks for the index lookups
 	// that do read a block.
 	po.Levels[0].BlockSize = flushBlockBytes
-	db, err := pebble.Open(dir, po)
+	db, err := openWaiting(dir, po, health, openGrace)
 	if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EWOULDBLOCK) {
 		// Pebble's LOCK file is held: another process has the store open.
 		return nil, fmt.Errorf("store: open %s: the store is in use by another process (another delaybridge on this data_dir?): %w", dir, err)
