@@ -640,9 +640,6 @@ func (h *storeHealth) err() error {
 	return fmt.Errorf("%w: %s", ErrStoreStalled, msg)
 }
 
-// openPebble opens the store in dir. With health, an open whose WAL
-// replay cannot be flushed gives up after openGrace (0: storeOpenGrace):
-// see openWaiting.
 // storeOpenGrace is how long Open lets Pebble retry a failing flush of the
 // WAL it replays before it gives up (openWaiting).
 const storeOpenGrace = 30 * time.Second
@@ -717,6 +714,9 @@ func openFailHint(err error) string {
 	}
 }
 
+// openPebble opens the store in dir. With health, an open whose WAL
+// replay cannot be flushed gives up after openGrace (0: storeOpenGrace):
+// see openWaiting.
 func openPebble(dir string, fs vfs.FS, log *zap.Logger, cacheBytes, memTableBytes int64, health *storeHealth, openGrace time.Duration) (*pebble.DB, error) {
 	if fs == nil {
 		fs = vfs.Default
