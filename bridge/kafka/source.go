@@ -53,7 +53,18 @@ type Source struct {
 	// now is the clock of the transaction stall gauge (time.Now; tests
 	// set it before Run).
 	now func() time.Time
+	// joinWaitLog is how long a join may take before it is logged
+	// (joinWaitLogAfter; tests lower it).
+	joinWaitLog time.Duration
 }
+
+// joinWaitLogAfter: a join of the group that takes longer is logged. A
+// member that stopped without leaving (kill -9, an OOM kill, a lost node)
+// stays in the group until its session times out, and the coordinator
+// holds the rebalance, and every new member's join, until then: after a
+// crash the restarted bridge takes nothing in for up to
+// its session timeout (30 s), ready and otherwise silent.
+const joinWaitLogAfter = 5 * time.Second
 
 var (
 	_ bridge.Source   = (*Source)(nil)
@@ -74,6 +85,8 @@ func NewSource(cfg Config) (*Source, error) {
 		health: make(map[string]error),
 		closed: make(chan struct{}),
 		now:    time.Now,
+
+		joinWaitLog: joinWaitLogAfter,
 	}
 	for _, sc := range cfg.Sources {
 		s.topics = append(s.topics, sc.Topic)
@@ -222,6 +235,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 	defer func() { leave() }()
 	joined := false
 	var joinFails logthrottle.Throttle // one line per logthrottle.DefaultEvery while joins fail
+	var genEnded <-chan struct{}       // the partition workers of the last generation are done
 	for {
 		if cg == nil {
 			var err error
@@ -242,7 +256,12 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 				go s.watchTopics(groupCtx, groupCancel)
 			}
 		}
+		// Next returns the next generation: it waits out the current one,
+		// then joins.
+		joinCtx, joinDone := context.WithCancel(groupCtx)
+		go s.logSlowJoin(joinCtx, genEnded)
 		gen, err := cg.Next(groupCtx)
+		joinDone()
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -303,11 +322,34 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			genWorkers.Wait()
 			close(workersDone)
 		}()
+		genEnded = workersDone
 		workers.Add(1)
 		gen.Start(func(gctx context.Context) {
 			defer workers.Done()
 			cm.run(wctx, gctx, workersDone)
 		})
+	}
+}
+
+// logSlowJoin logs once if a join of the group takes longer than
+// joinWaitLog, counted from the end of the previous generation (ended: its
+// partition workers are done; nil before the first join), until ctx ends
+// (the join is over).
+func (s *Source) logSlowJoin(ctx context.Context, ended <-chan struct{}) {
+	if ended != nil {
+		select {
+		case <-ended:
+		case <-ctx.Done():
+			return
+		}
+	}
+	t := time.NewTimer(s.joinWaitLog)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		s.log.Info("waiting for the consumer group to assign partitions: a member that stopped without leaving (kill -9, OOM) is waited for until its session times out",
+			zap.Duration("waited", s.joinWaitLog), zap.Duration("session_timeout", s.cfg.SessionTimeout))
+	case <-ctx.Done():
 	}
 }
 
