@@ -35,6 +35,9 @@ type Source struct {
 	// notReady throttles awaitTopics' line: a missing delay topic fails
 	// every retry for as long as it is missing.
 	notReady logthrottle.Throttle
+	// handleFails throttles handle's line across partitions: a store
+	// that refuses writes fails every partition's batch at every retry.
+	handleFails logthrottle.Throttle
 
 	transport *kafkago.Transport
 	client    *kafkago.Client
@@ -730,8 +733,11 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 		}
 		cp := b.Checkpoints[0]
 		s.cfg.Metrics.SourceErrors.WithLabelValues(b.Items[0].Msg.Source).Inc()
-		log.Warn("handle failed; retrying the same batch", zap.Int("messages", len(b.Items)),
-			zap.Int64("last_offset", cp.Offset), zap.Duration("backoff", wait), zap.Error(err))
+		if suppressed, ok := s.handleFails.AllowEach(time.Now(), err.Error()); ok {
+			log.Warn("handle failed; retrying the same batch", zap.Int("messages", len(b.Items)),
+				zap.Int64("last_offset", cp.Offset), zap.Duration("backoff", wait), zap.Error(err),
+				zap.Int("suppressed", suppressed))
+		}
 		if !sleep(ctx, wait) {
 			return false
 		}
