@@ -50,11 +50,15 @@ func applyEnv(c *Config, environ []string) (map[string]string, error) {
 			errs = append(errs, fmt.Errorf("env %s: names no configuration key", name))
 			continue
 		}
-		if err := setPath(root, steps, vals[name]); err != nil {
+		added, err := setPath(root, steps, vals[name])
+		if err != nil {
 			errs = append(errs, fmt.Errorf("env %s (%s): %w", name, stepsPath(steps), err))
 			continue
 		}
 		set[stepsPath(steps)] = name
+		for _, item := range added {
+			set[item] = name // an error about a key of it names the variable
+		}
 	}
 	return set, errors.Join(errs...)
 }
@@ -152,9 +156,11 @@ func isLeaf(t reflect.Type) bool {
 }
 
 // setPath walks v along steps, enabling omitted blocks and growing lists of
-// blocks as needed, and sets the leaf from text.
-func setPath(v reflect.Value, steps []envStep, text string) error {
-	for _, s := range steps {
+// blocks as needed, and sets the leaf from text. It returns the paths of
+// the list items it added ("kafka.sources[2]"; those below the index too,
+// if the list had fewer).
+func setPath(v reflect.Value, steps []envStep, text string) (added []string, err error) {
+	for k, s := range steps {
 		for v.Kind() == reflect.Pointer {
 			if v.IsNil() {
 				v.Set(reflect.New(v.Type().Elem()))
@@ -166,14 +172,18 @@ func setPath(v reflect.Value, steps []envStep, text string) error {
 			continue
 		}
 		if s.index >= maxListLen {
-			return fmt.Errorf("index %d: lists hold at most %d items", s.index, maxListLen)
+			return nil, fmt.Errorf("index %d: lists hold at most %d items", s.index, maxListLen)
 		}
 		if s.index >= v.Len() {
+			list := stepsPath(steps[:k])
+			for i := v.Len(); i <= s.index; i++ {
+				added = append(added, fmt.Sprintf("%s[%d]", list, i))
+			}
 			grown := reflect.MakeSlice(v.Type(), s.index+1, s.index+1)
 			reflect.Copy(grown, v)
 			v.Set(grown)
 		}
 		v = v.Index(s.index)
 	}
-	return setScalar(v, text)
+	return added, setScalar(v, text)
 }

@@ -183,7 +183,10 @@ func TestEnvErrors(t *testing.T) {
 		{"bad bool core_targets", []string{"DELAYBRIDGE_NATS_CORE_TARGETS=maybe"}, []string{"env DELAYBRIDGE_NATS_CORE_TARGETS (nats.core_targets): invalid boolean"}},
 		{"all reported", []string{"DELAYBRIDGE_A=1", "DELAYBRIDGE_B=2"}, []string{"DELAYBRIDGE_A:", "DELAYBRIDGE_B:"}},
 		{"gap in list is a validation error", []string{"DELAYBRIDGE_KAFKA_SOURCES_2_TOPIC=t2", "DELAYBRIDGE_KAFKA_SOURCES_2_DLQ=t2.dlq"},
-			[]string{"kafka.sources[1].topic: required", "kafka.sources[1].dlq: required"}},
+			[]string{"kafka.sources[1].topic (in kafka.sources[1], a list item added by DELAYBRIDGE_KAFKA_SOURCES_2_DLQ: items are numbered from 0",
+				"kafka.sources[1].dlq (in kafka.sources[1], a list item added by DELAYBRIDGE_KAFKA_SOURCES_2_DLQ"}},
+		{"key missing from an item a variable added", []string{"DELAYBRIDGE_KAFKA_SOURCES_1_TOPIC=t1"},
+			[]string{"kafka.sources[1].dlq (in kafka.sources[1], a list item added by DELAYBRIDGE_KAFKA_SOURCES_1_TOPIC"}},
 		// A value that parses but fails validation names the variable, as
 		// the operator will not find it in the YAML file.
 		{"invalid value names the variable", []string{"DELAYBRIDGE_RETRY_MAX_ATTEMPTS=-1"},

@@ -38,7 +38,10 @@ func (v *validator) add(key, format string, args ...any) {
 }
 
 // name is key, followed by the environment variable that set it (or set
-// the list that the item "key[i]" is in).
+// the list that the item "key[i]" is in), or else that added the list item
+// the key is in: a key no variable set is then missing from an item an
+// index in a variable's name made (kafka.sources[1] for
+// DELAYBRIDGE_KAFKA_SOURCES_2_TOPIC when the file lists one source).
 func (v *validator) name(key string) string {
 	env, ok := v.fromEnv[key]
 	if !ok && strings.HasSuffix(key, "]") {
@@ -48,6 +51,11 @@ func (v *validator) name(key string) string {
 	}
 	if ok {
 		return key + " (from " + env + ")"
+	}
+	for i := strings.LastIndexByte(key, ']'); i > 0; i = strings.LastIndexByte(key[:i], ']') {
+		if env, ok := v.fromEnv[key[:i+1]]; ok {
+			return fmt.Sprintf("%s (in %s, a list item added by %s: items are numbered from 0, each with its own variables)", key, key[:i+1], env)
+		}
 	}
 	return key
 }
