@@ -1,7 +1,7 @@
 // Command delaybridge holds delayed messages for Kafka and NATS JetStream and
 // republishes them to their target when due.
 //
-//	delaybridge run --config FILE   the service
+//	delaybridge run --config FILE   the service (--check: validate the config and exit)
 //	delaybridge dev                 a sandbox with embedded brokers
 //	delaybridge bench               the benchmark report
 //	delaybridge version
@@ -38,7 +38,7 @@ func main() {
 }
 
 const usage = `usage:
-  delaybridge run --config FILE   run the bridge
+  delaybridge run --config FILE   run the bridge (--check: only validate the config)
   delaybridge dev [flags]         sandbox: embedded NATS + Kafka-protocol broker on localhost
   delaybridge bench [flags]       benchmark report: raw broker pipe vs the bridge (see docs/benchmarks.md)
   delaybridge version             print the version
@@ -251,6 +251,7 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "", "YAML config file (CONTRACT §5); DELAYBRIDGE_* environment variables override it")
+	check := fs.Bool("check", false, "validate the config (file and environment) and exit: 0 if it is valid; opens no store and connects to no broker")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -266,6 +267,10 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("log: %w", err)
 	}
 	defer func() { _ = log.Sync() }()
+	if *check {
+		log.Info("config is valid (--check: not starting)", zap.String("file", *path), zap.Object("config", cfg.Redacted()))
+		return nil
+	}
 	log.Info("starting delaybridge", zap.String("version", versionString()), zap.Object("config", cfg.Redacted()))
 	logMemory(log, cfg.Store.CacheMB)
 	svc, err := service.New(ctx, cfg, service.Options{Logger: log})

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// run --check validates the file and the environment and exits without
+// opening the store (the data dir is not even created) or dialling a
+// broker: 0 and the effective config when valid, 1 and every problem when
+// not.
+func TestRunCheck(t *testing.T) {
+	withoutBridgeEnv(t)
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	valid := `
+data_dir: ` + data + `
+kafka:
+  brokers: ["127.0.0.1:1"]
+  sources: [{topic: delay, dlq: delay.dlq}]
+admin:
+  listen: 127.0.0.1:0
+  allow_insecure_listen: true
+`
+	tests := []struct {
+		name  string
+		yaml  string
+		env   map[string]string
+		code  int
+		wants []string
+	}{
+		{"valid", valid, nil, 0, []string{"config is valid", `"data_dir":"` + data + `"`}},
+		{"bad key", valid + "max_delya: 1h\n", nil, 1, []string{"max_delya: unknown key"}},
+		{"bad env", valid, map[string]string{"DELAYBRIDGE_RETRY_MAX_ATTEMPTS": "0"}, 1, []string{"retry.max_attempts (from DELAYBRIDGE_RETRY_MAX_ATTEMPTS)"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			cfg := filepath.Join(t.TempDir(), "config.yaml")
+			if err := os.WriteFile(cfg, []byte(tt.yaml), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var out, errOut bytes.Buffer
+			if code := realMain([]string{"run", "--check", "--config", cfg}, &out, &errOut); code != tt.code {
+				t.Fatalf("exit %d, want %d; stderr:\n%s", code, tt.code, errOut.String())
+			}
+			for _, w := range tt.wants {
+				if !strings.Contains(errOut.String(), w) {
+					t.Errorf("stderr does not say %q:\n%s", w, errOut.String())
+				}
+			}
+			if _, err := os.Stat(data); !os.IsNotExist(err) {
+				t.Errorf("data dir touched by --check: %v", err)
+			}
+		})
+	}
+}
