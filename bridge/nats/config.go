@@ -111,7 +111,9 @@ type Config struct {
 	AckWait       time.Duration // consumer ack wait; default 30s (kept alive while a batch is handled)
 	// PullExpiry is the life of one pull request at the server; the
 	// server sends heartbeats at half of it, and two missed ones end the
-	// pull (then the consumer is asked whether it is there). Default 10s.
+	// pull: a connection that then leaves a ping unanswered for
+	// ConnectTimeout is reconnected (half-open), else the consumer is
+	// asked whether it is there. Default 10s.
 	PullExpiry time.Duration
 
 	PublishWindow  int           // publishes in flight per Deliver call; default 512
@@ -128,7 +130,7 @@ type Config struct {
 	// JetStream is tried again; default 30s.
 	NoStreamTTL time.Duration
 
-	ConnectTimeout time.Duration // default 5s
+	ConnectTimeout time.Duration // default 5s; also how long the source waits for a ping's answer (see PullExpiry)
 	ReconnectWait  time.Duration // default 1s
 
 	Logger  *zap.Logger      // default zap.NewNop()

@@ -73,10 +73,17 @@ func statusesPerPull(expiry, hb time.Duration) int {
 }
 
 // pullHeartbeat is the idle heartbeat asked of a pull that lives expiry:
-// half of it, at most 30 s (as nats.go's iterator asked).
+// half of it, at most 30 s (as nats.go's iterator asked). Never more than
+// half: the server refuses a pull whose heartbeat is (400 heartbeat value
+// too large), and a consumer's max_request_expires may be as low as 1 ms.
 func pullHeartbeat(expiry time.Duration) time.Duration {
-	return max(min(expiry/2, 30*time.Second), time.Millisecond)
+	return max(min(expiry/2, 30*time.Second), 1)
 }
+
+// missedAfter is how long the reader waits without anything from its
+// live pulls before it gives up on them: two heartbeats, at least a
+// second (heartbeats of a tiny expiry are not that punctual).
+func (p *puller) missedAfter() time.Duration { return max(2*p.hb, time.Second) }
 
 func newPuller(nc *natsgo.Conn, stream, consumer string, n int, expiry time.Duration) *puller {
 	hb := pullHeartbeat(expiry)
@@ -210,14 +217,16 @@ func (p *puller) end(sub *natsgo.Subscription) {
 // errReset asks next's caller to reset the pulls (see puller.reset).
 var errReset = errors.New("nats source: pulls reset")
 
-// errMissedHeartbeat: nothing arrived for two heartbeats of a live pull.
+// errMissedHeartbeat: nothing arrived for two heartbeats of a live pull
+// (missedAfter).
 var errMissedHeartbeat = errors.New("nats source: no heartbeat from the pull requests")
 
 // next returns the next message the pulls brought in, waiting for it until
 // ctx ends. Statuses are handled on the way. It returns errReset when the
 // live pulls must be replaced (reconnect, the consumer's leader changed),
-// errMissedHeartbeat after two heartbeat intervals without anything from a
-// live pull, or a terminal error (consumer deleted, request refused).
+// errMissedHeartbeat after two heartbeat intervals (missedAfter) without
+// anything from a live pull, or a terminal error (consumer deleted,
+// request refused).
 func (p *puller) next(ctx context.Context) (jetstream.Msg, error) {
 	var hbTimer *time.Timer
 	var hbC <-chan time.Time
@@ -236,7 +245,7 @@ func (p *puller) next(ctx context.Context) (jetstream.Msg, error) {
 			case m = <-p.ch: // already there: no wait, no timer
 			default:
 				if hbTimer == nil && len(p.pulls) > 0 {
-					hbTimer = time.NewTimer(2 * p.hb)
+					hbTimer = time.NewTimer(p.missedAfter())
 					hbC = hbTimer.C
 				}
 				select {
@@ -254,7 +263,7 @@ func (p *puller) next(ctx context.Context) (jetstream.Msg, error) {
 			}
 		}
 		if hbTimer != nil {
-			hbTimer.Reset(2 * p.hb)
+			hbTimer.Reset(p.missedAfter())
 		}
 		left, live := p.pulls[m.Sub]
 		if isUserMsg(m) {
@@ -310,10 +319,16 @@ func (p *puller) statusOf(m *natsgo.Msg) error {
 	case code == "409" && (strings.Contains(lower, "leadership change") || strings.Contains(lower, "server shutdown")):
 		p.end(m.Sub)
 		return errReset // every pull of the consumer ended: pull anew
+	case code == "503":
+		// No responders: nothing serves the consumer's pulls now (it
+		// was deleted, its leader is being elected, or JetStream is not
+		// there). The consume starts over and reads the consumer again.
+		p.end(m.Sub)
+		return fmt.Errorf("nats source: pull refused: 503 no responders (the consumer is gone or has no leader, or JetStream is unavailable): %w", natsgo.ErrNoResponders)
 	default:
 		// 400 Bad Request, 409 Exceeded MaxRequestBatch, MaxRequestExpires
-		// or MaxWaiting (the consumer changed), 503 (JetStream not
-		// there): the consume starts over and reads the consumer again.
+		// or MaxWaiting (the consumer changed): the consume starts over
+		// and reads the consumer again.
 		p.end(m.Sub)
 		return fmt.Errorf("nats source: pull refused: %s %s", code, descr)
 	}

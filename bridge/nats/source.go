@@ -367,6 +367,9 @@ func (s *Source) ensure(ctx context.Context) error {
 				return fmt.Errorf("%w: consumer %q on stream %q exists with ack policy %s (push: %v); need an explicit-ack pull consumer",
 					ErrConfig, s.cfg.Consumer, s.cfg.Stream, cc.AckPolicy, cc.DeliverSubject != "")
 			}
+			if err := s.checkPriority(cc); err != nil {
+				return err
+			}
 			if gained := gainedFilters(cc, subjects); len(gained) > 0 {
 				if s.widenConsumer(ctx, stream, old.CachedInfo(), gained) {
 					cc = jetstream.ConsumerConfig{
@@ -421,6 +424,9 @@ func (s *Source) ensure(ctx context.Context) error {
 		if cc.DeliverSubject != "" {
 			return fmt.Errorf("%w: consumer %q on stream %q is a push consumer, need pull",
 				ErrConfig, s.cfg.Consumer, s.cfg.Stream)
+		}
+		if err := s.checkPriority(cc); err != nil {
+			return err
 		}
 		filters := cc.FilterSubjects
 		if cc.FilterSubject != "" {
@@ -488,6 +494,19 @@ const jsErrConsumerWQNotUnique = 10100
 
 // gainedFilters returns the source subjects that the existing consumer
 // cc does not read (none when it reads the whole stream).
+// checkPriority refuses a consumer with priority groups: the server
+// refuses every pull that names no group (400 Priority Group missing), and
+// the source, which names none, would take nothing in while reporting
+// ready (review R156).
+func (s *Source) checkPriority(cc jetstream.ConsumerConfig) error {
+	if cc.PriorityPolicy == jetstream.PriorityPolicyNone && len(cc.PriorityGroups) == 0 {
+		return nil
+	}
+	policy, _ := cc.PriorityPolicy.MarshalJSON()
+	return fmt.Errorf("%w: consumer %q on stream %q has priority groups %v (policy %s); need one without",
+		ErrConfig, s.cfg.Consumer, s.cfg.Stream, cc.PriorityGroups, policy)
+}
+
 func gainedFilters(cc jetstream.ConsumerConfig, subjects []string) []string {
 	filters := cc.FilterSubjects
 	if cc.FilterSubject != "" {
@@ -1311,7 +1330,19 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 		}
 		switch {
 		case errors.Is(nextErr, errMissedHeartbeat):
-			// Quiet or broken? Ask the server whether the consumer is there.
+			// Quiet or broken? A connection that does not answer a ping
+			// is dead though still open (half-open: a NAT or firewall
+			// that dropped its state, a frozen host); nats.go would find
+			// out only after 2 unanswered pings 2 min apart, and the
+			// source would take nothing in meanwhile (review R156).
+			// (Not while nats.go is reconnecting: it is on it.)
+			if err := s.nc.FlushTimeout(s.cfg.ConnectTimeout); errors.Is(err, natsgo.ErrTimeout) && s.nc.IsConnected() && ctx.Err() == nil {
+				s.log.Warn("nats source: no heartbeat from the pulls and no answer to a ping; reconnecting",
+					zap.Duration("waited", s.cfg.ConnectTimeout), zap.Error(err))
+				_ = s.nc.ForceReconnect()
+				return s.consumerUnread(ctx, fmt.Errorf("nats source: no heartbeat, no answer to a ping: %w", err))
+			}
+			// Ask the server whether the consumer is there.
 			if _, err := cons.Info(ctx); err != nil {
 				return s.consumerUnread(ctx, fmt.Errorf("nats source: no heartbeat, consumer info: %w", err))
 			}
