@@ -492,8 +492,6 @@ const jsErrConsumerMaxAckPendingExcess = 10121
 // consumer not unique on workqueue stream"): one message, one consumer.
 const jsErrConsumerWQNotUnique = 10100
 
-// gainedFilters returns the source subjects that the existing consumer
-// cc does not read (none when it reads the whole stream).
 // checkPriority refuses a consumer with priority groups: the server
 // refuses every pull that names no group (400 Priority Group missing), and
 // the source, which names none, would take nothing in while reporting
@@ -507,6 +505,8 @@ func (s *Source) checkPriority(cc jetstream.ConsumerConfig) error {
 		ErrConfig, s.cfg.Consumer, s.cfg.Stream, cc.PriorityGroups, policy)
 }
 
+// gainedFilters returns the source subjects that the existing consumer
+// cc does not read (none when it reads the whole stream).
 func gainedFilters(cc jetstream.ConsumerConfig, subjects []string) []string {
 	filters := cc.FilterSubjects
 	if cc.FilterSubject != "" {
