@@ -217,7 +217,17 @@ func TestHeldBatchReconnectBounded(t *testing.T) {
 	eventually(t, "the first pull delivered", func() bool {
 		return consumerInfo(t, pub, cfg.Stream, cfg.Consumer).NumAckPending >= 16
 	})
+	// Delivered by the server is not yet received: a message still on
+	// the way when the connection drops is lost with it and comes back
+	// only after AckWait, for any client. The PONG of a flush follows
+	// everything the server had sent before it.
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	before := consumerInfo(t, pub, cfg.Stream, cfg.Consumer).NumAckPending
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	if err := nc.ForceReconnect(); err != nil {
 		t.Fatal(err)
 	}
