@@ -55,6 +55,9 @@ type Metrics struct {
 	// lives in memory and is found again after a restart as the entries
 	// come due).
 	Undecodable prometheus.Gauge
+	// StoreDisk exports the free space of data_dir's volume and the
+	// store's size, read at each scrape from the open engine.
+	StoreDisk *StoreDiskCollector
 }
 
 // New builds the instruments and registers them on r (nil: not registered).
@@ -138,6 +141,7 @@ func New(r prometheus.Registerer) *Metrics {
 		Ready: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "delaybridge_ready", Help: "1 when the bridge is ready (recovered, store and sources healthy).",
 		}),
+		StoreDisk: newStoreDiskCollector(),
 	}
 	// Every reason exists from the start at 0, so a rate() or increase()
 	// alert on one sees its first dead letter instead of a series that
@@ -151,7 +155,7 @@ func New(r prometheus.Registerer) *Metrics {
 	if r != nil {
 		r.MustRegister(m.Ingested, m.Fired, m.DeadLettered, m.DeadLettersParked, m.DeadLettersParkedNow, m.StuckDropped, m.Undecodable, m.Cancelled, m.Replaced, m.Dropped,
 			m.Pending, m.InWheel, m.Held, m.FireLateness, m.Overdue, m.StoreCommit, m.StoreErrors,
-			m.PublishRetries, m.PublishSeconds, m.BestEffort, m.SourceErrors, m.SourceLag, m.SourceUnstable, m.SourceStableStalled, m.Ready)
+			m.PublishRetries, m.PublishSeconds, m.BestEffort, m.SourceErrors, m.SourceLag, m.SourceUnstable, m.SourceStableStalled, m.Ready, m.StoreDisk)
 	}
 	return m
 }

@@ -29,6 +29,12 @@ var (
 	// write back for a while: its flushes or compactions fail (a full
 	// disk) or cannot keep up. Ingest waits meanwhile.
 	ErrStoreStalled = errors.New("shard: store stalled")
+	// ErrStoreLowSpace is returned by Ingest, and reported by Err, while
+	// the volume holding the store has less than Options.ReserveBytes
+	// free: nothing of the batch is written; retry it later. Fires and
+	// deletes go on (they free space), and the reserve clears by itself
+	// once a tenth more than it is free again.
+	ErrStoreLowSpace = errors.New("shard: store volume low on space")
 	// ErrNotFound is returned by Lookup and Cancel for an unknown task.
 	ErrNotFound = errors.New("shard: task not found")
 	// ErrUnavailable is wrapped by a Sink's error for a task whose target
@@ -144,7 +150,15 @@ type Options struct {
 	// takes longer the larger they are (with 1 M pending: 1-1.4 s for two
 	// 128 MiB ones, about 3 s for two of 256 MiB). Default
 	// DefaultMemTableBytes; at most CacheBytes/2.
-	MemTableBytes   int64
+	MemTableBytes int64
+	// ReserveBytes is the free space Ingest leaves on the volume holding
+	// Dir: below it, Ingest refuses batches that hold tasks with
+	// ErrStoreLowSpace (checkpoint-only ones are taken), so the store
+	// never fills the volume by taking messages in. It should be room for
+	// two write-ahead logs at least (2 × 1.1 × MemTableBytes), which
+	// Pebble preallocates. 0 (the default): none. Off Linux it is not
+	// enforced.
+	ReserveBytes    int64
 	Retry           RetryPolicy
 	CancelRetention time.Duration    // default 24h; negative: none (a cancel only deletes what is pending)
 	Clock           clock.Clock      // default clock.Real{}
@@ -154,6 +168,12 @@ type Options struct {
 	filterMinKeys int           // capacity of all index filters together, at least; tests lower it
 	stallGrace    time.Duration // default storeStallGrace; tests lower it
 	openGrace     time.Duration // default storeOpenGrace; tests lower it
+	// statVolume reads the free space of the store's volume (default
+	// statVolume: statfs); tests inject a volume.
+	statVolume func(dir string) (volumeStats, error)
+	// reserveCheckEvery is how long the reserve's last check counts
+	// (default reserveCheckEvery); negative: check at every call.
+	reserveCheckEvery time.Duration
 }
 
 // TaskInfo is what Lookup reports of a pending task.

@@ -66,6 +66,8 @@ type Engine struct {
 	db         *pebble.DB
 	shards     []*shard
 	health     *storeHealth // Pebble's write stalls and background errors
+	reserve    *diskReserve // Options.ReserveBytes
+	unsetDisk  func()       // removes diskStats from the metrics
 
 	seq atomic.Uint64 // last allocated store sequence
 
@@ -315,6 +317,7 @@ func Open(opts Options) (*Engine, error) {
 		clk:      opts.Clock,
 		db:       db,
 		health:   health,
+		reserve:  newDiskReserve(&opts, opts.Logger),
 	}
 	e.cpOwner = make(map[string]*commitTicket)
 	e.commitIngest = e.m.StoreCommit.WithLabelValues("ingest")
@@ -334,6 +337,7 @@ func Open(opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e.startFilterLoop()
+	e.unsetDisk = e.m.StoreDisk.Set(e.diskStats)
 	return e, nil
 }
 
@@ -786,6 +790,13 @@ func (e *Engine) ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 	if len(tasks) == 0 && len(cps) == 0 {
 		return nil, nil
 	}
+	if len(tasks) > 0 {
+		// A checkpoint-only batch is a few bytes: taken even so.
+		e.reserve.refresh()
+		if err := e.reserve.err(); err != nil {
+			return nil, err
+		}
+	}
 	sc := getScratch(len(tasks), len(e.shards))
 	defer putScratch(sc)
 	route, touched := sc.route, sc.touched
@@ -812,6 +823,7 @@ func (e *Engine) ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 		ikCap += 2 + len(tasks[i].Source) + len(tasks[i].ID)
 	}
 	envs, iks := sc.arenas(envCap, ikCap)
+	e.reserve.wrote(envCap + ikCap)
 	for i := range tasks {
 		t := &tasks[i]
 		if t.Kind != codec.KindCancel {
@@ -1474,8 +1486,9 @@ func firstFire(it *pebble.Iterator) (int64, bool) {
 
 // Err is nil when the engine is healthy. It reports the sticky store error,
 // a write stall of the store that lasted 5 s (ErrStoreStalled: Pebble holds
-// every write while its flushes fail, a full disk, and Ingest waits), or
-// dead letters whose delivery fails: held ones (their DLQ failing, their
+// every write while its flushes fail, a full disk, and Ingest waits), a
+// volume with less than Options.ReserveBytes free (ErrStoreLowSpace:
+// Ingest refuses batches until there is room again), or dead letters whose delivery fails: held ones (their DLQ failing, their
 // source waiting) until each is delivered, and parked ones (refused by
 // their DLQ as the message they are, see deadLetterParked) until each is
 // delivered or leaves the store. Both survive a restart (see
@@ -1487,7 +1500,8 @@ func (e *Engine) Err() error {
 	if err := e.failed(); err != nil {
 		return err
 	}
-	return errors.Join(e.health.err(), e.deadLetterErr(), e.undecodableErr(), e.outageErr())
+	e.reserve.refresh()
+	return errors.Join(e.health.err(), e.reserve.err(), e.deadLetterErr(), e.undecodableErr(), e.outageErr())
 }
 
 // Close flushes and closes the store. Call it after Run returned. Every
@@ -1509,6 +1523,7 @@ func (e *Engine) close(flush bool) error {
 		return nil
 	}
 	e.closed = true
+	e.unsetDisk()
 	e.bgCancel()
 	<-e.bgDone
 	// The gauges of state this engine holds in memory leave with it (a
