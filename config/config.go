@@ -97,7 +97,22 @@ type Store struct {
 	// before the bridge is ready. At most cache_mb/2. Default 128, or
 	// cache_mb/2 when cache_mb is under 256.
 	MemtableMB int `yaml:"memtable_mb"`
+	// ReserveMB is the free space (MiB, for an unprivileged user) the
+	// bridge leaves on data_dir's volume: below it, it takes no message
+	// in (sources retry, nothing committed or acked, not ready) until a
+	// tenth more is free again, while due tasks still fire and are
+	// deleted. It keeps room for the write-ahead logs Pebble
+	// preallocates at 1.1 × memtable_mb and for flushes, since a write
+	// that fails on a full volume stops the store until a restart.
+	// Default StoreReserveMB(memtable_mb): two logs, 2 × 1.1 ×
+	// memtable_mb rounded up (282 with the default memtable); 0: none.
+	ReserveMB int `yaml:"reserve_mb"`
 }
+
+// StoreReserveMB is the default store.reserve_mb for a memtable of
+// memtableMB: room for two write-ahead logs, 2 × 1.1 × memtableMB rounded
+// up.
+func StoreReserveMB(memtableMB int) int { return (22*memtableMB + 9) / 10 }
 
 // Retry is the publish retry policy.
 type Retry struct {
@@ -285,7 +300,7 @@ func Default() *Config {
 		CancelRetention: Duration(DefaultCancelRetention),
 		FireBatch:       DefaultFireBatch,
 		FireBatchBytes:  DefaultFireBatchBytes,
-		Store:           Store{CacheMB: DefaultStoreCacheMB, MemtableMB: DefaultStoreMemtableMB},
+		Store:           Store{CacheMB: DefaultStoreCacheMB, MemtableMB: DefaultStoreMemtableMB, ReserveMB: StoreReserveMB(DefaultStoreMemtableMB)},
 		Retry: Retry{
 			Initial:         Duration(500 * time.Millisecond),
 			Max:             Duration(5 * time.Minute),
@@ -359,6 +374,10 @@ func LoadBytes(data []byte, environ []string) (*Config, error) {
 		// The default memtable follows a smaller cache, so that cache_mb
 		// alone is a valid config; a memtable_mb that is set is checked.
 		c.Store.MemtableMB = min(DefaultStoreMemtableMB, c.Store.CacheMB/2)
+	}
+	if _, env := fromEnv["store.reserve_mb"]; !env && !inYAML["store.reserve_mb"] {
+		// The default reserve follows the memtable: two write-ahead logs.
+		c.Store.ReserveMB = StoreReserveMB(c.Store.MemtableMB)
 	}
 	v := &validator{fromEnv: fromEnv}
 	c.readSecrets(v)

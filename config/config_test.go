@@ -83,7 +83,7 @@ max_message_bytes: 2048
 cancel_retention: 2d
 fire_batch: 100
 fire_batch_bytes: 65536
-store: {cache_mb: 1024, memtable_mb: 128}
+store: {cache_mb: 1024, memtable_mb: 128, reserve_mb: 512}
 retry: {initial: 1s, max: 1m, multiplier: 1.5, jitter: 0, max_attempts: 3}
 shutdown_timeout: 30s
 log: {level: debug, format: console}
@@ -124,7 +124,7 @@ admin:
 		{"cancel_retention", c.CancelRetention.Std(), 48 * time.Hour},
 		{"fire_batch", c.FireBatch, 100},
 		{"fire_batch_bytes", c.FireBatchBytes, 65536},
-		{"store", c.Store, Store{CacheMB: 1024, MemtableMB: 128}},
+		{"store", c.Store, Store{CacheMB: 1024, MemtableMB: 128, ReserveMB: 512}},
 		{"retry", c.Retry, Retry{Initial: Duration(time.Second), Max: Duration(time.Minute), Multiplier: 1.5, Jitter: 0, MaxAttempts: 3, WaitingInMemory: DefaultWaitingInMemory}},
 		{"shutdown_timeout", c.ShutdownTimeout.Std(), 30 * time.Second},
 		{"log", c.Log, Log{Level: "debug", Format: "console"}},
@@ -570,5 +570,49 @@ func TestMemtableDefaultFollowsCache(t *testing.T) {
 				t.Fatalf("memtable_mb %d, want %d", c.Store.MemtableMB, tt.want)
 			}
 		})
+	}
+}
+
+// TestStoreReserveDefault: store.reserve_mb defaults to room for two
+// write-ahead logs of the memtable in use (2 × 1.1 × memtable_mb rounded
+// up, the memtable's own default included); a value that is set, 0 (no
+// reserve) too, is kept, and one out of range is refused by its name.
+func TestStoreReserveDefault(t *testing.T) {
+	tests := []struct {
+		name    string
+		store   string
+		env     []string
+		want    int
+		wantErr string
+	}{
+		{"defaults", "", nil, 282, ""},
+		{"memtable set", "store: {memtable_mb: 16}\n", nil, 36, ""},
+		{"memtable from a small cache", "store: {cache_mb: 100}\n", nil, 110, ""},
+		{"memtable from env", "", []string{"DELAYBRIDGE_STORE_MEMTABLE_MB=64"}, 141, ""},
+		{"set", "store: {reserve_mb: 1024}\n", nil, 1024, ""},
+		{"zero is none", "store: {reserve_mb: 0}\n", nil, 0, ""},
+		{"from env", "store: {reserve_mb: 1024}\n", []string{"DELAYBRIDGE_STORE_RESERVE_MB=0"}, 0, ""},
+		{"negative", "store: {reserve_mb: -1}\n", nil, 0, "store.reserve_mb: must be between 0 (no reserve) and 16777216, got -1"},
+		{"negative from env", "", []string{"DELAYBRIDGE_STORE_RESERVE_MB=-5"}, 0, "store.reserve_mb (from DELAYBRIDGE_STORE_RESERVE_MB): must be between"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := LoadBytes([]byte(validYAML+tt.store), tt.env)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Store.ReserveMB != tt.want {
+				t.Fatalf("reserve_mb %d, want %d", c.Store.ReserveMB, tt.want)
+			}
+		})
+	}
+	if got := Default().Store.ReserveMB; got != StoreReserveMB(DefaultStoreMemtableMB) || got != 282 {
+		t.Errorf("Default().Store.ReserveMB = %d, want 282", got)
 	}
 }

@@ -45,9 +45,9 @@ func TestEnvOverrides(t *testing.T) {
 		},
 		{
 			name: "key of a nested block",
-			env:  []string{"DELAYBRIDGE_STORE_CACHE_MB=1024", "DELAYBRIDGE_STORE_MEMTABLE_MB=64"},
+			env:  []string{"DELAYBRIDGE_STORE_CACHE_MB=1024", "DELAYBRIDGE_STORE_MEMTABLE_MB=64", "DELAYBRIDGE_STORE_RESERVE_MB=300"},
 			check: func(c *Config) error {
-				return eq(c.Store, Store{CacheMB: 1024, MemtableMB: 64})
+				return eq(c.Store, Store{CacheMB: 1024, MemtableMB: 64, ReserveMB: 300})
 			},
 		},
 		{

@@ -90,6 +90,9 @@ func (c *Config) validate(v *validator) {
 	} else if c.Store.MemtableMB < 4 || c.Store.MemtableMB > c.Store.CacheMB/2 {
 		v.add("store.memtable_mb", "must be between 4 and store.cache_mb/2 (%d), got %d", c.Store.CacheMB/2, c.Store.MemtableMB)
 	}
+	if c.Store.ReserveMB < 0 || c.Store.ReserveMB > 1<<24 {
+		v.add("store.reserve_mb", "must be between 0 (no reserve) and 16777216, got %d", c.Store.ReserveMB)
+	}
 	c.Retry.validate(v)
 	if c.ShutdownTimeout <= 0 {
 		v.add("shutdown_timeout", "must be positive, got %s", c.ShutdownTimeout)

@@ -914,6 +914,7 @@ func engineOptions(cfg *config.Config) shard.Options {
 		FireBatchBytes: cfg.FireBatchBytes,
 		CacheBytes:     int64(cfg.Store.CacheMB) << 20,
 		MemTableBytes:  int64(cfg.Store.MemtableMB) << 20,
+		ReserveBytes:   int64(cfg.Store.ReserveMB) << 20,
 		Retry: shard.RetryPolicy{
 			Initial:     cfg.Retry.Initial.Std(),
 			Max:         cfg.Retry.Max.Std(),
