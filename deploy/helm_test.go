@@ -865,6 +865,8 @@ func TestHelmTemplateRefuses(t *testing.T) {
 			"resources.limits.memory 768Mi gives a GOMEMLIMIT (90% of it) that leaves less than 128Mi beside config.store.cache_mb (768 MiB)"},
 		{"memtable over the schema bound", append([]string{"--set", "config.store.memtable_mb=2"}, withToken...),
 			"memtable_mb"},
+		{"negative reserve", append([]string{"--set", "config.store.reserve_mb=-1"}, withToken...),
+			"reserve_mb"},
 		// extraEnv would slip past the chart's own checks and wiring.
 		{"extraEnv admin.listen", append([]string{"--set", "extraEnv[0].name=DELAYBRIDGE_ADMIN_LISTEN", "--set", "extraEnv[0].value=:9090"}, withToken...),
 			"extraEnv DELAYBRIDGE_ADMIN_LISTEN would override a key the chart owns or checks"},
@@ -930,10 +932,10 @@ func TestHelmTemplateRefuses(t *testing.T) {
 	// cases above fail for their stated reason only.
 	decodeAll(t, render(t, withToken...))
 	// The bounds themselves render, and the bridge takes what they render.
-	m := decodeAll(t, render(t, append([]string{"--set", "config.store.memtable_mb=384", "--set", "config.horizon=1s",
+	m := decodeAll(t, render(t, append([]string{"--set", "config.store.memtable_mb=384", "--set", "config.store.reserve_mb=0", "--set", "config.horizon=1s",
 		"--set", "config.retry.initial=5m", "--set", "config.retry.max=365d"}, append(slices.Clone(withToken), "--set", "config.kafka.sources[0].topic=a_b-C.9")...)...))
-	if cfg := loadRendered(t, m, nil); cfg.Store.MemtableMB != 384 || cfg.Horizon.Std() != time.Second || cfg.Retry.Max.Std() != 365*24*time.Hour || cfg.Kafka.Sources[0].Topic != "a_b-C.9" {
-		t.Errorf("bounds rendered and loaded: memtable %d, horizon %s, retry.max %s, sources %v", cfg.Store.MemtableMB, cfg.Horizon, cfg.Retry.Max, cfg.Kafka.Sources)
+	if cfg := loadRendered(t, m, nil); cfg.Store.MemtableMB != 384 || cfg.Store.ReserveMB != 0 || cfg.Horizon.Std() != time.Second || cfg.Retry.Max.Std() != 365*24*time.Hour || cfg.Kafka.Sources[0].Topic != "a_b-C.9" {
+		t.Errorf("bounds rendered and loaded: memtable %d, reserve %d, horizon %s, retry.max %s, sources %v", cfg.Store.MemtableMB, cfg.Store.ReserveMB, cfg.Horizon, cfg.Retry.Max, cfg.Kafka.Sources)
 	}
 	for _, st := range []string{"29s999ms", "0.4m", "1m", "1h"} {
 		decodeAll(t, render(t, append([]string{"--set", "config.shutdown_timeout=" + st, "--set", "terminationGracePeriodSeconds=3601"}, withToken...)...))
@@ -1083,18 +1085,24 @@ func checkExpr(t *testing.T, where, expr string, known map[string][]string) []st
 	return names
 }
 
-// TestAlertsPromtool runs the rule unit tests of
-// testdata/alerts_target_test.yaml with promtool (Debian: apt-get install
-// prometheus) when it is on PATH; TestAlertRules checks the rules without it.
+// TestAlertsPromtool runs the rule unit tests of testdata/alerts_*_test.yaml
+// with promtool (Debian: apt-get install prometheus) when it is on PATH;
+// TestAlertRules checks the rules without it.
 func TestAlertsPromtool(t *testing.T) {
+	files, err := filepath.Glob("testdata/alerts_*_test.yaml")
+	if err != nil || len(files) < 2 {
+		t.Fatalf("rule tests %v (%v): want alerts_target_test.yaml and alerts_disk_test.yaml at least", files, err)
+	}
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
 		t.Skip("promtool not on PATH")
 	}
-	cmd := exec.Command(promtool, "test", "rules", "alerts_target_test.yaml")
-	cmd.Dir = "testdata"
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("promtool test rules: %v\n%s", err, out)
+	for _, f := range files {
+		cmd := exec.Command(promtool, "test", "rules", filepath.Base(f))
+		cmd.Dir = "testdata"
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("promtool test rules %s: %v\n%s", f, err, out)
+		}
 	}
 }
 
@@ -1132,6 +1140,9 @@ func TestAlertRules(t *testing.T) {
 		"DelaybridgeFireLatenessHigh": "histogram_quantile(0.99",
 		"DelaybridgeDeadLettering":    "delaybridge_dead_lettered_total",
 		"DelaybridgeStoreErrors":      "delaybridge_store_errors_total",
+		// Before the volume is full (hunt H151): bytes against the
+		// reserve and the size, and inodes.
+		"DelaybridgeStoreDiskLow": "delaybridge_store_disk_free_inodes < 0.05 * delaybridge_store_disk_inodes",
 	} {
 		if !strings.Contains(alerts[name], want) {
 			t.Errorf("alert %s = %q, want it to contain %q", name, alerts[name], want)
