@@ -174,6 +174,10 @@ type Options struct {
 	// reserveCheckEvery is how long the reserve's last check counts
 	// (default reserveCheckEvery); negative: check at every call.
 	reserveCheckEvery time.Duration
+	// reserveFlushEvery is how often the memtable is flushed while the
+	// reserve holds ingest (default reserveFlushEvery); negative: at
+	// each check.
+	reserveFlushEvery time.Duration
 }
 
 // TaskInfo is what Lookup reports of a pending task.

@@ -119,6 +119,9 @@ type Engine struct {
 	// testHookClear: clearFiredLocked is about to delete the range up to
 	// end (under the shard lock).
 	testHookClear func(end []byte)
+	// testHookReclaimFlush: a reclaimFlush of the disk reserve started
+	// a flush that closes flushed when done (nil: none started).
+	testHookReclaimFlush func(flushed <-chan struct{})
 }
 
 // shard is one slice of the keyspace with its wheel and fire loop. mu
@@ -319,6 +322,7 @@ func Open(opts Options) (*Engine, error) {
 		health:   health,
 		reserve:  newDiskReserve(&opts, opts.Logger),
 	}
+	e.reserve.flush = e.reclaimFlush
 	e.cpOwner = make(map[string]*commitTicket)
 	e.commitIngest = e.m.StoreCommit.WithLabelValues("ingest")
 	e.commitFire = e.m.StoreCommit.WithLabelValues("fire")

@@ -132,6 +132,51 @@ func TestReserveRefusesIngest(t *testing.T) {
 	}
 }
 
+// TestReserveFlushesDeletes: once the reserve engages the memtable is
+// flushed, so that the deletions of the tasks that fire meanwhile reach
+// the files and Pebble's compactions free their space: with no message
+// taken in, nothing else would fill the memtable and flush it, and the
+// volume would stay below the reserve (a 300 MiB tmpfs held 196 MiB of
+// blob files of delivered tasks for minutes without it).
+func TestReserveFlushesDeletes(t *testing.T) {
+	vol := &fakeVolume{free: 500 << 20}
+	flushes := make(chan (<-chan struct{}), 4)
+	h := newHarness(t, func(o *Options) {
+		o.ReserveBytes = 100 << 20
+		o.statVolume = vol.stat
+		o.reserveCheckEvery = -1
+	})
+	h.e.testHookReclaimFlush = func(flushed <-chan struct{}) { flushes <- flushed }
+	h.run()
+	h.ingest([]codec.Task{sched("a", t0.Add(time.Second), 1)})
+	h.advance(time.Second) // a fires: its deletion is in the memtable
+	if got := h.sink.acked(); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("delivered %v, want [a]", got)
+	}
+	before := h.e.db.Metrics().Flush.Count
+	vol.set(50 << 20)
+	if err := h.e.Err(); !errors.Is(err, ErrStoreLowSpace) {
+		t.Fatalf("Err() = %v, want ErrStoreLowSpace", err)
+	}
+	var flushed <-chan struct{}
+	select {
+	case flushed = <-flushes:
+	case <-time.After(30 * time.Second): // turns a missing flush into a failure
+		t.Fatal("no flush started when the reserve engaged")
+	}
+	if flushed == nil {
+		t.Fatal("the reserve's flush did not start")
+	}
+	select {
+	case <-flushed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the reserve's flush did not complete")
+	}
+	if after := h.e.db.Metrics().Flush.Count; after <= before {
+		t.Fatalf("flushes %d before the reserve engaged, %d after: want more", before, after)
+	}
+}
+
 // TestReserveCheckCached: the volume is read once per check period, or
 // sooner once a share of the reserve was ingested since the last read,
 // not at every Ingest.
