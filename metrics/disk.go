@@ -42,7 +42,7 @@ func newStoreDiskCollector() *StoreDiskCollector {
 		reserve: prometheus.NewDesc("delaybridge_store_disk_reserve_bytes",
 			"store.reserve_mb in bytes: while the volume has less free, the bridge takes no message in (fires and deletes go on). 0: no reserve.", nil, nil),
 		store: prometheus.NewDesc("delaybridge_store_bytes",
-			"Disk space the store's own files take (write-ahead logs, tables, blob files, manifest, files not yet deleted), as Pebble counts it.", nil, nil),
+			"Disk space the store's files take on the volume, as du counts it: write-ahead logs (with what Pebble preallocated for them), tables, blob files, manifest and files not yet deleted.", nil, nil),
 	}
 }
 

@@ -4,6 +4,7 @@ package shard
 
 import (
 	"fmt"
+	"io/fs"
 	"syscall"
 )
 
@@ -24,4 +25,14 @@ func statVolume(dir string) (volumeStats, error) {
 		FreeInodes: st.Ffree,
 		Inodes:     st.Files,
 	}, nil
+}
+
+// allocatedBytes is the space a file takes on its volume (st_blocks), as
+// du counts it: a write-ahead log Pebble preallocated takes its full size
+// while its length is what was written so far.
+func allocatedBytes(fi fs.FileInfo) uint64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return uint64(st.Blocks) * 512
+	}
+	return uint64(max(fi.Size(), 0))
 }
