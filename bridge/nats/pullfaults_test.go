@@ -337,88 +337,58 @@ func TestLeaderStepdownDuringHold(t *testing.T) {
 	})
 }
 
-// TestLeaderServerStops: the server leading the consumer (and, if
-// so, the one the source is connected to) shuts down. What is published
-// once a new leader is there is taken in well within AckWait.
-func TestLeaderServerStops(t *testing.T) {
-	c := natstest.StartCluster(t, 3)
-	cfg := testConfig(t, c.URLs())
-	cfg.Create, cfg.Replicas = true, 3
-	cfg.AckWait = 2 * time.Minute
-	cfg.PullExpiry = 2 * time.Second
-	cfg.Name = "test-source"
-	src := clusterSource(t, cfg)
-	h := newRecorder()
-	stop := runSource(t, src, h)
-	defer func() { _ = stop() }()
-	pcfg := testConfig(t, c.URLs())
-	pcfg.Name = "test-pub"
-	pub := newJS(t, connect(t, pcfg))
-	for i := range 20 {
-		publishRetry(t, pub, "delay.a", fmt.Sprint("a", i))
+// TestServerStops: in a 3-node cluster, the server leading the consumer,
+// or the one the source is connected to, shuts down (twice, started again
+// after each round). What is published once a consumer leader is there is
+// taken in well within AckWait, and everything ends acked.
+func TestServerStops(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		stop func(c *natstest.Cluster, leader, srcOn int) int
+	}{
+		{"consumer leader", func(_ *natstest.Cluster, leader, _ int) int { return leader }},
+		{"source's server", func(_ *natstest.Cluster, _, srcOn int) int { return srcOn }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := natstest.StartCluster(t, 3)
+			cfg := testConfig(t, c.URLs())
+			cfg.Create, cfg.Replicas = true, 3
+			cfg.AckWait = 2 * time.Minute
+			cfg.PullExpiry = 2 * time.Second
+			cfg.Name = "test-source"
+			src := clusterSource(t, cfg)
+			h := newRecorder()
+			stop := runSource(t, src, h)
+			defer func() { _ = stop() }()
+			pcfg := testConfig(t, c.URLs())
+			pcfg.Name = "test-pub"
+			pub := newJS(t, connect(t, pcfg))
+			for i := range 20 {
+				publishRetry(t, pub, "delay.a", fmt.Sprint("a", i))
+			}
+			eventually(t, "first messages", func() bool { return h.itemCount() >= 20 })
+			for round := range 2 {
+				leader := c.ConsumerLeader(cfg.Stream, cfg.Consumer)
+				srcOn := c.ServerOf("test-source")
+				stopped := tc.stop(c, leader, srcOn)
+				t.Logf("round %d: consumer leader S%d, source on S%d, stopping S%d", round, leader+1, srcOn+1, stopped+1)
+				c.Stop(stopped)
+				eventually(t, "a consumer leader", func() bool { return c.ConsumerLeader(cfg.Stream, cfg.Consumer) >= 0 })
+				before := h.itemCount()
+				for i := range 20 {
+					publishRetry(t, pub, "delay.a", fmt.Sprintf("r%d-%d", round, i))
+				}
+				start := time.Now()
+				eventually(t, fmt.Sprintf("round %d: messages after S%d stopped", round, stopped+1), func() bool { return h.itemCount() >= before+20 })
+				t.Logf("round %d: taken in %v after publishing", round, time.Since(start))
+				c.Start(stopped)
+			}
+			eventually(t, "all acked", func() bool {
+				ci := consumerInfo(t, pub, cfg.Stream, cfg.Consumer)
+				return ci.NumAckPending == 0 && ci.NumPending == 0
+			})
+		})
 	}
-	eventually(t, "first messages", func() bool { return h.itemCount() >= 20 })
-	for round := range 2 {
-		leader := c.ConsumerLeader(cfg.Stream, cfg.Consumer)
-		srcOn := c.ServerOf("test-source")
-		t.Logf("round %d: consumer leader S%d, source on S%d", round, leader+1, srcOn+1)
-		c.Stop(leader)
-		eventually(t, "a new consumer leader", func() bool { return c.ConsumerLeader(cfg.Stream, cfg.Consumer) >= 0 })
-		before := h.itemCount()
-		for i := range 20 {
-			publishRetry(t, pub, "delay.a", fmt.Sprintf("r%d-%d", round, i))
-		}
-		start := time.Now()
-		eventually(t, fmt.Sprintf("round %d: messages after the leader stopped", round), func() bool { return h.itemCount() >= before+20 })
-		t.Logf("round %d: taken in %v after publishing", round, time.Since(start))
-		c.Start(leader)
-	}
-	eventually(t, "all acked", func() bool {
-		ci := consumerInfo(t, pub, cfg.Stream, cfg.Consumer)
-		return ci.NumAckPending == 0 && ci.NumPending == 0
-	})
-}
-
-// TestSourceServerStops: the server leading the consumer (and, if
-// so, the one the source is connected to) shuts down. What is published
-// once a new leader is there is taken in well within AckWait.
-func TestSourceServerStops(t *testing.T) {
-	c := natstest.StartCluster(t, 3)
-	cfg := testConfig(t, c.URLs())
-	cfg.Create, cfg.Replicas = true, 3
-	cfg.AckWait = 2 * time.Minute
-	cfg.PullExpiry = 2 * time.Second
-	cfg.Name = "test-source"
-	src := clusterSource(t, cfg)
-	h := newRecorder()
-	stop := runSource(t, src, h)
-	defer func() { _ = stop() }()
-	pcfg := testConfig(t, c.URLs())
-	pcfg.Name = "test-pub"
-	pub := newJS(t, connect(t, pcfg))
-	for i := range 20 {
-		publishRetry(t, pub, "delay.a", fmt.Sprint("a", i))
-	}
-	eventually(t, "first messages", func() bool { return h.itemCount() >= 20 })
-	for round := range 2 {
-		leader := c.ConsumerLeader(cfg.Stream, cfg.Consumer)
-		srcOn := c.ServerOf("test-source")
-		t.Logf("round %d: consumer leader S%d, source on S%d", round, leader+1, srcOn+1)
-		c.Stop(srcOn)
-		eventually(t, "a consumer leader", func() bool { return c.ConsumerLeader(cfg.Stream, cfg.Consumer) >= 0 })
-		before := h.itemCount()
-		for i := range 20 {
-			publishRetry(t, pub, "delay.a", fmt.Sprintf("r%d-%d", round, i))
-		}
-		start := time.Now()
-		eventually(t, fmt.Sprintf("round %d: messages after the leader stopped", round), func() bool { return h.itemCount() >= before+20 })
-		t.Logf("round %d: taken in %v after publishing", round, time.Since(start))
-		c.Start(srcOn)
-	}
-	eventually(t, "all acked", func() bool {
-		ci := consumerInfo(t, pub, cfg.Stream, cfg.Consumer)
-		return ci.NumAckPending == 0 && ci.NumPending == 0
-	})
 }
 
 // holdEach is a handler that holds every batch for hold.
