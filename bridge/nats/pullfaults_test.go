@@ -446,12 +446,11 @@ func TestStressSmallPulls(t *testing.T) {
 	}
 }
 
-// TestPriorityGroupConsumer: an operator's consumer with priority
-// groups refuses every pull without a group (400 Priority Group missing):
-// the source took nothing in and reported ready, logging a restart every
-// few seconds. It is refused at start, as a push consumer is, with
-// create: false and create: true.
-func TestPriorityGroupConsumer(t *testing.T) {
+// operatorConsumer starts a server with the stream DELAY (delay.>) and an
+// explicit-ack durable consumer "bridge" made as an operator would, with
+// cc's other settings; it returns a create: false config for them.
+func operatorConsumer(t *testing.T, cc jetstream.ConsumerConfig) (Config, *natsgo.Conn, jetstream.JetStream) {
+	t.Helper()
 	s := startServer(t, jsOptions(t))
 	cfg := testConfig(t, serverURL(s))
 	nc := connect(t, cfg)
@@ -460,10 +459,20 @@ func TestPriorityGroupConsumer(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DELAY", Subjects: []string{"delay.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateOrUpdateConsumer(ctx, "DELAY", jetstream.ConsumerConfig{Durable: "bridge", AckPolicy: jetstream.AckExplicitPolicy,
-		PriorityPolicy: jetstream.PriorityPolicyPinned, PriorityGroups: []string{"g"}, PinnedTTL: time.Minute}); err != nil {
+	cc.Durable, cc.AckPolicy = "bridge", jetstream.AckExplicitPolicy
+	if _, err := js.CreateOrUpdateConsumer(ctx, "DELAY", cc); err != nil {
 		t.Fatal(err)
 	}
+	return cfg, nc, js
+}
+
+// TestPriorityGroupConsumer: an operator's consumer with priority
+// groups refuses every pull without a group (400 Priority Group missing):
+// the source took nothing in and reported ready, logging a restart every
+// few seconds. It is refused at start, as a push consumer is, with
+// create: false and create: true.
+func TestPriorityGroupConsumer(t *testing.T) {
+	cfg, nc, _ := operatorConsumer(t, jetstream.ConsumerConfig{PriorityPolicy: jetstream.PriorityPolicyPinned, PriorityGroups: []string{"g"}, PinnedTTL: time.Minute})
 	for _, create := range []bool{false, true} {
 		c := cfg
 		c.Create = create
@@ -478,18 +487,7 @@ func TestPriorityGroupConsumer(t *testing.T) {
 // TestTinyMaxRequestExpires: a consumer whose max_request_expires is
 // under 2 ms (the server allows 1 ms).
 func TestTinyMaxRequestExpires(t *testing.T) {
-	s := startServer(t, jsOptions(t))
-	cfg := testConfig(t, serverURL(s))
-	nc := connect(t, cfg)
-	js := newJS(t, nc)
-	ctx := ctxT(t)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DELAY", Subjects: []string{"delay.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateOrUpdateConsumer(ctx, "DELAY", jetstream.ConsumerConfig{Durable: "bridge", AckPolicy: jetstream.AckExplicitPolicy,
-		MaxRequestExpires: 1500 * time.Microsecond}); err != nil {
-		t.Fatal(err)
-	}
+	cfg, nc, js := operatorConsumer(t, jetstream.ConsumerConfig{MaxRequestExpires: 1500 * time.Microsecond})
 	src, err := NewSource(nc, cfg)
 	if err != nil {
 		t.Fatal(err)

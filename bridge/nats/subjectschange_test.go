@@ -6,8 +6,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 )
 
@@ -34,16 +36,7 @@ func (r *recorder) handledValues() []string {
 func TestSourcesWidenedReadWhatTheStreamHeld(t *testing.T) {
 	s := startServer(t, jsOptions(t))
 	core, logs := observer.New(zap.WarnLevel)
-	newSrc := func(subject string) *Source {
-		t.Helper()
-		cfg := testConfig(t, serverURL(s))
-		cfg.Create, cfg.Sources, cfg.Logger = true, []SourceConfig{{Subject: subject}}, zap.New(core)
-		src, err := NewSource(connect(t, cfg), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return src
-	}
+	newSrc := func(subject string) *Source { return subjectSource(t, s, core, subject) }
 	r := newRecorder()
 	stop := runSource(t, newSrc("delay.>"), r)
 	js := newJS(t, connect(t, testConfig(t, serverURL(s))))
@@ -113,16 +106,7 @@ func TestSourcesWidenedOnLimitsStreamLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zap.WarnLevel)
-	newSrc := func(subject string) *Source {
-		t.Helper()
-		cfg := testConfig(t, serverURL(s))
-		cfg.Create, cfg.Sources, cfg.Logger = true, []SourceConfig{{Subject: subject}}, zap.New(core)
-		src, err := NewSource(connect(t, cfg), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return src
-	}
+	newSrc := func(subject string) *Source { return subjectSource(t, s, core, subject) }
 	r := newRecorder()
 	stop := runSource(t, newSrc("delay.a.>"), r)
 	publish(t, js, "delay.b.1", "b1", nil)
@@ -139,4 +123,17 @@ func TestSourcesWidenedOnLimitsStreamLogged(t *testing.T) {
 	if ci := consumerInfo(t, js, "DELAY", "bridge"); !slices.Equal(ci.Config.FilterSubjects, []string{"delay.>"}) || ci.Delivered.Stream != 2 {
 		t.Fatalf("consumer %v at %d, want it updated to delay.> and left at 2", ci.Config.FilterSubjects, ci.Delivered.Stream)
 	}
+}
+
+// subjectSource is a create: true source on s reading subject, logging to
+// core.
+func subjectSource(t *testing.T, s *server.Server, core zapcore.Core, subject string) *Source {
+	t.Helper()
+	cfg := testConfig(t, serverURL(s))
+	cfg.Create, cfg.Sources, cfg.Logger = true, []SourceConfig{{Subject: subject}}, zap.New(core)
+	src, err := NewSource(connect(t, cfg), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src
 }
