@@ -537,13 +537,7 @@ func TestNullAllowDeniesAll(t *testing.T) {
 // smaller cache alone is valid; a memtable_mb that is set, in the file or
 // the environment, is kept and checked.
 func TestMemtableDefaultFollowsCache(t *testing.T) {
-	tests := []struct {
-		name    string
-		store   string
-		env     []string
-		want    int
-		wantErr string
-	}{
+	runStoreCases(t, "memtable_mb", func(c *Config) int { return c.Store.MemtableMB }, []storeCase{
 		{"defaults", "", nil, 128, ""},
 		{"large cache", "store: {cache_mb: 2048}\n", nil, 128, ""},
 		{"small cache alone", "store: {cache_mb: 100}\n", nil, 50, ""},
@@ -553,7 +547,22 @@ func TestMemtableDefaultFollowsCache(t *testing.T) {
 		{"memtable from env too large", "store: {cache_mb: 100}\n", []string{"DELAYBRIDGE_STORE_MEMTABLE_MB=128"}, 0, "store.memtable_mb (from DELAYBRIDGE_STORE_MEMTABLE_MB): must be between"},
 		{"explicit zero kept and refused", "store: {memtable_mb: 0}\n", nil, 0, "store.memtable_mb: must be between"},
 		{"null is omitted", "store: {cache_mb: 100, memtable_mb: null}\n", nil, 50, ""},
-	}
+	})
+}
+
+// storeCase is a store block added to validYAML (and environment
+// variables), with the value a key should get or the error it should give.
+type storeCase struct {
+	name    string
+	store   string
+	env     []string
+	want    int
+	wantErr string
+}
+
+// runStoreCases loads each case and checks the key get reads.
+func runStoreCases(t *testing.T, key string, get func(*Config) int, tests []storeCase) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c, err := LoadBytes([]byte(validYAML+tt.store), tt.env)
@@ -566,8 +575,8 @@ func TestMemtableDefaultFollowsCache(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.Store.MemtableMB != tt.want {
-				t.Fatalf("memtable_mb %d, want %d", c.Store.MemtableMB, tt.want)
+			if got := get(c); got != tt.want {
+				t.Fatalf("%s %d, want %d", key, got, tt.want)
 			}
 		})
 	}
@@ -578,13 +587,7 @@ func TestMemtableDefaultFollowsCache(t *testing.T) {
 // up, the memtable's own default included); a value that is set, 0 (no
 // reserve) too, is kept, and one out of range is refused by its name.
 func TestStoreReserveDefault(t *testing.T) {
-	tests := []struct {
-		name    string
-		store   string
-		env     []string
-		want    int
-		wantErr string
-	}{
+	runStoreCases(t, "reserve_mb", func(c *Config) int { return c.Store.ReserveMB }, []storeCase{
 		{"defaults", "", nil, 282, ""},
 		{"memtable set", "store: {memtable_mb: 16}\n", nil, 36, ""},
 		{"memtable from a small cache", "store: {cache_mb: 100}\n", nil, 110, ""},
@@ -594,24 +597,7 @@ func TestStoreReserveDefault(t *testing.T) {
 		{"from env", "store: {reserve_mb: 1024}\n", []string{"DELAYBRIDGE_STORE_RESERVE_MB=0"}, 0, ""},
 		{"negative", "store: {reserve_mb: -1}\n", nil, 0, "store.reserve_mb: must be between 0 (no reserve) and 16777216, got -1"},
 		{"negative from env", "", []string{"DELAYBRIDGE_STORE_RESERVE_MB=-5"}, 0, "store.reserve_mb (from DELAYBRIDGE_STORE_RESERVE_MB): must be between"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c, err := LoadBytes([]byte(validYAML+tt.store), tt.env)
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("err %v, want %q", err, tt.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if c.Store.ReserveMB != tt.want {
-				t.Fatalf("reserve_mb %d, want %d", c.Store.ReserveMB, tt.want)
-			}
-		})
-	}
+	})
 	if got := Default().Store.ReserveMB; got != StoreReserveMB(DefaultStoreMemtableMB) || got != 282 {
 		t.Errorf("Default().Store.ReserveMB = %d, want 282", got)
 	}
