@@ -38,20 +38,7 @@ func TestHeldBatchNoSlowConsumer(t *testing.T) {
 		c.PullExpiry = 4 * time.Second // idle heartbeats every 2 s
 		c.AckWait = time.Minute        // a dropped message shows as missing
 	})
-	var slow atomic.Int64
-	nc.SetErrorHandler(func(_ *natsgo.Conn, _ *natsgo.Subscription, err error) {
-		if errors.Is(err, natsgo.ErrSlowConsumer) {
-			slow.Add(1)
-		}
-	})
-	// Publishers on a connection of their own: the source's counts only
-	// what its pulls bring in.
-	pnc, err := natsgo.Connect(cfg.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pnc.Close)
-	pub := newJS(t, pnc)
+	slow, pub := countSlowConsumer(t, nc, cfg)
 
 	h := &scheduled{recorder: newRecorder(), slow: 700 * time.Millisecond, held: make(chan struct{}), release: make(chan struct{})}
 	stop := runSource(t, src, h)
@@ -275,4 +262,23 @@ func holdFirstBatch(t *testing.T, src *Source, pub jetstream.JetStream, n int) (
 		t.Fatal("no batch")
 	}
 	return h, stop
+}
+
+// countSlowConsumer counts the messages nc drops as a slow consumer, and
+// returns a JetStream for publishers on a connection of their own, so
+// that nc's counts are only what the source's pulls bring in.
+func countSlowConsumer(t *testing.T, nc *natsgo.Conn, cfg Config) (*atomic.Int64, jetstream.JetStream) {
+	t.Helper()
+	slow := new(atomic.Int64)
+	nc.SetErrorHandler(func(_ *natsgo.Conn, _ *natsgo.Subscription, err error) {
+		if errors.Is(err, natsgo.ErrSlowConsumer) {
+			slow.Add(1)
+		}
+	})
+	pnc, err := natsgo.Connect(cfg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pnc.Close)
+	return slow, newJS(t, pnc)
 }

@@ -415,18 +415,7 @@ func TestStressSmallPulls(t *testing.T) {
 		c.PullExpiry = 20 * time.Millisecond
 		c.AckWait = 2 * time.Minute
 	})
-	var slow atomic.Int64
-	nc.SetErrorHandler(func(_ *natsgo.Conn, _ *natsgo.Subscription, err error) {
-		if errors.Is(err, natsgo.ErrSlowConsumer) {
-			slow.Add(1)
-		}
-	})
-	pnc, err := natsgo.Connect(cfg.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pnc.Close)
-	pub := newJS(t, pnc)
+	slow, pub := countSlowConsumer(t, nc, cfg)
 	h := &holdEach{recorder: newRecorder(), hold: 300 * time.Millisecond}
 	stop := runSource(t, src, h)
 	defer func() { _ = stop() }()
