@@ -291,7 +291,13 @@ const maxShards = 1<<16 - 1
 // sequence are read back, and each shard's wheel is filled with the stored
 // tasks due before now+Horizon (overdue ones fire as soon as Run starts).
 // The engine is ready when Open returns.
-func Open(opts Options) (*Engine, error) {
+func Open(opts Options) (*Engine, error) { return OpenContext(context.Background(), opts) }
+
+// OpenContext is Open, stopped by ctx while Pebble opens the store: a
+// process told to stop during a start whose WAL replay cannot be flushed
+// (a full volume) returns at once rather than after the open's grace.
+// The error then wraps ctx's cause; the store is left as it was.
+func OpenContext(ctx context.Context, opts Options) (*Engine, error) {
 	if opts.Dir == "" {
 		return nil, errors.New("shard: open: Options.Dir is required")
 	}
@@ -308,7 +314,7 @@ func Open(opts Options) (*Engine, error) {
 		}
 	}
 	health := newStoreHealth(opts.stallGrace)
-	db, err := openPebble(opts.Dir, opts.FS, opts.Logger, opts.CacheBytes, opts.MemTableBytes, health, opts.openGrace)
+	db, err := openPebble(ctx, opts.Dir, opts.FS, opts.Logger, opts.CacheBytes, opts.MemTableBytes, health, opts.openGrace)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"strings"
@@ -34,7 +35,7 @@ func TestStoreFormat(t *testing.T) {
 				t.Fatal(err)
 			}
 			e.Close()
-			db, err := openPebble(dir, nil, zap.NewNop(), 0, 0, nil, 0)
+			db, err := openPebble(context.Background(), dir, nil, zap.NewNop(), 0, 0, nil, 0)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -654,8 +655,9 @@ const storeOpenGrace = 30 * time.Second
 // coming for grace (at least 3, the first grace ago: a slow flush that
 // then succeeds does not count), openWaiting returns the last one with
 // what to do, and leaves the open to the process exit; should it complete
-// (tests free the space), its store is closed.
-func openWaiting(dir string, po *pebble.Options, health *storeHealth, grace time.Duration) (*pebble.DB, error) {
+// (tests free the space), its store is closed. A cancelled ctx (SIGTERM
+// during the start) ends the wait the same way, at once.
+func openWaiting(ctx context.Context, dir string, po *pebble.Options, health *storeHealth, grace time.Duration) (*pebble.DB, error) {
 	if health == nil {
 		return pebble.Open(dir, po)
 	}
@@ -671,12 +673,24 @@ func openWaiting(dir string, po *pebble.Options, health *storeHealth, grace time
 		db, err := pebble.Open(dir, po)
 		done <- result{db, err}
 	}()
+	abandon := func() {
+		abandonedOpens.Add(1)
+		go func() {
+			defer abandonedOpens.Done()
+			if r := <-done; r.db != nil {
+				_ = r.db.Close()
+			}
+		}()
+	}
 	tick := time.NewTicker(min(grace/4, time.Second))
 	defer tick.Stop()
 	for {
 		select {
 		case r := <-done:
 			return r.db, r.err
+		case <-ctx.Done():
+			abandon()
+			return nil, fmt.Errorf("stopped while the store was opening (replaying its write-ahead log; the store is intact): %w", context.Cause(ctx))
 		case <-tick.C:
 		}
 		first := health.bgFirst.Load()
@@ -687,13 +701,7 @@ func openWaiting(dir string, po *pebble.Options, health *storeHealth, grace time
 		if failing < grace {
 			continue
 		}
-		abandonedOpens.Add(1)
-		go func() {
-			defer abandonedOpens.Done()
-			if r := <-done; r.db != nil {
-				_ = r.db.Close()
-			}
-		}()
+		abandon()
 		err := *health.bgErr.Load()
 		return nil, fmt.Errorf("replaying the write-ahead log: its flush has failed %d times in %s (%w); %s",
 			health.bgCount.Load(), failing.Truncate(time.Second), err, openFailHint(err))
@@ -717,7 +725,7 @@ func openFailHint(err error) string {
 // openPebble opens the store in dir. With health, an open whose WAL
 // replay cannot be flushed gives up after openGrace (0: storeOpenGrace):
 // see openWaiting.
-func openPebble(dir string, fs vfs.FS, log *zap.Logger, cacheBytes, memTableBytes int64, health *storeHealth, openGrace time.Duration) (*pebble.DB, error) {
+func openPebble(ctx context.Context, dir string, fs vfs.FS, log *zap.Logger, cacheBytes, memTableBytes int64, health *storeHealth, openGrace time.Duration) (*pebble.DB, error) {
 	if fs == nil {
 		fs = vfs.Default
 	}
@@ -771,7 +779,7 @@ func openPebble(dir string, fs vfs.FS, log *zap.Logger, cacheBytes, memTableByte
 	// not per ~3). Deeper levels keep 4 KiB blocks for the index lookups
 	// that do read a block.
 	po.Levels[0].BlockSize = flushBlockBytes
-	db, err := openWaiting(dir, po, health, openGrace)
+	db, err := openWaiting(ctx, dir, po, health, openGrace)
 	if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EWOULDBLOCK) {
 		// Pebble's LOCK file is held: another process has the store open.
 		return nil, fmt.Errorf("store: open %s: the store is in use by another process (another delaybridge on this data_dir?): %w", dir, err)

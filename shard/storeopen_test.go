@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -27,20 +28,7 @@ import (
 // cause and says what to do; once there is space the store opens with
 // its task.
 func TestOpenReplayFlushFailsReturns(t *testing.T) {
-	dir := t.TempDir()
-	opts := Options{Dir: dir, Logger: zap.NewNop(), CacheBytes: 64 << 20, MemTableBytes: 4 << 20}
-	e, err := Open(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	due := time.Now().Add(time.Hour)
-	if err := e.Ingest(context.Background(), []codec.Task{sched("a", due, 1)}, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.CloseNoFlush(); err != nil { // the task stays in the WAL only
-		t.Fatal(err)
-	}
-
+	opts := walOnlyStore(t)
 	tg := faultfs.FullDisk(".sst", ".blob")
 	tg.On()
 	full := opts
@@ -54,6 +42,7 @@ func TestOpenReplayFlushFailsReturns(t *testing.T) {
 		}
 		done <- err
 	}()
+	var err error
 	select {
 	case err = <-done:
 	case <-time.After(2 * time.Minute): // generous: without the fix Open never returns
@@ -72,9 +61,36 @@ func TestOpenReplayFlushFailsReturns(t *testing.T) {
 
 	// The abandoned open completes once there is space and closes its
 	// store, releasing the lock; the task was not lost.
+	reopenAfterAbandoned(t, tg, opts)
+}
+
+// walOnlyStore makes a store whose one task, "a", is in its WAL only, and
+// returns the options that open it.
+func walOnlyStore(t *testing.T) Options {
+	t.Helper()
+	opts := Options{Dir: t.TempDir(), Logger: zap.NewNop(), CacheBytes: 64 << 20, MemTableBytes: 4 << 20}
+	e, err := Open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	due := time.Now().Add(time.Hour)
+	if err := e.Ingest(context.Background(), []codec.Task{sched("a", due, 1)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.CloseNoFlush(); err != nil { // the task stays in the WAL only
+		t.Fatal(err)
+	}
+	return opts
+}
+
+// reopenAfterAbandoned turns the full disk tg off, waits for the open
+// that was given up to complete and close its store, and checks that the
+// store opens with its task "a".
+func reopenAfterAbandoned(t *testing.T, tg *errorfs.Toggle, opts Options) {
+	t.Helper()
 	tg.Off()
 	abandonedOpens.Wait()
-	e, err = Open(opts)
+	e, err := Open(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,4 +98,55 @@ func TestOpenReplayFlushFailsReturns(t *testing.T) {
 	if _, err := e.Lookup("src", "a"); err != nil {
 		t.Fatalf("task after the failed open: %v", err)
 	}
+}
+
+// TestOpenReplayFlushFailsCancelled: SIGTERM while the store's open waits
+// on a flush that keeps failing (a full volume) stopped the process only
+// when the open gave up, 30 s later. OpenContext returns as soon as its
+// context ends, with the cause, and the store is intact.
+func TestOpenReplayFlushFailsCancelled(t *testing.T) {
+	opts := walOnlyStore(t)
+	full := faultfs.FullDisk(".sst", ".blob")
+	var failed atomic.Int64
+	tg := &errorfs.Toggle{Injector: errorfs.InjectorFunc(func(op errorfs.Op) error {
+		err := full.MaybeError(op)
+		if err != nil {
+			failed.Add(1)
+		}
+		return err
+	})}
+	full.On()
+	tg.On()
+	hung := opts
+	hung.FS = errorfs.Wrap(vfs.Default, tg)
+	hung.openGrace = time.Hour // only the context can end this open
+	ctx, cancel := context.WithCancelCause(context.Background())
+	stop := errors.New("SIGTERM")
+	done := make(chan error, 1)
+	go func() {
+		e, err := OpenContext(ctx, hung)
+		if err == nil {
+			_ = e.Close()
+		}
+		done <- err
+	}()
+	for failed.Load() == 0 { // the open is retrying a flush that fails
+		select {
+		case err := <-done:
+			t.Fatalf("the open ended before its flush failed: %v", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	cancel(stop)
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute): // generous: without the fix it waits for openGrace
+		tg.Off()
+		t.Fatal("OpenContext still waits for the failing flush after its context ended")
+	}
+	if !errors.Is(err, stop) || !strings.Contains(err.Error(), "intact") {
+		t.Fatalf("OpenContext: %v, want the context's cause and that the store is intact", err)
+	}
+	reopenAfterAbandoned(t, tg, opts)
 }

@@ -114,7 +114,7 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 	start := time.Now()
 	eo := engineOptions(cfg)
 	eo.FS, eo.Clock, eo.Logger, eo.Metrics = o.FS, o.Clock, s.log.Named("engine"), s.m
-	s.eng, err = shard.Open(eo)
+	s.eng, err = shard.OpenContext(ctx, eo)
 	if sc := (*shard.ShardCountError)(nil); errors.As(err, &sc) {
 		return nil, fmt.Errorf("config: shards: %d, but the store in %s was created with %d shards, and the count cannot be changed (tasks are placed by it): set shards: %d: %w",
 			sc.Asked, cfg.DataDir, sc.Stored, sc.Stored, err)

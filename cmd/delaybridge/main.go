@@ -278,6 +278,12 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 		// The file may say otherwise: name where the count came from.
 		err = fmt.Errorf("%w (shards is set by DELAYBRIDGE_SHARDS=%s)", err, v)
 	}
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		// Told to stop while the store opened: nothing was taken in yet
+		// and the store is as it was, so this is a clean stop.
+		log.Info("stopped before the start completed", zap.Error(err))
+		return nil
+	}
 	if err != nil {
 		log.Error("start failed", zap.Error(err))
 		return err
