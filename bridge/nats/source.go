@@ -250,6 +250,31 @@ func warnDuplicateWindow(log *zap.Logger, window time.Duration) {
 		zap.Duration("duplicate_window", window))
 }
 
+// jsStreamSubjectOverlap is the server's error code for a stream whose
+// subjects another stream already captures.
+const jsStreamSubjectOverlap = 10065
+
+// subjectOwners names (quoted) the streams that capture subjects, when
+// err is the server refusing a new stream for that overlap; nil for any
+// other error or when the lookup fails (the server's text then stands).
+func (s *Source) subjectOwners(ctx context.Context, err error, subjects []string) []string {
+	var api *jetstream.APIError
+	if !errors.As(err, &api) || api.ErrorCode != jsStreamSubjectOverlap {
+		return nil
+	}
+	var owners []string
+	for _, sub := range subjects {
+		name, lerr := s.js.StreamNameBySubject(ctx, sub)
+		if lerr != nil {
+			continue
+		}
+		if q := strconv.Quote(name); !slices.Contains(owners, q) {
+			owners = append(owners, q)
+		}
+	}
+	return owners
+}
+
 // ensure looks up (or creates) the stream and the consumer and keeps the
 // consumer handle for Run.
 func (s *Source) ensure(ctx context.Context) error {
@@ -269,6 +294,12 @@ func (s *Source) ensure(ctx context.Context) error {
 			Replicas:    s.cfg.Replicas,
 		})
 		if err != nil {
+			if owners := s.subjectOwners(ctx, err, subjects); len(owners) > 0 {
+				return fmt.Errorf("%w: nats.stream %q cannot be created: its subjects %v are those of stream %s (was nats.stream renamed?): "+
+					"set nats.stream back to keep reading it, or remove that stream (or its subjects) once nothing in it is left to read; "+
+					"the store's pending tasks are kept either way: %w",
+					ErrConfig, s.cfg.Stream, subjects, strings.Join(owners, ", "), err)
+			}
 			return fmt.Errorf("nats source: create stream %q with subjects %v and %d replicas: %w", s.cfg.Stream, subjects, max(s.cfg.Replicas, 1), err)
 		}
 		s.log.Info("nats source: created stream", zap.Strings("subjects", subjects), zap.Int("replicas", stream.CachedInfo().Config.Replicas))

@@ -137,3 +137,27 @@ func subjectSource(t *testing.T, s *server.Server, core zapcore.Core, subject st
 	}
 	return src
 }
+
+// TestStreamRenamedWithCreate: nats.stream renamed with nats.create while
+// the old stream still captures the delay subjects. The server refuses
+// the new stream ("subjects overlap with an existing stream"), and that
+// text alone named neither the stream holding the subjects nor the key
+// to change (hunt H157). The error now names both, and what to do.
+func TestStreamRenamedWithCreate(t *testing.T) {
+	_, nc, _, _ := createdSource(t, nil) // stream DELAY on delay.>
+	cfg := testConfig(t, nc.ConnectedUrl())
+	cfg.Create, cfg.Stream = true, "DELAY2"
+	_, err := NewSource(connect(t, cfg), cfg)
+	if !errors.Is(err, ErrConfig) {
+		t.Fatalf("renamed stream: %v, want ErrConfig", err)
+	}
+	for _, want := range []string{`nats.stream "DELAY2"`, `stream "DELAY"`, "[delay.>]", "pending tasks are kept", "subjects overlap"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	var api *jetstream.APIError
+	if !errors.As(err, &api) {
+		t.Errorf("error %v does not wrap the server's", err)
+	}
+}
