@@ -41,16 +41,7 @@ func (g gen) records(topic string, from int) []*kgo.Record {
 // then stops it.
 func consume(t *testing.T, c *kfake.Cluster, h *memHandler, want int, commitTo int64) {
 	t.Helper()
-	s, err := NewSource(testConfig(t, c.ListenAddrs(), "g", "delay"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runSource(t, s, h)
-	waitFor(t, fmt.Sprintf("%d messages", want), func() bool { return h.count() >= want })
-	waitFor(t, fmt.Sprintf("commit %d", commitTo), func() bool { return committed(c, "g", "delay")[0] == commitTo })
-	if err := stop(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	runLogged(t, c, h, nil, want, commitTo)
 }
 
 // recreate deletes topic and creates it again with one partition.

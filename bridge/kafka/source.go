@@ -45,6 +45,9 @@ type Source struct {
 	mu      sync.Mutex
 	health  map[string]error // "group" or a checkpoint key -> last error
 	running bool
+	// unstored holds the checkpoint keys already logged as committed by
+	// the group but unknown to the store (see decideStart): once each.
+	unstored map[string]bool
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -689,6 +692,9 @@ func (s *Source) decideStart(ctx context.Context, h bridge.Handler, topic string
 		return start{}, fmt.Errorf("read checkpoint: %w", err)
 	}
 	if !ok {
+		if committed > 0 {
+			s.logUnstored(topic, partition, committed, log)
+		}
 		return start{offset: committed}, nil
 	}
 	// Another log is the next incarnation. It is decided again after a
@@ -718,6 +724,31 @@ func (s *Source) decideStart(ctx context.Context, h bridge.Handler, topic string
 		}
 		return start{offset: max(committed, cp.Offset+1), incarnation: cp.Incarnation}, nil
 	}
+}
+
+// logUnstored says, once per partition and process, that the group has
+// read the partition up to committed while the store holds no checkpoint
+// of it. Every batch the bridge commits for a partition is stored with
+// its checkpoint first, so the store that took in offsets below committed
+// is not this one: the tasks pending in it are not here. The usual causes
+// are a changed data_dir and a volume that was replaced or wiped; the
+// bridge cannot tell them from an intended fresh start, so it reads on.
+func (s *Source) logUnstored(topic string, partition int, committed int64, log *zap.Logger) {
+	key := CheckpointKey(topic, partition)
+	s.mu.Lock()
+	logged := s.unstored[key]
+	if s.unstored == nil {
+		s.unstored = make(map[string]bool)
+	}
+	s.unstored[key] = true
+	s.mu.Unlock()
+	if logged {
+		return
+	}
+	log.Error("the consumer group has read this partition, but the store holds no checkpoint of it: "+
+		"the tasks a previous store took in from offsets below the committed one are not in this store "+
+		"(was data_dir changed, or its volume replaced or wiped?); reading on from the committed offset",
+		zap.Int64("committed", committed))
 }
 
 // handle calls Handle until it succeeds; false means ctx ended first.

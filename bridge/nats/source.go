@@ -1029,12 +1029,18 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			s.log.Warn(msg, zap.Error(err), zap.Int("suppressed", suppressed))
 		}
 	}
+	// other: the store's floor is of an earlier stream of this name; known:
+	// the store has read a stream of this name (its incarnation is stored).
+	var other, known bool
 	for {
 		// The stream's identity now, not as NewSource saw it.
 		err := s.reconcile(ctx, false)
-		var other bool
+		other = false
 		if err == nil {
 			other, err = s.storedFloor(h, st)
+		}
+		if err == nil {
+			known, err = s.knownStream(h)
 		}
 		if err == nil {
 			if st.legacy != 0 {
@@ -1056,6 +1062,9 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		if !sleepCtx(ctx, bo.next()) {
 			return nil
 		}
+	}
+	if !known && !other && st.floor == 0 && st.legacy == 0 {
+		s.logUnstored()
 	}
 	bo.reset()
 	streamID := s.created.Load()
@@ -1164,6 +1173,43 @@ func (s *Source) checkRestored(ctx context.Context, h bridge.Handler, st *floorS
 	s.inc = inc
 	*st = floorState{floor: floor}
 	return nil
+}
+
+// knownStream reports whether the store has read a stream of this name:
+// its incarnation is stored with every batch (and before the first). A
+// handler that cannot load checkpoints cannot tell: true.
+func (s *Source) knownStream(h bridge.Handler) (bool, error) {
+	l, ok := h.(bridge.CheckpointLoader)
+	if !ok {
+		return true, nil
+	}
+	_, stored, err := l.LoadCheckpoint(s.incKey)
+	if err != nil {
+		return false, fmt.Errorf("nats source: read the stream incarnation: %w", err)
+	}
+	return stored, nil
+}
+
+// logUnstored, for a store that has never read the stream, says (an
+// error line) when the consumer has acked messages of it nonetheless. The
+// bridge acks a message only once the store holds it, so the store that
+// took in the acked messages is not this one: the tasks pending in it are
+// not here. The usual causes are a changed data_dir and a volume that was
+// replaced or wiped; the bridge cannot tell them from an intended fresh
+// start, so it reads on.
+func (s *Source) logUnstored() {
+	ref := s.consumer.Load()
+	if ref == nil {
+		return
+	}
+	info := ref.c.CachedInfo()
+	if info == nil || info.AckFloor.Stream == 0 {
+		return
+	}
+	s.log.Error("nats source: the consumer has acked messages of the stream, but the store holds no floor of it: "+
+		"the tasks a previous store took in from them are not in this store "+
+		"(was data_dir changed, or its volume replaced or wiped?); reading on from the consumer's position",
+		zap.Uint64("ack_floor", info.AckFloor.Stream))
 }
 
 // reconcile reads the stream's identity now, and when the stream or the

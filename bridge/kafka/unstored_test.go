@@ -1,0 +1,70 @@
+package kafka
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// TestStoreWithoutGroupsCheckpointLogged: a bridge started on a new store
+// (data_dir changed, its volume replaced or wiped) while its group had
+// committed offsets read on from them in silence, though the tasks the old
+// store held were not in the new one. It is now an error line, once per
+// partition, naming the committed offset; the source still reads on from
+// it. A group without commits on a new store is a first start: no line.
+func TestStoreWithoutGroupsCheckpointLogged(t *testing.T) {
+	const msg = "the store holds no checkpoint of it"
+	t0 := time.Now().Add(-time.Hour).Truncate(time.Second)
+	c := newCluster(t, kfake.SeedTopics(2, "delay"))
+	cl := producer(t, c)
+	first := gen{"a", 10, t0}
+	produce(t, cl, first.records("delay", 0)...)
+
+	// A first start: no commits, no checkpoints.
+	firstCore, firstLogs := observer.New(zap.InfoLevel)
+	old := newMemHandler()
+	runLogged(t, c, old, zap.New(firstCore), 10, 10)
+	if n := firstLogs.FilterMessageSnippet(msg).Len(); n != 0 {
+		t.Fatalf("a first start logged %d %q lines, want none", n, msg)
+	}
+
+	// The same group on an empty store: partition 0 was read up to 10,
+	// partition 1 never (no commit).
+	core, logs := observer.New(zap.InfoLevel)
+	fresh := newMemHandler()
+	more := gen{"b", 2, t0}
+	produce(t, cl, more.records("delay", 10)...)
+	runLogged(t, c, fresh, zap.New(core), 2, 12)
+	if got := fresh.offsets("delay")[0]; !slices.Equal(got, []int64{10, 11}) {
+		t.Fatalf("the new store took in offsets %v, want 10 and 11 (read on from the committed offset)", got)
+	}
+	l := logs.FilterMessageSnippet(msg).All()
+	if len(l) != 1 || l[0].Level != zap.ErrorLevel || l[0].ContextMap()["committed"] != int64(10) || l[0].ContextMap()["partition"] != int64(0) {
+		t.Fatalf("logged %+v, want one error for partition 0 at committed offset 10", l)
+	}
+}
+
+// runLogged is consume with the source's log going to log (nil: the
+// test's).
+func runLogged(t *testing.T, c *kfake.Cluster, h *memHandler, log *zap.Logger, want int, commitTo int64) {
+	t.Helper()
+	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
+	if log != nil {
+		cfg.Logger = log
+	}
+	s, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runSource(t, s, h)
+	waitFor(t, fmt.Sprintf("%d messages", want), func() bool { return h.count() >= want })
+	waitFor(t, fmt.Sprintf("commit %d", commitTo), func() bool { return committed(c, "g", "delay")[0] == commitTo })
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
