@@ -269,6 +269,11 @@ func TestParseTargetRules(t *testing.T) {
 		{name: "nats tab", msg: natsMsg(h("delay-target", "a\tb")), code: CodeBadTarget},
 		{name: "nats control", msg: natsMsg(h("delay-target", "a\x00b")), code: CodeBadTarget},
 		{name: "nats prefix empty", msg: natsMsg(h("delay-target", "nats:")), code: CodeBadTarget},
+		{name: "nats URL", msg: natsMsg(h("delay-target", "nats://orders.x")), code: CodeBadTarget},
+		{name: "nats URL from kafka", msg: kafkaMsg(h("delay-target", "nats://orders.x")), rules: Rules{Transports: both}, code: CodeBadTarget},
+		{name: "kafka URL", msg: kafkaMsg(h("delay-target", "kafka://orders")), code: CodeBadTarget},
+		{name: "bare URL remains", msg: natsMsg(h("delay-target", "//orders.x")), code: CodeBadTarget},
+		{name: "nats slash inside is literal", msg: natsMsg(h("delay-target", "a/b./c")), tr: TransportNATS, target: "a/b./c"},
 		{name: "nats 1024 bytes", msg: natsMsg(h("delay-target", "a."+strings.Repeat("b", 1022))), tr: TransportNATS, target: "a." + strings.Repeat("b", 1022)},
 		{name: "nats 1025 bytes", msg: natsMsg(h("delay-target", "a."+strings.Repeat("b", 1023))), code: CodeBadTarget},
 		{name: "allow refuses", msg: kafkaMsg(h("delay-target", "secret")), rules: Rules{Allow: func(_ Transport, n string) bool { return n != "secret" }}, code: CodeTargetNotAllowed},
@@ -655,6 +660,7 @@ func TestParseDetails(t *testing.T) {
 		{[]Header{h("delay-after", long)}, `delay-after "` + strings.Repeat("x", 64) + `"... is not a duration, days or milliseconds`},
 		{[]Header{h("delay-after", "1s"), h("delay-target", "foo:bar")}, `delay-target "foo:bar": unknown transport prefix "foo" (want kafka: or nats:)`},
 		{[]Header{h("delay-after", "1s"), h("delay-target", "nats:x")}, `delay-target "nats:x" names transport nats, which is not configured`},
+		{[]Header{h("delay-after", "1s"), h("delay-target", "nats://orders.x")}, `delay-target "nats://orders.x": a URL, not a target: write kafka:TOPIC or nats:SUBJECT, without "//"`},
 		{[]Header{h("delay-cancel", "maybe")}, `delay-cancel must be true or false, got "maybe"`},
 	}
 	for _, tt := range tests {

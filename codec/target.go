@@ -29,7 +29,8 @@ const MaxSubjectLen = 1024
 // and is valid for its transport: a Kafka topic of 1..249 characters from
 // [a-zA-Z0-9._-], not "." or ".."; a NATS publish subject of at most
 // MaxSubjectLen bytes of non-empty '.'-separated tokens without whitespace
-// or control characters and without the wildcard tokens "*" and ">".
+// or control characters and without the wildcard tokens "*" and ">", and
+// not starting with "//" (the remains of a URL such as "nats://orders").
 func ParseTarget(s string, own Transport) (Transport, string, error) {
 	t, name, err := parseTarget(s, own)
 	if err != nil {
@@ -58,6 +59,14 @@ func parseTarget[S ~string | ~[]byte](s S, own Transport) (Transport, S, error) 
 		}
 		name = s[i+1:]
 		break
+	}
+	if len(name) >= 2 && name[0] == '/' && name[1] == '/' {
+		// "nats://orders.x" is a URL written where a target goes. Kafka
+		// refuses the '/' anyway, but "//orders.x" is a legal NATS subject:
+		// taken, the task went to a subject nobody reads, dead-lettered
+		// publish-failed only at its due time, or with nats.core_targets
+		// published there and lost.
+		return 0, zero, &targetError{short(string(s)) + `: a URL, not a target: write kafka:TOPIC or nats:SUBJECT, without "//"`}
 	}
 	var err error
 	switch t {
