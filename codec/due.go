@@ -300,6 +300,11 @@ func atMs(s string) (int64, error) {
 		if err != nil {
 			return 0, badDelay("%s overflows", short(s))
 		}
+		if n > MaxDue {
+			// Said here rather than by Parse's range check, which names
+			// only the number: the usual cause is another unit.
+			return 0, badDelay("%s read as Unix milliseconds lies after 9999-12-31%s", short(s), unitHint(n))
+		}
 		return n, nil
 	}
 	t, err := parseRFC3339(s)
@@ -310,6 +315,20 @@ func atMs(s string) (int64, error) {
 	// reaches 10000-01-01), so UnixMilli cannot overflow; Parse's MaxDue
 	// check refuses what is past 9999.
 	return t.UnixMilli(), nil
+}
+
+// unitHint names the unit an integer delay-at beyond MaxDue was most
+// likely written in. Times from 2001 to 2286 have 13 digits in Unix
+// milliseconds, 16 in microseconds and 19 in nanoseconds (Go's
+// time.UnixMicro and UnixNano, for example).
+func unitHint(n int64) string {
+	switch {
+	case n >= 1e15 && n < 1e16:
+		return "; its 16 digits look like Unix microseconds: divide by 1000"
+	case n >= 1e18:
+		return "; its 19 digits look like Unix nanoseconds: divide by 1000000"
+	}
+	return ""
 }
 
 // parseRFC3339 is time.Parse(time.RFC3339, s) with what RFC 3339 allows

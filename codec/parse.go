@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -171,7 +172,7 @@ func Parse(m *Message, r *Rules) Task {
 		}
 		due = ms
 	default:
-		return p.deadLetter(CodeMissingDue, "neither delay-at nor delay-after is set")
+		return p.deadLetter(CodeMissingDue, "neither delay-at nor delay-after is set"+p.misspelled())
 	}
 	if due < MinDue || due > MaxDue {
 		return p.deadLetter(CodeBadDue, "due time "+strconv.FormatInt(due, 10)+" ms lies outside 1970-01-01..9999-12-31 UTC")
@@ -330,6 +331,33 @@ type parser struct {
 	last   [hdrCount]int
 	stamp  int64
 	origin string // set on first use: the schedule path builds its own
+}
+
+// misspelled names the first header that looks like a control header but
+// is not one ("Delay_At", "X-Delay-After", "delayAt"), for the detail of a
+// missing-due: a publisher who set one reads "neither delay-at nor
+// delay-after is set" as a bridge fault. Only the dead-letter path pays
+// for it.
+func (p *parser) misspelled() string {
+	for _, h := range p.m.Headers {
+		if classify(h.Key) != hdrOther {
+			continue
+		}
+		k := strings.Map(func(r rune) rune {
+			switch r {
+			case '-', '_', '.', ' ':
+				return -1
+			}
+			return unicode.ToLower(r)
+		}, h.Key)
+		k = strings.TrimPrefix(k, "x")
+		for c := hdrAt; c <= hdrCancel; c++ {
+			if k == strings.ReplaceAll(hdrNames[c], "-", "") {
+				return "; header " + short(h.Key) + " is not read: the name is " + hdrNames[c] + " (in any case)"
+			}
+		}
+	}
+	return ""
 }
 
 // value returns the last header of class c.

@@ -662,6 +662,13 @@ func TestParseDetails(t *testing.T) {
 		{[]Header{h("delay-after", "1s"), h("delay-target", "nats:x")}, `delay-target "nats:x" names transport nats, which is not configured`},
 		{[]Header{h("delay-after", "1s"), h("delay-target", "nats://orders.x")}, `delay-target "nats://orders.x": a URL, not a target: write kafka:TOPIC or nats:SUBJECT, without "//"`},
 		{[]Header{h("delay-cancel", "maybe")}, `delay-cancel must be true or false, got "maybe"`},
+		{[]Header{h("Delay_At", "1795000000000"), h("delay-target", "orders")}, `neither delay-at nor delay-after is set; header "Delay_At" is not read: the name is delay-at (in any case)`},
+		{[]Header{h("app", "1"), h("X-Delay-After", "30s")}, `neither delay-at nor delay-after is set; header "X-Delay-After" is not read: the name is delay-after (in any case)`},
+		{[]Header{h("delayCancel", "true"), h("delay-id", "o-1")}, `neither delay-at nor delay-after is set; header "delayCancel" is not read: the name is delay-cancel (in any case)`},
+		{[]Header{h("x-delayed", "1")}, `neither delay-at nor delay-after is set`},
+		{[]Header{h("delay-at", "1795000000000000")}, `delay-at "1795000000000000" read as Unix milliseconds lies after 9999-12-31; its 16 digits look like Unix microseconds: divide by 1000`},
+		{[]Header{h("delay-at", "1795000000000000000")}, `delay-at "1795000000000000000" read as Unix milliseconds lies after 9999-12-31; its 19 digits look like Unix nanoseconds: divide by 1000000`},
+		{[]Header{h("delay-at", "253402300800000")}, `delay-at "253402300800000" read as Unix milliseconds lies after 9999-12-31`},
 	}
 	for _, tt := range tests {
 		got := Parse(kafkaMsg(tt.hs...), nil)
