@@ -117,7 +117,7 @@ func Parse(m *Message, r *Rules) Task {
 			if _, useOrigin := p.idBytes(); useOrigin {
 				// Its default id would be its own origin, which no task
 				// has: like a keyless tombstone it would cancel nothing.
-				return p.deadLetter(CodeMissingDue, "delay-cancel without a delay-id (or a Kafka key, or a Nats-Msg-Id) names no task to cancel")
+				return p.deadLetter(CodeMissingDue, "delay-cancel without a delay-id (or a Kafka key, or a Nats-Msg-Id) names no task to cancel"+p.misspelled())
 			}
 			return p.cancel(p.id())
 		case len(v) == 0 || bytes.EqualFold(v, []byte("false")):
@@ -132,7 +132,7 @@ func Parse(m *Message, r *Rules) Task {
 		if len(m.Key) > 0 {
 			return p.cancel(string(m.Key))
 		}
-		return p.deadLetter(CodeMissingDue, "a tombstone without a key or delay-id cancels nothing and schedules nothing")
+		return p.deadLetter(CodeMissingDue, "a tombstone without a key or delay-id cancels nothing and schedules nothing"+p.misspelled())
 	}
 
 	if r.MaxBytes > 0 {
@@ -334,8 +334,8 @@ type parser struct {
 }
 
 // misspelled names the first header that looks like a control header but
-// is not one ("Delay_At", "X-Delay-After", "delayAt"), for the detail of a
-// missing-due: a publisher who set one reads "neither delay-at nor
+// is not one ("Delay_At", "X-Delay-After", "delay_id"), for the detail of
+// a missing-due: a publisher who set one reads "neither delay-at nor
 // delay-after is set" as a bridge fault. Only the dead-letter path pays
 // for it.
 func (p *parser) misspelled() string {

@@ -648,6 +648,22 @@ func TestParseDeadLetter(t *testing.T) {
 	}
 }
 
+// TestParseDetailsMisspelledID: a cancel that names no task because its
+// delay-id header is misspelled says which header was not read.
+func TestParseDetailsMisspelledID(t *testing.T) {
+	const hint = `; header "delay_id" is not read: the name is delay-id (in any case)`
+	m := kafkaMsg(h("delay-cancel", "true"), h("delay_id", "o-1"))
+	m.Key = nil
+	if got := Parse(m, nil); got.Code != CodeMissingDue || !strings.HasSuffix(got.Detail, hint) {
+		t.Errorf("keyless cancel: %q %q, want missing-due ending %q", got.Code, got.Detail, hint)
+	}
+	m = kafkaMsg(h("delay_id", "o-1"))
+	m.Key, m.Value, m.Tombstone = nil, nil, true
+	if got := Parse(m, nil); got.Code != CodeMissingDue || !strings.HasSuffix(got.Detail, hint) {
+		t.Errorf("keyless tombstone: %q %q, want missing-due ending %q", got.Code, got.Detail, hint)
+	}
+}
+
 func TestParseDetails(t *testing.T) {
 	// Details are sentences naming the header and the value, cut short.
 	long := strings.Repeat("x", 10_000)

@@ -12,7 +12,8 @@ import (
 // microseconds or nanoseconds names the unit (it said only that the
 // number of milliseconds lay outside 1970..9999), and a missing-due names
 // the header that looks like a control header but is not one (it said
-// only that neither delay-at nor delay-after was set).
+// only that neither delay-at nor delay-after was set, or that a cancel
+// had no delay-id).
 func TestPublisherMistakeDetails(t *testing.T) {
 	e := newEnv(t, "")
 	e.start()
@@ -29,10 +30,16 @@ func TestPublisherMistakeDetails(t *testing.T) {
 		e.publishKafka(0, time.Time{}, []byte(c.name), []byte("kafka "+c.name), c.header, c.value, "delay-target", "orders")
 		e.publishNATS("delay.m", []byte("nats "+c.name), c.header, c.value, "delay-target", "orders.m")
 	}
+	// A cancel whose delay-id header is misspelled, without a key or a
+	// Nats-Msg-Id to fall back on, names no task.
+	e.publishKafka(0, time.Time{}, nil, []byte("kafka cancel"), "delay-cancel", "true", "delay_id", "order-7")
+	e.publishNATS("delay.m", []byte("nats cancel"), "delay-cancel", "true", "delay_id", "order-7")
 	got := e.waitFor("the dead letters", func(ds []delivery) bool {
-		return countDest(ds, func(d delivery) bool { return d.dest == kafkaDLQ || d.dest == "dlq.delay" }) >= 2*len(cases)
+		return countDest(ds, func(d delivery) bool { return d.dest == kafkaDLQ || d.dest == "dlq.delay" }) >= 2*len(cases)+2
 	})
 	vals := byValue(got, "")
+	cases = append(cases, struct{ name, header, value, code, detail string }{
+		name: "cancel", code: "missing-due", detail: `names no task to cancel; header "delay_id" is not read: the name is delay-id`})
 	for _, c := range cases {
 		for _, tr := range []string{"kafka", "nats"} {
 			d := one(t, vals, tr+" "+c.name)
