@@ -305,6 +305,13 @@ func atMs(s string) (int64, error) {
 			// only the number: the usual cause is another unit.
 			return 0, badDelay("%s read as Unix milliseconds lies after 9999-12-31%s", short(s), unitHint(n))
 		}
+		if n >= minSecondsMistake && n < maxSecondsMistake {
+			// Read as milliseconds it is a due time in the past, which
+			// fires at once: a "close the order in 30 min" closing it
+			// now. Nobody means 1970-01-12..1973-03-03.
+			return 0, badDelay("%s has %d digits: Unix seconds (%s), not milliseconds; multiply by 1000",
+				short(s), len(strconv.FormatInt(n, 10)), time.Unix(n, 0).UTC().Format(time.RFC3339))
+		}
 		return n, nil
 	}
 	t, err := parseRFC3339(s)
@@ -316,6 +323,15 @@ func atMs(s string) (int64, error) {
 	// check refuses what is past 9999.
 	return t.UnixMilli(), nil
 }
+
+// An integer delay-at in [minSecondsMistake, maxSecondsMistake) is Unix
+// seconds written where milliseconds go: the seconds of 2001-09-09 to
+// 5138-11-16, which read as milliseconds fall in 1970-01-12..1973-03-03.
+// Parse refuses them (bad-due) rather than firing at once.
+const (
+	minSecondsMistake = 1e9
+	maxSecondsMistake = 1e11
+)
 
 // unitHint names the unit an integer delay-at beyond MaxDue was most
 // likely written in. Times from 2001 to 2286 have 13 digits in Unix

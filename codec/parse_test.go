@@ -111,6 +111,14 @@ func TestParseDue(t *testing.T) {
 		{name: "at unix ms overflow", hs: []Header{h("delay-at", "99999999999999999999")}, code: CodeBadDue},
 		{name: "at unix ms int64 max", hs: []Header{h("delay-at", "9223372036854775807")}, code: CodeBadDue},
 		{name: "at unix seconds with fraction", hs: []Header{h("delay-at", "1795000000.5")}, code: CodeBadDue},
+		// Unix seconds of 2001..5138 where milliseconds go: refused, not
+		// fired at once as a time in 1970..1973. Around them, the past.
+		{name: "at unix ms below seconds range", hs: []Header{h("delay-at", "999999999")}, due: 999999999},
+		{name: "at unix seconds 2001", hs: []Header{h("delay-at", "1000000000")}, code: CodeBadDue},
+		{name: "at unix seconds", hs: []Header{h("delay-at", "1795000000")}, code: CodeBadDue},
+		{name: "at unix seconds leading zeros", hs: []Header{h("delay-at", "0001795000000")}, code: CodeBadDue},
+		{name: "at unix seconds 5138", hs: []Header{h("delay-at", "99999999999")}, code: CodeBadDue},
+		{name: "at unix ms above seconds range", hs: []Header{h("delay-at", "100000000000")}, due: 100000000000},
 		// delay-after, Go durations
 		{name: "after 90s", hs: []Header{h("delay-after", "90s")}, due: nowMs + 90_000},
 		{name: "after 1h30m", hs: []Header{h("delay-after", "1h30m")}, due: nowMs + 5_400_000},
@@ -682,6 +690,7 @@ func TestParseDetails(t *testing.T) {
 		{[]Header{h("app", "1"), h("X-Delay-After", "30s")}, `neither delay-at nor delay-after is set; header "X-Delay-After" is not read: the name is delay-after (in any case)`},
 		{[]Header{h("delayCancel", "true"), h("delay-id", "o-1")}, `neither delay-at nor delay-after is set; header "delayCancel" is not read: the name is delay-cancel (in any case)`},
 		{[]Header{h("x-delayed", "1")}, `neither delay-at nor delay-after is set`},
+		{[]Header{h("delay-at", "1795000000")}, `delay-at "1795000000" has 10 digits: Unix seconds (2026-11-18T11:06:40Z), not milliseconds; multiply by 1000`},
 		{[]Header{h("delay-at", "1795000000000000")}, `delay-at "1795000000000000" read as Unix milliseconds lies after 9999-12-31; its 16 digits look like Unix microseconds: divide by 1000`},
 		{[]Header{h("delay-at", "1795000000000000000")}, `delay-at "1795000000000000000" read as Unix milliseconds lies after 9999-12-31; its 19 digits look like Unix nanoseconds: divide by 1000000`},
 		{[]Header{h("delay-at", "253402300800000")}, `delay-at "253402300800000" read as Unix milliseconds lies after 9999-12-31`},

@@ -9,7 +9,8 @@ import (
 
 // TestPublisherMistakeDetails: the dead letter of a common publisher
 // mistake says what to do, on both transports: a delay-at in Unix
-// microseconds or nanoseconds names the unit (it said only that the
+// seconds is refused (it fired at once, as a time in January 1970) and
+// says so; one in microseconds or nanoseconds names the unit (it said only that the
 // number of milliseconds lay outside 1970..9999), and a missing-due names
 // the header that looks like a control header but is not one (it said
 // only that neither delay-at nor delay-after was set, or that a cancel
@@ -21,6 +22,7 @@ func TestPublisherMistakeDetails(t *testing.T) {
 	cases := []struct {
 		name, header, value, code, detail string
 	}{
+		{"seconds", "delay-at", strconv.FormatInt(due.Unix(), 10), "bad-due", "has 10 digits: Unix seconds (" + due.UTC().Format(time.RFC3339) + "), not milliseconds; multiply by 1000"},
 		{"micros", "delay-at", strconv.FormatInt(due.UnixMicro(), 10), "bad-due", "its 16 digits look like Unix microseconds: divide by 1000"},
 		{"nanos", "delay-at", strconv.FormatInt(due.UnixNano(), 10), "bad-due", "its 19 digits look like Unix nanoseconds: divide by 1000000"},
 		{"underscore", "Delay_At", strconv.FormatInt(due.UnixMilli(), 10), "missing-due", `header "Delay_At" is not read: the name is delay-at`},
