@@ -214,6 +214,7 @@ func TestLoadYAMLErrors(t *testing.T) {
 		{"scalar for block", validYAML + "log: verbose\n", []string{"log: want a mapping of keys"}},
 		{"two documents", validYAML + "---\nshards: 1\n", []string{"second document"}},
 		{"syntax error", "data_dir: [\n", []string{"yaml:"}},
+		{"syntax error named once", "data_dir: /x\n  bad: [\n", []string{"yaml: line 2: mapping values are not allowed"}},
 		{"all errors at once", validYAML + "a: 1\nb: 2\n", []string{"a: unknown key", "b: unknown key"}},
 		{"top level list", "- 1\n", []string{"(top level): want a mapping"}},
 	}
@@ -227,6 +228,9 @@ func TestLoadYAMLErrors(t *testing.T) {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error %q does not contain %q", err, w)
 				}
+			}
+			if strings.Contains(err.Error(), "yaml: yaml:") {
+				t.Errorf("error %q names the parser twice", err)
 			}
 		})
 	}

@@ -48,6 +48,16 @@ func decodeYAML(data []byte, c *Config) (set map[string]bool, err error) {
 	return d.set, errors.Join(d.errs...)
 }
 
+// yamlError names the parser in err once: yaml.v3's syntax errors already
+// start with "yaml: ", and a second prefix ("yaml: yaml: line 2: ...") is
+// what a user would read.
+func yamlError(err error) error {
+	if strings.HasPrefix(err.Error(), "yaml: ") {
+		return err
+	}
+	return fmt.Errorf("yaml: %w", err)
+}
+
 // parseYAML returns the root node of the only document, nil for an empty
 // file.
 func parseYAML(data []byte) (root *yaml.Node, err error) {
@@ -66,12 +76,12 @@ func parseYAML(data []byte) (root *yaml.Node, err error) {
 		if errors.Is(err, io.EOF) {
 			return nil, nil // empty file: defaults and environment only
 		}
-		return nil, fmt.Errorf("yaml: %w", err)
+		return nil, yamlError(err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		if err != nil {
-			return nil, fmt.Errorf("yaml: %w", err)
+			return nil, yamlError(err)
 		}
 		return nil, fmt.Errorf("yaml: line %d: a second document; the configuration is one document", extra.Line)
 	}
