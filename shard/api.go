@@ -199,7 +199,10 @@ type TaskInfo struct {
 type ShardStats struct {
 	Shard   int   `json:"shard"`
 	Pending int64 `json:"pending"`
-	InWheel int   `json:"in_wheel"`
+	// InWheel counts the shard's wheel entries: tasks due within the
+	// horizon, and the entries of replaced or cancelled ones, which stay
+	// until their due time and are skipped then (so it may exceed Pending).
+	InWheel int `json:"in_wheel"`
 	// Held counts the pending tasks held on disk until their target
 	// broker answers again (Options.OutageMemory).
 	Held int64 `json:"held"`
