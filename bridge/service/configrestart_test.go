@@ -197,7 +197,7 @@ func TestHorizonChanged(t *testing.T) {
 // schedule that arrives after the restart is still dropped.
 func TestCancelRetentionChanged(t *testing.T) {
 	e := newEnv(t, "cancel_retention: 24h\n")
-	svc, stop := e.start()
+	_, stop := e.start()
 	now := e.clk.Now()
 	// Cancels read before their (older) schedules: remembered.
 	e.publishKafka(2, now.Add(time.Second), []byte("c1"), []byte("x"), "delay-cancel", "true")
@@ -205,7 +205,7 @@ func TestCancelRetentionChanged(t *testing.T) {
 	stop()
 
 	e.mutate = func(c *config.Config) { c.CancelRetention = 0 }
-	svc, stop = e.start()
+	svc, stop := e.start()
 	e.publishKafka(1, now, []byte("c1"), []byte("c1-sched"), "delay-after", "10s", "delay-target", "orders")
 	e.publishKafka(1, now, []byte("marker"), []byte("marker"), "delay-after", "20s", "delay-target", "orders")
 	e.advance(svc, 30*time.Second, time.Second)
