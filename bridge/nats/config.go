@@ -267,7 +267,19 @@ func (c *Config) options() ([]natsgo.Option, error) {
 			}
 			log.Info("nats: connection closed")
 		}),
-		natsgo.ErrorHandler(func(_ *natsgo.Conn, sub *natsgo.Subscription, err error) {
+		natsgo.ErrorHandler(func(nc *natsgo.Conn, sub *natsgo.Subscription, err error) {
+			if sub == nil && !nc.IsConnected() {
+				// A reconnect the server refused (credentials rotated
+				// on the server before the file, an expired JWT, a
+				// client certificate it no longer takes): nats.go
+				// reports it here, not to ReconnectErrHandler, at every
+				// attempt, once per ReconnectWait and server. Throttled
+				// as a failed reconnect is.
+				if suppressed, ok := reconnectFails.AllowKey(time.Now(), err.Error()); ok {
+					log.Warn("nats: reconnect attempt failed", zap.Error(err), zap.Int("suppressed", suppressed))
+				}
+				return
+			}
 			f := []zap.Field{zap.Error(err)}
 			if sub != nil {
 				f = append(f, zap.String("subject", sub.Subject))
@@ -359,12 +371,21 @@ func redactURL(s string) string {
 	return strings.Join(parts, ",")
 }
 
-// connErr is the health of a connection: nil when connected.
+// connErr is the health of a connection: nil when connected. While it
+// reconnects it names the last attempt's error when there is one (nats.go
+// keeps it only for an attempt that reached a server: refused credentials,
+// a failed TLS handshake), so that /readyz says why the server refuses the
+// bridge rather than only that it is reconnecting. The error is text, not
+// wrapped: callers branch on ErrDisconnected (an outage), and a refusal
+// while reconnecting is one too (it heals once the credentials or
+// certificates are rotated, with no restart).
 func connErr(nc *natsgo.Conn) error {
-	switch st := nc.Status(); st {
-	case natsgo.CONNECTED:
+	st := nc.Status()
+	if st == natsgo.CONNECTED {
 		return nil
-	default:
-		return fmt.Errorf("%w: connection %s", ErrDisconnected, strings.ToLower(st.String()))
 	}
+	if last := nc.LastError(); last != nil {
+		return fmt.Errorf("%w: connection %s: last attempt: %v", ErrDisconnected, strings.ToLower(st.String()), last)
+	}
+	return fmt.Errorf("%w: connection %s", ErrDisconnected, strings.ToLower(st.String()))
 }
