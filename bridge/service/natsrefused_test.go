@@ -206,7 +206,7 @@ func TestNATSClientCertRefusedThenRenewed(t *testing.T) {
 	// the test's own (issued by CA 1) through a pool with both.
 	ns.Shutdown()
 	ns.WaitForShutdown()
-	ns = startNATSServer(t, &natsserver.Options{Port: port, StoreDir: store, TLS: true, TLSVerify: true,
+	startNATSServer(t, &natsserver.Options{Port: port, StoreDir: store, TLS: true, TLSVerify: true,
 		TLSConfig: &tls.Config{Certificates: []tls.Certificate{srvCert}, ClientAuth: tls.RequireAndVerifyClientCert,
 			ClientCAs: clientCA2.Pool, MinVersion: tls.VersionTLS12,
 		}})
