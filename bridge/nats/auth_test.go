@@ -107,10 +107,28 @@ func TestConnectNkey(t *testing.T) {
 // TestConnectCreds runs a server in operator mode and connects with a
 // user JWT + seed creds file.
 func TestConnectCreds(t *testing.T) {
+	s, acc := operatorServer(t)
+	credsFile := func(signer nkeys.KeyPair) string {
+		u, _ := nkeys.CreateUser()
+		f := filepath.Join(t.TempDir(), "user.creds")
+		if err := os.WriteFile(f, userCreds(t, signer, u, time.Time{}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	connectCase(t, Config{URL: serverURL(s), CredsFile: credsFile(acc)}, nil)
+	// A user signed by an account the server does not know.
+	stranger, _ := nkeys.CreateAccount()
+	connectCase(t, Config{URL: serverURL(s), CredsFile: credsFile(stranger)}, ErrAuth)
+}
+
+// operatorServer starts a server in operator mode that knows one
+// account, and returns it with that account's key pair.
+func operatorServer(t *testing.T) (*server.Server, nkeys.KeyPair) {
+	t.Helper()
 	op, _ := nkeys.CreateOperator()
 	opPub, _ := op.PublicKey()
-	opClaims := jwt.NewOperatorClaims(opPub)
-	opJWT, err := opClaims.Encode(op)
+	opJWT, err := jwt.NewOperatorClaims(opPub).Encode(op)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,26 +142,6 @@ func TestConnectCreds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	userCreds := func(signer nkeys.KeyPair) string {
-		u, _ := nkeys.CreateUser()
-		uPub, _ := u.PublicKey()
-		uSeed, _ := u.Seed()
-		uc := jwt.NewUserClaims(uPub)
-		uJWT, err := uc.Encode(signer)
-		if err != nil {
-			t.Fatal(err)
-		}
-		creds, err := jwt.FormatUserConfig(uJWT, uSeed)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f := filepath.Join(t.TempDir(), "user.creds")
-		if err := os.WriteFile(f, creds, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return f
-	}
-
 	resolver := &server.MemAccResolver{}
 	if err := resolver.Store(accPub, accJWT); err != nil {
 		t.Fatal(err)
@@ -151,12 +149,28 @@ func TestConnectCreds(t *testing.T) {
 	opts := plainOptions()
 	opts.TrustedOperators = []*jwt.OperatorClaims{opDecoded}
 	opts.AccountResolver = resolver
-	s := startServer(t, opts)
+	return startServer(t, opts), acc
+}
 
-	connectCase(t, Config{URL: serverURL(s), CredsFile: userCreds(acc)}, nil)
-	// A user signed by an account the server does not know.
-	stranger, _ := nkeys.CreateAccount()
-	connectCase(t, Config{URL: serverURL(s), CredsFile: userCreds(stranger)}, ErrAuth)
+// userCreds is a creds file (user JWT and seed) for user, signed by the
+// account key signer, expiring at expires (zero: never).
+func userCreds(t *testing.T, signer, user nkeys.KeyPair, expires time.Time) []byte {
+	t.Helper()
+	uPub, _ := user.PublicKey()
+	uSeed, _ := user.Seed()
+	uc := jwt.NewUserClaims(uPub)
+	if !expires.IsZero() {
+		uc.Expires = expires.Unix()
+	}
+	uJWT, err := uc.Encode(signer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := jwt.FormatUserConfig(uJWT, uSeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return creds
 }
 
 // testCA is a CA and a server certificate it issued for 127.0.0.1.

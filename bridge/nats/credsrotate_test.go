@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/jwt/v2"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -22,48 +20,9 @@ import (
 // the connection comes back by itself: nats.go reads the file at each
 // connect.
 func TestCredsFileExpiredJWTRenewed(t *testing.T) {
-	okp, _ := nkeys.CreateOperator()
-	opub, _ := okp.PublicKey()
-	oc := jwt.NewOperatorClaims(opub)
-	ojwt, err := oc.Encode(okp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	akp, _ := nkeys.CreateAccount()
-	apub, _ := akp.PublicKey()
-	ajwt, err := jwt.NewAccountClaims(apub).Encode(okp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ukp, _ := nkeys.CreateUser()
-	upub, _ := ukp.PublicKey()
-	seed, _ := ukp.Seed()
-	creds := func(expires time.Time) []byte {
-		uc := jwt.NewUserClaims(upub)
-		uc.IssuerAccount = apub
-		uc.Expires = expires.Unix()
-		ujwt, err := uc.Encode(akp)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := jwt.FormatUserConfig(ujwt, seed)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
-	oclaims, err := jwt.DecodeOperatorClaims(ojwt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res := &server.MemAccResolver{}
-	opts := plainOptions()
-	opts.TrustedOperators = []*jwt.OperatorClaims{oclaims}
-	opts.AccountResolver = res
-	s := startServer(t, opts)
-	if err := res.Store(apub, ajwt); err != nil {
-		t.Fatal(err)
-	}
+	s, acc := operatorServer(t)
+	user, _ := nkeys.CreateUser()
+	creds := func(expires time.Time) []byte { return userCreds(t, acc, user, expires) }
 	file := filepath.Join(t.TempDir(), "bridge.creds")
 	if err := os.WriteFile(file, creds(time.Now().Add(2*time.Second)), 0o600); err != nil {
 		t.Fatal(err)

@@ -177,28 +177,15 @@ func TestNATSPasswordChangedOnServerFirst(t *testing.T) {
 // client certificate (its CA rotated, as when a certificate expired and
 // the issuer changed) before the mounted files are renewed.
 func TestNATSClientCertRefusedThenRenewed(t *testing.T) {
-	serverCA, clientCA1, clientCA2 := testcert.NewCA(t, "server CA"), testcert.NewCA(t, "client CA 1"), testcert.NewCA(t, "client CA 2")
-	srvCert := serverCA.Issue(t, "nats", x509.ExtKeyUsageServerAuth, "127.0.0.1").TLS()
-	dir := t.TempDir()
-	caFile, certFile, keyFile := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	writeTestFile(t, caFile, serverCA.CertPEM())
-	c1 := clientCA1.Issue(t, "bridge", x509.ExtKeyUsageClientAuth)
-	writeTestFile(t, certFile, c1.CertPEM())
-	writeTestFile(t, keyFile, c1.KeyPEM(t))
-	testCert := clientCA2.Issue(t, "test", x509.ExtKeyUsageClientAuth)
-	port, store := freePort(t), t.TempDir()
-	start := func(clients *x509.CertPool) *natsserver.Server {
-		return startNATSServer(t, &natsserver.Options{Port: port, StoreDir: store, TLS: true, TLSVerify: true,
-			TLSConfig: &tls.Config{Certificates: []tls.Certificate{srvCert}, ClientAuth: tls.RequireAndVerifyClientCert,
-				ClientCAs: clients, MinVersion: tls.VersionTLS12}})
-	}
+	m := newMTLSNATS(t)
+	testCert := m.clientCA2.Issue(t, "test", x509.ExtKeyUsageClientAuth)
 	both := x509.NewCertPool()
-	both.AppendCertsFromPEM(clientCA1.CertPEM())
-	both.AppendCertsFromPEM(clientCA2.CertPEM())
-	ns := start(both)
-	tlsYAML := fmt.Sprintf("  tls: {enabled: true, ca_file: %q, cert_file: %q, key_file: %q}", caFile, certFile, keyFile)
-	h := startH160NATS(t, fmt.Sprintf("tls://127.0.0.1:%d", port), tlsYAML,
-		natsgo.Secure(&tls.Config{RootCAs: serverCA.Pool, Certificates: []tls.Certificate{testCert.TLS()}, MinVersion: tls.VersionTLS12}))
+	both.AppendCertsFromPEM(m.clientCA1.CertPEM())
+	both.AppendCertsFromPEM(m.clientCA2.CertPEM())
+	ns := m.start(t, both)
+	tlsYAML := fmt.Sprintf("  tls: {enabled: true, ca_file: %q, cert_file: %q, key_file: %q}", m.caFile, m.certFile, m.keyFile)
+	h := startH160NATS(t, fmt.Sprintf("tls://127.0.0.1:%d", m.port), tlsYAML,
+		natsgo.Secure(&tls.Config{RootCAs: m.serverCA.Pool, Certificates: []tls.Certificate{testCert.TLS()}, MinVersion: tls.VersionTLS12}))
 	h.publish("delay.a", "before", "1m")
 	eventually(t, "ingest", func() bool { return h.svc.Engine().Stats().Pending >= 1 })
 
@@ -206,10 +193,7 @@ func TestNATSClientCertRefusedThenRenewed(t *testing.T) {
 	// the test's own (issued by CA 1) through a pool with both.
 	ns.Shutdown()
 	ns.WaitForShutdown()
-	startNATSServer(t, &natsserver.Options{Port: port, StoreDir: store, TLS: true, TLSVerify: true,
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{srvCert}, ClientAuth: tls.RequireAndVerifyClientCert,
-			ClientCAs: clientCA2.Pool, MinVersion: tls.VersionTLS12,
-		}})
+	m.start(t, m.clientCA2.Pool)
 	eventually(t, "not ready", func() bool { return h.svc.Ready() != nil })
 	h.clk.Advance(2 * time.Minute)
 	eventually(t, "readiness naming the refusal", func() bool {
@@ -217,9 +201,7 @@ func TestNATSClientCertRefusedThenRenewed(t *testing.T) {
 		return err != nil && strings.Contains(err.Error(), "last attempt: nats: tls error") && strings.Contains(err.Error(), "nats target unavailable")
 	})
 
-	c2 := clientCA2.Issue(t, "bridge", x509.ExtKeyUsageClientAuth)
-	writeTestFile(t, certFile, c2.CertPEM())
-	writeTestFile(t, keyFile, c2.KeyPEM(t))
+	m.renew(t)
 	fixedAt := time.Now()
 	defer func() {
 		if t.Failed() {
