@@ -1203,7 +1203,11 @@ func (s *Source) logUnstored() {
 		return
 	}
 	info := ref.c.CachedInfo()
-	if info == nil || info.AckFloor.Stream == 0 {
+	// The consumer's own sequence, not the stream's: the server starts a
+	// new consumer's stream ack floor at its first sequence - 1, which is
+	// past 0 on a stream purged or with messages aged out, before anything
+	// was delivered or acked.
+	if info == nil || info.AckFloor.Consumer == 0 {
 		return
 	}
 	s.log.Error("nats source: the consumer has acked messages of the stream, but the store holds no floor of it: "+
