@@ -337,27 +337,49 @@ type parser struct {
 // is not one ("Delay_At", "X-Delay-After", "delay_id"), for the detail of
 // a missing-due: a publisher who set one reads "neither delay-at nor
 // delay-after is set" as a bridge fault. Only the dead-letter path pays
-// for it.
+// for it, but there the headers are the publisher's, up to a message
+// full of them: lookalike allocates nothing and stops at the first
+// character that differs.
 func (p *parser) misspelled() string {
 	for _, h := range p.m.Headers {
 		if classify(h.Key) != hdrOther {
 			continue
 		}
-		k := strings.Map(func(r rune) rune {
-			switch r {
-			case '-', '_', '.', ' ':
-				return -1
-			}
-			return unicode.ToLower(r)
-		}, h.Key)
-		k = strings.TrimPrefix(k, "x")
 		for c := hdrAt; c <= hdrCancel; c++ {
-			if k == strings.ReplaceAll(hdrNames[c], "-", "") {
+			if lookalike(h.Key, lookalikeNames[c]) || lookalike(h.Key, lookalikeNames[hdrCancel+c]) {
 				return "; header " + short(h.Key) + " is not read: the name is " + hdrNames[c] + " (in any case)"
 			}
 		}
 	}
 	return ""
+}
+
+// lookalikeNames are the control header names without their '-', at
+// their class, and with an "x" before them ("X-Delay-At") at class +
+// hdrCancel.
+var lookalikeNames = func() (n [2*hdrCancel + 1]string) {
+	for c := hdrAt; c <= hdrCancel; c++ {
+		n[c] = strings.ReplaceAll(hdrNames[c], "-", "")
+		n[hdrCancel+c] = "x" + n[c]
+	}
+	return n
+}()
+
+// lookalike reports whether key is want (lower case, no separators) once
+// its '-', '_', '.' and ' ' are dropped and its letters lower-cased.
+func lookalike(key, want string) bool {
+	i := 0
+	for _, r := range key {
+		switch r {
+		case '-', '_', '.', ' ':
+			continue
+		}
+		if i == len(want) || unicode.ToLower(r) != rune(want[i]) {
+			return false
+		}
+		i++
+	}
+	return i == len(want)
 }
 
 // value returns the last header of class c.
