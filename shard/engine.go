@@ -68,6 +68,7 @@ type Engine struct {
 	health     *storeHealth // Pebble's write stalls and background errors
 	reserve    *diskReserve // Options.ReserveBytes
 	unsetDisk  func()       // removes diskStats from the metrics
+	fresh      bool         // Open created the store (see Fresh)
 
 	seq atomic.Uint64 // last allocated store sequence
 
@@ -369,6 +370,13 @@ func (e *Engine) checkFormat() error {
 			return nil
 		}
 	}
+	// No format record: a new store, or one written before the record
+	// existed, which holds other keys.
+	empty, err := e.empty()
+	if err != nil {
+		return fmt.Errorf("shard: recover: %w", err)
+	}
+	e.fresh = empty
 	if err := safeCall(func() error {
 		return e.db.Set(formatKey, binary.BigEndian.AppendUint16(nil, storeFormat), pebble.Sync)
 	}); err != nil {
@@ -376,6 +384,25 @@ func (e *Engine) checkFormat() error {
 	}
 	return nil
 }
+
+// empty reports whether the store holds no key at all.
+func (e *Engine) empty() (bool, error) {
+	it, err := e.db.NewIter(nil)
+	if err != nil {
+		return false, fmt.Errorf("read the store: %w", err)
+	}
+	first := it.First()
+	if err := it.Close(); err != nil {
+		return false, fmt.Errorf("read the store: %w", err)
+	}
+	return !first, nil
+}
+
+// Fresh reports whether Open created the store: its directory held none,
+// or an empty one. A source that finds its broker's consumer position
+// ahead of a fresh store's knowledge can tell that another store took
+// those messages in (a changed data_dir, a replaced volume).
+func (e *Engine) Fresh() bool { return e.fresh }
 
 func (e *Engine) startFilterLoop() {
 	e.fltCond = sync.NewCond(&e.fltMu)

@@ -76,3 +76,61 @@ func TestStoreFormat(t *testing.T) {
 		})
 	}
 }
+
+// TestFresh: Engine.Fresh is true only for a store Open created (an
+// empty directory, or a store holding no key at all), not for a reopen
+// nor for a store written before the format record existed.
+func TestFresh(t *testing.T) {
+	open := func(t *testing.T, dir string) *Engine {
+		t.Helper()
+		e, err := Open(Options{Dir: dir, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	// edit rewrites the closed store in dir with Pebble directly.
+	edit := func(t *testing.T, dir string, f func(db *pebble.DB) error) {
+		t.Helper()
+		db, err := openPebble(context.Background(), dir, nil, zap.NewNop(), 0, 0, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f(db); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		prep  func(t *testing.T, dir string) // nil: a new directory
+		fresh bool
+	}{
+		{"new directory", nil, true},
+		{"reopened", func(t *testing.T, dir string) { open(t, dir).Close() }, false},
+		{"written before the format record", func(t *testing.T, dir string) {
+			open(t, dir).Close()
+			edit(t, dir, func(db *pebble.DB) error { return db.Delete(formatKey, pebble.Sync) })
+		}, false},
+		{"holding no key", func(t *testing.T, dir string) {
+			open(t, dir).Close()
+			edit(t, dir, func(db *pebble.DB) error {
+				return db.DeleteRange([]byte{0}, []byte{0xff, 0xff}, pebble.Sync)
+			})
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if tc.prep != nil {
+				tc.prep(t, dir)
+			}
+			e := open(t, dir)
+			defer e.Close()
+			if e.Fresh() != tc.fresh {
+				t.Fatalf("Fresh() = %v, want %v", e.Fresh(), tc.fresh)
+			}
+		})
+	}
+}

@@ -116,6 +116,10 @@ type Config struct {
 	Group    string // consumer group id
 	ClientID string // default "delaybridge"
 	Sources  []SourceConfig
+	// FreshStore says the store was created by this start
+	// (shard.Engine.Fresh): a partition the group has read then has
+	// tasks in another store, which the source logs as an error.
+	FreshStore bool
 
 	TLS *tls.Config // nil: plaintext
 	// NewTLS, when set, wins over TLS: it gives each new connection its

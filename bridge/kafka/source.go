@@ -692,7 +692,7 @@ func (s *Source) decideStart(ctx context.Context, h bridge.Handler, topic string
 		return start{}, fmt.Errorf("read checkpoint: %w", err)
 	}
 	if !ok {
-		if committed > 0 {
+		if committed > 0 && s.cfg.FreshStore {
 			s.logUnstored(topic, partition, committed, log)
 		}
 		return start{offset: committed}, nil
@@ -727,12 +727,14 @@ func (s *Source) decideStart(ctx context.Context, h bridge.Handler, topic string
 }
 
 // logUnstored says, once per partition and process, that the group has
-// read the partition up to committed while the store holds no checkpoint
-// of it. Every batch the bridge commits for a partition is stored with
-// its checkpoint first, so the store that took in offsets below committed
-// is not this one: the tasks pending in it are not here. The usual causes
-// are a changed data_dir and a volume that was replaced or wiped; the
-// bridge cannot tell them from an intended fresh start, so it reads on.
+// read the partition up to committed while the store, created by this
+// start, holds no checkpoint of it: the store that took in offsets below
+// committed is not this one, and the tasks pending in it are not here.
+// The usual causes are a changed data_dir and a volume that was replaced
+// or wiped; the bridge cannot tell them from an intended fresh start, so
+// it reads on. Only for a fresh store: one that has read the partition
+// may still hold no checkpoint of it, when all it read were transaction
+// markers or aborted records, whose offsets are committed without one.
 func (s *Source) logUnstored(topic string, partition int, committed int64, log *zap.Logger) {
 	key := CheckpointKey(topic, partition)
 	s.mu.Lock()

@@ -10,6 +10,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/config"
 )
@@ -288,4 +290,57 @@ func TestAllowNarrowedHeldTasks(t *testing.T) {
 	}
 	eventually(t, "nothing pending", func() bool { return svc.Engine().Stats().Pending == 0 })
 	stop()
+}
+
+// data_dir changed (or its volume replaced) between two runs: the tasks
+// pending in the old store are not in the new one, and both sources read
+// on from the broker's positions, past what the old store took in. The
+// start says so, an error line per Kafka partition the group has read and
+// one for the NATS stream its consumer has acked; a restart on the same
+// store, old or new, says nothing.
+func TestDataDirChangedLogged(t *testing.T) {
+	e := newEnv(t, "")
+	const kafkaMsg, natsMsg = "the store holds no checkpoint of it", "the store holds no floor of it"
+	run := func(what string, publish func()) *observer.ObservedLogs {
+		t.Helper()
+		core, logs := observer.New(zap.InfoLevel)
+		svc, cancel, done := e.runWith(Options{Logger: zap.New(core)})
+		before := svc.Engine().Stats().Pending
+		publish()
+		eventually(t, what, func() bool { return svc.Engine().Stats().Pending == before+2 })
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("%s: Run: %v", what, err)
+		}
+		return logs
+	}
+	pending := func(v string) func() {
+		return func() {
+			e.publishKafka(0, time.Time{}, []byte(v), []byte(v), "delay-after", "1h", "delay-target", "orders")
+			e.publishNATS("delay.a", []byte(v), "delay-after", "1h", "delay-target", "orders.a")
+		}
+	}
+	count := func(logs *observer.ObservedLogs) (kafka, nats int) {
+		return logs.FilterMessageSnippet(kafkaMsg).FilterLevelExact(zap.ErrorLevel).Len(),
+			logs.FilterMessageSnippet(natsMsg).FilterLevelExact(zap.ErrorLevel).Len()
+	}
+	for i, step := range []struct {
+		what       string
+		newDir     bool
+		kafka, nat int
+	}{
+		{"first start", false, 0, 0},
+		{"restart", false, 0, 0},
+		{"data_dir changed", true, 1, 1}, // partition 0 read; 1 and 2 never committed
+		{"restart on the new dir", false, 0, 0},
+	} {
+		if step.newDir {
+			dir := t.TempDir()
+			e.mutate = func(c *config.Config) { c.DataDir = dir }
+		}
+		k, n := count(run(step.what, pending("v"+strconv.Itoa(i))))
+		if k != step.kafka || n != step.nat {
+			t.Errorf("%s: %d Kafka and %d NATS error lines, want %d and %d", step.what, k, n, step.kafka, step.nat)
+		}
+	}
 }

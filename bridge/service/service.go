@@ -498,6 +498,7 @@ func (s *Service) setupKafka(ctx context.Context, o Options, b *built) error {
 		// a message within max_message_bytes, or its dead letter (the
 		// error headers added), goes to the broker, whose limit decides.
 		BatchBytes: max(1<<20, int64(s.cfg.MaxMessageBytes)+int64(codec.DeadLetterOverhead)+1024),
+		FreshStore: s.eng.Fresh(),
 	}
 	ct, err := clientTLS(k.TLS, s.log.Named("kafka"))
 	if err != nil {
