@@ -2,10 +2,15 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"go.uber.org/zap"
 )
 
 // run --check validates the file and the environment and exits without
@@ -56,6 +61,32 @@ admin:
 			}
 			if _, err := os.Stat(data); !os.IsNotExist(err) {
 				t.Errorf("data dir touched by --check: %v", err)
+			}
+		})
+	}
+}
+
+// TestStoppedDuringStart: a start ended by the stop signal (the store's
+// open returns the cancelled context's error) is a clean stop for run and
+// dev; any other failure, or a cancellation without the stop, is not.
+func TestStoppedDuringStart(t *testing.T) {
+	stopped, cancel := context.WithCancel(context.Background())
+	cancel()
+	canceledOpen := fmt.Errorf("open store /x: stopped while the store was opening: %w", context.Canceled)
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want bool
+	}{
+		{"stopped during the open", stopped, canceledOpen, true},
+		{"started", stopped, nil, false},
+		{"another failure after the stop", stopped, errors.New("open store /x: permission denied"), false},
+		{"cancelled without the stop", context.Background(), canceledOpen, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := stoppedDuringStart(tc.ctx, tc.err, zap.NewNop()); got != tc.want {
+				t.Fatalf("stoppedDuringStart = %v, want %v", got, tc.want)
 			}
 		})
 	}

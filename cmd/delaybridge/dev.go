@@ -153,6 +153,9 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger
 		return fmt.Errorf("dev: config: %w", err)
 	}
 	svc, err := service.New(ctx, cfg, service.Options{Logger: log})
+	if stoppedDuringStart(ctx, err, log) {
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("dev: %w", err)
 	}

@@ -278,10 +278,7 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 		// The file may say otherwise: name where the count came from.
 		err = fmt.Errorf("%w (shards is set by DELAYBRIDGE_SHARDS=%s)", err, v)
 	}
-	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
-		// Told to stop while the store opened: nothing was taken in yet
-		// and the store is as it was, so this is a clean stop.
-		log.Info("stopped before the start completed", zap.Error(err))
+	if stoppedDuringStart(ctx, err, log) {
 		return nil
 	}
 	if err != nil {
@@ -295,6 +292,18 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	return nil
+}
+
+// stoppedDuringStart reports (and logs) whether err, from service.New,
+// is the stop ctx was cancelled for (a signal while the store opened):
+// nothing was taken in yet and the store is as it was, so that is a clean
+// stop, not a failed start.
+func stoppedDuringStart(ctx context.Context, err error, log *zap.Logger) bool {
+	if err == nil || ctx.Err() == nil || !errors.Is(err, context.Canceled) {
+		return false
+	}
+	log.Info("stopped before the start completed", zap.Error(err))
+	return true
 }
 
 // newLogger builds the process logger: JSON for `run` (machines read it),
