@@ -239,7 +239,11 @@ func (e *env) waitFor(what string, cond func([]delivery) bool) []delivery {
 			return got
 		}
 		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out waiting for %s (%d deliveries so far)", what, len(got))
+			seen := make([]string, 0, min(len(got), 20))
+			for _, d := range got[:min(len(got), 20)] {
+				seen = append(seen, d.dest+":"+d.value+" "+d.header("delay-error"))
+			}
+			e.t.Fatalf("timed out waiting for %s (%d deliveries so far, the first %d: %q)", what, len(got), len(seen), seen)
 		}
 		select {
 		case <-e.seen:
