@@ -68,7 +68,6 @@ type Engine struct {
 	health     *storeHealth // Pebble's write stalls and background errors
 	reserve    *diskReserve // Options.ReserveBytes
 	unsetDisk  func()       // removes diskStats from the metrics
-	fresh      bool         // Open created the store (see Fresh)
 
 	seq atomic.Uint64 // last allocated store sequence
 
@@ -123,6 +122,10 @@ type Engine struct {
 	// testHookReclaimFlush: a reclaimFlush of the disk reserve started
 	// a flush that closes flushed when done (nil: none started).
 	testHookReclaimFlush func(flushed <-chan struct{})
+
+	// fresh: Open created the store (see Fresh). Last, so the layout of
+	// the fields above, the hot atomics among them, is as it was.
+	fresh bool
 }
 
 // shard is one slice of the keyspace with its wheel and fire loop. mu
