@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/logthrottle"
 	"github.com/delaybridge/delaybridge/shard"
 )
 
@@ -30,6 +31,21 @@ type Pipeline struct {
 	tasks sync.Pool
 	// stopGrace: see the constant; tests shorten it.
 	stopGrace time.Duration
+	// misspelled throttles the line about a header that looks like a
+	// control header but is not one, per source and header name.
+	misspelled logthrottle.Throttle
+}
+
+// warnMisspelled says, once per 30 s per source and header name, that
+// task t was taken in without its header key, which looks like the
+// control header name but is not read: a delay_id ignored gives the task
+// another id, a delay_target its source's default target.
+func (p *Pipeline) warnMisspelled(t *codec.Task, key, name string) {
+	if suppressed, ok := p.misspelled.AllowEach(time.Now(), t.Source+"\x00"+key); ok {
+		p.log.Warn("a header looks like a control header but is not one, so it is not read: the message is taken in without it (a delivered message carries it as an ordinary header)",
+			zap.String("source", t.Source), zap.String("header", key), zap.String("control_header", name),
+			zap.String("origin", t.Origin), zap.String("task_id", t.ID), zap.Int("suppressed", suppressed))
+	}
 }
 
 // NewPipeline returns a Pipeline ingesting into eng.
@@ -75,7 +91,9 @@ func (p *Pipeline) Handle(ctx context.Context, b *Batch) error {
 		return fmt.Errorf("bridge: ingest batch of %d: %w", len(tasks), err)
 	}
 	// The engine counts what it took in (delaybridge_ingested_total); the
-	// pipeline only says why a message was dead-lettered.
+	// pipeline only says why a message was dead-lettered, and warns of a
+	// control header misspelled on a message taken in without it (the
+	// dead letters' details name it already).
 	for i := range tasks {
 		if t := &tasks[i]; t.Kind == codec.KindDeadLetter {
 			p.log.Warn("dead-lettered message",
@@ -83,6 +101,8 @@ func (p *Pipeline) Handle(ctx context.Context, b *Batch) error {
 				zap.String("detail", t.Detail),
 				zap.String("origin", t.Origin),
 				zap.String("dlq", t.Destination()))
+		} else if key, name, ok := codec.Misspelled(&b.Items[i].Msg); ok {
+			p.warnMisspelled(t, key, name)
 		}
 	}
 	n := len(tasks)

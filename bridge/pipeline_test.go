@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -92,6 +93,45 @@ func TestPipelineHandle(t *testing.T) {
 				t.Errorf("checkpoint stored = %v (offset %d), want %v: it must be in the same commit as the batch", stored, off, !tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestPipelineWarnsMisspelledHeader: a message taken in with a header
+// that looks like a control header but is not one (delay_id: the task
+// gets its key as id instead) is warned of, once per source and header
+// name within 30 s, naming the control header; a dead letter's detail
+// names it already, and correct headers are not warned of.
+func TestPipelineWarnsMisspelledHeader(t *testing.T) {
+	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	rules := &codec.Rules{DLQ: "delay.dlq"}
+	msg := func(off int64, hs ...string) Item {
+		m := codec.Message{Transport: codec.TransportKafka, Source: "delay", Offset: off, Key: []byte(fmt.Sprint("k", off)), Value: []byte("v"), Time: now}
+		for i := 0; i+1 < len(hs); i += 2 {
+			m.Headers = append(m.Headers, codec.Header{Key: hs[i], Value: []byte(hs[i+1])})
+		}
+		return Item{Msg: m, Rules: rules}
+	}
+	eng := openEngine(t, clock.NewFake(now))
+	core, logs := observer.New(zap.WarnLevel)
+	p := NewPipeline(eng, zap.New(core))
+	items := []Item{
+		msg(0, "delay-after", "1m", "delay-target", "t", "delay_id", "order-1"),
+		msg(1, "delay-after", "1m", "delay-target", "t", "delay_id", "order-2"), // same source and name: held back
+		msg(2, "delay-after", "1m", "delay-target", "t", "X-Delay-Key", "k"),
+		msg(3, "delay-after", "1m", "delay-target", "t", "Delay-Id", "order-3", "trace-id", "x"),
+	}
+	if err := p.Handle(context.Background(), &Batch{Items: items}); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range logs.FilterMessageSnippet("looks like a control header").All() {
+		got = append(got, e.ContextMap()["header"].(string)+">"+e.ContextMap()["control_header"].(string)+" "+e.ContextMap()["task_id"].(string))
+	}
+	if want := []string{"delay_id>delay-id k0", "X-Delay-Key>delay-key k2"}; !slices.Equal(got, want) {
+		t.Fatalf("warned %q, want %q", got, want)
+	}
+	if n := logs.FilterMessageSnippet("dead-lettered").Len(); n != 0 {
+		t.Fatalf("%d dead letters, want none", n)
 	}
 }
 

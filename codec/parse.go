@@ -341,17 +341,46 @@ type parser struct {
 // full of them: lookalike allocates nothing and stops at the first
 // character that differs.
 func (p *parser) misspelled() string {
-	for _, h := range p.m.Headers {
-		if classify(h.Key) != hdrOther {
+	if key, name, ok := Misspelled(p.m); ok {
+		return "; header " + short(key) + " is not read: the name is " + name + " (in any case)"
+	}
+	return ""
+}
+
+// Misspelled finds the first header of m that looks like a control
+// header but is not one ("Delay_At", "X-Delay-After", "delay_id"): it
+// returns that header's name and the control header's. Such a header is
+// not read; on a message that is otherwise valid it is delivered as an
+// ordinary header, and the task is scheduled without it (a delay_id
+// ignored gives the task another id). Headers that cannot be one (their
+// first letter is not a d or an x) cost one comparison.
+func Misspelled(m *Message) (key, name string, ok bool) {
+	for _, h := range m.Headers {
+		if !maybeLookalike(h.Key) || classify(h.Key) != hdrOther {
 			continue
 		}
 		for c := hdrAt; c <= hdrCancel; c++ {
 			if lookalike(h.Key, lookalikeNames[c]) || lookalike(h.Key, lookalikeNames[hdrCancel+c]) {
-				return "; header " + short(h.Key) + " is not read: the name is " + hdrNames[c] + " (in any case)"
+				return h.Key, hdrNames[c], true
 			}
 		}
 	}
-	return ""
+	return "", "", false
+}
+
+// maybeLookalike: the first character of key that lookalike does not
+// drop is a d or an x (either case), as in every name it may match.
+func maybeLookalike(key string) bool {
+	for i := 0; i < len(key); i++ {
+		switch key[i] {
+		case '-', '_', '.', ' ':
+			continue
+		case 'd', 'D', 'x', 'X':
+			return true
+		}
+		return false
+	}
+	return false
 }
 
 // lookalikeNames are the control header names without their '-', at

@@ -1041,3 +1041,27 @@ func TestTaskDestination(t *testing.T) {
 		}
 	}
 }
+
+// TestMisspelled: the header that looks like a control header but is not
+// one, and the control header it looks like; none for control headers in
+// any case, for other headers, and for names that only start alike.
+func TestMisspelled(t *testing.T) {
+	for _, tc := range []struct {
+		headers   []Header
+		key, name string
+	}{
+		{[]Header{h("delay_id", "o-1")}, "delay_id", "delay-id"},
+		{[]Header{h("content-type", "x"), h("X-Delay-After", "1s")}, "X-Delay-After", "delay-after"},
+		{[]Header{h("DelayTarget", "orders")}, "DelayTarget", "delay-target"},
+		{[]Header{h("_delay.key", "k")}, "_delay.key", "delay-key"},
+		{[]Header{h("delay cancel", "true")}, "delay cancel", "delay-cancel"},
+		{[]Header{h("Delay-Id", "o-1"), h("DELAY-AFTER", "1s")}, "", ""},
+		{[]Header{h("delayed", "1"), h("x-delay", "1"), h("delay-idx", "1"), h("xdelay-atx", "1")}, "", ""},
+		{[]Header{h("", "1"), h("--", "1"), h("trace-id", "1")}, "", ""},
+	} {
+		key, name, ok := Misspelled(&Message{Headers: tc.headers})
+		if key != tc.key || name != tc.name || ok != (tc.key != "") {
+			t.Errorf("%v: %q %q %v, want %q %q", tc.headers, key, name, ok, tc.key, tc.name)
+		}
+	}
+}
