@@ -232,7 +232,7 @@ func TestKafkaSourceRemovedAndBack(t *testing.T) {
 	e.publishKafka(0, time.Time{}, []byte("soon"), []byte("soon"), "delay-after", "30s", "delay-target", "orders")
 	e.publishKafka(1, time.Time{}, []byte("later"), []byte("later"), "delay-after", "2h", "delay-target", "orders")
 	e.advanceUntil("3 delivered", func(ds []delivery) bool { return len(byValue(ds, kafkaOut)) == 3 })
-	eventually(t, "2 pending", func() bool { return svc.Engine().Stats().Pending == 2 })
+	waitStored(t, svc, 2, kafkaDelay, "soon", "later")
 	stop()
 
 	e.mutate = func(c *config.Config) { c.Kafka.Sources = []config.KafkaSource{{Topic: "delay2", DLQ: kafkaDLQ}} }

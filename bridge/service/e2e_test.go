@@ -565,6 +565,23 @@ func waitIngested(t *testing.T, svc *Service, n int64) {
 	eventually(t, "ingest", func() bool { return svc.Engine().Stats().Pending >= n })
 }
 
+// waitStored waits until each of ids is a task of source in the store and
+// pending tasks are left in all. A pending count alone is not enough after
+// a wait for deliveries: a task delivered is still counted until its
+// delete is durable, so the count may be reached while one of ids is not
+// taken in yet, and a stop then leaves it unacked on its source.
+func waitStored(t *testing.T, svc *Service, pending int64, source string, ids ...string) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("%s %q stored, %d pending", source, ids, pending), func() bool {
+		for _, id := range ids {
+			if _, err := svc.Engine().Lookup(source, id); err != nil {
+				return false
+			}
+		}
+		return svc.Engine().Stats().Pending == pending
+	})
+}
+
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
