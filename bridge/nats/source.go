@@ -161,27 +161,30 @@ func IncarnationKey(stream string) string { return "nats-incarnation|" + stream 
 // Messages of different incarnations are ordered by their stored time,
 // not by their sequences, which a stream created again starts at 1.
 // other says that the store's floor belongs to another stream than id
-// (see storedFloor and floorState.adoptLegacy).
-func (s *Source) settleIncarnation(ctx context.Context, h bridge.Handler, id int64, other bool) error {
+// (see storedFloor and floorState.adoptLegacy). known reports whether
+// the store had read a stream of this name before (an incarnation was
+// stored; true for a handler that cannot load checkpoints, which cannot
+// tell).
+func (s *Source) settleIncarnation(ctx context.Context, h bridge.Handler, id int64, other bool) (known bool, err error) {
 	l, ok := h.(bridge.CheckpointLoader)
 	if !ok {
 		// Nothing to compare against: a single incarnation.
 		s.inc, s.incOf, s.incDue = 0, id, 0
-		return nil
+		return true, nil
 	}
 	cp, stored, err := l.LoadCheckpoint(s.incKey)
 	if err != nil {
-		return fmt.Errorf("nats source: read the stream incarnation: %w", err)
+		return false, fmt.Errorf("nats source: read the stream incarnation: %w", err)
 	}
 	inc, write := nextIncarnation(cp, stored, id, s.inc, s.incOf, other)
 	if write {
 		b := &bridge.Batch{Checkpoints: []shard.Checkpoint{{Key: s.incKey, Offset: int64(inc), Fingerprint: uint64(id)}}}
 		if err := h.Handle(ctx, b); err != nil {
-			return fmt.Errorf("nats source: store the stream incarnation: %w", err)
+			return stored, fmt.Errorf("nats source: store the stream incarnation: %w", err)
 		}
 	}
 	s.inc, s.incOf, s.incDue = inc, id, 0
-	return nil
+	return stored, nil
 }
 
 // nextIncarnation decides the incarnation of the stream created at id
@@ -1030,7 +1033,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		}
 	}
 	// other: the store's floor is of an earlier stream of this name; known:
-	// the store has read a stream of this name (its incarnation is stored).
+	// the store had read a stream of this name (see settleIncarnation).
 	var other, known bool
 	for {
 		// The stream's identity now, not as NewSource saw it.
@@ -1040,15 +1043,13 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			other, err = s.storedFloor(h, st)
 		}
 		if err == nil {
-			known, err = s.knownStream(h)
-		}
-		if err == nil {
 			if st.legacy != 0 {
 				// Settled in consume, when the legacy floor is kept or
 				// dropped.
 				s.incDue = s.created.Load()
+				known = true
 			} else {
-				err = s.settleIncarnation(ctx, h, s.created.Load(), other)
+				known, err = s.settleIncarnation(ctx, h, s.created.Load(), other)
 			}
 		}
 		if err == nil {
@@ -1087,7 +1088,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 				continue
 			}
 			if id := s.created.Load(); id != streamID {
-				if err := s.settleIncarnation(ctx, h, id, true); err != nil {
+				if _, err := s.settleIncarnation(ctx, h, id, true); err != nil {
 					retryFailed("nats source: the stream was created again; reading its incarnation failed", err)
 					if !sleepCtx(ctx, bo.next()) {
 						return nil
@@ -1173,21 +1174,6 @@ func (s *Source) checkRestored(ctx context.Context, h bridge.Handler, st *floorS
 	s.inc = inc
 	*st = floorState{floor: floor}
 	return nil
-}
-
-// knownStream reports whether the store has read a stream of this name:
-// its incarnation is stored with every batch (and before the first). A
-// handler that cannot load checkpoints cannot tell: true.
-func (s *Source) knownStream(h bridge.Handler) (bool, error) {
-	l, ok := h.(bridge.CheckpointLoader)
-	if !ok {
-		return true, nil
-	}
-	_, stored, err := l.LoadCheckpoint(s.incKey)
-	if err != nil {
-		return false, fmt.Errorf("nats source: read the stream incarnation: %w", err)
-	}
-	return stored, nil
 }
 
 // logUnstored, for a store that has never read the stream, says (an
@@ -1338,7 +1324,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 		// tasks are the previous incarnation. Duplicates of what the
 		// consumer redelivers are the price if it was not; new messages
 		// lost to old tasks with the same ids the price of the other way.
-		if err := s.settleIncarnation(ctx, h, s.incDue, st.legacyOther(int64(info.Delivered.Stream))); err != nil {
+		if _, err := s.settleIncarnation(ctx, h, s.incDue, st.legacyOther(int64(info.Delivered.Stream))); err != nil {
 			return err
 		}
 	}
