@@ -5,11 +5,18 @@ import (
 	"context"
 	"encoding/json"
 	"image/png"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 func TestSummarize(t *testing.T) {
@@ -191,5 +198,63 @@ func TestGoalRows(t *testing.T) {
 				t.Fatalf("the report lacks the goals table:\n%s", md)
 			}
 		})
+	}
+}
+
+func TestCrossing(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	t1 := t0.Add(200 * time.Millisecond)
+	for _, tc := range []struct {
+		name         string
+		c0, c1, want float64
+		at           time.Duration // after t0
+	}{
+		{"half way", 0, 100, 50, 100 * time.Millisecond},
+		{"at the later poll", 0, 100, 100, 200 * time.Millisecond},
+		{"just after the earlier poll", 40, 140, 41, 2 * time.Millisecond},
+		{"reached at the first poll", 100, 100, 100, 200 * time.Millisecond},
+		{"count went back (a restarted bridge)", 100, 50, 50, 200 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := crossing(t0, tc.c0, t1, tc.c1, tc.want); !got.Equal(t0.Add(tc.at)) {
+				t.Fatalf("crossing = %v after t0, want %v", got.Sub(t0), tc.at)
+			}
+		})
+	}
+}
+
+// TestChildScrapeFiltered: the benchmark's polling of a child bridge asks
+// for the one family it reads, uncompressed, so it costs the measured
+// bridge no encoding or gzip of the rest.
+func TestChildScrapeFiltered(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	ing := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delaybridge_ingested_total"}, []string{"source"})
+	other := prometheus.NewCounter(prometheus.CounterOpts{Name: "delaybridge_ingested_total_other"})
+	reg.MustRegister(ing, other)
+	ing.WithLabelValues("a").Add(3)
+	ing.WithLabelValues("b").Add(4)
+	other.Add(100)
+	var queries, encodings []string
+	var mu sync.Mutex
+	h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		queries = append(queries, r.URL.RawQuery)
+		encodings = append(encodings, r.Header.Get("Accept-Encoding"))
+		mu.Unlock()
+		h.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	cb := &childBridge{admin: strings.TrimPrefix(srv.URL, "http://")}
+	if got := cb.counter("delaybridge_ingested_total"); got != 7 {
+		t.Fatalf("counter = %v, want 7", got)
+	}
+	if got := cb.metrics("delaybridge_ingested_total"); len(got) != 2 {
+		t.Fatalf("filtered scrape returned %d series, want the 2 of the family: %v", len(got), got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(queries) != 2 || queries[0] != "name%5B%5D=delaybridge_ingested_total" || encodings[0] != "" {
+		t.Fatalf("scrapes: queries %q, Accept-Encoding %q", queries, encodings)
 	}
 }
