@@ -338,7 +338,44 @@ func Connect(cfg Config) (*natsgo.Conn, error) {
 	}
 	cfg.Logger.Info("nats: connected", zap.String("server", redactURL(nc.ConnectedUrl())),
 		zap.String("server_id", nc.ConnectedServerId()))
+	if cfg.TLS != nil {
+		go logTLSRefusals(nc, cfg.Logger)
+	}
 	return nc, nil
+}
+
+// logTLSRefusals logs the reconnect attempts whose TLS handshake failed
+// once they reached a server: its certificate from a CA not (yet) in the
+// CA file, say, the server's CA rotated before the file. nats.go reports
+// those to no handler (the handshake fails in its connect step, after the
+// dial), only in LastError, which /readyz shows; without this the log
+// would say "disconnected; reconnecting" and never why. Each failed
+// attempt ends in a RECONNECTING status with that error. Logged once,
+// then once per logthrottle.DefaultEvery until connected again, whatever
+// the error: its text may name the attempt's local port (a server that
+// closed the connection after the handshake), so a throttle per distinct
+// text would log every attempt. It ends with the connection.
+func logTLSRefusals(nc *natsgo.Conn, log *zap.Logger) {
+	ch := nc.StatusChanged(natsgo.RECONNECTING, natsgo.CONNECTED, natsgo.CLOSED)
+	defer nc.RemoveStatusListener(ch)
+	if nc.IsClosed() {
+		return // closed before the listener was registered: no CLOSED to wait for
+	}
+	var fails logthrottle.Throttle
+	for st := range ch {
+		switch st {
+		case natsgo.CLOSED:
+			return
+		case natsgo.CONNECTED:
+			fails.Reset()
+		case natsgo.RECONNECTING:
+			if err := nc.LastError(); errors.Is(err, natsgo.ErrTLS) {
+				if suppressed, ok := fails.Allow(time.Now()); ok {
+					log.Warn("nats: reconnect attempt failed", zap.Error(err), zap.Int("suppressed", suppressed))
+				}
+			}
+		}
+	}
 }
 
 func isAuthError(err error) bool {

@@ -4,12 +4,17 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/config"
 	"github.com/delaybridge/delaybridge/internal/testcert"
@@ -103,5 +108,117 @@ func TestCARotation(t *testing.T) {
 	defer nc.Close()
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestCARotatedOnServerFirstIsLogged: the server's certificate moves to a
+// CA not in the CA file (the rotation done in the wrong order). The
+// bridge's own verification refuses each reconnect, which nats.go reports
+// to no handler (the handshake fails in its connect step, not its dial):
+// the log must still say why, not only "disconnected; reconnecting".
+func TestCARotatedOnServerFirstIsLogged(t *testing.T) {
+	ca1, ca2 := testcert.NewCA(t, "CA 1"), testcert.NewCA(t, "CA 2")
+	opts := plainOptions()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Port = l.Addr().(*net.TCPAddr).Port // fixed: the server restarts on it
+	l.Close()
+	opts.TLS = true
+	opts.TLSConfig = &tls.Config{Certificates: []tls.Certificate{ca1.Issue(t, "nats", x509.ExtKeyUsageServerAuth, "127.0.0.1").TLS()}, MinVersion: tls.VersionTLS12}
+	s := startServer(t, opts)
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	testcert.ReplaceFile(t, caFile, ca1.CertPEM())
+	core, logs := observer.New(zap.InfoLevel)
+	ct, err := config.TLS{Enabled: true, CAFile: caFile}.Client(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, serverURL(s))
+	cfg.Logger = zap.New(core)
+	cfg.TLS, cfg.RootCAs = ct.Config(), ct.RootCAsFunc()
+	nc := connect(t, cfg)
+	defer nc.Close()
+
+	s.Shutdown()
+	s.WaitForShutdown()
+	next := *opts
+	next.TLSConfig = &tls.Config{Certificates: []tls.Certificate{ca2.Issue(t, "nats", x509.ExtKeyUsageServerAuth, "127.0.0.1").TLS()}, MinVersion: tls.VersionTLS12}
+	startServer(t, &next)
+	named := func() bool {
+		for _, e := range logs.FilterMessage("nats: reconnect attempt failed").All() {
+			if strings.Contains(fmt.Sprint(e.ContextMap()["error"]), "certificate signed by unknown authority") {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(10 * time.Second); !named(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			var lines []string
+			for _, e := range logs.All() {
+				lines = append(lines, fmt.Sprintf("%s %v", e.Message, e.ContextMap()))
+			}
+			t.Fatalf("no log line names the refused server certificate within 10 s (last error %v); log: %q", nc.LastError(), lines)
+		}
+	}
+	// Once, then once per logthrottle.DefaultEvery: not at every attempt.
+	time.Sleep(3 * time.Second)
+	if n := logs.FilterMessage("nats: reconnect attempt failed").Len(); n > 1 {
+		t.Errorf("%d reconnect failure lines in 3 s at a 20 ms reconnect wait: not throttled", n)
+	}
+}
+
+// TestClientCertRefusedLogIsThrottled: a server that no longer takes the
+// bridge's client certificate closes each reconnect after the handshake,
+// and the error of each attempt names its own local port. The log says it
+// once (and nats.go's own report of the server's alert once), not once per
+// attempt.
+func TestClientCertRefusedLogIsThrottled(t *testing.T) {
+	serverCA, clientCA1, clientCA2 := testcert.NewCA(t, "server CA"), testcert.NewCA(t, "client CA 1"), testcert.NewCA(t, "client CA 2")
+	srv := serverCA.Issue(t, "nats", x509.ExtKeyUsageServerAuth, "127.0.0.1").TLS()
+	opts := plainOptions()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Port = l.Addr().(*net.TCPAddr).Port // fixed: the server restarts on it
+	l.Close()
+	opts.TLS, opts.TLSVerify = true, true
+	opts.TLSConfig = &tls.Config{Certificates: []tls.Certificate{srv}, ClientAuth: tls.RequireAndVerifyClientCert,
+		ClientCAs: clientCA1.Pool, MinVersion: tls.VersionTLS12}
+	s := startServer(t, opts)
+	dir := t.TempDir()
+	caFile, certFile, keyFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	testcert.ReplaceFile(t, caFile, serverCA.CertPEM())
+	c1 := clientCA1.Issue(t, "bridge", x509.ExtKeyUsageClientAuth)
+	testcert.ReplaceFile(t, certFile, c1.CertPEM())
+	testcert.ReplaceFile(t, keyFile, c1.KeyPEM(t))
+	core, logs := observer.New(zap.InfoLevel)
+	ct, err := config.TLS{Enabled: true, CAFile: caFile, CertFile: certFile, KeyFile: keyFile}.Client(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, serverURL(s))
+	cfg.Logger = zap.New(core)
+	cfg.TLS, cfg.RootCAs = ct.Config(), ct.RootCAsFunc()
+	nc := connect(t, cfg)
+	defer nc.Close()
+
+	s.Shutdown()
+	s.WaitForShutdown()
+	next := *opts
+	next.TLSConfig = opts.TLSConfig.Clone()
+	next.TLSConfig.ClientCAs = clientCA2.Pool
+	startServer(t, &next)
+	eventually(t, "reconnect attempts refused", func() bool { return nc.LastError() != nil })
+	time.Sleep(5 * time.Second)
+	var lines []string
+	for _, e := range logs.FilterMessage("nats: reconnect attempt failed").All() {
+		lines = append(lines, fmt.Sprint(e.ContextMap()["error"]))
+	}
+	if len(lines) > 2 {
+		t.Errorf("%d reconnect failure lines in 5 s: not throttled: %q", len(lines), lines)
 	}
 }
