@@ -164,9 +164,9 @@ func TestCARotatedOnServerFirstIsLogged(t *testing.T) {
 		}
 	}
 	// Once, then once per logthrottle.DefaultEvery: not at every attempt.
-	time.Sleep(3 * time.Second)
+	time.Sleep(time.Second)
 	if n := logs.FilterMessage("nats: reconnect attempt failed").Len(); n > 1 {
-		t.Errorf("%d reconnect failure lines in 3 s at a 20 ms reconnect wait: not throttled", n)
+		t.Errorf("%d reconnect failure lines in 1 s at a 20 ms reconnect wait: not throttled", n)
 	}
 }
 
@@ -213,12 +213,12 @@ func TestClientCertRefusedLogIsThrottled(t *testing.T) {
 	next.TLSConfig.ClientCAs = clientCA2.Pool
 	startServer(t, &next)
 	eventually(t, "reconnect attempts refused", func() bool { return nc.LastError() != nil })
-	time.Sleep(5 * time.Second)
+	time.Sleep(2 * time.Second)
 	var lines []string
 	for _, e := range logs.FilterMessage("nats: reconnect attempt failed").All() {
 		lines = append(lines, fmt.Sprint(e.ContextMap()["error"]))
 	}
 	if len(lines) > 2 {
-		t.Errorf("%d reconnect failure lines in 5 s: not throttled: %q", len(lines), lines)
+		t.Errorf("%d reconnect failure lines in 2 s: not throttled: %q", len(lines), lines)
 	}
 }

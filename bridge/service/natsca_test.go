@@ -92,7 +92,6 @@ func TestNATSServerCARotated(t *testing.T) {
 		return err != nil && strings.Contains(err.Error(), "nats target unavailable") && strings.Contains(err.Error(), "tls")
 	})
 	t.Logf("phase 3: readiness %v after the restart: %v", time.Since(brokenAt), h.svc.Ready())
-	time.Sleep(10 * time.Second)
 	warnBroken, msgs := warns(brokenAt)
 	t.Logf("phase 3: while broken %v: %d warn+ lines %v", time.Since(brokenAt), warnBroken, msgs)
 	testcert.ReplaceFile(t, caFile, append(ca2.CertPEM(), ca3.CertPEM()...))

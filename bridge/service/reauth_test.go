@@ -3,9 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
@@ -27,15 +25,8 @@ import (
 // bridge must keep taking in and delivering: nothing lost, nothing
 // delivered twice but what was in flight at a close, no log storm.
 func TestKafkaSessionsExpire(t *testing.T) {
-	cutAge := 2 * time.Second
-	if v := os.Getenv("H163_CUT"); v != "" {
-		cutAge, _ = time.ParseDuration(v)
-	}
-	parts := int32(1)
-	if v := os.Getenv("H163_PARTS"); v != "" {
-		n, _ := strconv.Atoi(v)
-		parts = int32(n)
-	}
+	const cutAge = 2 * time.Second
+	const parts = int32(1)
 	brokers := &cutBrokers{}
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(parts, "delay"), kfake.SeedTopics(1, "delay.dlq", "orders"),
 		kfake.EnableSASL(), kfake.BrokerConfigs(map[string]string{"connections.max.reauth.ms": "2000"}),
