@@ -19,6 +19,9 @@ func TestDeliveryID(t *testing.T) {
 	K, N := codec.TransportKafka, codec.TransportNATS
 	dl := mk(N, "DELAY", "")
 	dl.Kind, dl.Origin = codec.KindDeadLetter, "nats:DELAY#7"
+	// A dead letter made at the due time keeps the task's id, for logs.
+	fdl := mk(N, "DELAY", "order-1", hdr("delay-due", "2026-11-22T15:04:05.123Z"))
+	fdl.Kind, fdl.Origin = codec.KindDeadLetter, "nats:DELAY#9"
 	cases := []struct {
 		name string
 		task *codec.Task
@@ -32,6 +35,9 @@ func TestDeliveryID(t *testing.T) {
 		{"due from the field, epoch", func() *codec.Task { tk := mk(N, "DELAY", "x"); tk.Due = 0; return tk }(),
 			"nats:DELAY|x|1970-01-01T00:00:00.000Z"},
 		{"dead letter without id: its origin", dl, "nats:DELAY|nats:DELAY#7|2026-11-22T15:04:05.123Z"},
+		// Not the task id: another message of the id and due that fails
+		// too is another dead letter, not a redelivery of this one.
+		{"dead letter made at the due time: its origin", fdl, "nats:DELAY|nats:DELAY#9|2026-11-22T15:04:05.123Z"},
 		{"separator in the id", mk(N, "DELAY", "a|b"), "nats:DELAY|a%7Cb|2026-11-22T15:04:05.123Z"},
 		{"separator in the source", mk(K, "a|b", "c"), "kafka:a%7Cb|c|2026-11-22T15:04:05.123Z"},
 		{"id ending in separator", mk(K, "a", "b|"), "kafka:a|b%7C|2026-11-22T15:04:05.123Z"},

@@ -78,7 +78,8 @@
 // from the store was not yet durable) is then dropped by the target
 // stream's duplicate window, while a later firing of the same id (another
 // due time) and a task of another source with the same id and due time
-// are not. The source message's own Nats-Msg-Id and the other JetStream
+// are not. A dead letter has its origin in place of the delay-id, so that
+// the DLQ stream drops only a redelivery of the same dead letter. The source message's own Nats-Msg-Id and the other JetStream
 // publish directives (Nats-Expected-*, Nats-TTL, Nats-Rollup,
 // Nats-Schedule*, Nats-Batch-*, Nats-Incr, Nats-Required-Api-Level,
 // Nats-Trace-*) are not forwarded, nor is the Nats-Stream-Source that

@@ -164,17 +164,20 @@ func (s *Sink) Health() error { return connErr(s.nc) }
 //	<transport>:<source>|<id>|<due>
 //
 // the task's source (the transport and delay topic or stream it came
-// from: ids are scoped to their source), its id (its origin when it has
-// none, as dead letters may) and its delay-due, so a redelivery of the same
-// firing is a duplicate, while a later firing of the same id, or the same
-// id and due from another source, is not. In source, id and due, '%', '|',
+// from: ids are scoped to their source), its id and its delay-due, so a
+// redelivery of the same firing is a duplicate, while a later firing of
+// the same id, or the same id and due from another source, is not. A dead
+// letter has its origin in place of the id: it is one source message's,
+// and two messages with the same id and due (a publish-failed dead letter
+// replayed with its delay-at that fails again) are two dead letters, of
+// which the DLQ stream's duplicate window must drop neither. In source, id and due, '%', '|',
 // space and the ASCII control characters are percent-encoded (%XX): the
 // three fields never contain a raw '|', so distinct (source, id, due)
 // never give the same string, and nats.go, which trims white space from
 // header values and turns CR and LF into spaces, finds nothing to alter.
 func DeliveryID(t *codec.Task) string {
 	id := t.ID
-	if id == "" {
+	if id == "" || t.Kind == codec.KindDeadLetter {
 		id = t.Origin
 	}
 	var due string

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"testing"
 	"time"
 
@@ -354,9 +355,13 @@ func TestSinkRefusalsDelivered(t *testing.T) {
 		}
 	}
 	sink := newSink(t, nc, cfg)
+	seq := 0
 	dead := func(id, target string, size int) *codec.Task {
 		dl := task(id, target, string(bytes.Repeat([]byte("x"), size)), 0)
-		dl.Kind, dl.Code = codec.KindDeadLetter, codec.CodeBadDue
+		// Each dead letter is another source message's: its origin
+		// (in its Nats-Msg-Id) tells it from the others.
+		seq++
+		dl.Kind, dl.Code, dl.Origin = codec.KindDeadLetter, codec.CodeBadDue, "nats:DELAY#"+strconv.Itoa(seq)
 		return dl
 	}
 	if errs := sink.Deliver(ctxT(t), []*codec.Task{dead("first", "dlq.full", 1)}); errs != nil {

@@ -1,11 +1,13 @@
 package service
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -336,5 +338,45 @@ func TestDeadLetterReplay(t *testing.T) {
 		if n := len(byValue(ds, kafkaOut)[v]); n != 1 {
 			t.Errorf("%s replayed twice while pending, delivered %d times, want once", v, n)
 		}
+	}
+}
+
+// TestNATSDeadLettersOfOneIDAndDueBothStored: two messages of a NATS
+// source with the same delay-id and due time both fail for good (a
+// publish-failed dead letter replayed with its delay-at, payload edited,
+// to a target that still refuses it). Both dead letters must reach the
+// NATS DLQ: they are distinct messages (another origin, another value),
+// not a redelivery of one. With the DLQ's Nats-Msg-Id made of the task id
+// and due, as a delivery's, the DLQ stream's duplicate window (2 min by
+// default) dropped the second while its PubAck said it was stored, so the
+// bridge deleted it: the edited copy was in neither the store nor the DLQ.
+func TestNATSDeadLettersOfOneIDAndDueBothStored(t *testing.T) {
+	e := newEnv(t, "retry: {initial: 1s, max: 2s, multiplier: 2, jitter: 0, max_attempts: 1}\n")
+	svc, _ := e.start()
+	due := e.clk.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)
+	e.publishNATS("delay.r", []byte("v1"), "delay-id", "job-R", "delay-at", due, "delay-target", "nostream.r")
+	e.advanceUntil("the first dead letter", func(ds []delivery) bool { return len(byValue(ds, "dlq.delay")["v1"]) > 0 })
+	e.publishNATS("delay.r", []byte("v2"), "delay-id", "job-R", "delay-at", due, "delay-target", "nostream.r")
+	waitIngested(t, svc, 1)
+	eventually(t, "the second task dead-lettered and gone from the store", func() bool {
+		e.clk.Advance(100 * time.Millisecond)
+		return svc.Engine().Stats().Pending == 0
+	})
+	// Deleted from the store only after the DLQ's PubAck: the stream
+	// holds what it took.
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(context.Background(), "DLQ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := st.CachedInfo().State.Msgs; n != 2 {
+		t.Fatalf("the DLQ stream holds %d messages, want both dead letters", n)
+	}
+	ds := e.waitFor("the second dead letter", func(ds []delivery) bool { return len(byValue(ds, "dlq.delay")["v2"]) > 0 })
+	if n := len(byValue(ds, "dlq.delay")["v1"]); n != 1 {
+		t.Fatalf("first dead letter in the DLQ %d times, want once", n)
 	}
 }
