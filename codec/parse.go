@@ -87,8 +87,8 @@ var noRules Rules
 //
 // A schedule is delivered with every source header except the six control
 // headers, plus delay-id, delay-origin and delay-due (CONTRACT §2). As an
-// extension, source headers named delay-origin or delay-due are dropped
-// rather than duplicated. A source Nats-Msg-Id is kept (a Kafka target
+// extension, source headers named delay-origin, delay-due or
+// delay-id-encoding are dropped rather than duplicated. A source Nats-Msg-Id is kept (a Kafka target
 // receives it like any header); the NATS sink replaces it with its own
 // delivery id, so a JetStream target does not de-duplicate distinct
 // deliveries of one publisher message id.
@@ -97,6 +97,12 @@ var noRules Rules
 // and adds delay-error, delay-error-detail and delay-origin; stale source
 // copies of those three headers are dropped so that no reader sees two
 // (NATS Header.Get returns the first value, Kafka readers usually the last).
+// A NATS message whose id is its Nats-Msg-Id also gets it as delay-id
+// (natsMsgIDOnly), since the DLQ's sink replaces Nats-Msg-Id.
+//
+// Also dropped from a schedule's delivery: a source's delay-error and
+// delay-error-detail (a replayed dead letter's). A delay-id sent with
+// delay-id-encoding: percent is decoded (delayID).
 //
 // The task aliases m's Key, Value and header values; it must be encoded
 // (AppendTask) or copied before m's buffers are reused. r may be nil.
@@ -126,7 +132,7 @@ func Parse(m *Message, r *Rules) Task {
 		}
 	}
 	if m.Tombstone {
-		if v, ok := p.value(hdrID); ok && len(v) > 0 {
+		if v, ok := p.delayID(); ok {
 			return p.cancel(string(v))
 		}
 		if len(m.Key) > 0 {
@@ -276,7 +282,7 @@ func Parse(m *Message, r *Rules) Task {
 	hs := make([]Header, 0, len(m.Headers)+3)
 	for _, h := range m.Headers {
 		switch c := classify(h.Key); {
-		case c.isControl(), c == hdrOrigin, c == hdrDue, c == hdrIDEncoding:
+		case c.isControl(), c == hdrOrigin, c == hdrDue, c == hdrIDEncoding, c == hdrError, c == hdrErrorDetail:
 			continue
 		}
 		hs = append(hs, h)
@@ -431,8 +437,8 @@ func (p *parser) orig() string {
 // Empty values are skipped: an empty id would make unrelated messages
 // replace each other.
 func (p *parser) idBytes() (id []byte, useOrigin bool) {
-	if i := p.last[hdrID]; i > 0 && len(p.m.Headers[i-1].Value) > 0 {
-		return p.m.Headers[i-1].Value, false
+	if v, ok := p.delayID(); ok {
+		return v, false
 	}
 	switch p.m.Transport {
 	case TransportKafka:
@@ -445,6 +451,81 @@ func (p *parser) idBytes() (id []byte, useOrigin bool) {
 		}
 	}
 	return nil, true
+}
+
+// maxMsgIDCopy bounds the Nats-Msg-Id a dead letter repeats in delay-id:
+// a longer one is left out rather than grow the dead letter's header block
+// towards JetStream's limit.
+const maxMsgIDCopy = 256
+
+// natsMsgIDOnly is the Nats-Msg-Id of a NATS message without a delay-id
+// header, which is then its task id.
+func (p *parser) natsMsgIDOnly() ([]byte, bool) {
+	if p.m.Transport != TransportNATS || p.last[hdrID] != 0 {
+		return nil, false
+	}
+	v, ok := p.value(hdrNatsMsgID)
+	if !ok || len(v) == 0 || len(v) > maxMsgIDCopy {
+		return nil, false
+	}
+	return v, true
+}
+
+// delayID is the non-empty delay-id header, percent-decoded when the
+// message has delay-id-encoding: percent: a NATS delivery whose id was
+// encoded (NATSHeaderID), republished as it arrived (a retry chain, a
+// replayed dead letter), keeps its id instead of being encoded once more
+// at each hop ("50%off", "50%25off", "50%2525off"). A value that is not
+// valid percent-encoding is taken as it is.
+func (p *parser) delayID() ([]byte, bool) {
+	v, ok := p.value(hdrID)
+	if !ok || len(v) == 0 {
+		return nil, false
+	}
+	if enc, ok := p.value(hdrIDEncoding); ok && string(bytes.TrimSpace(enc)) == IDEncodingPercent {
+		if d, ok := percentDecode(v); ok && len(d) > 0 {
+			return d, true
+		}
+	}
+	return v, true
+}
+
+// percentDecode undoes %XX escapes, ok false for a '%' not followed by two
+// hex digits. '+' stays '+' (the encoding is a URL path's, not a form's).
+func percentDecode(v []byte) ([]byte, bool) {
+	if bytes.IndexByte(v, '%') < 0 {
+		return v, true
+	}
+	out := make([]byte, 0, len(v))
+	for i := 0; i < len(v); i++ {
+		if v[i] != '%' {
+			out = append(out, v[i])
+			continue
+		}
+		if i+2 >= len(v) {
+			return nil, false
+		}
+		hi, ok1 := unhex(v[i+1])
+		lo, ok2 := unhex(v[i+2])
+		if !ok1 || !ok2 {
+			return nil, false
+		}
+		out = append(out, hi<<4|lo)
+		i += 2
+	}
+	return out, true
+}
+
+func unhex(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
 }
 
 func (p *parser) id() string {
@@ -516,6 +597,13 @@ func (p *parser) deadLetter(code Code, detail string) Task {
 			continue
 		}
 		hs = append(hs, h)
+	}
+	if id, ok := p.natsMsgIDOnly(); ok {
+		// The DLQ's NATS sink replaces Nats-Msg-Id with its own: the
+		// task id it gave would otherwise be in no header of the dead
+		// letter, and a replay would run under another id, which a
+		// later cancel of the id misses.
+		hs = append(hs, Header{Key: HeaderID, Value: id})
 	}
 	hs = append(hs,
 		Header{Key: HeaderError, Value: []byte(code)},

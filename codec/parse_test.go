@@ -411,6 +411,7 @@ func TestParseCancel(t *testing.T) {
 		{name: "tombstone with key", msg: tombstone(kafkaMsg(), "k1"), kind: KindCancel, id: "k1"},
 		{name: "tombstone with delay-id", msg: tombstone(kafkaMsg(h("delay-id", "job-9")), "k1"), kind: KindCancel, id: "job-9"},
 		{name: "tombstone without key, with delay-id", msg: tombstone(kafkaMsg(h("delay-id", "job-9")), ""), kind: KindCancel, id: "job-9"},
+		{name: "tombstone with an encoded delay-id", msg: tombstone(kafkaMsg(h("delay-id", "50%25off"), h("delay-id-encoding", "percent")), "k1"), kind: KindCancel, id: "50%off"},
 		{name: "tombstone with schedule headers still cancels", msg: tombstone(kafkaMsg(h("delay-after", "1s")), "k1"), kind: KindCancel, id: "k1"},
 		{name: "tombstone without key", msg: tombstone(kafkaMsg(h("delay-after", "1s")), ""), code: CodeMissingDue},
 		{name: "cancel without any id is a dead letter", msg: func() *Message { m := kafkaMsg(h("delay-cancel", "true")); m.Key = nil; return m }(), code: CodeMissingDue},
@@ -477,6 +478,15 @@ func TestParseID(t *testing.T) {
 		{name: "nats none, second log", msg: inc(2, natsMsg()), id: "nats:DELAY#7~i2"},
 		{name: "nats msg id, second log", msg: inc(2, natsMsg(h("Nats-Msg-Id", "m-1"))), id: "m-1"},
 		{name: "repeated delay-id: last wins", msg: kafkaMsg(h("delay-id", "a"), h("delay-id", "b")), id: "b"},
+		// A delivery's encoded id republished as it arrived keeps the id.
+		{name: "delay-id percent-decoded", msg: kafkaMsg(h("delay-id", "50%25off%20"), h("Delay-Id-Encoding", "percent")), id: "50%off "},
+		{name: "nats delay-id percent-decoded", msg: natsMsg(h("delay-id", "job%2D7"), h("delay-id-encoding", " percent ")), id: "job-7"},
+		{name: "plus stays plus", msg: kafkaMsg(h("delay-id", "a+b%2B"), h("delay-id-encoding", "percent")), id: "a+b+"},
+		{name: "other encoding: as is", msg: kafkaMsg(h("delay-id", "50%25off"), h("delay-id-encoding", "base64")), id: "50%25off"},
+		{name: "no encoding header: as is", msg: kafkaMsg(h("delay-id", "50%25off")), id: "50%25off"},
+		{name: "bad escape: as is", msg: kafkaMsg(h("delay-id", "50%zzoff"), h("delay-id-encoding", "percent")), id: "50%zzoff"},
+		{name: "cut escape: as is", msg: kafkaMsg(h("delay-id", "50%2"), h("delay-id-encoding", "percent")), id: "50%2"},
+		{name: "lone percent: as is", msg: kafkaMsg(h("delay-id", "%"), h("delay-id-encoding", "percent")), id: "%"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -526,7 +536,8 @@ func TestParseSchedule(t *testing.T) {
 		h("Nats-Msg-Id", "m-1"),
 		h("trace", "t2"),
 		Header{Key: "null", Value: nil},
-		h("delay-error", "kept: not a header the schedule sets"),
+		h("delay-error", "bad-target"),
+		h("Delay-Error-Detail", "a replayed dead letter's: dropped"),
 	)
 	got := Parse(m, &Rules{DLQ: "delay.dlq", DefaultTarget: "unused"})
 	due := nowMs + 90_000
@@ -540,7 +551,6 @@ func TestParseSchedule(t *testing.T) {
 			h("Nats-Msg-Id", "m-1"),
 			h("trace", "t2"),
 			{Key: "null", Value: nil},
-			h("delay-error", "kept: not a header the schedule sets"),
 			h("delay-id", "job-9"),
 			h("delay-origin", "kafka:delay/3@42"),
 			h("delay-due", "2026-11-22T15:05:35.123Z"),
@@ -643,6 +653,35 @@ func TestParseDeadLetter(t *testing.T) {
 		got := Parse(m, &Rules{DLQ: "delay.dlq", Now: at(now)})
 		if got.Kind != KindDeadLetter || got.Due != nowMs || got.Stamp != stamp.UnixMilli() {
 			t.Errorf("message time %v: dead letter due %d, stamp %d; want due %d (the bridge's time), stamp the message's", stamp, got.Due, got.Stamp, nowMs)
+		}
+	}
+
+	// A NATS message whose id is its Nats-Msg-Id keeps it in its dead
+	// letter as delay-id: the DLQ's sink replaces Nats-Msg-Id, and a
+	// replay must run under the same id. Not with a delay-id of its own,
+	// not from Kafka, not for an id longer than maxMsgIDCopy.
+	long := strings.Repeat("m", maxMsgIDCopy+1)
+	for _, tc := range []struct {
+		name string
+		m    *Message
+		want []string // delay-id values in the dead letter
+	}{
+		{"nats msg id", natsMsg(h("Nats-Msg-Id", "order-7")), []string{"order-7"}},
+		{"nats delay-id of its own", natsMsg(h("Nats-Msg-Id", "order-7"), h("delay-id", "job-9")), []string{"job-9"}},
+		{"nats msg id at the bound", natsMsg(h("Nats-Msg-Id", long[1:])), []string{long[1:]}},
+		{"nats msg id over the bound", natsMsg(h("Nats-Msg-Id", long)), nil},
+		{"nats no msg id", natsMsg(), nil},
+		{"kafka", kafkaMsg(h("Nats-Msg-Id", "order-7")), nil},
+	} {
+		got := Parse(tc.m, &Rules{DLQ: "dlq"})
+		var ids []string
+		for _, hd := range got.Headers {
+			if strings.EqualFold(hd.Key, HeaderID) {
+				ids = append(ids, string(hd.Value))
+			}
+		}
+		if got.Kind != KindDeadLetter || !slices.Equal(ids, tc.want) {
+			t.Errorf("%s: %v with delay-id %q, want a dead letter with %q", tc.name, got.Kind, ids, tc.want)
 		}
 	}
 
