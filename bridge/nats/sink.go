@@ -170,11 +170,12 @@ func (s *Sink) Health() error { return connErr(s.nc) }
 // letter has its origin in place of the id: it is one source message's,
 // and two messages with the same id and due (a publish-failed dead letter
 // replayed with its delay-at that fails again) are two dead letters, of
-// which the DLQ stream's duplicate window must drop neither. In source, id and due, '%', '|',
-// space and the ASCII control characters are percent-encoded (%XX): the
-// three fields never contain a raw '|', so distinct (source, id, due)
-// never give the same string, and nats.go, which trims white space from
-// header values and turns CR and LF into spaces, finds nothing to alter.
+// which the DLQ stream's duplicate window must drop neither. In source,
+// id and due, '%', '|', space and the ASCII control characters are
+// percent-encoded (%XX): the three fields never contain a raw '|', so
+// distinct (source, id, due) never give the same string, and nats.go,
+// which trims white space from header values and turns CR and LF into
+// spaces, finds nothing to alter.
 func DeliveryID(t *codec.Task) string {
 	id := t.ID
 	if id == "" || t.Kind == codec.KindDeadLetter {
