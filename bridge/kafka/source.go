@@ -239,6 +239,11 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		}
 	}
 	defer func() { leave() }()
+	// member is the member id of the last generation joined, until
+	// kafka-go drops it; the removals of dropped ones run in stale.
+	var member string
+	var stale sync.WaitGroup
+	defer stale.Wait()
 	joined := false
 	var joinFails logthrottle.Throttle // one line per logthrottle.DefaultEvery while joins fail
 	var genEnded <-chan struct{}       // the partition workers of the last generation are done
@@ -277,6 +282,15 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			continue
 		}
 		if err != nil {
+			if member != "" && !errors.Is(err, kafkago.RebalanceInProgress) {
+				// kafka-go dropped the member id with this error (it
+				// keeps it only through a rebalance) after trying to
+				// leave, which fails when the broker cannot be reached,
+				// and joins next as a new member.
+				m := member
+				stale.Go(func() { s.removeStaleMember(ctx, m) })
+				member = ""
+			}
 			err = classify(err)
 			if !joined && (errors.Is(err, ErrAuth) || errors.Is(err, ErrTLS)) {
 				// Refused before we ever got in (e.g. no ACL for the
@@ -294,6 +308,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		}
 		joinFails.Reset()
 		joined = true
+		member = gen.MemberID
 		// A topic of this group deleted while we run: leave the group and
 		// join again with those that exist, rather than spin through
 		// empty generations with every topic unassigned.
@@ -356,6 +371,49 @@ func (s *Source) logSlowJoin(ctx context.Context, ended <-chan struct{}) {
 		s.log.Info("waiting for the consumer group to assign partitions: a member that stopped without leaving (kill -9, OOM) is waited for until its session times out",
 			zap.Duration("waited", s.joinWaitLog), zap.Duration("session_timeout", s.cfg.SessionTimeout))
 	case <-ctx.Done():
+	}
+}
+
+// removeStaleMember removes member, a membership of this source that
+// kafka-go gave up after a failed generation, from the group. kafka-go
+// tried to leave it then, which fails while the broker cannot be reached
+// (a network blip, a broker restart), and joins as a new member once it
+// can; the coordinator then waits for the old member until its session
+// or the rebalance timeout runs out, and nothing is taken in meanwhile:
+// after every short outage, for up to the session timeout (30 s by
+// default). Any client may send the LeaveGroup; member is never the id
+// kafka-go joins with next (the coordinator gives each join a new one).
+// It retries until the coordinator answers, the member is gone already
+// (UNKNOWN_MEMBER_ID), the session has run out (the coordinator removed
+// it) or ctx ends.
+func (s *Source) removeStaleMember(ctx context.Context, member string) {
+	deadline := time.Now().Add(max(s.cfg.SessionTimeout, s.cfg.RebalanceTimeout))
+	wait := s.cfg.RetryMin
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		rctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+		resp, err := s.client.LeaveGroup(rctx, &kafkago.LeaveGroupRequest{
+			GroupID: s.cfg.Group, Members: []kafkago.LeaveGroupRequestMember{{ID: member}}})
+		cancel()
+		if err == nil {
+			err = resp.Error
+			for _, m := range resp.Members {
+				err = cmp.Or(err, m.Error)
+			}
+		}
+		switch {
+		case err == nil:
+			s.log.Info("removed this bridge's previous membership of the group, which it could not leave while the broker was unreachable, so that the rejoin does not wait for its session to time out",
+				zap.String("member", member))
+			return
+		case errors.Is(err, kafkago.UnknownMemberId):
+			return // left or expired already
+		}
+		s.log.Debug("removing the previous membership of the group", zap.String("member", member), zap.Error(err))
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, s.cfg.RetryMax)
 	}
 }
 
