@@ -120,6 +120,11 @@ type Config struct {
 	// (shard.Engine.Fresh): a partition the group has read then has
 	// tasks in another store, which the source logs as an error.
 	FreshStore bool
+	// MemberFile is where the source keeps its group member id, written
+	// at each join: a start after a crash (kill -9, an OOM kill, a lost
+	// node) removes the membership the crashed process left, instead of
+	// waiting for its session to time out. "" keeps none.
+	MemberFile string
 
 	TLS *tls.Config // nil: plaintext
 	// NewTLS, when set, wins over TLS: it gives each new connection its

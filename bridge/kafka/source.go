@@ -6,11 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	kafkago "github.com/segmentio/kafka-go"
@@ -244,6 +248,12 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 	var member string
 	var stale sync.WaitGroup
 	defer stale.Wait()
+	if m := s.readMemberFile(); m != "" {
+		// The membership of this bridge's previous run, which it left
+		// already if it stopped cleanly (then the removal finds no such
+		// member), not if it crashed.
+		stale.Go(func() { s.removeStaleMember(ctx, m, "the previous run's membership, left by a crash") })
+	}
 	joined := false
 	var joinFails logthrottle.Throttle // one line per logthrottle.DefaultEvery while joins fail
 	var genEnded <-chan struct{}       // the partition workers of the last generation are done
@@ -288,7 +298,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 				// leave, which fails when the broker cannot be reached,
 				// and joins next as a new member.
 				m := member
-				stale.Go(func() { s.removeStaleMember(ctx, m) })
+				stale.Go(func() { s.removeStaleMember(ctx, m, "a membership kafka-go gave up after a failed generation") })
 				member = ""
 			}
 			err = classify(err)
@@ -309,6 +319,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		joinFails.Reset()
 		joined = true
 		member = gen.MemberID
+		s.writeMemberFile(member)
 		// A topic of this group deleted while we run: leave the group and
 		// join again with those that exist, rather than spin through
 		// empty generations with every topic unassigned.
@@ -386,7 +397,11 @@ func (s *Source) logSlowJoin(ctx context.Context, ended <-chan struct{}) {
 // It retries until the coordinator answers, the member is gone already
 // (UNKNOWN_MEMBER_ID), the session has run out (the coordinator removed
 // it) or ctx ends.
-func (s *Source) removeStaleMember(ctx context.Context, member string) {
+//
+// The previous run's member, read from Config.MemberFile at the start, is
+// removed the same way: a crashed process left it in the group, and the
+// coordinator would hold the new join for its session.
+func (s *Source) removeStaleMember(ctx context.Context, member, why string) {
 	deadline := time.Now().Add(max(s.cfg.SessionTimeout, s.cfg.RebalanceTimeout))
 	wait := s.cfg.RetryMin
 	for ctx.Err() == nil && time.Now().Before(deadline) {
@@ -402,8 +417,8 @@ func (s *Source) removeStaleMember(ctx context.Context, member string) {
 		}
 		switch {
 		case err == nil:
-			s.log.Info("removed this bridge's previous membership of the group, which it could not leave while the broker was unreachable, so that the rejoin does not wait for its session to time out",
-				zap.String("member", member))
+			s.log.Info("removed this bridge's previous membership of the group, so that the join does not wait for its session to time out",
+				zap.String("member", member), zap.String("which", why))
 			return
 		case errors.Is(err, kafkago.UnknownMemberId):
 			return // left or expired already
@@ -414,6 +429,47 @@ func (s *Source) removeStaleMember(ctx context.Context, member string) {
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, s.cfg.RetryMax)
+	}
+}
+
+// maxMemberID bounds the member id read back from Config.MemberFile.
+const maxMemberID = 1024
+
+// readMemberFile is the member id Config.MemberFile holds, "" when there
+// is none or it cannot be read (then a crash's membership is waited for,
+// as without the file).
+func (s *Source) readMemberFile() string {
+	if s.cfg.MemberFile == "" {
+		return ""
+	}
+	b, err := os.ReadFile(s.cfg.MemberFile)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			s.log.Warn("reading the previous run's group member id", zap.Error(err))
+		}
+		return ""
+	}
+	id := strings.TrimSpace(string(b))
+	if len(id) > maxMemberID || !utf8.ValidString(id) {
+		s.log.Warn("ignoring a malformed group member id file", zap.String("file", s.cfg.MemberFile), zap.Int("bytes", len(b)))
+		return ""
+	}
+	return id
+}
+
+// writeMemberFile records member in Config.MemberFile (a new file renamed
+// over the old, not synced: losing it costs only the wait it saves).
+func (s *Source) writeMemberFile(member string) {
+	if s.cfg.MemberFile == "" {
+		return
+	}
+	tmp := s.cfg.MemberFile + ".tmp"
+	err := os.WriteFile(tmp, []byte(member+"\n"), 0o600)
+	if err == nil {
+		err = os.Rename(tmp, s.cfg.MemberFile)
+	}
+	if err != nil {
+		s.log.Warn("recording the group member id (a restart after a crash will wait for the old member's session)", zap.Error(err))
 	}
 }
 

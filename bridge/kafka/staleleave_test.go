@@ -2,6 +2,8 @@ package kafka
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -10,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
 )
 
 // TestRejoinAfterOutageNotHeldBySession: a broker outage shorter than the
@@ -58,5 +61,96 @@ func TestRejoinAfterOutageNotHeldBySession(t *testing.T) {
 	waitFor(t, "the message after the outage", func() bool { return h.count() == 2 })
 	if leaves.Load() == 0 {
 		t.Fatal("no LeaveGroup after the outage")
+	}
+}
+
+// TestRestartAfterCrashNotHeldBySession: a process that stopped without
+// leaving the group (kill -9, an OOM kill; here a stop whose LeaveGroup the
+// broker refuses) left its member in the group, and the coordinator held
+// the next run's join until that member's session ran out: nothing taken
+// in for up to 30 s after every crash. The member id is kept in
+// Config.MemberFile, and the next run removes that member. Timeouts 90 s,
+// wait 30 s, as above.
+func TestRestartAfterCrashNotHeldBySession(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	var refuseLeave atomic.Bool
+	c.ControlKey(kmsg.LeaveGroup.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if refuseLeave.Load() {
+			return nil, errors.New("no leave"), true
+		}
+		return nil, nil, false
+	})
+	cfg := testConfig(t, c.ListenAddrs(), "g-crash", "delay")
+	cfg.SessionTimeout, cfg.RebalanceTimeout = 90*time.Second, 90*time.Second
+	cfg.MemberFile = filepath.Join(t.TempDir(), "kafka-member")
+	cl := producer(t, c)
+	h := newMemHandler()
+
+	first, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runSource(t, first, h)
+	produce(t, cl, &kgo.Record{Topic: "delay", Partition: 0, Value: []byte("before")})
+	waitFor(t, "the message before the crash", func() bool { return h.count() == 1 })
+	refuseLeave.Store(true)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	refuseLeave.Store(false)
+	if gi := c.GroupInfo("g-crash"); gi == nil || len(gi.Members) != 1 {
+		t.Fatalf("the first run's member should still be in the group: %+v", gi)
+	}
+
+	second, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runSource(t, second, h)
+	produce(t, cl, &kgo.Record{Topic: "delay", Partition: 0, Value: []byte("after")})
+	waitFor(t, "the message after the restart", func() bool { return h.count() == 2 })
+}
+
+// TestMemberFile: what the file holds is read back; a missing, empty,
+// oversized or non-UTF-8 file gives no member (nothing to remove); no
+// file configured writes nothing.
+func TestMemberFile(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name    string
+		content []byte // nil: no file
+		want    string
+	}{
+		{"missing", nil, ""},
+		{"written", []byte("delaybridge-0123\n"), "delaybridge-0123"},
+		{"empty", []byte{}, ""},
+		{"too long", []byte(strings.Repeat("m", maxMemberID+1)), ""},
+		{"not utf-8", []byte{0xff, 0xfe}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-"))
+			if tc.content != nil {
+				if err := os.WriteFile(f, tc.content, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s := &Source{cfg: Config{MemberFile: f}, log: zap.NewNop()}
+			if got := s.readMemberFile(); got != tc.want {
+				t.Fatalf("readMemberFile = %q, want %q", got, tc.want)
+			}
+		})
+	}
+	f := filepath.Join(dir, "round-trip")
+	s := &Source{cfg: Config{MemberFile: f}, log: zap.NewNop()}
+	s.writeMemberFile("m-1")
+	s.writeMemberFile("m-2")
+	if got := s.readMemberFile(); got != "m-2" {
+		t.Fatalf("after two joins the file holds %q, want m-2", got)
+	}
+	none := &Source{log: zap.NewNop()}
+	none.writeMemberFile("m-3")
+	if got := none.readMemberFile(); got != "" {
+		t.Fatalf("no file configured: read %q", got)
 	}
 }

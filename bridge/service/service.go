@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -499,6 +500,9 @@ func (s *Service) setupKafka(ctx context.Context, o Options, b *built) error {
 		// error headers added), goes to the broker, whose limit decides.
 		BatchBytes: max(1<<20, int64(s.cfg.MaxMessageBytes)+int64(codec.DeadLetterOverhead)+1024),
 		FreshStore: s.eng.Fresh(),
+		// Beside the store (Pebble ignores the names it does not use),
+		// with the tasks of the process it belongs to.
+		MemberFile: filepath.Join(s.cfg.DataDir, "kafka-member"),
 	}
 	ct, err := clientTLS(k.TLS, s.log.Named("kafka"))
 	if err != nil {
