@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	natsgo "github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -118,34 +119,16 @@ func TestCARotation(t *testing.T) {
 // the log must still say why, not only "disconnected; reconnecting".
 func TestCARotatedOnServerFirstIsLogged(t *testing.T) {
 	ca1, ca2 := testcert.NewCA(t, "CA 1"), testcert.NewCA(t, "CA 2")
-	opts := plainOptions()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	serverTLS := func(ca *testcert.CA) *tls.Config {
+		return &tls.Config{Certificates: []tls.Certificate{ca.Issue(t, "nats", x509.ExtKeyUsageServerAuth, "127.0.0.1").TLS()}, MinVersion: tls.VersionTLS12}
 	}
-	opts.Port = l.Addr().(*net.TCPAddr).Port // fixed: the server restarts on it
-	l.Close()
-	opts.TLS = true
-	opts.TLSConfig = &tls.Config{Certificates: []tls.Certificate{ca1.Issue(t, "nats", x509.ExtKeyUsageServerAuth, "127.0.0.1").TLS()}, MinVersion: tls.VersionTLS12}
-	s := startServer(t, opts)
+	s, opts := startTLSServer(t, serverTLS(ca1), false)
 	caFile := filepath.Join(t.TempDir(), "ca.pem")
 	testcert.ReplaceFile(t, caFile, ca1.CertPEM())
-	core, logs := observer.New(zap.InfoLevel)
-	ct, err := config.TLS{Enabled: true, CAFile: caFile}.Client(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig(t, serverURL(s))
-	cfg.Logger = zap.New(core)
-	cfg.TLS, cfg.RootCAs = ct.Config(), ct.RootCAsFunc()
-	nc := connect(t, cfg)
+	nc, logs := connectTLSLogged(t, s, config.TLS{Enabled: true, CAFile: caFile})
 	defer nc.Close()
 
-	s.Shutdown()
-	s.WaitForShutdown()
-	next := *opts
-	next.TLSConfig = &tls.Config{Certificates: []tls.Certificate{ca2.Issue(t, "nats", x509.ExtKeyUsageServerAuth, "127.0.0.1").TLS()}, MinVersion: tls.VersionTLS12}
-	startServer(t, &next)
+	restartTLS(t, s, opts, serverTLS(ca2))
 	named := func() bool {
 		for _, e := range logs.FilterMessage("nats: reconnect attempt failed").All() {
 			if strings.Contains(fmt.Sprint(e.ContextMap()["error"]), "certificate signed by unknown authority") {
@@ -178,40 +161,20 @@ func TestCARotatedOnServerFirstIsLogged(t *testing.T) {
 func TestClientCertRefusedLogIsThrottled(t *testing.T) {
 	serverCA, clientCA1, clientCA2 := testcert.NewCA(t, "server CA"), testcert.NewCA(t, "client CA 1"), testcert.NewCA(t, "client CA 2")
 	srv := serverCA.Issue(t, "nats", x509.ExtKeyUsageServerAuth, "127.0.0.1").TLS()
-	opts := plainOptions()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.Port = l.Addr().(*net.TCPAddr).Port // fixed: the server restarts on it
-	l.Close()
-	opts.TLS, opts.TLSVerify = true, true
-	opts.TLSConfig = &tls.Config{Certificates: []tls.Certificate{srv}, ClientAuth: tls.RequireAndVerifyClientCert,
-		ClientCAs: clientCA1.Pool, MinVersion: tls.VersionTLS12}
-	s := startServer(t, opts)
+	s, opts := startTLSServer(t, &tls.Config{Certificates: []tls.Certificate{srv}, ClientAuth: tls.RequireAndVerifyClientCert,
+		ClientCAs: clientCA1.Pool, MinVersion: tls.VersionTLS12}, true)
 	dir := t.TempDir()
 	caFile, certFile, keyFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	testcert.ReplaceFile(t, caFile, serverCA.CertPEM())
 	c1 := clientCA1.Issue(t, "bridge", x509.ExtKeyUsageClientAuth)
 	testcert.ReplaceFile(t, certFile, c1.CertPEM())
 	testcert.ReplaceFile(t, keyFile, c1.KeyPEM(t))
-	core, logs := observer.New(zap.InfoLevel)
-	ct, err := config.TLS{Enabled: true, CAFile: caFile, CertFile: certFile, KeyFile: keyFile}.Client(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig(t, serverURL(s))
-	cfg.Logger = zap.New(core)
-	cfg.TLS, cfg.RootCAs = ct.Config(), ct.RootCAsFunc()
-	nc := connect(t, cfg)
+	nc, logs := connectTLSLogged(t, s, config.TLS{Enabled: true, CAFile: caFile, CertFile: certFile, KeyFile: keyFile})
 	defer nc.Close()
 
-	s.Shutdown()
-	s.WaitForShutdown()
-	next := *opts
-	next.TLSConfig = opts.TLSConfig.Clone()
-	next.TLSConfig.ClientCAs = clientCA2.Pool
-	startServer(t, &next)
+	next := opts.TLSConfig.Clone()
+	next.ClientCAs = clientCA2.Pool
+	restartTLS(t, s, opts, next)
 	eventually(t, "reconnect attempts refused", func() bool { return nc.LastError() != nil })
 	time.Sleep(2 * time.Second)
 	var lines []string
@@ -221,4 +184,44 @@ func TestClientCertRefusedLogIsThrottled(t *testing.T) {
 	if len(lines) > 2 {
 		t.Errorf("%d reconnect failure lines in 2 s: not throttled: %q", len(lines), lines)
 	}
+}
+
+// startTLSServer starts a TLS server (verify: client certificates
+// required) on a port it can be restarted on.
+func startTLSServer(t *testing.T, tc *tls.Config, verify bool) (*server.Server, *server.Options) {
+	t.Helper()
+	opts := plainOptions()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Port = l.Addr().(*net.TCPAddr).Port // fixed: the server restarts on it
+	l.Close()
+	opts.TLS, opts.TLSVerify, opts.TLSConfig = true, verify, tc
+	return startServer(t, opts), opts
+}
+
+// restartTLS shuts s down and starts it again on the same port with tc.
+func restartTLS(t *testing.T, s *server.Server, opts *server.Options, tc *tls.Config) {
+	t.Helper()
+	s.Shutdown()
+	s.WaitForShutdown()
+	next := *opts
+	next.TLSConfig = tc
+	startServer(t, &next)
+}
+
+// connectTLSLogged connects to s as the bridge does with tc, its log
+// observed at Info.
+func connectTLSLogged(t *testing.T, s *server.Server, tc config.TLS) (*natsgo.Conn, *observer.ObservedLogs) {
+	t.Helper()
+	core, logs := observer.New(zap.InfoLevel)
+	ct, err := tc.Client(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, serverURL(s))
+	cfg.Logger = zap.New(core)
+	cfg.TLS, cfg.RootCAs = ct.Config(), ct.RootCAsFunc()
+	return connect(t, cfg), logs
 }

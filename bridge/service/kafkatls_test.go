@@ -295,6 +295,49 @@ func (r *kafkaTLSRig) warnLines(since time.Time) (n int, msgs map[string]int) {
 	return n, msgs
 }
 
+// awaitRefused: the bridge's connections are refused since brokenAt.
+// It waits for not-ready, publishes "during" (key) and makes it due, then
+// waits for readiness naming a TLS failure (and want) and for ten refused
+// attempts, so that a retry or log storm would show.
+func (r *kafkaTLSRig) awaitRefused(phase, key, want string, brokenAt time.Time) {
+	t := r.t
+	t.Helper()
+	eventually(t, phase+": not ready", func() bool { return r.svc.Ready() != nil })
+	t.Logf("%s: not ready %v after the cut: %v", phase, time.Since(brokenAt), r.svc.Ready())
+	r.publish(key, "during", "1m")
+	r.clk.Advance(2 * time.Minute)
+	eventually(t, phase+": readiness naming the TLS failure", func() bool {
+		err := r.svc.Ready()
+		return err != nil && strings.Contains(err.Error(), want) && strings.Contains(err.Error(), "tls")
+	})
+	t.Logf("%s: readiness %v after the cut: %v", phase, time.Since(brokenAt), r.svc.Ready())
+	acc0 := r.brokers.accepted()
+	eventually(t, phase+": ten refused attempts", func() bool { return r.brokers.accepted()-acc0 >= 10 })
+	n, msgs := r.warnLines(brokenAt)
+	t.Logf("%s: while broken %v: %d warn+ lines %v; %d connections accepted meanwhile",
+		phase, time.Since(brokenAt), n, msgs, r.brokers.accepted()-acc0)
+}
+
+// checkQuiet fails the test on a log storm while the connections were
+// refused (from brokenAt to fixedAt), and logs what was said since.
+func (r *kafkaTLSRig) checkQuiet(brokenAt, fixedAt time.Time) {
+	r.t.Helper()
+	for _, e := range r.logs.All() {
+		if e.Time.After(brokenAt) && e.Level >= zap.InfoLevel {
+			r.t.Logf("LOG %s %s %s %v", e.Time.Format("15:04:05.000"), e.Level, e.Message, e.ContextMap())
+		}
+	}
+	var n int
+	for _, e := range r.logs.All() {
+		if e.Time.After(brokenAt) && !e.Time.After(fixedAt) && e.Level >= zap.WarnLevel {
+			n++
+		}
+	}
+	if n > 40 {
+		r.t.Errorf("%d warn+ lines in %v while refused: a log storm", n, fixedAt.Sub(brokenAt))
+	}
+}
+
 func (r *kafkaTLSRig) checkRunning() {
 	r.t.Helper()
 	select {
@@ -354,24 +397,9 @@ func TestKafkaClientCertRotated(t *testing.T) {
 	stopWatch = r.watchReady()
 	brokenAt := time.Now()
 	t.Logf("phase 2: cut %d connections", r.brokers.cut(0))
-	eventually(t, "not ready with B expired", func() bool { return r.svc.Ready() != nil })
-	t.Logf("phase 2: not ready %v after the cut: %v", time.Since(brokenAt), r.svc.Ready())
 	// The test's own client needs its connections back (its certificate
 	// is valid for a day); the bridge's are refused.
-	r.publish("p3", "during", "1m")
-	r.clk.Advance(2 * time.Minute)
-	eventually(t, "readiness naming the refused certificate", func() bool {
-		err := r.svc.Ready()
-		return err != nil && strings.Contains(err.Error(), "kafka") && strings.Contains(err.Error(), "tls")
-	})
-	t.Logf("phase 2: readiness %v after the cut: %v", time.Since(brokenAt), r.svc.Ready())
-	// Stay broken for a while to see the retry and log rate.
-	acc0 := r.brokers.accepted()
-	eventually(t, "ten refused attempts", func() bool { return r.brokers.accepted()-acc0 >= 10 })
-	acceptedBroken := r.brokers.accepted() - acc0
-	warnBroken, msgs := r.warnLines(brokenAt)
-	t.Logf("phase 2: while broken %v: %d warn+ lines %v; %d connections accepted meanwhile",
-		time.Since(brokenAt), warnBroken, msgs, acceptedBroken)
+	r.awaitRefused("phase 2", "p3", "kafka", brokenAt)
 
 	certC := clientCA.Issue(t, "bridge-c", x509.ExtKeyUsageClientAuth)
 	testcert.ReplaceFile(t, certFile, certC.CertPEM())
@@ -382,14 +410,7 @@ func TestKafkaClientCertRotated(t *testing.T) {
 	eventually(t, "ready after the renewal", func() bool { return r.svc.Ready() == nil })
 	reasons, down = stopWatch()
 	t.Logf("phase 2: ready %v after the files were renewed; not ready for %v in all: %q", time.Since(fixedAt), down, reasons)
-	for _, e := range r.logs.All() {
-		if e.Time.After(brokenAt) && e.Level >= zap.InfoLevel {
-			t.Logf("LOG %s %s %s %v", e.Time.Format("15:04:05.000"), e.Level, e.Message, e.ContextMap())
-		}
-	}
-	if warnBroken > 40 {
-		t.Errorf("%d warn+ lines in %v while refused: a log storm", warnBroken, fixedAt.Sub(brokenAt))
-	}
+	r.checkQuiet(brokenAt, fixedAt)
 	r.checkRunning()
 }
 
@@ -456,34 +477,13 @@ func TestKafkaServerCARotated(t *testing.T) {
 	brokenAt := time.Now()
 	r.srvCert.Store(new(leaf(ca3)))
 	t.Logf("phase 3: cut %d connections", r.brokers.cut(0))
-	eventually(t, "not ready with an unknown CA", func() bool { return r.svc.Ready() != nil })
-	t.Logf("phase 3: not ready %v after the cut: %v", time.Since(brokenAt), r.svc.Ready())
-	r.publish("e", "during", "1m")
-	r.clk.Advance(2 * time.Minute)
-	eventually(t, "readiness naming the TLS failure", func() bool {
-		err := r.svc.Ready()
-		return err != nil && strings.Contains(err.Error(), "kafka target unavailable") && strings.Contains(err.Error(), "tls")
-	})
-	t.Logf("phase 3: readiness %v after the cut: %v", time.Since(brokenAt), r.svc.Ready())
-	acc0 := r.brokers.accepted()
-	eventually(t, "ten refused attempts", func() bool { return r.brokers.accepted()-acc0 >= 10 })
-	acc := r.brokers.accepted() - acc0
-	warnBroken, msgs := r.warnLines(brokenAt)
-	t.Logf("phase 3: while broken %v: %d warn+ lines %v; %d connections accepted meanwhile",
-		time.Since(brokenAt), warnBroken, msgs, acc)
+	r.awaitRefused("phase 3", "e", "kafka target unavailable", brokenAt)
 	testcert.ReplaceFile(t, caFile, append(ca2.CertPEM(), ca3.CertPEM()...))
 	fixedAt := time.Now()
 	r.awaitDelivered("before", "bundle", "new-only", "pending", "during")
 	eventually(t, "ready after ca_file caught up", func() bool { return r.svc.Ready() == nil })
 	reasons, down = stopWatch()
 	t.Logf("phase 3: delivered and ready %v after ca_file caught up; not ready for %v in all: %q", time.Since(fixedAt), down, reasons)
-	for _, e := range r.logs.All() {
-		if e.Time.After(brokenAt) && e.Level >= zap.InfoLevel {
-			t.Logf("LOG %s %s %s %v", e.Time.Format("15:04:05.000"), e.Level, e.Message, e.ContextMap())
-		}
-	}
-	if warnBroken > 40 {
-		t.Errorf("%d warn+ lines in %v while refused: a log storm", warnBroken, fixedAt.Sub(brokenAt))
-	}
+	r.checkQuiet(brokenAt, fixedAt)
 	r.checkRunning()
 }
