@@ -10,7 +10,9 @@ import (
 // TestNATSHeaderID: a Kafka id that would not arrive on NATS as only it
 // can (white space at either end, CR or LF anywhere: nats.go alters
 // those; a '%': it would read as an encoding) is percent-encoded; any
-// other is kept, as is every NATS source's id. The encoding decodes back
+// other is kept, as is a NATS source's id but one percent-decoded into
+// what nats.go alters (white space at an end, CR or LF); a '%' alone in
+// a NATS source's id is kept. The encoding decodes back
 // to the id with a URL path decoder and a form decoder alike, and
 // natsIDGrowth is what it adds, with the marker header.
 func TestNATSHeaderID(t *testing.T) {
@@ -38,6 +40,11 @@ func TestNATSHeaderID(t *testing.T) {
 		{"x\x00\x7f\n", TransportKafka, "x%00%7F%0A", true},
 		{"50%", TransportNATS, "50%", false}, // a NATS header value already
 		{"order-1", TransportNATS, "order-1", false},
+		// Decoded from a NATS source's delay-id (delayID): nats.go would
+		// alter it as it would a Kafka one; its '%' then encoded too.
+		{"job-7 ", TransportNATS, "job-7%20", true},
+		{"a\nb", TransportNATS, "a%0Ab", true},
+		{"50% ", TransportNATS, "50%25%20", true},
 	} {
 		got, enc := NATSHeaderID([]byte(tc.in), tc.from)
 		if string(got) != tc.want || enc != tc.enc {

@@ -736,10 +736,15 @@ const IDEncodingPercent = "percent"
 // white space from both ends of a header value and turns CR and LF into
 // spaces; and a Kafka id with a '%' in it kept as it is would read as the
 // encoding of another ("job-7%20" of "job-7 "), one (delay-id, delay-due)
-// for two tasks. A NATS source's ids came through a NATS header: none of
-// these.
+// for two tasks. A NATS source's ids came through a NATS header, where
+// nats.go left no white space at the ends and no CR or LF, unless one was
+// percent-decoded (delayID: "job-7%20" with delay-id-encoding, a Kafka
+// id's delivery republished as it arrived): sent as it is, that id
+// arrived altered, as another task's ("job-7"), so it is encoded as a
+// Kafka one is. A '%' in a NATS source's id is kept: its ids with a '%'
+// arrived as they are before ids were decoded, and still do.
 func natsIDAltered[T string | []byte](id T, from Transport) bool {
-	if len(id) == 0 || from == TransportNATS {
+	if len(id) == 0 {
 		return false
 	}
 	switch id[0] {
@@ -751,7 +756,7 @@ func natsIDAltered[T string | []byte](id T, from Transport) bool {
 		return true
 	}
 	for i := 0; i < len(id); i++ {
-		if c := id[i]; c == '\r' || c == '\n' || c == '%' {
+		if c := id[i]; c == '\r' || c == '\n' || c == '%' && from != TransportNATS {
 			return true
 		}
 	}

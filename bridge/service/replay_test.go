@@ -70,3 +70,33 @@ func TestPercentEncodedIDKeptAcrossHops(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodedIDKeptOnNATSToNATS: a Kafka task id that nats.go would alter
+// (a trailing space) reaches a NATS target percent-encoded; republished as
+// it arrived to a NATS delay subject, for a NATS target, the next hop's
+// task has the decoded id, which must again arrive encoded: sent as it is,
+// nats.go trims it, and the delivery's delay-id ("job-7") is another
+// task's, which the consumer's dedup on (delay-id, delay-due) confuses
+// with it and which a cancel or GET of the id it names misses.
+func TestDecodedIDKeptOnNATSToNATS(t *testing.T) {
+	e := newEnv(t, "")
+	e.start()
+	e.publishKafka(0, time.Time{}, []byte("job-7 "), []byte("hop"), "retry-count", "0", "delay-after", "0", "delay-target", "nats:orders.p")
+	ds := e.advanceUntil("hop 0", func(ds []delivery) bool { return len(byValue(ds, "orders.p")["hop"]) > 0 })
+	h0 := byValue(ds, "orders.p")["hop"][0]
+	e.publishNATS("delay.x", []byte("hop"), asIs(h0, "retry-count", "1", "delay-after", "0", "delay-target", "orders.p")...)
+	ds = e.advanceUntil("hop 1", func(ds []delivery) bool { return len(byValue(ds, "orders.p")["hop"]) > 1 })
+	for _, d := range byValue(ds, "orders.p")["hop"] {
+		id := d.header(codec.HeaderID)
+		if d.header(codec.HeaderIDEncoding) == codec.IDEncodingPercent {
+			var err error
+			if id, err = url.PathUnescape(id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if id != "job-7 " {
+			t.Errorf("hop %s: delay-id %q (encoding %q) decodes to %q, want the chain's id %q",
+				d.header("retry-count"), d.header(codec.HeaderID), d.header(codec.HeaderIDEncoding), id, "job-7 ")
+		}
+	}
+}
