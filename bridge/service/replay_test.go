@@ -56,7 +56,14 @@ func TestPercentEncodedIDKeptAcrossHops(t *testing.T) {
 	h0 := byValue(ds, "orders.p")["hop"][0]
 	e.publishKafka(0, time.Time{}, []byte("50%off"), []byte("hop"), asIs(h0, "retry-count", "1", "delay-after", "0", "delay-target", "nats:orders.p")...)
 	ds = e.advanceUntil("hop 1", func(ds []delivery) bool { return len(byValue(ds, "orders.p")["hop"]) > 1 })
-	for _, d := range byValue(ds, "orders.p")["hop"] {
+	checkHopIDs(t, byValue(ds, "orders.p")["hop"], "50%off")
+}
+
+// checkHopIDs checks that each delivered hop's delay-id, decoded when it
+// came with delay-id-encoding: percent, is the chain's id.
+func checkHopIDs(t *testing.T, hops []delivery, want string) {
+	t.Helper()
+	for _, d := range hops {
 		id := d.header(codec.HeaderID)
 		if d.header(codec.HeaderIDEncoding) == codec.IDEncodingPercent {
 			var err error
@@ -64,9 +71,9 @@ func TestPercentEncodedIDKeptAcrossHops(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if id != "50%off" {
-			t.Errorf("hop %s: delay-id %q (encoding %q) decodes to %q, want the chain's id 50%%off",
-				d.header("retry-count"), d.header(codec.HeaderID), d.header(codec.HeaderIDEncoding), id)
+		if id != want {
+			t.Errorf("hop %s: delay-id %q (encoding %q) decodes to %q, want the chain's id %q",
+				d.header("retry-count"), d.header(codec.HeaderID), d.header(codec.HeaderIDEncoding), id, want)
 		}
 	}
 }
@@ -86,17 +93,5 @@ func TestDecodedIDKeptOnNATSToNATS(t *testing.T) {
 	h0 := byValue(ds, "orders.p")["hop"][0]
 	e.publishNATS("delay.x", []byte("hop"), asIs(h0, "retry-count", "1", "delay-after", "0", "delay-target", "orders.p")...)
 	ds = e.advanceUntil("hop 1", func(ds []delivery) bool { return len(byValue(ds, "orders.p")["hop"]) > 1 })
-	for _, d := range byValue(ds, "orders.p")["hop"] {
-		id := d.header(codec.HeaderID)
-		if d.header(codec.HeaderIDEncoding) == codec.IDEncodingPercent {
-			var err error
-			if id, err = url.PathUnescape(id); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if id != "job-7 " {
-			t.Errorf("hop %s: delay-id %q (encoding %q) decodes to %q, want the chain's id %q",
-				d.header("retry-count"), d.header(codec.HeaderID), d.header(codec.HeaderIDEncoding), id, "job-7 ")
-		}
-	}
+	checkHopIDs(t, byValue(ds, "orders.p")["hop"], "job-7 ")
 }
