@@ -771,10 +771,11 @@ func idEncodes(c byte) bool { return c <= ' ' || c == 0x7f || c == '%' || c == '
 // NATSHeaderID is the delay-id header value a NATS target gets for id of a
 // message from transport from, ok false when that is id itself. An id
 // natsIDAltered finds is percent-encoded instead (idEncodes' bytes as
-// %XX), and the delivery carries delay-id-encoding: percent. A value
-// without that header never has a '%' in it, so distinct ids never
-// arrive as one, and any percent-decoder, URL path or form, gives the id
-// back.
+// %XX), and the delivery carries delay-id-encoding: percent. A Kafka
+// source's value without that header never has a '%' in it, so its
+// distinct ids never arrive as one (a NATS source's may: see
+// natsIDAltered), and any percent-decoder, URL path or form, gives the
+// id back.
 func NATSHeaderID(id []byte, from Transport) (enc []byte, ok bool) {
 	if !natsIDAltered(id, from) {
 		return id, false
