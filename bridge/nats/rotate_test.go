@@ -181,7 +181,11 @@ func TestClientCertRefusedLogIsThrottled(t *testing.T) {
 	for _, e := range logs.FilterMessage("nats: reconnect attempt failed").All() {
 		lines = append(lines, fmt.Sprint(e.ContextMap()["error"]))
 	}
-	if len(lines) > 2 {
+	switch {
+	case len(lines) == 0:
+		// Throttled is not silent: the refusal must be named once.
+		t.Errorf("no reconnect failure line in 2 s of refused reconnects (last error %v)", nc.LastError())
+	case len(lines) > 2:
 		t.Errorf("%d reconnect failure lines in 2 s: not throttled: %q", len(lines), lines)
 	}
 }
