@@ -458,15 +458,23 @@ func (p *parser) idBytes() (id []byte, useOrigin bool) {
 // towards JetStream's limit.
 const maxMsgIDCopy = 256
 
-// natsMsgIDOnly is the Nats-Msg-Id of a NATS message without a delay-id
-// header, which is then its task id.
+// natsMsgIDOnly is the Nats-Msg-Id of a NATS message without a (non-empty)
+// delay-id, which is then its task id, as its dead letter's delay-id
+// should have it: percent-encoded when the message has delay-id-encoding:
+// percent, which a replay of the dead letter decodes.
 func (p *parser) natsMsgIDOnly() ([]byte, bool) {
-	if p.m.Transport != TransportNATS || p.last[hdrID] != 0 {
+	if p.m.Transport != TransportNATS {
+		return nil, false
+	}
+	if _, ok := p.delayID(); ok {
 		return nil, false
 	}
 	v, ok := p.value(hdrNatsMsgID)
 	if !ok || len(v) == 0 || len(v) > maxMsgIDCopy {
 		return nil, false
+	}
+	if enc, ok := p.value(hdrIDEncoding); ok && string(bytes.TrimSpace(enc)) == IDEncodingPercent {
+		return appendPercent(make([]byte, 0, 3*len(v)), v, idEncodes), true
 	}
 	return v, true
 }

@@ -671,6 +671,9 @@ func TestParseDeadLetter(t *testing.T) {
 		{"nats msg id at the bound", natsMsg(h("Nats-Msg-Id", long[1:])), []string{long[1:]}},
 		{"nats msg id over the bound", natsMsg(h("Nats-Msg-Id", long)), nil},
 		{"nats no msg id", natsMsg(), nil},
+		{"nats empty delay-id: the msg id is the id", natsMsg(h("Nats-Msg-Id", "order-7"), h("delay-id", "")), []string{"", "order-7"}},
+		// A replay decodes the copy: it must give the msg id back.
+		{"nats msg id with the encoding header", natsMsg(h("Nats-Msg-Id", "a%41 b"), h("delay-id-encoding", "percent")), []string{"a%2541%20b"}},
 		{"kafka", kafkaMsg(h("Nats-Msg-Id", "order-7")), nil},
 	} {
 		got := Parse(tc.m, &Rules{DLQ: "dlq"})
@@ -682,6 +685,18 @@ func TestParseDeadLetter(t *testing.T) {
 		}
 		if got.Kind != KindDeadLetter || !slices.Equal(ids, tc.want) {
 			t.Errorf("%s: %v with delay-id %q, want a dead letter with %q", tc.name, got.Kind, ids, tc.want)
+		}
+		if tc.want == nil || tc.m.Transport != TransportNATS {
+			continue
+		}
+		// Replayed as it is, with a due, the task has the id the message
+		// would have had with one.
+		withDue := func(hs []Header) *Message {
+			return natsMsg(append(slices.Clone(hs), h("delay-after", "1s"))...)
+		}
+		wantID := Parse(withDue(tc.m.Headers), &Rules{DefaultTarget: "orders"}).ID
+		if r := Parse(withDue(got.Headers), &Rules{DefaultTarget: "orders"}); r.Kind != KindSchedule || r.ID != wantID {
+			t.Errorf("%s: the replayed dead letter is %v with id %q, want %q", tc.name, r.Kind, r.ID, wantID)
 		}
 	}
 
