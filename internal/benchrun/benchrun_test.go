@@ -203,21 +203,23 @@ func TestGoalRows(t *testing.T) {
 
 func TestCrossing(t *testing.T) {
 	t0 := time.Unix(100, 0)
-	t1 := t0.Add(200 * time.Millisecond)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	for _, tc := range []struct {
-		name         string
-		c0, c1, want float64
-		at           time.Duration // after t0
+		name              string
+		prev2, prev, last poll
+		want              float64
+		wantAt            time.Time
 	}{
-		{"half way", 0, 100, 50, 100 * time.Millisecond},
-		{"at the later poll", 0, 100, 100, 200 * time.Millisecond},
-		{"just after the earlier poll", 40, 140, 41, 2 * time.Millisecond},
-		{"reached at the first poll", 100, 100, 100, 200 * time.Millisecond},
-		{"count went back (a restarted bridge)", 100, 50, 50, 200 * time.Millisecond},
+		// 500/s before: the last 50 took 100 ms after prev.
+		{"carried on at the rate before", poll{at(0), 0}, poll{at(200), 100}, poll{at(400), 150}, 150, at(300)},
+		{"the estimate past the last poll: the last poll", poll{at(0), 0}, poll{at(200), 10}, poll{at(400), 150}, 150, at(400)},
+		{"first poll already at want", poll{at(0), 0}, poll{at(0), 0}, poll{at(200), 150}, 150, at(200)},
+		{"stalled before", poll{at(0), 100}, poll{at(200), 100}, poll{at(400), 150}, 150, at(400)},
+		{"went back (a restarted bridge)", poll{at(0), 120}, poll{at(200), 100}, poll{at(400), 150}, 150, at(400)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := crossing(t0, tc.c0, t1, tc.c1, tc.want); !got.Equal(t0.Add(tc.at)) {
-				t.Fatalf("crossing = %v after t0, want %v", got.Sub(t0), tc.at)
+			if got := crossing(tc.prev2, tc.prev, tc.last, tc.want); !got.Equal(tc.wantAt) {
+				t.Fatalf("crossing = %v after t0, want %v", got.Sub(t0), tc.wantAt.Sub(t0))
 			}
 		})
 	}

@@ -491,13 +491,27 @@ func rawRun(ctx context.Context, transport string, n int, dir string, read bool)
 // ingestPoll is how often a run polls the bridge's ingested count.
 const ingestPoll = 200 * time.Millisecond
 
-// crossing is when a count that was c0 at t0 and c1 at t1 reached want
-// (c0 < want <= c1), taking it to have grown evenly in between.
-func crossing(t0 time.Time, c0 float64, t1 time.Time, c1, want float64) time.Time {
-	if c1 <= c0 || want <= c0 {
-		return t1
+// poll is one read of a count.
+type poll struct {
+	at    time.Time
+	count float64
+}
+
+// crossing estimates when a count reached want, seen below it at prev and
+// before that at prev2, and at or above it at last. The count stops at
+// want (only that many messages are sent), so last says nothing of when
+// it got there: the rate between prev2 and prev carries the count on from
+// prev, and the estimate is kept within (prev.at, last.at]. Without a rate
+// (a first poll, a stalled count) it is last.at.
+func crossing(prev2, prev, last poll, want float64) time.Time {
+	dt := prev.at.Sub(prev2.at)
+	if dc := prev.count - prev2.count; dc > 0 && dt > 0 && want > prev.count {
+		est := prev.at.Add(time.Duration(float64(dt) * (want - prev.count) / dc))
+		if est.Before(last.at) {
+			return est
+		}
 	}
-	return t0.Add(time.Duration(float64(t1.Sub(t0)) * (want - c0) / (c1 - c0)))
+	return last.at
 }
 
 // profileSecs is how much of a bridge run a CPU profile covers.
@@ -578,26 +592,23 @@ func bridgeRun(ctx context.Context, transport string, n, rate, warm int, delay t
 	defer stopPoll()
 	// A scrape costs the bridge a registry gather (about 2 ms of CPU
 	// here); polling every 20 ms took a fifth of a core from the bridge
-	// being measured. Poll every ingestPoll and place the moment the
-	// count reached n between the two polls around it, in proportion to
-	// the counts. A bridge that is behind takes in the last messages
+	// being measured. Poll every ingestPoll and estimate the moment the
+	// count reached n from the rate before (crossing). A bridge that is
+	// behind takes in the last messages
 	// when they are already due, so the deliveries can end before the
 	// next poll: one last read after them (lastPoll) closes the span.
-	var polled struct {
-		at    time.Time
-		count float64
-	}
-	polled.at = time.Now()
+	prev2 := poll{at: time.Now()}
+	prev := prev2
 	pollDone := make(chan struct{})
 	go func() {
 		defer close(pollDone)
 		for pollCtx.Err() == nil {
-			got, at := br.counter("delaybridge_ingested_total")-base, time.Now()
-			if got >= float64(n) {
-				ingestedAt.Store(crossing(polled.at, polled.count, at, got, float64(n)).UnixNano())
+			p := poll{count: br.counter("delaybridge_ingested_total") - base, at: time.Now()}
+			if p.count >= float64(n) {
+				ingestedAt.Store(crossing(prev2, prev, p, float64(n)).UnixNano())
 				return
 			}
-			polled.at, polled.count = at, got
+			prev2, prev = prev, p
 			select {
 			case <-pollCtx.Done():
 			case <-time.After(ingestPoll):
@@ -610,8 +621,8 @@ func bridgeRun(ctx context.Context, transport string, n, rate, warm int, delay t
 		if ingestedAt.Load() != 0 {
 			return
 		}
-		if got, at := br.counter("delaybridge_ingested_total")-base, time.Now(); got >= float64(n) {
-			ingestedAt.Store(crossing(polled.at, polled.count, at, got, float64(n)).UnixNano())
+		if p := (poll{count: br.counter("delaybridge_ingested_total") - base, at: time.Now()}); p.count >= float64(n) {
+			ingestedAt.Store(crossing(prev2, prev, p, float64(n)).UnixNano())
 		}
 	}
 
