@@ -338,9 +338,9 @@ func Connect(cfg Config) (*natsgo.Conn, error) {
 	}
 	cfg.Logger.Info("nats: connected", zap.String("server", redactURL(nc.ConnectedUrl())),
 		zap.String("server_id", nc.ConnectedServerId()))
-	if cfg.TLS != nil {
-		go logTLSRefusals(nc, cfg.Logger)
-	}
+	// Also without nats.tls: a tls:// URL or a server that requires TLS
+	// verifies against the system's roots.
+	go logTLSRefusals(nc, cfg.Logger)
 	return nc, nil
 }
 

@@ -22,8 +22,8 @@ import (
 // each connection whose SASL session expired (KIP-368; kafka-go does not
 // re-authenticate), so every connection of the bridge, the source's and
 // the sink's, is closed a few seconds after it opened, over and over. The
-// bridge must keep taking in and delivering: nothing lost, nothing
-// delivered twice but what was in flight at a close, no log storm.
+// bridge must keep taking in and delivering: nothing lost, no log storm
+// (what was in flight at a close may be delivered twice: reported).
 func TestKafkaSessionsExpire(t *testing.T) {
 	const cutAge = 2 * time.Second
 	const parts = int32(1)
@@ -141,6 +141,11 @@ func TestKafkaSessionsExpire(t *testing.T) {
 	t.Logf("stats %+v; readiness now %v", svc.Engine().Stats(), svc.Ready())
 	if len(missing) > 0 {
 		t.Errorf("not delivered: %v", missing)
+	}
+	// Duplicates are allowed (a delivery in flight at a cut is sent
+	// again: at-least-once) and logged above; a log storm is not.
+	if warn > 100 {
+		t.Errorf("%d warn+ lines in %v: a log storm", warn, elapsed)
 	}
 	select {
 	case err := <-done:
