@@ -247,12 +247,15 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 	// kafka-go drops it; the removals of dropped ones run in stale.
 	var member string
 	var stale sync.WaitGroup
-	defer stale.Wait()
+	// A removal still retrying when Run returns (a start refused, say)
+	// ends with it rather than hold the return for its deadline.
+	staleCtx, stopStale := context.WithCancel(ctx)
+	defer func() { stopStale(); stale.Wait() }()
 	if m := s.readMemberFile(); m != "" {
 		// The membership of this bridge's previous run, which it left
 		// already if it stopped cleanly (then the removal finds no such
 		// member), not if it crashed.
-		stale.Go(func() { s.removeStaleMember(ctx, m, "the previous run's membership, left by a crash") })
+		stale.Go(func() { s.removeStaleMember(staleCtx, m, "the previous run's membership, left by a crash") })
 	}
 	joined := false
 	var joinFails logthrottle.Throttle // one line per logthrottle.DefaultEvery while joins fail
@@ -298,7 +301,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 				// leave, which fails when the broker cannot be reached,
 				// and joins next as a new member.
 				m := member
-				stale.Go(func() { s.removeStaleMember(ctx, m, "a membership kafka-go gave up after a failed generation") })
+				stale.Go(func() { s.removeStaleMember(staleCtx, m, "a membership kafka-go gave up after a failed generation") })
 				member = ""
 			}
 			err = classify(err)
@@ -404,24 +407,39 @@ func (s *Source) logSlowJoin(ctx context.Context, ended <-chan struct{}) {
 func (s *Source) removeStaleMember(ctx context.Context, member, why string) {
 	deadline := time.Now().Add(max(s.cfg.SessionTimeout, s.cfg.RebalanceTimeout))
 	wait := s.cfg.RetryMin
+	sent := false
 	for ctx.Err() == nil && time.Now().Before(deadline) {
-		rctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
-		resp, err := s.client.LeaveGroup(rctx, &kafkago.LeaveGroupRequest{
-			GroupID: s.cfg.Group, Members: []kafkago.LeaveGroupRequestMember{{ID: member}}})
-		cancel()
-		if err == nil {
-			err = resp.Error
-			for _, m := range resp.Members {
-				err = cmp.Or(err, m.Error)
-			}
-		}
+		// Whether the member is there is read from the group, before the
+		// LeaveGroup and after it: kafka-go decodes a LeaveGroup response
+		// of version 1 and later with its error code and throttle time
+		// swapped, so the answer's own error is lost.
+		present, err := s.groupHasMember(ctx, member)
 		switch {
-		case err == nil:
-			s.log.Info("removed this bridge's previous membership of the group, so that the join does not wait for its session to time out",
-				zap.String("member", member), zap.String("which", why))
+		case err == nil && !present:
+			if sent {
+				s.log.Info("removed this bridge's previous membership of the group, so that the join does not wait for its session to time out",
+					zap.String("member", member), zap.String("which", why))
+			}
 			return
-		case errors.Is(err, kafkago.UnknownMemberId):
-			return // left or expired already
+		case errors.Is(err, kafkago.GroupAuthorizationFailed):
+			// The join is refused the same way, and says so.
+			s.log.Debug("not allowed to remove the previous membership of the group", zap.String("member", member), zap.Error(err))
+			return
+		case err == nil:
+			rctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+			var resp *kafkago.LeaveGroupResponse
+			resp, err = s.client.LeaveGroup(rctx, &kafkago.LeaveGroupRequest{
+				GroupID: s.cfg.Group, Members: []kafkago.LeaveGroupRequestMember{{ID: member}}})
+			cancel()
+			if err == nil {
+				for _, m := range resp.Members {
+					err = cmp.Or(err, m.Error)
+				}
+			}
+			if err == nil {
+				sent = true
+				continue // read back at once
+			}
 		}
 		s.log.Debug("removing the previous membership of the group", zap.String("member", member), zap.Error(err))
 		select {
@@ -430,6 +448,27 @@ func (s *Source) removeStaleMember(ctx context.Context, member, why string) {
 		}
 		wait = min(2*wait, s.cfg.RetryMax)
 	}
+}
+
+// groupHasMember says whether member is in the source's group.
+func (s *Source) groupHasMember(ctx context.Context, member string) (bool, error) {
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+	defer cancel()
+	resp, err := s.client.DescribeGroups(rctx, &kafkago.DescribeGroupsRequest{GroupIDs: []string{s.cfg.Group}})
+	if err != nil {
+		return false, err
+	}
+	for _, g := range resp.Groups {
+		if g.Error != nil {
+			return false, g.Error
+		}
+		for _, m := range g.Members {
+			if m.MemberID == member {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
 }
 
 // maxMemberID bounds the member id read back from Config.MemberFile.

@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -152,5 +153,47 @@ func TestMemberFile(t *testing.T) {
 	none.writeMemberFile("m-3")
 	if got := none.readMemberFile(); got != "" {
 		t.Fatalf("no file configured: read %q", got)
+	}
+}
+
+// TestRefusedStartNotHeldByStaleRemoval: a start whose join is refused
+// (no ACL for the group) returns its error at once, not after the removal
+// of the previous run's member, retrying meanwhile, has run out its
+// deadline (the session timeout, 90 s here; the test gives Run 30 s).
+func TestRefusedStartNotHeldByStaleRemoval(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"), kfake.EnableSASL(), kfake.EnableACLs(),
+		kfake.Superuser("PLAIN", "admin", "admin"),
+		kfake.User("PLAIN", "reader", "pw",
+			kfake.ACL{Resource: kmsg.ACLResourceTypeTopic, Name: "delay", Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: kmsg.ACLOperationAll, Allow: true},
+		))
+	mech, err := SASLMechanism("PLAIN", "reader", "pw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The removal's reads of the group fail (connections dropped), so it
+	// is still retrying when the join is refused.
+	c.ControlKey(kmsg.DescribeGroups.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		return nil, errors.New("dropped"), true
+	})
+	cfg := testConfig(t, c.ListenAddrs(), "forbidden", "delay")
+	cfg.SASL = mech
+	cfg.SessionTimeout, cfg.RebalanceTimeout = 90*time.Second, 90*time.Second
+	cfg.MemberFile = filepath.Join(t.TempDir(), "kafka-member")
+	if err := os.WriteFile(cfg.MemberFile, []byte("delaybridge-old\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := src.Run(ctx, newMemHandler()); !errors.Is(err, ErrAuth) {
+		t.Fatalf("Run = %v, want ErrAuth", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("Run returned only when its context ended: held by the removal of the old member")
 	}
 }
