@@ -110,6 +110,10 @@ type Engine struct {
 	// testHookBeginPublish sees each batch under its shard's lock right
 	// after deliver's last supersession check, where its publish begins.
 	testHookBeginPublish func(batch []*codec.Task)
+	// testHookDispatch sees each batch the fire loop hands to a lane,
+	// under its shard's lock, in the loop's order (deliver's publish
+	// begins later, on the lane's goroutine).
+	testHookDispatch func(part []fireItem)
 	// testHookLaneDone: a lane's batch returned and the lane is free
 	// again, before the fire loop is woken to use it.
 	testHookLaneDone func()

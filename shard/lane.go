@@ -140,6 +140,9 @@ func (s *shard) dispatch(ctx context.Context, sink Sink, items []fireItem, commi
 			continue
 		}
 		ln.busy, ln.since = true, now
+		if h := s.e.testHookDispatch; h != nil {
+			h(part)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
