@@ -408,6 +408,7 @@ func (s *Source) removeStaleMember(ctx context.Context, member, why string) {
 	deadline := time.Now().Add(max(s.cfg.SessionTimeout, s.cfg.RebalanceTimeout))
 	wait := s.cfg.RetryMin
 	sent := false
+	readBack := false // the last LeaveGroup was answered; the group is read back
 	for ctx.Err() == nil && time.Now().Before(deadline) {
 		// Whether the member is there is read from the group, before the
 		// LeaveGroup and after it: kafka-go decodes a LeaveGroup response
@@ -425,6 +426,13 @@ func (s *Source) removeStaleMember(ctx context.Context, member, why string) {
 			// The join is refused the same way, and says so.
 			s.log.Debug("not allowed to remove the previous membership of the group", zap.String("member", member), zap.Error(err))
 			return
+		case err == nil && readBack:
+			// Still there after a LeaveGroup the coordinator answered: it
+			// refused it (NOT_COORDINATOR while the coordinator moves, say;
+			// the error is lost, as above). Try again after the wait, not
+			// back to back until the deadline.
+			readBack = false
+			err = errors.New("still in the group after a LeaveGroup")
 		case err == nil:
 			rctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
 			var resp *kafkago.LeaveGroupResponse
@@ -437,7 +445,7 @@ func (s *Source) removeStaleMember(ctx context.Context, member, why string) {
 				}
 			}
 			if err == nil {
-				sent = true
+				sent, readBack = true, true
 				continue // read back at once
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -195,5 +196,60 @@ func TestRefusedStartNotHeldByStaleRemoval(t *testing.T) {
 	}
 	if ctx.Err() != nil {
 		t.Fatal("Run returned only when its context ended: held by the removal of the old member")
+	}
+}
+
+// TestStaleRemovalWaitsWhenLeaveRefused: a LeaveGroup the coordinator
+// refuses as a whole (NOT_COORDINATOR while the coordinator moves after a
+// broker restart, say) reads as a success in kafka-go, whose decoding of
+// the response loses its error code; the member is then still there when
+// the group is read back. The removal must wait between such tries, not
+// send LeaveGroup and DescribeGroups back to back until the session runs
+// out.
+func TestStaleRemovalWaitsWhenLeaveRefused(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "delay"))
+	var refuseLeave atomic.Bool
+	var leaves atomic.Int32
+	c.ControlKey(kmsg.LeaveGroup.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if !refuseLeave.Load() {
+			return nil, nil, false
+		}
+		leaves.Add(1)
+		resp := req.(*kmsg.LeaveGroupRequest).ResponseKind().(*kmsg.LeaveGroupResponse)
+		resp.ErrorCode = kerr.NotCoordinator.Code
+		return resp, nil, true
+	})
+	cfg := testConfig(t, c.ListenAddrs(), "g-refused-leave", "delay")
+	cfg.SessionTimeout, cfg.RebalanceTimeout = 90*time.Second, 90*time.Second
+	cfg.RetryMin, cfg.RetryMax = 100*time.Millisecond, time.Second
+	cfg.MemberFile = filepath.Join(t.TempDir(), "kafka-member")
+	first, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runSource(t, first, newMemHandler())
+	waitFor(t, "the first run joined", func() bool { return first.readMemberFile() != "" })
+	refuseLeave.Store(true)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	member := first.readMemberFile()
+	if gi := c.GroupInfo("g-refused-leave"); gi == nil || len(gi.Members) != 1 {
+		t.Fatalf("the first run's member should still be in the group: %+v", gi)
+	}
+	leaves.Store(0)
+
+	second, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	second.removeStaleMember(ctx, member, "test")
+	// Waiting 100 ms, 200 ms, 400 ms, 800 ms between tries: 5 or so.
+	if n := leaves.Load(); n > 20 {
+		t.Fatalf("%d LeaveGroup requests in 2 s: the removal does not wait after a refused leave", n)
 	}
 }
