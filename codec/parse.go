@@ -453,9 +453,9 @@ func (p *parser) idBytes() (id []byte, useOrigin bool) {
 	return nil, true
 }
 
-// maxMsgIDCopy bounds the Nats-Msg-Id a dead letter repeats in delay-id:
-// a longer one is left out rather than grow the dead letter's header block
-// towards JetStream's limit.
+// maxMsgIDCopy bounds the Nats-Msg-Id a dead letter repeats in delay-id,
+// as written (encoded, if it is): a longer one is left out rather than
+// grow the dead letter past the room README tells operators to leave.
 const maxMsgIDCopy = 256
 
 // natsMsgIDOnly is the Nats-Msg-Id of a NATS message without a (non-empty)
@@ -474,7 +474,9 @@ func (p *parser) natsMsgIDOnly() ([]byte, bool) {
 		return nil, false
 	}
 	if enc, ok := p.value(hdrIDEncoding); ok && string(bytes.TrimSpace(enc)) == IDEncodingPercent {
-		return appendPercent(make([]byte, 0, 3*len(v)), v, idEncodes), true
+		if v = appendPercent(make([]byte, 0, 3*len(v)), v, idEncodes); len(v) > maxMsgIDCopy {
+			return nil, false
+		}
 	}
 	return v, true
 }

@@ -674,6 +674,7 @@ func TestParseDeadLetter(t *testing.T) {
 		{"nats empty delay-id: the msg id is the id", natsMsg(h("Nats-Msg-Id", "order-7"), h("delay-id", "")), []string{"", "order-7"}},
 		// A replay decodes the copy: it must give the msg id back.
 		{"nats msg id with the encoding header", natsMsg(h("Nats-Msg-Id", "a%41 b"), h("delay-id-encoding", "percent")), []string{"a%2541%20b"}},
+		{"nats msg id over the bound once encoded", natsMsg(h("Nats-Msg-Id", strings.Repeat("%", maxMsgIDCopy/3+1)), h("delay-id-encoding", "percent")), nil},
 		{"kafka", kafkaMsg(h("Nats-Msg-Id", "order-7")), nil},
 	} {
 		got := Parse(tc.m, &Rules{DLQ: "dlq"})
