@@ -712,7 +712,12 @@ func startChild(t *testing.T, tmpRoot string, env ...string) (*exec.Cmd, <-chan 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), env...), "TMPDIR="+tmpRoot)
+	// A child still running at the deadline is stopped with SIGQUIT
+	// first: the Go runtime then writes every goroutine's stack to its
+	// stderr, which a test that sees it hang can log.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGQUIT) }
+	cmd.WaitDelay = 10 * time.Second
+	cmd.Env = append(append(os.Environ(), env...), "TMPDIR="+tmpRoot, "GOTRACEBACK=all")
 	errOut := new(bytes.Buffer)
 	cmd.Stderr = errOut
 	stdout, err := cmd.StdoutPipe()

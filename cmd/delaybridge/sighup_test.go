@@ -53,6 +53,10 @@ func TestDevSIGHUPForgetsSandbox(t *testing.T) {
 		t.Errorf("after SIGHUP (%v) the sandbox's temporary directory %s is left behind", cmd.ProcessState, dirs[0])
 	}
 	if code := cmd.ProcessState.ExitCode(); code != 0 {
-		t.Errorf("exit code %d after SIGHUP, want 0 (a graceful shutdown)", code)
+		out := errOut.String()
+		if len(out) > 64<<10 {
+			out = out[len(out)-64<<10:]
+		}
+		t.Errorf("exit code %d after SIGHUP, want 0 (a graceful shutdown); stderr (a hang ends in SIGQUIT's stacks):\n%s", code, out)
 	}
 }
