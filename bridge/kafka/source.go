@@ -296,10 +296,12 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		}
 		if err != nil {
 			if member != "" && !errors.Is(err, kafkago.RebalanceInProgress) {
-				// kafka-go dropped the member id with this error (it
-				// keeps it only through a rebalance) after trying to
-				// leave, which fails when the broker cannot be reached,
-				// and joins next as a new member.
+				// kafka-go dropped the member id with this error after
+				// trying to leave, which fails when the broker cannot be
+				// reached, and joins next as a new member. Not after
+				// RebalanceInProgress: kafka-go then keeps the id it has,
+				// which after a SyncGroup refused that way is this same
+				// member, rejoined (a rejoin keeps its id), and live.
 				m := member
 				stale.Go(func() { s.removeStaleMember(staleCtx, m, "a membership kafka-go gave up after a failed generation") })
 				member = ""
@@ -396,10 +398,11 @@ func (s *Source) logSlowJoin(ctx context.Context, ended <-chan struct{}) {
 // or the rebalance timeout runs out, and nothing is taken in meanwhile:
 // after every short outage, for up to the session timeout (30 s by
 // default). Any client may send the LeaveGroup; member is never the id
-// kafka-go joins with next (the coordinator gives each join a new one).
-// It retries until the coordinator answers, the member is gone already
-// (UNKNOWN_MEMBER_ID), the session has run out (the coordinator removed
-// it) or ctx ends.
+// kafka-go joins with next (the coordinator gives each new member a new
+// one). It retries until the group no longer lists the member (read with
+// DescribeGroups), the coordinator refuses this bridge the group (the join
+// is refused the same way), the session or rebalance timeout has passed
+// (the coordinator has removed it by then) or ctx ends.
 //
 // The previous run's member, read from Config.MemberFile at the start, is
 // removed the same way: a crashed process left it in the group, and the
