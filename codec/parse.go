@@ -2,6 +2,7 @@ package codec
 
 import (
 	"bytes"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -88,10 +89,10 @@ var noRules Rules
 // A schedule is delivered with every source header except the six control
 // headers, plus delay-id, delay-origin and delay-due (CONTRACT §2). As an
 // extension, source headers named delay-origin, delay-due or
-// delay-id-encoding are dropped rather than duplicated. A source Nats-Msg-Id is kept (a Kafka target
-// receives it like any header); the NATS sink replaces it with its own
-// delivery id, so a JetStream target does not de-duplicate distinct
-// deliveries of one publisher message id.
+// delay-id-encoding are dropped rather than duplicated. A source
+// Nats-Msg-Id is kept (a Kafka target receives it like any header); the
+// NATS sink replaces it with its own delivery id, so a JetStream target
+// does not de-duplicate distinct deliveries of one publisher message id.
 //
 // A dead letter keeps the message unchanged, including its control headers,
 // and adds delay-error, delay-error-detail and delay-origin; stale source
@@ -473,7 +474,7 @@ func (p *parser) natsMsgIDOnly() ([]byte, bool) {
 	if !ok || len(v) == 0 || len(v) > maxMsgIDCopy {
 		return nil, false
 	}
-	if enc, ok := p.value(hdrIDEncoding); ok && string(bytes.TrimSpace(enc)) == IDEncodingPercent {
+	if p.idEncoded() {
 		if v = appendPercent(make([]byte, 0, 3*len(v)), v, idEncodes); len(v) > maxMsgIDCopy {
 			return nil, false
 		}
@@ -492,50 +493,19 @@ func (p *parser) delayID() ([]byte, bool) {
 	if !ok || len(v) == 0 {
 		return nil, false
 	}
-	if enc, ok := p.value(hdrIDEncoding); ok && string(bytes.TrimSpace(enc)) == IDEncodingPercent {
-		if d, ok := percentDecode(v); ok && len(d) > 0 {
-			return d, true
+	if p.idEncoded() {
+		// A URL path's decoding, not a form's: '+' stays '+'.
+		if d, err := url.PathUnescape(string(v)); err == nil && d != "" {
+			return []byte(d), true
 		}
 	}
 	return v, true
 }
 
-// percentDecode undoes %XX escapes, ok false for a '%' not followed by two
-// hex digits. '+' stays '+' (the encoding is a URL path's, not a form's).
-func percentDecode(v []byte) ([]byte, bool) {
-	if bytes.IndexByte(v, '%') < 0 {
-		return v, true
-	}
-	out := make([]byte, 0, len(v))
-	for i := 0; i < len(v); i++ {
-		if v[i] != '%' {
-			out = append(out, v[i])
-			continue
-		}
-		if i+2 >= len(v) {
-			return nil, false
-		}
-		hi, ok1 := unhex(v[i+1])
-		lo, ok2 := unhex(v[i+2])
-		if !ok1 || !ok2 {
-			return nil, false
-		}
-		out = append(out, hi<<4|lo)
-		i += 2
-	}
-	return out, true
-}
-
-func unhex(c byte) (byte, bool) {
-	switch {
-	case '0' <= c && c <= '9':
-		return c - '0', true
-	case 'a' <= c && c <= 'f':
-		return c - 'a' + 10, true
-	case 'A' <= c && c <= 'F':
-		return c - 'A' + 10, true
-	}
-	return 0, false
+// idEncoded says whether the message has delay-id-encoding: percent.
+func (p *parser) idEncoded() bool {
+	enc, ok := p.value(hdrIDEncoding)
+	return ok && string(bytes.TrimSpace(enc)) == IDEncodingPercent
 }
 
 func (p *parser) id() string {
