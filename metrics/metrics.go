@@ -35,7 +35,7 @@ type Metrics struct {
 	Held                 *prometheus.GaugeVec     // shard, transport
 	FireLateness         *prometheus.HistogramVec // transport
 	Overdue              prometheus.Counter
-	StoreCommit          *prometheus.HistogramVec // op (ingest|fire|retry)
+	StoreCommit          *prometheus.HistogramVec // op (ingest|fire|retry|cancel|drop)
 	StoreErrors          prometheus.Counter
 	PublishRetries       *prometheus.CounterVec   // transport
 	PublishSeconds       *prometheus.HistogramVec // transport
