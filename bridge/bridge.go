@@ -11,6 +11,7 @@ package bridge
 
 import (
 	"context"
+	"sync"
 
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/shard"
@@ -80,4 +81,53 @@ type Batch struct {
 // health for /readyz; nil means healthy.
 type Healther interface {
 	Health() error
+}
+
+// CatchingUp is a Source that tells when it has read what it held when
+// it started: every partition (the stream) up to its end as it stood then,
+// or further. The service pauses firing until its sources have (at most
+// catch_up_wait), so a cancel or replace in a backlog is read before the
+// overdue task it names fires.
+type CatchingUp interface {
+	// CaughtUp is closed once the source has caught up (for the first
+	// time since it was built).
+	CaughtUp() <-chan struct{}
+}
+
+// Signal is a channel closed at most once (a CaughtUp); the zero value
+// is ready to use.
+type Signal struct {
+	mu     sync.Mutex
+	ch     chan struct{}
+	closed bool
+}
+
+// C returns the channel.
+func (o *Signal) C() <-chan struct{} {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.ch == nil {
+		o.ch = make(chan struct{})
+	}
+	return o.ch
+}
+
+// Close closes the channel; it does nothing the second time.
+func (o *Signal) Close() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.ch == nil {
+		o.ch = make(chan struct{})
+	}
+	if !o.closed {
+		close(o.ch)
+		o.closed = true
+	}
+}
+
+// Closed reports whether Close was called.
+func (o *Signal) Closed() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.closed
 }

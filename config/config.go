@@ -78,11 +78,16 @@ type Config struct {
 	Retry Retry `yaml:"retry"`
 	// ShutdownTimeout bounds the graceful stop. Default 10s.
 	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
-	Log             Log      `yaml:"log"`
-	Kafka           *Kafka   `yaml:"kafka,omitempty"`
-	NATS            *NATS    `yaml:"nats,omitempty"`
-	Targets         Targets  `yaml:"targets"`
-	Admin           Admin    `yaml:"admin"`
+	// CatchUpWait bounds the pause of firing at start while the sources
+	// read what they held (a backlog built up while the bridge was down),
+	// so a cancel or replace in it stops the overdue task it names before
+	// that task fires. 0 fires at once. Default DefaultCatchUpWait.
+	CatchUpWait Duration `yaml:"catch_up_wait"`
+	Log         Log      `yaml:"log"`
+	Kafka       *Kafka   `yaml:"kafka,omitempty"`
+	NATS        *NATS    `yaml:"nats,omitempty"`
+	Targets     Targets  `yaml:"targets"`
+	Admin       Admin    `yaml:"admin"`
 }
 
 // Store sizes the memory of the Pebble store. The process's resident
@@ -282,12 +287,14 @@ const (
 	DefaultStoreCacheMB    = 768
 	DefaultStoreMemtableMB = 128
 	DefaultShutdownTimeout = 10 * time.Second
-	DefaultAdminListen     = "127.0.0.1:8080"
-	DefaultKafkaGroup      = "delaybridge"
-	DefaultKafkaClientID   = "delaybridge"
-	DefaultNATSURL         = "nats://localhost:4222"
-	DefaultNATSStream      = "DELAY"
-	DefaultNATSConsumer    = "delaybridge"
+	// DefaultCatchUpWait is the default catch_up_wait.
+	DefaultCatchUpWait   = time.Minute
+	DefaultAdminListen   = "127.0.0.1:8080"
+	DefaultKafkaGroup    = "delaybridge"
+	DefaultKafkaClientID = "delaybridge"
+	DefaultNATSURL       = "nats://localhost:4222"
+	DefaultNATSStream    = "DELAY"
+	DefaultNATSConsumer  = "delaybridge"
 )
 
 // Default returns a Config holding every default and no transport.
@@ -310,6 +317,7 @@ func Default() *Config {
 			WaitingInMemory: DefaultWaitingInMemory,
 		},
 		ShutdownTimeout: Duration(DefaultShutdownTimeout),
+		CatchUpWait:     Duration(DefaultCatchUpWait),
 		Log:             Log{Level: "info", Format: "json"},
 		Targets:         Targets{Allow: []string{"*"}},
 		Admin:           Admin{Listen: DefaultAdminListen},

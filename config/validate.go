@@ -97,6 +97,9 @@ func (c *Config) validate(v *validator) {
 	if c.ShutdownTimeout <= 0 {
 		v.add("shutdown_timeout", "must be positive, got %s", c.ShutdownTimeout)
 	}
+	if c.CatchUpWait < 0 {
+		v.add("catch_up_wait", "must not be negative (0: fire at once), got %s", c.CatchUpWait)
+	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
 	default:

@@ -45,6 +45,9 @@ type Metrics struct {
 	SourceUnstable       *prometheus.GaugeVec     // source, partition (Kafka)
 	SourceStableStalled  *prometheus.GaugeVec     // source, partition (Kafka)
 	Ready                prometheus.Gauge
+	// FiringPaused is 1 while the fire loops wait for the sources to read
+	// their backlog at start (catch_up_wait): due tasks wait meanwhile.
+	FiringPaused prometheus.Gauge
 
 	// StuckDropped counts the stuck entries an operator removed from the
 	// store (admin DELETE /v1/stuck/...), by their state then: held or
@@ -141,6 +144,9 @@ func New(r prometheus.Registerer) *Metrics {
 		Ready: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "delaybridge_ready", Help: "1 when the bridge is ready (recovered, store and sources healthy).",
 		}),
+		FiringPaused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "delaybridge_firing_paused", Help: "1 while firing waits for the sources to read what they held at start (at most catch_up_wait), so a cancel or replace in that backlog stops the task it names before it fires; due tasks wait meanwhile.",
+		}),
 		StoreDisk: newStoreDiskCollector(),
 	}
 	// Every reason exists from the start at 0, so a rate() or increase()
@@ -155,7 +161,7 @@ func New(r prometheus.Registerer) *Metrics {
 	if r != nil {
 		r.MustRegister(m.Ingested, m.Fired, m.DeadLettered, m.DeadLettersParked, m.DeadLettersParkedNow, m.StuckDropped, m.Undecodable, m.Cancelled, m.Replaced, m.Dropped,
 			m.Pending, m.InWheel, m.Held, m.FireLateness, m.Overdue, m.StoreCommit, m.StoreErrors,
-			m.PublishRetries, m.PublishSeconds, m.BestEffort, m.SourceErrors, m.SourceLag, m.SourceUnstable, m.SourceStableStalled, m.Ready, m.StoreDisk)
+			m.PublishRetries, m.PublishSeconds, m.BestEffort, m.SourceErrors, m.SourceLag, m.SourceUnstable, m.SourceStableStalled, m.Ready, m.FiringPaused, m.StoreDisk)
 	}
 	return m
 }

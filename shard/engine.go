@@ -82,6 +82,9 @@ type Engine struct {
 	ingestMu sync.Mutex
 	cpOwner  map[string]*commitTicket // last writer of each checkpoint key; under ingestMu
 
+	// paused: firing paused (PauseFiring, pause.go).
+	paused atomic.Bool
+
 	errMu    sync.Mutex
 	storeErr error // sticky: first failed write
 
@@ -197,6 +200,15 @@ type shard struct {
 	// decode, by seq (see stuck.go); they stay in the store, out of the
 	// wheel, until an operator drops them.
 	undecodable map[uint64]undecodable
+
+	// paused: due tasks set aside while firing is paused (pause.go), not
+	// in flight; pausedMin is the earliest due of them, pausedSorted
+	// whether they are in due order.
+	paused       []fireItem
+	pausedMin    int64
+	pausedSorted bool
+	// pauseParked: the fire loop parks because firing is paused (park).
+	pauseParked bool
 
 	// Fire-loop parking, so Ingest can wake the loop for an earlier due and
 	// tests can tell when the loop is idle.
@@ -1454,6 +1466,11 @@ func (e *Engine) Stats() Stats {
 		// due tasks set aside while their lane is stuck.
 		claimedDue, parkedFire, parked := s.lanesDueLocked()
 		late, isLate := s.oldestLateLocked()
+		// Set aside while firing is paused: due, waiting.
+		pausedMin, hasPaused := s.pausedMin, len(s.paused) > 0
+		if hasPaused && (!isLate || pausedMin < late) {
+			late, isLate = pausedMin, true
+		}
 		for l := range s.lanes {
 			ss.Held += s.lanes[l].hold.n
 		}
@@ -1465,6 +1482,9 @@ func (e *Engine) Stats() Stats {
 		next, ok := firstFire(stored)
 		if parked && (!ok || parkedFire < next) {
 			next, ok = parkedFire, true
+		}
+		if hasPaused && (!ok || pausedMin < next) {
+			next, ok = pausedMin, true
 		}
 		if ss.Held > 0 {
 			if due, ok := s.heldOldestDue(); ok && due <= now && (!isLate || due < late) {

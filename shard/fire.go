@@ -126,6 +126,7 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 		for l := range s.lanes {
 			s.unparkLocked(&s.lanes[l])
 		}
+		s.unpauseLocked()
 		s.mu.Unlock()
 	}()
 	for {
@@ -155,8 +156,33 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 		}
 		var claimed []fireItem
 		nHeld := 0
-		if err == nil {
-			claimed = append(s.takeParkedLocked(s.e.opts.FireBatch), s.claimLocked(now)...)
+		if err == nil && s.e.paused.Load() {
+			// Firing paused (pause.go): due tasks are set aside, only the
+			// dead letters a source waits for go out.
+			var more bool
+			claimed, more = s.claimPausedLocked(now)
+			if len(claimed) == 0 {
+				if more || moreToSweep {
+					s.mu.Unlock()
+					continue
+				}
+				wake := now + maxPark.Milliseconds()
+				if next, ok := s.w.Next(); ok && next < wake {
+					wake = next
+				}
+				s.pauseParked = true // park returns if firing resumed since
+				s.mu.Unlock()
+				s.park(ctx, timer, wake, true)
+				continue
+			}
+		} else if err == nil {
+			claimed = s.takeParkedLocked(s.e.opts.FireBatch)
+			if len(s.paused) > 0 {
+				// What waited for the pause goes first, in due order.
+				claimed = append(claimed, s.takePausedLocked(max(s.e.opts.FireBatch-len(claimed), 1))...)
+			} else {
+				claimed = append(claimed, s.claimLocked(now)...)
+			}
 			// Held tasks (hold.go) get what is left of a batch, and at
 			// least half of one, so neither they nor the due ones starve.
 			fb := s.e.opts.FireBatch
@@ -226,6 +252,15 @@ func (s *shard) park(ctx context.Context, timer clock.Timer, wake int64, hold bo
 	default:
 	}
 	s.drainLocked()
+	if s.pauseParked {
+		// Parked by a paused loop: ResumeFiring's wake-up may be the one
+		// drained above, so look at the pause itself.
+		s.pauseParked = false
+		if !s.e.paused.Load() {
+			s.mu.Unlock()
+			return
+		}
+	}
 	if !hold && s.lanesReadyLocked() {
 		s.mu.Unlock() // a lane returned: its parked tasks are due
 		return

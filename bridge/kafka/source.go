@@ -57,6 +57,13 @@ type Source struct {
 	closed    chan struct{}
 	runDone   chan struct{} // closed when the running Run returns
 
+	// caughtUp is closed once every partition of a generation was read up
+	// to its end (see CaughtUp): caughtUpWant the checkpoint keys of the
+	// generation's partitions, caughtUpHad those that got there (under mu).
+	caughtUp     bridge.Signal
+	caughtUpWant []string
+	caughtUpHad  map[string]bool
+
 	// testHookFetched, when set, sees each fetch of a partition worker:
 	// the byte limit it asked for and the bytes of records it decoded.
 	testHookFetched func(limit, decoded int)
@@ -77,9 +84,56 @@ type Source struct {
 const joinWaitLogAfter = 5 * time.Second
 
 var (
-	_ bridge.Source   = (*Source)(nil)
-	_ bridge.Healther = (*Source)(nil)
+	_ bridge.Source     = (*Source)(nil)
+	_ bridge.Healther   = (*Source)(nil)
+	_ bridge.CatchingUp = (*Source)(nil)
 )
+
+// CaughtUp is closed once the partitions of a generation of this member
+// have each been read (and their messages stored) up to the end of their
+// log as a fetch found it (the last stable offset: read_committed reads no
+// further), or at once for a generation that assigns this member none.
+func (s *Source) CaughtUp() <-chan struct{} { return s.caughtUp.C() }
+
+// wantCaughtUp starts watching the partitions of a new generation.
+func (s *Source) wantCaughtUp(gen *kafkago.Generation) {
+	s.mu.Lock()
+	s.caughtUpWant = s.caughtUpWant[:0]
+	for topic, parts := range gen.Assignments {
+		for _, pa := range parts {
+			s.caughtUpWant = append(s.caughtUpWant, CheckpointKey(topic, pa.ID))
+		}
+	}
+	s.mu.Unlock()
+	s.checkCaughtUp()
+}
+
+// reachedEnd records that the partition of key was read to its end.
+func (s *Source) reachedEnd(key string) {
+	s.mu.Lock()
+	if s.caughtUpHad == nil {
+		s.caughtUpHad = make(map[string]bool)
+	}
+	s.caughtUpHad[key] = true
+	s.mu.Unlock()
+	s.checkCaughtUp()
+}
+
+func (s *Source) checkCaughtUp() {
+	if s.caughtUp.Closed() {
+		return
+	}
+	s.mu.Lock()
+	all := true
+	for _, k := range s.caughtUpWant {
+		all = all && s.caughtUpHad[k]
+	}
+	s.mu.Unlock()
+	if all {
+		s.log.Info("caught up: every assigned partition read to its end")
+		s.caughtUp.Close()
+	}
+}
 
 // NewSource validates cfg and builds a Source. It does no I/O; Check and Run
 // connect.
@@ -337,6 +391,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		s.setHealth("group", missingErr)
 		s.log.Info("joined group", zap.Int32("generation", gen.ID),
 			zap.String("member", gen.MemberID), zap.Any("assignments", assignmentsOf(gen)))
+		s.wantCaughtUp(gen)
 		// One committer per generation sends the partitions' offsets;
 		// it commits the last of them once the partition workers are done.
 		cm := newCommitter(gen.CommitOffsets, s.cfg.RetryMin, s.cfg.RetryMax, s.log.With(zap.Int32("generation", gen.ID)),
@@ -614,11 +669,18 @@ type lagGauge struct {
 	g      prometheus.Gauge
 	hw     atomic.Int64
 	stored atomic.Int64
+	// atEnd, if set, is called the first time the stored offset reaches
+	// the high watermark.
+	atEnd   func()
+	reached atomic.Bool
 }
 
 func (l *lagGauge) update() {
 	if hw, st := l.hw.Load(), l.stored.Load(); hw >= 0 && st >= 0 {
 		l.g.Set(float64(max(hw-st, 0)))
+		if st >= hw && l.atEnd != nil && l.reached.CompareAndSwap(false, true) {
+			l.atEnd()
+		}
 	}
 }
 
@@ -730,7 +792,8 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 			return
 		}
 	}
-	lag := &lagGauge{g: s.cfg.Metrics.SourceLag.WithLabelValues(topic, strconv.Itoa(pa.ID))}
+	lag := &lagGauge{g: s.cfg.Metrics.SourceLag.WithLabelValues(topic, strconv.Itoa(pa.ID)),
+		atEnd: func() { s.reachedEnd(key) }}
 	lag.hw.Store(-1)
 	lag.stored.Store(start)
 	out := make(chan fetched, 1)

@@ -53,6 +53,8 @@ type Source struct {
 	cfg Config
 	log *zap.Logger
 	lag prometheus.Gauge // delaybridge_source_lag_messages of the stream
+	// caughtUp is closed once the consumer has nothing pending (CaughtUp).
+	caughtUp bridge.Signal
 	// base is the checkpoint key without the stream's identity; key (Run's
 	// goroutine only) the one of the stream Run reads: see CheckpointKey.
 	base string
@@ -89,6 +91,21 @@ type consumerRef struct{ c jetstream.Consumer }
 
 var _ bridge.Source = (*Source)(nil)
 var _ bridge.Healther = (*Source)(nil)
+var _ bridge.CatchingUp = (*Source)(nil)
+
+// CaughtUp is closed once the consumer was found with no message pending
+// (at its start, or in the metadata of the last message of a batch, once
+// that batch is stored): what the stream held when the bridge started has
+// been read. Messages delivered before and not acknowledged (a previous
+// run's in flight) are redelivered after their ack wait.
+func (s *Source) CaughtUp() <-chan struct{} { return s.caughtUp.C() }
+
+func (s *Source) reachedEnd() {
+	if !s.caughtUp.Closed() {
+		s.log.Info("nats source: caught up: no message pending")
+		s.caughtUp.Close()
+	}
+}
 
 // NewSource checks (or with cfg.Create, creates) the delay stream and the
 // durable consumer. Without Create a missing stream or consumer is an error
@@ -1319,6 +1336,9 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	}
 	s.consErr.Store(nil)
 	s.setAckWait(info.Config)
+	if info.NumPending == 0 {
+		s.reachedEnd()
+	}
 	if s.incDue != 0 {
 		// A legacy floor to be dropped was likely another stream's: its
 		// tasks are the previous incarnation. Duplicates of what the
@@ -1518,6 +1538,7 @@ func msgBytes(m jetstream.Msg) int {
 func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.Consumer, st *floorState, batch []jetstream.Msg, items []bridge.Item, aside func()) error {
 	var high int64
 	var pending uint64
+	sawMeta := false
 	for _, m := range batch {
 		md, err := m.Metadata()
 		if err != nil {
@@ -1526,7 +1547,7 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 			continue
 		}
 		seq := int64(md.Sequence.Stream)
-		pending = md.NumPending
+		pending, sawMeta = md.NumPending, true
 		if md.Sequence.Consumer <= st.lastDseq {
 			// Consumer sequences only grow: this is another consumer of
 			// the same name, e.g. on a stream created again (storage lost,
@@ -1595,6 +1616,9 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		st.handled(high, cp, spans, stored)
 	} else {
 		st.commitPend()
+	}
+	if sawMeta && pending == 0 {
+		s.reachedEnd() // the batch is stored: nothing more was pending
 	}
 	for _, m := range batch {
 		if err := m.Ack(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {

@@ -1,29 +1,22 @@
 package service
 
 import (
-	"os"
+	"github.com/delaybridge/delaybridge/config"
 	"strconv"
 	"testing"
 	"time"
 )
 
-// TestCatchUpCancelPublishedBeforeDue is the reproduction of a known gap
-// (hunt H170), skipped unless DELAYBRIDGE_KNOWN_GAPS=1: after the bridge was
+// TestCatchUpCancelPublishedBeforeDue (hunt H170): after the bridge was
 // down past the due time of a task, a cancel or replace that its publisher
-// sent before that due time, while the bridge was down, does not stop the
-// old version. The bridge fires an overdue task as soon as it holds it (a
-// task stored before the outage at start, one read from the backlog as its
-// batch is ingested) and reads the cancel or replace only later, when it
-// finds the task delivered and its id free. Had the bridge been up, the
-// task would never have fired (or only in its new version). README "After
-// an outage: catching up" documents this; the test shows it on both
-// transports and passes once the bridge reads a source's messages up to a
-// task's due time before it fires the task.
+// sent before that due time, while the bridge was down, stops the old
+// version. Without catch_up_wait the bridge fired an overdue task as soon
+// as it held it (a task stored before the outage at start, one read from
+// the backlog as its batch was ingested) and read the cancel or replace
+// only later, when it found the task delivered and its id free: on both
+// transports the cancelled task (or the old version) was delivered.
 func TestCatchUpCancelPublishedBeforeDue(t *testing.T) {
-	if os.Getenv("DELAYBRIDGE_KNOWN_GAPS") == "" {
-		t.Skip("known gap (README: After an outage: catching up); DELAYBRIDGE_KNOWN_GAPS=1 runs it")
-	}
-	e := newEnv(t, "")
+	e := newEnv(t, "catch_up_wait: 1m\n")
 	t0 := e.clk.Now()
 	at := func(d time.Duration) string { return strconv.FormatInt(t0.Add(d).UnixMilli(), 10) }
 
@@ -91,5 +84,40 @@ func TestCatchUpCancelPublishedBeforeDue(t *testing.T) {
 				t.Errorf("%s%s delivered %d times, though cancelled or replaced by a message published before its due time", p, v, len(ds))
 			}
 		}
+	}
+}
+
+// TestCatchUpWaitBounds: a source that cannot read its backlog (here its
+// Kafka delay topic does not exist) holds firing for catch_up_wait, no
+// longer; meanwhile the dead letters of the sources that do read go out
+// (their source waits for them before it acknowledges, so holding them
+// would hold the catch-up itself).
+func TestCatchUpWaitBounds(t *testing.T) {
+	e := newEnv(t, "catch_up_wait: 1m\n")
+	t0 := e.clk.Now()
+	svc, stop := e.start()
+	e.publishNATS("delay.c", []byte("overdue"), "delay-id", "overdue",
+		"delay-at", strconv.FormatInt(t0.Add(time.Second).UnixMilli(), 10), "delay-target", "orders.c")
+	waitStored(t, svc, 1, "DELAY", "overdue")
+	stop()
+
+	e.mutate = func(c *config.Config) { c.Kafka.Sources[0].Topic = "absent" }
+	e.clk.Advance(10 * time.Second)
+	svc, _ = e.start()
+	if !svc.Engine().FiringPaused() {
+		t.Fatal("firing not paused at start")
+	}
+	e.publishNATS("delay.c", []byte("bad"), "delay-id", "bad", "delay-target", "orders.c") // missing-due
+	e.waitFor("the dead letter", func(ds []delivery) bool { return len(byValue(ds, "dlq.delay")["bad"]) == 1 })
+	if !svc.Engine().FiringPaused() {
+		t.Fatal("firing resumed though the Kafka source has not read its (absent) topic")
+	}
+	if ds := byValue(e.deliveries(), "")["overdue"]; len(ds) != 0 {
+		t.Fatalf("the overdue task was delivered while firing was paused: %+v", ds)
+	}
+	e.clk.Advance(time.Minute)
+	e.waitFor("the overdue task", func(ds []delivery) bool { return len(byValue(ds, "orders.c")["overdue"]) == 1 })
+	if svc.Engine().FiringPaused() {
+		t.Fatal("firing still paused after catch_up_wait")
 	}
 }

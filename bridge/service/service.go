@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -137,6 +138,9 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 		// dead-letter them all, one at a time, as they come due.
 		s.log.Warn("targets.allow is empty, so no target is allowed: every pending task will be dead-lettered target-not-allowed when it comes due",
 			zap.Int64("pending", st.Pending))
+	}
+	if cfg.CatchUpWait > 0 {
+		s.eng.PauseFiring() // until Run's catchUp resumes it
 	}
 	s.pipeline = bridge.NewPipeline(s.eng, s.log.Named("pipeline"))
 	s.admin = admin.NewHandler(admin.Options{
@@ -708,6 +712,13 @@ func (s *Service) Run(ctx context.Context) error {
 	// Each transport connects on its own (s.late): one whose brokers are
 	// down does not hold the other's sources and deliveries (its own wait
 	// in its lateSink).
+	// Firing waits (catch_up_wait at most) until every transport's sources
+	// have read what they held: see catchUp.
+	caught := make(chan string, len(s.late))
+	if wait := s.cfg.CatchUpWait.Std(); wait > 0 {
+		s.eng.PauseFiring()
+		go s.catchUp(srcCtx, wait, caught)
+	}
 	engDone := make(chan struct{})
 	go func() {
 		defer close(engDone)
@@ -748,6 +759,16 @@ func (s *Service) Run(ctx context.Context) error {
 					}
 				})
 			}
+			for _, src := range b.sources {
+				if cu, ok := src.(bridge.CatchingUp); ok {
+					select {
+					case <-cu.CaughtUp():
+					case <-srcCtx.Done():
+						return
+					}
+				}
+			}
+			caught <- l.transport
 			n := nSources.Add(int32(len(b.sources)))
 			if int(nConnected.Add(1)) == len(s.late) {
 				s.log.Info("delaybridge running", zap.Int32("sources", n), zap.String("admin", s.cfg.Admin.Listen))
@@ -809,6 +830,40 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	s.log.Info("stopped; pending tasks are kept in the store")
 	return fatal
+}
+
+// catchUp resumes firing (paused by Run) once every transport reported on
+// caught that its sources have read what they held at start, or when wait
+// has passed. A bridge that was down finds overdue tasks in its store and
+// a backlog in its sources, which may cancel or replace them: fired at
+// once, such a task would be delivered before the cancel its publisher
+// sent before its due time is read. A source that cannot be read (its
+// broker down) holds deliveries for wait at most.
+func (s *Service) catchUp(ctx context.Context, wait time.Duration, caught <-chan string) {
+	clk := s.clock()
+	start := clk.Now()
+	t := clk.NewTimer(wait)
+	defer t.Stop()
+	waiting := make(map[string]bool, len(s.late))
+	for _, l := range s.late {
+		waiting[l.transport] = true
+	}
+	s.log.Info("firing paused until the sources have read their backlog", zap.Duration("catch_up_wait", wait))
+	for len(waiting) > 0 {
+		select {
+		case tr := <-caught:
+			delete(waiting, tr)
+		case <-t.C():
+			s.log.Warn("catch_up_wait passed: firing, though these transports' sources have not read their backlog; a cancel or replace in it that is read later does not stop a task that fired already (catch_up_wait)",
+				zap.Strings("transports", slices.Sorted(maps.Keys(waiting))), zap.Duration("catch_up_wait", wait))
+			s.eng.ResumeFiring()
+			return
+		case <-ctx.Done():
+			return // stopping: the tasks stay stored
+		}
+	}
+	s.log.Info("sources caught up: firing", zap.Duration("after", clk.Now().Sub(start)))
+	s.eng.ResumeFiring()
 }
 
 // closeAllBy is closeAll within deadline: the closers but the store's (the
