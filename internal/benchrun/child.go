@@ -86,7 +86,9 @@ func startChildBridge(ctx context.Context, exe string, b *broker, dataDir string
 	for {
 		if resp, err := http.Get("http://" + admin + "/readyz"); err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			// Ready, and firing no longer paused at start (catch_up_wait):
+			// the runs measure a bridge in its steady state.
+			if resp.StatusCode == http.StatusOK && !firingPaused(admin) {
 				return cb, nil
 			}
 		}
@@ -220,4 +222,24 @@ func (cb *childBridge) close() error {
 		_ = cb.cmd.Process.Kill()
 		return errors.New("benchrun: bridge did not stop within a minute")
 	}
+}
+
+// firingPaused reports whether the bridge at admin says its firing is
+// paused (delaybridge_firing_paused 1), or cannot be asked.
+func firingPaused(admin string) bool {
+	resp, err := http.Get("http://" + admin + "/metrics?name[]=delaybridge_firing_paused")
+	if err != nil {
+		return true
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return true
+	}
+	for line := range strings.Lines(string(body)) {
+		if v, ok := strings.CutPrefix(line, "delaybridge_firing_paused "); ok {
+			return strings.TrimSpace(v) != "0"
+		}
+	}
+	return true
 }
