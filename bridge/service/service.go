@@ -709,9 +709,6 @@ func (s *Service) Run(ctx context.Context) error {
 			setFatal(err) // says "admin: listen ... (admin.listen)" or "admin: serve ..."
 		}
 	}()
-	// Each transport connects on its own (s.late): one whose brokers are
-	// down does not hold the other's sources and deliveries (its own wait
-	// in its lateSink).
 	// Firing waits (catch_up_wait at most) until every transport's sources
 	// have read what they held: see catchUp.
 	caught := make(chan string, len(s.late))
@@ -719,6 +716,9 @@ func (s *Service) Run(ctx context.Context) error {
 		s.eng.PauseFiring()
 		go s.catchUp(srcCtx, wait, caught)
 	}
+	// Each transport connects on its own (s.late): one whose brokers are
+	// down does not hold the other's sources and deliveries (its own wait
+	// in its lateSink).
 	engDone := make(chan struct{})
 	go func() {
 		defer close(engDone)
@@ -759,6 +759,10 @@ func (s *Service) Run(ctx context.Context) error {
 					}
 				})
 			}
+			n := nSources.Add(int32(len(b.sources)))
+			if int(nConnected.Add(1)) == len(s.late) {
+				s.log.Info("delaybridge running", zap.Int32("sources", n), zap.String("admin", s.cfg.Admin.Listen))
+			}
 			for _, src := range b.sources {
 				if cu, ok := src.(bridge.CatchingUp); ok {
 					select {
@@ -768,11 +772,7 @@ func (s *Service) Run(ctx context.Context) error {
 					}
 				}
 			}
-			caught <- l.transport
-			n := nSources.Add(int32(len(b.sources)))
-			if int(nConnected.Add(1)) == len(s.late) {
-				s.log.Info("delaybridge running", zap.Int32("sources", n), zap.String("admin", s.cfg.Admin.Listen))
-			}
+			caught <- l.transport // buffered: one per transport
 		})
 	}
 	// delaybridge_ready is set by Ready; keep it current without a
