@@ -158,9 +158,14 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 		nHeld := 0
 		if err == nil && s.e.paused.Load() {
 			// Firing paused (pause.go): due tasks are set aside, only the
-			// dead letters a source waits for go out.
-			var more bool
-			claimed, more = s.claimPausedLocked(now)
+			// dead letters a source waits for go out. Those claimed while
+			// their DLQ's lane was stuck wait aside in the lane: taken
+			// back as they are when not paused, or their source, and so
+			// the end of the pause, would wait for them until
+			// catch_up_wait.
+			claimed = s.takeParkedLocked(s.e.opts.FireBatch)
+			awaited, more := s.claimPausedLocked(now)
+			claimed = append(claimed, awaited...)
 			if len(claimed) == 0 {
 				if more || moreToSweep {
 					s.mu.Unlock()
@@ -253,10 +258,11 @@ func (s *shard) park(ctx context.Context, timer clock.Timer, wake int64, hold bo
 	}
 	s.drainLocked()
 	if s.pauseParked {
-		// Parked by a paused loop: ResumeFiring's wake-up may be the one
-		// drained above, so look at the pause itself.
+		// Parked by a paused loop: ResumeFiring's wake-up, or that of a
+		// lane returning with dead letters set aside, may be the one
+		// drained above, so look at the pause and the lanes themselves.
 		s.pauseParked = false
-		if !s.e.paused.Load() {
+		if !s.e.paused.Load() || s.lanesReadyLocked() {
 			s.mu.Unlock()
 			return
 		}
