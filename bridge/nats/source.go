@@ -94,10 +94,12 @@ var _ bridge.Healther = (*Source)(nil)
 var _ bridge.CatchingUp = (*Source)(nil)
 
 // CaughtUp is closed once the consumer was found with no message pending
-// (at its start, or in the metadata of the last message of a batch, once
-// that batch is stored): what the stream held when the bridge started has
-// been read. Messages delivered before and not acknowledged (a previous
-// run's in flight) are redelivered after their ack wait.
+// (at its start, with none awaiting acknowledgement either, or in the
+// metadata of the last message of a batch, once that batch is stored):
+// what the stream held when the bridge started has been read. Messages
+// delivered before and not acknowledged (a previous run's in flight at a
+// crash) are redelivered after their ack wait: read before when nothing
+// else was pending, else perhaps after.
 func (s *Source) CaughtUp() <-chan struct{} { return s.caughtUp.C() }
 
 func (s *Source) reachedEnd() {
@@ -1336,7 +1338,11 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	}
 	s.consErr.Store(nil)
 	s.setAckWait(info.Config)
-	if info.NumPending == 0 {
+	// Messages a previous run received and did not acknowledge (nak'd at
+	// its stop, or in flight at a crash) are ack-pending, not pending:
+	// they are read again before it counts as caught up, by a batch that
+	// leaves nothing pending.
+	if info.NumPending == 0 && info.NumAckPending == 0 {
 		s.reachedEnd()
 	}
 	if s.incDue != 0 {
