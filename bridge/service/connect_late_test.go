@@ -61,7 +61,10 @@ func TestShutdownWhileConnectingClosesTheLateConnection(t *testing.T) {
 func TestOverdueAtRestartDeliveredAtOnce(t *testing.T) {
 	for _, kafkaDown := range []bool{false, true} {
 		t.Run(map[bool]string{false: "both-up", true: "kafka-down"}[kafkaDown], func(t *testing.T) {
-			e := newEnv(t, "")
+			// With Kafka down the catch-up pause (catch_up_wait, see
+			// TestCatchUpWaitBounds) would hold the NATS deliveries for
+			// its length: this is the bridge without it.
+			e := newEnv(t, map[bool]string{false: "", true: "catch_up_wait: 0s\n"}[kafkaDown])
 			svc, stop := e.start()
 			e.publishKafka(0, time.Time{}, []byte("k1"), []byte("kafka-overdue"), "delay-after", "5s", "delay-target", "orders")
 			e.publishNATS("delay.o", []byte("nats-overdue"), "delay-after", "5s", "delay-target", "orders.o")
@@ -162,7 +165,10 @@ func TestTransportDownAtStartHoldsOnDisk(t *testing.T) {
 	old := lateGrace
 	lateGrace = 200 * time.Millisecond
 	t.Cleanup(func() { lateGrace = old })
-	e := newEnv(t, "retry: {initial: 1s, max: 4s, multiplier: 2, jitter: 0.1, max_attempts: 3, waiting_in_memory: 10}\n")
+	// catch_up_wait 0: NATS down at start would otherwise pause firing
+	// for its length (TestCatchUpWaitBounds), and this test is about what
+	// waits once tasks fire.
+	e := newEnv(t, "retry: {initial: 1s, max: 4s, multiplier: 2, jitter: 0.1, max_attempts: 3, waiting_in_memory: 10}\ncatch_up_wait: 0s\n")
 	e.ns.Shutdown()
 	svc, _ := e.start()
 	const n = 200

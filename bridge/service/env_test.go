@@ -259,9 +259,6 @@ func (e *env) config() *config.Config {
 	for _, def := range []string{
 		"shards: 4",
 		"retry: {initial: 1s, max: 4s, multiplier: 2, jitter: 0.1, max_attempts: 3}",
-		// Firing at once, as the tests were written for; the catch-up
-		// tests set it.
-		"catch_up_wait: 0s",
 	} {
 		key, _, _ := strings.Cut(def, ":")
 		if !strings.Contains(e.extra, key+":") {
