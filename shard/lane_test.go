@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,6 +37,15 @@ func (s *laneSink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		<-s.release
 	}
 	return s.recSink.Deliver(ctx, batch)
+}
+
+// newLaneSink returns a laneSink over h's sink that holds Kafka batches
+// until release is called (once; again it does nothing, so it may also be
+// deferred).
+func newLaneSink(h *harness) (sink *laneSink, release func()) {
+	sink = &laneSink{recSink: h.sink, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	var once sync.Once
+	return sink, func() { once.Do(func() { close(sink.release) }) }
 }
 
 func natsTask(id string, due time.Time, n int64) codec.Task {
@@ -81,14 +91,7 @@ func TestLaneStuckTargetDoesNotHoldTheOther(t *testing.T) {
 		o.LaneGrace = 20 * time.Millisecond
 		o.Metrics = m
 	})
-	sink := &laneSink{recSink: h.sink, entered: make(chan struct{}, 1), release: make(chan struct{})}
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			close(sink.release)
-		}
-	}
+	sink, release := newLaneSink(h)
 	defer release()
 	h.ingest([]codec.Task{sched("k1", t0, 1), natsTask("n1", t0, 2),
 		sched("k2", t0.Add(10*time.Second), 3), sched("k3", t0.Add(10*time.Second), 4),

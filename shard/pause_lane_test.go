@@ -20,14 +20,7 @@ func TestPauseFiringStuckDLQLane(t *testing.T) {
 		o.Shards = 1
 		o.LaneGrace = 20 * time.Millisecond
 	})
-	sink := &laneSink{recSink: h.sink, entered: make(chan struct{}, 1), release: make(chan struct{})}
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			close(sink.release)
-		}
-	}
+	sink, release := newLaneSink(h)
 	defer release()
 	h.ingest([]codec.Task{sched("stored", t0, 1)}) // overdue at start: waits for the pause
 	h.e.PauseFiring()
