@@ -1143,6 +1143,8 @@ func TestAlertRules(t *testing.T) {
 		// Before the volume is full (hunt H151): bytes against the
 		// reserve and the size, and inodes.
 		"DelaybridgeStoreDiskLow": "delaybridge_store_disk_free_inodes < 0.05 * delaybridge_store_disk_inodes",
+		// Falling behind, not catching up (hunt H170).
+		"DelaybridgeSourceBehind": "offset 15m",
 	} {
 		if !strings.Contains(alerts[name], want) {
 			t.Errorf("alert %s = %q, want it to contain %q", name, alerts[name], want)
