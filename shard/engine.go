@@ -202,9 +202,9 @@ type shard struct {
 	undecodable map[uint64]undecodable
 
 	// paused: due tasks set aside while firing is paused (pause.go), not
-	// in flight; pausedMin is the earliest due of them, pausedSorted
-	// whether they are in due order.
-	paused       []fireItem
+	// in flight, 16 bytes each; pausedMin is the earliest due of them,
+	// pausedSorted whether they are in due order.
+	paused       []wheelOp
 	pausedMin    int64
 	pausedSorted bool
 	// pauseParked: the fire loop parks because firing is paused (park).

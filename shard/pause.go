@@ -14,7 +14,7 @@ import (
 // had been up would never have delivered it. So the service pauses firing
 // until its sources have read what they held when it started (or for at
 // most catch_up_wait), and the engine meanwhile takes due tasks out of the
-// wheel and sets them aside, in memory (a fireItem each, like a wheel
+// wheel and sets them aside, in memory (16 bytes each, like a wheel
 // entry): a cancel or replace read meanwhile deletes the stored task, and
 // the fire loop drops it when it reads the store after the pause. Dead
 // letters a source waits for still go out: the source's progress, and so
@@ -71,7 +71,7 @@ func (s *shard) claimPausedLocked(now int64) (claimed []fireItem, more bool) {
 		if len(s.paused) == 0 || fire < s.pausedMin {
 			s.pausedMin = fire
 		}
-		s.paused = append(s.paused, fireItem{fire: fire, seq: seq})
+		s.paused = append(s.paused, wheelOp{fire: fire, seq: seq})
 	})
 	s.e.dl.mu.Unlock()
 	s.inWheelG.Set(float64(s.w.Len()))
@@ -85,7 +85,7 @@ func (s *shard) takePausedLocked(max int) []fireItem {
 		return nil
 	}
 	if !s.pausedSorted {
-		slices.SortFunc(s.paused, func(a, b fireItem) int {
+		slices.SortFunc(s.paused, func(a, b wheelOp) int {
 			return cmp.Or(cmp.Compare(a.fire, b.fire), cmp.Compare(a.seq, b.seq))
 		})
 		s.pausedSorted = true
@@ -97,7 +97,7 @@ func (s *shard) takePausedLocked(max int) []fireItem {
 		if _, ok := s.deleting[p.seq]; ok {
 			continue
 		}
-		out = append(out, p)
+		out = append(out, fireItem{fire: p.fire, seq: p.seq})
 		s.inflight[p.seq] = notSuperseded
 	}
 	s.paused = s.paused[k:]
