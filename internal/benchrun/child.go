@@ -88,7 +88,7 @@ func startChildBridge(ctx context.Context, exe string, b *broker, dataDir string
 			resp.Body.Close()
 			// Ready, and firing no longer paused at start (catch_up_wait):
 			// the runs measure a bridge in its steady state.
-			if resp.StatusCode == http.StatusOK && !firingPaused(admin) {
+			if resp.StatusCode == http.StatusOK && !cb.firingPaused() {
 				return cb, nil
 			}
 		}
@@ -123,6 +123,9 @@ func (cb *childBridge) metrics(families ...string) map[string]float64 {
 		return out
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return out // refused (a token): no figures rather than an error body
+	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -224,22 +227,9 @@ func (cb *childBridge) close() error {
 	}
 }
 
-// firingPaused reports whether the bridge at admin says its firing is
-// paused (delaybridge_firing_paused 1), or cannot be asked.
-func firingPaused(admin string) bool {
-	resp, err := http.Get("http://" + admin + "/metrics?name[]=delaybridge_firing_paused")
-	if err != nil {
-		return true
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
-	if err != nil || resp.StatusCode != http.StatusOK {
-		return true
-	}
-	for line := range strings.Lines(string(body)) {
-		if v, ok := strings.CutPrefix(line, "delaybridge_firing_paused "); ok {
-			return strings.TrimSpace(v) != "0"
-		}
-	}
-	return true
+// firingPaused reports whether the bridge says its firing is paused
+// (delaybridge_firing_paused 1), or cannot be asked.
+func (cb *childBridge) firingPaused() bool {
+	v, ok := cb.metrics("delaybridge_firing_paused")["delaybridge_firing_paused"]
+	return !ok || v != 0
 }

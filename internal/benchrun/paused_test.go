@@ -29,12 +29,13 @@ func TestFiringPaused(t *testing.T) {
 				_, _ = w.Write([]byte(tc.body))
 			}))
 			defer srv.Close()
-			if got := firingPaused(strings.TrimPrefix(srv.URL, "http://")); got != tc.want {
+			cb := &childBridge{admin: strings.TrimPrefix(srv.URL, "http://")}
+			if got := cb.firingPaused(); got != tc.want {
 				t.Fatalf("firingPaused = %v, want %v", got, tc.want)
 			}
 		})
 	}
-	if !firingPaused("127.0.0.1:1") {
+	if !(&childBridge{admin: "127.0.0.1:1"}).firingPaused() {
 		t.Fatal("firingPaused = false for a bridge that does not answer")
 	}
 }
