@@ -156,47 +156,41 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 		}
 		var claimed []fireItem
 		nHeld := 0
-		if err == nil && s.e.paused.Load() {
-			// Firing paused (pause.go): due tasks are set aside, only the
-			// dead letters a source waits for go out. Those claimed while
-			// their DLQ's lane was stuck wait aside in the lane: taken
-			// back as they are when not paused, or their source, and so
-			// the end of the pause, would wait for them until
-			// catch_up_wait.
-			claimed = s.takeParkedLocked(s.e.opts.FireBatch)
-			awaited, more := s.claimPausedLocked(now)
-			claimed = append(claimed, awaited...)
-			if len(claimed) == 0 {
-				if more || moreToSweep {
-					s.mu.Unlock()
+		if err == nil {
+			fb := s.e.opts.FireBatch
+			// First the tasks set aside while their lane was stuck (while
+			// firing is paused, only dead letters a source waits for: its
+			// progress, and so the end of the pause, waits for them).
+			claimed = s.takeParkedLocked(fb)
+			paused := s.e.paused.Load()
+			switch {
+			case paused:
+				// Due tasks are set aside (pause.go); held ones stay held.
+				awaited, more := s.claimPausedLocked(now)
+				if claimed = append(claimed, awaited...); len(claimed) == 0 {
+					if more || moreToSweep {
+						s.mu.Unlock()
+					} else {
+						s.parkPausedLocked(ctx, timer, now)
+					}
 					continue
 				}
-				wake := now + maxPark.Milliseconds()
-				if next, ok := s.w.Next(); ok && next < wake {
-					wake = next
-				}
-				s.pauseParked = true // park returns if firing resumed since
-				s.mu.Unlock()
-				s.park(ctx, timer, wake, true)
-				continue
-			}
-		} else if err == nil {
-			claimed = s.takeParkedLocked(s.e.opts.FireBatch)
-			if len(s.paused) > 0 {
+			case len(s.paused) > 0:
 				// What waited for the pause goes first, in due order.
-				claimed = append(claimed, s.takePausedLocked(max(s.e.opts.FireBatch-len(claimed), 1))...)
-			} else {
+				claimed = append(claimed, s.takePausedLocked(max(fb-len(claimed), 1))...)
+			default:
 				claimed = append(claimed, s.claimLocked(now)...)
 			}
-			// Held tasks (hold.go) get what is left of a batch, and at
-			// least half of one, so neither they nor the due ones starve.
-			fb := s.e.opts.FireBatch
-			held, herr := s.claimHeldLocked(now, max(fb-len(claimed), (fb+1)/2))
-			if herr != nil {
-				s.e.log.Warn("fire loop: reading held tasks failed", zap.Int("shard", s.id), zap.Error(herr))
+			if !paused {
+				// Held tasks (hold.go) get what is left of a batch, and at
+				// least half of one, so neither they nor the due ones starve.
+				held, herr := s.claimHeldLocked(now, max(fb-len(claimed), (fb+1)/2))
+				if herr != nil {
+					s.e.log.Warn("fire loop: reading held tasks failed", zap.Int("shard", s.id), zap.Error(herr))
+				}
+				claimed = append(claimed, held...)
+				nHeld = len(held)
 			}
-			claimed = append(claimed, held...)
-			nHeld = len(held)
 		}
 		if err == nil && len(claimed) == 0 {
 			if moreToSweep {

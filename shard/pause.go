@@ -2,7 +2,10 @@ package shard
 
 import (
 	"cmp"
+	"context"
 	"slices"
+
+	"github.com/delaybridge/delaybridge/internal/clock"
 )
 
 // Firing paused while the sources catch up (bridge/service, catch_up_wait).
@@ -76,6 +79,19 @@ func (s *shard) claimPausedLocked(now int64) (claimed []fireItem, more bool) {
 	s.e.dl.mu.Unlock()
 	s.inWheelG.Set(float64(s.w.Len()))
 	return claimed, n >= s.e.opts.FireBatch
+}
+
+// parkPausedLocked parks a paused fire loop that has nothing to fire
+// until the wheel's next due (a second at most), an ingest, or
+// ResumeFiring; it unlocks s.mu.
+func (s *shard) parkPausedLocked(ctx context.Context, timer clock.Timer, now int64) {
+	wake := now + maxPark.Milliseconds()
+	if next, ok := s.w.Next(); ok && next < wake {
+		wake = next
+	}
+	s.pauseParked = true // park returns if firing resumed since
+	s.mu.Unlock()
+	s.park(ctx, timer, wake, true)
 }
 
 // takePausedLocked claims up to max of the tasks set aside while firing
