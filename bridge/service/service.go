@@ -709,11 +709,10 @@ func (s *Service) Run(ctx context.Context) error {
 			setFatal(err) // says "admin: listen ... (admin.listen)" or "admin: serve ..."
 		}
 	}()
-	// Firing waits (catch_up_wait at most) until every transport's sources
-	// have read what they held: see catchUp.
+	// Firing, paused by New, waits (catch_up_wait at most) until every
+	// transport's sources have read what they held: see catchUp.
 	caught := make(chan string, len(s.late))
 	if wait := s.cfg.CatchUpWait.Std(); wait > 0 {
-		s.eng.PauseFiring()
 		go s.catchUp(srcCtx, wait, caught)
 	}
 	// Each transport connects on its own (s.late): one whose brokers are
@@ -832,7 +831,7 @@ func (s *Service) Run(ctx context.Context) error {
 	return fatal
 }
 
-// catchUp resumes firing (paused by Run) once every transport reported on
+// catchUp resumes firing (paused by New) once every transport reported on
 // caught that its sources have read what they held at start, or when wait
 // has passed. A bridge that was down finds overdue tasks in its store and
 // a backlog in its sources, which may cancel or replace them: fired at
