@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/delaybridge/delaybridge/codec"
 )
 
@@ -22,8 +24,8 @@ func TestPauseFiring(t *testing.T) {
 		sched("stored-a", t0.Add(4*time.Second), 3),
 	})
 	h.e.PauseFiring()
-	if !h.e.FiringPaused() {
-		t.Fatal("FiringPaused = false after PauseFiring")
+	if !h.e.FiringPaused() || testutil.ToFloat64(h.e.m.FiringPaused) != 1 {
+		t.Fatal("not paused (or delaybridge_firing_paused not 1) after PauseFiring")
 	}
 	h.run()
 	h.advance(time.Minute) // all three overdue
@@ -60,6 +62,9 @@ func TestPauseFiring(t *testing.T) {
 	}
 
 	h.e.ResumeFiring()
+	if testutil.ToFloat64(h.e.m.FiringPaused) != 0 {
+		t.Error("delaybridge_firing_paused not 0 after ResumeFiring")
+	}
 	h.settle()
 	want := []string{"bad", "late-b", "stored-a", "late-d"}
 	if got := h.sink.acked(); !slices.Equal(got, want) {
