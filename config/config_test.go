@@ -86,6 +86,7 @@ fire_batch_bytes: 65536
 store: {cache_mb: 1024, memtable_mb: 128, reserve_mb: 512}
 retry: {initial: 1s, max: 1m, multiplier: 1.5, jitter: 0, max_attempts: 3}
 shutdown_timeout: 30s
+catch_up_wait: 2m
 log: {level: debug, format: console}
 kafka:
   brokers: ["a:9092", "b:9092"]
@@ -127,6 +128,7 @@ admin:
 		{"store", c.Store, Store{CacheMB: 1024, MemtableMB: 128, ReserveMB: 512}},
 		{"retry", c.Retry, Retry{Initial: Duration(time.Second), Max: Duration(time.Minute), Multiplier: 1.5, Jitter: 0, MaxAttempts: 3, WaitingInMemory: DefaultWaitingInMemory}},
 		{"shutdown_timeout", c.ShutdownTimeout.Std(), 30 * time.Second},
+		{"catch_up_wait", c.CatchUpWait.Std(), 2 * time.Minute},
 		{"log", c.Log, Log{Level: "debug", Format: "console"}},
 		{"kafka.brokers", c.Kafka.Brokers, []string{"a:9092", "b:9092"}},
 		{"kafka.group", c.Kafka.Group, "g"},

@@ -52,6 +52,8 @@ func TestValidate(t *testing.T) {
 		{"retry.waiting_in_memory", func(c *Config) { c.Retry.WaitingInMemory = -1 }, "retry.waiting_in_memory: must be at least 0"},
 		{"retry.waiting_in_memory zero ok", func(c *Config) { c.Retry.WaitingInMemory = 0 }, ""},
 		{"shutdown_timeout", func(c *Config) { c.ShutdownTimeout = 0 }, "shutdown_timeout: must be positive"},
+		{"catch_up_wait", func(c *Config) { c.CatchUpWait = Duration(-time.Second) }, "catch_up_wait: must not be negative"},
+		{"catch_up_wait zero ok", func(c *Config) { c.CatchUpWait = 0 }, ""},
 		{"log.level", func(c *Config) { c.Log.Level = "loud" }, `log.level: must be one of debug, info, warn, error; got "loud"`},
 		{"log.format", func(c *Config) { c.Log.Format = "xml" }, "log.format: must be json or console"},
 		{"no transport", func(c *Config) { c.Kafka, c.NATS = nil, nil }, "kafka, nats: at least one transport"},
