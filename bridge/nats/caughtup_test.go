@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // CaughtUp closes at start when the consumer has nothing pending, and
@@ -83,8 +85,9 @@ func TestSourceCaughtUpRedelivered(t *testing.T) {
 }
 
 // TestSourceCaughtUpAfterAckWait: messages received by a run that crashed
-// (here fetched and never acknowledged) come back after the ack wait; the
-// source catches up once it stored them.
+// (here fetched and never acknowledged) come back (asked back at start, see
+// TestUnseenNakedAtStart, or after the ack wait, 1 s here); the source
+// catches up once it stored them.
 func TestSourceCaughtUpAfterAckWait(t *testing.T) {
 	cfg, _, js, src := createdSource(t, func(c *Config) { c.AckWait = time.Second })
 	for i := range 5 {
@@ -94,7 +97,7 @@ func TestSourceCaughtUpAfterAckWait(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := cons.FetchNoWait(5)
+	got, err := cons.Fetch(5, jetstream.FetchMaxWait(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

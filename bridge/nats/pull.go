@@ -149,6 +149,19 @@ wait:
 // that follow cannot add to pulls that might still be live at the server.
 func (p *puller) reset() { p.drainAll(time.Second) }
 
+// asideHigh returns the highest consumer and stream sequences of the
+// messages received and not yet taken (after a reset: all of them).
+func (p *puller) asideHigh() (dseq uint64, seq int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, m := range p.aside {
+		if md, err := m.Metadata(); err == nil {
+			dseq, seq = max(dseq, md.Sequence.Consumer), max(seq, int64(md.Sequence.Stream))
+		}
+	}
+	return dseq, seq
+}
+
 // close ends the live pulls and returns the JetStream messages received
 // and not taken, for the caller to nak: the server would otherwise
 // redeliver them only after AckWait. It waits at most a second for what is

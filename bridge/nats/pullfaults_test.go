@@ -187,6 +187,18 @@ func (p *freezeProxy) freeze() {
 	}
 }
 
+// cut closes the connections open at that moment, dropping whatever a
+// frozen one swallowed. Connections made afterwards work.
+func (p *freezeProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.a.Close()
+		_ = c.b.Close()
+	}
+	p.conns = nil
+}
+
 // TestFrozenConnectionRecovers: the source's connection goes silent
 // without closing (half-open). The pulls' idle heartbeats stop; the
 // source notices after two of them (1 s each here) and must take in what

@@ -80,6 +80,9 @@ type Source struct {
 	// redelivers, per the consumer as the server has it (AckWait, or the
 	// shortest BackOff step): the keep-alive period derives from it.
 	ackWait atomic.Int64
+	// noNaks (tests only) leaves the deliveries never received to
+	// AckWait, as when the naks of nakUnseen are lost.
+	noNaks bool
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -759,6 +762,13 @@ type floorState struct {
 	// pend: what the deliveries of the batch in hand add to spans once it
 	// is durable (see see and handled).
 	pend []span
+	// unseen: stream sequences the consumer delivered to this source
+	// that it never received (in flight at a crash, or on a connection
+	// lost at a reconnect), for the Source to nak: the server would
+	// redeliver them only after AckWait (see takeUnseen). nakHi is the
+	// highest sequence ever put there, so none is asked back twice.
+	unseen []span
+	nakHi  int64
 	// runLo is the stream sequence of the first of the first deliveries
 	// seen since the last gap in consumer sequences (0: none). First
 	// deliveries come in stream order, so every message of the consumer
@@ -928,9 +938,43 @@ func (f *floorState) start(ackFloor, delivered int64, deliveredDseq uint64) {
 	if ackFloor < delivered {
 		// Delivered before this consume and not all acked: those come
 		// back as redeliveries, in no particular order relative to new
-		// messages.
+		// messages. None of them is on its way to a live pull (this
+		// consume has none yet, the last one's were drained or nak'd),
+		// so every one still pending is lost or has its ack on the way.
 		f.barrier = max(f.barrier, delivered)
+		f.addUnseen(ackFloor+1, delivered)
 	}
+}
+
+// resumed is called when the pulls were reset by a reconnect, with the
+// consumer's delivered sequences read afterwards. Deliveries beyond the
+// last one seen went down the lost connection: they were first
+// deliveries of sequences above the highest one seen, or redeliveries
+// (not known: AckWait brings those back). The gap itself is noted by see
+// at the next delivery. The messages the reset left aside, received and
+// not yet seen (asideDseq, asideSeq: their highest sequences), count as
+// seen.
+func (f *floorState) resumed(delivered int64, deliveredDseq uint64, asideDseq uint64, asideSeq int64) {
+	if deliveredDseq > max(f.lastDseq, asideDseq) {
+		f.addUnseen(max(f.maxSeen, asideSeq)+1, delivered)
+	}
+}
+
+// addUnseen adds the sequences lo..hi not added before to unseen.
+func (f *floorState) addUnseen(lo, hi int64) {
+	lo = max(lo, f.nakHi+1, f.floor+1)
+	if lo > hi {
+		return
+	}
+	f.unseen = append(f.unseen, span{lo, hi})
+	f.nakHi = hi
+}
+
+// takeUnseen returns the sequences to nak and forgets them.
+func (f *floorState) takeUnseen() []span {
+	u := f.unseen
+	f.unseen = nil
+	return u
 }
 
 // see registers a delivery (first: its first delivery) and reports whether
@@ -943,6 +987,11 @@ func (f *floorState) see(dseq uint64, seq int64, first bool) (held bool) {
 		f.barrier = max(f.barrier, f.maxSeen, seq)
 		if !first {
 			f.unbounded = true
+		} else {
+			// First deliveries come in stream order: every sequence
+			// between the highest seen and this one that is still
+			// pending was delivered here and lost.
+			f.addUnseen(f.maxSeen+1, seq-1)
 		}
 		f.runLo = 0 // the missed delivery may lie inside a span to come
 	}
@@ -1365,6 +1414,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 		}
 	}
 	st.start(int64(info.AckFloor.Stream), int64(info.Delivered.Stream), info.Delivered.Consumer)
+	s.nakUnseen(st, info.Delivered.Consumer)
 	// Within the consumer's own request limits (set by an operator, or by
 	// the server's jetstream.limits.max_request_batch): a pull above one
 	// of them is refused 409. Messages only, no byte limit in the request
@@ -1442,6 +1492,13 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 			fallthrough
 		case errors.Is(nextErr, errReset):
 			p.reset()
+			// What the old pulls delivered and the source never
+			// received is asked back now, not after AckWait.
+			if info, err := cons.Info(ctx); err == nil {
+				dseq, seq := p.asideHigh()
+				st.resumed(int64(info.Delivered.Stream), info.Delivered.Consumer, dseq, seq)
+				s.nakUnseen(st, info.Delivered.Consumer)
+			}
 		default:
 			return fmt.Errorf("nats source: next message: %w", nextErr)
 		}
@@ -1480,6 +1537,51 @@ func nakAll(msgs []jetstream.Msg) {
 	for _, m := range msgs {
 		_ = m.Nak()
 	}
+}
+
+// maxUnseenNaks bounds the naks nakUnseen sends at once; sequences beyond
+// it come back after AckWait.
+const maxUnseenNaks = 4096
+
+// nakUnseen asks the server to redeliver now the stream sequences st
+// found delivered to this source and never received: in flight at a
+// crash or a restart, or on a connection lost at a reconnect. The server
+// would redeliver them only after AckWait (30 s by default), and a task
+// due meanwhile would fire that late.
+//
+// Their reply subjects never arrived, so the nak goes to the consumer's
+// ack subject built from the sequences (the form every JetStream server
+// subscribes: $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.
+// <consumer seq>.<time>.<pending>). The server redelivers a nak'd stream
+// sequence that is still pending, and ignores one that is not (acked
+// meanwhile, or not of this consumer's subjects); the consumer sequence
+// must be one it delivered and not acked: dseq, a delivery of the batch in
+// hand or the consumer's last one. A nak lost on the way, or one a
+// server ignores, leaves it to AckWait, as before.
+func (s *Source) nakUnseen(st *floorState, dseq uint64) {
+	unseen := st.takeUnseen()
+	if len(unseen) == 0 || s.noNaks {
+		return
+	}
+	n := 0
+	prefix := "$JS.ACK." + s.cfg.Stream + "." + s.cfg.Consumer + ".1."
+	suffix := "." + strconv.FormatUint(dseq, 10) + ".0.0"
+	nak := []byte("-NAK")
+send:
+	for _, sp := range unseen {
+		for seq := sp.lo; seq <= sp.hi; seq++ {
+			if n == maxUnseenNaks {
+				break send
+			}
+			if err := s.nc.Publish(prefix+strconv.FormatInt(seq, 10)+suffix, nak); err != nil {
+				s.log.Debug("nats source: nak of an unseen delivery not sent; redelivered after ack wait", zap.Error(err))
+				return
+			}
+			n++
+		}
+	}
+	s.log.Info("nats source: asked the server to redeliver now what it delivered and the source never received (in flight at a restart or a reconnect)",
+		zap.Int64("from_seq", unseen[0].lo), zap.Int64("to_seq", unseen[len(unseen)-1].hi), zap.Int("naks", n))
 }
 
 // collect appends to batch the next message (waiting for it) and whatever
@@ -1596,6 +1698,7 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		high = max(high, seq)
 	}
 	s.lag.Set(float64(pending))
+	s.nakUnseen(st, st.lastDseq)
 
 	if len(items) > 0 {
 		// Redeliveries (after a nak or AckWait) need not come in stream

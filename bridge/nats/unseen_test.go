@@ -1,0 +1,180 @@
+package nats
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestFloorUnseen: the sequences the floor state finds delivered to the
+// source and never received, to be nak'd (see Source.nakUnseen).
+func TestFloorUnseen(t *testing.T) {
+	type step struct {
+		start    *[3]int64 // ackFloor, delivered, deliveredDseq
+		see      *[3]int64 // dseq, seq, first (1) or redelivery (0)
+		resumed  *[4]int64 // delivered, deliveredDseq, asideDseq, asideSeq
+		floor    int64     // set before the step if not 0
+		want     []span    // takeUnseen after the step
+		wantNone bool
+	}
+	st := func(a, d, dd int64) *[3]int64 { return &[3]int64{a, d, dd} }
+	see := func(dseq, seq int64, first bool) *[3]int64 {
+		f := int64(0)
+		if first {
+			f = 1
+		}
+		return &[3]int64{dseq, seq, f}
+	}
+	res := func(d, dd, ad, as int64) *[4]int64 { return &[4]int64{d, dd, ad, as} }
+	cases := []struct {
+		name  string
+		steps []step
+	}{
+		{"nothing pending at start", []step{{start: st(10, 10, 10), wantNone: true}}},
+		{"delivered and not acked at start: in flight at a crash", []step{{start: st(10, 14, 20), want: []span{{11, 14}}}}},
+		{"at start, not below the stored floor", []step{{floor: 12, start: st(10, 14, 20), want: []span{{13, 14}}}}},
+		{"contiguous deliveries", []step{
+			{start: st(0, 0, 0), wantNone: true},
+			{see: see(1, 1, true), wantNone: true},
+			{see: see(2, 2, true), wantNone: true},
+		}},
+		{"a gap before a first delivery: the sequences between", []step{
+			{start: st(0, 0, 0), wantNone: true},
+			{see: see(1, 1, true), wantNone: true},
+			{see: see(4, 4, true), want: []span{{2, 3}}},
+			{see: see(5, 5, true), wantNone: true},
+		}},
+		{"a gap before a redelivery: not known which", []step{
+			{start: st(0, 0, 0), wantNone: true},
+			{see: see(1, 7, true), wantNone: true},
+			{see: see(3, 2, false), wantNone: true},
+		}},
+		{"reset: deliveries past the last seen and past what was set aside", []step{
+			{start: st(0, 0, 0), wantNone: true},
+			{see: see(1, 1, true), wantNone: true},
+			{resumed: res(5, 5, 3, 3), want: []span{{4, 5}}},
+			{see: see(4, 4, false), wantNone: true},
+			{see: see(6, 6, true), wantNone: true},
+		}},
+		{"reset: nothing lost", []step{
+			{start: st(0, 0, 0), wantNone: true},
+			{see: see(1, 1, true), wantNone: true},
+			{resumed: res(3, 3, 3, 3), wantNone: true},
+		}},
+		{"reset then the gap seen: not asked twice", []step{
+			{start: st(0, 0, 0), wantNone: true},
+			{see: see(1, 1, true), wantNone: true},
+			{resumed: res(3, 3, 0, 0), want: []span{{2, 3}}},
+			{see: see(4, 4, true), wantNone: true},
+		}},
+		{"a new consume after a reset: not asked twice", []step{
+			{start: st(0, 0, 0), wantNone: true},
+			{see: see(1, 1, true), wantNone: true},
+			{see: see(3, 3, true), want: []span{{2, 2}}},
+			// 3 was received; still pending at the new consume only if
+			// its ack was lost: redelivered and skipped as held.
+			{start: st(1, 3, 3), want: []span{{3, 3}}},
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var f floorState
+			for i, s := range c.steps {
+				if s.floor != 0 {
+					f.floor = s.floor
+				}
+				switch {
+				case s.start != nil:
+					f.start(s.start[0], s.start[1], uint64(s.start[2]))
+				case s.see != nil:
+					f.see(uint64(s.see[0]), s.see[1], s.see[2] == 1)
+				case s.resumed != nil:
+					f.resumed(s.resumed[0], uint64(s.resumed[1]), uint64(s.resumed[2]), s.resumed[3])
+				}
+				got := f.takeUnseen()
+				if s.wantNone && len(got) != 0 || !s.wantNone && !slices.Equal(got, s.want) {
+					t.Fatalf("step %d: unseen %v, want %v", i, got, s.want)
+				}
+			}
+		})
+	}
+}
+
+// TestUnseenNakedAtStart: messages a previous run received and never
+// acknowledged (in flight at a crash) come back at once when the source
+// starts, not after AckWait (2 min here).
+func TestUnseenNakedAtStart(t *testing.T) {
+	cfg, _, js, src := createdSource(t, func(c *Config) { c.AckWait = 2 * time.Minute })
+	for i := range 5 {
+		publish(t, js, "delay.x", fmt.Sprint(i), nil)
+	}
+	cons, err := js.Consumer(ctxT(t), cfg.Stream, cfg.Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := cons.Fetch(5, jetstream.FetchMaxWait(10*time.Second)) // the crashed run's, never acked
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for range got.Messages() {
+		n++
+	}
+	if n != 5 {
+		t.Fatalf("fetched %d of 5", n)
+	}
+	for i := range 3 {
+		publish(t, js, "delay.x", fmt.Sprint("new", i), nil)
+	}
+	rec := newRecorder()
+	runSource(t, src, rec)
+	start := time.Now()
+	if !waitUntil(20*time.Second, func() bool { return rec.itemCount() >= 8 }) {
+		t.Fatalf("%d of 8 taken in within 20 s (AckWait 2 min)", rec.itemCount())
+	}
+	t.Logf("8 taken in %v after start", time.Since(start))
+	handedOnce(t, rec, 8)
+}
+
+// TestUnseenNakedAfterReconnect: a delivery swallowed by a connection
+// that is then lost (the server sent it, the client never read it) is
+// asked back when the source's pulls are reset by the reconnect, without
+// waiting for a later message or for AckWait (2 min here).
+func TestUnseenNakedAfterReconnect(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	proxy := newFreezeProxy(t, s.Addr().String())
+	cfg := testConfig(t, proxy.url())
+	cfg.Create = true
+	cfg.AckWait = 2 * time.Minute
+	cfg.PullExpiry = time.Minute // heartbeats 30 s apart: no missed-heartbeat path here
+	nc := connect(t, cfg)
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := newJS(t, connect(t, testConfig(t, serverURL(s))))
+	rec := newRecorder()
+	stop := runSource(t, src, rec)
+	defer func() { _ = stop() }()
+	publish(t, pub, "delay.a", "before", delayHeader())
+	eventually(t, "the first message", func() bool { return rec.itemCount() >= 1 })
+	eventually(t, "acked, a pull waiting", func() bool {
+		ci := consumerInfo(t, pub, cfg.Stream, cfg.Consumer)
+		return ci.NumAckPending == 0 && ci.NumWaiting > 0
+	})
+	proxy.freeze()
+	publish(t, pub, "delay.a", "swallowed", delayHeader())
+	eventually(t, "delivered into the frozen connection", func() bool {
+		return consumerInfo(t, pub, cfg.Stream, cfg.Consumer).NumAckPending == 1
+	})
+	proxy.cut()
+	cutAt := time.Now()
+	if !waitUntil(20*time.Second, func() bool { return rec.itemCount() >= 2 }) {
+		t.Fatalf("the swallowed delivery not taken in within 20 s of the reconnect (AckWait 2 min)")
+	}
+	t.Logf("taken in %v after the connection was cut", time.Since(cutAt))
+	handedOnce(t, rec, 2)
+}
