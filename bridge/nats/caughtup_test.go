@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // CaughtUp closes at start when the consumer has nothing pending, and
@@ -93,21 +91,7 @@ func TestSourceCaughtUpAfterAckWait(t *testing.T) {
 	for i := range 5 {
 		publish(t, js, "delay.x", fmt.Sprint(i), nil)
 	}
-	cons, err := js.Consumer(ctxT(t), cfg.Stream, cfg.Consumer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := cons.Fetch(5, jetstream.FetchMaxWait(10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for range got.Messages() {
-		n++
-	}
-	if n != 5 {
-		t.Fatalf("fetched %d of 5", n)
-	}
+	fetchUnacked(t, js, cfg, 5)
 	rec := newRecorder()
 	runSource(t, src, rec)
 	eventually(t, "caught up", func() bool { return isClosed(src.CaughtUp()) })

@@ -287,3 +287,25 @@ func publish(t testing.TB, js jetstream.JetStream, subject string, data string, 
 	}
 	return ack
 }
+
+// fetchUnacked takes n messages of the source's consumer on another
+// client and never acknowledges them: a run that crashed with them in
+// flight.
+func fetchUnacked(t testing.TB, js jetstream.JetStream, cfg Config, n int) {
+	t.Helper()
+	cons, err := js.Consumer(ctxT(t), cfg.Stream, cfg.Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := cons.Fetch(n, jetstream.FetchMaxWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := 0
+	for range got.Messages() {
+		k++
+	}
+	if k != n {
+		t.Fatalf("fetched %d of %d", k, n)
+	}
+}

@@ -5,8 +5,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // TestFloorUnseen: the sequences the floor state finds delivered to the
@@ -111,21 +109,7 @@ func TestUnseenNakedAtStart(t *testing.T) {
 	for i := range 5 {
 		publish(t, js, "delay.x", fmt.Sprint(i), nil)
 	}
-	cons, err := js.Consumer(ctxT(t), cfg.Stream, cfg.Consumer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := cons.Fetch(5, jetstream.FetchMaxWait(10*time.Second)) // the crashed run's, never acked
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for range got.Messages() {
-		n++
-	}
-	if n != 5 {
-		t.Fatalf("fetched %d of 5", n)
-	}
+	fetchUnacked(t, js, cfg, 5) // the crashed run's, never acked
 	for i := range 3 {
 		publish(t, js, "delay.x", fmt.Sprint("new", i), nil)
 	}
