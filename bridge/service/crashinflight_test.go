@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -15,8 +14,8 @@ import (
 
 // crashedPull plays a bridge run killed (kill -9, an OOM kill) after its
 // pull had received n messages of the durable consumer and before it
-// stored them: the messages are left delivered and unacknowledged, to be
-// redelivered by the server only after the consumer's ack wait.
+// stored them: the messages are left delivered and unacknowledged, which
+// the server redelivers by itself only after the consumer's ack wait.
 func (e *env) crashedPull(n int) []string {
 	e.t.Helper()
 	nc, err := natsgo.Connect(e.ns.ClientURL())
@@ -67,12 +66,12 @@ func (e *env) natsSettled() bool {
 }
 
 // TestCatchUpNATSCrashInFlight (hunt H171): restarts in a loop under load,
-// NATS source. Messages a run had received when it was killed come back
+// NATS source. Messages a run had received when it was killed came back
 // only after the consumer's ack wait (30 s by default), while the next
-// run's catch-up pause ends as soon as a batch of newer messages leaves
-// nothing pending. In the soak (24 restarts, half of them kill -9, 300
-// msg/s per transport) this gave 63 superseded versions delivered, all
-// from a NATS source:
+// run's catch-up pause ended as soon as a batch of newer messages left
+// nothing pending. In H171's soak (24 restarts, half of them kill -9, 300
+// msg/s per transport) that gave 63 superseded versions delivered, all
+// from the NATS source:
 //
 //   - cancel: a cancel published during the outage, before its task's due
 //     time, was pulled by a run killed during its pause; the next run,
@@ -83,15 +82,11 @@ func (e *env) natsSettled() bool {
 //     then the old version came back after the ack wait, found its id free
 //     (the replacement fired) and was delivered after the new one.
 //
-// Both are wrong deliveries; the README allows the first ("a cancel among
-// the messages in flight at a crash can come after it"), and says of the
-// second that it is "possible only when a publisher spreads one id over
-// partitions". Not fixed: run with DELAYBRIDGE_H171=1 to see it fail.
+// The source now asks for them back at start (a nak each), and the server
+// redelivers them before newer messages. The ack wait is 5 min here: left
+// to it, the messages would not come back within the test's waits.
 func TestCatchUpNATSCrashInFlight(t *testing.T) {
-	if os.Getenv("DELAYBRIDGE_H171") != "1" {
-		t.Skip("repro of an open finding (hunt H171); DELAYBRIDGE_H171=1 runs it")
-	}
-	const ackWait = 2 * time.Second
+	const ackWait = 5 * time.Minute
 	e := newEnv(t, "catch_up_wait: 1m\n")
 	o := Options{NATS: func(c *nats.Config) { fastNATS(c); c.AckWait = ackWait }}
 	t0 := e.clk.Now()
@@ -119,8 +114,7 @@ func TestCatchUpNATSCrashInFlight(t *testing.T) {
 	e.clk.Advance(20 * time.Second)
 	svc, _, _ = e.runWith(o)
 	e.waitFor("r-v2", func(ds []delivery) bool { return len(byValue(ds, "orders.c")["r-v2"]) == 1 })
-	// The ack wait passes: the crashed run's messages come back and are
-	// taken in.
+	// The crashed run's messages were asked back and taken in.
 	eventually(t, "the crashed run's messages redelivered and taken in", e.natsSettled)
 	e.settle(svc)
 	// A last task, due now: once it is read from the ORDERS stream, what
@@ -136,11 +130,13 @@ func TestCatchUpNATSCrashInFlight(t *testing.T) {
 }
 
 // TestCatchUpNATSCrashInFlightQuiet: with nothing published after a run
-// was killed holding messages, the next run's pause waits for their
-// redelivery (the consumer's ack wait), and no longer: not catch_up_wait.
+// was killed holding messages, the next run's pause ends once they are
+// redelivered and stored: asked back at start, well within the ack wait
+// (5 min) and catch_up_wait (10 min), which the test's waits (1 min) are
+// shorter than. The cancel among them stops its task.
 func TestCatchUpNATSCrashInFlightQuiet(t *testing.T) {
-	const ackWait = 2 * time.Second
-	e := newEnv(t, "catch_up_wait: 1m\n")
+	const ackWait = 5 * time.Minute
+	e := newEnv(t, "catch_up_wait: 10m\n")
 	o := Options{NATS: func(c *nats.Config) { fastNATS(c); c.AckWait = ackWait }}
 	t0 := e.clk.Now()
 	at := func(d time.Duration) string { return strconv.FormatInt(t0.Add(d).UnixMilli(), 10) }
@@ -163,9 +159,6 @@ func TestCatchUpNATSCrashInFlightQuiet(t *testing.T) {
 	got := e.waitFor("the last task", func(ds []delivery) bool { return len(byValue(ds, "orders.c")["last"]) == 1 })
 	if n := len(byValue(got, "orders.c")["cancelled"]); n != 0 {
 		t.Errorf("task c delivered %d times, though its cancel was published before its due time", n)
-	}
-	if paused < ackWait/2 || paused > ackWait+5*time.Second {
-		t.Errorf("firing paused %v; want about the ack wait, %v", paused, ackWait)
 	}
 	t.Logf("paused %v (ack wait %v)", paused, ackWait)
 }
