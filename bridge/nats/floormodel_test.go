@@ -25,7 +25,10 @@ package nats
 // some naks lost; or the ingest durable while Handle returns ctx's error);
 // restart (floor and held slots from the store, start from consumer
 // info); iterator restart (buffer nakked, start again, same floorState);
-// ack floor polls after a batch while a barrier is up.
+// pull reset (buffer kept as set aside, resumed from consumer info);
+// ack floor polls after a batch while a barrier is up. The naks of what
+// floorState finds delivered and never received (Source.nakUnseen) follow
+// start, see and resumed as in the Source, each possibly lost.
 // Not modelled: server markers, streams created again or restored
 // (checkRestored, incarnations), legacy floors, consumer reset or
 // recreation, server restarts and leader changes, MaxAckPending, stream
@@ -275,6 +278,44 @@ func (m *model) start(in *mInst) {
 	af, del, dd := m.srv.info()
 	in.st.start(af, del, dd)
 	m.logf("  i%d start(ackFloor=%d, delivered=%d, dseq=%d) -> floor=%d barrier=%d spans=%v", in.id, af, del, dd, in.st.floor, in.st.barrier, in.st.spans)
+	m.nakUnseen(in, dd)
+}
+
+// nakUnseen is Source.nakUnseen: a nak of each unseen sequence with the
+// consumer sequence dseq, one in six lost. What it makes the server
+// redeliver counts as expired (a redelivery, as after AckWait).
+func (m *model) nakUnseen(in *mInst, dseq uint64) {
+	u := in.st.takeUnseen()
+	var sent []int64
+	for _, sp := range u {
+		for seq := sp.lo; seq <= sp.hi; seq++ {
+			if m.r.IntN(6) == 0 {
+				continue
+			}
+			if _, ok := m.srv.pending[seq]; ok {
+				m.expired[seq] = true
+			}
+			m.srv.nak(mDelivery{seq: seq, dseq: dseq})
+			sent = append(sent, seq)
+		}
+	}
+	if len(u) > 0 {
+		m.logf("  i%d unseen naks %v (dseq %d) sent %v", in.id, u, dseq, sent)
+	}
+}
+
+// reset is consume's reset of the pulls (a reconnect, missed heartbeats):
+// the buffer is kept (set aside), then resumed with the consumer info.
+func (m *model) reset(in *mInst) {
+	var ad uint64
+	var as int64
+	for _, d := range in.inbox {
+		ad, as = max(ad, d.dseq), max(as, d.seq)
+	}
+	_, del, dd := m.srv.info()
+	in.st.resumed(del, dd, ad, as)
+	m.logf("i%d reset: resumed(delivered=%d, dseq=%d, aside %d/%d)", in.id, del, dd, ad, as)
+	m.nakUnseen(in, dd)
 }
 
 // restart is Run from the top: a new floorState from the store.
@@ -336,6 +377,7 @@ func (m *model) see(in *mInst, n int) {
 		in.items = append(in.items, d.seq)
 		in.high = max(in.high, d.seq)
 	}
+	m.nakUnseen(in, in.st.lastDseq)
 	slices.Sort(in.items)
 	in.items = slices.Compact(in.items)
 	in.overBefore = m.overflows
@@ -508,6 +550,7 @@ const (
 	evStop
 	evRestart
 	evIterRestart
+	evReset
 	evKinds
 )
 
@@ -520,7 +563,7 @@ type profile struct {
 }
 
 func randomProfile(r *rand.Rand) profile {
-	base := [evKinds]int{12, 28, 18, 10, 10, 4, 6, 3, 2, 4, 3}
+	base := [evKinds]int{12, 28, 18, 10, 10, 4, 6, 3, 2, 4, 3, 3}
 	var p profile
 	for i, b := range base {
 		p.w[i] = max(1, b*(1+r.IntN(4))/2)
@@ -635,6 +678,11 @@ func (m *model) step() {
 		in := m.insts[r.IntN(len(m.insts))]
 		if !in.up {
 			m.restart(in)
+		}
+	case evReset:
+		in := m.insts[r.IntN(len(m.insts))]
+		if in.up && in.phase == phIdle {
+			m.reset(in)
 		}
 	case evIterRestart:
 		in := m.insts[r.IntN(len(m.insts))]
