@@ -461,6 +461,7 @@ func TestStressSmallPulls(t *testing.T) {
 	if slow.Load() > 0 || h.itemCount() < total {
 		t.Fatalf("slow consumer drops %d, %d of %d handed over", slow.Load(), h.itemCount(), total)
 	}
+	handedOnce(t, h.recorder, total)
 }
 
 // operatorConsumer starts a server with the stream DELAY (delay.>) and an
