@@ -83,6 +83,16 @@ type Source struct {
 	// noNaks (tests only) leaves the deliveries never received to
 	// AckWait, as when the naks of nakUnseen are lost.
 	noNaks bool
+	// foreignLog throttles the warning about another client taking the
+	// consumer's deliveries.
+	foreignLog logthrottle.Throttle
+	// catchFloor (Run's goroutine only): the delivered sequence, at a
+	// consume's start before the source caught up, of a consumer with
+	// deliveries not yet acknowledged; the source is caught up only once
+	// the ack floor has reached it (see atEnd). ackWatch is set while a
+	// goroutine waits for that.
+	catchFloor int64
+	ackWatch   atomic.Bool
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -98,12 +108,54 @@ var _ bridge.CatchingUp = (*Source)(nil)
 
 // CaughtUp is closed once the consumer was found with no message pending
 // (at its start, with none awaiting acknowledgement either, or in the
-// metadata of the last message of a batch, once that batch is stored):
-// what the stream held when the bridge started has been read. Messages
-// delivered before and not acknowledged (a previous run's in flight at a
-// crash) are redelivered after their ack wait: read before when nothing
-// else was pending, else perhaps after.
+// metadata of the last message of a batch, once that batch is stored),
+// and with every message delivered before the source started
+// acknowledged (see atEnd): what the stream held when the bridge started
+// has been read. Those delivered before and not acknowledged (a previous
+// run's in flight at a crash) are asked back at start (nakUnseen).
 func (s *Source) CaughtUp() <-chan struct{} { return s.caughtUp.C() }
+
+// atEnd is called when a stored batch left nothing pending. Messages
+// delivered before the consume started and not acknowledged (a previous
+// run's in flight at a crash, asked back at start) are queued for
+// redelivery, which the pending count leaves out: the source is caught up
+// once the consumer's ack floor has also reached catchFloor, which a
+// goroutine polls for (the acks of the batch just stored are on their way,
+// and no batch may come after it). It ends with ctx; the next batch at the
+// end starts another.
+func (s *Source) atEnd(ctx context.Context, cons jetstream.Consumer) {
+	if s.caughtUp.Closed() {
+		return
+	}
+	if s.catchFloor == 0 || cons == nil {
+		s.reachedEnd()
+		return
+	}
+	if !s.ackWatch.CompareAndSwap(false, true) {
+		return
+	}
+	floor := s.catchFloor
+	go func() {
+		defer s.ackWatch.Store(false)
+		t := time.NewTicker(ackFloorPoll)
+		defer t.Stop()
+		for {
+			if info, err := cons.Info(ctx); err == nil && int64(info.AckFloor.Stream) >= floor {
+				s.reachedEnd()
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+// ackFloorPoll is how often atEnd's goroutine reads the consumer's ack
+// floor.
+var ackFloorPoll = 50 * time.Millisecond
 
 func (s *Source) reachedEnd() {
 	if !s.caughtUp.Closed() {
@@ -769,6 +821,15 @@ type floorState struct {
 	// highest sequence ever put there, so none is asked back twice.
 	unseen []span
 	nakHi  int64
+	// afterReset: the pulls were reset (or the consume started) and no
+	// delivery past resetAt, the last one received before, was seen yet.
+	// A gap right after resetAt is what the old pulls' connection
+	// swallowed; any other gap means another client took the deliveries
+	// (counted in foreign for the Source to report), whose messages must
+	// not be nak'd from under it.
+	afterReset bool
+	resetAt    uint64
+	foreign    int
 	// runLo is the stream sequence of the first of the first deliveries
 	// seen since the last gap in consumer sequences (0: none). First
 	// deliveries come in stream order, so every message of the consumer
@@ -935,6 +996,10 @@ func (f *floorState) start(ackFloor, delivered int64, deliveredDseq uint64) {
 	f.spans = mergeSpans(f.spans, f.floor)
 	f.lastDseq = deliveredDseq
 	f.maxSeen = max(f.maxSeen, delivered)
+	// The last consume's pulls were unsubscribed before the info was
+	// read, so what the consumer delivers after it and this consume does
+	// not see went to another client.
+	f.afterReset = false
 	if ackFloor < delivered {
 		// Delivered before this consume and not all acked: those come
 		// back as redeliveries, in no particular order relative to new
@@ -955,7 +1020,8 @@ func (f *floorState) start(ackFloor, delivered int64, deliveredDseq uint64) {
 // not yet seen (asideDseq, asideSeq: their highest sequences), count as
 // seen.
 func (f *floorState) resumed(delivered int64, deliveredDseq uint64, asideDseq uint64, asideSeq int64) {
-	if deliveredDseq > max(f.lastDseq, asideDseq) {
+	f.afterReset, f.resetAt = true, max(f.lastDseq, asideDseq)
+	if deliveredDseq > f.resetAt {
 		f.addUnseen(max(f.maxSeen, asideSeq)+1, delivered)
 	}
 }
@@ -985,17 +1051,25 @@ func (f *floorState) see(dseq uint64, seq int64, first bool) (held bool) {
 		// by another client. Before a first delivery it was of a lower
 		// sequence; before a redelivery of any the consumer had delivered.
 		f.barrier = max(f.barrier, f.maxSeen, seq)
-		if !first {
+		lost := f.afterReset && f.lastDseq >= f.resetAt
+		switch {
+		case !first:
 			f.unbounded = true
-		} else {
+		case lost:
 			// First deliveries come in stream order: every sequence
 			// between the highest seen and this one that is still
-			// pending was delivered here and lost.
+			// pending was delivered to the old pulls and lost.
 			f.addUnseen(f.maxSeen+1, seq-1)
+		}
+		if !lost {
+			f.foreign++
 		}
 		f.runLo = 0 // the missed delivery may lie inside a span to come
 	}
 	f.lastDseq = max(f.lastDseq, dseq)
+	if f.lastDseq > f.resetAt {
+		f.afterReset = false
+	}
 	f.maxSeen = max(f.maxSeen, seq)
 	held = f.isHeld(seq)
 	if first {
@@ -1393,6 +1467,8 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	// leaves nothing pending.
 	if info.NumPending == 0 && info.NumAckPending == 0 {
 		s.reachedEnd()
+	} else if !s.caughtUp.Closed() && info.AckFloor.Stream < info.Delivered.Stream {
+		s.catchFloor = max(s.catchFloor, int64(info.Delivered.Stream))
 	}
 	if s.incDue != 0 {
 		// A legacy floor to be dropped was likely another stream's: its
@@ -1414,7 +1490,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 		}
 	}
 	st.start(int64(info.AckFloor.Stream), int64(info.Delivered.Stream), info.Delivered.Consumer)
-	s.nakUnseen(st, info.Delivered.Consumer)
+	s.nakUnseen(st, info.Delivered.Consumer, info.NumWaiting)
 	// Within the consumer's own request limits (set by an operator, or by
 	// the server's jetstream.limits.max_request_batch): a pull above one
 	// of them is refused 409. Messages only, no byte limit in the request
@@ -1497,7 +1573,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 			if info, err := cons.Info(ctx); err == nil {
 				dseq, seq := p.asideHigh()
 				st.resumed(int64(info.Delivered.Stream), info.Delivered.Consumer, dseq, seq)
-				s.nakUnseen(st, info.Delivered.Consumer)
+				s.nakUnseen(st, info.Delivered.Consumer, info.NumWaiting)
 			}
 		default:
 			return fmt.Errorf("nats source: next message: %w", nextErr)
@@ -1558,9 +1634,19 @@ const maxUnseenNaks = 4096
 // must be one it delivered and not acked: dseq, a delivery of the batch in
 // hand or the consumer's last one. A nak lost on the way, or one a
 // server ignores, leaves it to AckWait, as before.
-func (s *Source) nakUnseen(st *floorState, dseq uint64) {
+//
+// waiting is the consumer's count of pull requests waiting, read after
+// this source's pulls ended (at a consume's start, after a reset): the
+// server drops those of a client that is gone, so any left are another
+// client's, which may hold what looks unseen from here. Then nothing is
+// nak'd (AckWait redelivers what is really lost) and the operator is told.
+func (s *Source) nakUnseen(st *floorState, dseq uint64, waiting int) {
 	unseen := st.takeUnseen()
 	if len(unseen) == 0 || s.noNaks {
+		return
+	}
+	if waiting > 0 {
+		s.warnShared("another client is pulling from the consumer", zap.Int("waiting_pulls", waiting))
 		return
 	}
 	n := 0
@@ -1582,6 +1668,15 @@ send:
 	}
 	s.log.Info("nats source: asked the server to redeliver now what it delivered and the source never received (in flight at a restart or a reconnect)",
 		zap.Int64("from_seq", unseen[0].lo), zap.Int64("to_seq", unseen[len(unseen)-1].hi), zap.Int("naks", n))
+}
+
+// warnShared warns (at most every 30 s) that another client consumes the
+// consumer: unsupported, and what it costs.
+func (s *Source) warnShared(what string, fields ...zap.Field) {
+	if suppressed, ok := s.foreignLog.Allow(time.Now()); ok {
+		s.log.Warn("nats source: "+what+"; run one bridge per consumer (two releases with the same nats.consumer on one stream?): each takes in only what the server hands it, so cancels and replaces miss the tasks the other holds",
+			append(fields, zap.Int("suppressed", suppressed))...)
+	}
 }
 
 // collect appends to batch the next message (waiting for it) and whatever
@@ -1698,7 +1793,11 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		high = max(high, seq)
 	}
 	s.lag.Set(float64(pending))
-	s.nakUnseen(st, st.lastDseq)
+	s.nakUnseen(st, st.lastDseq, 0)
+	if st.foreign > 0 {
+		s.warnShared("deliveries of the consumer went to another client", zap.Int("gaps", st.foreign))
+		st.foreign = 0
+	}
 
 	if len(items) > 0 {
 		// Redeliveries (after a nak or AckWait) need not come in stream
@@ -1727,7 +1826,7 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		st.commitPend()
 	}
 	if sawMeta && pending == 0 {
-		s.reachedEnd() // the batch is stored: nothing more was pending
+		s.atEnd(ctx, cons) // the batch is stored: nothing more was pending
 	}
 	for _, m := range batch {
 		if err := m.Ack(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {

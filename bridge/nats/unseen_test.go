@@ -17,6 +17,7 @@ func TestFloorUnseen(t *testing.T) {
 		floor    int64     // set before the step if not 0
 		want     []span    // takeUnseen after the step
 		wantNone bool
+		foreign  int // gaps put down to another client, so far
 	}
 	st := func(a, d, dd int64) *[3]int64 { return &[3]int64{a, d, dd} }
 	see := func(dseq, seq int64, first bool) *[3]int64 {
@@ -39,23 +40,40 @@ func TestFloorUnseen(t *testing.T) {
 			{see: see(1, 1, true), wantNone: true},
 			{see: see(2, 2, true), wantNone: true},
 		}},
-		{"a gap before a first delivery: the sequences between", []step{
+		{"a gap right after the start: another client's", []step{
+			{start: st(0, 0, 0), wantNone: true},
+			{see: see(3, 3, true), wantNone: true, foreign: 1},
+			{see: see(4, 4, true), wantNone: true, foreign: 1},
+		}},
+		{"a gap later, no reset between: another client's, not asked back", []step{
 			{start: st(0, 0, 0), wantNone: true},
 			{see: see(1, 1, true), wantNone: true},
-			{see: see(4, 4, true), want: []span{{2, 3}}},
-			{see: see(5, 5, true), wantNone: true},
+			{see: see(4, 4, true), wantNone: true, foreign: 1},
+			{see: see(5, 5, true), wantNone: true, foreign: 1},
 		}},
-		{"a gap before a redelivery: not known which", []step{
+		{"a gap right after a reset: the sequences between", []step{
 			{start: st(0, 0, 0), wantNone: true},
-			{see: see(1, 7, true), wantNone: true},
-			{see: see(3, 2, false), wantNone: true},
+			{see: see(1, 1, true), wantNone: true},
+			{resumed: res(1, 1, 0, 0), wantNone: true},
+			{see: see(4, 4, true), want: []span{{2, 3}}},
+			{see: see(6, 6, true), wantNone: true, foreign: 1},
+		}},
+		{"a gap among what the reset set aside: another client's", []step{
+			{start: st(0, 0, 0), wantNone: true},
+			{see: see(1, 1, true), wantNone: true},
+			{resumed: res(4, 4, 4, 4), wantNone: true},
+			{see: see(3, 3, true), wantNone: true, foreign: 1},
+			{see: see(4, 4, true), wantNone: true, foreign: 1},
 		}},
 		{"reset: deliveries past the last seen and past what was set aside", []step{
 			{start: st(0, 0, 0), wantNone: true},
 			{see: see(1, 1, true), wantNone: true},
 			{resumed: res(5, 5, 3, 3), want: []span{{4, 5}}},
-			{see: see(4, 4, false), wantNone: true},
-			{see: see(6, 6, true), wantNone: true},
+			{see: see(2, 2, true), wantNone: true}, // set aside
+			{see: see(3, 3, true), wantNone: true},
+			{see: see(6, 4, false), wantNone: true}, // 4 and 5 nak'd, redelivered
+			{see: see(7, 5, false), wantNone: true},
+			{see: see(8, 6, true), wantNone: true},
 		}},
 		{"reset: nothing lost", []step{
 			{start: st(0, 0, 0), wantNone: true},
@@ -71,10 +89,17 @@ func TestFloorUnseen(t *testing.T) {
 		{"a new consume after a reset: not asked twice", []step{
 			{start: st(0, 0, 0), wantNone: true},
 			{see: see(1, 1, true), wantNone: true},
-			{see: see(3, 3, true), want: []span{{2, 2}}},
-			// 3 was received; still pending at the new consume only if
+			{resumed: res(3, 3, 0, 0), want: []span{{2, 3}}},
+			// 3 was never received, 2 neither: both asked once.
+			{start: st(1, 3, 3), wantNone: true},
+		}},
+		{"a new consume: what was received and not acked is asked back", []step{
+			{start: st(0, 0, 0), wantNone: true},
+			{see: see(1, 1, true), wantNone: true},
+			{see: see(2, 2, true), wantNone: true},
+			// 2 was received; still pending at the new consume only if
 			// its ack was lost: redelivered and skipped as held.
-			{start: st(1, 3, 3), want: []span{{3, 3}}},
+			{start: st(1, 2, 2), want: []span{{2, 2}}},
 		}},
 	}
 	for _, c := range cases {
@@ -95,6 +120,9 @@ func TestFloorUnseen(t *testing.T) {
 				got := f.takeUnseen()
 				if s.wantNone && len(got) != 0 || !s.wantNone && !slices.Equal(got, s.want) {
 					t.Fatalf("step %d: unseen %v, want %v", i, got, s.want)
+				}
+				if f.foreign != s.foreign {
+					t.Fatalf("step %d: %d gaps put down to another client, want %d", i, f.foreign, s.foreign)
 				}
 			}
 		})
