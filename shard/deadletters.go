@@ -191,6 +191,16 @@ func (e *Engine) releaseDeadLetter(seq uint64, why release) (waited, held bool) 
 	return true, held
 }
 
+// deadLetterAwaited reports whether a source waits for the dead letter
+// seq: a Handle's wait or a hold of its checkpoint keys.
+func (e *Engine) deadLetterAwaited(seq uint64) bool {
+	e.dl.mu.Lock()
+	defer e.dl.mu.Unlock()
+	_, held := e.dl.held[seq]
+	_, watched := e.dl.m[seq]
+	return held || watched
+}
+
 // AwaitedDeadLetters is how many dead letters the source of checkpoint key
 // waits for (see AwaitStored).
 func (e *Engine) AwaitedDeadLetters(key string) int {

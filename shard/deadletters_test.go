@@ -542,3 +542,42 @@ func TestDeadLetterErrNamesEachDLQ(t *testing.T) {
 		t.Fatalf("Err = %v, want both DLQs' failures named", err)
 	}
 }
+
+// TestAwaitedDeadLetterAfterLongOutage: a dead letter its source waits
+// for, whose DLQ broker is unreachable for 20 minutes, is tried again
+// within awaitedDeadLetterWait of the broker's return, not after the
+// outage backoff (as long again as it is overdue, up to Retry.Max: 5 min),
+// so the source goes on at once. A dead letter no source waits for keeps
+// the outage backoff.
+func TestAwaitedDeadLetterAfterLongOutage(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, func(o *Options) {
+		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: 0.2, MaxAttempts: 10}
+	})
+	down := fmt.Errorf("dlq broker down: %w", ErrUnavailable)
+	h.sink.setFail(func(*codec.Task) error { return down })
+	h.run()
+	awaited, err := h.e.IngestAwait(ctx, []codec.Task{deadLetter("awaited", 1)}, []Checkpoint{{Key: "src|0", Offset: 1}})
+	if err != nil || awaited.Len() != 1 {
+		t.Fatalf("IngestAwait = %d dead letters, %v; want 1", awaited.Len(), err)
+	}
+	if err := h.e.Ingest(ctx, []codec.Task{deadLetter("unawaited", 2)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+	for range 20 { // the outage: a minute at a time
+		h.advance(time.Minute)
+	}
+	h.sink.setFail(nil)
+	h.advance(awaitedDeadLetterWait)
+	if released, _ := waitReleased(awaited); !released {
+		t.Fatalf("%v after the DLQ broker came back, the awaited dead letter not taken (tried %d times)", awaitedDeadLetterWait, h.sink.deliveriesOf("awaited"))
+	}
+	if n := len(h.sink.acked()); n != 1 {
+		t.Fatalf("%d dead letters taken %v after the outage, want 1 (the unawaited one waits its outage backoff)", n, awaitedDeadLetterWait)
+	}
+	h.advance(5 * time.Minute)
+	if n := len(h.sink.acked()); n != 2 {
+		t.Fatalf("%d dead letters taken 5 min after the outage, want 2", n)
+	}
+}

@@ -1010,6 +1010,11 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			// dead-letters it. It waits as long again as it is overdue
 			// (doubling, within Initial..Max).
 			wait = s.outageBackoff(now - t.Due)
+			if t.Kind == codec.KindDeadLetter && e.deadLetterAwaited(it.seq) {
+				// A source holds its input until this one is taken:
+				// tried again soon, so it goes on once its DLQ is back.
+				wait = min(wait, awaitedDeadLetterWait)
+			}
 			outageErr = derr
 			waiting++
 		default:
@@ -1221,6 +1226,16 @@ func (s *shard) outageBackoff(overdueMs int64) time.Duration {
 	// jitter still spreads the waits, over Max*(1-Jitter)..Max.
 	return min(jitterDuration(float64(d), r.Jitter, s.rng.Float64()), r.Max)
 }
+
+// awaitedDeadLetterWait bounds the wait before the next try of a dead
+// letter a source waits for (its offsets, or on NATS its whole consumer,
+// hold until the DLQ takes it) while its DLQ broker is unreachable. The
+// outage backoff alone grows to Retry.Max (5 min by default): after an
+// outage that long the source went on reading only up to 5 min after its
+// broker was back (hunt H172). There are few such dead letters at a time
+// (a source holds at the first batch with one), so trying each every few
+// seconds costs little.
+const awaitedDeadLetterWait = 2 * time.Second
 
 // backoff is the delay before attempt n+1 after n failed publishes:
 // Initial*Multiplier^(n-1), capped at Max, with +-Jitter.
