@@ -313,8 +313,9 @@ func (m *model) reset(in *mInst) {
 		ad, as = max(ad, d.dseq), max(as, d.seq)
 	}
 	_, del, dd := m.srv.info()
-	in.st.resumed(del, dd, ad, as)
-	m.logf("i%d reset: resumed(delivered=%d, dseq=%d, aside %d/%d)", in.id, del, dd, ad, as)
+	reconn := m.r.IntN(2) == 0 // a reconnect, or missed heartbeats
+	in.st.resumed(del, dd, ad, as, reconn)
+	m.logf("i%d reset: resumed(delivered=%d, dseq=%d, aside %d/%d, reconnected %v)", in.id, del, dd, ad, as, reconn)
 	m.nakUnseen(in, dd)
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -230,6 +231,11 @@ func (p *puller) end(sub *natsgo.Subscription) {
 // errReset asks next's caller to reset the pulls (see puller.reset).
 var errReset = errors.New("nats source: pulls reset")
 
+// errReconnected is the errReset of a reconnect: the lost connection may
+// have swallowed deliveries of the pulls, also between those received
+// (see floorState.resumed).
+var errReconnected = fmt.Errorf("%w: reconnected", errReset)
+
 // errMissedHeartbeat: nothing arrived for two heartbeats of a live pull
 // (missedAfter).
 var errMissedHeartbeat = errors.New("nats source: no heartbeat from the pull requests")
@@ -267,13 +273,27 @@ func (p *puller) next(ctx context.Context) (jetstream.Msg, error) {
 					if st == natsgo.CLOSED || p.nc.IsClosed() {
 						return nil, fmt.Errorf("nats source: %w", natsgo.ErrConnectionClosed)
 					}
-					return nil, errReset // reconnected: the pulls may be gone
+					return nil, errReconnected // the pulls may be gone
 				case <-hbC:
 					return nil, errMissedHeartbeat
 				case <-ctx.Done():
 					return nil, ctx.Err()
 				}
 			}
+		}
+		// A reconnect is noticed before what came after it is handed
+		// over: a pull that outlived it at the server delivers again
+		// once nats.go has subscribed its reply subject anew (after the
+		// status was sent), and a delivery that the lost connection
+		// swallowed must be seen as lost, not as another client's.
+		select {
+		case st := <-p.status:
+			p.unpop(m)
+			if st == natsgo.CLOSED || p.nc.IsClosed() {
+				return nil, fmt.Errorf("nats source: %w", natsgo.ErrConnectionClosed)
+			}
+			return nil, errReconnected
+		default:
 		}
 		if hbTimer != nil {
 			hbTimer.Reset(p.missedAfter())
@@ -310,6 +330,13 @@ func (p *puller) popAside() (*natsgo.Msg, bool) {
 	p.aside[0] = nil
 	p.aside = p.aside[1:]
 	return m, true
+}
+
+// unpop puts m back first in aside, to be taken again after a reset.
+func (p *puller) unpop(m *natsgo.Msg) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.aside = slices.Insert(p.aside, 0, m)
 }
 
 // statusOf handles a status on a live pull.

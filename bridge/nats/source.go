@@ -830,6 +830,12 @@ type floorState struct {
 	afterReset bool
 	resetAt    uint64
 	foreign    int
+	// reconnected: the reset was a reconnect. A pull of the lost
+	// connection that outlived it at the server delivers again once its
+	// reply subject is subscribed anew, so what the reset set aside may
+	// straddle deliveries the connection swallowed: a gap up to resetAt
+	// is lost too.
+	reconnected bool
 	// runLo is the stream sequence of the first of the first deliveries
 	// seen since the last gap in consumer sequences (0: none). First
 	// deliveries come in stream order, so every message of the consumer
@@ -1018,9 +1024,9 @@ func (f *floorState) start(ackFloor, delivered int64, deliveredDseq uint64) {
 // (not known: AckWait brings those back). The gap itself is noted by see
 // at the next delivery. The messages the reset left aside, received and
 // not yet seen (asideDseq, asideSeq: their highest sequences), count as
-// seen.
-func (f *floorState) resumed(delivered int64, deliveredDseq uint64, asideDseq uint64, asideSeq int64) {
-	f.afterReset, f.resetAt = true, max(f.lastDseq, asideDseq)
+// seen; after a reconnect (reconnected) a gap among them is lost too.
+func (f *floorState) resumed(delivered int64, deliveredDseq uint64, asideDseq uint64, asideSeq int64, reconnected bool) {
+	f.afterReset, f.resetAt, f.reconnected = true, max(f.lastDseq, asideDseq), reconnected
 	if deliveredDseq > f.resetAt {
 		f.addUnseen(max(f.maxSeen, asideSeq)+1, delivered)
 	}
@@ -1051,7 +1057,7 @@ func (f *floorState) see(dseq uint64, seq int64, first bool) (held bool) {
 		// by another client. Before a first delivery it was of a lower
 		// sequence; before a redelivery of any the consumer had delivered.
 		f.barrier = max(f.barrier, f.maxSeen, seq)
-		lost := f.afterReset && f.lastDseq >= f.resetAt
+		lost := f.afterReset && (f.lastDseq >= f.resetAt || f.reconnected)
 		switch {
 		case !first:
 			f.unbounded = true
@@ -1572,7 +1578,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 			// received is asked back now, not after AckWait.
 			if info, err := cons.Info(ctx); err == nil {
 				dseq, seq := p.asideHigh()
-				st.resumed(int64(info.Delivered.Stream), info.Delivered.Consumer, dseq, seq)
+				st.resumed(int64(info.Delivered.Stream), info.Delivered.Consumer, dseq, seq, errors.Is(nextErr, errReconnected))
 				s.nakUnseen(st, info.Delivered.Consumer, info.NumWaiting)
 			}
 		default:

@@ -5,6 +5,10 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestFloorUnseen: the sequences the floor state finds delivered to the
@@ -14,6 +18,7 @@ func TestFloorUnseen(t *testing.T) {
 		start    *[3]int64 // ackFloor, delivered, deliveredDseq
 		see      *[3]int64 // dseq, seq, first (1) or redelivery (0)
 		resumed  *[4]int64 // delivered, deliveredDseq, asideDseq, asideSeq
+		reconn   bool      // resumed after a reconnect
 		floor    int64     // set before the step if not 0
 		want     []span    // takeUnseen after the step
 		wantNone bool
@@ -65,6 +70,17 @@ func TestFloorUnseen(t *testing.T) {
 			{see: see(3, 3, true), wantNone: true, foreign: 1},
 			{see: see(4, 4, true), wantNone: true, foreign: 1},
 		}},
+		{"a gap among what a reconnect set aside: lost with the connection", []step{
+			// (review R172) A pull that outlived the reconnect at the
+			// server delivered 4 once its reply subject was subscribed
+			// again; 2 and 3 went down the lost connection.
+			{start: st(0, 0, 0), wantNone: true},
+			{see: see(1, 1, true), wantNone: true},
+			{resumed: res(4, 4, 4, 4), reconn: true, wantNone: true},
+			{see: see(4, 4, true), want: []span{{2, 3}}},
+			{see: see(5, 5, true), wantNone: true},
+			{see: see(7, 7, true), wantNone: true, foreign: 1},
+		}},
 		{"reset: deliveries past the last seen and past what was set aside", []step{
 			{start: st(0, 0, 0), wantNone: true},
 			{see: see(1, 1, true), wantNone: true},
@@ -115,7 +131,7 @@ func TestFloorUnseen(t *testing.T) {
 				case s.see != nil:
 					f.see(uint64(s.see[0]), s.see[1], s.see[2] == 1)
 				case s.resumed != nil:
-					f.resumed(s.resumed[0], uint64(s.resumed[1]), uint64(s.resumed[2]), s.resumed[3])
+					f.resumed(s.resumed[0], uint64(s.resumed[1]), uint64(s.resumed[2]), s.resumed[3], s.reconn)
 				}
 				got := f.takeUnseen()
 				if s.wantNone && len(got) != 0 || !s.wantNone && !slices.Equal(got, s.want) {
@@ -189,4 +205,60 @@ func TestUnseenNakedAfterReconnect(t *testing.T) {
 	}
 	t.Logf("taken in %v after the connection was cut", time.Since(cutAt))
 	handedOnce(t, rec, 2)
+}
+
+// TestUnseenNakedOldPullAfterReconnect (review R172): a delivery is
+// swallowed by a connection that is then lost while a batch is held; the
+// pull that was live survives the reconnect at the server and, once
+// nats.go has subscribed its reply subject again, delivers the next
+// message, which the source found before it noticed the reconnect. The
+// gap is this source's own (one bridge), not another client's: asked
+// back at once, not after AckWait (2 min here), and no warning about
+// another client.
+func TestUnseenNakedOldPullAfterReconnect(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	s := startServer(t, jsOptions(t))
+	proxy := newFreezeProxy(t, s.Addr().String())
+	cfg := testConfig(t, proxy.url())
+	cfg.Create = true
+	cfg.AckWait = 2 * time.Minute
+	cfg.PullExpiry = time.Minute // the pull outlives the reconnect
+	cfg.Logger = zap.New(zapcore.NewTee(cfg.Logger.Core(), core))
+	nc := connect(t, cfg)
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := newJS(t, connect(t, testConfig(t, serverURL(s))))
+	h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
+	stop := runSource(t, src, h)
+	defer func() { _ = stop() }()
+	publish(t, pub, "delay.a", "held", delayHeader())
+	<-h.entered
+	eventually(t, "a pull waiting", func() bool {
+		return consumerInfo(t, pub, cfg.Stream, cfg.Consumer).NumWaiting > 0
+	})
+	proxy.freeze()
+	publish(t, pub, "delay.a", "swallowed", delayHeader())
+	eventually(t, "delivered into the frozen connection", func() bool {
+		return consumerInfo(t, pub, cfg.Stream, cfg.Consumer).NumAckPending == 2
+	})
+	reconnects := nc.Stats().Reconnects
+	proxy.cut()
+	eventually(t, "reconnected", func() bool { return nc.Stats().Reconnects > reconnects && nc.IsConnected() })
+	if err := nc.Flush(); err != nil { // the pull's reply subject is subscribed again
+		t.Fatal(err)
+	}
+	publish(t, pub, "delay.a", "after", delayHeader())
+	eventually(t, "the next message delivered to the old pull", func() bool {
+		return consumerInfo(t, pub, cfg.Stream, cfg.Consumer).Delivered.Consumer >= 3
+	})
+	close(h.release)
+	if !waitUntil(20*time.Second, func() bool { return h.itemCount() >= 3 }) {
+		t.Fatalf("%d of 3 taken in within 20 s of the release (AckWait 2 min): %v", h.itemCount(), h.seqs())
+	}
+	handedOnce(t, h.recorder, 3)
+	if n := logs.FilterMessageSnippet("another client").Len(); n > 0 {
+		t.Errorf("%d warnings about another client, with one bridge", n)
+	}
 }
