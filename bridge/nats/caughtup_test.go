@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/delaybridge/delaybridge/bridge"
 )
 
@@ -152,5 +154,50 @@ func TestSourceCaughtUpManyInFlight(t *testing.T) {
 	defer h.mu.Unlock()
 	if h.seen >= 0 {
 		t.Fatalf("CaughtUp closed after %d of the %d messages in flight at the crash were read", h.seen, n)
+	}
+}
+
+// TestSourceCaughtUpStreamCreatedAgain (review R172): 30 messages in
+// flight at a crash are asked back at start (the source is caught up once
+// the ack floor passes 30); while the first batch of them is held, the
+// stream is deleted and created again with 2 new messages. The ack floor
+// of the new stream never reaches 30: CaughtUp stayed open once the
+// source had read them, and firing paused until catch_up_wait.
+func TestSourceCaughtUpStreamCreatedAgain(t *testing.T) {
+	cfg, _, js, src := createdSource(t, func(c *Config) {
+		c.AckWait = 2 * time.Minute
+		c.BatchSize = 5
+	})
+	const n = 30
+	for i := range n {
+		publish(t, js, "delay.x", fmt.Sprint(i), nil)
+	}
+	fetchUnacked(t, js, cfg, n)
+	h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
+	runSource(t, src, h)
+	<-h.entered
+	ctx := ctxT(t)
+	if err := js.DeleteStream(ctx, cfg.Stream); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{"delay.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		publish(t, js, "delay.x", fmt.Sprint("new", i), nil)
+	}
+	close(h.release)
+	eventually(t, "the new stream's messages read and acked", func() bool {
+		c, err := js.Consumer(ctx, cfg.Stream, cfg.Consumer)
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(ctx)
+		return err == nil && info.Delivered.Stream == 2 && info.NumAckPending == 0 && info.NumPending == 0
+	})
+	// The source closes CaughtUp right after the batch (the ack floor
+	// poll comes every 50 ms); 5 s is a bound, not a timing.
+	if !waitUntil(5*time.Second, func() bool { return isClosed(src.CaughtUp()) }) {
+		t.Fatalf("CaughtUp still open with the new stream read to its end (the old stream's %d in flight waited for)", n)
 	}
 }

@@ -121,8 +121,9 @@ func (s *Source) CaughtUp() <-chan struct{} { return s.caughtUp.C() }
 // redelivery, which the pending count leaves out: the source is caught up
 // once the consumer's ack floor has also reached catchFloor, which a
 // goroutine polls for (the acks of the batch just stored are on their way,
-// and no batch may come after it). It ends with ctx; the next batch at the
-// end starts another.
+// and no batch may come after it). It ends with ctx, or once CaughtUp is
+// closed; the next batch at the end starts another. A stream created
+// again or restored drops catchFloor.
 func (s *Source) atEnd(ctx context.Context, cons jetstream.Consumer) {
 	if s.caughtUp.Closed() {
 		return
@@ -146,6 +147,8 @@ func (s *Source) atEnd(ctx context.Context, cons jetstream.Consumer) {
 			}
 			select {
 			case <-ctx.Done():
+				return
+			case <-s.caughtUp.C(): // closed otherwise (catchFloor dropped)
 				return
 			case <-t.C:
 			}
@@ -1247,6 +1250,9 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 					zap.Int64("floor", st.floor), zap.Time("stream_created", time.Unix(0, id)),
 					zap.Time("was_created", time.Unix(0, streamID)), zap.Uint32("incarnation", s.inc))
 				*st, streamID = floorState{}, id
+				// The deliveries catchFloor waits for were the old
+				// stream's: the new one's ack floor may never get there.
+				s.catchFloor = 0
 				s.key = CheckpointKey(s.cfg.Stream, id, s.subjects())
 			} else if err := s.checkRestored(ctx, h, st); err != nil {
 				retryFailed("nats source: the stream went back below the floor; storing the new floor failed", err)
@@ -1321,6 +1327,7 @@ func (s *Source) checkRestored(ctx context.Context, h bridge.Handler, st *floorS
 		zap.Int64("floor", floor), zap.Uint32("incarnation", inc))
 	s.inc = inc
 	*st = floorState{floor: floor}
+	s.catchFloor = 0 // sequences of before the restore
 	return nil
 }
 
