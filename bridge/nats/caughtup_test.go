@@ -201,3 +201,49 @@ func TestSourceCaughtUpStreamCreatedAgain(t *testing.T) {
 		t.Fatalf("CaughtUp still open with the new stream read to its end (the old stream's %d in flight waited for)", n)
 	}
 }
+
+// TestSourceCaughtUpStoredAckLost: a run stored a batch and was killed
+// before its acks reached the server. At the next start those messages are
+// held (at or below the stored floor) and still pending, so the ack floor
+// CaughtUp waits for stays below them until they come back: asked back at
+// start, they are redelivered, skipped as held and acked at once, not after
+// AckWait (2 min here; the binary's crash loop paused 28-29 s, its ack
+// wait, when they were not asked back).
+func TestSourceCaughtUpStoredAckLost(t *testing.T) {
+	s := startServer(t, jsOptions(t))
+	cfg := testConfig(t, serverURL(s))
+	cfg.Create = true
+	cfg.AckWait, cfg.BatchSize, cfg.Linger = 2*time.Minute, 5, 50*time.Millisecond
+	js := newJS(t, connect(t, cfg))
+	store := newRecorder()
+	nc1 := connect(t, cfg)
+	src1, err := NewSource(nc1, cfg) // creates the stream
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 5
+	for i := range n {
+		publish(t, js, "delay.a", fmt.Sprint(i), nil)
+	}
+	h1 := &crashAfterStore{recorder: store, nc: nc1, crashSeq: n, crashed: make(chan struct{})}
+	stop1 := runSource(t, src1, h1)
+	select {
+	case <-h1.crashed:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the first run did not store the last message")
+	}
+	_ = stop1()
+	ci := consumerInfo(t, js, cfg.Stream, cfg.Consumer)
+	if ci.NumAckPending == 0 {
+		t.Fatal("every ack of the first run reached the server: nothing to test")
+	}
+	t.Logf("after the crash: ack floor %d, delivered %d, ack pending %d", ci.AckFloor.Stream, ci.Delivered.Stream, ci.NumAckPending)
+
+	src2, err := NewSource(connect(t, cfg), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runSource(t, src2, store)
+	eventually(t, "caught up (AckWait 2 min)", func() bool { return isClosed(src2.CaughtUp()) })
+	handedOnce(t, store, n)
+}

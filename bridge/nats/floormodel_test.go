@@ -313,9 +313,8 @@ func (m *model) reset(in *mInst) {
 		ad, as = max(ad, d.dseq), max(as, d.seq)
 	}
 	_, del, dd := m.srv.info()
-	reconn := m.r.IntN(2) == 0 // a reconnect, or missed heartbeats
-	in.st.resumed(del, dd, ad, as, reconn)
-	m.logf("i%d reset: resumed(delivered=%d, dseq=%d, aside %d/%d, reconnected %v)", in.id, del, dd, ad, as, reconn)
+	in.st.resumed(del, dd, ad, as)
+	m.logf("i%d reset: resumed(delivered=%d, dseq=%d, aside %d/%d)", in.id, del, dd, ad, as)
 	m.nakUnseen(in, dd)
 }
 

@@ -84,8 +84,10 @@ type Source struct {
 	// AckWait, as when the naks of nakUnseen are lost.
 	noNaks bool
 	// foreignLog throttles the warning about another client taking the
-	// consumer's deliveries.
+	// consumer's deliveries; lastReset (Run's goroutine only) is when the
+	// pulls last started anew (see checkGaps).
 	foreignLog logthrottle.Throttle
+	lastReset  time.Time
 	// catchFloor (Run's goroutine only): the delivered sequence, at a
 	// consume's start before the source caught up, of a consumer with
 	// deliveries not yet acknowledged; the source is caught up only once
@@ -824,21 +826,10 @@ type floorState struct {
 	// highest sequence ever put there, so none is asked back twice.
 	unseen []span
 	nakHi  int64
-	// afterReset: the pulls were reset (or the consume started) and no
-	// delivery past resetAt, the last one received before, was seen yet.
-	// A gap right after resetAt is what the old pulls' connection
-	// swallowed; any other gap means another client took the deliveries
-	// (counted in foreign for the Source to report), whose messages must
-	// not be nak'd from under it.
-	afterReset bool
-	resetAt    uint64
-	foreign    int
-	// reconnected: the reset was a reconnect. A pull of the lost
-	// connection that outlived it at the server delivers again once its
-	// reply subject is subscribed anew, so what the reset set aside may
-	// straddle deliveries the connection swallowed: a gap up to resetAt
-	// is lost too.
-	reconnected bool
+	// gaps counts the gaps in consumer sequences seen, for the Source to
+	// tell those of a lost connection from another client's (see
+	// Source.checkGaps).
+	gaps int
 	// runLo is the stream sequence of the first of the first deliveries
 	// seen since the last gap in consumer sequences (0: none). First
 	// deliveries come in stream order, so every message of the consumer
@@ -1005,10 +996,6 @@ func (f *floorState) start(ackFloor, delivered int64, deliveredDseq uint64) {
 	f.spans = mergeSpans(f.spans, f.floor)
 	f.lastDseq = deliveredDseq
 	f.maxSeen = max(f.maxSeen, delivered)
-	// The last consume's pulls were unsubscribed before the info was
-	// read, so what the consumer delivers after it and this consume does
-	// not see went to another client.
-	f.afterReset = false
 	if ackFloor < delivered {
 		// Delivered before this consume and not all acked: those come
 		// back as redeliveries, in no particular order relative to new
@@ -1027,17 +1014,21 @@ func (f *floorState) start(ackFloor, delivered int64, deliveredDseq uint64) {
 // (not known: AckWait brings those back). The gap itself is noted by see
 // at the next delivery. The messages the reset left aside, received and
 // not yet seen (asideDseq, asideSeq: their highest sequences), count as
-// seen; after a reconnect (reconnected) a gap among them is lost too.
-func (f *floorState) resumed(delivered int64, deliveredDseq uint64, asideDseq uint64, asideSeq int64, reconnected bool) {
-	f.afterReset, f.resetAt, f.reconnected = true, max(f.lastDseq, asideDseq), reconnected
-	if deliveredDseq > f.resetAt {
+// seen (a gap among them, a pull of the lost connection that outlived it
+// at the server, is see's).
+func (f *floorState) resumed(delivered int64, deliveredDseq uint64, asideDseq uint64, asideSeq int64) {
+	if deliveredDseq > max(f.lastDseq, asideDseq) {
 		f.addUnseen(max(f.maxSeen, asideSeq)+1, delivered)
 	}
 }
 
-// addUnseen adds the sequences lo..hi not added before to unseen.
+// addUnseen adds the sequences lo..hi not added before to unseen. Those
+// held already (at or below the floor, in a span: stored, their ack lost)
+// are asked back too: redelivered, they are skipped as held and acked, so
+// the ack floor, which CaughtUp waits for (Source.atEnd), passes them now
+// rather than after AckWait.
 func (f *floorState) addUnseen(lo, hi int64) {
-	lo = max(lo, f.nakHi+1, f.floor+1)
+	lo = max(lo, f.nakHi+1)
 	if lo > hi {
 		return
 	}
@@ -1060,25 +1051,19 @@ func (f *floorState) see(dseq uint64, seq int64, first bool) (held bool) {
 		// by another client. Before a first delivery it was of a lower
 		// sequence; before a redelivery of any the consumer had delivered.
 		f.barrier = max(f.barrier, f.maxSeen, seq)
-		lost := f.afterReset && (f.lastDseq >= f.resetAt || f.reconnected)
-		switch {
-		case !first:
+		if !first {
 			f.unbounded = true
-		case lost:
+		} else {
 			// First deliveries come in stream order: every sequence
 			// between the highest seen and this one that is still
-			// pending was delivered to the old pulls and lost.
+			// pending was delivered and lost (or is another client's:
+			// unsupported, see Source.checkGaps).
 			f.addUnseen(f.maxSeen+1, seq-1)
 		}
-		if !lost {
-			f.foreign++
-		}
+		f.gaps++
 		f.runLo = 0 // the missed delivery may lie inside a span to come
 	}
 	f.lastDseq = max(f.lastDseq, dseq)
-	if f.lastDseq > f.resetAt {
-		f.afterReset = false
-	}
 	f.maxSeen = max(f.maxSeen, seq)
 	held = f.isHeld(seq)
 	if first {
@@ -1503,7 +1488,8 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 		}
 	}
 	st.start(int64(info.AckFloor.Stream), int64(info.Delivered.Stream), info.Delivered.Consumer)
-	s.nakUnseen(st, info.Delivered.Consumer, info.NumWaiting)
+	s.lastReset = time.Now()
+	s.nakUnseen(st, info.Delivered.Consumer)
 	// Within the consumer's own request limits (set by an operator, or by
 	// the server's jetstream.limits.max_request_batch): a pull above one
 	// of them is refused 409. Messages only, no byte limit in the request
@@ -1581,12 +1567,13 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 			fallthrough
 		case errors.Is(nextErr, errReset):
 			p.reset()
+			s.lastReset = time.Now()
 			// What the old pulls delivered and the source never
 			// received is asked back now, not after AckWait.
 			if info, err := cons.Info(ctx); err == nil {
 				dseq, seq := p.asideHigh()
-				st.resumed(int64(info.Delivered.Stream), info.Delivered.Consumer, dseq, seq, errors.Is(nextErr, errReconnected))
-				s.nakUnseen(st, info.Delivered.Consumer, info.NumWaiting)
+				st.resumed(int64(info.Delivered.Stream), info.Delivered.Consumer, dseq, seq)
+				s.nakUnseen(st, info.Delivered.Consumer)
 			}
 		default:
 			return fmt.Errorf("nats source: next message: %w", nextErr)
@@ -1648,18 +1635,12 @@ const maxUnseenNaks = 4096
 // hand or the consumer's last one. A nak lost on the way, or one a
 // server ignores, leaves it to AckWait, as before.
 //
-// waiting is the consumer's count of pull requests waiting, read after
-// this source's pulls ended (at a consume's start, after a reset): the
-// server drops those of a client that is gone, so any left are another
-// client's, which may hold what looks unseen from here. Then nothing is
-// nak'd (AckWait redelivers what is really lost) and the operator is told.
-func (s *Source) nakUnseen(st *floorState, dseq uint64, waiting int) {
+// With another client on the same consumer (unsupported) what looks
+// unseen may be in its hands: nak'd, it is handed out again, and may be
+// taken in by both (see checkGaps).
+func (s *Source) nakUnseen(st *floorState, dseq uint64) {
 	unseen := st.takeUnseen()
 	if len(unseen) == 0 || s.noNaks {
-		return
-	}
-	if waiting > 0 {
-		s.warnShared("another client is pulling from the consumer", zap.Int("waiting_pulls", waiting))
 		return
 	}
 	n := 0
@@ -1683,12 +1664,31 @@ send:
 		zap.Int64("from_seq", unseen[0].lo), zap.Int64("to_seq", unseen[len(unseen)-1].hi), zap.Int("naks", n))
 }
 
-// warnShared warns (at most every 30 s) that another client consumes the
-// consumer: unsupported, and what it costs.
-func (s *Source) warnShared(what string, fields ...zap.Field) {
+// sharedGapAfter: one bridge misses deliveries only down a connection it
+// loses, which resets its pulls, and on a server with leaf nodes or
+// gateways for up to 2 s after a reset (nats-server still delivers to a
+// pull request younger than that whose subscriber is gone). A gap seen
+// longer than this after the last reset or start is another client's.
+var sharedGapAfter = 10 * time.Second
+
+// checkGaps warns (at most every 30 s) when the batch just seen had gaps
+// in consumer sequences long after the last reset: another client takes
+// deliveries of the consumer. Unsupported: each takes in only what the
+// server hands it, so cancels and replaces miss the tasks the other holds,
+// and what one asks back as lost (nakUnseen) may be in the other's hands
+// and is then taken in by both.
+func (s *Source) checkGaps(st *floorState) {
+	if st.gaps == 0 {
+		return
+	}
+	gaps := st.gaps
+	st.gaps = 0
+	if time.Since(s.lastReset) <= sharedGapAfter {
+		return
+	}
 	if suppressed, ok := s.foreignLog.Allow(time.Now()); ok {
-		s.log.Warn("nats source: "+what+"; run one bridge per consumer (two releases with the same nats.consumer on one stream?): each takes in only what the server hands it, so cancels and replaces miss the tasks the other holds",
-			append(fields, zap.Int("suppressed", suppressed))...)
+		s.log.Warn("nats source: deliveries of the consumer went to another client; run one bridge per consumer (two releases with the same nats.consumer on one stream?): each takes in only what the server hands it, so cancels and replaces miss the tasks the other holds, and messages asked back as lost may be taken in by both",
+			zap.Int("gaps", gaps), zap.Int("suppressed", suppressed))
 	}
 }
 
@@ -1806,11 +1806,8 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		high = max(high, seq)
 	}
 	s.lag.Set(float64(pending))
-	s.nakUnseen(st, st.lastDseq, 0)
-	if st.foreign > 0 {
-		s.warnShared("deliveries of the consumer went to another client", zap.Int("gaps", st.foreign))
-		st.foreign = 0
-	}
+	s.nakUnseen(st, st.lastDseq)
+	s.checkGaps(st)
 
 	if len(items) > 0 {
 		// Redeliveries (after a nak or AckWait) need not come in stream

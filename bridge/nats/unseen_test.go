@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -18,11 +20,10 @@ func TestFloorUnseen(t *testing.T) {
 		start    *[3]int64 // ackFloor, delivered, deliveredDseq
 		see      *[3]int64 // dseq, seq, first (1) or redelivery (0)
 		resumed  *[4]int64 // delivered, deliveredDseq, asideDseq, asideSeq
-		reconn   bool      // resumed after a reconnect
 		floor    int64     // set before the step if not 0
 		want     []span    // takeUnseen after the step
 		wantNone bool
-		foreign  int // gaps put down to another client, so far
+		gaps     int // gaps in consumer sequences so far
 	}
 	st := func(a, d, dd int64) *[3]int64 { return &[3]int64{a, d, dd} }
 	see := func(dseq, seq int64, first bool) *[3]int64 {
@@ -39,36 +40,22 @@ func TestFloorUnseen(t *testing.T) {
 	}{
 		{"nothing pending at start", []step{{start: st(10, 10, 10), wantNone: true}}},
 		{"delivered and not acked at start: in flight at a crash", []step{{start: st(10, 14, 20), want: []span{{11, 14}}}}},
-		{"at start, not below the stored floor", []step{{floor: 12, start: st(10, 14, 20), want: []span{{13, 14}}}}},
+		{"at start, also those held (stored, their ack lost)", []step{{floor: 12, start: st(10, 14, 20), want: []span{{11, 14}}}}},
 		{"contiguous deliveries", []step{
 			{start: st(0, 0, 0), wantNone: true},
 			{see: see(1, 1, true), wantNone: true},
 			{see: see(2, 2, true), wantNone: true},
 		}},
-		{"a gap right after the start: another client's", []step{
-			{start: st(0, 0, 0), wantNone: true},
-			{see: see(3, 3, true), wantNone: true, foreign: 1},
-			{see: see(4, 4, true), wantNone: true, foreign: 1},
-		}},
-		{"a gap later, no reset between: another client's, not asked back", []step{
+		{"a gap before a first delivery: the sequences between", []step{
 			{start: st(0, 0, 0), wantNone: true},
 			{see: see(1, 1, true), wantNone: true},
-			{see: see(4, 4, true), wantNone: true, foreign: 1},
-			{see: see(5, 5, true), wantNone: true, foreign: 1},
+			{see: see(4, 4, true), want: []span{{2, 3}}, gaps: 1},
+			{see: see(5, 5, true), wantNone: true, gaps: 1},
 		}},
-		{"a gap right after a reset: the sequences between", []step{
+		{"a gap before a redelivery: not known which", []step{
 			{start: st(0, 0, 0), wantNone: true},
-			{see: see(1, 1, true), wantNone: true},
-			{resumed: res(1, 1, 0, 0), wantNone: true},
-			{see: see(4, 4, true), want: []span{{2, 3}}},
-			{see: see(6, 6, true), wantNone: true, foreign: 1},
-		}},
-		{"a gap among what the reset set aside: another client's", []step{
-			{start: st(0, 0, 0), wantNone: true},
-			{see: see(1, 1, true), wantNone: true},
-			{resumed: res(4, 4, 4, 4), wantNone: true},
-			{see: see(3, 3, true), wantNone: true, foreign: 1},
-			{see: see(4, 4, true), wantNone: true, foreign: 1},
+			{see: see(1, 7, true), wantNone: true},
+			{see: see(3, 2, false), wantNone: true, gaps: 1},
 		}},
 		{"a gap among what a reconnect set aside: lost with the connection", []step{
 			// (review R172) A pull that outlived the reconnect at the
@@ -76,10 +63,9 @@ func TestFloorUnseen(t *testing.T) {
 			// again; 2 and 3 went down the lost connection.
 			{start: st(0, 0, 0), wantNone: true},
 			{see: see(1, 1, true), wantNone: true},
-			{resumed: res(4, 4, 4, 4), reconn: true, wantNone: true},
-			{see: see(4, 4, true), want: []span{{2, 3}}},
-			{see: see(5, 5, true), wantNone: true},
-			{see: see(7, 7, true), wantNone: true, foreign: 1},
+			{resumed: res(4, 4, 4, 4), wantNone: true},
+			{see: see(4, 4, true), want: []span{{2, 3}}, gaps: 1},
+			{see: see(5, 5, true), wantNone: true, gaps: 1},
 		}},
 		{"reset: deliveries past the last seen and past what was set aside", []step{
 			{start: st(0, 0, 0), wantNone: true},
@@ -87,9 +73,9 @@ func TestFloorUnseen(t *testing.T) {
 			{resumed: res(5, 5, 3, 3), want: []span{{4, 5}}},
 			{see: see(2, 2, true), wantNone: true}, // set aside
 			{see: see(3, 3, true), wantNone: true},
-			{see: see(6, 4, false), wantNone: true}, // 4 and 5 nak'd, redelivered
-			{see: see(7, 5, false), wantNone: true},
-			{see: see(8, 6, true), wantNone: true},
+			{see: see(6, 4, false), wantNone: true, gaps: 1}, // 4 and 5 nak'd, redelivered
+			{see: see(7, 5, false), wantNone: true, gaps: 1},
+			{see: see(8, 6, true), wantNone: true, gaps: 1},
 		}},
 		{"reset: nothing lost", []step{
 			{start: st(0, 0, 0), wantNone: true},
@@ -100,7 +86,7 @@ func TestFloorUnseen(t *testing.T) {
 			{start: st(0, 0, 0), wantNone: true},
 			{see: see(1, 1, true), wantNone: true},
 			{resumed: res(3, 3, 0, 0), want: []span{{2, 3}}},
-			{see: see(4, 4, true), wantNone: true},
+			{see: see(4, 4, true), wantNone: true, gaps: 1},
 		}},
 		{"a new consume after a reset: not asked twice", []step{
 			{start: st(0, 0, 0), wantNone: true},
@@ -131,14 +117,14 @@ func TestFloorUnseen(t *testing.T) {
 				case s.see != nil:
 					f.see(uint64(s.see[0]), s.see[1], s.see[2] == 1)
 				case s.resumed != nil:
-					f.resumed(s.resumed[0], uint64(s.resumed[1]), uint64(s.resumed[2]), s.resumed[3], s.reconn)
+					f.resumed(s.resumed[0], uint64(s.resumed[1]), uint64(s.resumed[2]), s.resumed[3])
 				}
 				got := f.takeUnseen()
 				if s.wantNone && len(got) != 0 || !s.wantNone && !slices.Equal(got, s.want) {
 					t.Fatalf("step %d: unseen %v, want %v", i, got, s.want)
 				}
-				if f.foreign != s.foreign {
-					t.Fatalf("step %d: %d gaps put down to another client, want %d", i, f.foreign, s.foreign)
+				if f.gaps != s.gaps {
+					t.Fatalf("step %d: %d gaps, want %d", i, f.gaps, s.gaps)
 				}
 			}
 		})
@@ -260,5 +246,85 @@ func TestUnseenNakedOldPullAfterReconnect(t *testing.T) {
 	handedOnce(t, h.recorder, 3)
 	if n := logs.FilterMessageSnippet("another client").Len(); n > 0 {
 		t.Errorf("%d warnings about another client, with one bridge", n)
+	}
+}
+
+// leafEnabledReconnectSource is a source reading through a proxy from a
+// server with leaf nodes enabled: for 2 s after it received a pull,
+// nats-server counts it as waiting and delivers to it though its
+// subscriber is gone (review R172). It returns the source's connection,
+// the publisher, the recorder and the warnings logged.
+func leafEnabledReconnectSource(t *testing.T, batch int) (Config, *natsgo.Conn, *freezeProxy, jetstream.JetStream, *recorder, *observer.ObservedLogs) {
+	t.Helper()
+	core, logs := observer.New(zap.WarnLevel)
+	opts := jsOptions(t)
+	opts.LeafNode.Host, opts.LeafNode.Port = "127.0.0.1", -1
+	s := startServer(t, opts)
+	proxy := newFreezeProxy(t, s.Addr().String())
+	cfg := testConfig(t, proxy.url())
+	cfg.Create = true
+	cfg.AckWait = 2 * time.Minute
+	cfg.PullExpiry = time.Minute
+	cfg.BatchSize = batch
+	cfg.Logger = zap.New(zapcore.NewTee(cfg.Logger.Core(), core))
+	nc := connect(t, cfg)
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := newJS(t, connect(t, testConfig(t, serverURL(s))))
+	rec := newRecorder()
+	stop := runSource(t, src, rec)
+	t.Cleanup(func() { _ = stop() })
+	publish(t, pub, "delay.a", "before", delayHeader())
+	eventually(t, "the first message", func() bool { return rec.itemCount() >= 1 })
+	return cfg, nc, proxy, pub, rec, logs
+}
+
+// TestUnseenNakedAfterReconnectLeafEnabled: on a server with leaf nodes
+// enabled the source's own drained pulls still count as waiting for 2 s
+// after a reconnect; that must not stop it from asking back what the lost
+// connection swallowed, nor make it warn about another client.
+func TestUnseenNakedAfterReconnectLeafEnabled(t *testing.T) {
+	cfg, _, proxy, pub, rec, logs := leafEnabledReconnectSource(t, 1)
+	eventually(t, "acked, a pull waiting", func() bool {
+		ci := consumerInfo(t, pub, cfg.Stream, cfg.Consumer)
+		return ci.NumAckPending == 0 && ci.NumWaiting > 0
+	})
+	proxy.freeze()
+	publish(t, pub, "delay.a", "swallowed", delayHeader())
+	eventually(t, "delivered into the frozen connection", func() bool {
+		return consumerInfo(t, pub, cfg.Stream, cfg.Consumer).NumAckPending == 1
+	})
+	proxy.cut()
+	if !waitUntil(20*time.Second, func() bool { return rec.itemCount() >= 2 }) {
+		t.Fatal("the swallowed delivery not taken in within 20 s of the reconnect (AckWait 2 min)")
+	}
+	handedOnce(t, rec, 2)
+	if n := logs.FilterMessageSnippet("another client").Len(); n > 0 {
+		t.Fatalf("warned %d times about another client, with one bridge", n)
+	}
+}
+
+// TestUnseenNakedBurstAfterReconnectLeafEnabled: messages published right
+// after a reconnect on such a server: the drained pulls take deliveries
+// into the void for up to 2 s; every one is asked back, none waits for
+// AckWait, and no other client is warned of.
+func TestUnseenNakedBurstAfterReconnectLeafEnabled(t *testing.T) {
+	_, nc, proxy, pub, rec, logs := leafEnabledReconnectSource(t, 2)
+	reconnects := nc.Stats().Reconnects
+	proxy.cut()
+	eventually(t, "reconnected", func() bool { return nc.Stats().Reconnects > reconnects && nc.IsConnected() })
+	const n = 20
+	for i := range n {
+		publish(t, pub, "delay.a", fmt.Sprint(i), delayHeader())
+		time.Sleep(20 * time.Millisecond) // pacing: across the reset
+	}
+	if !waitUntil(20*time.Second, func() bool { return rec.itemCount() >= n+1 }) {
+		t.Fatalf("%d of %d taken in within 20 s (AckWait 2 min)", rec.itemCount(), n+1)
+	}
+	handedOnce(t, rec, n+1)
+	if k := logs.FilterMessageSnippet("another client").Len(); k > 0 {
+		t.Fatalf("warned %d times about another client, with one bridge", k)
 	}
 }
