@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -579,5 +580,69 @@ func TestAwaitedDeadLetterAfterLongOutage(t *testing.T) {
 	h.advance(5 * time.Minute)
 	if n := len(h.sink.acked()); n != 2 {
 		t.Fatalf("%d dead letters taken 5 min after the outage, want 2", n)
+	}
+}
+
+// TestAwaitedDeadLetterAfterLongDLQFailure is
+// TestAwaitedDeadLetterAfterLongOutage for a DLQ that fails as a whole
+// with an answer that is not an outage (the bridge not authorized to
+// write the topic, no stream capturing the subject, a full stream):
+// each try is an attempt, and the attempts' backoff grew to Retry.Max,
+// so once the operator fixed the DLQ after 20 minutes the source went on
+// only up to 5 min later (hunt H173: 3m57s measured for a Kafka DLQ
+// not authorized for 10 min, 2m35s for a full NATS DLQ stream). A dead
+// letter no source waits for, and one its DLQ refuses as this message
+// (parked at the last attempt of the policy), keep the backoff.
+func TestAwaitedDeadLetterAfterLongDLQFailure(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, func(o *Options) {
+		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: 0.2, MaxAttempts: 10}
+	})
+	denied := errors.New("kafka: publish to \"dlq\": not authorized to write the topic")
+	refused := fmt.Errorf("kafka: publish to \"dlq\": %w: message too large", ErrRefused)
+	var fixed atomic.Bool
+	h.sink.setFail(func(t *codec.Task) error {
+		switch {
+		case t.ID == "too-large":
+			return refused
+		case fixed.Load():
+			return nil
+		}
+		return denied
+	})
+	h.run()
+	awaited, err := h.e.IngestAwait(ctx, []codec.Task{deadLetter("awaited", 1)}, []Checkpoint{{Key: "src|0", Offset: 1}})
+	if err != nil || awaited.Len() != 1 {
+		t.Fatalf("IngestAwait = %d dead letters, %v; want 1", awaited.Len(), err)
+	}
+	if err := h.e.Ingest(ctx, []codec.Task{deadLetter("unawaited", 2)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	tooLarge, err := h.e.IngestAwait(ctx, []codec.Task{deadLetter("too-large", 3)}, []Checkpoint{{Key: "src|1", Offset: 1}})
+	if err != nil || tooLarge.Len() != 1 {
+		t.Fatalf("IngestAwait = %d dead letters, %v; want 1", tooLarge.Len(), err)
+	}
+	h.settle()
+	for range 20 {
+		h.advance(time.Second)
+	}
+	// Its backoff: 0.5, 1, 2, 4, 8 s (+-20%); every 2 s would be 10 tries.
+	if n := h.sink.deliveriesOf("too-large"); n > 7 {
+		t.Fatalf("a dead letter its DLQ refuses as this message tried %d times in 20 s: not its backoff", n)
+	}
+	for range 20 { // the DLQ failing for 20 minutes, a minute at a time
+		h.advance(time.Minute)
+	}
+	fixed.Store(true)
+	h.advance(awaitedDeadLetterWait)
+	if released, _ := waitReleased(awaited); !released {
+		t.Fatalf("%v after the DLQ was fixed, the awaited dead letter not taken (tried %d times)", awaitedDeadLetterWait, h.sink.deliveriesOf("awaited"))
+	}
+	if n := len(h.sink.acked()); n != 1 {
+		t.Fatalf("%d dead letters taken %v after the fix, want 1 (the unawaited one waits its backoff)", n, awaitedDeadLetterWait)
+	}
+	h.advance(5 * time.Minute)
+	if n := len(h.sink.acked()); n != 2 {
+		t.Fatalf("%d dead letters taken 5 min after the fix, want 2", n)
 	}
 }

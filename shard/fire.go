@@ -1010,11 +1010,6 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			// dead-letters it. It waits as long again as it is overdue
 			// (doubling, within Initial..Max).
 			wait = s.outageBackoff(now - t.Due)
-			if t.Kind == codec.KindDeadLetter && e.deadLetterAwaited(it.seq) {
-				// A source holds its input until this one is taken:
-				// tried again soon, so it goes on once its DLQ is back.
-				wait = min(wait, awaitedDeadLetterWait)
-			}
 			outageErr = derr
 			waiting++
 		default:
@@ -1031,6 +1026,14 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 						zap.Duration("next_in", wait), zap.Int("held_back", held), zap.Error(derr))
 				}
 			}
+		}
+		if t.Kind == codec.KindDeadLetter && !errors.Is(derr, ErrRefused) && e.deadLetterAwaited(it.seq) {
+			// A source holds its input until this dead letter is taken,
+			// and its DLQ fails as a whole (unreachable, not authorized,
+			// no stream, full): tried again soon, so the source goes on
+			// once the DLQ is back or fixed. One the DLQ refuses as this
+			// message keeps its backoff, towards parking.
+			wait = min(wait, awaitedDeadLetterWait)
 		}
 		if isRejected || (!errors.Is(derr, ErrUnavailable) && indexed && int(t.Attempts) >= e.opts.Retry.MaxAttempts) {
 			code, detail := codec.CodePublishFailed, ""
@@ -1229,12 +1232,14 @@ func (s *shard) outageBackoff(overdueMs int64) time.Duration {
 
 // awaitedDeadLetterWait bounds the wait before the next try of a dead
 // letter a source waits for (its offsets, or on NATS its whole consumer,
-// hold until the DLQ takes it) while its DLQ broker is unreachable. The
+// hold until the DLQ takes it) while its DLQ fails as a whole. The
 // outage backoff alone grows to Retry.Max (5 min by default): after an
 // outage that long the source went on reading only up to 5 min after its
-// broker was back (hunt H172). There are few such dead letters at a time
-// (a source holds at the first batch with one), so trying each every few
-// seconds costs little.
+// broker was back (hunt H172). So did the attempts' backoff of a DLQ
+// that fails otherwise (not authorized, no stream, full: 3m57s and 2m35s
+// after the fix of a 10 min failure, hunt H173). There are few such dead
+// letters at a time (a source holds at the first batch with one), so
+// trying each every few seconds costs little.
 const awaitedDeadLetterWait = 2 * time.Second
 
 // backoff is the delay before attempt n+1 after n failed publishes:
