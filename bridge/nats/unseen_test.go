@@ -158,33 +158,8 @@ func TestUnseenNakedAtStart(t *testing.T) {
 // asked back when the source's pulls are reset by the reconnect, without
 // waiting for a later message or for AckWait (2 min here).
 func TestUnseenNakedAfterReconnect(t *testing.T) {
-	s := startServer(t, jsOptions(t))
-	proxy := newFreezeProxy(t, s.Addr().String())
-	cfg := testConfig(t, proxy.url())
-	cfg.Create = true
-	cfg.AckWait = 2 * time.Minute
-	cfg.PullExpiry = time.Minute // heartbeats 30 s apart: no missed-heartbeat path here
-	nc := connect(t, cfg)
-	src, err := NewSource(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub := newJS(t, connect(t, testConfig(t, serverURL(s))))
-	rec := newRecorder()
-	stop := runSource(t, src, rec)
-	defer func() { _ = stop() }()
-	publish(t, pub, "delay.a", "before", delayHeader())
-	eventually(t, "the first message", func() bool { return rec.itemCount() >= 1 })
-	eventually(t, "acked, a pull waiting", func() bool {
-		ci := consumerInfo(t, pub, cfg.Stream, cfg.Consumer)
-		return ci.NumAckPending == 0 && ci.NumWaiting > 0
-	})
-	proxy.freeze()
-	publish(t, pub, "delay.a", "swallowed", delayHeader())
-	eventually(t, "delivered into the frozen connection", func() bool {
-		return consumerInfo(t, pub, cfg.Stream, cfg.Consumer).NumAckPending == 1
-	})
-	proxy.cut()
+	cfg, _, proxy, pub, rec, _ := reconnectSource(t, false, 1)
+	swallowThenCut(t, cfg, proxy, pub)
 	cutAt := time.Now()
 	if !waitUntil(20*time.Second, func() bool { return rec.itemCount() >= 2 }) {
 		t.Fatalf("the swallowed delivery not taken in within 20 s of the reconnect (AckWait 2 min)")
@@ -249,16 +224,21 @@ func TestUnseenNakedOldPullAfterReconnect(t *testing.T) {
 	}
 }
 
-// leafEnabledReconnectSource is a source reading through a proxy from a
-// server with leaf nodes enabled: for 2 s after it received a pull,
-// nats-server counts it as waiting and delivers to it though its
-// subscriber is gone (review R172). It returns the source's connection,
-// the publisher, the recorder and the warnings logged.
-func leafEnabledReconnectSource(t *testing.T, batch int) (Config, *natsgo.Conn, *freezeProxy, jetstream.JetStream, *recorder, *observer.ObservedLogs) {
+// reconnectSource is a running source (BatchSize batch, AckWait 2 min,
+// pulls of a minute: heartbeats 30 s apart, no missed-heartbeat path)
+// reading through a proxy that can freeze and cut its connection, after
+// it took in a first message. With leaf, the server has leaf nodes
+// enabled: for 2 s after it received a pull, nats-server counts it as
+// waiting and delivers to it though its subscriber is gone (review R172).
+// It returns the source's config and connection, the proxy, a publisher,
+// the recorder and the warnings logged.
+func reconnectSource(t *testing.T, leaf bool, batch int) (Config, *natsgo.Conn, *freezeProxy, jetstream.JetStream, *recorder, *observer.ObservedLogs) {
 	t.Helper()
 	core, logs := observer.New(zap.WarnLevel)
 	opts := jsOptions(t)
-	opts.LeafNode.Host, opts.LeafNode.Port = "127.0.0.1", -1
+	if leaf {
+		opts.LeafNode.Host, opts.LeafNode.Port = "127.0.0.1", -1
+	}
 	s := startServer(t, opts)
 	proxy := newFreezeProxy(t, s.Addr().String())
 	cfg := testConfig(t, proxy.url())
@@ -286,17 +266,8 @@ func leafEnabledReconnectSource(t *testing.T, batch int) (Config, *natsgo.Conn, 
 // after a reconnect; that must not stop it from asking back what the lost
 // connection swallowed, nor make it warn about another client.
 func TestUnseenNakedAfterReconnectLeafEnabled(t *testing.T) {
-	cfg, _, proxy, pub, rec, logs := leafEnabledReconnectSource(t, 1)
-	eventually(t, "acked, a pull waiting", func() bool {
-		ci := consumerInfo(t, pub, cfg.Stream, cfg.Consumer)
-		return ci.NumAckPending == 0 && ci.NumWaiting > 0
-	})
-	proxy.freeze()
-	publish(t, pub, "delay.a", "swallowed", delayHeader())
-	eventually(t, "delivered into the frozen connection", func() bool {
-		return consumerInfo(t, pub, cfg.Stream, cfg.Consumer).NumAckPending == 1
-	})
-	proxy.cut()
+	cfg, _, proxy, pub, rec, logs := reconnectSource(t, true, 1)
+	swallowThenCut(t, cfg, proxy, pub)
 	if !waitUntil(20*time.Second, func() bool { return rec.itemCount() >= 2 }) {
 		t.Fatal("the swallowed delivery not taken in within 20 s of the reconnect (AckWait 2 min)")
 	}
@@ -311,7 +282,7 @@ func TestUnseenNakedAfterReconnectLeafEnabled(t *testing.T) {
 // into the void for up to 2 s; every one is asked back, none waits for
 // AckWait, and no other client is warned of.
 func TestUnseenNakedBurstAfterReconnectLeafEnabled(t *testing.T) {
-	_, nc, proxy, pub, rec, logs := leafEnabledReconnectSource(t, 2)
+	_, nc, proxy, pub, rec, logs := reconnectSource(t, true, 2)
 	reconnects := nc.Stats().Reconnects
 	proxy.cut()
 	eventually(t, "reconnected", func() bool { return nc.Stats().Reconnects > reconnects && nc.IsConnected() })
@@ -327,4 +298,21 @@ func TestUnseenNakedBurstAfterReconnectLeafEnabled(t *testing.T) {
 	if k := logs.FilterMessageSnippet("another client").Len(); k > 0 {
 		t.Fatalf("warned %d times about another client, with one bridge", k)
 	}
+}
+
+// swallowThenCut has the server deliver a message into the source's
+// frozen connection (its pull waiting, everything before acked), then
+// cuts the connection: the delivery is lost with it.
+func swallowThenCut(t *testing.T, cfg Config, proxy *freezeProxy, pub jetstream.JetStream) {
+	t.Helper()
+	eventually(t, "acked, a pull waiting", func() bool {
+		ci := consumerInfo(t, pub, cfg.Stream, cfg.Consumer)
+		return ci.NumAckPending == 0 && ci.NumWaiting > 0
+	})
+	proxy.freeze()
+	publish(t, pub, "delay.a", "swallowed", delayHeader())
+	eventually(t, "delivered into the frozen connection", func() bool {
+		return consumerInfo(t, pub, cfg.Stream, cfg.Consumer).NumAckPending == 1
+	})
+	proxy.cut()
 }
