@@ -88,12 +88,12 @@ type Source struct {
 	// pulls last started anew (see checkGaps).
 	foreignLog logthrottle.Throttle
 	lastReset  time.Time
-	// catchFloor (Run's goroutine only): the delivered sequence, at a
+	// catchFloor (set by Run's goroutine): the delivered sequence, at a
 	// consume's start before the source caught up, of a consumer with
 	// deliveries not yet acknowledged; the source is caught up only once
 	// the ack floor has reached it (see atEnd). ackWatch is set while a
 	// goroutine waits for that.
-	catchFloor int64
+	catchFloor atomic.Int64
 	ackWatch   atomic.Bool
 
 	mu      sync.Mutex
@@ -130,20 +130,20 @@ func (s *Source) atEnd(ctx context.Context, cons jetstream.Consumer) {
 	if s.caughtUp.Closed() {
 		return
 	}
-	if s.catchFloor == 0 || cons == nil {
+	if s.catchFloor.Load() == 0 || cons == nil {
 		s.reachedEnd()
 		return
 	}
 	if !s.ackWatch.CompareAndSwap(false, true) {
 		return
 	}
-	floor := s.catchFloor
 	go func() {
 		defer s.ackWatch.Store(false)
 		t := time.NewTicker(ackFloorPoll)
 		defer t.Stop()
 		for {
-			if info, err := cons.Info(ctx); err == nil && int64(info.AckFloor.Stream) >= floor {
+			// Read at each poll: a later consume may have raised it.
+			if info, err := cons.Info(ctx); err == nil && int64(info.AckFloor.Stream) >= s.catchFloor.Load() {
 				s.reachedEnd()
 				return
 			}
@@ -1237,7 +1237,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 				*st, streamID = floorState{}, id
 				// The deliveries catchFloor waits for were the old
 				// stream's: the new one's ack floor may never get there.
-				s.catchFloor = 0
+				s.catchFloor.Store(0)
 				s.key = CheckpointKey(s.cfg.Stream, id, s.subjects())
 			} else if err := s.checkRestored(ctx, h, st); err != nil {
 				retryFailed("nats source: the stream went back below the floor; storing the new floor failed", err)
@@ -1312,7 +1312,7 @@ func (s *Source) checkRestored(ctx context.Context, h bridge.Handler, st *floorS
 		zap.Int64("floor", floor), zap.Uint32("incarnation", inc))
 	s.inc = inc
 	*st = floorState{floor: floor}
-	s.catchFloor = 0 // sequences of before the restore
+	s.catchFloor.Store(0) // sequences of before the restore
 	return nil
 }
 
@@ -1466,7 +1466,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	if info.NumPending == 0 && info.NumAckPending == 0 {
 		s.reachedEnd()
 	} else if !s.caughtUp.Closed() && info.AckFloor.Stream < info.Delivered.Stream {
-		s.catchFloor = max(s.catchFloor, int64(info.Delivered.Stream))
+		s.catchFloor.Store(max(s.catchFloor.Load(), int64(info.Delivered.Stream)))
 	}
 	if s.incDue != 0 {
 		// A legacy floor to be dropped was likely another stream's: its
