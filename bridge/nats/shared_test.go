@@ -66,3 +66,55 @@ func TestSharedConsumerWarned(t *testing.T) {
 		t.Error("no warning about another client taking the consumer's deliveries")
 	}
 }
+
+// TestSharedGapNotWarnedRedeliveryLostAtReconnect (review R173): one bridge. A batch is held in
+// the handler past AckWait; the server's redelivery of it goes into a
+// connection that is then lost. The gap it leaves in consumer sequences
+// is seen only at the next delivery: on a quiet stream, more than
+// sharedGapAfter after the reset. One bridge: no warning about another
+// client is expected.
+func TestSharedGapNotWarnedRedeliveryLostAtReconnect(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	s := startServer(t, jsOptions(t))
+	proxy := newFreezeProxy(t, s.Addr().String())
+	cfg := testConfig(t, proxy.url())
+	cfg.Create = true
+	cfg.AckWait = 2 * time.Second
+	cfg.PullExpiry = time.Minute
+	cfg.BatchSize = 1
+	cfg.Logger = zap.New(zapcore.NewTee(cfg.Logger.Core(), core))
+	nc := connect(t, cfg)
+	src, err := NewSource(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := newJS(t, connect(t, testConfig(t, serverURL(s))))
+	h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
+	stop := runSource(t, src, h)
+	defer func() { _ = stop() }()
+	publish(t, pub, "delay.a", "held", delayHeader())
+	<-h.entered
+	eventually(t, "a pull waiting", func() bool {
+		return consumerInfo(t, pub, cfg.Stream, cfg.Consumer).NumWaiting > 0
+	})
+	proxy.freeze()
+	eventually(t, "redelivered into the frozen connection", func() bool {
+		return consumerInfo(t, pub, cfg.Stream, cfg.Consumer).Delivered.Consumer >= 2
+	})
+	reconnects := nc.Stats().Reconnects
+	proxy.cut()
+	eventually(t, "reconnected", func() bool { return nc.Stats().Reconnects > reconnects && nc.IsConnected() })
+	close(h.release)
+	eventually(t, "acked", func() bool {
+		ci := consumerInfo(t, pub, cfg.Stream, cfg.Consumer)
+		return ci.NumAckPending == 0
+	})
+	time.Sleep(sharedGapAfter + time.Second) // a quiet stream
+	publish(t, pub, "delay.a", "after", delayHeader())
+	if !waitUntil(20*time.Second, func() bool { return h.itemCount() >= 2 }) {
+		t.Fatalf("%d of 2 taken in: %v", h.itemCount(), h.seqs())
+	}
+	if n := logs.FilterMessageSnippet("another client").Len(); n > 0 {
+		t.Errorf("%d warnings about another client, with one bridge", n)
+	}
+}

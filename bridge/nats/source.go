@@ -828,8 +828,12 @@ type floorState struct {
 	nakHi  int64
 	// gaps counts the gaps in consumer sequences seen, for the Source to
 	// tell those of a lost connection from another client's (see
-	// Source.checkGaps).
-	gaps int
+	// Source.checkGaps). ownDseq is the consumer's delivered sequence read
+	// after the last reset: a delivery missed up to it went down the lost
+	// connection (a redelivery there shows as a gap only at the next
+	// delivery, on a quiet stream long after), not to another client.
+	gaps    int
+	ownDseq uint64
 	// runLo is the stream sequence of the first of the first deliveries
 	// seen since the last gap in consumer sequences (0: none). First
 	// deliveries come in stream order, so every message of the consumer
@@ -995,6 +999,7 @@ func (f *floorState) start(ackFloor, delivered int64, deliveredDseq uint64) {
 	f.pend, f.runLo = f.pend[:0], 0
 	f.spans = mergeSpans(f.spans, f.floor)
 	f.lastDseq = deliveredDseq
+	f.ownDseq = deliveredDseq // not kept from another consumer's sequences
 	f.maxSeen = max(f.maxSeen, delivered)
 	if ackFloor < delivered {
 		// Delivered before this consume and not all acked: those come
@@ -1017,6 +1022,7 @@ func (f *floorState) start(ackFloor, delivered int64, deliveredDseq uint64) {
 // seen (a gap among them, a pull of the lost connection that outlived it
 // at the server, is see's).
 func (f *floorState) resumed(delivered int64, deliveredDseq uint64, asideDseq uint64, asideSeq int64) {
+	f.ownDseq = max(f.ownDseq, deliveredDseq)
 	if deliveredDseq > max(f.lastDseq, asideDseq) {
 		f.addUnseen(max(f.maxSeen, asideSeq)+1, delivered)
 	}
@@ -1060,7 +1066,9 @@ func (f *floorState) see(dseq uint64, seq int64, first bool) (held bool) {
 			// unsupported, see Source.checkGaps).
 			f.addUnseen(f.maxSeen+1, seq-1)
 		}
-		f.gaps++
+		if dseq-1 > f.ownDseq {
+			f.gaps++
+		}
 		f.runLo = 0 // the missed delivery may lie inside a span to come
 	}
 	f.lastDseq = max(f.lastDseq, dseq)
