@@ -11,6 +11,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/delaybridge/delaybridge/bridge"
 )
 
 // TestFloorUnseen: the sequences the floor state finds delivered to the
@@ -189,23 +191,8 @@ func TestUnseenNakedAfterReconnect(t *testing.T) {
 // back at once, not after AckWait (2 min here), and no warning about
 // another client.
 func TestUnseenNakedOldPullAfterReconnect(t *testing.T) {
-	core, logs := observer.New(zap.WarnLevel)
-	s := startServer(t, jsOptions(t))
-	proxy := newFreezeProxy(t, s.Addr().String())
-	cfg := testConfig(t, proxy.url())
-	cfg.Create = true
-	cfg.AckWait = 2 * time.Minute
-	cfg.PullExpiry = time.Minute // the pull outlives the reconnect
-	cfg.Logger = zap.New(zapcore.NewTee(cfg.Logger.Core(), core))
-	nc := connect(t, cfg)
-	src, err := NewSource(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub := newJS(t, connect(t, testConfig(t, serverURL(s))))
 	h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
-	stop := runSource(t, src, h)
-	defer func() { _ = stop() }()
+	cfg, nc, proxy, pub, logs := proxiedSource(t, false, nil, h) // the pull outlives the reconnect
 	publish(t, pub, "delay.a", "held", delayHeader())
 	<-h.entered
 	eventually(t, "a pull waiting", func() bool {
@@ -246,6 +233,21 @@ func TestUnseenNakedOldPullAfterReconnect(t *testing.T) {
 // the recorder and the warnings logged.
 func reconnectSource(t *testing.T, leaf bool, batch int) (Config, *natsgo.Conn, *freezeProxy, jetstream.JetStream, *recorder, *observer.ObservedLogs) {
 	t.Helper()
+	rec := newRecorder()
+	cfg, nc, proxy, pub, logs := proxiedSource(t, leaf, func(c *Config) { c.BatchSize = batch }, rec)
+	publish(t, pub, "delay.a", "before", delayHeader())
+	eventually(t, "the first message", func() bool { return rec.itemCount() >= 1 })
+	return cfg, nc, proxy, pub, rec, logs
+}
+
+// proxiedSource runs a source handled by h, reading through a proxy that
+// can freeze and cut its connection, from a server (with leaf nodes
+// enabled if leaf) where it creates its stream: AckWait 2 min and pulls
+// of a minute (heartbeats 30 s apart, no missed-heartbeat path) unless mod
+// changes them. It returns the source's config and connection, the
+// proxy, a publisher and the warnings logged.
+func proxiedSource(t *testing.T, leaf bool, mod func(*Config), h bridge.Handler) (Config, *natsgo.Conn, *freezeProxy, jetstream.JetStream, *observer.ObservedLogs) {
+	t.Helper()
 	core, logs := observer.New(zap.WarnLevel)
 	opts := jsOptions(t)
 	if leaf {
@@ -257,7 +259,9 @@ func reconnectSource(t *testing.T, leaf bool, batch int) (Config, *natsgo.Conn, 
 	cfg.Create = true
 	cfg.AckWait = 2 * time.Minute
 	cfg.PullExpiry = time.Minute
-	cfg.BatchSize = batch
+	if mod != nil {
+		mod(&cfg)
+	}
 	cfg.Logger = zap.New(zapcore.NewTee(cfg.Logger.Core(), core))
 	nc := connect(t, cfg)
 	src, err := NewSource(nc, cfg)
@@ -265,12 +269,9 @@ func reconnectSource(t *testing.T, leaf bool, batch int) (Config, *natsgo.Conn, 
 		t.Fatal(err)
 	}
 	pub := newJS(t, connect(t, testConfig(t, serverURL(s))))
-	rec := newRecorder()
-	stop := runSource(t, src, rec)
+	stop := runSource(t, src, h)
 	t.Cleanup(func() { _ = stop() })
-	publish(t, pub, "delay.a", "before", delayHeader())
-	eventually(t, "the first message", func() bool { return rec.itemCount() >= 1 })
-	return cfg, nc, proxy, pub, rec, logs
+	return cfg, nc, proxy, pub, logs
 }
 
 // TestUnseenNakedAfterReconnectLeafEnabled: on a server with leaf nodes
