@@ -65,6 +65,30 @@ func (e *env) natsSettled() bool {
 	return err == nil && info.NumPending == 0 && info.NumAckPending == 0
 }
 
+// crashAckWait is the consumer's ack wait in the crash-in-flight tests:
+// left to it, the crashed run's messages would not come back within the
+// tests' waits (1 min).
+const crashAckWait = 5 * time.Minute
+
+// storedThenStopped runs the bridge once with the NATS options it returns
+// (ack wait crashAckWait): it creates the consumer and stores task "c",
+// due 10 s after the test's start, then stops. at gives the delay-at of
+// an offset from that start.
+func (e *env) storedThenStopped() (o Options, at func(time.Duration) string) {
+	e.t.Helper()
+	o = Options{NATS: func(c *nats.Config) { fastNATS(c); c.AckWait = crashAckWait }}
+	t0 := e.clk.Now()
+	at = func(d time.Duration) string { return strconv.FormatInt(t0.Add(d).UnixMilli(), 10) }
+	svc, stop, done := e.runWith(o)
+	e.publishNATS("delay.c", []byte("cancelled"), "delay-id", "c", "delay-at", at(10*time.Second), "delay-target", "orders.c")
+	waitStored(e.t, svc, 1, "DELAY", "c")
+	stop()
+	if err := <-done; err != nil {
+		e.t.Fatal(err)
+	}
+	return o, at
+}
+
 // TestCatchUpNATSCrashInFlight (hunt H171): restarts in a loop under load,
 // NATS source. Messages a run had received when it was killed came back
 // only after the consumer's ack wait (30 s by default), while the next
@@ -86,20 +110,8 @@ func (e *env) natsSettled() bool {
 // redelivers them before newer messages. The ack wait is 5 min here: left
 // to it, the messages would not come back within the test's waits.
 func TestCatchUpNATSCrashInFlight(t *testing.T) {
-	const ackWait = 5 * time.Minute
 	e := newEnv(t, "catch_up_wait: 1m\n")
-	o := Options{NATS: func(c *nats.Config) { fastNATS(c); c.AckWait = ackWait }}
-	t0 := e.clk.Now()
-	at := func(d time.Duration) string { return strconv.FormatInt(t0.Add(d).UnixMilli(), 10) }
-
-	// A first run creates the consumer and stores a task due at t0+10s.
-	svc, stop, done := e.runWith(o)
-	e.publishNATS("delay.c", []byte("cancelled"), "delay-id", "c", "delay-at", at(10*time.Second), "delay-target", "orders.c")
-	waitStored(t, svc, 1, "DELAY", "c")
-	stop()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	o, at := e.storedThenStopped()
 
 	// The outage, before the due times: the publishers cancel "c" and send
 	// "r" (due at t0+10s), then replace "r" (due at t0+15s). A run that
@@ -112,7 +124,7 @@ func TestCatchUpNATSCrashInFlight(t *testing.T) {
 
 	// The next run comes back within the ack wait, after both due times.
 	e.clk.Advance(20 * time.Second)
-	svc, _, _ = e.runWith(o)
+	svc, _, _ := e.runWith(o)
 	e.waitFor("r-v2", func(ds []delivery) bool { return len(byValue(ds, "orders.c")["r-v2"]) == 1 })
 	// The crashed run's messages were asked back and taken in.
 	eventually(t, "the crashed run's messages redelivered and taken in", e.natsSettled)
@@ -135,23 +147,13 @@ func TestCatchUpNATSCrashInFlight(t *testing.T) {
 // (5 min) and catch_up_wait (10 min), which the test's waits (1 min) are
 // shorter than. The cancel among them stops its task.
 func TestCatchUpNATSCrashInFlightQuiet(t *testing.T) {
-	const ackWait = 5 * time.Minute
 	e := newEnv(t, "catch_up_wait: 10m\n")
-	o := Options{NATS: func(c *nats.Config) { fastNATS(c); c.AckWait = ackWait }}
-	t0 := e.clk.Now()
-	at := func(d time.Duration) string { return strconv.FormatInt(t0.Add(d).UnixMilli(), 10) }
-	svc, stop, done := e.runWith(o)
-	e.publishNATS("delay.c", []byte("cancelled"), "delay-id", "c", "delay-at", at(10*time.Second), "delay-target", "orders.c")
-	waitStored(t, svc, 1, "DELAY", "c")
-	stop()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	o, at := e.storedThenStopped()
 	e.publishNATS("delay.c", []byte("cancel"), "delay-id", "c", "delay-cancel", "true")
 	e.crashedPull(1)
 	e.clk.Advance(20 * time.Second)
 	start := time.Now()
-	svc, _, _ = e.runWith(o)
+	svc, _, _ := e.runWith(o)
 	eventually(t, "firing resumed", func() bool { return !svc.Engine().FiringPaused() })
 	paused := time.Since(start)
 	e.settle(svc)
@@ -160,5 +162,5 @@ func TestCatchUpNATSCrashInFlightQuiet(t *testing.T) {
 	if n := len(byValue(got, "orders.c")["cancelled"]); n != 0 {
 		t.Errorf("task c delivered %d times, though its cancel was published before its due time", n)
 	}
-	t.Logf("paused %v (ack wait %v)", paused, ackWait)
+	t.Logf("paused %v (ack wait %v)", paused, crashAckWait)
 }
