@@ -97,15 +97,18 @@ type CatchingUp interface {
 // Signal is a channel closed at most once (a CaughtUp); the zero value
 // is ready to use.
 type Signal struct {
-	mu     sync.Mutex
-	ch     chan struct{}
-	closed bool
+	mu sync.Mutex
+	ch chan struct{}
 }
 
 // C returns the channel.
 func (o *Signal) C() <-chan struct{} {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	return o.chLocked()
+}
+
+func (o *Signal) chLocked() chan struct{} {
 	if o.ch == nil {
 		o.ch = make(chan struct{})
 	}
@@ -116,18 +119,19 @@ func (o *Signal) C() <-chan struct{} {
 func (o *Signal) Close() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.ch == nil {
-		o.ch = make(chan struct{})
-	}
-	if !o.closed {
-		close(o.ch)
-		o.closed = true
+	if ch := o.chLocked(); !isClosed(ch) {
+		close(ch)
 	}
 }
 
 // Closed reports whether Close was called.
-func (o *Signal) Closed() bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.closed
+func (o *Signal) Closed() bool { return isClosed(o.C()) }
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }

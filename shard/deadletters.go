@@ -196,6 +196,11 @@ func (e *Engine) releaseDeadLetter(seq uint64, why release) (waited, held bool) 
 func (e *Engine) deadLetterAwaited(seq uint64) bool {
 	e.dl.mu.Lock()
 	defer e.dl.mu.Unlock()
+	return e.deadLetterAwaitedLocked(seq)
+}
+
+// deadLetterAwaitedLocked is deadLetterAwaited under e.dl.mu.
+func (e *Engine) deadLetterAwaitedLocked(seq uint64) bool {
 	_, held := e.dl.held[seq]
 	_, watched := e.dl.m[seq]
 	return held || watched

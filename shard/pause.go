@@ -64,9 +64,7 @@ func (s *shard) claimPausedLocked(now int64) (claimed []fireItem, more bool) {
 		if _, ok := s.deleting[seq]; ok {
 			return // a replace or cancel is deleting it
 		}
-		_, watched := s.e.dl.m[seq]
-		_, holds := s.e.dl.held[seq]
-		if watched || holds {
+		if s.e.deadLetterAwaitedLocked(seq) {
 			claimed = append(claimed, fireItem{fire: fire, seq: seq})
 			s.inflight[seq] = notSuperseded
 			return

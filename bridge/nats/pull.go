@@ -231,11 +231,6 @@ func (p *puller) end(sub *natsgo.Subscription) {
 // errReset asks next's caller to reset the pulls (see puller.reset).
 var errReset = errors.New("nats source: pulls reset")
 
-// errReconnected is the errReset of a reconnect: the lost connection may
-// have swallowed deliveries of the pulls, also between those received
-// (see floorState.resumed).
-var errReconnected = fmt.Errorf("%w: reconnected", errReset)
-
 // errMissedHeartbeat: nothing arrived for two heartbeats of a live pull
 // (missedAfter).
 var errMissedHeartbeat = errors.New("nats source: no heartbeat from the pull requests")
@@ -270,10 +265,7 @@ func (p *puller) next(ctx context.Context) (jetstream.Msg, error) {
 				select {
 				case m = <-p.ch:
 				case st := <-p.status:
-					if st == natsgo.CLOSED || p.nc.IsClosed() {
-						return nil, fmt.Errorf("nats source: %w", natsgo.ErrConnectionClosed)
-					}
-					return nil, errReconnected // the pulls may be gone
+					return nil, p.statusErr(st) // the pulls may be gone
 				case <-hbC:
 					return nil, errMissedHeartbeat
 				case <-ctx.Done():
@@ -285,14 +277,12 @@ func (p *puller) next(ctx context.Context) (jetstream.Msg, error) {
 		// over: a pull that outlived it at the server delivers again
 		// once nats.go has subscribed its reply subject anew (after the
 		// status was sent), and a delivery that the lost connection
-		// swallowed must be seen as lost, not as another client's.
+		// swallowed leaves a gap that must count as this bridge's own,
+		// after the reset (floorState.resumed), not as another client's.
 		select {
 		case st := <-p.status:
 			p.unpop(m)
-			if st == natsgo.CLOSED || p.nc.IsClosed() {
-				return nil, fmt.Errorf("nats source: %w", natsgo.ErrConnectionClosed)
-			}
-			return nil, errReconnected
+			return nil, p.statusErr(st)
 		default:
 		}
 		if hbTimer != nil {
@@ -330,6 +320,15 @@ func (p *puller) popAside() (*natsgo.Msg, bool) {
 	p.aside[0] = nil
 	p.aside = p.aside[1:]
 	return m, true
+}
+
+// statusErr is next's error for a status change of the connection: closed
+// for good, or reconnected (errReset).
+func (p *puller) statusErr(st natsgo.Status) error {
+	if st == natsgo.CLOSED || p.nc.IsClosed() {
+		return fmt.Errorf("nats source: %w", natsgo.ErrConnectionClosed)
+	}
+	return errReset
 }
 
 // unpop puts m back first in aside, to be taken again after a reset.
