@@ -551,36 +551,17 @@ func TestDeadLetterErrNamesEachDLQ(t *testing.T) {
 // so the source goes on at once. A dead letter no source waits for keeps
 // the outage backoff.
 func TestAwaitedDeadLetterAfterLongOutage(t *testing.T) {
-	ctx := context.Background()
-	h := newHarness(t, func(o *Options) {
-		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: 0.2, MaxAttempts: 10}
-	})
+	h := newHarness(t, func(o *Options) { o.Retry = defaultLikeRetry })
 	down := fmt.Errorf("dlq broker down: %w", ErrUnavailable)
 	h.sink.setFail(func(*codec.Task) error { return down })
 	h.run()
-	awaited, err := h.e.IngestAwait(ctx, []codec.Task{deadLetter("awaited", 1)}, []Checkpoint{{Key: "src|0", Offset: 1}})
-	if err != nil || awaited.Len() != 1 {
-		t.Fatalf("IngestAwait = %d dead letters, %v; want 1", awaited.Len(), err)
-	}
-	if err := h.e.Ingest(ctx, []codec.Task{deadLetter("unawaited", 2)}, nil); err != nil {
-		t.Fatal(err)
-	}
+	awaited := h.ingestAwaitedAndNot()
 	h.settle()
 	for range 20 { // the outage: a minute at a time
 		h.advance(time.Minute)
 	}
 	h.sink.setFail(nil)
-	h.advance(awaitedDeadLetterWait)
-	if released, _ := waitReleased(awaited); !released {
-		t.Fatalf("%v after the DLQ broker came back, the awaited dead letter not taken (tried %d times)", awaitedDeadLetterWait, h.sink.deliveriesOf("awaited"))
-	}
-	if n := len(h.sink.acked()); n != 1 {
-		t.Fatalf("%d dead letters taken %v after the outage, want 1 (the unawaited one waits its outage backoff)", n, awaitedDeadLetterWait)
-	}
-	h.advance(5 * time.Minute)
-	if n := len(h.sink.acked()); n != 2 {
-		t.Fatalf("%d dead letters taken 5 min after the outage, want 2", n)
-	}
+	h.awaitedTakenFirst(awaited, "the DLQ broker came back")
 }
 
 // TestAwaitedDeadLetterAfterLongDLQFailure is
@@ -595,9 +576,7 @@ func TestAwaitedDeadLetterAfterLongOutage(t *testing.T) {
 // (parked at the last attempt of the policy), keep the backoff.
 func TestAwaitedDeadLetterAfterLongDLQFailure(t *testing.T) {
 	ctx := context.Background()
-	h := newHarness(t, func(o *Options) {
-		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: 0.2, MaxAttempts: 10}
-	})
+	h := newHarness(t, func(o *Options) { o.Retry = defaultLikeRetry })
 	denied := errors.New("kafka: publish to \"dlq\": not authorized to write the topic")
 	refused := fmt.Errorf("kafka: publish to \"dlq\": %w: message too large", ErrRefused)
 	var fixed atomic.Bool
@@ -611,13 +590,7 @@ func TestAwaitedDeadLetterAfterLongDLQFailure(t *testing.T) {
 		return denied
 	})
 	h.run()
-	awaited, err := h.e.IngestAwait(ctx, []codec.Task{deadLetter("awaited", 1)}, []Checkpoint{{Key: "src|0", Offset: 1}})
-	if err != nil || awaited.Len() != 1 {
-		t.Fatalf("IngestAwait = %d dead letters, %v; want 1", awaited.Len(), err)
-	}
-	if err := h.e.Ingest(ctx, []codec.Task{deadLetter("unawaited", 2)}, nil); err != nil {
-		t.Fatal(err)
-	}
+	awaited := h.ingestAwaitedAndNot()
 	tooLarge, err := h.e.IngestAwait(ctx, []codec.Task{deadLetter("too-large", 3)}, []Checkpoint{{Key: "src|1", Offset: 1}})
 	if err != nil || tooLarge.Len() != 1 {
 		t.Fatalf("IngestAwait = %d dead letters, %v; want 1", tooLarge.Len(), err)
@@ -634,15 +607,42 @@ func TestAwaitedDeadLetterAfterLongDLQFailure(t *testing.T) {
 		h.advance(time.Minute)
 	}
 	fixed.Store(true)
+	h.awaitedTakenFirst(awaited, "the DLQ was fixed")
+}
+
+// defaultLikeRetry is the shipped retry policy (config defaults).
+var defaultLikeRetry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: 0.2, MaxAttempts: 10}
+
+// ingestAwaitedAndNot ingests dead letter "awaited", which source key
+// src|0 waits for, and "unawaited", which no source waits for; it returns
+// the wait of the first.
+func (h *harness) ingestAwaitedAndNot() *DeadLetters {
+	h.t.Helper()
+	ctx := context.Background()
+	awaited, err := h.e.IngestAwait(ctx, []codec.Task{deadLetter("awaited", 1)}, []Checkpoint{{Key: "src|0", Offset: 1}})
+	if err != nil || awaited.Len() != 1 {
+		h.t.Fatalf("IngestAwait = %d dead letters, %v; want 1", awaited.Len(), err)
+	}
+	if err := h.e.Ingest(ctx, []codec.Task{deadLetter("unawaited", 2)}, nil); err != nil {
+		h.t.Fatal(err)
+	}
+	return awaited
+}
+
+// awaitedTakenFirst checks, once the DLQ takes dead letters again (what
+// says how), that the awaited one is taken within awaitedDeadLetterWait
+// and the unawaited one only later, on its own backoff (5 min at most).
+func (h *harness) awaitedTakenFirst(awaited *DeadLetters, what string) {
+	h.t.Helper()
 	h.advance(awaitedDeadLetterWait)
 	if released, _ := waitReleased(awaited); !released {
-		t.Fatalf("%v after the DLQ was fixed, the awaited dead letter not taken (tried %d times)", awaitedDeadLetterWait, h.sink.deliveriesOf("awaited"))
+		h.t.Fatalf("%v after %s, the awaited dead letter not taken (tried %d times)", awaitedDeadLetterWait, what, h.sink.deliveriesOf("awaited"))
 	}
 	if n := len(h.sink.acked()); n != 1 {
-		t.Fatalf("%d dead letters taken %v after the fix, want 1 (the unawaited one waits its backoff)", n, awaitedDeadLetterWait)
+		h.t.Fatalf("%d dead letters taken %v after %s, want 1 (the unawaited one waits its backoff)", n, awaitedDeadLetterWait, what)
 	}
 	h.advance(5 * time.Minute)
 	if n := len(h.sink.acked()); n != 2 {
-		t.Fatalf("%d dead letters taken 5 min after the fix, want 2", n)
+		h.t.Fatalf("%d dead letters taken 5 min after %s, want 2", n, what)
 	}
 }

@@ -135,15 +135,8 @@ func (h *caughtUpWatch) Handle(ctx context.Context, b *bridge.Batch) error {
 // still to read (a cancel among them came after the pause). It closes
 // only once the ack floor has passed them all.
 func TestSourceCaughtUpManyInFlight(t *testing.T) {
-	cfg, _, js, src := createdSource(t, func(c *Config) {
-		c.AckWait = 2 * time.Minute
-		c.BatchSize = 5
-	})
 	const n = 30
-	for i := range n {
-		publish(t, js, "delay.x", fmt.Sprint(i), nil)
-	}
-	fetchUnacked(t, js, cfg, n)
+	_, _, src := crashedWithInFlight(t, n)
 	h := &caughtUpWatch{recorder: newRecorder(), src: src, seen: -1}
 	runSource(t, src, h)
 	eventually(t, "caught up", func() bool { return isClosed(src.CaughtUp()) })
@@ -164,15 +157,8 @@ func TestSourceCaughtUpManyInFlight(t *testing.T) {
 // of the new stream never reaches 30: CaughtUp stayed open once the
 // source had read them, and firing paused until catch_up_wait.
 func TestSourceCaughtUpStreamCreatedAgain(t *testing.T) {
-	cfg, _, js, src := createdSource(t, func(c *Config) {
-		c.AckWait = 2 * time.Minute
-		c.BatchSize = 5
-	})
 	const n = 30
-	for i := range n {
-		publish(t, js, "delay.x", fmt.Sprint(i), nil)
-	}
-	fetchUnacked(t, js, cfg, n)
+	cfg, js, src := crashedWithInFlight(t, n)
 	h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
 	runSource(t, src, h)
 	<-h.entered
@@ -246,4 +232,20 @@ func TestSourceCaughtUpStoredAckLost(t *testing.T) {
 	runSource(t, src2, store)
 	eventually(t, "caught up (AckWait 2 min)", func() bool { return isClosed(src2.CaughtUp()) })
 	handedOnce(t, store, n)
+}
+
+// crashedWithInFlight is a source (AckWait 2 min, batches of 5) whose
+// consumer has n messages that a crashed run received and never
+// acknowledged.
+func crashedWithInFlight(t *testing.T, n int) (Config, jetstream.JetStream, *Source) {
+	t.Helper()
+	cfg, _, js, src := createdSource(t, func(c *Config) {
+		c.AckWait = 2 * time.Minute
+		c.BatchSize = 5
+	})
+	for i := range n {
+		publish(t, js, "delay.x", fmt.Sprint(i), nil)
+	}
+	fetchUnacked(t, js, cfg, n)
+	return cfg, js, src
 }
