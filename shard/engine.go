@@ -85,6 +85,10 @@ type Engine struct {
 	// paused: firing paused (PauseFiring, pause.go).
 	paused atomic.Bool
 
+	// outages: the target groups in an outage, whose waiting tasks go
+	// at once when one of them is delivered (recover.go).
+	outages groupOutages
+
 	errMu    sync.Mutex
 	storeErr error // sticky: first failed write
 
@@ -117,6 +121,9 @@ type Engine struct {
 	// under its shard's lock, in the loop's order (deliver's publish
 	// begins later, on the lane's goroutine).
 	testHookDispatch func(part []fireItem)
+	// testHookRelease sees the groups of each release (recover.go),
+	// before the shards are told.
+	testHookRelease func(groups []int64)
 	// testHookLaneDone: a lane's batch returned and the lane is free
 	// again, before the fire loop is woken to use it.
 	testHookLaneDone func()
@@ -182,10 +189,13 @@ type shard struct {
 	// firedSinceClear counts the tasks fired since the last range
 	// deletion of fired tombstones, clears those deletions (fire.go).
 	firedSinceClear, clears int
-	// late: due times (ms) of tasks waiting for a retry, by seq; see late.go.
-	late      map[uint64]int64
+	// late: the tasks waiting for a retry, by seq; see late.go.
+	late      map[uint64]lateTask
 	lateMin   int64 // smallest of late unless lateDirty
 	lateDirty bool
+	// released: waiting tasks of targets back from an outage, to take
+	// out of the wheel and deliver at once, in order (recover.go).
+	released []releasedTask
 	// dlFailing: the shard's dead letters whose last delivery failed, by
 	// seq, until their DLQ acknowledges them or they leave the store; of
 	// them, dlParked are parked (see dlFailedLocked), dlHeld not.
@@ -806,7 +816,10 @@ func (s *shard) addLocked(fire int64, seq uint64) {
 	if !s.belowHorizonLocked(fire, seq) {
 		return
 	}
-	s.w.Add(fire, seq)
+	h := s.w.Add(fire, seq)
+	if len(s.late) > 0 {
+		s.wheeledLateLocked(fire, seq, h)
+	}
 	if s.parked && fire < s.wakeAt {
 		s.parked = false
 		s.wake()

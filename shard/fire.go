@@ -182,14 +182,21 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 				claimed = append(claimed, s.claimLocked(now)...)
 			}
 			if !paused {
-				// Held tasks (hold.go) get what is left of a batch, and at
-				// least half of one, so neither they nor the due ones starve.
-				held, herr := s.claimHeldLocked(now, max(fb-len(claimed), (fb+1)/2))
-				if herr != nil {
-					s.e.log.Warn("fire loop: reading held tasks failed", zap.Int("shard", s.id), zap.Error(herr))
+				// Tasks waiting for a target that is back (recover.go),
+				// then held ones (hold.go), get what is left of a batch,
+				// and at least half of one, so neither they nor the due
+				// ones starve.
+				left := max(fb-len(claimed), (fb+1)/2)
+				released := s.claimReleasedLocked(left)
+				claimed = append(claimed, released...)
+				if left -= len(released); left > 0 {
+					held, herr := s.claimHeldLocked(now, left)
+					if herr != nil {
+						s.e.log.Warn("fire loop: reading held tasks failed", zap.Int("shard", s.id), zap.Error(herr))
+					}
+					claimed = append(claimed, held...)
+					nHeld = len(held)
 				}
-				claimed = append(claimed, held...)
-				nHeld = len(held)
 			}
 		}
 		if err == nil && len(claimed) == 0 {
@@ -808,8 +815,10 @@ func drainContext(ctx context.Context) (dctx context.Context, release func()) {
 
 // deliver hands a batch to the sink and records the outcome in one synced
 // commit: acknowledged tasks are deleted, failed ones rescheduled with
-// backoff or dead-lettered.
-func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireCommit {
+// backoff or dead-lettered. up and down are the target groups of the
+// delivered tasks that waited for an outage and of the tasks that failed
+// as unavailable, for Engine.outcome (recover.go).
+func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *fireCommit, up, down []int64) {
 	e := s.e
 	// Every task of a batch is of one lane, its target transport's (see
 	// dispatch).
@@ -828,7 +837,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	})
 	if len(items) == 0 {
 		s.mu.Unlock()
-		return nil
+		return nil, nil, nil
 	}
 	// Until Deliver returns the batch is not delivered: Stats reports its
 	// earliest due time as overdue meanwhile.
@@ -933,11 +942,14 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		key = appendTaskKey(key[:0], s.id, it.fire, it.seq)
 		oldKey := key
 		if derr == nil {
-			s.clearLateLocked(it.seq)
+			if lt, ok := s.clearLateLocked(it.seq); ok && lt.group != 0 {
+				up = appendGroup(up, lt.group)
+			}
 			b.Delete(oldKey, nil)
 			if isHeld(it.fire) {
 				pb.held[heldSlot(it.fire)]--
 				heldUp = appendGroup(heldUp, groupOf(it.fire))
+				up = appendGroup(up, groupOf(it.fire))
 			}
 			if indexed {
 				b.Delete(ik, nil)
@@ -982,10 +994,12 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			if isHeld(it.fire) {
 				s.heldDownLocked(it.fire, now)
 				heldDown = appendGroup(heldDown, groupOf(it.fire))
+				down = appendGroup(down, groupOf(it.fire))
 			} else {
 				b.Delete(oldKey, nil)
 				l := transportSlot(t.Transport)
 				hf := heldFire(l, t.Target, t.Due)
+				down = appendGroup(down, groupOf(hf))
 				val = codec.AppendTask(val[:0], t)
 				b.Set(appendTaskKey(key[:0], s.id, hf, it.seq), val, nil)
 				ne := indexEntry{Shard: s.id, Fire: hf, Seq: it.seq, Order: order{Stamp: t.Stamp, Partition: t.Partition, Incarnation: t.Incarnation, Offset: t.Offset}}
@@ -1002,16 +1016,20 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			pb.held[heldSlot(it.fire)]--
 		}
 		var wait time.Duration
+		group := int64(0) // its target's group if it waits for an outage
 		switch {
 		case isRejected:
 		case unavailable:
 			// The target broker is unreachable: not the task's fault, so
 			// no attempt is charged and an outage of any length never
 			// dead-letters it. It waits as long again as it is overdue
-			// (doubling, within Initial..Max).
+			// (doubling, within Initial..Max), or until another task of
+			// its target is delivered (recover.go).
 			wait = s.outageBackoff(now - t.Due)
 			outageErr = derr
 			waiting++
+			group = heldGroup(transportSlot(t.Transport), t.Target)
+			down = appendGroup(down, group)
 		default:
 			t.Attempts++
 			wait = s.backoff(t.Attempts)
@@ -1087,7 +1105,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		}
 		s.addOpLocked(pb, fire, it.seq)
 		// Dead letters too: one whose DLQ keeps failing is work overdue.
-		s.noteLateLocked(it.seq, t.Due)
+		s.noteLateLocked(it.seq, t.Due, fire, group)
 		retried = append(retried, i)
 	}
 	heldAfter := s.dlHeld
@@ -1104,7 +1122,6 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 		s.addLocked(op.fire, op.seq)
 	}
 	s.inWheelG.Set(float64(s.w.Len()))
-	var fc *fireCommit
 	if b.Empty() {
 		s.mu.Unlock()
 		tk.release()
@@ -1124,7 +1141,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 			// Nothing of this round is recorded; the tasks stay stored and
 			// are delivered again after a restart.
 			e.log.Error("fire: commit failed", zap.Int("shard", s.id), zap.Error(err))
-			return nil
+			return nil, nil, nil
 		}
 		fc = &fireCommit{b: b, pb: pb, start: start, obs: obs, op: op}
 	}
@@ -1200,7 +1217,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) *fireC
 	case heldBefore > 0 && heldAfter == 0 && len(parkedNow) == 0:
 		e.log.Info("dead-letter delivery recovered", zap.Int("shard", s.id))
 	}
-	return fc
+	return fc, up, down
 }
 
 // dlDrop is a dead letter of a fire batch (its index) that an operator

@@ -1,37 +1,68 @@
 package shard
 
+import "github.com/delaybridge/delaybridge/wheel"
+
 // Tasks whose delivery failed wait in the wheel at their retry time, not
 // their due time, so neither the wheel nor the store order tells how long
 // they have been overdue. The shard keeps the due time of each (late) for
 // Stats' oldest overdue, with the smallest cached: a task leaves when it is
 // delivered, dead-lettered, replaced or cancelled, or found gone at claim.
 // Only failing tasks are kept: during an outage, the due tasks in the wheel
-// within the horizon, about 40 bytes each.
+// within the horizon, about 60 bytes each. With the due time the shard
+// keeps each one's fire time, wheel entry and, when it waits for an
+// outage, its target's group, so that a release (recover.go) can take it
+// out of the wheel and deliver it at once.
+
+// lateTask is a task waiting for a retry (in shard.late, by seq).
+type lateTask struct {
+	due  int64 // its due time (ms), for Stats
+	fire int64 // its retry's fire time, the one in its t key
+	// h is its wheel entry at fire once its retry is durable and below
+	// the horizon (zero until then): a release (recover.go) takes it out
+	// of the wheel to deliver it at once.
+	h wheel.Handle
+	// group is its target's group (heldGroup) when its last failure was
+	// an outage (ErrUnavailable), else 0: such a task goes at once when
+	// another of its group is delivered after the outage (recover.go).
+	group int64
+}
 
 // noteLateLocked records that the task seq, due at due (ms), failed a
-// delivery and waits for a retry.
-func (s *shard) noteLateLocked(seq uint64, due int64) {
+// delivery and waits for a retry at fire; group is its target's group if
+// the failure was an outage, else 0.
+func (s *shard) noteLateLocked(seq uint64, due, fire, group int64) {
 	if s.late == nil {
-		s.late = make(map[uint64]int64)
+		s.late = make(map[uint64]lateTask)
 	}
 	if _, ok := s.late[seq]; !ok && (len(s.late) == 0 || due < s.lateMin) && !s.lateDirty {
 		s.lateMin = due
 	}
-	s.late[seq] = due
+	s.late[seq] = lateTask{due: due, fire: fire, group: group}
 }
 
-// clearLateLocked forgets seq (no-op unless it failed a delivery).
-func (s *shard) clearLateLocked(seq uint64) {
-	due, ok := s.late[seq]
+// clearLateLocked forgets seq and returns what was known of it (ok false
+// unless it failed a delivery).
+func (s *shard) clearLateLocked(seq uint64) (lt lateTask, ok bool) {
+	lt, ok = s.late[seq]
 	if !ok {
-		return
+		return lt, false
 	}
 	delete(s.late, seq)
-	if due <= s.lateMin {
+	if lt.due <= s.lateMin {
 		s.lateDirty = true
 	}
 	if len(s.late) == 0 {
 		s.late, s.lateDirty = nil, false // give the map's memory back after an outage
+	}
+	return lt, true
+}
+
+// wheeledLateLocked notes that seq entered the wheel at fire with handle
+// h, if it is a task waiting for a retry at fire.
+func (s *shard) wheeledLateLocked(fire int64, seq uint64, h wheel.Handle) {
+	if lt, ok := s.late[seq]; ok && lt.fire == fire {
+		lt.h = h
+		s.late[seq] = lt
 	}
 }
 
@@ -43,9 +74,9 @@ func (s *shard) oldestLateLocked() (int64, bool) {
 	}
 	if s.lateDirty {
 		first := true
-		for _, due := range s.late {
-			if first || due < s.lateMin {
-				s.lateMin, first = due, false
+		for _, lt := range s.late {
+			if first || lt.due < s.lateMin {
+				s.lateMin, first = lt.due, false
 			}
 		}
 		s.lateDirty = false

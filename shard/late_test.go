@@ -29,7 +29,7 @@ func TestOldestLate(t *testing.T) {
 			var s shard
 			for _, o := range tc.ops {
 				if o.note {
-					s.noteLateLocked(o.seq, o.due)
+					s.noteLateLocked(o.seq, o.due, o.due+1000, 0)
 				} else {
 					s.clearLateLocked(o.seq)
 				}

@@ -1,0 +1,185 @@
+package shard
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Releasing what waited for a target once it is back. Through an outage
+// each task due for the target waits its own backoff, which grows to
+// Retry.Max (5 min by default), and each shard probes its held tasks
+// (hold.go) once per its own backoff of the same length. When the target
+// came back, the first task to find it so was delivered, but every other
+// waited out what was left of its wait: after a 10 min outage the last
+// task was delivered 4-5 min late, the held ones shard by shard, and
+// readiness said "target unavailable" for up to 2 min (hunt H173).
+//
+// Now an outage of a target group (heldGroup: transport and a hash of the
+// target, as the held tasks are grouped) is recorded for the engine as a
+// whole. A batch that delivers a task that waited for the group (one whose
+// last failure was ErrUnavailable, or a held one) and fails none of the
+// group ends its outage: every shard then takes the group's waiting tasks
+// out of its wheel and delivers them at once (in due order, a batch per
+// round beside the due tasks), and ends the group's held backoff, so its
+// held tasks are released at once too. A batch that does both is a target
+// partly down (a Kafka topic with one partition without a leader) and ends
+// nothing, as for the held tasks (heldOutcomeLocked).
+//
+// A group released again soon after a release failed again: a target
+// partly down whose healthy part delivered a batch of its own (kafka-go
+// fails a whole batch at a partition without a leader, so tasks of healthy
+// partitions wait too). So releases of a group are spaced by a wait that
+// doubles (Retry.Initial to Retry.Max) each time a failure follows a
+// release within twice that wait, and starts again at zero after an
+// outage that began well after the last release. A target partly down is
+// probed as often as its tasks' backoffs would have, not at every batch.
+//
+// Tasks waiting for a retry after a restart are not known to be waiting
+// (shard.late is in memory) until they fail again; those past the horizon
+// (a Retry.Max beyond it) are not in the wheel and wait for the loader.
+
+// groupOutages is the engine's record of target groups in an outage.
+type groupOutages struct {
+	mu sync.Mutex
+	m  map[int64]groupOutage
+}
+
+// groupOutage is one target group's.
+type groupOutage struct {
+	down     bool          // a task of it failed as unavailable since its last release
+	released int64         // when its waiting tasks were last released (ms, engine clock)
+	wait     time.Duration // the least time from that release to the next
+}
+
+// released is a waiting task a release is to take out of its shard's
+// wheel (shard.released).
+type releasedTask struct {
+	due int64
+	seq uint64
+}
+
+// outcome records a fire batch's outcome for the target groups of its
+// tasks that waited for an outage: up, the groups of those delivered;
+// down, of those (any) that failed as unavailable. It releases the
+// waiting tasks of each group up and not down, in every shard, when the
+// group was down. Called without any shard lock.
+func (e *Engine) outcome(up, down []int64) {
+	if len(up) == 0 && len(down) == 0 {
+		return
+	}
+	now := e.nowMs()
+	r := e.opts.Retry
+	o := &e.outages
+	var release []int64
+	o.mu.Lock()
+	if o.m == nil {
+		o.m = make(map[int64]groupOutage)
+	}
+	for _, g := range down {
+		st := o.m[g]
+		if !st.down {
+			st.down = true
+			if st.released != 0 && now-st.released <= 2*st.wait.Milliseconds()+r.Initial.Milliseconds() {
+				// Down again right after a release: partly down, or
+				// flapping. The next release waits longer.
+				st.wait = min(max(2*st.wait, r.Initial), r.Max)
+			} else {
+				st.wait = 0
+			}
+		}
+		o.m[g] = st
+	}
+	for _, g := range up {
+		st, ok := o.m[g]
+		if !ok || !st.down || slices.Contains(down, g) || now < st.released+st.wait.Milliseconds() {
+			continue
+		}
+		st.down, st.released = false, now
+		o.m[g] = st
+		release = append(release, g)
+	}
+	if len(release) > 0 {
+		// Forget groups up for longer than any wait they keep.
+		for g, st := range o.m {
+			if !st.down && now-st.released > 2*r.Max.Milliseconds() {
+				delete(o.m, g)
+			}
+		}
+	}
+	o.mu.Unlock()
+	if len(release) == 0 {
+		return
+	}
+	if h := e.testHookRelease; h != nil {
+		h(release)
+	}
+	for _, s := range e.shards {
+		s.mu.Lock()
+		s.releaseLocked(release)
+		s.parked = false // as addLocked: busy until the loop looked
+		s.mu.Unlock()
+		s.wake()
+	}
+}
+
+// releaseLocked ends the outage of the groups gs in the shard: their held
+// backoff ends, and their tasks waiting in the wheel are queued to be
+// taken out of it and delivered at once (claimReleasedLocked).
+func (s *shard) releaseLocked(gs []int64) {
+	for _, g := range gs {
+		h := &s.lanes[heldSlot(g)].hold
+		if _, ok := h.down[g]; ok {
+			delete(h.down, g)
+			if len(h.down) == 0 {
+				h.down = nil
+			}
+		}
+		h.next = 0
+	}
+	n := len(s.released)
+	for seq, lt := range s.late {
+		if lt.h != 0 && lt.group != 0 && slices.Contains(gs, lt.group) {
+			s.released = append(s.released, releasedTask{due: lt.due, seq: seq})
+		}
+	}
+	// Oldest first, as the held ones are released.
+	slices.SortFunc(s.released[n:], func(a, b releasedTask) int {
+		return cmp.Or(cmp.Compare(a.due, b.due), cmp.Compare(a.seq, b.seq))
+	})
+}
+
+// claimReleasedLocked takes up to limit queued released tasks out of the
+// wheel and claims them. One that left the wheel meanwhile (claimed,
+// delivered, failed again and waiting for another entry, replaced or
+// cancelled) is skipped; so is one an undurable replace or cancel is
+// deleting, which stays in the wheel as claimLocked leaves it.
+func (s *shard) claimReleasedLocked(limit int) []fireItem {
+	var out []fireItem
+	k := 0
+	for ; k < len(s.released) && len(out) < limit; k++ {
+		seq := s.released[k].seq
+		lt, ok := s.late[seq]
+		if !ok || lt.h == 0 || lt.group == 0 {
+			continue
+		}
+		if _, deleting := s.deleting[seq]; deleting {
+			continue
+		}
+		if !s.w.Remove(lt.h) {
+			continue // the handle is stale: its entry was yielded
+		}
+		lt.h = 0
+		s.late[seq] = lt
+		out = append(out, fireItem{fire: lt.fire, seq: seq})
+		s.inflight[seq] = notSuperseded
+	}
+	if s.released = s.released[k:]; len(s.released) == 0 {
+		s.released = nil
+	}
+	if len(out) > 0 {
+		s.inWheelG.Set(float64(s.w.Len()))
+	}
+	return out
+}

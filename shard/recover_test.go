@@ -1,0 +1,224 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+// TestOutageEndReleasesWaitingTasks: after a 30 min outage every task
+// due for the target waited a backoff grown to Retry.Max (5 min), and
+// each shard's held tasks a held backoff as long. Once the broker was
+// back the first retry to find it so was delivered and the others waited
+// out what was left of their own waits: the last one 4-5 min later, the
+// held ones shard by shard (hunt H173). Now the first delivery of a task
+// that waited for the target releases the rest in every shard at once. A
+// task cancelled and one replaced during the outage stay so.
+func TestOutageEndReleasesWaitingTasks(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		memory int // Options.OutageMemory
+	}{
+		{"waiting in memory", 0},
+		{"held on disk", 3},
+		{"none in memory", -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(o *Options) {
+				o.Retry = defaultLikeRetry
+				o.OutageMemory = tc.memory
+			})
+			var releases atomic.Int32
+			h.e.testHookRelease = func([]int64) { releases.Add(1) }
+			down := fmt.Errorf("broker down: %w", ErrUnavailable)
+			h.sink.setFail(func(*codec.Task) error { return down })
+			h.run()
+			const n = 200
+			var tasks []codec.Task
+			for i := range n {
+				tasks = append(tasks, sched(fmt.Sprintf("t%03d", i), t0, int64(i+1)))
+			}
+			h.ingest(tasks)
+			h.advance(time.Minute)
+			replaced := sched("t001", t0.Add(time.Minute), n+1)
+			replaced.Value = []byte("new")
+			h.ingest([]codec.Task{cancelTask("t000", n+2), replaced})
+			for range 29 { // the outage, a minute at a time
+				h.advance(time.Minute)
+			}
+			if len(h.sink.acked()) != 0 {
+				t.Fatal("delivered during the outage")
+			}
+			h.sink.setFail(nil)
+			steps := 0
+			for len(h.sink.acked()) == 0 {
+				if steps++; steps > 301 {
+					t.Fatal("nothing delivered 5 min after the broker came back")
+				}
+				h.advance(time.Second)
+			}
+			acked := h.sink.acked()
+			if len(acked) != n-1 {
+				t.Fatalf("%d of %d tasks delivered by the time the first was, %ds after the broker came back; want all at once (%d releases)",
+					len(acked), n-1, steps, releases.Load())
+			}
+			if releases.Load() == 0 {
+				t.Fatal("no release recorded")
+			}
+			for _, d := range h.sink.all() {
+				switch {
+				case d.Err != nil:
+				case d.ID == "t000":
+					t.Fatal("t000 was cancelled during the outage and delivered")
+				case d.ID == "t001" && d.Value != "new":
+					t.Fatalf("t001's old version %q delivered after its replace", d.Value)
+				}
+			}
+			slices.Sort(acked)
+			if len(slices.Compact(acked)) != n-1 {
+				t.Fatal("a task delivered twice")
+			}
+			if st := h.e.Stats(); st.Pending != 0 || st.Held != 0 || !st.OldestOverdue.IsZero() {
+				t.Fatalf("after the release: pending %d, held %d, oldest overdue %v; want nothing left", st.Pending, st.Held, st.OldestOverdue)
+			}
+			if err := h.e.Err(); err != nil {
+				t.Fatalf("Err = %v once every task was delivered", err)
+			}
+			h.checkPending()
+		})
+	}
+}
+
+// partSink is a Kafka topic with one partition without a leader: a batch
+// holding a task of it (id "bad") fails as a whole as unavailable, as
+// kafka-go fails the whole produce; the others are delivered.
+type partSink struct {
+	mu    sync.Mutex
+	tries map[string]int
+	acked int
+}
+
+func (p *partSink) Deliver(_ context.Context, batch []*codec.Task) []error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	bad := slices.ContainsFunc(batch, func(t *codec.Task) bool { return t.ID == "bad" })
+	errs := make([]error, len(batch))
+	for i, t := range batch {
+		p.tries[t.ID]++
+		if bad {
+			errs[i] = fmt.Errorf("LEADER_NOT_AVAILABLE: %w", ErrUnavailable)
+		} else {
+			p.acked++
+		}
+	}
+	return errs
+}
+
+// TestReleaseOfPartlyDownTargetSpaced: a target partly down (a batch
+// with a task of its down partition fails as a whole) delivers, in
+// batches of their own, tasks of its healthy part that waited with the
+// down one; each such batch ends the outage and releases the down
+// partition's task. End to end, over 20 minutes, that task is tried
+// about as often as its backoff alone would. (How releases are spaced
+// when one fails right after another is TestOutcomeReleasePolicy's: with
+// a fake clock that steps a second at a time, a release rarely meets
+// due tasks in its batch, as it would in real time.)
+func TestReleaseOfPartlyDownTargetSpaced(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Retry = defaultLikeRetry
+		o.FireBatch = 2 // so that a release meets due tasks in its batch
+	})
+	var releases atomic.Int32
+	h.e.testHookRelease = func([]int64) { releases.Add(1) }
+	sink := &partSink{tries: make(map[string]int)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.e.Run(ctx, sink) }()
+	defer func() { cancel(); <-done }()
+	h.settle()
+	const minutes, perSecond = 20, 8
+	tasks := []codec.Task{sched("bad", t0, 1)}
+	for i := range minutes * 60 * perSecond {
+		due := t0.Add(time.Duration(i) * time.Second / perSecond)
+		tasks = append(tasks, sched(fmt.Sprintf("good%05d", i), due, int64(i+2)))
+	}
+	h.ingest(tasks)
+	for range minutes * 60 {
+		h.advance(time.Second)
+	}
+	sink.mu.Lock()
+	bad, acked := sink.tries["bad"], sink.acked
+	sink.mu.Unlock()
+	// Its backoff alone: 0.5 s doubling to 5 min, about 14 tries in 20
+	// min; the releases' spacing about as many again.
+	if bad > 40 {
+		t.Fatalf("the down partition's task tried %d times in %d min (%d releases): releases not spaced", bad, minutes, releases.Load())
+	}
+	if releases.Load() == 0 {
+		t.Fatal("no release: the test did not exercise them")
+	}
+	if want := (minutes*60 - 10) * perSecond; acked < want {
+		t.Fatalf("%d healthy tasks delivered, want at least %d", acked, want)
+	}
+	t.Logf("bad tried %d times, %d releases, %d delivered", bad, releases.Load(), acked)
+}
+
+// TestOutcomeReleasePolicy: when a batch's outcome releases a target
+// group's waiting tasks (Engine.outcome), step by step.
+func TestOutcomeReleasePolicy(t *testing.T) {
+	a, b := heldGroup(1, "a"), heldGroup(2, "b")
+	type step struct {
+		at       int64 // ms after t0
+		up, down []int64
+		want     []int64 // released
+	}
+	g := func(gs ...int64) []int64 { return gs }
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"not down: nothing to release", []step{{0, g(a), nil, nil}}},
+		{"an outage ends at the first delivery", []step{
+			{0, nil, g(a), nil}, {60_000, g(a), nil, g(a)}, {60_001, g(a), nil, nil}}},
+		{"up and down in one batch: partly down", []step{
+			{0, nil, g(a), nil}, {1000, g(a), g(a), nil}, {2000, g(a), nil, g(a)}}},
+		{"groups apart", []step{
+			{0, nil, g(a, b), nil}, {1000, g(a), nil, g(a)}, {1001, g(b), g(a), g(b)}, {1002, g(a), nil, nil}}},
+		{"down again soon after a release: the next waits, doubling to Max", []step{
+			{0, nil, g(a), nil}, {1000, g(a), nil, g(a)},
+			{1100, nil, g(a), nil}, {1499, g(a), nil, nil}, {1500, g(a), nil, g(a)}, // wait 500 ms
+			{1600, nil, g(a), nil}, {2499, g(a), nil, nil}, {2500, g(a), nil, g(a)}, // 1 s
+			{2600, nil, g(a), nil}, {4499, g(a), nil, nil}, {4500, g(a), nil, g(a)}, // 2 s
+			{4600, nil, g(a), nil}, {8499, g(a), nil, nil}, {8500, g(a), nil, g(a)}, // 4 s: Max
+			{8600, nil, g(a), nil}, {12499, g(a), nil, nil}, {12500, g(a), nil, g(a)}}}, // Max
+		{"an outage long after the last release starts again", []step{
+			{0, nil, g(a), nil}, {1000, g(a), nil, g(a)},
+			{1100, nil, g(a), nil}, {1500, g(a), nil, g(a)}, // wait 500 ms
+			{60_000, nil, g(a), nil}, {60_001, g(a), nil, g(a)}}},
+		{"down twice before it is up: one wait", []step{
+			{0, nil, g(a), nil}, {1000, g(a), nil, g(a)},
+			{1100, nil, g(a), nil}, {1200, nil, g(a), nil}, {1500, g(a), nil, g(a)}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(o *Options) {
+				o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 4 * time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+			})
+			var got []int64
+			h.e.testHookRelease = func(gs []int64) { got = append(got, gs...) }
+			for i, st := range tc.steps {
+				got = nil
+				h.clk.Set(t0.Add(time.Duration(st.at) * time.Millisecond))
+				h.e.outcome(st.up, st.down)
+				if !slices.Equal(got, st.want) {
+					t.Fatalf("step %d (at %d ms, up %v, down %v): released %v, want %v", i, st.at, st.up, st.down, got, st.want)
+				}
+			}
+		})
+	}
+}
