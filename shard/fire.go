@@ -489,7 +489,15 @@ func (s *shard) loadLocked(now int64) error {
 		if _, queued := s.unwheeled[seq]; queued && len(s.unwheeled) > 0 {
 			continue // its ingest adds it once durable
 		}
-		s.w.Add(fire, seq)
+		if len(s.late) > 0 {
+			if _, claimed := s.inflight[seq]; claimed {
+				continue // a retry past the horizon released early (recover.go)
+			}
+		}
+		h := s.w.Add(fire, seq)
+		if len(s.late) > 0 {
+			s.wheeledLateLocked(fire, seq, h) // a retry past the horizon when it failed
+		}
 	}
 	err = it.Close()
 	if err != nil {

@@ -37,8 +37,7 @@ import (
 // probed as often as its tasks' backoffs would have, not at every batch.
 //
 // Tasks waiting for a retry after a restart are not known to be waiting
-// (shard.late is in memory) until they fail again; those past the horizon
-// (a Retry.Max beyond it) are not in the wheel and wait for the loader.
+// (shard.late is in memory) until they fail again.
 
 // groupOutages is the engine's record of target groups in an outage.
 type groupOutages struct {
@@ -140,7 +139,7 @@ func (s *shard) releaseLocked(gs []int64) {
 	}
 	n := len(s.released)
 	for seq, lt := range s.late {
-		if lt.h != 0 && lt.group != 0 && slices.Contains(gs, lt.group) {
+		if lt.group != 0 && slices.Contains(gs, lt.group) {
 			s.released = append(s.released, releasedTask{due: lt.due, seq: seq})
 		}
 	}
@@ -150,28 +149,42 @@ func (s *shard) releaseLocked(gs []int64) {
 	})
 }
 
-// claimReleasedLocked takes up to limit queued released tasks out of the
-// wheel and claims them. One that left the wheel meanwhile (claimed,
-// delivered, failed again and waiting for another entry, replaced or
-// cancelled) is skipped; so is one an undurable replace or cancel is
-// deleting, which stays in the wheel as claimLocked leaves it.
+// claimReleasedLocked claims up to limit queued released tasks: one in
+// the wheel is taken out of it; one whose retry is past the horizon (a
+// Retry.Max longer than half the horizon) is only in the store, and the
+// loader skips it while it is claimed. One that left the wheel meanwhile
+// (claimed, delivered, failed again, replaced or cancelled), whose retry
+// is not durable yet, or that an undurable replace or cancel is deleting
+// (it stays in the wheel, as claimLocked leaves it) is skipped.
 func (s *shard) claimReleasedLocked(limit int) []fireItem {
 	var out []fireItem
 	k := 0
 	for ; k < len(s.released) && len(out) < limit; k++ {
 		seq := s.released[k].seq
 		lt, ok := s.late[seq]
-		if !ok || lt.h == 0 || lt.group == 0 {
+		if !ok || lt.group == 0 {
+			continue
+		}
+		if _, claimed := s.inflight[seq]; claimed {
 			continue
 		}
 		if _, deleting := s.deleting[seq]; deleting {
 			continue
 		}
-		if !s.w.Remove(lt.h) {
-			continue // the handle is stale: its entry was yielded
+		switch {
+		case lt.h != 0:
+			if !s.w.Remove(lt.h) {
+				continue // the handle is stale: its entry was yielded
+			}
+			lt.h = 0
+			s.late[seq] = lt
+		case !s.belowHorizonLocked(lt.fire, seq):
+			if _, undurable := s.unwheeled[seq]; undurable {
+				continue
+			}
+		default:
+			continue // not in the wheel yet: its retry is not durable
 		}
-		lt.h = 0
-		s.late[seq] = lt
 		out = append(out, fireItem{fire: lt.fire, seq: seq})
 		s.inflight[seq] = notSuperseded
 	}

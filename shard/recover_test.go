@@ -22,17 +22,27 @@ import (
 // task cancelled and one replaced during the outage stay so.
 func TestOutageEndReleasesWaitingTasks(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		memory int // Options.OutageMemory
+		name    string
+		memory  int           // Options.OutageMemory
+		horizon time.Duration // Options.Horizon (0: the default, 10 min)
+		// first: the first delivery after the return comes within this
+		// (0: a waiting task's own retry, anywhere within Retry.Max).
+		first time.Duration
 	}{
-		{"waiting in memory", 0},
-		{"held on disk", 3},
-		{"none in memory", -1},
+		{"waiting in memory", 0, 0, 0},
+		// Retries past the horizon are only in the store (the loader
+		// puts them in the wheel later): released from there.
+		{"waiting past the horizon", 0, time.Minute, 0},
+		{"held on disk", 3, 0, 0},
+		// Only the held probes find the target back: at most
+		// heldProbeMax apart, not Retry.Max.
+		{"none in memory", -1, 0, heldProbeMax},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, func(o *Options) {
 				o.Retry = defaultLikeRetry
 				o.OutageMemory = tc.memory
+				o.Horizon = tc.horizon
 			})
 			var releases atomic.Int32
 			h.e.testHookRelease = func([]int64) { releases.Add(1) }
@@ -62,6 +72,9 @@ func TestOutageEndReleasesWaitingTasks(t *testing.T) {
 					t.Fatal("nothing delivered 5 min after the broker came back")
 				}
 				h.advance(time.Second)
+			}
+			if tc.first > 0 && time.Duration(steps)*time.Second > tc.first {
+				t.Fatalf("first delivery %ds after the broker came back, want within %v", steps, tc.first)
 			}
 			acked := h.sink.acked()
 			if len(acked) != n-1 {
@@ -220,5 +233,68 @@ func TestOutcomeReleasePolicy(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestReleasedPastHorizonNotLoadedTwice: a waiting task whose retry is
+// past the horizon is released from the store, not from the wheel. While
+// it is in the sink the clock passes its retry time and the loader reads
+// its key: it must not put it in the wheel as well (each stored task
+// enters the wheel once; a second claim of a task in flight overwrote
+// its in-flight state, and only the lane's one batch at a time kept it
+// from being published twice).
+func TestReleasedPastHorizonNotLoadedTwice(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.Horizon = time.Minute
+		o.LaneGrace = time.Millisecond // the loop goes on while "slow" is in the sink
+		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+	})
+	down := fmt.Errorf("broker down: %w", ErrUnavailable)
+	h.sink.setFail(func(*codec.Task) error { return down })
+	sink := &gateSink{recSink: h.sink, entered: make(chan struct{}, 4), release: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.e.Run(ctx, sink) }()
+	defer func() { cancel(); <-done }()
+	h.settle()
+	h.ingest([]codec.Task{sched("slow", t0, 1)})
+	for range 10 {
+		h.advance(time.Minute)
+	}
+	s := h.e.shards[0]
+	s.mu.Lock()
+	lt, waiting := s.late[1]
+	below := s.belowHorizonLocked(lt.fire, 1)
+	s.mu.Unlock()
+	if !waiting || below || lt.group == 0 {
+		t.Fatalf("slow: waiting %v, retry below the horizon %v, group %d; want a retry past the horizon", waiting, below, lt.group)
+	}
+	h.sink.setFail(nil)
+	h.sink.reset()
+	slow := "slow"
+	sink.gate.Store(&slow)
+	h.e.outcome([]int64{lt.group}, nil) // another task of its target was delivered
+	<-sink.entered
+	h.clk.Advance(6 * time.Minute) // past its retry time: the loader reads its key
+	eventuallyTrue(t, "the loader past slow's retry", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.belowHorizonLocked(lt.fire, 1) && s.parked
+	})
+	s.mu.Lock()
+	inWheel, aside := s.w.Len(), len(s.lanes[transportSlot(codec.TransportKafka)].parked)
+	s.mu.Unlock()
+	close(sink.release)
+	if inWheel != 0 || aside != 0 {
+		t.Fatalf("while slow is in the sink: %d wheel entries, %d tasks set aside for its lane; want none (claimed twice)", inWheel, aside)
+	}
+	h.settle()
+	if n := h.sink.deliveriesOf("slow"); n != 1 {
+		t.Fatalf("slow delivered %d times after its release, want 1", n)
+	}
+	h.checkPending()
+	if st := h.e.Stats(); st.Pending != 0 {
+		t.Fatalf("pending %d, want 0", st.Pending)
 	}
 }
