@@ -825,8 +825,9 @@ func drainContext(ctx context.Context) (dctx context.Context, release func()) {
 // commit: acknowledged tasks are deleted, failed ones rescheduled with
 // backoff or dead-lettered. up and down are the target groups of the
 // delivered tasks that waited for an outage and of the tasks that failed
-// as unavailable, for Engine.outcome (recover.go).
-func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *fireCommit, up, down []int64) {
+// as unavailable, and begin when the publish began, for Engine.outcome
+// (recover.go).
+func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *fireCommit, up, down []int64, begin int64) {
 	e := s.e
 	// Every task of a batch is of one lane, its target transport's (see
 	// dispatch).
@@ -845,7 +846,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 	})
 	if len(items) == 0 {
 		s.mu.Unlock()
-		return nil, nil, nil
+		return nil, nil, nil, 0
 	}
 	// Until Deliver returns the batch is not delivered: Stats reports its
 	// earliest due time as overdue meanwhile.
@@ -863,6 +864,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 	// The sinks time their publishes (delaybridge_publish_seconds, by
 	// transport).
 	dctx, release := drainContext(ctx)
+	begin = e.nowMs()
 	errs := sink.Deliver(dctx, batch)
 	release()
 	ackAt := e.clk.Now()
@@ -1038,6 +1040,12 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 			waiting++
 			group = heldGroup(transportSlot(t.Transport), t.Target)
 			down = appendGroup(down, group)
+			if e.releasedSince(group, begin) {
+				// The publish began before the target was found back
+				// and failed with what it said then: soon again, as
+				// the released tasks went.
+				wait = min(wait, e.opts.Retry.Initial)
+			}
 		default:
 			t.Attempts++
 			wait = s.backoff(t.Attempts)
@@ -1149,7 +1157,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 			// Nothing of this round is recorded; the tasks stay stored and
 			// are delivered again after a restart.
 			e.log.Error("fire: commit failed", zap.Int("shard", s.id), zap.Error(err))
-			return nil, nil, nil
+			return nil, nil, nil, 0
 		}
 		fc = &fireCommit{b: b, pb: pb, start: start, obs: obs, op: op}
 	}
@@ -1225,7 +1233,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 	case heldBefore > 0 && heldAfter == 0 && len(parkedNow) == 0:
 		e.log.Info("dead-letter delivery recovered", zap.Int("shard", s.id))
 	}
-	return fc, up, down
+	return fc, up, down, begin
 }
 
 // dlDrop is a dead letter of a fire batch (its index) that an operator

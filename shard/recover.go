@@ -59,12 +59,15 @@ type releasedTask struct {
 	seq uint64
 }
 
-// outcome records a fire batch's outcome for the target groups of its
-// tasks that waited for an outage: up, the groups of those delivered;
-// down, of those (any) that failed as unavailable. It releases the
-// waiting tasks of each group up and not down, in every shard, when the
-// group was down. Called without any shard lock.
-func (e *Engine) outcome(up, down []int64) {
+// outcome records the outcome of a fire batch whose publish began at
+// begin (ms) for the target groups of its tasks that waited for an
+// outage: up, the groups of those delivered; down, of those (any) that
+// failed as unavailable. It releases the waiting tasks of each group up
+// and not down, in every shard, when the group was down. A failure of a
+// publish that began before the group's last release is what the target
+// said before it was back (a produce kafka-go was still retrying): it does
+// not put the group down again. Called without any shard lock.
+func (e *Engine) outcome(up, down []int64, begin int64) {
 	if len(up) == 0 && len(down) == 0 {
 		return
 	}
@@ -78,6 +81,9 @@ func (e *Engine) outcome(up, down []int64) {
 	}
 	for _, g := range down {
 		st := o.m[g]
+		if st.released > begin {
+			continue
+		}
 		if !st.down {
 			st.down = true
 			if st.released != 0 && now-st.released <= 2*st.wait.Milliseconds()+r.Initial.Milliseconds() {
@@ -121,6 +127,18 @@ func (e *Engine) outcome(up, down []int64) {
 		s.mu.Unlock()
 		s.wake()
 	}
+}
+
+// releasedSince reports whether group g's waiting tasks were released
+// after begin (ms): a publish that began before failed with what the
+// target said before it was back. (One that began in the same ms counts
+// as after: the released tasks' own publishes begin then.)
+func (e *Engine) releasedSince(g, begin int64) bool {
+	o := &e.outages
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	st, ok := o.m[g]
+	return ok && st.released > begin
 }
 
 // releaseLocked ends the outage of the groups gs in the shard: their held

@@ -192,6 +192,9 @@ func TestOutcomeReleasePolicy(t *testing.T) {
 		want     []int64 // released
 	}
 	g := func(gs ...int64) []int64 { return gs }
+	began := map[string]int64{ // step name and index: when its publish began, if not at
+		"a failure of a publish begun before the release: not down again/2": 900,
+	}
 	for _, tc := range []struct {
 		name  string
 		steps []step
@@ -214,6 +217,10 @@ func TestOutcomeReleasePolicy(t *testing.T) {
 			{0, nil, g(a), nil}, {1000, g(a), nil, g(a)},
 			{1100, nil, g(a), nil}, {1500, g(a), nil, g(a)}, // wait 500 ms
 			{60_000, nil, g(a), nil}, {60_001, g(a), nil, g(a)}}},
+		{"a failure of a publish begun before the release: not down again", []step{
+			{0, nil, g(a), nil}, {1000, g(a), nil, g(a)},
+			{1100, nil, g(a), nil},   // began at 900: kafka-go retried it through the return
+			{2000, g(a), nil, nil}}}, // not down: nothing to release
 		{"down twice before it is up: one wait", []step{
 			{0, nil, g(a), nil}, {1000, g(a), nil, g(a)},
 			{1100, nil, g(a), nil}, {1200, nil, g(a), nil}, {1500, g(a), nil, g(a)}}},
@@ -227,7 +234,11 @@ func TestOutcomeReleasePolicy(t *testing.T) {
 			for i, st := range tc.steps {
 				got = nil
 				h.clk.Set(t0.Add(time.Duration(st.at) * time.Millisecond))
-				h.e.outcome(st.up, st.down)
+				begin, ok := began[fmt.Sprintf("%s/%d", tc.name, i)]
+				if !ok {
+					begin = st.at
+				}
+				h.e.outcome(st.up, st.down, ms(t0)+begin)
 				if !slices.Equal(got, st.want) {
 					t.Fatalf("step %d (at %d ms, up %v, down %v): released %v, want %v", i, st.at, st.up, st.down, got, st.want)
 				}
@@ -274,7 +285,7 @@ func TestReleasedPastHorizonNotLoadedTwice(t *testing.T) {
 	h.sink.reset()
 	slow := "slow"
 	sink.gate.Store(&slow)
-	h.e.outcome([]int64{lt.group}, nil) // another task of its target was delivered
+	h.e.outcome([]int64{lt.group}, nil, h.e.nowMs()) // another task of its target was delivered
 	<-sink.entered
 	h.clk.Advance(6 * time.Minute) // past its retry time: the loader reads its key
 	eventuallyTrue(t, "the loader past slow's retry", func() bool {
@@ -296,5 +307,65 @@ func TestReleasedPastHorizonNotLoadedTwice(t *testing.T) {
 	h.checkPending()
 	if st := h.e.Stats(); st.Pending != 0 {
 		t.Fatalf("pending %d, want 0", st.Pending)
+	}
+}
+
+// TestFailureBegunBeforeReleaseRetriedSoon: a publish that began while
+// the target was down and failed after its return was found (a produce
+// kafka-go retried through the return) failed with what the target said
+// before. Its tasks came back at the outage backoff, 5 min, after every
+// other task of the target had gone (hunt H173's harness: one task 1m30s
+// after the return, the others within a second). They are tried again
+// within Retry.Initial, and the failure does not put the group down again.
+func TestFailureBegunBeforeReleaseRetriedSoon(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.LaneGrace = time.Millisecond
+		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+	})
+	down := fmt.Errorf("broker down: %w", ErrUnavailable)
+	h.sink.setFail(func(*codec.Task) error { return down })
+	sink := &gateSink{recSink: h.sink, entered: make(chan struct{}, 4), release: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.e.Run(ctx, sink) }()
+	defer func() { cancel(); <-done }()
+	h.settle()
+	h.ingest([]codec.Task{sched("stale", t0, 1)})
+	for range 10 {
+		h.advance(time.Minute)
+	}
+	s := h.e.shards[0]
+	s.mu.Lock()
+	lt := s.late[1]
+	s.mu.Unlock()
+	if lt.group == 0 {
+		t.Fatal("stale does not wait for an outage")
+	}
+	stale := "stale"
+	sink.gate.Store(&stale)
+	h.clk.Set(time.UnixMilli(lt.fire)) // its retry: the publish begins, the broker holds it
+	<-sink.entered
+	h.clk.Advance(time.Second)
+	h.e.outcome([]int64{lt.group}, nil, h.e.nowMs()) // another task of its target was delivered
+	released := h.e.nowMs()
+	close(sink.release) // the held produce fails with what the broker said before
+	h.settle()
+	s.mu.Lock()
+	lt, waiting := s.late[1]
+	s.mu.Unlock()
+	if !waiting || lt.fire > released+500 {
+		t.Fatalf("after its publish begun before the release failed: waiting %v, retry %d ms after the release; want within Retry.Initial", waiting, lt.fire-released)
+	}
+	h.e.outages.mu.Lock()
+	st := h.e.outages.m[lt.group]
+	h.e.outages.mu.Unlock()
+	if st.down {
+		t.Fatal("the failure of a publish begun before the release put the group down again")
+	}
+	h.sink.setFail(nil)
+	h.advance(500 * time.Millisecond)
+	if got := h.sink.acked(); !slices.Equal(got, []string{"stale"}) {
+		t.Fatalf("delivered %v 500 ms after, want [stale]", got)
 	}
 }
