@@ -104,6 +104,9 @@ type fireItem struct {
 	// parked: taken back from its lane's tasks set aside (lane.go), so
 	// older than any the round claimed from the wheel.
 	parked bool
+	// released: claimed by a release (recover.go) at its retry time, not
+	// due: sent back unread, it stays released (settleClaimed).
+	released bool
 	// corrupt: dropped because its envelope cannot be decoded (it stays
 	// in the store, see shard.undecodable); a dropped item without it is
 	// gone from the store. decodeErr says why.
@@ -788,12 +791,23 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 			s.noteUndecodableLocked(it.fire, it.seq, it.decodeErr)
 		}
 	}
+	var again []releasedTask
 	for _, it := range retry {
 		// A cancel or drop that met it is counted here, as for a dropped
 		// entry: its next claim finds it gone, not superseded. (With the
 		// byte budget, every round of large tasks sends some back.)
 		s.countUndeliveredLocked(s.endInflightLocked(it.seq))
 		s.addLocked(it.fire, it.seq) // a held one stays out: it is released again from the store
+		if lt, ok := s.late[it.seq]; ok && it.released {
+			// Back in the wheel at its retry time, not due: without
+			// going back to the release queue too, a release of more
+			// than a round's bytes left the rest to wait out their
+			// backoff (up to Retry.Max).
+			again = append(again, releasedTask{due: lt.due, seq: it.seq})
+		}
+	}
+	if len(again) > 0 {
+		s.released = append(again, s.released...) // still first, in due order
 	}
 	s.inWheelG.Set(float64(s.w.Len()))
 }

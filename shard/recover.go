@@ -203,7 +203,7 @@ func (s *shard) claimReleasedLocked(limit int) []fireItem {
 		default:
 			continue // not in the wheel yet: its retry is not durable
 		}
-		out = append(out, fireItem{fire: lt.fire, seq: seq})
+		out = append(out, fireItem{fire: lt.fire, seq: seq, released: true})
 		s.inflight[seq] = notSuperseded
 	}
 	if s.released = s.released[k:]; len(s.released) == 0 {
