@@ -2,9 +2,14 @@ package shard
 
 import (
 	"fmt"
+	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
 	"github.com/delaybridge/delaybridge/codec"
 )
@@ -58,5 +63,98 @@ func TestReleaseBeyondByteBudget(t *testing.T) {
 			}
 			h.checkPending()
 		})
+	}
+}
+
+// TestReleaseMeetsUndurableRetry: a batch fails as unavailable at the
+// very end of an outage, and the next delivery to the target, moments
+// later, releases the group before that batch's retries are durable (the
+// lane's next batch does not wait for the previous one's fsync). The
+// release skips them ("not in the wheel yet") and consumes the group's
+// outage: they wait out their own backoff (up to Retry.Max) with the
+// target back.
+//
+// Not fixed (review R174): it fails as described. The same holds for a
+// batch whose failure is decided only after the release (a produce that
+// kept retrying across the broker's return): its outcome marks the group
+// down again, as if it flapped, and only another delivery of a waiting
+// task releases it.
+func TestReleaseMeetsUndurableRetry(t *testing.T) {
+	if os.Getenv("DELAYBRIDGE_R174_KNOWN") == "" {
+		t.Skip("known, not fixed (review R174); DELAYBRIDGE_R174_KNOWN=1 runs it")
+	}
+	var block atomic.Bool
+	gate := make(chan struct{})
+	inj := errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if block.Load() && strings.HasSuffix(op.Path, ".log") {
+			switch op.Kind {
+			case errorfs.OpFileSync, errorfs.OpFileSyncData, errorfs.OpFileSyncTo:
+				<-gate
+			}
+		}
+		return nil
+	})
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 10}
+		o.FS = errorfs.Wrap(vfs.Default, inj)
+	})
+	var releases atomic.Int32
+	h.e.testHookRelease = func([]int64) { releases.Add(1) }
+	down := fmt.Errorf("broker down: %w", ErrUnavailable)
+	h.sink.setFail(func(*codec.Task) error { return down })
+	h.run()
+	h.ingest([]codec.Task{sched("a", t0, 1)})
+	h.advance(30 * time.Second)
+	h.ingest([]codec.Task{sched("b", t0.Add(30*time.Second), 2)})
+	for range 20 * 60 / 7 { // the outage
+		h.advance(7 * time.Second)
+	}
+	s := h.e.shards[0]
+	s.mu.Lock()
+	la, lb := s.late[1], s.late[2]
+	s.mu.Unlock()
+	if la.fire == lb.fire || la.group == 0 || lb.group == 0 {
+		t.Fatalf("a at %d group %d, b at %d group %d: want two retries apart", la.fire, la.group, lb.fire, lb.group)
+	}
+	type waiting struct {
+		id  string
+		seq uint64
+		lt  lateTask
+	}
+	first, second := waiting{"a", 1, la}, waiting{"b", 2, lb}
+	if lb.fire < la.fire {
+		first, second = second, first
+	}
+	// The first retry fails, its retry not durable yet.
+	block.Store(true)
+	h.clk.Set(time.UnixMilli(first.lt.fire))
+	eventuallyTrue(t, first.id+" failed again", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		lt, ok := s.late[first.seq]
+		return ok && lt.fire > first.lt.fire && !s.lanes[transportSlot(codec.TransportKafka)].busy
+	})
+	// The broker is back: the second retry is delivered and releases
+	// the group.
+	h.sink.setFail(nil)
+	h.clk.Set(time.UnixMilli(second.lt.fire))
+	eventuallyTrue(t, second.id+" delivered", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return h.sink.deliveriesOf(second.id) > 0 && !s.lanes[transportSlot(codec.TransportKafka)].busy && releases.Load() > 0
+	})
+	block.Store(false)
+	close(gate)
+	h.settle()
+	for range 30 {
+		h.advance(time.Second)
+	}
+	if n := len(h.sink.acked()); n != 2 {
+		s.mu.Lock()
+		lt := s.late[first.seq]
+		s.mu.Unlock()
+		t.Fatalf("%d delivered 30 s after the release (%d releases); %s waits for its retry %v after the release, with its target back",
+			n, releases.Load(), first.id, time.Duration(lt.fire-second.lt.fire)*time.Millisecond)
 	}
 }
