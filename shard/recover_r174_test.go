@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
@@ -74,11 +75,8 @@ func TestReleaseBeyondByteBudget(t *testing.T) {
 // outage: they wait out their own backoff (up to Retry.Max) with the
 // target back.
 //
-// Not fixed (review R174): it fails as described. The same holds for a
-// batch whose failure is decided only after the release (a produce that
-// kept retrying across the broker's return): its outcome marks the group
-// down again, as if it flapped, and only another delivery of a waiting
-// task releases it.
+// Not fixed (review R174): it fails as described (see also
+// TestReleaseThenStragglerFailure).
 func TestReleaseMeetsUndurableRetry(t *testing.T) {
 	if os.Getenv("DELAYBRIDGE_R174_KNOWN") == "" {
 		t.Skip("known, not fixed (review R174); DELAYBRIDGE_R174_KNOWN=1 runs it")
@@ -156,5 +154,82 @@ func TestReleaseMeetsUndurableRetry(t *testing.T) {
 		s.mu.Unlock()
 		t.Fatalf("%d delivered 30 s after the release (%d releases); %s waits for its retry %v after the release, with its target back",
 			n, releases.Load(), first.id, time.Duration(lt.fire-second.lt.fire)*time.Millisecond)
+	}
+}
+
+// TestReleaseThenStragglerFailure: a produce that began while the broker
+// was down fails only after another shard's delivery released the group
+// (kafka-go retries a produce for seconds). Its outcome marks the group
+// down again, as a flapping one, and nothing waits for the group any more
+// to release it: the task waits out its own backoff (up to Retry.Max)
+// with the target back. Not fixed (review R174).
+func TestReleaseThenStragglerFailure(t *testing.T) {
+	if os.Getenv("DELAYBRIDGE_R174_KNOWN") == "" {
+		t.Skip("known, not fixed (review R174); DELAYBRIDGE_R174_KNOWN=1 runs it")
+	}
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 2
+		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 10}
+	})
+	var releases atomic.Int32
+	h.e.testHookRelease = func([]int64) { releases.Add(1) }
+	ids := [2]string{}
+	for i := 0; ids[0] == "" || ids[1] == ""; i++ {
+		id := fmt.Sprintf("x%d", i)
+		if sh := h.e.shardOf("src", id); ids[sh] == "" {
+			ids[sh] = id
+		}
+	}
+	down := fmt.Errorf("broker down: %w", ErrUnavailable)
+	h.sink.setFail(func(*codec.Task) error { return down })
+	sink := &gateSink{recSink: h.sink, entered: make(chan struct{}, 4), release: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.e.Run(ctx, sink) }()
+	defer func() { cancel(); <-done }()
+	h.settle()
+	h.ingest([]codec.Task{sched(ids[0], t0, 1)})
+	h.advance(30 * time.Second)
+	h.ingest([]codec.Task{sched(ids[1], t0.Add(30*time.Second), 2)})
+	for range 20 * 60 / 7 {
+		h.advance(7 * time.Second)
+	}
+	fire := func(sh int) int64 {
+		s := h.e.shards[sh]
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, lt := range s.late {
+			return lt.fire
+		}
+		t.Fatalf("shard %d: nothing waiting", sh)
+		return 0
+	}
+	f0, f1 := fire(0), fire(1)
+	a, b, fa, fb := ids[0], ids[1], f0, f1
+	if f1 < f0 {
+		a, b, fa, fb = ids[1], ids[0], f1, f0
+	}
+	if fa == fb {
+		t.Fatal("same retry time")
+	}
+	sink.gate.Store(&a)
+	h.clk.Set(time.UnixMilli(fa))
+	<-sink.entered // a's produce started while the broker was down...
+	h.sink.setFail(func(t *codec.Task) error {
+		if t.ID == a {
+			return down // ...and fails after it is back
+		}
+		return nil
+	})
+	h.clk.Set(time.UnixMilli(fb))
+	eventuallyTrue(t, b+" delivered", func() bool { return len(h.sink.acked()) == 1 && releases.Load() > 0 })
+	close(sink.release)
+	h.settle()
+	h.sink.setFail(nil)
+	for range 30 {
+		h.advance(time.Second)
+	}
+	if n := len(h.sink.acked()); n != 2 {
+		t.Fatalf("%s not delivered 30 s after the release (%d releases), its produce failed once just after the broker's return", a, releases.Load())
 	}
 }
