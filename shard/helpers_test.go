@@ -157,9 +157,21 @@ func (e *Engine) loopStates() string {
 	return b.String()
 }
 
+// settled reports whether every fire loop is parked, looking at all of
+// them at one moment (every shard lock held, taken in index order as
+// Ingest takes them): a shard looked at before another's lane told it
+// something (a release, recover.go), and that lane looked at once it was
+// done, would be two moments.
 func (e *Engine) settled() bool {
 	for _, s := range e.shards {
 		s.mu.Lock()
+	}
+	defer func() {
+		for _, s := range e.shards {
+			s.mu.Unlock()
+		}
+	}()
+	for _, s := range e.shards {
 		// A fake timer still armed has not fired (the fake clock fires
 		// what is due whenever it moves): the loop waits for the clock.
 		_, armed := parkDeadline(s)
@@ -167,7 +179,6 @@ func (e *Engine) settled() bool {
 		for l := range s.lanes { // a stuck lane's batch, or tasks waiting aside
 			ok = ok && !s.lanes[l].busy && len(s.lanes[l].parked) == 0
 		}
-		s.mu.Unlock()
 		if !ok {
 			return false
 		}
