@@ -275,6 +275,10 @@ func (s *shard) park(ctx context.Context, timer clock.Timer, wake int64, hold bo
 		s.mu.Unlock() // a lane returned: its parked tasks are due
 		return
 	}
+	if !hold && s.releasedReadyLocked() {
+		s.mu.Unlock() // a released task's retry became durable: it goes now
+		return
+	}
 	now := s.e.clk.Now()
 	if !hold {
 		if next, ok := s.w.Next(); ok && next < wake {

@@ -170,23 +170,30 @@ func (s *shard) releaseLocked(gs []int64) {
 // claimReleasedLocked claims up to limit queued released tasks: one in
 // the wheel is taken out of it; one whose retry is past the horizon (a
 // Retry.Max longer than half the horizon) is only in the store, and the
-// loader skips it while it is claimed. One that left the wheel meanwhile
-// (claimed, delivered, failed again, replaced or cancelled), whose retry
-// is not durable yet, or that an undurable replace or cancel is deleting
-// (it stays in the wheel, as claimLocked leaves it) is skipped.
+// loader skips it while it is claimed. One whose retry is not durable yet
+// (it failed just before the release; the lane's next batch does not wait
+// for the fsync) stays queued until it is: the durable batch wakes the
+// loop. One that left the wheel meanwhile (claimed, delivered, failed
+// again, replaced or cancelled) or that an undurable replace or cancel is
+// deleting (it stays in the wheel, as claimLocked leaves it) is skipped.
 func (s *shard) claimReleasedLocked(limit int) []fireItem {
 	var out []fireItem
+	var undurable []releasedTask
 	k := 0
 	for ; k < len(s.released) && len(out) < limit; k++ {
-		seq := s.released[k].seq
-		lt, ok := s.late[seq]
+		r := s.released[k]
+		lt, ok := s.late[r.seq]
 		if !ok || lt.group == 0 {
 			continue
 		}
-		if _, claimed := s.inflight[seq]; claimed {
+		if _, claimed := s.inflight[r.seq]; claimed {
 			continue
 		}
-		if _, deleting := s.deleting[seq]; deleting {
+		if _, deleting := s.deleting[r.seq]; deleting {
+			continue
+		}
+		if _, queued := s.unwheeled[r.seq]; queued {
+			undurable = append(undurable, r)
 			continue
 		}
 		switch {
@@ -195,22 +202,36 @@ func (s *shard) claimReleasedLocked(limit int) []fireItem {
 				continue // the handle is stale: its entry was yielded
 			}
 			lt.h = 0
-			s.late[seq] = lt
-		case !s.belowHorizonLocked(lt.fire, seq):
-			if _, undurable := s.unwheeled[seq]; undurable {
-				continue
-			}
+			s.late[r.seq] = lt
+		case !s.belowHorizonLocked(lt.fire, r.seq):
 		default:
-			continue // not in the wheel yet: its retry is not durable
+			continue // neither in the wheel nor in the store past the horizon
 		}
-		out = append(out, fireItem{fire: lt.fire, seq: seq, released: true})
-		s.inflight[seq] = notSuperseded
+		out = append(out, fireItem{fire: lt.fire, seq: r.seq, released: true})
+		s.inflight[r.seq] = notSuperseded
 	}
-	if s.released = s.released[k:]; len(s.released) == 0 {
+	s.released = append(undurable, s.released[k:]...)
+	if len(s.released) == 0 {
 		s.released = nil
 	}
 	if len(out) > 0 {
 		s.inWheelG.Set(float64(s.w.Len()))
 	}
 	return out
+}
+
+// releasedReadyLocked reports whether a queued released task may be
+// claimed now: the queue left by claimReleasedLocked holds the tasks
+// whose retry was not durable yet, and a durable batch drained since may
+// have made one so.
+func (s *shard) releasedReadyLocked() bool {
+	if s.e.paused.Load() {
+		return false
+	}
+	for _, r := range s.released {
+		if _, queued := s.unwheeled[r.seq]; !queued {
+			return true
+		}
+	}
+	return false
 }
