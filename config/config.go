@@ -127,14 +127,14 @@ type Retry struct {
 	Jitter      float64  `yaml:"jitter"`       // [0, 1); default 0.2
 	MaxAttempts int      `yaml:"max_attempts"` // >= 1; default 10
 	// WaitingInMemory bounds the tasks waiting for an unreachable target
-	// broker that the bridge keeps in memory (75-250 bytes each), over
+	// broker that the bridge keeps in memory (110-290 bytes each), over
 	// all shards; the next ones are held on disk only and released once
 	// a delivery to their target succeeds. 0: every such task is held on
 	// disk. Default DefaultWaitingInMemory.
 	WaitingInMemory int `yaml:"waiting_in_memory"`
 }
 
-// DefaultWaitingInMemory is retry.waiting_in_memory's default (75-250
+// DefaultWaitingInMemory is retry.waiting_in_memory's default (110-290
 // bytes each, docs/benchmarks.md "Memory through a target outage").
 const DefaultWaitingInMemory = 1 << 19
 

@@ -134,7 +134,7 @@ type Options struct {
 	// for it (see lane.go). Default 2s.
 	LaneGrace time.Duration
 	// OutageMemory is how many tasks waiting for an unreachable target
-	// each shard keeps in memory (75-250 bytes each); beyond it such
+	// each shard keeps in memory (110-290 bytes each); beyond it such
 	// tasks are held on disk and released once the target answers again
 	// (hold.go). Default 65536; negative: none (every such task is held
 	// on disk).

@@ -807,7 +807,7 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 			// going back to the release queue too, a release of more
 			// than a round's bytes left the rest to wait out their
 			// backoff (up to Retry.Max).
-			again = append(again, releasedTask{due: lt.due, seq: it.seq})
+			again = append(again, releasedTask{due: lt.due(), seq: it.seq})
 		}
 	}
 	if len(again) > 0 {
@@ -970,8 +970,8 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 		key = appendTaskKey(key[:0], s.id, it.fire, it.seq)
 		oldKey := key
 		if derr == nil {
-			if lt, ok := s.clearLateLocked(it.seq); ok && lt.group != 0 {
-				up = appendGroup(up, lt.group)
+			if lt, ok := s.clearLateLocked(it.seq); ok && lt.group() != 0 {
+				up = appendGroup(up, lt.group())
 			}
 			b.Delete(oldKey, nil)
 			if isHeld(it.fire) {

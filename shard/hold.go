@@ -18,7 +18,7 @@ import (
 // Holding tasks on disk through a long outage. A task whose delivery
 // failed only because its target broker was unreachable (ErrUnavailable)
 // waits for a retry in the wheel, with its due time in the shard's late
-// map: 75 bytes of memory each or more (BenchmarkOutageMemory). A target down for a day while 1000
+// map: 110 bytes of memory each or more (BenchmarkOutageMemory). A target down for a day while 1000
 // tasks a second come due would take gigabytes, and after a restart the
 // recovery would put them all back in the wheel. So each shard keeps at
 // most Options.OutageMemory such tasks in memory; the next ones are held:
@@ -96,7 +96,7 @@ func heldSlotBounds(l int) (lo, hi int64) {
 }
 
 // defaultOutageMemory is Options.OutageMemory's default: tasks per shard
-// waiting in memory for an unreachable target (75-250 bytes each, see
+// waiting in memory for an unreachable target (110-290 bytes each, see
 // BenchmarkOutageMemory).
 const defaultOutageMemory = 65536
 

@@ -1,6 +1,10 @@
 package shard
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
 
 func TestOldestLate(t *testing.T) {
 	type op struct {
@@ -37,6 +41,33 @@ func TestOldestLate(t *testing.T) {
 			got, ok := s.oldestLateLocked()
 			if got != tc.want || ok != tc.wantOK {
 				t.Fatalf("oldest = %d, %v; want %d, %v", got, ok, tc.want, tc.wantOK)
+			}
+		})
+	}
+}
+
+// TestLateTaskPacking: a late task's due time and target group share one
+// word; each reads back as it went in, at the ends of their ranges.
+func TestLateTaskPacking(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		due, group int64
+		wantDue    int64
+	}{
+		{"no group", 1234, 0, 1234},
+		{"kafka group", ms(t0), heldGroup(1, "orders"), ms(t0)},
+		{"nats group", ms(t0), heldGroup(2, "orders.created"), ms(t0)},
+		{"highest group", codec.MaxDue, heldBase + (transportSlots-1)<<(heldDueBits+heldGroupBits) + (1<<heldGroupBits-1)<<heldDueBits, codec.MaxDue},
+		{"lowest group", 0, heldBase, 0},
+		{"due below range", -5, heldGroup(1, "x"), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lt := lateTask{dg: packLate(tc.due, tc.group)}
+			if lt.due() != tc.wantDue || lt.group() != tc.group {
+				t.Fatalf("due %d, group %x; want %d, %x", lt.due(), lt.group(), tc.wantDue, tc.group)
+			}
+			if lt.dg < 0 {
+				t.Fatalf("dg %x negative", lt.dg)
 			}
 		})
 	}

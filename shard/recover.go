@@ -157,8 +157,8 @@ func (s *shard) releaseLocked(gs []int64) {
 	}
 	n := len(s.released)
 	for seq, lt := range s.late {
-		if lt.group != 0 && slices.Contains(gs, lt.group) {
-			s.released = append(s.released, releasedTask{due: lt.due, seq: seq})
+		if lt.group() != 0 && slices.Contains(gs, lt.group()) {
+			s.released = append(s.released, releasedTask{due: lt.due(), seq: seq})
 		}
 	}
 	// Oldest first, as the held ones are released.
@@ -183,7 +183,7 @@ func (s *shard) claimReleasedLocked(limit int) []fireItem {
 	for ; k < len(s.released) && len(out) < limit; k++ {
 		r := s.released[k]
 		lt, ok := s.late[r.seq]
-		if !ok || lt.group == 0 {
+		if !ok || lt.group() == 0 {
 			continue
 		}
 		if _, claimed := s.inflight[r.seq]; claimed {

@@ -105,8 +105,8 @@ func TestReleaseMeetsUndurableRetry(t *testing.T) {
 	s.mu.Lock()
 	la, lb := s.late[1], s.late[2]
 	s.mu.Unlock()
-	if la.fire == lb.fire || la.group == 0 || lb.group == 0 {
-		t.Fatalf("a at %d group %d, b at %d group %d: want two retries apart", la.fire, la.group, lb.fire, lb.group)
+	if la.fire == lb.fire || la.group() == 0 || lb.group() == 0 {
+		t.Fatalf("a at %d group %d, b at %d group %d: want two retries apart", la.fire, la.group(), lb.fire, lb.group())
 	}
 	type waiting struct {
 		id  string

@@ -289,14 +289,14 @@ func TestReleasedPastHorizonNotLoadedTwice(t *testing.T) {
 	lt, waiting := s.late[1]
 	below := s.belowHorizonLocked(lt.fire, 1)
 	s.mu.Unlock()
-	if !waiting || below || lt.group == 0 {
-		t.Fatalf("slow: waiting %v, retry below the horizon %v, group %d; want a retry past the horizon", waiting, below, lt.group)
+	if !waiting || below || lt.group() == 0 {
+		t.Fatalf("slow: waiting %v, retry below the horizon %v, group %d; want a retry past the horizon", waiting, below, lt.group())
 	}
 	h.sink.setFail(nil)
 	h.sink.reset()
 	slow := "slow"
 	sink.gate.Store(&slow)
-	h.e.outcome([]int64{lt.group}, nil, h.e.nowMs()) // another task of its target was delivered
+	h.e.outcome([]int64{lt.group()}, nil, h.e.nowMs()) // another task of its target was delivered
 	<-sink.entered
 	h.clk.Advance(6 * time.Minute) // past its retry time: the loader reads its key
 	eventuallyTrue(t, "the loader past slow's retry", func() bool {
@@ -350,7 +350,7 @@ func TestFailureBegunBeforeReleaseRetriedSoon(t *testing.T) {
 	s.mu.Lock()
 	lt := s.late[1]
 	s.mu.Unlock()
-	if lt.group == 0 {
+	if lt.group() == 0 {
 		t.Fatal("stale does not wait for an outage")
 	}
 	stale := "stale"
@@ -358,7 +358,7 @@ func TestFailureBegunBeforeReleaseRetriedSoon(t *testing.T) {
 	h.clk.Set(time.UnixMilli(lt.fire)) // its retry: the publish begins, the broker holds it
 	<-sink.entered
 	h.clk.Advance(time.Second)
-	h.e.outcome([]int64{lt.group}, nil, h.e.nowMs()) // another task of its target was delivered
+	h.e.outcome([]int64{lt.group()}, nil, h.e.nowMs()) // another task of its target was delivered
 	// The release passes stale by (in flight) before its publish fails.
 	eventuallyTrue(t, "the release queue looked at", func() bool {
 		s.mu.Lock()
@@ -376,7 +376,7 @@ func TestFailureBegunBeforeReleaseRetriedSoon(t *testing.T) {
 	close(sink.release)
 	h.settle()
 	h.e.outages.mu.Lock()
-	st := h.e.outages.m[lt.group]
+	st := h.e.outages.m[lt.group()]
 	h.e.outages.mu.Unlock()
 	if st.down {
 		t.Fatal("the failure of a publish begun before the release put the group down again")
