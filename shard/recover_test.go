@@ -390,3 +390,50 @@ func TestFailureBegunBeforeReleaseRetriedSoon(t *testing.T) {
 			got, waiting, time.Duration(lt.fire-h.e.nowMs())*time.Millisecond)
 	}
 }
+
+// BenchmarkReleaseScan: what one release costs a shard holding the
+// default bound of waiting tasks per shard (65536, of 8 shards): the scan
+// of its late map under its lock (scan), then the sort of the matching
+// tasks without it (sort), when all match (one target) or none (another
+// target's release).
+func BenchmarkReleaseScan(b *testing.B) {
+	for _, bc := range []struct {
+		name  string
+		match bool
+	}{{"all-match", true}, {"none-match", false}} {
+		b.Run(bc.name, func(b *testing.B) {
+			h := newHarness(b, func(o *Options) { o.Shards = 1 })
+			s := h.e.shards[0]
+			g, other := heldGroup(1, "orders"), heldGroup(1, "other")
+			for i := range defaultOutageMemory {
+				s.late = mapSet(s.late, uint64(i+1), lateTask{dg: packLate(ms(t0)+int64(i%1000), g), fire: ms(t0) + 300_000})
+			}
+			rel := []int64{other}
+			if bc.match {
+				rel = []int64{g}
+			}
+			var scan, sort time.Duration
+			b.ResetTimer()
+			for range b.N {
+				start := time.Now()
+				s.mu.Lock()
+				got := s.releaseLocked(rel)
+				s.mu.Unlock()
+				scan += time.Since(start)
+				start = time.Now()
+				sortReleased(got)
+				sort += time.Since(start)
+			}
+			b.ReportMetric(float64(scan.Microseconds())/float64(b.N), "scan-µs")
+			b.ReportMetric(float64(sort.Microseconds())/float64(b.N), "sort-µs")
+		})
+	}
+}
+
+func mapSet(m map[uint64]lateTask, k uint64, v lateTask) map[uint64]lateTask {
+	if m == nil {
+		m = make(map[uint64]lateTask)
+	}
+	m[k] = v
+	return m
+}
