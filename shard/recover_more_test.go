@@ -1,7 +1,6 @@
 package shard
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -47,14 +46,7 @@ func TestReleaseBeyondByteBudget(t *testing.T) {
 			for range 30 { // the outage, a minute at a time
 				h.advance(time.Minute)
 			}
-			h.sink.setFail(nil)
-			steps := 0
-			for len(h.sink.acked()) == 0 {
-				if steps++; steps > 301 {
-					t.Fatal("nothing delivered 5 min after the broker came back")
-				}
-				h.advance(time.Second)
-			}
+			steps := h.backUntilFirstDelivery()
 			for range 10 {
 				h.advance(time.Second)
 			}
@@ -171,14 +163,7 @@ func TestReleaseThenStragglerFailure(t *testing.T) {
 			ids[sh] = id
 		}
 	}
-	down := fmt.Errorf("broker down: %w", ErrUnavailable)
-	h.sink.setFail(func(*codec.Task) error { return down })
-	sink := &gateSink{recSink: h.sink, entered: make(chan struct{}, 4), release: make(chan struct{})}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.e.Run(ctx, sink) }()
-	defer func() { cancel(); <-done }()
-	h.settle()
+	down, sink := h.runGatedDown()
 	h.ingest([]codec.Task{sched(ids[0], t0, 1)})
 	h.advance(30 * time.Second)
 	h.ingest([]codec.Task{sched(ids[1], t0.Add(30*time.Second), 2)})

@@ -65,14 +65,7 @@ func TestOutageEndReleasesWaitingTasks(t *testing.T) {
 			if len(h.sink.acked()) != 0 {
 				t.Fatal("delivered during the outage")
 			}
-			h.sink.setFail(nil)
-			steps := 0
-			for len(h.sink.acked()) == 0 {
-				if steps++; steps > 301 {
-					t.Fatal("nothing delivered 5 min after the broker came back")
-				}
-				h.advance(time.Second)
-			}
+			steps := h.backUntilFirstDelivery()
 			if tc.first > 0 && time.Duration(steps)*time.Second > tc.first {
 				t.Fatalf("first delivery %ds after the broker came back, want within %v", steps, tc.first)
 			}
@@ -272,14 +265,7 @@ func TestReleasedPastHorizonNotLoadedTwice(t *testing.T) {
 		o.LaneGrace = time.Millisecond // the loop goes on while "slow" is in the sink
 		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
 	})
-	down := fmt.Errorf("broker down: %w", ErrUnavailable)
-	h.sink.setFail(func(*codec.Task) error { return down })
-	sink := &gateSink{recSink: h.sink, entered: make(chan struct{}, 4), release: make(chan struct{})}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.e.Run(ctx, sink) }()
-	defer func() { cancel(); <-done }()
-	h.settle()
+	_, sink := h.runGatedDown()
 	h.ingest([]codec.Task{sched("slow", t0, 1)})
 	for range 10 {
 		h.advance(time.Minute)
@@ -334,14 +320,7 @@ func TestFailureBegunBeforeReleaseRetriedSoon(t *testing.T) {
 		o.LaneGrace = time.Millisecond
 		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
 	})
-	down := fmt.Errorf("broker down: %w", ErrUnavailable)
-	h.sink.setFail(func(*codec.Task) error { return down })
-	sink := &gateSink{recSink: h.sink, entered: make(chan struct{}, 4), release: make(chan struct{})}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.e.Run(ctx, sink) }()
-	defer func() { cancel(); <-done }()
-	h.settle()
+	down, sink := h.runGatedDown()
 	h.ingest([]codec.Task{sched("stale", t0, 1)})
 	for range 10 {
 		h.advance(time.Minute)
@@ -436,4 +415,35 @@ func mapSet(m map[uint64]lateTask, k uint64, v lateTask) map[uint64]lateTask {
 	}
 	m[k] = v
 	return m
+}
+
+// runGatedDown runs the engine with a gateSink over the harness's sink,
+// which fails every delivery as unavailable (down) until told otherwise.
+func (h *harness) runGatedDown() (down error, sink *gateSink) {
+	h.t.Helper()
+	down = fmt.Errorf("broker down: %w", ErrUnavailable)
+	h.sink.setFail(func(*codec.Task) error { return down })
+	sink = &gateSink{recSink: h.sink, entered: make(chan struct{}, 4), release: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.e.Run(ctx, sink) }()
+	h.t.Cleanup(func() { cancel(); <-done })
+	h.settle()
+	return down, sink
+}
+
+// backUntilFirstDelivery brings the broker back (the sink fails nothing)
+// and steps the clock a second at a time until a task is delivered; it
+// returns how many seconds that took.
+func (h *harness) backUntilFirstDelivery() int {
+	h.t.Helper()
+	h.sink.setFail(nil)
+	steps := 0
+	for len(h.sink.acked()) == 0 {
+		if steps++; steps > 301 {
+			h.t.Fatal("nothing delivered 5 min after the broker came back")
+		}
+		h.advance(time.Second)
+	}
+	return steps
 }
