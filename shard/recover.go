@@ -5,6 +5,10 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/codec"
 )
 
 // Releasing what waited for a target once it is back. Through an outage
@@ -75,6 +79,7 @@ func (e *Engine) outcome(up, down []int64, begin int64) {
 	r := e.opts.Retry
 	o := &e.outages
 	var release []int64
+	var waits []time.Duration // of each group released: the least time to its next release
 	o.mu.Lock()
 	if o.m == nil {
 		o.m = make(map[int64]groupOutage)
@@ -104,6 +109,7 @@ func (e *Engine) outcome(up, down []int64, begin int64) {
 		st.down, st.released = false, now
 		o.m[g] = st
 		release = append(release, g)
+		waits = append(waits, st.wait)
 	}
 	if len(release) > 0 {
 		// Forget groups up for longer than any wait they keep.
@@ -120,9 +126,11 @@ func (e *Engine) outcome(up, down []int64, begin int64) {
 	if h := e.testHookRelease; h != nil {
 		h(release)
 	}
+	waiting := 0
 	for _, s := range e.shards {
 		s.mu.Lock()
 		rel := s.releaseLocked(release)
+		waiting += len(rel)
 		if len(rel) > 0 {
 			// Sorted without the lock (15 ms for 65536 tasks, the default
 			// bound per shard, BenchmarkReleaseScan, against 3 ms for
@@ -136,6 +144,12 @@ func (e *Engine) outcome(up, down []int64, begin int64) {
 		s.parked = false // as addLocked: busy until the loop looked
 		s.mu.Unlock()
 		s.wake()
+	}
+	for i, g := range release {
+		// One line per release: releases of a group are spaced.
+		e.log.Info("target back after an outage: the tasks that waited for it go now, in every shard",
+			zap.Stringer("transport", codec.Transport(heldSlot(g))), zap.Int("target_group", int(g>>heldDueBits&(1<<heldGroupBits-1))),
+			zap.Int("waiting_in_memory", waiting), zap.Duration("next_release_after", waits[i]))
 	}
 }
 

@@ -163,7 +163,7 @@ func TestReleaseThenStragglerFailure(t *testing.T) {
 			ids[sh] = id
 		}
 	}
-	down, sink := h.runGatedDown()
+	sink, down := h.runGatedDown()
 	h.ingest([]codec.Task{sched(ids[0], t0, 1)})
 	h.advance(30 * time.Second)
 	h.ingest([]codec.Task{sched(ids[1], t0.Add(30*time.Second), 2)})

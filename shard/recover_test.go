@@ -265,7 +265,7 @@ func TestReleasedPastHorizonNotLoadedTwice(t *testing.T) {
 		o.LaneGrace = time.Millisecond // the loop goes on while "slow" is in the sink
 		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
 	})
-	_, sink := h.runGatedDown()
+	sink, _ := h.runGatedDown()
 	h.ingest([]codec.Task{sched("slow", t0, 1)})
 	for range 10 {
 		h.advance(time.Minute)
@@ -320,7 +320,7 @@ func TestFailureBegunBeforeReleaseRetriedSoon(t *testing.T) {
 		o.LaneGrace = time.Millisecond
 		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
 	})
-	down, sink := h.runGatedDown()
+	sink, down := h.runGatedDown()
 	h.ingest([]codec.Task{sched("stale", t0, 1)})
 	for range 10 {
 		h.advance(time.Minute)
@@ -419,7 +419,7 @@ func mapSet(m map[uint64]lateTask, k uint64, v lateTask) map[uint64]lateTask {
 
 // runGatedDown runs the engine with a gateSink over the harness's sink,
 // which fails every delivery as unavailable (down) until told otherwise.
-func (h *harness) runGatedDown() (down error, sink *gateSink) {
+func (h *harness) runGatedDown() (sink *gateSink, down error) {
 	h.t.Helper()
 	down = fmt.Errorf("broker down: %w", ErrUnavailable)
 	h.sink.setFail(func(*codec.Task) error { return down })
@@ -429,7 +429,7 @@ func (h *harness) runGatedDown() (down error, sink *gateSink) {
 	go func() { done <- h.e.Run(ctx, sink) }()
 	h.t.Cleanup(func() { cancel(); <-done })
 	h.settle()
-	return down, sink
+	return sink, down
 }
 
 // backUntilFirstDelivery brings the broker back (the sink fails nothing)
