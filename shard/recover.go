@@ -132,9 +132,10 @@ func (e *Engine) outcome(up, down []int64, begin int64) {
 		rel := s.releaseLocked(release)
 		waiting += len(rel)
 		if len(rel) > 0 {
-			// Sorted without the lock (15 ms for 65536 tasks, the default
-			// bound per shard, BenchmarkReleaseScan, against 3 ms for
-			// the scan): an ingest into the shard waits for the scan only.
+			// Sorted without the lock (for 65536 tasks, the default
+			// bound per shard, the sort takes about 4 times the scan's
+			// 1-8 ms, BenchmarkReleaseScan on a loaded 2-core machine):
+			// an ingest into the shard waits for the scan only.
 			// The claim checks each one anew, so the list may be stale.
 			s.mu.Unlock()
 			sortReleased(rel)
