@@ -54,6 +54,10 @@ type parkedTask struct {
 	seq    uint64
 	due    int64  // for Stats: a retry's fire time is after its due
 	source string // for the cancelled metric
+	// released: claimed by a release (fireItem.released). Kept aside too:
+	// taken back past the round's byte budget, it must go back to the
+	// release queue, not wait out its backoff (hunt H174).
+	released bool
 }
 
 // parkedOf is the parked form of a claimed item. Its source is a copy:
@@ -62,7 +66,7 @@ type parkedTask struct {
 // as long as the task waits aside, and a herd claimed while its lane waits
 // may set aside every task due.
 func parkedOf(it fireItem) parkedTask {
-	return parkedTask{fire: it.fire, seq: it.seq, due: it.task.Due, source: strings.Clone(it.task.Source)}
+	return parkedTask{fire: it.fire, seq: it.seq, due: it.task.Due, source: strings.Clone(it.task.Source), released: it.released}
 }
 
 // laneWaitLocked reports whether a lane is publishing a batch for less
@@ -191,7 +195,7 @@ func (s *shard) takeParkedLocked(max int) []fireItem {
 				s.unparkOneLocked(p)
 				continue
 			}
-			out = append(out, fireItem{fire: p.fire, seq: p.seq, parked: true})
+			out = append(out, fireItem{fire: p.fire, seq: p.seq, parked: true, released: p.released})
 		}
 		ln.parked = ln.parked[k:]
 		if len(ln.parked) == 0 {
