@@ -935,6 +935,10 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 		// heldUp, heldDown: the groups of released held tasks that were
 		// acknowledged, that failed as unavailable again (hold.go).
 		heldUp, heldDown []int64
+		// stale: whether staleGroup was released after the publish
+		// began (one lookup per group a batch fails for, not per task).
+		staleGroup int64
+		stale      bool
 	)
 	heldBefore := s.dlHeld
 	for i := range items {
@@ -1058,7 +1062,10 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 			waiting++
 			group = heldGroup(transportSlot(t.Transport), t.Target)
 			down = appendGroup(down, group)
-			if e.releasedSince(group, begin) {
+			if group != staleGroup {
+				staleGroup, stale = group, e.releasedSince(group, begin)
+			}
+			if stale {
 				// The publish began before the target was found back
 				// and failed with what it said then: soon again, as
 				// the released tasks went.

@@ -336,12 +336,18 @@ func (s *shard) heldOutcomeLocked(ln *lane, up, down []int64) {
 		if _, ok := h.down[g]; !ok || slices.Contains(down, g) {
 			continue
 		}
-		delete(h.down, g)
-		h.next = 0
+		h.endBackoff(g)
 	}
+}
+
+// endBackoff ends group g's backoff (it is up): the lane may release its
+// held tasks at once.
+func (h *holdState) endBackoff(g int64) {
+	delete(h.down, g)
 	if len(h.down) == 0 {
 		h.down = nil
 	}
+	h.next = 0
 }
 
 // heldOldestDue is the earliest due time of the shard's held tasks (for

@@ -172,14 +172,7 @@ func (e *Engine) releasedSince(g, begin int64) bool {
 // delivered at once (claimReleasedLocked).
 func (s *shard) releaseLocked(gs []int64) []releasedTask {
 	for _, g := range gs {
-		h := &s.lanes[heldSlot(g)].hold
-		if _, ok := h.down[g]; ok {
-			delete(h.down, g)
-			if len(h.down) == 0 {
-				h.down = nil
-			}
-		}
-		h.next = 0
+		s.lanes[heldSlot(g)].hold.endBackoff(g)
 	}
 	var rel []releasedTask
 	for seq, lt := range s.late {
