@@ -259,20 +259,9 @@ func TestOutcomeReleasePolicy(t *testing.T) {
 // its in-flight state, and only the lane's one batch at a time kept it
 // from being published twice).
 func TestReleasedPastHorizonNotLoadedTwice(t *testing.T) {
-	h := newHarness(t, func(o *Options) {
-		o.Shards = 1
-		o.Horizon = time.Minute
-		o.LaneGrace = time.Millisecond // the loop goes on while "slow" is in the sink
-		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
-	})
-	sink, _ := h.runGatedDown()
-	h.ingest([]codec.Task{sched("slow", t0, 1)})
-	for range 10 {
-		h.advance(time.Minute)
-	}
+	h, sink, lt, waiting, _ := waitingAfterOutage(t, "slow", time.Minute)
 	s := h.e.shards[0]
 	s.mu.Lock()
-	lt, waiting := s.late[1]
 	below := s.belowHorizonLocked(lt.fire, 1)
 	s.mu.Unlock()
 	if !waiting || below || lt.group() == 0 {
@@ -315,20 +304,8 @@ func TestReleasedPastHorizonNotLoadedTwice(t *testing.T) {
 // after the return, the others within a second). They are tried again
 // within Retry.Initial, and the failure does not put the group down again.
 func TestFailureBegunBeforeReleaseRetriedSoon(t *testing.T) {
-	h := newHarness(t, func(o *Options) {
-		o.Shards = 1
-		o.LaneGrace = time.Millisecond
-		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
-	})
-	sink, down := h.runGatedDown()
-	h.ingest([]codec.Task{sched("stale", t0, 1)})
-	for range 10 {
-		h.advance(time.Minute)
-	}
+	h, sink, lt, _, down := waitingAfterOutage(t, "stale", 0)
 	s := h.e.shards[0]
-	s.mu.Lock()
-	lt := s.late[1]
-	s.mu.Unlock()
 	if lt.group() == 0 {
 		t.Fatal("stale does not wait for an outage")
 	}
@@ -446,4 +423,28 @@ func (h *harness) backUntilFirstDelivery() int {
 		h.advance(time.Second)
 	}
 	return steps
+}
+
+// waitingAfterOutage runs one shard (lane grace 1 ms: the loop goes on
+// while a batch is held in the gated sink; no jitter; horizon as given, 0
+// the default) against a target down for 10 min, with task id due at its
+// start; it returns the task's late entry (store seq 1) after the outage.
+func waitingAfterOutage(t *testing.T, id string, horizon time.Duration) (h *harness, sink *gateSink, lt lateTask, waiting bool, down error) {
+	t.Helper()
+	h = newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.Horizon = horizon
+		o.LaneGrace = time.Millisecond
+		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+	})
+	sink, down = h.runGatedDown()
+	h.ingest([]codec.Task{sched(id, t0, 1)})
+	for range 10 {
+		h.advance(time.Minute)
+	}
+	s := h.e.shards[0]
+	s.mu.Lock()
+	lt, waiting = s.late[1]
+	s.mu.Unlock()
+	return h, sink, lt, waiting, down
 }
