@@ -147,6 +147,9 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 		if err != nil {
 			s.e.log.Warn("cancel-marker sweep failed", zap.Int("shard", s.id), zap.Error(err))
 		}
+		// A release held back by its spacing whose wait has ended
+		// (recover.go): it takes every shard's lock.
+		s.e.releaseOwed(now)
 		s.mu.Lock()
 		s.rebaseLocked(now)
 		s.drainLocked()
@@ -213,6 +216,9 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 			wake := s.horizonEnd - s.e.horizonMs()/2 // or the wheel's next due: park looks
 			if at, ok := s.nextReleaseLocked(); ok && at < wake {
 				wake = at // a release of held tasks
+			}
+			if at := s.e.outages.owedAt.Load(); at != 0 && at < wake {
+				wake = at // a release held back by its spacing
 			}
 			s.mu.Unlock()
 			s.park(ctx, timer, wake, false)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -39,6 +40,12 @@ import (
 // release within twice that wait, and starts again at zero after an
 // outage that began well after the last release. A target partly down is
 // probed as often as its tasks' backoffs would have, not at every batch.
+// A delivery that would have released the group but came too soon is
+// remembered: the release goes when the wait ends (the fire loops look,
+// releaseOwed) unless the group failed again meanwhile. Else a target
+// that failed right after a release and was then back for good left the
+// tasks that failed meanwhile to their own backoff (up to Retry.Max): the
+// deliveries that found it back came within the wait, and none after it.
 //
 // Tasks waiting for a retry after a restart are not known to be waiting
 // (shard.late is in memory) until they fail again.
@@ -47,6 +54,11 @@ import (
 type groupOutages struct {
 	mu sync.Mutex
 	m  map[int64]groupOutage
+	// owedAt is when the earliest release owed is due (ms, engine
+	// clock), 0 if none: the fire loops read it on every round, without
+	// the lock. It may be early (the group failed again since), never
+	// late.
+	owedAt atomic.Int64
 }
 
 // groupOutage is one target group's.
@@ -54,6 +66,10 @@ type groupOutage struct {
 	down     bool          // a task of it failed as unavailable since its last release
 	released int64         // when its waiting tasks were last released (ms, engine clock)
 	wait     time.Duration // the least time from that release to the next
+	// owed: a batch delivered a task that waited for it and failed none
+	// of it within the wait, and none has failed since: its release goes
+	// when the wait ends.
+	owed bool
 }
 
 // released is a waiting task a release is to take out of its shard's
@@ -89,6 +105,7 @@ func (e *Engine) outcome(up, down []int64, begin int64) {
 		if st.released > begin {
 			continue
 		}
+		st.owed = false // failed again: what found it back was wrong
 		if !st.down {
 			st.down = true
 			if st.released != 0 && now-st.released <= 2*st.wait.Milliseconds()+r.Initial.Milliseconds() {
@@ -103,33 +120,91 @@ func (e *Engine) outcome(up, down []int64, begin int64) {
 	}
 	for _, g := range up {
 		st, ok := o.m[g]
-		if !ok || !st.down || slices.Contains(down, g) || now < st.released+st.wait.Milliseconds() {
+		if !ok || !st.down || slices.Contains(down, g) {
 			continue
 		}
-		st.down, st.released = false, now
+		if at := st.released + st.wait.Milliseconds(); now < at {
+			// Too soon after the last release: it goes when the wait
+			// ends, unless the group fails before (releaseOwed).
+			if !st.owed {
+				st.owed = true
+				o.m[g] = st
+				if next := o.owedAt.Load(); next == 0 || at < next {
+					o.owedAt.Store(at)
+				}
+			}
+			continue
+		}
+		st.down, st.released, st.owed = false, now, false
 		o.m[g] = st
 		release = append(release, g)
 		waits = append(waits, st.wait)
 	}
 	if len(release) > 0 {
-		// Forget groups up for longer than any wait they keep.
-		for g, st := range o.m {
-			if !st.down && now-st.released > 2*r.Max.Milliseconds() {
-				delete(o.m, g)
-			}
-		}
+		o.forgetLocked(now, r.Max)
 	}
 	o.mu.Unlock()
-	if len(release) == 0 {
+	e.release(release, waits)
+}
+
+// forgetLocked forgets groups up for longer than any wait they keep.
+func (o *groupOutages) forgetLocked(now int64, max time.Duration) {
+	for g, st := range o.m {
+		if !st.down && now-st.released > 2*max.Milliseconds() {
+			delete(o.m, g)
+		}
+	}
+}
+
+// releaseOwed releases the groups whose release was owed (outcome) and
+// whose wait has ended by now (ms). The fire loops call it on each round,
+// without any shard lock, and park no later than owedAt.
+func (e *Engine) releaseOwed(now int64) {
+	o := &e.outages
+	if at := o.owedAt.Load(); at == 0 || now < at {
+		return
+	}
+	var release []int64
+	var waits []time.Duration
+	o.mu.Lock()
+	next := int64(0)
+	for g, st := range o.m {
+		if !st.owed {
+			continue
+		}
+		if at := st.released + st.wait.Milliseconds(); now < at {
+			if next == 0 || at < next {
+				next = at
+			}
+			continue
+		}
+		st.down, st.released, st.owed = false, now, false
+		o.m[g] = st
+		release = append(release, g)
+		waits = append(waits, st.wait)
+	}
+	o.owedAt.Store(next)
+	if len(release) > 0 {
+		o.forgetLocked(now, e.opts.Retry.Max)
+	}
+	o.mu.Unlock()
+	e.release(release, waits)
+}
+
+// release takes the waiting tasks of the groups gs out of every shard's
+// wheel to be delivered at once; waits are their next releases' least
+// waits, for the log. Called without any shard lock.
+func (e *Engine) release(gs []int64, waits []time.Duration) {
+	if len(gs) == 0 {
 		return
 	}
 	if h := e.testHookRelease; h != nil {
-		h(release)
+		h(gs)
 	}
 	waiting := 0
 	for _, s := range e.shards {
 		s.mu.Lock()
-		rel := s.releaseLocked(release)
+		rel := s.releaseLocked(gs)
 		waiting += len(rel)
 		if len(rel) > 0 {
 			// Sorted without the lock (for 65536 tasks, the default
@@ -146,7 +221,7 @@ func (e *Engine) outcome(up, down []int64, begin int64) {
 		s.mu.Unlock()
 		s.wake()
 	}
-	for i, g := range release {
+	for i, g := range gs {
 		// One line per release: releases of a group are spaced.
 		e.log.Info("target back after an outage: the tasks that waited for it go now, in every shard",
 			zap.Stringer("transport", codec.Transport(heldSlot(g))), zap.Int("target_group", int(g>>heldDueBits&(1<<heldGroupBits-1))),
