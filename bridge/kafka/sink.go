@@ -45,6 +45,9 @@ type Sink struct {
 	epoch   uint64 // bumped by every publish outcome that changes health
 	probing bool   // a probe goroutine runs (only while health.err != nil)
 	closed  bool   // no probe starts after Close
+	// rechecked: when topics the cached metadata called unknown were last
+	// asked about on the brokers (see recheckUnknown).
+	rechecked map[string]time.Time
 }
 
 var (
@@ -586,6 +589,12 @@ func (s *Sink) write(ctx context.Context, g *writerGen, w *kafkago.Writer, msgs 
 	if !errors.As(err, &protoErr) && ctx.Err() == nil {
 		s.setHealth(nil, fmt.Errorf("kafka: publish: %w", classify(err)), order)
 	}
+	if errors.Is(err, kafkago.UnknownTopicOrPartition) && ctx.Err() == nil && s.recheckUnknown(ctx, order) {
+		// A topic created since the transport's metadata was read: the
+		// transport reloaded it, so send again.
+		s.write(ctx, g, w, msgs, idx, errs, split)
+		return
+	}
 	if !split || len(order) == 1 || ctx.Err() != nil {
 		for _, i := range idx {
 			errs[i] = publishError(msgs[i].Topic, err)
@@ -636,6 +645,83 @@ func (s *Sink) badTopics(ctx context.Context, topics []string) map[string]error 
 		}
 	}
 	return bad
+}
+
+// recheckUnknown asks the brokers about those of topics that the
+// transport's cached metadata does not know, and reports whether one of
+// them exists after all; the transport then reloads its metadata
+// (CloseIdleConnections drops its pools). The cache is up to MetadataTTL
+// old, so a target topic created just before its task came due (a new
+// tenant's) failed as missing: an attempt charged and a "refused" Warn per
+// try until the cache caught up, and, with retry.max_attempts of 3 or
+// less, a publish-failed dead letter of a task whose topic exists (hunt
+// H177). Each topic is asked about at most once per MetadataTTL, so a
+// deleted tenant's topic that still gets tasks costs one metadata request
+// per MetadataTTL, not one per publish.
+func (s *Sink) recheckUnknown(ctx context.Context, topics []string) bool {
+	bad := s.badTopics(ctx, topics)
+	now := time.Now()
+	var ask []string
+	s.mu.Lock()
+	for t, err := range bad {
+		if !errors.Is(err, kafkago.UnknownTopicOrPartition) {
+			continue
+		}
+		if at, ok := s.rechecked[t]; ok && now.Sub(at) < s.cfg.MetadataTTL {
+			continue
+		}
+		ask = append(ask, t)
+	}
+	if len(ask) > 0 {
+		if s.rechecked == nil || len(s.rechecked) >= maxRechecked {
+			s.rechecked = make(map[string]time.Time)
+		}
+		for _, t := range ask {
+			s.rechecked[t] = now
+		}
+	}
+	s.mu.Unlock()
+	if len(ask) == 0 {
+		return false
+	}
+	found, err := s.existing(ctx, ask)
+	if err != nil {
+		s.log.Debug("kafka: cannot ask the brokers about topics missing from the cached metadata", zap.Strings("topics", ask), zap.Error(err))
+		return false
+	}
+	if len(found) == 0 {
+		return false
+	}
+	s.log.Debug("kafka: target topics created since the metadata was read; reloading it", zap.Strings("topics", found))
+	s.transport.CloseIdleConnections()
+	return true
+}
+
+// maxRechecked bounds Sink.rechecked; past it the map starts over (a
+// topic forgotten is only asked about again).
+const maxRechecked = 4096
+
+// existing returns those of topics that exist, asking the brokers through
+// a new transport (see ping: the sink's answers Metadata from its cache)
+// for the metadata of these topics only.
+func (s *Sink) existing(ctx context.Context, topics []string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+	defer cancel()
+	t := s.cfg.transport()
+	t.MetadataTopics = topics
+	defer t.CloseIdleConnections()
+	c := kafkago.Client{Addr: s.addr, Transport: t}
+	md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: topics})
+	if err != nil {
+		return nil, fmt.Errorf("metadata: %w", err)
+	}
+	var found []string
+	for _, tp := range md.Topics {
+		if tp.Error == nil && slices.Contains(topics, tp.Name) {
+			found = append(found, tp.Name)
+		}
+	}
+	return found, nil
 }
 
 // resendAlone sends msgs[idx] again, each record in a produce batch of its
