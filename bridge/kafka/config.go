@@ -48,6 +48,9 @@
 //     every fetch and produce fails until the TTL runs out. On such errors
 //     the Source and the Sink drop the transport's connection pools, which
 //     reloads the metadata; the Sink then retries the failed records once.
+//     A topic created since the last refresh is unknown to it meanwhile:
+//     the Sink asks the brokers about such a topic before failing its
+//     tasks as missing (Sink.recheckUnknown).
 //   - kafka-go's sasl/scram needs github.com/xdg-go/scram, which is not a
 //     dependency of this module; SCRAM uses franz-go's client (already a
 //     dependency) behind kafka-go's sasl.Mechanism interface.
