@@ -172,6 +172,13 @@ func TestThousandsOfTargets(t *testing.T) {
 		futs = append(futs, f)
 	}
 	<-js.PublishAsyncComplete()
+	for _, f := range futs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatalf("publish to the delay stream: %v", err)
+		}
+	}
 	for i := 0; svc.Engine().Stats().Pending < 2*n && i < 100; i++ {
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -179,7 +186,6 @@ func TestThousandsOfTargets(t *testing.T) {
 	start := time.Now()
 	e.advanceUntil("all delivered", func([]delivery) bool { return svc.Engine().Stats().Pending == 0 })
 	t.Logf("delivered %d in %s", 2*n, time.Since(start))
-	time.Sleep(2 * time.Second)
 	g1 := runtime.NumGoroutine()
 	t.Logf("kafka deliveries %d nats %d", countDest(e.deliveries(), func(d delivery) bool { return strings.HasPrefix(d.dest, "orders-t") }),
 		countDest(e.deliveries(), func(d delivery) bool { return strings.HasPrefix(d.dest, "orders.t") }))
