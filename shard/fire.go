@@ -373,6 +373,11 @@ func (s *shard) rebaseLocked(now int64) {
 		if ln.outage.err != nil && ln.outage.at > now {
 			ln.outage.at = max(math.MinInt64+back, ln.outage.at) - back
 		}
+		for g, at := range ln.outage.groups {
+			if at > now {
+				ln.outage.groups[g] = max(math.MinInt64+back, at) - back
+			}
+		}
 	}
 	if s.nextSweep > now {
 		s.nextSweep = max(now, s.nextSweep-back)
@@ -1243,19 +1248,8 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 			zap.String("dlq", t.Destination()), zap.Uint32("attempts", t.Attempts))
 	}
 	s.heldOutcomeLocked(ln, heldUp, heldDown)
-	// The lane's transport is in an outage from a delivery that charged
-	// no attempt until one is acknowledged: the other transport's
-	// deliveries say nothing about it.
-	switch o := &ln.outage; {
-	case outageErr != nil:
-		if o.err == nil {
-			e.log.Warn("target broker unreachable; due tasks wait for it without using their retry budget",
-				zap.Int("shard", s.id), zap.Stringer("transport", tr), zap.Int("tasks", waiting), zap.Error(outageErr))
-		}
-		o.err, o.at = outageErr, now
-	case len(acked) > 0 && o.err != nil:
-		e.log.Info("target broker reachable again", zap.Int("shard", s.id), zap.Stringer("transport", tr))
-		o.err = nil
+	if o := &ln.outage; outageErr != nil || o.err != nil {
+		s.outageOutcomeLocked(o, tr, items, acked, down, outageErr, waiting, now)
 	}
 	switch {
 	case heldBefore == 0 && heldAfter > 0:
@@ -1345,8 +1339,63 @@ func transportSlot(t codec.Transport) int {
 
 // outageState is a shard's view of one target transport's outage.
 type outageState struct {
-	err error // the last ErrUnavailable; nil when none or recovered
+	err error // the last ErrUnavailable; nil when no group is down
 	at  int64 // when (ms, engine clock)
+	// groups are the target groups (heldGroup) whose last delivery
+	// failed as unavailable, each with when (ms). Only a delivery to a
+	// target of the group ends its outage: one Kafka topic without
+	// enough in-sync replicas among healthy ones is an outage until it
+	// takes writes, not until the next healthy delivery (hunt H177: one
+	// Warn and one Info line per healthy delivery, and readiness
+	// flapping with which topic the last batch held).
+	groups map[int64]int64
+}
+
+// outageOutcomeLocked records in o (the lane of transport tr) what a
+// delivered batch says of its target groups: down, those of its tasks
+// that failed as unavailable (the last such failure outageErr, waiting
+// tasks held back by it); acked, the indexes of its tasks delivered. A
+// group is down from a failure until a task of it is delivered in a batch
+// that fails none of it (a target partly down stays down), or until it
+// has not failed for twice Retry.Max (every waiting task is retried
+// within Retry.Max: its tasks left the store some other way). The
+// transport's outage, logged and reported by readiness, lasts while any
+// group of it is down. Called only while the lane is in an outage or the
+// batch put it in one, so a delivery outside an outage hashes no target.
+func (s *shard) outageOutcomeLocked(o *outageState, tr codec.Transport, items []fireItem, acked []int, down []int64, outageErr error, waiting int, now int64) {
+	wasDown := o.err != nil
+	if outageErr != nil {
+		if o.groups == nil {
+			o.groups = make(map[int64]int64)
+		}
+		for _, g := range down {
+			o.groups[g] = now
+		}
+		o.err, o.at = outageErr, now
+	}
+	for _, i := range acked {
+		t := items[i].task
+		g := heldGroup(transportSlot(t.Transport), t.Target)
+		if _, ok := o.groups[g]; ok && !slices.Contains(down, g) {
+			delete(o.groups, g)
+		}
+	}
+	stale := 2 * max(s.e.opts.Retry.Max, time.Second).Milliseconds()
+	for g, at := range o.groups {
+		if now-at > stale {
+			delete(o.groups, g)
+		}
+	}
+	if len(o.groups) == 0 {
+		o.err, o.groups = nil, nil
+	}
+	switch {
+	case !wasDown && o.err != nil:
+		s.e.log.Warn("target broker unreachable; due tasks wait for it without using their retry budget",
+			zap.Int("shard", s.id), zap.Stringer("transport", tr), zap.Int("tasks", waiting), zap.Error(outageErr))
+	case wasDown && o.err == nil:
+		s.e.log.Info("target broker reachable again", zap.Int("shard", s.id), zap.Stringer("transport", tr))
+	}
 }
 
 // outageErr reports the target transports whose last delivery failed as
