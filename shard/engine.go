@@ -532,7 +532,12 @@ func (e *Engine) recover() error {
 			if first, ok := s.firstStoredLocked(math.MinInt64); ok && first < now {
 				s.w = wheel.New(first)
 			}
-			if errs[i] = s.loadLocked(now); errs[i] == nil {
+			// The tasks waiting for an outage first: the load gives
+			// those in the wheel their handles (wheeledLateLocked).
+			if errs[i] = s.loadWaitingLocked(); errs[i] == nil {
+				errs[i] = s.loadLocked(now)
+			}
+			if errs[i] == nil {
 				errs[i] = s.loadHeldLocked()
 			}
 			if errs[i] == nil {
@@ -642,6 +647,9 @@ type pendingBatch struct {
 	synced atomic.Bool // durable; set without the shard lock
 	// held: the change of the shard's held tasks per transport (hold.go).
 	held [transportSlots]int64
+	// waitDels: seqs of tasks this batch deletes that waited for an
+	// outage: their waiting records go too (writeWaitDels).
+	waitDels []uint64
 }
 
 func (s *shard) enqueueLocked(pb *pendingBatch) {
@@ -774,7 +782,9 @@ func (s *shard) supersedeLocked(seq uint64, pb *pendingBatch, by supersession, s
 		}
 	}
 	s.deleting[seq] = struct{}{}
-	s.clearLateLocked(seq)
+	if lt, ok := s.clearLateLocked(seq); ok && lt.group() != 0 {
+		pb.waitDels = append(pb.waitDels, seq)
+	}
 	pb.dels = append(pb.dels, seq)
 	return inFlight
 }
@@ -1076,6 +1086,7 @@ func (e *Engine) ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 		}
 		if pb != nil {
 			writeHeldCounts(b, sh, pb)
+			writeWaitDels(b, sh, pb)
 		}
 	}
 	for _, cp := range cps {
@@ -1434,6 +1445,7 @@ func (e *Engine) Cancel(source, id string) error {
 	b.Set(appendExpiryKey(nil, s.id, marker.Expiry, source, id), nil, nil)
 	b.Merge(countKey(s.id), u64(math.MaxUint64), nil) // -1
 	writeHeldCounts(b, s.id, pb)
+	writeWaitDels(b, s.id, pb)
 	if err := s.commitDecided(tk, pb, b, "cancel", e.commitCancel); err != nil {
 		return fmt.Errorf("shard: cancel %s/%s: %w", source, id, err)
 	}

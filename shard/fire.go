@@ -987,6 +987,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 		if derr == nil {
 			if lt, ok := s.clearLateLocked(it.seq); ok && lt.group() != 0 {
 				up = appendGroup(up, lt.group())
+				b.Delete(waitingKey(s.id, it.seq), nil)
 			}
 			b.Delete(oldKey, nil)
 			if isHeld(it.fire) {
@@ -1024,7 +1025,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 		var rejected *RejectedError
 		isRejected := indexed && errors.As(derr, &rejected)
 		unavailable := !isRejected && errors.Is(derr, ErrUnavailable)
-		_, waitsInMemory := s.late[it.seq]
+		prev, waitsInMemory := s.late[it.seq]
 		if unavailable && indexed && (isHeld(it.fire) || !waitsInMemory && len(s.late) >= e.opts.OutageMemory) {
 			// Its target is unreachable and the shard holds as many
 			// waiting tasks in memory as it may (one of them keeps its
@@ -1049,7 +1050,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 				b.Set(ik, appendIndexEntry(nil, &ne), nil)
 				s.setOverlayLocked(iks.str(i), ne, false, pb)
 				s.addOpLocked(pb, hf, it.seq) // not wheeled: past any horizon
-				s.clearLateLocked(it.seq)
+				s.clearLateInLocked(b, it.seq)
 				pb.held[l]++
 			}
 			continue
@@ -1118,7 +1119,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 			val = codec.AppendTask(val[:0], &dl)
 			b.Set(appendTaskKey(key[:0], s.id, now, it.seq), val, nil)
 			s.addOpLocked(pb, now, it.seq)
-			s.clearLateLocked(it.seq)
+			s.clearLateInLocked(b, it.seq)
 			e.log.Warn("task dead-lettered at fire time", zap.String("code", string(code)),
 				zap.String("origin", t.Origin), zap.String("dlq", dl.Destination()),
 				zap.String("source", t.Source), zap.String("id", logID(t.ID)), zap.Uint32("attempts", t.Attempts), zap.Error(derr))
@@ -1158,6 +1159,14 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 		s.addOpLocked(pb, fire, it.seq)
 		// Dead letters too: one whose DLQ keeps failing is work overdue.
 		s.noteLateLocked(it.seq, t.Due, fire, group)
+		switch {
+		case group != 0:
+			// Kept with the retry, so that after a restart it is known
+			// to wait for the outage, and a release takes it (recover.go).
+			b.Set(waitingKey(s.id, it.seq), appendWaiting(nil, fire, packLate(t.Due, group)), nil)
+		case waitsInMemory && prev.group() != 0:
+			b.Delete(waitingKey(s.id, it.seq), nil) // it waits for a retry now, not an outage
+		}
 		retried = append(retried, i)
 	}
 	heldAfter := s.dlHeld

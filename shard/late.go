@@ -1,6 +1,10 @@
 package shard
 
-import "github.com/delaybridge/delaybridge/wheel"
+import (
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/delaybridge/delaybridge/wheel"
+)
 
 // Tasks whose delivery failed wait in the wheel at their retry time, not
 // their due time, so neither the wheel nor the store order tells how long
@@ -80,6 +84,15 @@ func (s *shard) clearLateLocked(seq uint64) (lt lateTask, ok bool) {
 	return lt, true
 }
 
+// clearLateInLocked is clearLateLocked for a task b deletes or moves:
+// the record of a task waiting for an outage (appendWaiting) is deleted
+// in b too.
+func (s *shard) clearLateInLocked(b *pebble.Batch, seq uint64) {
+	if lt, ok := s.clearLateLocked(seq); ok && lt.group() != 0 {
+		b.Delete(waitingKey(s.id, seq), nil)
+	}
+}
+
 // wheeledLateLocked notes that seq entered the wheel at fire with handle
 // h, if it is a task waiting for a retry at fire.
 func (s *shard) wheeledLateLocked(fire int64, seq uint64, h wheel.Handle) {
@@ -109,3 +122,12 @@ func (s *shard) oldestLateLocked() (int64, bool) {
 
 // noDue is lane.publishingDue when no batch is in the sink's Deliver.
 const noDue = int64(^uint64(0) >> 1)
+
+// writeWaitDels adds to b the deletion of the waiting records of the
+// tasks pb deletes (a replace, cancel or drop of a task waiting for an
+// outage).
+func writeWaitDels(b *pebble.Batch, shard int, pb *pendingBatch) {
+	for _, seq := range pb.waitDels {
+		b.Delete(waitingKey(shard, seq), nil)
+	}
+}

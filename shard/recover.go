@@ -1,12 +1,16 @@
 package shard
 
 import (
+	"bytes"
 	"cmp"
+	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"go.uber.org/zap"
 
 	"github.com/delaybridge/delaybridge/codec"
@@ -333,4 +337,112 @@ func (s *shard) releasedReadyLocked() bool {
 		}
 	}
 	return false
+}
+
+// loadWaitingLocked reads the shard's waiting records at Open (the fire
+// commit of a task that failed as unavailable writes one with its retry,
+// and whatever deletes or moves the task deletes it): each such task is
+// known to wait for the outage again (shard.late, with its group), and
+// its group is down for the engine, so the first delivery of one of them
+// releases the rest, as without the restart. Before, the tasks went each
+// at its own retry time, up to Retry.Max after the target's return. A
+// record whose task is not stored at its retry's key any more (a build
+// without these records, which ignores them, delivered, replaced or
+// retried it), a corrupt one, and those past Options.OutageMemory (their
+// tasks go at their retry times) are deleted. Keys only are read: one
+// seek per record in key order, and nothing without an outage.
+func (s *shard) loadWaitingLocked() error {
+	it, err := s.e.db.NewIter(&pebble.IterOptions{
+		LowerBound: shardSeqKey(prefixWaiting, s.id, 0),
+		UpperBound: shardSeqKey(prefixWaiting, s.id+1, 0),
+	})
+	if err != nil {
+		return fmt.Errorf("load waiting tasks of shard %d: %w", s.id, err)
+	}
+	type record struct {
+		seq      uint64
+		fire, dg int64
+	}
+	var recs []record
+	var drop [][]byte
+	for ok := it.First(); ok; ok = it.Next() {
+		v, err := it.ValueAndErr()
+		if err != nil {
+			it.Close()
+			return fmt.Errorf("load waiting tasks of shard %d: %w", s.id, err)
+		}
+		_, seq, fire, dg, ok := parseWaiting(it.Key(), v)
+		if !ok {
+			drop = append(drop, slices.Clone(it.Key()))
+			continue
+		}
+		recs = append(recs, record{seq: seq, fire: fire, dg: dg})
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("load waiting tasks of shard %d: %w", s.id, err)
+	}
+	if len(recs) == 0 && len(drop) == 0 {
+		return nil
+	}
+	// The earliest retries first: those are kept within the bound.
+	slices.SortFunc(recs, func(a, b record) int { return cmp.Or(cmp.Compare(a.fire, b.fire), cmp.Compare(a.seq, b.seq)) })
+	tasks, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, 0), UpperBound: taskBound(s.id, heldBase)})
+	if err != nil {
+		return fmt.Errorf("load waiting tasks of shard %d: %w", s.id, err)
+	}
+	var groups []int64
+	var key []byte
+	for _, r := range recs {
+		key = appendTaskKey(key[:0], s.id, r.fire, r.seq)
+		if !tasks.SeekGE(key) || !bytes.Equal(tasks.Key(), key) || len(s.late) >= s.e.opts.OutageMemory {
+			drop = append(drop, waitingKey(s.id, r.seq))
+			continue
+		}
+		lt := lateTask{dg: r.dg}
+		s.noteLateLocked(r.seq, lt.due(), r.fire, lt.group())
+		if g := lt.group(); !slices.Contains(groups, g) {
+			groups = append(groups, g)
+		}
+	}
+	// A seek that failed is not a task gone: nothing is deleted then.
+	if err := errors.Join(tasks.Error(), tasks.Close()); err != nil {
+		return fmt.Errorf("load waiting tasks of shard %d: %w", s.id, err)
+	}
+	if len(drop) > 0 {
+		// Not synced: a record left by a crash is dropped again at the
+		// next Open.
+		b := s.e.db.NewBatch()
+		for _, k := range drop {
+			b.Delete(k, nil)
+		}
+		if err := safeCall(func() error { return b.Commit(pebble.NoSync) }); err != nil {
+			return fmt.Errorf("delete stale waiting records of shard %d: %w", s.id, err)
+		}
+	}
+	s.e.restoreOutages(groups)
+	if len(s.late) > 0 {
+		s.e.log.Info("tasks waiting since before the restart for an unreachable target; all go once one of them is delivered",
+			zap.Int("shard", s.id), zap.Int("waiting_in_memory", len(s.late)), zap.Int("target_groups", len(groups)), zap.Int("stale_records_dropped", len(drop)))
+	}
+	return nil
+}
+
+// restoreOutages records the target groups gs as down (Open: tasks have
+// waited for them since before the restart), so that the first delivery
+// of a task that waited for one of them releases the rest (outcome).
+func (e *Engine) restoreOutages(gs []int64) {
+	if len(gs) == 0 {
+		return
+	}
+	o := &e.outages
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.m == nil {
+		o.m = make(map[int64]groupOutage)
+	}
+	for _, g := range gs {
+		st := o.m[g]
+		st.down = true
+		o.m[g] = st
+	}
 }

@@ -36,6 +36,9 @@ import (
 //	w|shard u16|seq u64               -> awaited dead letter: fire u64, its
 //	                                     batch's checkpoint keys (appendDLWait)
 //	h|shard u16|transport u8          -> held count i64 (merge: sum; hold.go)
+//	u|shard u16|seq u64               -> task waiting for an outage: its
+//	                                     retry's fire u64, lateTask.dg u64
+//	                                     (appendWaiting; recover.go)
 //	v                                 -> store format u16 (storeFormat)
 //
 // A task held on disk for an unreachable target (hold.go) keeps its t key
@@ -64,6 +67,12 @@ const (
 	prefixHeld = 'h'
 	// prefixFormat: the store's format (see storeFormat).
 	prefixFormat = 'v'
+	// prefixWaiting: a task waiting for a retry because its target was
+	// unreachable (see appendWaiting), so that after a restart it is
+	// known to wait for the outage and a release takes it (recover.go).
+	// Binaries before it ignore these keys (they read the store by
+	// prefix): the store format stays 1.
+	prefixWaiting = 'u'
 )
 
 // storeFormat is the format of the records this binary writes, kept in
@@ -276,6 +285,33 @@ func parseDLWait(k, v []byte) (shard int, seq uint64, fire int64, keys []string,
 		return 0, 0, 0, nil, fmt.Errorf("%w: %d trailing bytes", errDLWaitRecord, len(rest))
 	}
 	return shard, seq, int64(f), keys, nil
+}
+
+func waitingKey(shard int, seq uint64) []byte { return shardSeqKey(prefixWaiting, shard, seq) }
+
+// waitingLen is the length of a waiting record's value (appendWaiting).
+const waitingLen = 16
+
+// appendWaiting encodes the record of a task waiting for an outage: its
+// retry's fire time (its t key's, so a restart can tell the record still
+// matches the stored task) and its lateTask.dg (due time and target
+// group).
+func appendWaiting(dst []byte, fire, dg int64) []byte {
+	dst = binary.BigEndian.AppendUint64(dst, fireU64(fire))
+	return binary.BigEndian.AppendUint64(dst, uint64(dg))
+}
+
+// parseWaiting decodes a record of appendWaiting: ok false unless it is
+// one, names a target group and a fire time below the held ones.
+func parseWaiting(k, v []byte) (shard int, seq uint64, fire, dg int64, ok bool) {
+	if len(k) != shardSeqKeyLen || k[0] != prefixWaiting || len(v) != waitingLen {
+		return 0, 0, 0, 0, false
+	}
+	f, d := binary.BigEndian.Uint64(v[:8]), binary.BigEndian.Uint64(v[8:])
+	if i := d >> heldDueBits; f >= heldBase || i == 0 || i > transportSlots<<heldGroupBits {
+		return 0, 0, 0, 0, false
+	}
+	return int(binary.BigEndian.Uint16(k[1:3])), binary.BigEndian.Uint64(k[3:11]), int64(f), int64(d), true
 }
 
 // order is the replace/cancel stamp of CONTRACT §1.

@@ -412,6 +412,7 @@ func (e *Engine) DropStuck(shardID int, seq uint64) error {
 	b.Delete(dlWaitKey(s.id, seq), nil)
 	b.Merge(countKey(s.id), u64(math.MaxUint64), nil) // -1
 	writeHeldCounts(b, s.id, pb)
+	writeWaitDels(b, s.id, pb)
 	if err := s.commitDecided(tk, pb, b, "drop", e.commitDrop); err != nil {
 		return fmt.Errorf("shard: drop %d/%d: %w", shardID, seq, err)
 	}

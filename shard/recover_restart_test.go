@@ -1,0 +1,294 @@
+package shard
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+// TestReleaseAfterRestart: the bridge restarted during or after an
+// outage of its target (an operator's restart in the incident, a Helm
+// upgrade), with a Close or a crash. The tasks that waited for the target
+// were known to wait only in memory (shard.late), so after the restart no
+// release happened once the target was back: each went at its own retry
+// time, the last 300 s after the return (121 s when restarted 3 min
+// before it), where without the restart all went with the first. Now
+// their waiting records bring them back at Open, and the first delivery
+// of one of them releases the rest in every shard.
+func TestReleaseAfterRestart(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// stillDown: the target is still down for this long after the
+		// restart (0: it came back before the restart).
+		stillDown time.Duration
+		crash     bool // no Close: the store as last synced
+	}{
+		{"target back before the restart", 0, false},
+		{"restart during the outage", 3 * time.Minute, false},
+		{"crash, target back before the restart", 0, true},
+		{"crash during the outage", 3 * time.Minute, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mem := vfs.NewCrashableMem()
+			h := newHarness(t, func(o *Options) {
+				o.Retry = defaultLikeRetry
+				if tc.crash {
+					o.FS = mem
+				}
+			})
+			down := fmt.Errorf("broker down: %w", ErrUnavailable)
+			h.sink.setFail(func(*codec.Task) error { return down })
+			h.run()
+			const n = 200
+			var tasks []codec.Task
+			for i := range n {
+				tasks = append(tasks, sched(fmt.Sprintf("t%03d", i), t0, int64(i+1)))
+			}
+			h.ingest(tasks)
+			for range 30 { // the outage, a minute at a time
+				h.advance(time.Minute)
+			}
+			if len(h.sink.acked()) != 0 {
+				t.Fatal("delivered during the outage")
+			}
+			checkWaitingRecords(t, h.e)
+			if tc.crash {
+				h.stop()
+				clone := mem.CrashClone(vfs.CrashCloneCfg{}) // what was synced
+				if err := h.e.Close(); err != nil {
+					t.Fatal(err)
+				}
+				h.e = nil
+				h.opts.FS = clone
+				h.open()
+			} else {
+				h.reopen()
+			}
+			checkWaitingRecords(t, h.e)
+			var releases atomic.Int32
+			h.e.testHookRelease = func([]int64) { releases.Add(1) }
+			h.run()
+			for range int(tc.stillDown / time.Minute) {
+				h.advance(time.Minute)
+			}
+			if len(h.sink.acked()) != 0 {
+				t.Fatal("delivered while the target was down")
+			}
+			first := h.backUntilFirstDelivery()
+			last := first
+			for len(h.sink.acked()) < n {
+				if last++; last > 301 {
+					break
+				}
+				h.advance(time.Second)
+			}
+			t.Logf("after the target's return: first delivery %ds, last %ds (%d of %d), %d releases", first, last, len(h.sink.acked()), n, releases.Load())
+			if acked := h.sink.acked(); len(acked) != n || last > first {
+				t.Fatalf("%d of %d tasks delivered by the time the first was (%ds after the return), the last %ds after; want all at once (%d releases)",
+					len(acked), n, first, last, releases.Load())
+			}
+			acked := h.sink.acked()
+			slices.Sort(acked)
+			if len(slices.Compact(acked)) != n {
+				t.Fatal("a task delivered twice")
+			}
+			h.checkPending()
+			if got := waitingRecords(t, h.e); got != 0 {
+				t.Fatalf("%d waiting records left once every task was delivered", got)
+			}
+		})
+	}
+}
+
+// TestWaitingRecordsLeaveWithTheirTasks: a task waiting for an outage
+// has a waiting record exactly while it waits (in memory) for it: a
+// cancel (by message and by the API), a replace, a dead-lettering, a
+// failure that is not an outage, a move to the held tasks and a delivery
+// each take it away in the same commit, so none is left in the store
+// after the outage, and a restart finds exactly the tasks still waiting.
+func TestWaitingRecordsLeaveWithTheirTasks(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 2
+		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+	})
+	down := fmt.Errorf("broker down: %w", ErrUnavailable)
+	var mu sync.Mutex
+	modes := map[string]string{} // by id: "" down, "refused", "rejected", "up"
+	setMode := func(id, m string) {
+		mu.Lock()
+		modes[id] = m
+		mu.Unlock()
+	}
+	h.sink.setFail(func(t *codec.Task) error {
+		mu.Lock()
+		m := modes[t.ID]
+		mu.Unlock()
+		switch m {
+		case "up":
+			return nil
+		case "refused":
+			return errors.New("MESSAGE_TOO_LARGE")
+		case "rejected":
+			return &RejectedError{Code: codec.CodeTooLarge, Err: errors.New("too large for the target")}
+		}
+		return down
+	})
+	h.run()
+	ids := []string{"cancel-msg", "cancel-api", "replace", "rejected", "refused", "delivered", "waits"}
+	var tasks []codec.Task
+	for i, id := range ids {
+		tasks = append(tasks, sched(id, t0, int64(i+1)))
+	}
+	h.ingest(tasks)
+	h.advance(time.Minute)
+	if got := waitingRecords(t, h.e); got != int64(len(ids)) {
+		t.Fatalf("%d waiting records after the outage began, want %d", got, len(ids))
+	}
+	checkWaitingRecords(t, h.e)
+
+	h.ingest([]codec.Task{cancelTask("cancel-msg", 100)})
+	if err := h.e.Cancel("src", "cancel-api"); err != nil {
+		t.Fatal(err)
+	}
+	replaced := sched("replace", t0.Add(time.Hour), 101)
+	h.ingest([]codec.Task{replaced})
+	setMode("rejected", "rejected")
+	setMode("refused", "refused")
+	setMode("delivered", "up")
+	h.advance(5 * time.Minute) // every retry comes
+	checkWaitingRecords(t, h.e)
+	if got := waitingRecords(t, h.e); got != 1 {
+		t.Fatalf("%d waiting records, want 1 (waits)", got)
+	}
+	if !slices.Contains(h.sink.acked(), "delivered") {
+		t.Fatal("delivered not delivered")
+	}
+	h.reopen()
+	checkWaitingRecords(t, h.e)
+	s := h.e.shards[h.e.shardOf("src", "waits")]
+	s.mu.Lock()
+	n := 0
+	for _, lt := range s.late {
+		if lt.group() != 0 {
+			n++
+		}
+	}
+	s.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("after the restart %d tasks known to wait for the outage, want 1 (waits)", n)
+	}
+	h.run()
+	setMode("waits", "up")
+	setMode("refused", "up")
+	h.advance(10 * time.Minute)
+	if got := waitingRecords(t, h.e); got != 0 {
+		t.Fatalf("%d waiting records after the outage", got)
+	}
+	checkWaitingRecords(t, h.e)
+}
+
+// TestStaleWaitingRecordsDropped: a waiting record whose task is not at
+// its retry's key (a build without these records delivered or retried
+// it: it ignores them), a corrupt one and those past OutageMemory are
+// deleted at Open; none makes a task known to wait, or a group down.
+func TestStaleWaitingRecordsDropped(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.Retry = RetryPolicy{Initial: 500 * time.Millisecond, Max: 5 * time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+	})
+	down := fmt.Errorf("broker down: %w", ErrUnavailable)
+	h.sink.setFail(func(*codec.Task) error { return down })
+	h.run()
+	h.ingest([]codec.Task{sched("a", t0, 1), sched("b", t0, 2), sched("c", t0, 3)})
+	h.advance(time.Minute)
+	h.close()
+	db, err := openPebble(t.Context(), h.opts.Dir, nil, h.e0Logger(), 0, 0, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := heldGroup(transportSlot(codec.TransportKafka), "out")
+	stale := [][]byte{waitingKey(0, 1000), waitingKey(0, 1001)}
+	b := db.NewBatch()
+	b.Set(stale[0], appendWaiting(nil, ms(t0)+60_000, packLate(ms(t0), g)), nil) // no such task
+	b.Set(stale[1], []byte{1, 2, 3}, nil)                                        // corrupt
+	if err := errors.Join(b.Commit(pebble.Sync), db.Close()); err != nil {
+		t.Fatal(err)
+	}
+	h.opts.OutageMemory = 2 // lowered: one of a, b, c is not kept
+	h.open()
+	s := h.e.shards[0]
+	s.mu.Lock()
+	late := len(s.late)
+	s.mu.Unlock()
+	if late != 2 {
+		t.Fatalf("%d tasks known to wait after the restart, want 2 (the bound)", late)
+	}
+	if got := waitingRecords(t, h.e); got != 2 {
+		t.Fatalf("%d waiting records after Open, want 2: the stale, corrupt and over-the-bound ones deleted", got)
+	}
+	checkWaitingRecords(t, h.e)
+}
+
+func (h *harness) e0Logger() *zap.Logger { return h.opts.Logger }
+
+// waitingRecords counts the store's waiting records.
+func waitingRecords(t testing.TB, e *Engine) int64 {
+	t.Helper()
+	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixWaiting}, UpperBound: []byte{prefixWaiting + 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer it.Close()
+	var n int64
+	for ok := it.First(); ok; ok = it.Next() {
+		n++
+	}
+	return n
+}
+
+// checkWaitingRecords asserts that each shard's waiting records are
+// exactly its tasks known to wait for an outage (once every batch is
+// durable), with their retry's fire time, due time and group.
+func checkWaitingRecords(t testing.TB, e *Engine) {
+	t.Helper()
+	for _, s := range e.shards {
+		it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: shardSeqKey(prefixWaiting, s.id, 0), UpperBound: shardSeqKey(prefixWaiting, s.id+1, 0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored := map[uint64]lateTask{}
+		for ok := it.First(); ok; ok = it.Next() {
+			_, seq, fire, dg, ok := parseWaiting(it.Key(), it.Value())
+			if !ok {
+				t.Fatalf("shard %d: corrupt waiting record %x", s.id, it.Key())
+			}
+			stored[seq] = lateTask{dg: dg, fire: fire}
+		}
+		it.Close()
+		s.mu.Lock()
+		for seq, lt := range s.late {
+			if lt.group() == 0 {
+				continue
+			}
+			if r, ok := stored[seq]; !ok || r.dg != lt.dg || r.fire != lt.fire {
+				s.mu.Unlock()
+				t.Fatalf("shard %d: task %d waits for group %x (due %d, retry %d); its record %v %+v", s.id, seq, lt.group(), lt.due(), lt.fire, ok, r)
+			}
+			delete(stored, seq)
+		}
+		s.mu.Unlock()
+		if len(stored) > 0 {
+			t.Fatalf("shard %d: waiting records of tasks not waiting: %v", s.id, stored)
+		}
+	}
+}
