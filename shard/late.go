@@ -15,7 +15,9 @@ import (
 // within the horizon, about 75 bytes each. With the due time the shard
 // keeps each one's fire time, wheel entry and, when it waits for an
 // outage, its target's group, so that a release (recover.go) can take it
-// out of the wheel and deliver it at once.
+// out of the wheel and deliver it at once. Such a task also has a waiting
+// record in the store (appendWaiting) for as long as it has a group here,
+// so that after a restart it is known to wait again.
 
 // lateTask is a task waiting for a retry (in shard.late, by seq): 24
 // bytes, about 75 with the map's own (80 measured at 512 k entries; 100

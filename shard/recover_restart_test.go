@@ -75,6 +75,9 @@ func TestReleaseAfterRestart(t *testing.T) {
 				h.reopen()
 			}
 			checkWaitingRecords(t, h.e)
+			if got := h.e.Stats().OldestOverdue; !got.Equal(t0) {
+				t.Fatalf("oldest overdue after the restart %v, want the waiting tasks' due time %v", got, t0)
+			}
 			var releases atomic.Int32
 			h.e.testHookRelease = func([]int64) { releases.Add(1) }
 			h.run()
