@@ -95,6 +95,9 @@ type Source struct {
 	// goroutine waits for that.
 	catchFloor atomic.Int64
 	ackWatch   atomic.Bool
+	// resent counts the JetStream API requests of the set-up sent again
+	// because no answer came in time (see answered); tests read it.
+	resent atomic.Int64
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -190,12 +193,70 @@ func NewSource(nc *natsgo.Conn, cfg Config) (*Source, error) {
 	}
 	s.base = baseKey(cfg.Stream, s.subjects())
 	s.incKey = IncarnationKey(cfg.Stream)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*cfg.ConnectTimeout)
-	defer cancel()
-	if err := s.ensure(ctx); err != nil {
+	if err := s.ensure(context.Background()); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// setupBudget is how long one set-up of the stream and the consumer
+// (ensure) may take in all, however many requests it sends.
+func (s *Source) setupBudget() time.Duration { return 2 * s.cfg.ConnectTimeout }
+
+// resendEvery is how long a JetStream API request of the set-up waits for
+// its answer before the same request is sent again (the first one still
+// waiting): min(ConnectTimeout, 2s). See answered.
+func (s *Source) resendEvery() time.Duration { return min(s.cfg.ConnectTimeout, 2*time.Second) }
+
+// answered runs call, a JetStream API request that may be sent more than
+// once (a lookup, or a create or update with the same configuration), and
+// while it has no result, runs it again every s.resendEvery(), the earlier
+// ones still waiting, until one returns or ctx ends. The first result
+// counts, an error included; the others are cancelled.
+//
+// A request sent while the cluster has no quorum (no meta or stream
+// leader) is answered by no server, not even once the quorum is back: with
+// one request for the whole set-up budget, a start or a re-set-up begun in
+// the outage waited that budget out (2 x ConnectTimeout, 10 s by default)
+// and its caller's backoff after it, up to 12 s after the quorum was back
+// (TestSetupDuringQuorumLoss). A request sent again notices the return
+// within resendEvery. The earlier ones keep waiting rather than being
+// timed out because a healthy cluster that answers slowly (later than
+// resendEvery) must still be answered within the budget, as before.
+func answered[T any](ctx context.Context, s *Source, call func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // the requests still waiting
+	type result struct {
+		v   T
+		err error
+	}
+	out := make(chan result)
+	send := func() {
+		go func() {
+			v, err := call(ctx)
+			select {
+			case out <- result{v, err}:
+			case <-ctx.Done():
+			}
+		}()
+	}
+	send()
+	t := time.NewTicker(s.resendEvery())
+	defer t.Stop()
+	for {
+		select {
+		case r := <-out:
+			return r.v, r.err
+		case <-ctx.Done():
+			// What an unanswered request returns (the requests may see
+			// it first and not hand their result over).
+			var zero T
+			return zero, ctx.Err()
+		case <-t.C:
+			s.resent.Add(1)
+			send()
+		}
+	}
 }
 
 // CheckpointKey is the shard.Checkpoint key of the floor of a delay stream
@@ -358,15 +419,18 @@ func (s *Source) subjectOwners(ctx context.Context, err error, subjects []string
 }
 
 // ensure looks up (or creates) the stream and the consumer and keeps the
-// consumer handle for Run.
+// consumer handle for Run. It takes setupBudget at most; its requests are
+// sent again while unanswered (see answered).
 func (s *Source) ensure(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.setupBudget())
+	defer cancel()
 	subjects := s.subjects()
-	stream, err := s.js.Stream(ctx, s.cfg.Stream)
+	stream, err := answered(ctx, s, func(ctx context.Context) (jetstream.Stream, error) { return s.js.Stream(ctx, s.cfg.Stream) })
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound) && s.cfg.Create:
 		// A work queue: once a message is acked the bridge's store holds
 		// it, the stream has no reason to keep it.
-		stream, err = s.js.CreateStream(ctx, jetstream.StreamConfig{
+		sc := jetstream.StreamConfig{
 			Name:        s.cfg.Stream,
 			Description: "delaybridge delay subjects",
 			Subjects:    subjects,
@@ -374,7 +438,10 @@ func (s *Source) ensure(ctx context.Context) error {
 			Storage:     jetstream.FileStorage,
 			Duplicates:  MinDuplicateWindow,
 			Replicas:    s.cfg.Replicas,
-		})
+		}
+		// Created again with the same configuration, a stream is not
+		// changed: the request may be sent more than once.
+		stream, err = answered(ctx, s, func(ctx context.Context) (jetstream.Stream, error) { return s.js.CreateStream(ctx, sc) })
 		if err != nil {
 			if owners := s.subjectOwners(ctx, err, subjects); len(owners) > 0 {
 				return fmt.Errorf("%w: nats.stream %q cannot be created: its subjects %v are those of stream %s (was nats.stream renamed?): "+
@@ -439,7 +506,7 @@ func (s *Source) ensure(ctx context.Context) error {
 			if rescale {
 				cfg.Replicas = s.cfg.Replicas
 			}
-			if stream, err = s.js.UpdateStream(ctx, cfg); err != nil {
+			if stream, err = answered(ctx, s, func(ctx context.Context) (jetstream.Stream, error) { return s.js.UpdateStream(ctx, cfg) }); err != nil {
 				var what []string
 				if len(missing) > 0 {
 					what = append(what, fmt.Sprintf("add subjects %v", missing))
@@ -474,7 +541,7 @@ func (s *Source) ensure(ctx context.Context) error {
 		}
 		// An existing consumer keeps what cannot be updated (where it
 		// started); the rest is set to what the bridge needs.
-		if old, err := s.js.Consumer(ctx, s.cfg.Stream, s.cfg.Consumer); err == nil {
+		if old, err := answered(ctx, s, s.lookupConsumer); err == nil {
 			cc = old.CachedInfo().Config
 			if cc.AckPolicy != jetstream.AckExplicitPolicy || cc.DeliverSubject != "" {
 				return fmt.Errorf("%w: consumer %q on stream %q exists with ack policy %s (push: %v); need an explicit-ack pull consumer",
@@ -505,14 +572,14 @@ func (s *Source) ensure(ctx context.Context) error {
 			}
 		}
 		cc.FilterSubject, cc.FilterSubjects = "", subjects
-		cons, err = s.js.CreateOrUpdateConsumer(ctx, s.cfg.Stream, cc)
+		cons, err = s.createConsumer(ctx, cc)
 		if apiErr := (*jetstream.APIError)(nil); errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrConsumerMaxAckPendingExcess {
 			// The account's or the server's limit, which the bridge
 			// cannot read: let the server choose (its default, within it).
 			s.log.Warn("nats source: the server caps max ack pending below the bridge's; the consumer takes the server's default",
 				zap.Int("max_ack_pending", cc.MaxAckPending), zap.Error(err))
 			cc.MaxAckPending = 0
-			cons, err = s.js.CreateOrUpdateConsumer(ctx, s.cfg.Stream, cc)
+			cons, err = s.createConsumer(ctx, cc)
 		}
 		if apiErr := (*jetstream.APIError)(nil); errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrConsumerWQNotUnique {
 			return s.workQueueTaken(ctx, stream, err)
@@ -521,7 +588,7 @@ func (s *Source) ensure(ctx context.Context) error {
 			return fmt.Errorf("nats source: create consumer %q on stream %q: %w", s.cfg.Consumer, s.cfg.Stream, err)
 		}
 	} else {
-		cons, err = s.js.Consumer(ctx, s.cfg.Stream, s.cfg.Consumer)
+		cons, err = answered(ctx, s, s.lookupConsumer)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return fmt.Errorf("%w: consumer %q on stream %q (create it, or set nats.create: true): %w",
 				ErrNoConsumer, s.cfg.Consumer, s.cfg.Stream, err)
@@ -593,6 +660,19 @@ func (s *Source) ensure(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// createConsumer creates or updates the durable consumer with cc (a copy:
+// a request sent again after ensure changed its own may not see that).
+func (s *Source) createConsumer(ctx context.Context, cc jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	return answered(ctx, s, func(ctx context.Context) (jetstream.Consumer, error) {
+		return s.js.CreateOrUpdateConsumer(ctx, s.cfg.Stream, cc)
+	})
+}
+
+// lookupConsumer asks the server for the durable consumer.
+func (s *Source) lookupConsumer(ctx context.Context) (jetstream.Consumer, error) {
+	return s.js.Consumer(ctx, s.cfg.Stream, s.cfg.Consumer)
 }
 
 // jsErrConsumerMaxAckPendingExcess is JetStream's error code for a
@@ -1374,7 +1454,9 @@ func (s *Source) reconcile(ctx context.Context, gone bool) error {
 // refreshStream reads the stream's identity and last sequence now: the
 // stream may have been created again, or grown, since ensure.
 func (s *Source) refreshStream(ctx context.Context) error {
-	stream, err := s.js.Stream(ctx, s.cfg.Stream)
+	ctx, cancel := context.WithTimeout(ctx, s.setupBudget())
+	defer cancel()
+	stream, err := answered(ctx, s, func(ctx context.Context) (jetstream.Stream, error) { return s.js.Stream(ctx, s.cfg.Stream) })
 	if err != nil {
 		return fmt.Errorf("nats source: look up stream %q: %w", s.cfg.Stream, err)
 	}

@@ -530,8 +530,9 @@ func TestNATSDLQWithoutQuorum(t *testing.T) {
 // late: the connect backoff doubled to 30 s whatever retry.max said, and
 // the publisher waited for the delay stream's consumer to be set up.
 // Measured from the end of the catch-up pause: the source's consumer
-// set-up may wait out a request sent before the quorum was back (up to
-// 12 s after it measured: 10 s of request timeout and a 2 s backoff).
+// set-up is measured on its own (bridge/nats TestSetupDuringQuorumLoss:
+// it waited out a request sent before the quorum was back, up to 12 s
+// after it, before its requests were sent again while unanswered).
 func TestNATSRestartedBridgeAfterQuorum(t *testing.T) {
 	c, _, js := longNATSCluster(t, outageStreams()...)
 	svc, cancel, done, yml := runOnCluster(t, c, outageRetry)
@@ -571,9 +572,10 @@ func TestNATSRestartedBridgeAfterQuorum(t *testing.T) {
 	t.Logf("stream and meta leaders back at %s", back.UTC().Format(time.RFC3339Nano))
 	// Firing waits at start until the source has read its backlog (the
 	// catch-up pause), and the source's consumer set-up may have sent a
-	// request before the quorum was back that no server answers: it
-	// waits out that request's timeout (2 x connect_timeout). That part
-	// is the source's; what is measured here is the held tasks' release.
+	// request before the quorum was back that no server answers: it is
+	// sent again every 2 s (min(connect_timeout, 2s)) while unanswered.
+	// That part is the source's; what is measured here is the held
+	// tasks' release.
 	within(t, "firing resumed", 60*time.Second, func() bool { return !svc2.Engine().FiringPaused() })
 	resumed := time.Now()
 	within(t, "all delivered", 90*time.Second, func() bool {
