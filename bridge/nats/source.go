@@ -1579,7 +1579,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	}
 	st.start(int64(info.AckFloor.Stream), int64(info.Delivered.Stream), info.Delivered.Consumer)
 	s.lastReset = time.Now()
-	s.nakUnseen(st, info.Delivered.Consumer)
+	s.nakUnseen(st, info.Delivered.Consumer, true)
 	// Within the consumer's own request limits (set by an operator, or by
 	// the server's jetstream.limits.max_request_batch): a pull above one
 	// of them is refused 409. Messages only, no byte limit in the request
@@ -1663,7 +1663,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 			if info, err := cons.Info(ctx); err == nil {
 				dseq, seq := p.asideHigh()
 				st.resumed(int64(info.Delivered.Stream), info.Delivered.Consumer, dseq, seq)
-				s.nakUnseen(st, info.Delivered.Consumer)
+				s.nakUnseen(st, info.Delivered.Consumer, true)
 			}
 		default:
 			return fmt.Errorf("nats source: next message: %w", nextErr)
@@ -1725,34 +1725,55 @@ const maxUnseenNaks = 4096
 // hand or the consumer's last one. A nak lost on the way, or one a
 // server ignores, leaves it to AckWait, as before.
 //
+// The server applies acks and naks on a queue of their own, apart from
+// pull requests: a pull sent right after the naks may be served new
+// messages before the naks are applied, and the messages asked back then
+// come after them (seen under CPU load: TestSourceStopNaksPrefetched
+// handled 3 4 1 2 5). So the last nak is sent as a request: the server
+// answers it once it has applied it, and every nak sent before it on the
+// connection, and the source pulls only then (nakFenceWait at most: a nak
+// not answered in time costs the order, not a message). Only with fence:
+// when no pull is live (a consume's start, the pulls reset), so there is
+// an order to keep.
+//
 // With another client on the same consumer (unsupported) what looks
 // unseen may be in its hands: nak'd, it is handed out again, and may be
 // taken in by both (see checkGaps).
-func (s *Source) nakUnseen(st *floorState, dseq uint64) {
+func (s *Source) nakUnseen(st *floorState, dseq uint64, fence bool) {
 	unseen := st.takeUnseen()
 	if len(unseen) == 0 || s.noNaks {
 		return
 	}
-	n := 0
+	var seqs []int64
+	for _, sp := range unseen {
+		for seq := sp.lo; seq <= sp.hi && len(seqs) < maxUnseenNaks; seq++ {
+			seqs = append(seqs, seq)
+		}
+	}
 	prefix := "$JS.ACK." + s.cfg.Stream + "." + s.cfg.Consumer + ".1."
 	suffix := "." + strconv.FormatUint(dseq, 10) + ".0.0"
 	nak := []byte("-NAK")
-send:
-	for _, sp := range unseen {
-		for seq := sp.lo; seq <= sp.hi; seq++ {
-			if n == maxUnseenNaks {
-				break send
-			}
-			if err := s.nc.Publish(prefix+strconv.FormatInt(seq, 10)+suffix, nak); err != nil {
-				s.log.Debug("nats source: nak of an unseen delivery not sent; redelivered after ack wait", zap.Error(err))
-				return
-			}
-			n++
+	for i, seq := range seqs {
+		subject := prefix + strconv.FormatInt(seq, 10) + suffix
+		var err error
+		if i < len(seqs)-1 || !fence {
+			err = s.nc.Publish(subject, nak)
+		} else if _, err = s.nc.Request(subject, nak, nakFenceWait); err != nil && !errors.Is(err, natsgo.ErrConnectionClosed) {
+			s.log.Debug("nats source: the last nak of the unseen deliveries not answered; they may come back after newer messages", zap.Error(err))
+			err = nil // sent, or lost: the order is what was at stake
+		}
+		if err != nil {
+			s.log.Debug("nats source: nak of an unseen delivery not sent; redelivered after ack wait", zap.Error(err))
+			return
 		}
 	}
 	s.log.Info("nats source: asked the server to redeliver now what it delivered and the source never received (in flight at a restart or a reconnect)",
-		zap.Int64("from_seq", unseen[0].lo), zap.Int64("to_seq", unseen[len(unseen)-1].hi), zap.Int("naks", n))
+		zap.Int64("from_seq", unseen[0].lo), zap.Int64("to_seq", unseen[len(unseen)-1].hi), zap.Int("naks", len(seqs)))
 }
+
+// nakFenceWait bounds how long nakUnseen waits for the server's answer to
+// its last nak before the source pulls.
+var nakFenceWait = time.Second
 
 // sharedGapAfter: one bridge misses deliveries only down a connection it
 // loses, which resets its pulls, and on a server with leaf nodes or
@@ -1896,7 +1917,7 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		high = max(high, seq)
 	}
 	s.lag.Set(float64(pending))
-	s.nakUnseen(st, st.lastDseq)
+	s.nakUnseen(st, st.lastDseq, false) // the pulls are live: nothing to order
 	s.checkGaps(st)
 
 	if len(items) > 0 {
