@@ -81,7 +81,7 @@ func TestSinkTopicCreatedSinceMetadata(t *testing.T) {
 	s.mu.Lock()
 	again := s.rechecked["gone"]
 	s.mu.Unlock()
-	if !ok || !again.Equal(at) {
+	if !ok || !again.at.Equal(at.at) {
 		t.Fatalf("missing topic asked about again within MetadataTTL (%v, %v -> %v)", ok, at, again)
 	}
 }

@@ -46,8 +46,20 @@ type Sink struct {
 	probing bool   // a probe goroutine runs (only while health.err != nil)
 	closed  bool   // no probe starts after Close
 	// rechecked: when topics the cached metadata called unknown were last
-	// asked about on the brokers (see recheckUnknown).
-	rechecked map[string]time.Time
+	// asked about on the brokers, and whether they existed (see
+	// recheckUnknown).
+	rechecked map[string]recheck
+	// recheckMu lets one recheckUnknown at a time ask the brokers, so a
+	// lane that fails a topic another lane is asking about waits for the
+	// answer instead of failing its tasks as missing.
+	recheckMu sync.Mutex
+}
+
+// recheck is what the brokers said of a topic the cached metadata did
+// not know (Sink.recheckUnknown).
+type recheck struct {
+	at    time.Time // asked then; when found, once the transport dropped its pools
+	found bool
 }
 
 var (
@@ -518,6 +530,7 @@ func (s *Sink) write(ctx context.Context, g *writerGen, w *kafkago.Writer, msgs 
 	if len(idx) == 0 {
 		return
 	}
+	start := time.Now() // for recheckUnknown
 	sub := make([]kafkago.Message, len(idx))
 	for j, i := range idx {
 		sub[j] = msgs[i]
@@ -589,9 +602,9 @@ func (s *Sink) write(ctx context.Context, g *writerGen, w *kafkago.Writer, msgs 
 	if !errors.As(err, &protoErr) && ctx.Err() == nil {
 		s.setHealth(nil, fmt.Errorf("kafka: publish: %w", classify(err)), order)
 	}
-	if errors.Is(err, kafkago.UnknownTopicOrPartition) && ctx.Err() == nil && s.recheckUnknown(ctx, order) {
+	if errors.Is(err, kafkago.UnknownTopicOrPartition) && ctx.Err() == nil && s.recheckUnknown(ctx, order, start) {
 		// A topic created since the transport's metadata was read: the
-		// transport reloaded it, so send again.
+		// transport reloaded it since this call began, so send again.
 		s.write(ctx, g, w, msgs, idx, errs, split)
 		return
 	}
@@ -649,7 +662,8 @@ func (s *Sink) badTopics(ctx context.Context, topics []string) map[string]error 
 
 // recheckUnknown asks the brokers about those of topics that the
 // transport's cached metadata does not know, and reports whether one of
-// them exists after all; the transport then reloads its metadata
+// them exists after all, its metadata reloaded since since (when the
+// write that failed began): the transport then reloads its metadata
 // (CloseIdleConnections drops its pools). The cache is up to MetadataTTL
 // old, so a target topic created just before its task came due (a new
 // tenant's) failed as missing: an attempt charged and a "refused" Warn per
@@ -657,43 +671,58 @@ func (s *Sink) badTopics(ctx context.Context, topics []string) map[string]error 
 // less, a publish-failed dead letter of a task whose topic exists (hunt
 // H177). Each topic is asked about at most once per MetadataTTL, so a
 // deleted tenant's topic that still gets tasks costs one metadata request
-// per MetadataTTL, not one per publish.
-func (s *Sink) recheckUnknown(ctx context.Context, topics []string) bool {
+// per MetadataTTL, not one per publish. One call asks at a time: another
+// lane's publish that failed the same topic meanwhile (the tenant's tasks
+// are spread over the shards) takes its answer, and sends again if it
+// found the topic after that publish began; a write sent again after the
+// reload does not send again (it began after it), which bounds the
+// recursion in write.
+func (s *Sink) recheckUnknown(ctx context.Context, topics []string, since time.Time) bool {
 	bad := s.badTopics(ctx, topics)
+	s.recheckMu.Lock()
+	defer s.recheckMu.Unlock()
 	now := time.Now()
 	var ask []string
+	again := false
 	s.mu.Lock()
 	for t, err := range bad {
 		if !errors.Is(err, kafkago.UnknownTopicOrPartition) {
 			continue
 		}
-		if at, ok := s.rechecked[t]; ok && now.Sub(at) < s.cfg.MetadataTTL {
+		if r, ok := s.rechecked[t]; ok && now.Sub(r.at) < s.cfg.MetadataTTL {
+			again = again || r.found && r.at.After(since)
 			continue
 		}
 		ask = append(ask, t)
 	}
 	if len(ask) > 0 {
 		if s.rechecked == nil || len(s.rechecked) >= maxRechecked {
-			s.rechecked = make(map[string]time.Time)
+			s.rechecked = make(map[string]recheck)
 		}
 		for _, t := range ask {
-			s.rechecked[t] = now
+			s.rechecked[t] = recheck{at: now}
 		}
 	}
 	s.mu.Unlock()
 	if len(ask) == 0 {
-		return false
+		return again
 	}
 	found, err := s.existing(ctx, ask)
 	if err != nil {
 		s.log.Debug("kafka: cannot ask the brokers about topics missing from the cached metadata", zap.Strings("topics", ask), zap.Error(err))
-		return false
+		return again
 	}
 	if len(found) == 0 {
-		return false
+		return again
 	}
 	s.log.Debug("kafka: target topics created since the metadata was read; reloading it", zap.Strings("topics", found))
 	s.transport.CloseIdleConnections()
+	reloaded := time.Now()
+	s.mu.Lock()
+	for _, t := range found {
+		s.rechecked[t] = recheck{at: reloaded, found: true}
+	}
+	s.mu.Unlock()
 	return true
 }
 
