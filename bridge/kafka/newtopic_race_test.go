@@ -65,3 +65,33 @@ func TestSinkTopicCreatedSinceMetadataTwoLanes(t *testing.T) {
 		t.Fatalf("second shard, while the first one's recheck was under way: %v", errors.Join(second...))
 	}
 }
+
+// TestSinkRecheckAfterAnotherLaneReloaded: a publish that failed a new
+// topic before another lane's lookup found it and reloaded the metadata,
+// and rechecks after that reload (the cache knows the topic by then), is
+// sent again rather than failed as missing.
+func TestSinkRecheckAfterAnotherLaneReloaded(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "old"))
+	cfg := testConfig(t, c.ListenAddrs(), "")
+	cfg.MetadataTTL = 10 * time.Minute
+	s, err := NewSink(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if errs := s.Deliver(ctx, []*codec.Task{task("old", "k", "warm")}); errs != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	createTopic(t, c, "tenant")
+	began := time.Now() // the second lane's write, failed on the stale cache
+	if errs := s.Deliver(ctx, []*codec.Task{task("tenant", "k", "shard0")}); errs != nil {
+		t.Fatalf("first lane: %v", errors.Join(errs...))
+	}
+	if !s.recheckUnknown(ctx, []string{"tenant"}, began) {
+		t.Fatal("a write that failed before another lane found the topic is not sent again")
+	}
+	if s.recheckUnknown(ctx, []string{"tenant"}, time.Now()) {
+		t.Fatal("a write that began after the reload is sent again (unbounded recursion)")
+	}
+}

@@ -685,12 +685,18 @@ func (s *Sink) recheckUnknown(ctx context.Context, topics []string, since time.T
 	var ask []string
 	again := false
 	s.mu.Lock()
+	for _, t := range topics {
+		// Found by another lane's call since this write began (the
+		// cache may know it by now, so bad may not name it).
+		if r, ok := s.rechecked[t]; ok && r.found && r.at.After(since) {
+			again = true
+		}
+	}
 	for t, err := range bad {
 		if !errors.Is(err, kafkago.UnknownTopicOrPartition) {
 			continue
 		}
 		if r, ok := s.rechecked[t]; ok && now.Sub(r.at) < s.cfg.MetadataTTL {
-			again = again || r.found && r.at.After(since)
 			continue
 		}
 		ask = append(ask, t)
