@@ -149,6 +149,7 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 		}
 		// A release held back by its spacing whose wait has ended
 		// (recover.go): it takes every shard's lock.
+		s.e.outages.rebase(now)
 		s.e.releaseOwed(now)
 		s.mu.Lock()
 		s.rebaseLocked(now)
@@ -350,7 +351,8 @@ const stepBackMin = time.Second
 // lane's outage record and the next sweep of cancel markers keep what was
 // left of them. So held tasks are released within Retry.Max of their
 // target's return, not the step later, and an outage record still goes
-// stale. Due times do not move (a task is never fired early), and neither
+// stale (the engine's record of each group's last release moves too:
+// groupOutages.rebase). Due times do not move (a task is never fired early), and neither
 // do the stored fire times of failed publishes waiting for their backoff:
 // those wait the step out.
 func (s *shard) rebaseLocked(now int64) {

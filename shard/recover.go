@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -72,6 +73,9 @@ type groupOutages struct {
 	// the lock. It may be early (the group failed again since), never
 	// late.
 	owedAt atomic.Int64
+	// lastNow is the engine clock (ms) at the fire loops' last look
+	// (rebase), to tell a step back.
+	lastNow atomic.Int64
 }
 
 // groupOutage is one target group's.
@@ -167,6 +171,34 @@ func (o *groupOutages) forgetLocked(now int64, max time.Duration) {
 			delete(o.m, g)
 		}
 	}
+}
+
+// rebase moves the groups' last releases (and owedAt) back with the
+// clock when it stepped back, as rebaseLocked does the shards' waits:
+// else every failure of a group released before the step looks older
+// than that release for as long as the step (outcome skips it, and
+// releasedSince keeps its tasks at Retry.Initial instead of their outage
+// backoff: a down target tried every Retry.Initial), and a release owed
+// waits the step out. The fire loops call it on each round, without any
+// shard lock.
+func (o *groupOutages) rebase(now int64) {
+	back := o.lastNow.Swap(now) - now
+	if back < stepBackMin.Milliseconds() {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	next := int64(0)
+	for g, st := range o.m {
+		if st.released > now {
+			st.released = max(math.MinInt64+back, st.released) - back
+			o.m[g] = st
+		}
+		if at := st.released + st.wait.Milliseconds(); st.owed && (next == 0 || at < next) {
+			next = at
+		}
+	}
+	o.owedAt.Store(next)
 }
 
 // releaseOwed releases the groups whose release was owed (outcome) and
