@@ -1579,7 +1579,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	}
 	st.start(int64(info.AckFloor.Stream), int64(info.Delivered.Stream), info.Delivered.Consumer)
 	s.lastReset = time.Now()
-	s.nakUnseen(st, info.Delivered.Consumer, true)
+	s.nakUnseen(ctx, st, info.Delivered.Consumer, true)
 	// Within the consumer's own request limits (set by an operator, or by
 	// the server's jetstream.limits.max_request_batch): a pull above one
 	// of them is refused 409. Messages only, no byte limit in the request
@@ -1663,7 +1663,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 			if info, err := cons.Info(ctx); err == nil {
 				dseq, seq := p.asideHigh()
 				st.resumed(int64(info.Delivered.Stream), info.Delivered.Consumer, dseq, seq)
-				s.nakUnseen(st, info.Delivered.Consumer, true)
+				s.nakUnseen(ctx, st, info.Delivered.Consumer, true)
 			}
 		default:
 			return fmt.Errorf("nats source: next message: %w", nextErr)
@@ -1739,7 +1739,7 @@ const maxUnseenNaks = 4096
 // With another client on the same consumer (unsupported) what looks
 // unseen may be in its hands: nak'd, it is handed out again, and may be
 // taken in by both (see checkGaps).
-func (s *Source) nakUnseen(st *floorState, dseq uint64, fence bool) {
+func (s *Source) nakUnseen(ctx context.Context, st *floorState, dseq uint64, fence bool) {
 	unseen := st.takeUnseen()
 	if len(unseen) == 0 || s.noNaks {
 		return
@@ -1758,7 +1758,7 @@ func (s *Source) nakUnseen(st *floorState, dseq uint64, fence bool) {
 		var err error
 		if i < len(seqs)-1 || !fence {
 			err = s.nc.Publish(subject, nak)
-		} else if _, err = s.nc.Request(subject, nak, nakFenceWait); err != nil && !errors.Is(err, natsgo.ErrConnectionClosed) {
+		} else if err = s.nakFence(ctx, subject, nak); err != nil && !errors.Is(err, natsgo.ErrConnectionClosed) {
 			s.log.Debug("nats source: the last nak of the unseen deliveries not answered; they may come back after newer messages", zap.Error(err))
 			err = nil // sent, or lost: the order is what was at stake
 		}
@@ -1774,6 +1774,20 @@ func (s *Source) nakUnseen(st *floorState, dseq uint64, fence bool) {
 // nakFenceWait bounds how long nakUnseen waits for the server's answer to
 // its last nak before the source pulls.
 var nakFenceWait = time.Second
+
+// nakFence sends the last nak of nakUnseen as a request and waits for the
+// server's answer, nakFenceWait at most, or until ctx ends (a stop does not
+// wait for it: the nak is sent either way).
+func (s *Source) nakFence(ctx context.Context, subject string, nak []byte) error {
+	if ctx.Err() != nil {
+		// Stopping: a request would not even be sent.
+		return s.nc.Publish(subject, nak)
+	}
+	ctx, cancel := context.WithTimeout(ctx, nakFenceWait)
+	defer cancel()
+	_, err := s.nc.RequestWithContext(ctx, subject, nak)
+	return err
+}
 
 // sharedGapAfter: one bridge misses deliveries only down a connection it
 // loses, which resets its pulls, and on a server with leaf nodes or
@@ -1917,7 +1931,7 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 		high = max(high, seq)
 	}
 	s.lag.Set(float64(pending))
-	s.nakUnseen(st, st.lastDseq, false) // the pulls are live: nothing to order
+	s.nakUnseen(ctx, st, st.lastDseq, false) // the pulls are live: nothing to order
 	s.checkGaps(st)
 
 	if len(items) > 0 {

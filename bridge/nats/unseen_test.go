@@ -1,6 +1,8 @@
 package nats
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -364,5 +366,40 @@ func TestUnseenRedeliveredFirst(t *testing.T) {
 		if err := stop(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestNakFenceStopping: the last nak of nakUnseen is a request whose
+// answer the source waits for (nakFenceWait at most) before it pulls, but
+// a stop does not wait for it, and a source already stopping still sends
+// the nak (a request with a done context would not even be sent).
+func TestNakFenceStopping(t *testing.T) {
+	_, nc, _, src := createdSource(t, nil)
+	got := make(chan string, 4)
+	sub, err := nc.Subscribe("fence.test", func(m *natsgo.Msg) { got <- string(m.Data) }) // never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	old := nakFenceWait
+	nakFenceWait = time.Hour
+	defer func() { nakFenceWait = old }()
+
+	stopped, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := src.nakFence(stopped, "fence.test", []byte("-NAK")); err != nil {
+		t.Fatalf("nak while stopping: %v", err)
+	}
+	if m := <-got; m != "-NAK" {
+		t.Fatalf("sent %q, want -NAK", m)
+	}
+
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.nakFence(ctx, "fence.test", []byte("-NAK")) }()
+	<-got // sent, and no answer comes
+	stop()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("nak fence after a stop: %v, want context.Canceled (an hour's wait otherwise)", err)
 	}
 }
