@@ -412,7 +412,10 @@ func (e *Engine) DropStuck(shardID int, seq uint64) error {
 	b.Delete(dlWaitKey(s.id, seq), nil)
 	b.Merge(countKey(s.id), u64(math.MaxUint64), nil) // -1
 	writeHeldCounts(b, s.id, pb)
-	writeWaitDels(b, s.id, pb)
+	// Its waiting record (recover.go), if any: one known to wait is in
+	// pb's, and an undecodable task left shard.late at its claim, with no
+	// commit to delete its record in.
+	b.Delete(waitingKey(s.id, seq), nil)
 	if err := s.commitDecided(tk, pb, b, "drop", e.commitDrop); err != nil {
 		return fmt.Errorf("shard: drop %d/%d: %w", shardID, seq, err)
 	}
