@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"slices"
 	"strconv"
@@ -29,6 +28,7 @@ import (
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/config"
 	"github.com/delaybridge/delaybridge/internal/clock"
+	"github.com/delaybridge/delaybridge/internal/natstest"
 	"github.com/delaybridge/delaybridge/internal/testlog"
 )
 
@@ -127,13 +127,11 @@ func newEnv(t *testing.T, extraConfig string) *env {
 	return e
 }
 
+// freePort is natstest.FreePort: below the ephemeral range, so a broker
+// stopped and started again finds its port free.
 func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Helper()
+	return natstest.FreePort(t)
 }
 
 func (e *env) startNATS() {

@@ -6,7 +6,9 @@ package natstest
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,7 +61,7 @@ func clusterOptions(t testing.TB, n int) []*natsserver.Options {
 	routes := make([]string, n)
 	cports := make([]int, n)
 	for i := range n {
-		cports[i] = freePort(t)
+		cports[i] = FreePort(t)
 		routes[i] = "nats://127.0.0.1:" + strconv.Itoa(cports[i])
 	}
 	opts := make([]*natsserver.Options, n)
@@ -67,7 +69,7 @@ func clusterOptions(t testing.TB, n int) []*natsserver.Options {
 		opts[i] = &natsserver.Options{
 			ServerName: fmt.Sprintf("S%d", i+1),
 			Host:       "127.0.0.1",
-			Port:       freePort(t),
+			Port:       FreePort(t),
 			JetStream:  true,
 			StoreDir:   t.TempDir(),
 			NoSigs:     true,
@@ -198,12 +200,47 @@ func (c *Cluster) find(pred func(*natsserver.Server) bool) int {
 	return -1
 }
 
-func freePort(t testing.TB) int {
+// FreePort is a TCP port on 127.0.0.1 free when picked, for a broker a test
+// stops and starts again on the same port.
+func FreePort(t testing.TB) int {
 	t.Helper()
+	// Below the kernel's ephemeral range, which every listener on port 0
+	// and every outgoing connection of the tests running beside (other
+	// packages' brokers and clients) draws from: a port from there, free
+	// when picked, was taken by one of those while its server was stopped
+	// for 17 s (TestNATSRestartedBridgeAfterQuorum, under load). A port
+	// below it is only taken by a listener that asks for it.
+	if lo := ephemeralLow(); lo > 2048 {
+		for range 64 {
+			port := 1024 + rand.IntN(lo-1024)
+			if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
+				l.Close()
+				return port
+			}
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux:
+// /proc/sys/net/ipv4/ip_local_port_range), 0 if unknown.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0
+	}
+	lo, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 0
+	}
+	return lo
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -25,6 +24,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/natstest"
 )
 
 // long reports whether the long form runs (DELAYBRIDGE_LONG=1).
@@ -84,14 +84,11 @@ func binary(t *testing.T) string {
 	return binPath
 }
 
+// freePort is natstest.FreePort: below the ephemeral range, so a broker
+// stopped and started again finds its port free.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return natstest.FreePort(t)
 }
 
 // brokers is a kfake cluster and a nats-server, both in process, on fixed
