@@ -1260,7 +1260,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 	}
 	s.heldOutcomeLocked(ln, heldUp, heldDown)
 	if o := &ln.outage; outageErr != nil || o.err != nil {
-		s.outageOutcomeLocked(o, tr, items, acked, down, outageErr, waiting, now)
+		s.outageOutcomeLocked(o, tr, items, acked, up, down, outageErr, waiting, now)
 	}
 	switch {
 	case heldBefore == 0 && heldAfter > 0:
@@ -1365,15 +1365,24 @@ type outageState struct {
 // outageOutcomeLocked records in o (the lane of transport tr) what a
 // delivered batch says of its target groups: down, those of its tasks
 // that failed as unavailable (the last such failure outageErr, waiting
-// tasks held back by it); acked, the indexes of its tasks delivered. A
-// group is down from a failure until a task of it is delivered in a batch
-// that fails none of it (a target partly down stays down), or until it
-// has not failed for twice Retry.Max (every waiting task is retried
-// within Retry.Max: its tasks left the store some other way). The
-// transport's outage, logged and reported by readiness, lasts while any
-// group of it is down. Called only while the lane is in an outage or the
-// batch put it in one, so a delivery outside an outage hashes no target.
-func (s *shard) outageOutcomeLocked(o *outageState, tr codec.Transport, items []fireItem, acked []int, down []int64, outageErr error, waiting int, now int64) {
+// tasks held back by it); acked, the indexes of its tasks delivered; up,
+// the groups of those of them that waited for an outage (in memory or
+// held). A group is down from a failure until a task that waited for it
+// is delivered in a batch that fails none of it (a target partly down
+// stays down), or until a task of it that did not wait is delivered after
+// the group has not failed for Retry.Max (every waiting task is retried
+// within Retry.Max, so none of this shard's waits for it any more), or
+// until it has not failed for twice Retry.Max (its tasks left the store
+// some other way). A task that did not wait ending the outage at once
+// made a Kafka topic with one partition without a leader flap: every
+// delivery to its other partitions logged "reachable again" and the next
+// retry of a waiting task "unreachable" (hunt H180: some 430 lines of
+// each a minute with 8 shards at 20 tasks/s), and readiness flipped with
+// them. The transport's outage, logged and reported by readiness, lasts
+// while any group of it is down. Called only while the lane is in an
+// outage or the batch put it in one, so a delivery outside an outage
+// hashes no target.
+func (s *shard) outageOutcomeLocked(o *outageState, tr codec.Transport, items []fireItem, acked []int, up, down []int64, outageErr error, waiting int, now int64) {
 	wasDown := o.err != nil
 	if outageErr != nil {
 		if o.groups == nil {
@@ -1387,7 +1396,11 @@ func (s *shard) outageOutcomeLocked(o *outageState, tr codec.Transport, items []
 	for _, i := range acked {
 		t := items[i].task
 		g := heldGroup(transportSlot(t.Transport), t.Target)
-		if _, ok := o.groups[g]; ok && !slices.Contains(down, g) {
+		at, ok := o.groups[g]
+		if !ok || slices.Contains(down, g) {
+			continue
+		}
+		if slices.Contains(up, g) || now-at > max(s.e.opts.Retry.Max, time.Second).Milliseconds() {
 			delete(o.groups, g)
 		}
 	}

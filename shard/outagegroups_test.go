@@ -23,7 +23,8 @@ func TestOutageOutcomeByGroup(t *testing.T) {
 	type batch struct {
 		at     time.Duration // since t0
 		failed []string      // targets of tasks that failed as unavailable
-		acked  []string      // targets of tasks delivered
+		acked  []string      // targets of tasks delivered that waited for an outage
+		fresh  []string      // targets of tasks delivered that did not wait
 	}
 	for _, tc := range []struct {
 		name      string
@@ -32,28 +33,38 @@ func TestOutageOutcomeByGroup(t *testing.T) {
 		warn, inf int
 	}{
 		{"one target down, others delivered", []batch{
-			{0, []string{"a"}, nil}, {time.Second, nil, []string{"b"}}, {2 * time.Second, []string{"a"}, []string{"c"}}, {3 * time.Second, nil, []string{"b", "c"}},
+			{0, []string{"a"}, nil, nil}, {time.Second, nil, []string{"b"}, nil}, {2 * time.Second, []string{"a"}, []string{"c"}, nil}, {3 * time.Second, nil, []string{"b", "c"}, nil},
 		}, true, 1, 0},
 		{"the down target delivered", []batch{
-			{0, []string{"a"}, nil}, {time.Second, nil, []string{"b"}}, {2 * time.Second, nil, []string{"a"}},
+			{0, []string{"a"}, nil, nil}, {time.Second, nil, []string{"b"}, nil}, {2 * time.Second, nil, []string{"a"}, nil},
 		}, false, 1, 1},
 		{"target partly down: delivered and failed in one batch", []batch{
-			{0, []string{"a"}, nil}, {time.Second, []string{"a"}, []string{"a"}},
+			{0, []string{"a"}, nil, nil}, {time.Second, []string{"a"}, []string{"a"}, nil},
 		}, true, 1, 0},
 		{"two targets down, one back", []batch{
-			{0, []string{"a", "b"}, nil}, {time.Second, nil, []string{"a"}},
+			{0, []string{"a", "b"}, nil, nil}, {time.Second, nil, []string{"a"}, nil},
 		}, true, 1, 0},
 		{"two targets down, both back", []batch{
-			{0, []string{"a", "b"}, nil}, {time.Second, nil, []string{"a"}}, {2 * time.Second, nil, []string{"b"}},
+			{0, []string{"a", "b"}, nil, nil}, {time.Second, nil, []string{"a"}, nil}, {2 * time.Second, nil, []string{"b"}, nil},
 		}, false, 1, 1},
 		{"down again after coming back", []batch{
-			{0, []string{"a"}, nil}, {time.Second, nil, []string{"a"}}, {2 * time.Second, []string{"a"}, nil},
+			{0, []string{"a"}, nil, nil}, {time.Second, nil, []string{"a"}, nil}, {2 * time.Second, []string{"a"}, nil, nil},
 		}, true, 2, 1},
 		{"a group not failing for twice retry.max is stale", []batch{
-			{0, []string{"a"}, nil}, {time.Second, nil, []string{"b"}}, {2*time.Minute + 2*time.Second, nil, []string{"b"}},
+			{0, []string{"a"}, nil, nil}, {time.Second, nil, []string{"b"}, nil}, {2*time.Minute + 2*time.Second, nil, []string{"b"}, nil},
+		}, false, 1, 1},
+		// Hunt H180: a Kafka topic with one partition without a leader.
+		// New tasks to its other partitions never waited: their delivery
+		// says nothing of the tasks that wait.
+		{"target partly down: a task that did not wait delivered", []batch{
+			{at: 0, failed: []string{"a"}}, {at: time.Second, fresh: []string{"a"}}, {at: 2 * time.Second, failed: []string{"a"}},
+			{at: 3 * time.Second, fresh: []string{"a", "b"}},
+		}, true, 1, 0},
+		{"a task that did not wait delivered after retry.max without a failure", []batch{
+			{at: 0, failed: []string{"a"}}, {at: time.Second, fresh: []string{"a"}}, {at: time.Minute + 2*time.Second, fresh: []string{"a"}},
 		}, false, 1, 1},
 		{"deliveries outside an outage", []batch{
-			{0, nil, []string{"a"}}, {time.Second, nil, []string{"b"}},
+			{0, nil, []string{"a"}, nil}, {time.Second, nil, []string{"b"}, nil},
 		}, false, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -77,7 +88,13 @@ func TestOutageOutcomeByGroup(t *testing.T) {
 					items = append(items, fireItem{task: &codec.Task{Transport: codec.TransportKafka, Target: tg}})
 					downGroups = appendGroup(downGroups, heldGroup(slot, tg))
 				}
+				var upGroups []int64
 				for _, tg := range b.acked {
+					acked = append(acked, len(items))
+					items = append(items, fireItem{task: &codec.Task{Transport: codec.TransportKafka, Target: tg}})
+					upGroups = appendGroup(upGroups, heldGroup(slot, tg))
+				}
+				for _, tg := range b.fresh {
 					acked = append(acked, len(items))
 					items = append(items, fireItem{task: &codec.Task{Transport: codec.TransportKafka, Target: tg}})
 				}
@@ -87,7 +104,7 @@ func TestOutageOutcomeByGroup(t *testing.T) {
 				}
 				s.mu.Lock()
 				if outageErr != nil || o.err != nil {
-					s.outageOutcomeLocked(o, codec.TransportKafka, items, acked, downGroups, outageErr, len(b.failed), ms(t0.Add(b.at)))
+					s.outageOutcomeLocked(o, codec.TransportKafka, items, acked, upGroups, downGroups, outageErr, len(b.failed), ms(t0.Add(b.at)))
 				}
 				s.mu.Unlock()
 			}
