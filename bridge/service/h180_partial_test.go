@@ -299,6 +299,7 @@ func runH180(t *testing.T, o h180Run) {
 	if lost > 0 || dup > 0 {
 		t.Errorf("lost %d, duplicated %d", lost, dup)
 	}
+	eventually(t, "nothing pending", func() bool { return svc.Engine().Stats().Pending == 0 })
 }
 
 // TestOnePartitionDownNoFlap (hunt H180): a Kafka target topic with one
