@@ -3,8 +3,9 @@
 // process as shipped. The tests build the delaybridge binary once, run real
 // brokers in the test process (kfake for Kafka, nats-server with JetStream)
 // and drive the bridge as a child process: kill -9 under load (also of one
-// of two bridges sharing the Kafka group and the NATS consumer), broker
-// outages, bad input. Store write errors and wall-clock steps are tested in
+// of two bridges sharing the Kafka group and the NATS consumer, and
+// repeatedly through an outage of the target broker), broker outages, bad
+// input. Store write errors and wall-clock steps are tested in
 // process through bridge/service, where a failing file system and a fake
 // clock can be injected.
 //
