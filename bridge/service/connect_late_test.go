@@ -3,6 +3,7 @@ package service
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/bridge/nats"
 )
@@ -200,4 +203,32 @@ func (e *env) overdueWithNATSDown() {
 	stop()
 	e.clk.Advance(10 * time.Minute)
 	e.ns.Shutdown()
+}
+
+// TestConnectBackoffWhilePaused: while firing waits at start for the
+// sources to catch up (the catch-up pause), no delivery asks the
+// connector of a transport whose brokers are down for an attempt, so its
+// backoff stays at 2 s at most instead of doubling to 30 s: a bridge
+// restarted in an outage reached the broker up to 30 s after its return
+// (hunt H181: 22 s). Read from the connector's log lines, whose backoff is
+// the pause before the next attempt.
+func TestConnectBackoffWhilePaused(t *testing.T) {
+	e := newEnv(t, "catch_up_wait: 10m\n")
+	e.kafkaAddr = "127.0.0.1:" + strconv.Itoa(freePort(t)) // nothing listens
+	core, logs := observer.New(zap.WarnLevel)
+	svc, _, _ := e.runWith(Options{Logger: zap.New(core)})
+	var backoffs []time.Duration
+	eventually(t, "five connect attempts to the down Kafka", func() bool {
+		backoffs = backoffs[:0]
+		for _, l := range logs.FilterMessage("brokers unreachable; retrying").FilterField(zap.String("transport", "kafka")).All() {
+			backoffs = append(backoffs, time.Duration(l.ContextMap()["backoff"].(time.Duration)))
+		}
+		return len(backoffs) >= 5
+	})
+	if !svc.Engine().FiringPaused() {
+		t.Fatal("firing not paused: the test needs the catch-up pause")
+	}
+	if want := []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 2 * time.Second, 2 * time.Second}; !slices.Equal(backoffs[:5], want) {
+		t.Fatalf("connect backoffs during the catch-up pause %v, want %v", backoffs[:5], want)
+	}
 }

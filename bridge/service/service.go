@@ -339,7 +339,10 @@ func (l *lateSink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 // publisher is up, deliveries go out while the sources are still being
 // set up (built.addSources, retried alone). The backoff doubles up to
 // retry.max (at most 30 s): a transport reached later than that would
-// hold its due tasks longer than an outage of a connected one does.
+// hold its due tasks longer than an outage of a connected one does. While
+// firing is paused at start (the catch-up pause) it is 2 s at most: no
+// delivery asks for an attempt then, and a bridge restarted in an outage
+// reaches the broker within 2 s of its return.
 func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 	backoff := firstPause
 	maxBackoff := max(firstPause, min(30*time.Second, s.cfg.Retry.Max.Std()))
@@ -373,9 +376,17 @@ func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 			time.AfterFunc(lateGrace, func() { l.waitedOutOnce.Do(func() { close(l.waitedOut) }) })
 		}
 		if unreachable(err) && ctx.Err() == nil {
+			d := backoff
+			if s.eng != nil && s.eng.FiringPaused() {
+				// No delivery asks for an attempt while firing waits
+				// for the sources to catch up (catchUp): a bridge
+				// restarted in an outage would reach the broker up to
+				// 30 s after its return (hunt H181: 22 s).
+				d = min(d, pausedConnectBackoff)
+			}
 			s.log.Warn("brokers unreachable; retrying", zap.String("transport", l.transport), zap.Int("attempt", attempt),
-				zap.Bool("publisher_up", b != nil), zap.Duration("backoff", backoff), zap.Error(err))
-			if pause(ctx, l.kick, backoff) {
+				zap.Bool("publisher_up", b != nil), zap.Duration("backoff", d), zap.Error(err))
+			if pause(ctx, l.kick, d) {
 				backoff = min(2*backoff, maxBackoff)
 				continue
 			}
@@ -389,6 +400,10 @@ func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 // firstPause is the connector's first backoff, and the least time between
 // two attempts however often deliveries ask for one.
 const firstPause = 500 * time.Millisecond
+
+// pausedConnectBackoff caps the connector's backoff while firing is paused
+// at start, when no delivery asks for an attempt.
+const pausedConnectBackoff = 2 * time.Second
 
 // pause waits d before the next connect attempt, or, once a delivery asks
 // for one (kick), until firstPause has passed since the last attempt. It
