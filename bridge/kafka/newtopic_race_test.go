@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/delaybridge/delaybridge/codec"
@@ -19,18 +18,8 @@ import (
 // make the other fail its task as missing: with retry.max_attempts 1 that
 // is a publish-failed dead letter of a task whose topic exists.
 func TestSinkTopicCreatedSinceMetadataTwoLanes(t *testing.T) {
-	c := newCluster(t, kfake.SeedTopics(1, "old"))
-	cfg := testConfig(t, c.ListenAddrs(), "")
-	cfg.MetadataTTL = 10 * time.Minute
-	s, err := NewSink(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	c, s := warmSink(t)
 	ctx := context.Background()
-	if errs := s.Deliver(ctx, []*codec.Task{task("old", "k", "warm")}); errs != nil {
-		t.Fatal(errors.Join(errs...))
-	}
 	createTopic(t, c, "tenant")
 
 	// Hold the first shard's lookup of "tenant" on the brokers while the
@@ -71,18 +60,8 @@ func TestSinkTopicCreatedSinceMetadataTwoLanes(t *testing.T) {
 // and rechecks after that reload (the cache knows the topic by then), is
 // sent again rather than failed as missing.
 func TestSinkRecheckAfterAnotherLaneReloaded(t *testing.T) {
-	c := newCluster(t, kfake.SeedTopics(1, "old"))
-	cfg := testConfig(t, c.ListenAddrs(), "")
-	cfg.MetadataTTL = 10 * time.Minute
-	s, err := NewSink(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	c, s := warmSink(t)
 	ctx := context.Background()
-	if errs := s.Deliver(ctx, []*codec.Task{task("old", "k", "warm")}); errs != nil {
-		t.Fatal(errors.Join(errs...))
-	}
 	createTopic(t, c, "tenant")
 	began := time.Now() // the second lane's write, failed on the stale cache
 	if errs := s.Deliver(ctx, []*codec.Task{task("tenant", "k", "shard0")}); errs != nil {

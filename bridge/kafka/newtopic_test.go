@@ -38,18 +38,8 @@ func createTopic(t *testing.T, c *kfake.Cluster, topic string) {
 // dead letter of a task whose topic exists, hunt H177). A topic that is
 // missing still fails as missing.
 func TestSinkTopicCreatedSinceMetadata(t *testing.T) {
-	c := newCluster(t, kfake.SeedTopics(1, "old"))
-	cfg := testConfig(t, c.ListenAddrs(), "")
-	cfg.MetadataTTL = 10 * time.Minute // the cache is not refreshed during the test
-	s, err := NewSink(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	c, s := warmSink(t)
 	ctx := context.Background()
-	if errs := s.Deliver(ctx, []*codec.Task{task("old", "k", "warm")}); errs != nil {
-		t.Fatal(errors.Join(errs...))
-	}
 
 	createTopic(t, c, "new-alone")
 	if errs := s.Deliver(ctx, []*codec.Task{task("new-alone", "k", "v1")}); errs != nil {
@@ -84,4 +74,23 @@ func TestSinkTopicCreatedSinceMetadata(t *testing.T) {
 	if !ok || !again.at.Equal(at.at) {
 		t.Fatalf("missing topic asked about again within MetadataTTL (%v, %v -> %v)", ok, at, again)
 	}
+}
+
+// warmSink is a sink on a new cluster with topic "old" whose transport
+// has read the metadata (a delivery to "old"), cached for 10 minutes: not
+// refreshed during a test.
+func warmSink(t *testing.T) (*kfake.Cluster, *Sink) {
+	t.Helper()
+	c := newCluster(t, kfake.SeedTopics(1, "old"))
+	cfg := testConfig(t, c.ListenAddrs(), "")
+	cfg.MetadataTTL = 10 * time.Minute
+	s, err := NewSink(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if errs := s.Deliver(context.Background(), []*codec.Task{task("old", "k", "warm")}); errs != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	return c, s
 }
