@@ -236,10 +236,8 @@ func (s *Sink) probeDone(epoch uint64, err error) (healthy bool) {
 func (s *Sink) ping(ctx context.Context, topics []string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
 	defer cancel()
-	t := s.cfg.transport()
-	t.MetadataTopics = topics
-	defer t.CloseIdleConnections()
-	c := kafkago.Client{Addr: s.addr, Transport: t}
+	c, done := s.freshClient(topics)
+	defer done()
 	md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: topics})
 	if err != nil {
 		return fmt.Errorf("metadata: %w", err)
@@ -254,6 +252,16 @@ func (s *Sink) ping(ctx context.Context, topics []string) error {
 		}
 	}
 	return nil
+}
+
+// freshClient is a client on a new transport with the sink's settings
+// (dialer, TLS, SASL) that reads the metadata of topics from the brokers:
+// the sink's own transport answers Metadata from its cache. done closes
+// its connections.
+func (s *Sink) freshClient(topics []string) (c *kafkago.Client, done func()) {
+	t := s.cfg.transport()
+	t.MetadataTopics = topics
+	return &kafkago.Client{Addr: s.addr, Transport: t}, t.CloseIdleConnections
 }
 
 // partitionLeaders returns the address of every broker that leads a
@@ -742,10 +750,8 @@ const maxRechecked = 4096
 func (s *Sink) existing(ctx context.Context, topics []string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
 	defer cancel()
-	t := s.cfg.transport()
-	t.MetadataTopics = topics
-	defer t.CloseIdleConnections()
-	c := kafkago.Client{Addr: s.addr, Transport: t}
+	c, done := s.freshClient(topics)
+	defer done()
 	md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: topics})
 	if err != nil {
 		return nil, fmt.Errorf("metadata: %w", err)
