@@ -1260,7 +1260,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 	}
 	s.heldOutcomeLocked(ln, heldUp, heldDown)
 	if o := &ln.outage; outageErr != nil || o.err != nil {
-		s.outageOutcomeLocked(o, tr, items, acked, up, down, outageErr, waiting, now)
+		s.outageOutcomeLocked(o, tr, items, acked, up, down, outageErr, waiting, begin, now)
 	}
 	switch {
 	case heldBefore == 0 && heldAfter > 0:
@@ -1369,9 +1369,12 @@ type outageState struct {
 // the groups of those of them that waited for an outage (in memory or
 // held). A group is down from a failure until a task that waited for it
 // is delivered in a batch that fails none of it (a target partly down
-// stays down), or until a task of it that did not wait is delivered after
-// the group has not failed for Retry.Max (every waiting task is retried
-// within Retry.Max, so none of this shard's waits for it any more), or
+// stays down), or until a task of it that did not wait is delivered by a
+// publish that began (begin) after the group had not failed for Retry.Max
+// (every waiting task is retried within Retry.Max, so none of this
+// shard's waits for it any more; a publish that began before may have
+// held the lane while a waiting task's retry came due, and ended after:
+// its acknowledgement says nothing of that retry), or
 // until it has not failed for twice Retry.Max (its tasks left the store
 // some other way). A task that did not wait ending the outage at once
 // made a Kafka topic with one partition without a leader flap: every
@@ -1382,7 +1385,7 @@ type outageState struct {
 // while any group of it is down. Called only while the lane is in an
 // outage or the batch put it in one, so a delivery outside an outage
 // hashes no target.
-func (s *shard) outageOutcomeLocked(o *outageState, tr codec.Transport, items []fireItem, acked []int, up, down []int64, outageErr error, waiting int, now int64) {
+func (s *shard) outageOutcomeLocked(o *outageState, tr codec.Transport, items []fireItem, acked []int, up, down []int64, outageErr error, waiting int, begin, now int64) {
 	wasDown := o.err != nil
 	if outageErr != nil {
 		if o.groups == nil {
@@ -1400,7 +1403,7 @@ func (s *shard) outageOutcomeLocked(o *outageState, tr codec.Transport, items []
 		if !ok || slices.Contains(down, g) {
 			continue
 		}
-		if slices.Contains(up, g) || now-at > max(s.e.opts.Retry.Max, time.Second).Milliseconds() {
+		if slices.Contains(up, g) || begin-at > max(s.e.opts.Retry.Max, time.Second).Milliseconds() {
 			delete(o.groups, g)
 		}
 	}

@@ -104,7 +104,7 @@ func TestOutageOutcomeByGroup(t *testing.T) {
 				}
 				s.mu.Lock()
 				if outageErr != nil || o.err != nil {
-					s.outageOutcomeLocked(o, codec.TransportKafka, items, acked, upGroups, downGroups, outageErr, len(b.failed), ms(t0.Add(b.at)))
+					s.outageOutcomeLocked(o, codec.TransportKafka, items, acked, upGroups, downGroups, outageErr, len(b.failed), ms(t0.Add(b.at)), ms(t0.Add(b.at)))
 				}
 				s.mu.Unlock()
 			}
