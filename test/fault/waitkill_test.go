@@ -210,10 +210,12 @@ func TestKill9ThroughTargetOutage(t *testing.T) {
 			t.Fatalf("round %d: %d of %d tasks not delivered 2 min after the return (e.g. %v)", round, len(lost), tasks, lost[:min(5, len(lost))])
 		}
 		// A bridge started during the outage connects to NATS at its
-		// next connect attempt after the return (its backoff doubles up
-		// to 30 s, and no delivery asks for an early one while firing
-		// waits for the NATS source to catch up): the delivery is timed
-		// from the first connection after the return.
+		// next connect attempt after the return (its backoff is 2 s at
+		// most while firing waits for the NATS source to catch up, and
+		// up to 30 s after, when deliveries ask for attempts): the
+		// delivery is timed from the first connection after the return,
+		// and the connection's own lag is bounded loosely (wall clock,
+		// machine load).
 		last := lastStored(t, b, "ORDERS")
 		connected := r.loggedAfter(back, `"nats: connected"`, `"nats: reconnected"`)
 		took, lag := last.Sub(back), time.Duration(0)
@@ -229,7 +231,7 @@ func TestKill9ThroughTargetOutage(t *testing.T) {
 				round, took.Round(time.Millisecond), lag.Round(time.Millisecond), maxReturnToLast)
 		}
 		if lag > 30*time.Second+maxReturnToLast {
-			t.Errorf("round %d: the bridge connected to the returned target %v after its return, over the connect backoff's 30 s", round, lag.Round(time.Millisecond))
+			t.Errorf("round %d: the bridge connected to the returned target %v after its return, over the connect backoff's 30 s at most", round, lag.Round(time.Millisecond))
 		}
 		if !waitFor(30*time.Second, func() bool { s := ac.stats(); return s.Pending == 0 && s.Held == 0 && s.OldestOverdue.IsZero() }) {
 			t.Errorf("round %d: everything delivered, but stats %+v", round, ac.stats())
