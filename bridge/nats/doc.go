@@ -68,7 +68,10 @@
 //
 // Deliver publishes a fire batch with JetStream async publishes, at most
 // Config.PublishWindow in flight, and returns after every PubAck (or
-// Config.PublishTimeout), with one error per task.
+// Config.PublishTimeout), with one error per task. A publish still
+// without its PubAck once every other one of the batch has its answer
+// gets a short grace and then fails as a PubAck timeout (see the
+// stragglers in Deliver).
 //
 // Extension of the contract: each delivery carries Nats-Msg-Id =
 // "<transport>:<source>|<delay-id>|<delay-due>" (see DeliveryID: the

@@ -51,6 +51,10 @@ type Sink struct {
 	denied map[string]time.Time
 	// noAckStreams: whether a stream is configured with no_ack; see noAck.
 	noAckStreams map[string]noAckVerdict
+	// slowOK: target subjects whose stragglers are not cut (see
+	// stragglerGrace), until when: a publish to them that was cut was
+	// acknowledged after all, so they answer late but work.
+	slowOK map[string]time.Time
 }
 
 // maxNoted bounds Sink.denied and Sink.noAckStreams; past it a map starts
@@ -112,7 +116,69 @@ const (
 	// maxVerdicts bounds the verdict cache; past it, expired verdicts are
 	// swept, and if half of it is still live it starts over.
 	maxVerdicts = 4096
+	// stragglerGraceMin and stragglerGraceFactor: the grace of a batch's
+	// stragglers (stragglerGrace), at least stragglerGraceMin and
+	// stragglerGraceFactor times the time the rest of the batch took.
+	stragglerGraceMin    = 500 * time.Millisecond
+	stragglerGraceFactor = 4
+	// stragglerPoll is how often a Deliver blocked on one PubAck looks
+	// whether the others of the batch have come.
+	stragglerPoll = 20 * time.Millisecond
 )
+
+// stragglerGrace is how long the stragglers of a batch (publishes whose
+// PubAck has not come while every other publish of the batch has its
+// answer) are waited for once that is so, took after the batch began: a
+// few times took, at least stragglerGraceMin. The caller caps it with what is left
+// of PublishTimeout.
+func stragglerGrace(took time.Duration) time.Duration {
+	return max(stragglerGraceFactor*took, stragglerGraceMin)
+}
+
+// slowSubject reports whether subject's stragglers are waited for the
+// whole PublishTimeout: a cut publish to it was acknowledged after all
+// within NoStreamTTL.
+func (s *Sink) slowSubject(subject string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	until, ok := s.slowOK[subject]
+	if ok && !s.now().Before(until) {
+		delete(s.slowOK, subject)
+		return false
+	}
+	return ok
+}
+
+// noteSlow records that subject answers late but works: its stragglers
+// are not cut for NoStreamTTL. It reports whether that was not known.
+func (s *Sink) noteSlow(subject string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.slowOK) >= maxNoted {
+		clear(s.slowOK)
+	}
+	until, known := s.slowOK[subject]
+	now := s.now()
+	s.slowOK[subject] = now.Add(s.cfg.NoStreamTTL)
+	return !known || !now.Before(until)
+}
+
+// watchCut waits for the answer to a publish Deliver stopped waiting for
+// (the library gives one within PublishTimeout): acknowledged after all,
+// its subject is slow, not failing, and is not cut again for a while. So
+// a stream that is always slower than the others of its batches (one far
+// away) is not cut, and retried, batch after batch.
+func (s *Sink) watchCut(subject string, f jetstream.PubAckFuture) {
+	select {
+	case <-f.Ok():
+		if !s.noteSlow(subject) {
+			return
+		}
+		s.log.Info("nats sink: a target subject acknowledged a publish after the rest of its batch by more than the grace; its deliveries wait for their PubAcks up to publish_timeout for a while",
+			zap.String("subject", subject), zap.Duration("for", s.cfg.NoStreamTTL))
+	case <-f.Err():
+	}
+}
 
 var (
 	_ shard.Sink      = (*Sink)(nil)
@@ -145,6 +211,7 @@ func NewSink(nc *natsgo.Conn, cfg Config) (*Sink, error) {
 		denied:    map[string]time.Time{},
 
 		noAckStreams: map[string]noAckVerdict{},
+		slowOK:       map[string]time.Time{},
 	}
 	prev := nc.ErrorHandler()
 	nc.SetErrorHandler(func(c *natsgo.Conn, sub *natsgo.Subscription, err error) {
@@ -401,30 +468,121 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		return v, ok
 	}
 
+	// Answers taken from a future's channels before batch[i] is waited
+	// for (a channel gives its value once): got[i], and gotErr[i].
+	got := make([]bool, len(batch))
+	gotErr := make([]error, len(batch))
+	// answer takes batch[i]'s answer if it is there.
+	answer := func(i int) bool {
+		if !got[i] {
+			select {
+			case <-futs[i].Ok():
+				got[i] = true
+			case err := <-futs[i].Err():
+				got[i], gotErr[i] = true, err
+			default:
+			}
+		}
+		return got[i]
+	}
+	// Stragglers: once every publish is out (allOut) and every other
+	// JetStream publish of the batch has its answer or was given up
+	// (settled), one still without a PubAck is waited for a grace only
+	// (stragglerGrace, from graceAt on), then it fails as a PubAck
+	// timeout (so an outage, unless its subject is denied or its stream
+	// no_ack; see the end of Deliver). Waiting PublishTimeout for it held
+	// every other task of the batch, delivered already, as long: a stream
+	// leader that lost its quorum takes publishes without acknowledging
+	// them until it steps down (~20 s; hunt H182). Its retry carries the
+	// same Nats-Msg-Id, so if this publish is stored after all, the
+	// stream's duplicate window drops the retry (as after a PubAck
+	// timeout; a retry while this one is still proposed is answered
+	// "duplicate message id is in process", an outage too). Never cut: a
+	// batch of one, a batch where nothing answered yet (a slow cluster), a
+	// probe, or a subject slowSubject says answers late but works.
+	allOut := false
+	settled := make([]bool, len(batch))
+	var graceAt time.Time // zero until the grace began
+	var grace time.Duration
+	// othersSettled reports whether every JetStream publish of the batch
+	// but batch[i] has its answer or was given up, at least one answered.
+	othersSettled := func(i int) bool {
+		answered := false
+		for _, j := range window {
+			if j == i {
+				continue
+			}
+			if !settled[j] && !answer(j) {
+				return false
+			}
+			answered = answered || got[j]
+		}
+		return answered
+	}
+
 	// wait waits for the PubAck of batch[i]; a probe only probeWait, unless
 	// a stream acknowledged another publish to the subject meanwhile.
 	wait := func(i int, probing bool) {
+		defer func() { settled[i] = true }()
 		f := futs[i]
 		var pdone <-chan struct{}
 		if v, ok := known[batch[i].Target]; probing && (!ok || v.core) {
 			pdone = pctx.Done()
 		}
-		var err error
-		select { // an answer that is there wins over a deadline
-		case <-f.Ok():
-		case err = <-f.Err():
-		default:
+		// slow: its subject answers late but works; not cut.
+		slow := allOut && pdone == nil && s.slowSubject(batch[i].Target)
+		// An answer that is there wins over a deadline.
+		for !answer(i) {
+			var tm *time.Timer
+			var tick <-chan time.Time
+			gaveUp := false
+			if allOut && pdone == nil {
+				if graceAt.IsZero() && othersSettled(i) {
+					grace = stragglerGrace(time.Since(start))
+					graceAt = time.Now().Add(grace)
+				}
+				d := stragglerPoll
+				switch {
+				case graceAt.IsZero():
+				case slow:
+					d = 0 // waited for as long as it takes
+				default:
+					if d = time.Until(graceAt); d <= 0 {
+						fail(i, fmt.Errorf("%w: publish to %q: no PubAck %s after every other publish of the batch had its answer",
+							ErrPublishTimeout, batch[i].Target, grace))
+						go s.watchCut(batch[i].Target, f)
+						return
+					}
+				}
+				if d > 0 {
+					tm = time.NewTimer(d)
+					tick = tm.C
+				}
+			}
 			select {
 			case <-f.Ok():
-			case err = <-f.Err():
+				got[i] = true
+			case err := <-f.Err():
+				got[i], gotErr[i] = true, err
 			case <-dctx.Done():
 				fail(i, s.ctxErr(ctx, batch[i].Target))
-				return
+				gaveUp = true
 			case <-pdone:
 				quiet = append(quiet, i)
+				gaveUp = true
+			case <-tick:
+			}
+			if tm != nil {
+				tm.Stop()
+			}
+			if gaveUp {
 				return
 			}
 		}
+		if slow && gotErr[i] == nil && !graceAt.IsZero() && time.Now().After(graceAt) {
+			s.noteSlow(batch[i].Target) // it still is
+		}
+		err := gotErr[i]
 		switch {
 		case err == nil:
 			if probe[i] {
@@ -476,6 +634,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		futs[i] = f
 		window = append(window, i)
 	}
+	allOut = true
 	for _, i := range window[head:] {
 		wait(i, probe[i])
 	}

@@ -1,0 +1,187 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/natstest"
+	"github.com/delaybridge/delaybridge/shard"
+)
+
+// TestStragglerOfQuorumLostStream (hunt H184): in a 3-node cluster an R3
+// target stream's followers stop; its leader takes publishes and does
+// not acknowledge them until it steps down (~20 s). A batch holding one
+// task for it and tasks for a healthy stream (R1, on the same server)
+// returned only after PublishTimeout (5 s here), the healthy tasks,
+// acknowledged at once, waiting with it. Now the straggler gets a grace
+// once the rest has its answers and fails as unavailable, and the healthy
+// results come back within about the grace. A batch of that one task
+// alone is not cut: it waits PublishTimeout as before. Once the followers
+// are back the straggler's retry is acknowledged, and the stream holds
+// one copy of it.
+func TestStragglerOfQuorumLostStream(t *testing.T) {
+	c := natstest.StartCluster(t, 3)
+	cfg := testConfig(t, c.URL(0))
+	nc0 := connect(t, cfg)
+	js0 := newJS(t, nc0)
+	create := func(js jetstream.JetStream, sc jetstream.StreamConfig) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			_, err := js.CreateStream(ctx, sc)
+			cancel()
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("create stream %s: %v", sc.Name, err)
+			}
+		}
+		eventually(t, sc.Name+" leader", func() bool { return c.StreamLeader(sc.Name) >= 0 })
+	}
+	create(js0, jetstream.StreamConfig{Name: "OK", Subjects: []string{"ok.>"}, Replicas: 1})
+	create(js0, jetstream.StreamConfig{Name: "TQ", Subjects: []string{"tq.>"}, Replicas: 3})
+	// TQ's leader on the healthy R1 stream's server, the bridge there too.
+	leader := c.StreamLeader("OK")
+	for i := 0; c.StreamLeader("TQ") != leader; i++ {
+		if i == 30 {
+			t.Fatalf("TQ's leader stays off server %d", leader)
+		}
+		_, _ = nc0.Request("$JS.API.STREAM.LEADER.STEPDOWN.TQ", nil, 2*time.Second)
+		eventually(t, "TQ leader", func() bool { return c.StreamLeader("TQ") >= 0 })
+	}
+	cfg.URL = c.URL(leader)
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	cfg.PublishTimeout = 5 * time.Second
+	sink := newSink(t, nc, cfg)
+	// Both subjects known to have a stream (no probes).
+	if errs := sink.Deliver(ctxT(t), []*codec.Task{task("w1", "tq.a", "w", 1), task("w2", "ok.a", "w", 1)}); errs != nil {
+		t.Fatalf("warm-up: %v", errs)
+	}
+
+	for i := range 3 {
+		if i != leader {
+			c.Stop(i)
+		}
+	}
+	stopped := time.Now()
+
+	batch := []*codec.Task{task("q1", "tq.a", "q", 1000)}
+	for i := range 8 {
+		batch = append(batch, task(fmt.Sprintf("h%d", i), "ok.a", "h", 1000))
+	}
+	began := time.Now()
+	errs := sink.Deliver(ctxT(t), batch)
+	took := time.Since(began)
+	t.Logf("batch of 1 straggler + 8 healthy: %v (%v after the stop)", took, time.Since(stopped))
+	if errs == nil || !errors.Is(errs[0], shard.ErrUnavailable) {
+		t.Fatalf("straggler: %v, want an ErrUnavailable", errs)
+	}
+	t.Logf("straggler: %v", errs[0])
+	for i, err := range errs[1:] {
+		if err != nil {
+			t.Errorf("healthy task %d: %v", i, err)
+		}
+	}
+	if took > 2*time.Second {
+		t.Errorf("the batch returned after %v: the healthy tasks waited for the straggler (PublishTimeout %v)", took, cfg.PublishTimeout)
+	}
+
+	// Alone, the task is not cut: nothing else answered.
+	began = time.Now()
+	errs = sink.Deliver(ctxT(t), []*codec.Task{task("q2", "tq.a", "q", 1000)})
+	took = time.Since(began)
+	t.Logf("batch of the straggler alone: %v, %v", took, errs)
+	if errs == nil || !errors.Is(errs[0], shard.ErrUnavailable) {
+		t.Fatalf("lone straggler: %v, want an ErrUnavailable", errs)
+	}
+	if since := time.Since(stopped); took < cfg.PublishTimeout && since < 15*time.Second {
+		t.Errorf("a batch of one was cut after %v (PublishTimeout %v, %v after the stop)", took, cfg.PublishTimeout, since)
+	}
+
+	for i := range 3 {
+		if i != leader {
+			c.Start(i)
+		}
+	}
+	c.WaitMeta()
+	eventually(t, "TQ leader", func() bool { return c.StreamLeader("TQ") >= 0 })
+	var last []error
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		last = sink.Deliver(ctxT(t), batch[:1])
+		if last == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if last != nil {
+		t.Fatalf("the straggler's retry after the return: %v", last)
+	}
+	id := DeliveryID(batch[0])
+	n := 0
+	cons, err := js.OrderedConsumer(ctxT(t), "TQ", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"tq.a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		m, err := cons.Next(jetstream.FetchContext(ctx))
+		cancel()
+		if err != nil {
+			break
+		}
+		if m.Headers().Get(natsgo.MsgIdHdr) == id {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("TQ holds %d copies of the straggler, want 1", n)
+	}
+}
+
+// TestSlowSubjectNotCutAgain: a subject that answers late but works (here
+// a responder that sends its PubAck 800 ms late, as a stream far away
+// would) is cut once in a batch with fast answers; its late PubAck marks
+// it slow, and the next batches wait for it.
+func TestSlowSubjectNotCutAgain(t *testing.T) {
+	cfg, nc, js, _ := createdSource(t, nil)
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OK", Subjects: []string{"ok.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	seq := 0
+	sub, err := nc.Subscribe("slow.a", func(m *natsgo.Msg) {
+		seq++
+		time.Sleep(800 * time.Millisecond)
+		_ = m.Respond(fmt.Appendf(nil, `{"stream":"SLOW","seq":%d}`, seq))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	sink := newSink(t, nc, cfg)
+	sink.setVerdict("slow.a", false) // a stream subject, no probe
+	batch := func(n int) []*codec.Task {
+		b := []*codec.Task{task(fmt.Sprintf("s%d", n), "slow.a", "s", 1)}
+		for i := range 4 {
+			b = append(b, task(fmt.Sprintf("o%d-%d", n, i), "ok.a", "o", 1))
+		}
+		return b
+	}
+	errs := sink.Deliver(ctxT(t), batch(1))
+	if errs == nil || !errors.Is(errs[0], shard.ErrUnavailable) || errs[1] != nil {
+		t.Fatalf("first batch: %v, want the slow one cut as unavailable, the rest delivered", errs)
+	}
+	eventually(t, "the cut publish noted slow", func() bool { return sink.slowSubject("slow.a") })
+	for n := 2; n <= 3; n++ {
+		if errs := sink.Deliver(ctxT(t), batch(n)); errs != nil {
+			t.Fatalf("batch %d: %v, want the slow subject waited for", n, errs)
+		}
+	}
+}
