@@ -499,7 +499,12 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	// timeout; a retry while this one is still proposed is answered
 	// "duplicate message id is in process", an outage too). Never cut: a
 	// batch of one, a batch where nothing answered yet (a slow cluster), a
-	// probe, or a subject slowSubject says answers late but works.
+	// probe within its probeWait, a publish waited for while the window
+	// is full (before allOut), two or more publishes still unanswered
+	// (each has another without its answer: several tasks for the same
+	// stuck stream wait the whole PublishTimeout, as before), or a subject
+	// slowSubject says answers late but works. A probe whose subject the
+	// lookup finds a stream for is waited again, and that wait is cut.
 	allOut := false
 	settled := make([]bool, len(batch))
 	var graceAt time.Time // zero until the grace began
