@@ -1,0 +1,193 @@
+package nats
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/shard"
+)
+
+// stuckSubject makes subject look like a stream that takes publishes and
+// never acknowledges them (a quorum-lost leader): a subscriber that does
+// not answer, and a stream verdict so no probe.
+func stuckSubject(t *testing.T, nc *natsgo.Conn, sink *Sink, subject string) {
+	t.Helper()
+	sub, err := nc.Subscribe(subject, func(*natsgo.Msg) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	sink.setVerdict(subject, false)
+}
+
+// TestReviewTwoStragglersSameStream: two tasks of the batch for the stuck
+// stream, 4 healthy ones. Every other publish than a straggler is never
+// all answered (the other straggler is not), so neither is cut and the
+// healthy tasks wait the whole PublishTimeout, as before the change.
+func TestReviewTwoStragglersSameStream(t *testing.T) {
+	if os.Getenv("DELAYBRIDGE_REVIEW_R185") == "" {
+		t.Skip("review R185 repro of a known limitation, fails on purpose; set DELAYBRIDGE_REVIEW_R185=1")
+	}
+	cfg, nc, js, _ := createdSource(t, func(c *Config) { c.PublishTimeout = 3 * time.Second })
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OK", Subjects: []string{"ok.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	sink := newSink(t, nc, cfg)
+	stuckSubject(t, nc, sink, "tq.a")
+	for _, stuck := range []int{1, 2} {
+		var batch []*codec.Task
+		for i := range stuck {
+			batch = append(batch, task(fmt.Sprintf("q%d-%d", stuck, i), "tq.a", "q", 1))
+		}
+		for i := range 4 {
+			batch = append(batch, task(fmt.Sprintf("h%d-%d", stuck, i), "ok.a", "h", 1))
+		}
+		began := time.Now()
+		errs := sink.Deliver(ctxT(t), batch)
+		took := time.Since(began)
+		t.Logf("%d stragglers + 4 healthy: %v", stuck, took)
+		for i := range stuck {
+			if errs == nil || !errors.Is(errs[i], shard.ErrUnavailable) {
+				t.Fatalf("straggler %d: %v", i, errs)
+			}
+		}
+		if took >= cfg.PublishTimeout {
+			t.Errorf("%d stragglers of one stream: the batch took %v (PublishTimeout %v): the healthy tasks waited the whole timeout", stuck, took, cfg.PublishTimeout)
+		}
+	}
+}
+
+// TestReviewWatchCutEndsAfterClose: a cut publish's watcher ends even if
+// the connection closes before the PubAck timeout: nats.go does not fail
+// pending futures on CLOSED, but the ack timer (WithPublishAsyncTimeout)
+// still answers the future's Err. A passing check, not a repro.
+func TestReviewWatchCutEndsAfterClose(t *testing.T) {
+	cfg, nc, js, _ := createdSource(t, func(c *Config) { c.PublishTimeout = 2 * time.Second })
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OK", Subjects: []string{"ok.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	nc2 := connect(t, cfg)
+	sink := newSink(t, nc2, cfg)
+	stuckSubject(t, nc, sink, "tq.a")
+	errs := sink.Deliver(ctxT(t), []*codec.Task{task("q", "tq.a", "q", 1), task("h", "ok.a", "h", 1)})
+	if errs == nil || errs[1] != nil || !errors.Is(errs[0], shard.ErrUnavailable) {
+		t.Fatalf("errs %v", errs)
+	}
+	if watchers() != 1 {
+		t.Fatalf("%d watchCut goroutines, want 1", watchers())
+	}
+	nc2.Close()
+	eventually(t, "watchCut ends", func() bool { return watchers() == 0 })
+}
+
+func watchers() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	return strings.Count(string(buf), ").watchCut(")
+}
+
+// TestReviewStragglerBeforeWindowFull: PublishWindow smaller than the
+// batch: the straggler is waited for while the window is full, before
+// every publish is out, so it is never cut and the healthy tasks after it
+// are not even published before PublishTimeout.
+func TestReviewStragglerBeforeWindowFull(t *testing.T) {
+	if os.Getenv("DELAYBRIDGE_REVIEW_R185") == "" {
+		t.Skip("review R185 repro of a known limitation, fails on purpose; set DELAYBRIDGE_REVIEW_R185=1")
+	}
+	cfg, nc, js, _ := createdSource(t, func(c *Config) { c.PublishTimeout = 3 * time.Second; c.PublishWindow = 2 })
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OK", Subjects: []string{"ok.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	sink := newSink(t, nc, cfg)
+	stuckSubject(t, nc, sink, "tq.a")
+	batch := []*codec.Task{task("q", "tq.a", "q", 1)}
+	for i := range 4 {
+		batch = append(batch, task(fmt.Sprintf("h%d", i), "ok.a", "h", 1))
+	}
+	began := time.Now()
+	errs := sink.Deliver(ctxT(t), batch)
+	took := time.Since(began)
+	t.Logf("window 2, straggler first + 4 healthy: %v, %v", took, errs)
+	if took >= cfg.PublishTimeout {
+		t.Errorf("the batch took %v (PublishTimeout %v)", took, cfg.PublishTimeout)
+	}
+}
+
+// TestReviewProbeCut: a probe (subject of unknown kind) to a stream that
+// never acknowledges (no_ack) is not cut within its probe wait; once the
+// lookup finds its stream, its second wait is cut after the grace like
+// any straggler, and the cut still counts as the no_ack stream's (an
+// attempt), not as an outage.
+func TestReviewProbeCut(t *testing.T) {
+	cfg, nc, js, _ := createdSource(t, func(c *Config) { c.PublishTimeout = 8 * time.Second })
+	for _, sc := range []jetstream.StreamConfig{{Name: "OK", Subjects: []string{"ok.>"}}, {Name: "NA", Subjects: []string{"na.>"}, NoAck: true}} {
+		if _, err := js.CreateStream(ctxT(t), sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sink := newSink(t, nc, cfg)
+	sink.setVerdict("ok.a", false)
+	began := time.Now()
+	errs := sink.Deliver(ctxT(t), []*codec.Task{task("p", "na.a", "p", 1), task("h", "ok.a", "h", 1)})
+	took := time.Since(began)
+	t.Logf("probe to a no_ack stream + 1 healthy: %v, %v", took, errs)
+	if errs == nil || errs[1] != nil {
+		t.Fatalf("errs %v, want the probe failed, the healthy task delivered", errs)
+	}
+	if errors.Is(errs[0], shard.ErrUnavailable) || !strings.Contains(errs[0].Error(), "no_ack") {
+		t.Errorf("probe: %v, want the no_ack failure (an attempt), not an outage", errs[0])
+	}
+	if took < sink.probeWait || took >= cfg.PublishTimeout {
+		t.Errorf("the probe's batch took %v, want between the probe wait %v and PublishTimeout %v", took, sink.probeWait, cfg.PublishTimeout)
+	}
+}
+
+// TestReviewDeniedStragglerCut: a subject the bridge's user may not
+// publish to, known to have a stream (no probe), in a batch with a
+// permitted one: its publish is cut after the grace and still fails as
+// denied (an attempt), not as an outage.
+func TestReviewDeniedStragglerCut(t *testing.T) {
+	s := configServer(t, `accounts { A { jetstream: enabled, users: [
+  {user: admin, password: a},
+  {user: bridge, password: b, permissions: { publish: { allow: [">"], deny: ["secret.>"] } } }
+] } }`)
+	acfg := testConfig(t, serverURL(s))
+	acfg.User, acfg.Password = "admin", "a"
+	ajs := newJS(t, connect(t, acfg))
+	for _, st := range []jetstream.StreamConfig{{Name: "SECRET", Subjects: []string{"secret.>"}}, {Name: "OPEN", Subjects: []string{"open.>"}}} {
+		if _, err := ajs.CreateStream(ctxT(t), st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := testConfig(t, serverURL(s))
+	cfg.User, cfg.Password = "bridge", "b"
+	cfg.PublishTimeout = 5 * time.Second
+	sink := newSink(t, connect(t, cfg), cfg)
+	sink.setVerdict("secret.x", false)
+	sink.setVerdict("open.y", false)
+	began := time.Now()
+	errs := sink.Deliver(ctxT(t), []*codec.Task{task("x", "secret.x", "v", 0), task("y", "open.y", "v", 0)})
+	took := time.Since(began)
+	t.Logf("%v: %v", took, errs)
+	if errs == nil || errs[1] != nil {
+		t.Fatalf("errs %v", errs)
+	}
+	if errors.Is(errs[0], shard.ErrUnavailable) || !errors.Is(errs[0], natsgo.ErrPermissionViolation) {
+		t.Errorf("%v, want the cut classified as a permissions failure", errs[0])
+	}
+	if took >= cfg.PublishTimeout {
+		t.Errorf("took %v: not cut", took)
+	}
+}
