@@ -91,7 +91,7 @@ func TestStragglerOfQuorumLostStream(t *testing.T) {
 			t.Errorf("healthy task %d: %v", i, err)
 		}
 	}
-	if took > 2*time.Second {
+	if took >= cfg.PublishTimeout {
 		t.Errorf("the batch returned after %v: the healthy tasks waited for the straggler (PublishTimeout %v)", took, cfg.PublishTimeout)
 	}
 
@@ -147,7 +147,7 @@ func TestStragglerOfQuorumLostStream(t *testing.T) {
 }
 
 // TestSlowSubjectNotCutAgain: a subject that answers late but works (here
-// a responder that sends its PubAck 800 ms late, as a stream far away
+// a responder that sends its PubAck 2.5 s late, as a stream far away
 // would) is cut once in a batch with fast answers; its late PubAck marks
 // it slow, and the next batches wait for it.
 func TestSlowSubjectNotCutAgain(t *testing.T) {
@@ -158,7 +158,9 @@ func TestSlowSubjectNotCutAgain(t *testing.T) {
 	seq := 0
 	sub, err := nc.Subscribe("slow.a", func(m *natsgo.Msg) {
 		seq++
-		time.Sleep(800 * time.Millisecond)
+		// Well past the grace (4 x what the fast ones took, 500 ms at
+		// least) even when the machine is loaded.
+		time.Sleep(2500 * time.Millisecond)
 		_ = m.Respond(fmt.Appendf(nil, `{"stream":"SLOW","seq":%d}`, seq))
 	})
 	if err != nil {
