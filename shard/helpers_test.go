@@ -217,8 +217,12 @@ func (h *harness) checkPending() {
 	}
 }
 
-func countTaskKeys(t testing.TB, e *Engine) int64 {
-	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixTask}, UpperBound: []byte{prefixTask + 1}})
+func countTaskKeys(t testing.TB, e *Engine) int64 { return countPrefix(t, e, prefixTask) }
+
+// countPrefix counts the store's keys that begin with prefix.
+func countPrefix(t testing.TB, e *Engine, prefix byte) int64 {
+	t.Helper()
+	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefix}, UpperBound: []byte{prefix + 1}})
 	if err != nil {
 		t.Fatal(err)
 	}

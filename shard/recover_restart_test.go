@@ -247,16 +247,7 @@ func (h *harness) e0Logger() *zap.Logger { return h.opts.Logger }
 // waitingRecords counts the store's waiting records.
 func waitingRecords(t testing.TB, e *Engine) int64 {
 	t.Helper()
-	it, err := e.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixWaiting}, UpperBound: []byte{prefixWaiting + 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer it.Close()
-	var n int64
-	for ok := it.First(); ok; ok = it.Next() {
-		n++
-	}
-	return n
+	return countPrefix(t, e, prefixWaiting)
 }
 
 // checkWaitingRecords asserts that each shard's waiting records are
