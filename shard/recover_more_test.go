@@ -36,11 +36,9 @@ func TestReleaseBeyondByteBudget(t *testing.T) {
 			h.sink.setFail(func(*codec.Task) error { return down })
 			h.run()
 			const n = 40
-			var tasks []codec.Task
-			for i := range n {
-				task := sched(fmt.Sprintf("t%03d", i), t0, int64(i+1))
-				task.Value = []byte(strings.Repeat("v", 1024))
-				tasks = append(tasks, task)
+			tasks := dueAtT0(n)
+			for i := range tasks {
+				tasks[i].Value = []byte(strings.Repeat("v", 1024))
 			}
 			h.ingest(tasks)
 			for range 30 { // the outage, a minute at a time

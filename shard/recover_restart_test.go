@@ -50,11 +50,7 @@ func TestReleaseAfterRestart(t *testing.T) {
 			h.sink.setFail(func(*codec.Task) error { return down })
 			h.run()
 			const n = 200
-			var tasks []codec.Task
-			for i := range n {
-				tasks = append(tasks, sched(fmt.Sprintf("t%03d", i), t0, int64(i+1)))
-			}
-			h.ingest(tasks)
+			h.ingest(dueAtT0(n))
 			for range 30 { // the outage, a minute at a time
 				h.advance(time.Minute)
 			}
@@ -243,6 +239,15 @@ func TestStaleWaitingRecordsDropped(t *testing.T) {
 }
 
 func (h *harness) e0Logger() *zap.Logger { return h.opts.Logger }
+
+// dueAtT0 is n schedules t000, t001... due at t0 (offsets 1..n).
+func dueAtT0(n int) []codec.Task {
+	tasks := make([]codec.Task, n)
+	for i := range tasks {
+		tasks[i] = sched(fmt.Sprintf("t%03d", i), t0, int64(i+1))
+	}
+	return tasks
+}
 
 // waitingRecords counts the store's waiting records.
 func waitingRecords(t testing.TB, e *Engine) int64 {

@@ -50,11 +50,7 @@ func TestOutageEndReleasesWaitingTasks(t *testing.T) {
 			h.sink.setFail(func(*codec.Task) error { return down })
 			h.run()
 			const n = 200
-			var tasks []codec.Task
-			for i := range n {
-				tasks = append(tasks, sched(fmt.Sprintf("t%03d", i), t0, int64(i+1)))
-			}
-			h.ingest(tasks)
+			h.ingest(dueAtT0(n))
 			h.advance(time.Minute)
 			replaced := sched("t001", t0.Add(time.Minute), n+1)
 			replaced.Value = []byte("new")

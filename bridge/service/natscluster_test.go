@@ -28,15 +28,11 @@ import (
 // only (DELAYBRIDGE_LONG=1); TestUnreachable and
 // TestNotReadyWhileConsumerUnanswered cover the same code in CI.
 
-// longNATSCluster starts a 3-node cluster (long form only) with an R3
-// DELAY stream and R3 streams; it returns a test client on every server.
-func longNATSCluster(t *testing.T, streams ...jetstream.StreamConfig) (*natstest.Cluster, *natsgo.Conn, jetstream.JetStream) {
+// clusterClient is a test client of a NATS cluster at url (one server's,
+// or all of them) that reconnects for ever, and its JetStream context.
+func clusterClient(t *testing.T, url string) (*natsgo.Conn, jetstream.JetStream) {
 	t.Helper()
-	if os.Getenv("DELAYBRIDGE_LONG") != "1" {
-		t.Skip("long form only (DELAYBRIDGE_LONG=1): a NATS cluster's elections and lost-quorum interval take seconds")
-	}
-	c := natstest.StartCluster(t, 3)
-	nc, err := natsgo.Connect(c.URLs(), natsgo.Name("test-client"), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(50*time.Millisecond))
+	nc, err := natsgo.Connect(url, natsgo.Name("test-client"), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,6 +41,18 @@ func longNATSCluster(t *testing.T, streams ...jetstream.StreamConfig) (*natstest
 	if err != nil {
 		t.Fatal(err)
 	}
+	return nc, js
+}
+
+// longNATSCluster starts a 3-node cluster (long form only) with an R3
+// DELAY stream and R3 streams; it returns a test client on every server.
+func longNATSCluster(t *testing.T, streams ...jetstream.StreamConfig) (*natstest.Cluster, *natsgo.Conn, jetstream.JetStream) {
+	t.Helper()
+	if os.Getenv("DELAYBRIDGE_LONG") != "1" {
+		t.Skip("long form only (DELAYBRIDGE_LONG=1): a NATS cluster's elections and lost-quorum interval take seconds")
+	}
+	c := natstest.StartCluster(t, 3)
+	nc, js := clusterClient(t, c.URLs())
 	streams = append([]jetstream.StreamConfig{
 		{Name: "DELAY", Subjects: []string{"delay.>"}, Retention: jetstream.WorkQueuePolicy, Replicas: 3, Duplicates: nats.MinDuplicateWindow},
 	}, streams...)

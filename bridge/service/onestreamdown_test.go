@@ -132,15 +132,7 @@ func runOneStreamQuorumLost(t *testing.T, hook func(*nats.Config)) {
 	if len(followers) != 2 || bridgeAt < 0 {
 		t.Fatalf("TQ: leader %s replicas %+v", info.Cluster.Leader, info.Cluster.Replicas)
 	}
-	nb, err := natsgo.Connect(c.URL(bridgeAt), natsgo.Name("test-client"), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nb.Close)
-	js, err := jetstream.New(nb)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := clusterClient(t, c.URL(bridgeAt))
 	t.Logf("TQ leader %s, followers %v stopped; bridge on server %d", info.Cluster.Leader, followers, bridgeAt)
 	measureOneDown(t, c, js, c.URL(bridgeAt), 5, []string{"TR5", "TQ"},
 		func() { c.Stop(followers[0]); c.Stop(followers[1]) },
@@ -149,15 +141,7 @@ func runOneStreamQuorumLost(t *testing.T, hook func(*nats.Config)) {
 
 func runOneStreamDown(t *testing.T, hook func(*nats.Config)) {
 	c := natstest.StartCluster(t, 3)
-	nc, err := natsgo.Connect(c.URL(0), natsgo.Name("test-client"), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := clusterClient(t, c.URL(0))
 	// A stream is created through a client on server via: the servers
 	// place an R1 stream on the server its create came through.
 	jsOn := map[int]jetstream.JetStream{0: js}
