@@ -372,9 +372,6 @@ func (s *shard) rebaseLocked(now int64) {
 				ln.hold.down[g] = d
 			}
 		}
-		if ln.outage.err != nil && ln.outage.at > now {
-			ln.outage.at = max(math.MinInt64+back, ln.outage.at) - back
-		}
 		for g, at := range ln.outage.groups {
 			if at > now {
 				ln.outage.groups[g] = max(math.MinInt64+back, at) - back
@@ -1351,7 +1348,6 @@ func transportSlot(t codec.Transport) int {
 // outageState is a shard's view of one target transport's outage.
 type outageState struct {
 	err error // the last ErrUnavailable; nil when no group is down
-	at  int64 // when (ms, engine clock)
 	// groups are the target groups (heldGroup) whose last delivery
 	// failed as unavailable, each with when (ms). Only a delivery to a
 	// target of the group ends its outage: one Kafka topic without
@@ -1360,6 +1356,15 @@ type outageState struct {
 	// Warn and one Info line per healthy delivery, and readiness
 	// flapping with which topic the last batch held).
 	groups map[int64]int64
+}
+
+// latest is when a group of o last failed (ms, engine clock), 0 if none.
+func (o outageState) latest() int64 {
+	var at int64
+	for _, t := range o.groups {
+		at = max(at, t)
+	}
+	return at
 }
 
 // outageOutcomeLocked records in o (the lane of transport tr) what a
@@ -1394,7 +1399,7 @@ func (s *shard) outageOutcomeLocked(o *outageState, tr codec.Transport, items []
 		for _, g := range down {
 			o.groups[g] = now
 		}
-		o.err, o.at = outageErr, now
+		o.err = outageErr
 	}
 	for _, i := range acked {
 		t := items[i].task
@@ -1437,7 +1442,8 @@ func (e *Engine) outageErr() error {
 	now := e.nowMs()
 	stale := 2 * max(e.opts.Retry.Max, time.Second).Milliseconds()
 	var per [transportSlots]struct {
-		last   outageState // the latest over the shards
+		err    error // the latest over the shards
+		at     int64 // when
 		shards int
 	}
 	for _, s := range e.shards {
@@ -1446,10 +1452,12 @@ func (e *Engine) outageErr() error {
 			ln, p := &s.lanes[tr], &per[tr]
 			// Not stale while a batch of that transport is in the sink:
 			// its retry has not answered yet (a held produce).
-			if o := ln.outage; o.err != nil && (now-o.at <= stale || ln.busy) {
-				p.shards++
-				if p.last.err == nil || o.at > p.last.at {
-					p.last = o
+			if o := ln.outage; o.err != nil {
+				if at := o.latest(); now-at <= stale || ln.busy {
+					p.shards++
+					if p.err == nil || at > p.at {
+						p.err, p.at = o.err, at
+					}
 				}
 			}
 		}
@@ -1457,9 +1465,9 @@ func (e *Engine) outageErr() error {
 	}
 	var errs []error
 	for tr, p := range per {
-		if p.last.err != nil {
+		if p.err != nil {
 			errs = append(errs, fmt.Errorf("shard: %s target unavailable (%d shards with due tasks waiting for it, no retry budget used): %w",
-				codec.Transport(tr), p.shards, p.last.err))
+				codec.Transport(tr), p.shards, p.err))
 		}
 	}
 	return errors.Join(errs...)
