@@ -118,7 +118,7 @@ const (
 	maxVerdicts = 4096
 	// stragglerGraceMin and stragglerGraceFactor: the grace of a batch's
 	// stragglers (stragglerGrace), at least stragglerGraceMin and
-	// stragglerGraceFactor times the time the rest of the batch took.
+	// stragglerGraceFactor times the time the batch took to its last answer.
 	stragglerGraceMin    = 500 * time.Millisecond
 	stragglerGraceFactor = 4
 	// stragglerPoll is how often a Deliver blocked on one PubAck looks
@@ -126,11 +126,18 @@ const (
 	stragglerPoll = 20 * time.Millisecond
 )
 
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
 // stragglerGrace is how long the stragglers of a batch (publishes whose
-// PubAck has not come while every other publish of the batch has its
-// answer) are waited for once that is so, took after the batch began: a
-// few times took, at least stragglerGraceMin. The caller caps it with what is left
-// of PublishTimeout.
+// PubAck has not come) are waited for after the batch's last answer, which
+// came took after the batch began: a few times took, at least
+// stragglerGraceMin. PublishTimeout still bounds the whole wait.
 func stragglerGrace(took time.Duration) time.Duration {
 	return max(stragglerGraceFactor*took, stragglerGraceMin)
 }
@@ -163,20 +170,24 @@ func (s *Sink) noteSlow(subject string) bool {
 	return !known || !now.Before(until)
 }
 
-// watchCut waits for the answer to a publish Deliver stopped waiting for
-// (the library gives one within PublishTimeout): acknowledged after all,
-// its subject is slow, not failing, and is not cut again for a while. So
-// a stream that is always slower than the others of its batches (one far
-// away) is not cut, and retried, batch after batch.
-func (s *Sink) watchCut(subject string, f jetstream.PubAckFuture) {
-	select {
-	case <-f.Ok():
-		if !s.noteSlow(subject) {
+// watchCut waits for the answers to the publishes to subject Deliver
+// stopped waiting for in one batch (the library gives each one within
+// PublishTimeout): one acknowledged after all, its subject is slow, not
+// failing, and is not cut again for a while. So a stream that is always
+// slower than the others of its batches (one far away) is not cut, and
+// retried, batch after batch.
+func (s *Sink) watchCut(subject string, fs []jetstream.PubAckFuture) {
+	for _, f := range fs {
+		select {
+		case <-f.Ok():
+			if !s.noteSlow(subject) {
+				return
+			}
+			s.log.Info("nats sink: a target subject acknowledged a publish after the grace that followed its batch's last answer; its deliveries wait for their PubAcks up to publish_timeout for a while",
+				zap.String("subject", subject), zap.Duration("for", s.cfg.NoStreamTTL))
 			return
+		case <-f.Err():
 		}
-		s.log.Info("nats sink: a target subject acknowledged a publish after the rest of its batch by more than the grace; its deliveries wait for their PubAcks up to publish_timeout for a while",
-			zap.String("subject", subject), zap.Duration("for", s.cfg.NoStreamTTL))
-	case <-f.Err():
 	}
 }
 
@@ -472,58 +483,61 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	// for (a channel gives its value once): got[i], and gotErr[i].
 	got := make([]bool, len(batch))
 	gotErr := make([]error, len(batch))
+	// lastAnswer is when an answer of the batch was last seen (zero: none
+	// yet); answers are seen when waited for, or by progress.
+	var lastAnswer time.Time
+	took := func(i int, err error) {
+		got[i], gotErr[i] = true, err
+		lastAnswer = time.Now()
+	}
 	// answer takes batch[i]'s answer if it is there.
 	answer := func(i int) bool {
 		if !got[i] {
 			select {
 			case <-futs[i].Ok():
-				got[i] = true
+				took(i, nil)
 			case err := <-futs[i].Err():
-				got[i], gotErr[i] = true, err
+				took(i, err)
 			default:
 			}
 		}
 		return got[i]
 	}
-	// Stragglers: once every publish is out (allOut) and every other
-	// JetStream publish of the batch has its answer or was given up
-	// (settled), one still without a PubAck is waited for a grace only
-	// (stragglerGrace, from graceAt on), then it fails as a PubAck
-	// timeout (so an outage, unless its subject is denied or its stream
-	// no_ack; see the end of Deliver). Waiting PublishTimeout for it held
-	// every other task of the batch, delivered already, as long: a stream
-	// leader that lost its quorum takes publishes without acknowledging
-	// them until it steps down (~20 s; hunt H182). Its retry carries the
-	// same Nats-Msg-Id, so if this publish is stored after all, the
-	// stream's duplicate window drops the retry (as after a PubAck
-	// timeout; a retry while this one is still proposed is answered
-	// "duplicate message id is in process", an outage too). Never cut: a
-	// batch of one, a batch where nothing answered yet (a slow cluster), a
-	// probe within its probeWait, a publish waited for while the window
-	// is full (before allOut), two or more publishes still unanswered
-	// (each has another without its answer: several tasks for the same
-	// stuck stream wait the whole PublishTimeout, as before), or a subject
-	// slowSubject says answers late but works. A probe whose subject the
-	// lookup finds a stream for is waited again, and that wait is cut.
-	allOut := false
+	// Stragglers: once the batch's answers stop coming, a publish still
+	// without its PubAck is waited for a grace only (stragglerGrace of
+	// the time from the batch's start to its last answer, counted from
+	// that answer), then it fails as a PubAck timeout (so an outage,
+	// unless its subject is denied or its stream no_ack; see the end of
+	// Deliver). Waiting PublishTimeout for it held every other task of
+	// the batch, delivered already, as long: a stream leader that lost
+	// its quorum takes publishes without acknowledging them until it
+	// steps down (~20 s; hunts H182, H184). Every task of the batch for
+	// such a stream is cut so, however many (review R185), and so is one
+	// waited for while the window is full. A retry carries the same
+	// Nats-Msg-Id, so if a cut publish is stored after all, the stream's
+	// duplicate window drops the retry (as after a PubAck timeout; a
+	// retry while the first is still proposed is answered "duplicate
+	// message id is in process", an outage too). Never cut: a publish
+	// of a batch where nothing answered yet (a batch of one, a slow
+	// cluster), a probe within its probeWait, or a subject slowSubject
+	// says answers late but works. A probe whose subject the lookup finds
+	// a stream for is waited again, and that wait is cut.
 	settled := make([]bool, len(batch))
-	var graceAt time.Time // zero until the grace began
-	var grace time.Duration
-	// othersSettled reports whether every JetStream publish of the batch
-	// but batch[i] has its answer or was given up, at least one answered.
-	othersSettled := func(i int) bool {
-		answered := false
+	// sent[i]: when the publishes from batch[i] on were sent, if after a
+	// wait for the window (zero: at the start). A publish is not cut
+	// before the grace has passed since it was sent either.
+	sent := make([]time.Time, len(batch))
+	var resumed time.Time
+	// progress takes the answers that came to publishes of the batch
+	// not waited for yet.
+	progress := func() {
 		for _, j := range window {
-			if j == i {
-				continue
+			if !settled[j] {
+				answer(j)
 			}
-			if !settled[j] && !answer(j) {
-				return false
-			}
-			answered = answered || got[j]
 		}
-		return answered
 	}
+	cuts := map[string][]jetstream.PubAckFuture{} // per subject, for watchCut
 
 	// wait waits for the PubAck of batch[i]; a probe only probeWait, unless
 	// a stream acknowledged another publish to the subject meanwhile.
@@ -534,41 +548,39 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		if v, ok := known[batch[i].Target]; probing && (!ok || v.core) {
 			pdone = pctx.Done()
 		}
-		// slow: its subject answers late but works; not cut.
-		slow := allOut && pdone == nil && s.slowSubject(batch[i].Target)
+		// slow: its subject answers late but works; not cut, but seen
+		// late (past the grace) again.
+		slow := pdone == nil && s.slowSubject(batch[i].Target)
+		late := false
 		// An answer that is there wins over a deadline.
 		for !answer(i) {
 			var tm *time.Timer
 			var tick <-chan time.Time
 			gaveUp := false
-			if allOut && pdone == nil {
-				if graceAt.IsZero() && othersSettled(i) {
-					grace = stragglerGrace(time.Since(start))
-					graceAt = time.Now().Add(grace)
-				}
+			if pdone == nil && !late {
+				progress()
 				d := stragglerPoll
-				switch {
-				case graceAt.IsZero():
-				case slow:
-					d = 0 // waited for as long as it takes
-				default:
-					if d = time.Until(graceAt); d <= 0 {
-						fail(i, fmt.Errorf("%w: publish to %q: no PubAck %s after every other publish of the batch had its answer",
+				if !lastAnswer.IsZero() {
+					grace := stragglerGrace(lastAnswer.Sub(start))
+					d = min(d, time.Until(later(lastAnswer, sent[i]).Add(grace)))
+					if d <= 0 && !slow {
+						fail(i, fmt.Errorf("%w: publish to %q: no PubAck %s after the batch's last answer",
 							ErrPublishTimeout, batch[i].Target, grace))
-						go s.watchCut(batch[i].Target, f)
+						cuts[batch[i].Target] = append(cuts[batch[i].Target], f)
 						return
 					}
+					late = d <= 0
 				}
-				if d > 0 {
+				if !late {
 					tm = time.NewTimer(d)
 					tick = tm.C
 				}
 			}
 			select {
 			case <-f.Ok():
-				got[i] = true
+				took(i, nil)
 			case err := <-f.Err():
-				got[i], gotErr[i] = true, err
+				took(i, err)
 			case <-dctx.Done():
 				fail(i, s.ctxErr(ctx, batch[i].Target))
 				gaveUp = true
@@ -584,7 +596,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 				return
 			}
 		}
-		if slow && gotErr[i] == nil && !graceAt.IsZero() && time.Now().After(graceAt) {
+		if late && gotErr[i] == nil {
 			s.noteSlow(batch[i].Target) // it still is
 		}
 		err := gotErr[i]
@@ -630,7 +642,9 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		if len(window)-head >= s.cfg.PublishWindow {
 			wait(window[head], probe[window[head]])
 			head++
+			resumed = time.Now()
 		}
+		sent[i] = resumed
 		f, err := s.js.PublishMsgAsync(msgs[i], s.pubOpts...)
 		if err != nil {
 			fail(i, fmt.Errorf("nats sink: publish to %q: %w", t.Target, err))
@@ -639,7 +653,6 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		futs[i] = f
 		window = append(window, i)
 	}
-	allOut = true
 	for _, i := range window[head:] {
 		wait(i, probe[i])
 	}
@@ -692,6 +705,9 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 			continue
 		}
 		wait(i, false)
+	}
+	for subject, fs := range cuts {
+		go s.watchCut(subject, fs)
 	}
 
 	// "No responders": no stream took the message. Core NATS only where

@@ -3,7 +3,6 @@ package nats
 import (
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
 	"strings"
 	"testing"
@@ -32,39 +31,52 @@ func stuckSubject(t *testing.T, nc *natsgo.Conn, sink *Sink, subject string) {
 	sink.setVerdict(subject, false)
 }
 
-// TestReviewTwoStragglersSameStream: two tasks of the batch for the stuck
-// stream, 4 healthy ones. Every other publish than a straggler is never
-// all answered (the other straggler is not), so neither is cut and the
-// healthy tasks wait the whole PublishTimeout, as before the change.
-func TestReviewTwoStragglersSameStream(t *testing.T) {
-	if os.Getenv("DELAYBRIDGE_REVIEW_R185") == "" {
-		t.Skip("review R185 repro of a known limitation, fails on purpose; set DELAYBRIDGE_REVIEW_R185=1")
-	}
+// TestStragglersOfStuckStreams (review R185): 1, 2 and 5 tasks of the
+// batch for a stream that never acknowledges, then 2 + 2 for two such
+// streams, among 4 healthy ones. The rule before cut a straggler only once
+// every other publish had its answer, so two or more were never cut and
+// the healthy tasks waited the whole PublishTimeout. Now every one is cut
+// after the grace that follows the batch's last answer.
+func TestStragglersOfStuckStreams(t *testing.T) {
 	cfg, nc, js, _ := createdSource(t, func(c *Config) { c.PublishTimeout = 3 * time.Second })
 	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OK", Subjects: []string{"ok.>"}}); err != nil {
 		t.Fatal(err)
 	}
 	sink := newSink(t, nc, cfg)
 	stuckSubject(t, nc, sink, "tq.a")
-	for _, stuck := range []int{1, 2} {
+	stuckSubject(t, nc, sink, "tq.b")
+	for _, tc := range []struct{ a, b int }{{1, 0}, {2, 0}, {5, 0}, {2, 2}} {
 		var batch []*codec.Task
-		for i := range stuck {
-			batch = append(batch, task(fmt.Sprintf("q%d-%d", stuck, i), "tq.a", "q", 1))
+		// Stuck ones first, so the healthy answers come after they are out.
+		for i := range tc.a {
+			batch = append(batch, task(fmt.Sprintf("qa%d-%d-%d", tc.a, tc.b, i), "tq.a", "q", 1))
 		}
+		for i := range tc.b {
+			batch = append(batch, task(fmt.Sprintf("qb%d-%d-%d", tc.a, tc.b, i), "tq.b", "q", 1))
+		}
+		stuck := tc.a + tc.b
 		for i := range 4 {
-			batch = append(batch, task(fmt.Sprintf("h%d-%d", stuck, i), "ok.a", "h", 1))
+			batch = append(batch, task(fmt.Sprintf("h%d-%d-%d", tc.a, tc.b, i), "ok.a", "h", 1))
 		}
 		began := time.Now()
 		errs := sink.Deliver(ctxT(t), batch)
 		took := time.Since(began)
-		t.Logf("%d stragglers + 4 healthy: %v", stuck, took)
+		t.Logf("%d + %d stragglers + 4 healthy: %v", tc.a, tc.b, took)
+		if errs == nil {
+			t.Fatalf("%d + %d stragglers: every publish acknowledged", tc.a, tc.b)
+		}
 		for i := range stuck {
-			if errs == nil || !errors.Is(errs[i], shard.ErrUnavailable) {
-				t.Fatalf("straggler %d: %v", i, errs)
+			if !errors.Is(errs[i], shard.ErrUnavailable) || !errors.Is(errs[i], ErrPublishTimeout) {
+				t.Errorf("straggler %d of %d + %d: %v, want a PubAck timeout (unavailable)", i, tc.a, tc.b, errs[i])
+			}
+		}
+		for i, err := range errs[stuck:] {
+			if err != nil {
+				t.Errorf("healthy task %d: %v", i, err)
 			}
 		}
 		if took >= cfg.PublishTimeout {
-			t.Errorf("%d stragglers of one stream: the batch took %v (PublishTimeout %v): the healthy tasks waited the whole timeout", stuck, took, cfg.PublishTimeout)
+			t.Errorf("%d + %d stragglers: the batch took %v (PublishTimeout %v): the healthy tasks waited the whole timeout", tc.a, tc.b, took, cfg.PublishTimeout)
 		}
 	}
 }
@@ -78,6 +90,8 @@ func TestReviewWatchCutEndsAfterClose(t *testing.T) {
 	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OK", Subjects: []string{"ok.>"}}); err != nil {
 		t.Fatal(err)
 	}
+	// Those of the tests before it are gone within their PublishTimeout.
+	eventually(t, "no watchCut goroutine", func() bool { return watchers() == 0 })
 	nc2 := connect(t, cfg)
 	sink := newSink(t, nc2, cfg)
 	stuckSubject(t, nc, sink, "tq.a")
@@ -97,14 +111,13 @@ func watchers() int {
 	return strings.Count(string(buf), ").watchCut(")
 }
 
-// TestReviewStragglerBeforeWindowFull: PublishWindow smaller than the
-// batch: the straggler is waited for while the window is full, before
-// every publish is out, so it is never cut and the healthy tasks after it
-// are not even published before PublishTimeout.
-func TestReviewStragglerBeforeWindowFull(t *testing.T) {
-	if os.Getenv("DELAYBRIDGE_REVIEW_R185") == "" {
-		t.Skip("review R185 repro of a known limitation, fails on purpose; set DELAYBRIDGE_REVIEW_R185=1")
-	}
+// TestStragglerWhileWindowFull (review R185): PublishWindow smaller than
+// the batch, the stuck publish first: it is waited for while the window
+// is full, before the rest of the batch is out. It used to be never cut
+// there, the healthy tasks after it not even published before
+// PublishTimeout; now it is cut after the grace that follows the answer
+// to the other publish of the window, and the rest goes out.
+func TestStragglerWhileWindowFull(t *testing.T) {
 	cfg, nc, js, _ := createdSource(t, func(c *Config) { c.PublishTimeout = 3 * time.Second; c.PublishWindow = 2 })
 	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OK", Subjects: []string{"ok.>"}}); err != nil {
 		t.Fatal(err)
@@ -119,6 +132,14 @@ func TestReviewStragglerBeforeWindowFull(t *testing.T) {
 	errs := sink.Deliver(ctxT(t), batch)
 	took := time.Since(began)
 	t.Logf("window 2, straggler first + 4 healthy: %v, %v", took, errs)
+	if errs == nil || !errors.Is(errs[0], ErrPublishTimeout) {
+		t.Fatalf("errs %v, want the straggler's PubAck timeout", errs)
+	}
+	for i, err := range errs[1:] {
+		if err != nil {
+			t.Errorf("healthy task %d: %v", i, err)
+		}
+	}
 	if took >= cfg.PublishTimeout {
 		t.Errorf("the batch took %v (PublishTimeout %v)", took, cfg.PublishTimeout)
 	}
