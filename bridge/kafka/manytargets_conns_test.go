@@ -5,11 +5,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"net"
 	"runtime"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	kafkago "github.com/segmentio/kafka-go"
+	metadataapi "github.com/segmentio/kafka-go/protocol/metadata"
+	produceapi "github.com/segmentio/kafka-go/protocol/produce"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/delaybridge/delaybridge/codec"
 )
@@ -21,17 +27,18 @@ func kafkaGoConns() int {
 	return bytes.Count(buf, []byte("kafka-go.(*conn).run("))
 }
 
-// TestConnectionsPerDistinctTopics (hunt H177, NOT FIXED): one Deliver of
-// a batch spread over 512 topics opens 512 connections to the (single)
-// broker: kafka-go sends a produce request per partition, all at once,
-// and its transport dials a new connection for every request that finds
-// none idle, then keeps them idle for IdleTimeout (5 min). Each shard's
-// lane does the same. Skipped unless DELAYBRIDGE_H177=1: it asserts a
-// bound and fails.
+// TestConnectionsPerDistinctTopics (hunt H177): one Deliver of a batch
+// spread over 512 topics opened 512 connections to the (single) broker:
+// kafka-go sends a produce request per partition, all at once, and its
+// transport dials a new connection for every request that finds none
+// idle, then keeps them idle for IdleTimeout (5 min). Each shard's lane
+// did the same. Now at most maxProduceInFlight produce requests are in
+// flight (here 16), so at most as many connections, and every task is
+// delivered.
 func TestConnectionsPerDistinctTopics(t *testing.T) {
-	if os.Getenv("DELAYBRIDGE_H177") == "" {
-		t.Skip("hunt H177 repro of an unfixed behaviour; DELAYBRIDGE_H177=1 runs it")
-	}
+	old := maxProduceInFlight
+	maxProduceInFlight = 16
+	t.Cleanup(func() { maxProduceInFlight = old })
 	var topics []string
 	for i := range 512 {
 		topics = append(topics, fmt.Sprintf("tenant-%d", i))
@@ -55,7 +62,107 @@ func TestConnectionsPerDistinctTopics(t *testing.T) {
 	}
 	after := kafkaGoConns()
 	t.Logf("kafka-go connections: %d before, %d after one batch of 512 tasks over 512 topics", before, after)
-	if after > 64 {
-		t.Errorf("%d connections to one broker after one batch", after)
+	// The bound, one for metadata, and those of other tests' transports
+	// still open (before).
+	if after > before+maxProduceInFlight+1 {
+		t.Errorf("%d connections after one batch (%d before, bound %d)", after, before, maxProduceInFlight)
+	}
+	// Every topic got its task (and the warm-up's one more for topics[0]).
+	cl := producer(t, c, kgo.ConsumeTopics(topics...), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(100*time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	per := map[string]int{}
+	for n := 0; n < len(topics)+1; {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("read %d of %d records", n, len(topics)+1)
+		}
+		fs.EachRecord(func(r *kgo.Record) { per[r.Topic]++; n++ })
+	}
+	for i, tp := range topics {
+		want := 1
+		if i == 0 {
+			want = 2
+		}
+		if per[tp] != want {
+			t.Errorf("topic %s holds %d records, want %d", tp, per[tp], want)
+		}
+	}
+}
+
+// TestInFlightLimit: the limiter lets at most its bound of produce
+// requests through at once, never holds other requests, and a produce
+// request waiting for room fails with its context's error.
+func TestInFlightLimit(t *testing.T) {
+	rt := &blockingRT{release: make(chan struct{})}
+	l := limitInFlight(rt, 3)
+	errc := make(chan error, 10)
+	for range 5 {
+		go func() {
+			_, err := l.RoundTrip(context.Background(), nil, &produceapi.Request{})
+			errc <- err
+		}()
+	}
+	eventuallyTrue(t, "3 produce requests in flight", func() bool { return rt.inFlight.Load() == 3 })
+	// A metadata request is not held behind them.
+	if _, err := l.RoundTrip(context.Background(), nil, &metadataapi.Request{}); err != nil {
+		t.Fatal(err)
+	}
+	// A produce request whose context ends while it waits fails with it.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if _, err := l.RoundTrip(ctx, nil, &produceapi.Request{}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("waiting produce request: %v, want the deadline", err)
+	}
+	if got := rt.max.Load(); got != 3 {
+		t.Fatalf("%d produce requests were in flight at once, want 3", got)
+	}
+	close(rt.release)
+	for range 5 {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := rt.max.Load(); got != 3 {
+		t.Errorf("%d produce requests were in flight at once, want at most 3", got)
+	}
+	if got := rt.calls.Load(); got != 6 {
+		t.Errorf("%d requests reached the transport, want 6 (5 produce, 1 metadata)", got)
+	}
+}
+
+// blockingRT holds every produce request until release is closed,
+// counting those in flight and the most at once.
+type blockingRT struct {
+	release  chan struct{}
+	inFlight atomic.Int32
+	max      atomic.Int32
+	calls    atomic.Int32
+}
+
+func (b *blockingRT) RoundTrip(_ context.Context, _ net.Addr, req kafkago.Request) (kafkago.Response, error) {
+	b.calls.Add(1)
+	if _, ok := req.(*produceapi.Request); !ok {
+		return nil, nil
+	}
+	n := b.inFlight.Add(1)
+	for {
+		m := b.max.Load()
+		if n <= m || b.max.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	<-b.release
+	b.inFlight.Add(-1)
+	return nil, nil
+}
+
+func eventuallyTrue(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !f(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
 	}
 }

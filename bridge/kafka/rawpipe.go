@@ -51,7 +51,7 @@ func RawPipe(ctx context.Context, brokers []string, from, to string, n int) (tim
 		return 0, fmt.Errorf("kafka: rawpipe: topic %q: %w", from, kafkago.UnknownTopicOrPartition)
 	}
 
-	w := newWriter(&cfg, t, zap.NewNop())
+	w := newWriter(&cfg, limitInFlight(t, maxProduceInFlight), zap.NewNop())
 	defer func() { _ = w.Close() }()
 
 	ctx, cancel := context.WithCancel(ctx)

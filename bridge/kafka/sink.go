@@ -26,8 +26,11 @@ type Sink struct {
 	cfg       Config
 	addr      net.Addr // the brokers
 	transport *kafkago.Transport
-	log       *zap.Logger
-	m         *metrics.Metrics
+	// produce is transport with at most maxProduceInFlight produce
+	// requests at once, for the producers.
+	produce kafkago.RoundTripper
+	log     *zap.Logger
+	m       *metrics.Metrics
 
 	// gen is the producers Deliver takes now (see writerGen); wmu guards
 	// it and every generation's refs, topics and retired.
@@ -304,6 +307,7 @@ func NewSink(cfg Config) (*Sink, error) {
 		log:       cfg.Logger.With(zap.String("component", "kafka-sink")),
 		m:         cfg.Metrics,
 	}
+	s.produce = limitInFlight(s.transport, maxProduceInFlight)
 	s.probeCtx, s.stopProbe = context.WithCancel(context.Background())
 	s.addr = kafkago.TCP(cfg.Brokers...)
 	s.gen = s.newGen()
@@ -345,7 +349,7 @@ func (g *writerGen) closeLocked() func() error {
 }
 
 func (s *Sink) newGen() *writerGen {
-	g := &writerGen{w: newWriter(&s.cfg, s.transport, s.log), alone: newWriter(&s.cfg, s.transport, s.log),
+	g := &writerGen{w: newWriter(&s.cfg, s.produce, s.log), alone: newWriter(&s.cfg, s.produce, s.log),
 		topics: make(map[string]struct{})}
 	g.alone.BatchSize = 1
 	// A record alone in its batch is bounded by the broker's limit, not
@@ -397,7 +401,7 @@ func (s *Sink) release(g *writerGen, msgs []kafkago.Message) {
 }
 
 // newWriter is the producer shared by the Sink and RawPipe.
-func newWriter(cfg *Config, t *kafkago.Transport, log *zap.Logger) *kafkago.Writer {
+func newWriter(cfg *Config, t kafkago.RoundTripper, log *zap.Logger) *kafkago.Writer {
 	return &kafkago.Writer{
 		Addr: kafkago.TCP(cfg.Brokers...),
 		// Java's default partitioner for keyed records (murmur2 of the

@@ -98,8 +98,9 @@ func TestTargetTopicCreatedJustBeforeDue(t *testing.T) {
 // subjects, a task each: all delivered, no /metrics series names a target
 // (no label is a target), and the series count does not grow. It logs the
 // goroutines: kafka-go's transport keeps a connection (a goroutine) per
-// concurrent produce request, idle for 5 min (TestConnectionsPerDistinctTopics
-// in bridge/kafka). DELAYBRIDGE_LONG=1 runs it (about 15 s).
+// concurrent produce request, idle for 5 min, at most maxProduceInFlight
+// (TestConnectionsPerDistinctTopics in bridge/kafka). DELAYBRIDGE_LONG=1
+// runs it (about 15 s).
 func TestThousandsOfTargets(t *testing.T) {
 	if os.Getenv("DELAYBRIDGE_LONG") == "" {
 		t.Skip("DELAYBRIDGE_LONG=1 runs it")
