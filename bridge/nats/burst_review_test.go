@@ -1,0 +1,66 @@
+package nats
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+// burstySubject makes subject look like a stream that acknowledges the
+// first n publishes at once and the others after hold (a leader whose
+// disk stalls for a moment): a subscriber answering with a PubAck, and a
+// stream verdict so no probe.
+func burstySubject(t *testing.T, nc *natsgo.Conn, sink *Sink, subject string, n int, hold time.Duration) {
+	t.Helper()
+	var mu sync.Mutex
+	seq := 0
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
+	sub, err := nc.Subscribe(subject, func(m *natsgo.Msg) {
+		mu.Lock()
+		seq++
+		s := seq
+		mu.Unlock()
+		ack := []byte(fmt.Sprintf(`{"stream":"BURST","seq":%d}`, s))
+		if s <= n {
+			_ = m.Respond(ack)
+			return
+		}
+		wg.Add(1)
+		time.AfterFunc(hold, func() { defer wg.Done(); _ = m.Respond(ack) })
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	sink.setVerdict(subject, false)
+}
+
+// TestBurstyStreamNotCut (review R186): a stream acknowledges 2 of a
+// batch's 6 publishes at once and the other 4 800 ms later, well within
+// PublishTimeout. Every publish is acknowledged; none should fail.
+func TestBurstyStreamNotCut(t *testing.T) {
+	cfg, nc, _, _ := createdSource(t, func(c *Config) { c.PublishTimeout = 5 * time.Second })
+	sink := newSink(t, nc, cfg)
+	burstySubject(t, nc, sink, "tburst.a", 2, 800*time.Millisecond)
+	var batch []*codec.Task
+	for i := range 6 {
+		batch = append(batch, task(fmt.Sprintf("b%d", i), "tburst.a", "b", 1))
+	}
+	began := time.Now()
+	errs := sink.Deliver(ctxT(t), batch)
+	t.Logf("took %v", time.Since(began))
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("task %d of a stream that acknowledged it within PublishTimeout: %v", i, err)
+		}
+	}
+}
