@@ -64,3 +64,28 @@ func TestBurstyStreamNotCut(t *testing.T) {
 		}
 	}
 }
+
+// TestFastErrorsStartNoGrace (review R186): answers that carry no
+// stream's pace (no responders for a subject without a stream) do not
+// start the stragglers' grace: a stream whose PubAcks all come 1.5 s
+// late, in a batch with such a subject, is waited for, not cut.
+func TestFastErrorsStartNoGrace(t *testing.T) {
+	cfg, nc, _, _ := createdSource(t, func(c *Config) { c.PublishTimeout = 5 * time.Second })
+	sink := newSink(t, nc, cfg)
+	burstySubject(t, nc, sink, "tlate.a", 0, 1500*time.Millisecond)
+	batch := []*codec.Task{task("n", "nostream.a", "n", 1)}
+	for i := range 3 {
+		batch = append(batch, task(fmt.Sprintf("l%d", i), "tlate.a", "l", 1))
+	}
+	began := time.Now()
+	errs := sink.Deliver(ctxT(t), batch)
+	t.Logf("took %v: %v", time.Since(began), errs)
+	if errs == nil || errs[0] == nil {
+		t.Fatalf("errs %v, want the task for a subject without a stream failed", errs)
+	}
+	for i, err := range errs[1:] {
+		if err != nil {
+			t.Errorf("task %d of a stream that acknowledged it within PublishTimeout: %v", i, err)
+		}
+	}
+}

@@ -118,8 +118,9 @@ const (
 	maxVerdicts = 4096
 	// stragglerGraceMin and stragglerGraceFactor: the grace of a batch's
 	// stragglers (stragglerGrace), at least stragglerGraceMin and
-	// stragglerGraceFactor times the time the batch took to its last answer.
-	stragglerGraceMin    = 500 * time.Millisecond
+	// stragglerGraceFactor times the time the batch took to its last
+	// PubAck.
+	stragglerGraceMin    = time.Second
 	stragglerGraceFactor = 4
 	// stragglerPoll is how often a Deliver blocked on one PubAck looks
 	// whether the others of the batch have come.
@@ -134,10 +135,10 @@ func later(a, b time.Time) time.Time {
 	return a
 }
 
-// stragglerGrace is how long the stragglers of a batch (publishes whose
-// PubAck has not come) are waited for after the batch's last answer, which
-// came took after the batch began: a few times took, at least
-// stragglerGraceMin. PublishTimeout still bounds the whole wait.
+// stragglerGrace is how long the stragglers of a batch (publishes to
+// subjects that answered nothing in it) are waited for after the batch's
+// last PubAck, which came took after the batch began: a few times took,
+// at least stragglerGraceMin. PublishTimeout still bounds the whole wait.
 func stragglerGrace(took time.Duration) time.Duration {
 	return max(stragglerGraceFactor*took, stragglerGraceMin)
 }
@@ -483,12 +484,19 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	// for (a channel gives its value once): got[i], and gotErr[i].
 	got := make([]bool, len(batch))
 	gotErr := make([]error, len(batch))
-	// lastAnswer is when an answer of the batch was last seen (zero: none
-	// yet); answers are seen when waited for, or by progress.
+	// lastAnswer is when a PubAck of the batch was last seen (zero: none
+	// yet), heard the subjects that answered anything (a PubAck or an
+	// error); answers are seen when waited for, or by progress.
 	var lastAnswer time.Time
+	heard := map[string]bool{}
 	took := func(i int, err error) {
 		got[i], gotErr[i] = true, err
-		lastAnswer = time.Now()
+		if err == nil {
+			lastAnswer = time.Now()
+		}
+		if t := batch[i].Target; !heard[t] {
+			heard[t] = true
+		}
 	}
 	// answer takes batch[i]'s answer if it is there.
 	answer := func(i int) bool {
@@ -503,25 +511,29 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		}
 		return got[i]
 	}
-	// Stragglers: once the batch's answers stop coming, a publish still
-	// without its PubAck is waited for a grace only (stragglerGrace of
-	// the time from the batch's start to its last answer, counted from
-	// that answer), then it fails as a PubAck timeout (so an outage,
-	// unless its subject is denied or its stream no_ack; see the end of
-	// Deliver). Waiting PublishTimeout for it held every other task of
-	// the batch, delivered already, as long: a stream leader that lost
-	// its quorum takes publishes without acknowledging them until it
+	// Stragglers: a publish to a subject that has answered nothing in the
+	// batch, while other subjects' publishes have their PubAcks, is
+	// waited for a grace only (stragglerGrace of the time from the
+	// batch's start to its last PubAck, counted from that PubAck or from
+	// the publish's send if later), then it fails as a PubAck timeout (so
+	// an outage, unless its subject is denied or its stream no_ack; see
+	// the end of Deliver). Waiting PublishTimeout for it held every other
+	// task of the batch, delivered already, as long: a stream leader that
+	// lost its quorum takes publishes without acknowledging them until it
 	// steps down (~20 s; hunts H182, H184). Every task of the batch for
 	// such a stream is cut so, however many (review R185), and so is one
 	// waited for while the window is full. A retry carries the same
 	// Nats-Msg-Id, so if a cut publish is stored after all, the stream's
 	// duplicate window drops the retry (as after a PubAck timeout; a
 	// retry while the first is still proposed is answered "duplicate
-	// message id is in process", an outage too). Never cut: a publish
-	// of a batch where nothing answered yet (a batch of one, a slow
-	// cluster), a probe within its probeWait, or a subject slowSubject
-	// says answers late but works. A probe whose subject the lookup finds
-	// a stream for is waited again, and that wait is cut.
+	// message id is in process", an outage too). Never cut: a publish to
+	// a subject that answered another publish of the batch (a stream
+	// whose answers come in bursts, review R186), a publish of a batch
+	// without a PubAck yet (a batch of one, a slow cluster; errors such
+	// as "no responders" answer fast and say nothing of a stream's pace),
+	// a probe within its probeWait, or a subject slowSubject says answers
+	// late but works. A probe whose subject the lookup finds a stream for
+	// is waited again, and that wait is cut.
 	settled := make([]bool, len(batch))
 	// sent[i]: when the publishes from batch[i] on were sent, if after a
 	// wait for the window (zero: at the start). A publish is not cut
@@ -529,7 +541,9 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	sent := make([]time.Time, len(batch))
 	var resumed time.Time
 	// progress takes the answers that came to publishes of the batch
-	// not waited for yet.
+	// not waited for yet. Called only after a wait's first poll, so a
+	// healthy batch, whose answers are there or come within a poll, does
+	// not scan the window per publish.
 	progress := func() {
 		for _, j := range window {
 			if !settled[j] {
@@ -548,25 +562,29 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		if v, ok := known[batch[i].Target]; probing && (!ok || v.core) {
 			pdone = pctx.Done()
 		}
+		subject := batch[i].Target
 		// slow: its subject answers late but works; not cut, but seen
 		// late (past the grace) again.
-		slow := pdone == nil && s.slowSubject(batch[i].Target)
-		late := false
+		slow := pdone == nil && s.slowSubject(subject)
+		late, polled := false, false
 		// An answer that is there wins over a deadline.
 		for !answer(i) {
 			var tm *time.Timer
 			var tick <-chan time.Time
 			gaveUp := false
 			if pdone == nil && !late {
-				progress()
+				if polled {
+					progress()
+				}
+				polled = true
 				d := stragglerPoll
-				if !lastAnswer.IsZero() {
+				if !lastAnswer.IsZero() && !heard[subject] {
 					grace := stragglerGrace(lastAnswer.Sub(start))
 					d = min(d, time.Until(later(lastAnswer, sent[i]).Add(grace)))
 					if d <= 0 && !slow {
-						fail(i, fmt.Errorf("%w: publish to %q: no PubAck %s after the batch's last answer",
-							ErrPublishTimeout, batch[i].Target, grace))
-						cuts[batch[i].Target] = append(cuts[batch[i].Target], f)
+						fail(i, fmt.Errorf("%w: publish to %q: no answer from the subject %s after the batch's last PubAck",
+							ErrPublishTimeout, subject, grace))
+						cuts[subject] = append(cuts[subject], f)
 						return
 					}
 					late = d <= 0
