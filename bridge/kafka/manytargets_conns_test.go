@@ -92,15 +92,17 @@ func TestConnectionsPerDistinctTopics(t *testing.T) {
 }
 
 // TestInFlightLimit: the limiter lets at most its bound of produce
-// requests through at once, never holds other requests, and a produce
-// request waiting for room fails with its context's error.
+// requests to one broker through at once (the leader of the request's
+// partition in the transport's metadata), never holds a request to another
+// broker nor other requests, and a produce request waiting for room fails
+// with its context's error.
 func TestInFlightLimit(t *testing.T) {
-	rt := &blockingRT{release: make(chan struct{})}
+	rt := &blockingRT{release: make(chan struct{}), leaders: map[string]int32{"a": 1, "b": 2}}
 	l := limitInFlight(rt, 3)
 	errc := make(chan error, 10)
 	for range 5 {
 		go func() {
-			_, err := l.RoundTrip(context.Background(), nil, &produceapi.Request{})
+			_, err := l.RoundTrip(context.Background(), nil, produceTo("a"))
 			errc <- err
 		}()
 	}
@@ -109,14 +111,18 @@ func TestInFlightLimit(t *testing.T) {
 	if _, err := l.RoundTrip(context.Background(), nil, &metadataapi.Request{}); err != nil {
 		t.Fatal(err)
 	}
+	// Nor is a produce request to another broker.
+	if _, err := l.RoundTrip(context.Background(), nil, produceTo("b")); err != nil {
+		t.Fatal(err)
+	}
 	// A produce request whose context ends while it waits fails with it.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	if _, err := l.RoundTrip(ctx, nil, &produceapi.Request{}); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := l.RoundTrip(ctx, nil, produceTo("a")); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("waiting produce request: %v, want the deadline", err)
 	}
 	if got := rt.max.Load(); got != 3 {
-		t.Fatalf("%d produce requests were in flight at once, want 3", got)
+		t.Fatalf("%d produce requests to one broker were in flight at once, want 3", got)
 	}
 	close(rt.release)
 	for range 5 {
@@ -125,25 +131,42 @@ func TestInFlightLimit(t *testing.T) {
 		}
 	}
 	if got := rt.max.Load(); got != 3 {
-		t.Errorf("%d produce requests were in flight at once, want at most 3", got)
+		t.Errorf("%d produce requests to one broker were in flight at once, want at most 3", got)
 	}
-	if got := rt.calls.Load(); got != 6 {
-		t.Errorf("%d requests reached the transport, want 6 (5 produce, 1 metadata)", got)
+	if got := rt.produced.Load(); got != 6 {
+		t.Errorf("%d produce requests reached the transport, want 6", got)
 	}
 }
 
-// blockingRT holds every produce request until release is closed,
+func produceTo(topic string) *produceapi.Request {
+	return &produceapi.Request{Topics: []produceapi.RequestTopic{{Topic: topic, Partitions: []produceapi.RequestPartition{{Partition: 0}}}}}
+}
+
+// blockingRT answers metadata with leaders (topic -> broker id, partition
+// 0) and holds every produce request to broker 1 until release is closed,
 // counting those in flight and the most at once.
 type blockingRT struct {
 	release  chan struct{}
+	leaders  map[string]int32
 	inFlight atomic.Int32
 	max      atomic.Int32
-	calls    atomic.Int32
+	produced atomic.Int32
 }
 
 func (b *blockingRT) RoundTrip(_ context.Context, _ net.Addr, req kafkago.Request) (kafkago.Response, error) {
-	b.calls.Add(1)
-	if _, ok := req.(*produceapi.Request); !ok {
+	p, ok := req.(*produceapi.Request)
+	if !ok {
+		md := &metadataapi.Response{}
+		if m, ok := req.(*metadataapi.Request); ok {
+			for _, tp := range m.TopicNames {
+				md.Topics = append(md.Topics, metadataapi.ResponseTopic{Name: tp,
+					Partitions: []metadataapi.ResponsePartition{{PartitionIndex: 0, LeaderID: b.leaders[tp]}}})
+			}
+		}
+		return md, nil
+	}
+	b.produced.Add(1)
+	if b.leaders[p.Topics[0].Topic] != 1 {
 		return nil, nil
 	}
 	n := b.inFlight.Add(1)
