@@ -136,7 +136,7 @@ func later(a, b time.Time) time.Time {
 }
 
 // stragglerGrace is how long the stragglers of a batch (publishes to
-// subjects that answered nothing in it) are waited for after the batch's
+// subjects that acknowledged nothing in it) are waited for after the batch's
 // last PubAck, which came took after the batch began: a few times took,
 // at least stragglerGraceMin. PublishTimeout still bounds the whole wait.
 func stragglerGrace(took time.Duration) time.Duration {
@@ -485,15 +485,19 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	got := make([]bool, len(batch))
 	gotErr := make([]error, len(batch))
 	// lastAnswer is when a PubAck of the batch was last seen (zero: none
-	// yet), heard the subjects that answered anything (a PubAck or an
-	// error); answers are seen when waited for, or by progress.
+	// yet), heard the subjects that acknowledged a publish of it; answers
+	// are seen when waited for, or by progress. An error is no sign that
+	// a subject's stream acknowledges: the retry of a publish cut from a
+	// stuck stream is answered at once "duplicate message id is in
+	// process" (review R188).
 	var lastAnswer time.Time
 	heard := map[string]bool{}
 	took := func(i int, err error) {
 		got[i], gotErr[i] = true, err
-		if err == nil {
-			lastAnswer = time.Now()
+		if err != nil {
+			return
 		}
+		lastAnswer = time.Now()
 		if t := batch[i].Target; !heard[t] {
 			heard[t] = true
 		}
@@ -511,8 +515,8 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		}
 		return got[i]
 	}
-	// Stragglers: a publish to a subject that has answered nothing in the
-	// batch, while other subjects' publishes have their PubAcks, is
+	// Stragglers: a publish to a subject that has acknowledged nothing in
+	// the batch, while other subjects' publishes have their PubAcks, is
 	// waited for a grace only (stragglerGrace of the time from the
 	// batch's start to its last PubAck, counted from that PubAck or from
 	// the publish's send if later), then it fails as a PubAck timeout (so
@@ -527,7 +531,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	// duplicate window drops the retry (as after a PubAck timeout; a
 	// retry while the first is still proposed is answered "duplicate
 	// message id is in process", an outage too). Never cut: a publish to
-	// a subject that answered another publish of the batch (a stream
+	// a subject that acknowledged another publish of the batch (a stream
 	// whose answers come in bursts, review R186), a publish of a batch
 	// without a PubAck yet (a batch of one, a slow cluster; errors such
 	// as "no responders" answer fast and say nothing of a stream's pace),
@@ -582,7 +586,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 					grace := stragglerGrace(lastAnswer.Sub(start))
 					d = min(d, time.Until(later(lastAnswer, sent[i]).Add(grace)))
 					if d <= 0 && !slow {
-						fail(i, fmt.Errorf("%w: publish to %q: no answer from the subject %s after the batch's last PubAck",
+						fail(i, fmt.Errorf("%w: publish to %q: no PubAck to the subject %s after the batch's last PubAck",
 							ErrPublishTimeout, subject, grace))
 						cuts[subject] = append(cuts[subject], f)
 						return
