@@ -89,3 +89,54 @@ func TestFastErrorsStartNoGrace(t *testing.T) {
 		}
 	}
 }
+
+// ackAs answers every publish to subject with a PubAck from stream after
+// hold (a stream capturing several subjects); no stream verdict probe.
+func ackAs(t *testing.T, nc *natsgo.Conn, sink *Sink, subject, stream string, hold time.Duration) {
+	t.Helper()
+	var mu sync.Mutex
+	seq := 0
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
+	sub, err := nc.Subscribe(subject, func(m *natsgo.Msg) {
+		mu.Lock()
+		seq++
+		ack := []byte(fmt.Sprintf(`{"stream":%q,"seq":%d}`, stream, seq))
+		mu.Unlock()
+		wg.Add(1)
+		time.AfterFunc(hold, func() { defer wg.Done(); _ = m.Respond(ack) })
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	sink.setVerdict(subject, false)
+}
+
+// TestStreamHeardThroughAnotherSubject (review R188): a stream capturing
+// two subjects answers one of them at once and the other 1.5 s later (its
+// answers come in bursts). The second subject answered nothing in the
+// batch, but its stream did (the sink knows the subject's stream from an
+// earlier PubAck): it is waited for, not cut.
+func TestStreamHeardThroughAnotherSubject(t *testing.T) {
+	cfg, nc, _, _ := createdSource(t, func(c *Config) { c.PublishTimeout = 5 * time.Second })
+	sink := newSink(t, nc, cfg)
+	ackAs(t, nc, sink, "tmulti.fast", "MULTI", 0)
+	ackAs(t, nc, sink, "tmulti.slow", "MULTI", 1500*time.Millisecond)
+	// An earlier delivery tells the sink tmulti.slow's stream.
+	if errs := sink.Deliver(ctxT(t), []*codec.Task{task("w", "tmulti.slow", "w", 1)}); errs != nil {
+		t.Fatalf("warm-up: %v", errs)
+	}
+	batch := []*codec.Task{task("s", "tmulti.slow", "s", 1), task("f", "tmulti.fast", "f", 1)}
+	began := time.Now()
+	errs := sink.Deliver(ctxT(t), batch)
+	t.Logf("took %v: %v", time.Since(began), errs)
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("task %d of a stream that acknowledged it within PublishTimeout: %v", i, err)
+		}
+	}
+}

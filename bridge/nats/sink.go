@@ -55,11 +55,19 @@ type Sink struct {
 	// stragglerGrace), until when: a publish to them that was cut was
 	// acknowledged after all, so they answer late but work.
 	slowOK map[string]time.Time
+	// streamOf: the stream that last acknowledged a publish to a target
+	// subject (from its PubAck), so a batch's stragglers are judged by
+	// their stream's answers, not only their subject's (review R188).
+	streamOf map[string]string
 }
 
 // maxNoted bounds Sink.denied and Sink.noAckStreams; past it a map starts
 // over.
 const maxNoted = 1024
+
+// maxStreamOf bounds Sink.streamOf (about 100 bytes an entry): one per
+// target subject, and tenants may have a subject each.
+const maxStreamOf = 16384
 
 // publishDeniedRe finds the subject in the server's permissions error,
 // which quotes it Go-style (%q): escapes are undone with strconv.Unquote.
@@ -224,6 +232,7 @@ func NewSink(nc *natsgo.Conn, cfg Config) (*Sink, error) {
 
 		noAckStreams: map[string]noAckVerdict{},
 		slowOK:       map[string]time.Time{},
+		streamOf:     map[string]string{},
 	}
 	prev := nc.ErrorHandler()
 	nc.SetErrorHandler(func(c *natsgo.Conn, sub *natsgo.Subscription, err error) {
@@ -490,9 +499,13 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	// a subject's stream acknowledges: the retry of a publish cut from a
 	// stuck stream is answered at once "duplicate message id is in
 	// process" (review R188).
+	// heardStream: the streams that acknowledged a publish of the batch,
+	// acked: the stream of each subject heard (for Sink.streamOf).
 	var lastAnswer time.Time
 	heard := map[string]bool{}
-	took := func(i int, err error) {
+	heardStream := map[string]bool{}
+	acked := map[string]string{}
+	took := func(i int, ack *jetstream.PubAck, err error) {
 		got[i], gotErr[i] = true, err
 		if err != nil {
 			return
@@ -500,23 +513,41 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		lastAnswer = time.Now()
 		if t := batch[i].Target; !heard[t] {
 			heard[t] = true
+			if ack != nil && ack.Stream != "" {
+				heardStream[ack.Stream] = true
+				acked[t] = ack.Stream
+			}
 		}
 	}
 	// answer takes batch[i]'s answer if it is there.
 	answer := func(i int) bool {
 		if !got[i] {
 			select {
-			case <-futs[i].Ok():
-				took(i, nil)
+			case ack := <-futs[i].Ok():
+				took(i, ack, nil)
 			case err := <-futs[i].Err():
-				took(i, err)
+				took(i, nil, err)
 			default:
 			}
 		}
 		return got[i]
 	}
+	// silent reports whether nothing of subject's has acknowledged a
+	// publish of the batch: neither the subject nor the stream that last
+	// acknowledged one to it (a stream capturing many subjects answers at
+	// its own pace, whichever subject it was).
+	silent := func(subject string) bool {
+		if heard[subject] {
+			return false
+		}
+		s.mu.Lock()
+		stream, ok := s.streamOf[subject]
+		s.mu.Unlock()
+		return !ok || !heardStream[stream]
+	}
 	// Stragglers: a publish to a subject that has acknowledged nothing in
-	// the batch, while other subjects' publishes have their PubAcks, is
+	// the batch (nor has the stream that last acknowledged a publish to
+	// it, see silent), while other publishes have their PubAcks, is
 	// waited for a grace only (stragglerGrace of the time from the
 	// batch's start to its last PubAck, counted from that PubAck or from
 	// the publish's send if later), then it fails as a PubAck timeout (so
@@ -531,8 +562,9 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	// duplicate window drops the retry (as after a PubAck timeout; a
 	// retry while the first is still proposed is answered "duplicate
 	// message id is in process", an outage too). Never cut: a publish to
-	// a subject that acknowledged another publish of the batch (a stream
-	// whose answers come in bursts, review R186), a publish of a batch
+	// a subject, or a stream, that acknowledged another publish of the
+	// batch (a stream whose answers come in bursts, reviews R186, R188),
+	// a publish of a batch
 	// without a PubAck yet (a batch of one, a slow cluster; errors such
 	// as "no responders" answer fast and say nothing of a stream's pace),
 	// a probe within its probeWait, or a subject slowSubject says answers
@@ -582,7 +614,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 				}
 				polled = true
 				d := stragglerPoll
-				if !lastAnswer.IsZero() && !heard[subject] {
+				if !lastAnswer.IsZero() && silent(subject) {
 					grace := stragglerGrace(lastAnswer.Sub(start))
 					d = min(d, time.Until(later(lastAnswer, sent[i]).Add(grace)))
 					if d <= 0 && !slow {
@@ -599,10 +631,10 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 				}
 			}
 			select {
-			case <-f.Ok():
-				took(i, nil)
+			case ack := <-f.Ok():
+				took(i, ack, nil)
 			case err := <-f.Err():
-				took(i, err)
+				took(i, nil, err)
 			case <-dctx.Done():
 				fail(i, s.ctxErr(ctx, batch[i].Target))
 				gaveUp = true
@@ -730,6 +762,19 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	}
 	for subject, fs := range cuts {
 		go s.watchCut(subject, fs)
+	}
+	if len(acked) > 0 {
+		s.mu.Lock()
+		for subject, stream := range acked {
+			if s.streamOf[subject] == stream {
+				continue
+			}
+			if len(s.streamOf) >= maxStreamOf {
+				clear(s.streamOf)
+			}
+			s.streamOf[subject] = stream
+		}
+		s.mu.Unlock()
 	}
 
 	// "No responders": no stream took the message. Core NATS only where
