@@ -124,6 +124,9 @@ type Engine struct {
 	// testHookRelease sees the groups of each release (recover.go),
 	// before the shards are told.
 	testHookRelease func(groups []int64)
+	// testHookProbe sees each waiting task pulled forward to probe its
+	// down group (recover.go), before its shard is told.
+	testHookProbe func(group int64, seq uint64)
 	// testHookLaneDone: a lane's batch returned and the lane is free
 	// again, before the fire loop is woken to use it.
 	testHookLaneDone func()

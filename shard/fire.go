@@ -151,6 +151,9 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 		// (recover.go): it takes every shard's lock.
 		s.e.outages.rebase(now)
 		s.e.releaseOwed(now)
+		// A down group untried for a while: one of its waiting tasks
+		// goes now (recover.go).
+		s.e.probeOutages(now)
 		s.mu.Lock()
 		s.rebaseLocked(now)
 		s.drainLocked()
@@ -220,6 +223,9 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 			}
 			if at := s.e.outages.owedAt.Load(); at != 0 && at < wake {
 				wake = at // a release held back by its spacing
+			}
+			if at := s.e.outages.probeAt.Load(); at != 0 && at < wake {
+				wake = at // a probe of a down group
 			}
 			s.mu.Unlock()
 			s.park(ctx, timer, wake, false)

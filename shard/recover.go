@@ -76,6 +76,12 @@ type groupOutages struct {
 	// lastNow is the engine clock (ms) at the fire loops' last look
 	// (rebase), to tell a step back.
 	lastNow atomic.Int64
+	// probeAt is when the next probe round is due (ms, engine clock), 0
+	// when no group was down at the last: the fire loops read it on every
+	// round, without the lock. lastRound is the one before (under mu):
+	// a round probes the groups untried since then (probeOutages).
+	probeAt   atomic.Int64
+	lastRound int64
 }
 
 // groupOutage is one target group's.
@@ -87,6 +93,11 @@ type groupOutage struct {
 	// of it within the wait, and none has failed since: its release goes
 	// when the wait ends.
 	owed bool
+	// tried is when a task of it last failed as unavailable, or was
+	// pulled forward to probe it (ms, engine clock; 0 after a restart):
+	// while it is down, a probe round tries one of its waiting tasks when
+	// this is older than the round before (probeOutages).
+	tried int64
 }
 
 // released is a waiting task a release is to take out of its shard's
@@ -123,6 +134,13 @@ func (e *Engine) outcome(up, down []int64, begin int64) {
 			continue
 		}
 		st.owed = false // failed again: what found it back was wrong
+		st.tried = now
+		if o.probeAt.Load() == 0 {
+			// The probe rounds start (probeOutages): this group's first
+			// comes two rounds on, probeEvery from now.
+			o.lastRound = now
+			o.probeAt.Store(now + e.probeEvery().Milliseconds()/2)
+		}
 		if !st.down {
 			st.down = true
 			if st.released != 0 && now-st.released <= 2*st.wait.Milliseconds()+r.Initial.Milliseconds() {
@@ -194,11 +212,21 @@ func (o *groupOutages) rebase(now int64) {
 			st.released = max(math.MinInt64+back, st.released) - back
 			o.m[g] = st
 		}
+		if st.tried > now {
+			// Else a down group's probes wait the step out.
+			st.tried = max(math.MinInt64+back, st.tried) - back
+			o.m[g] = st
+		}
 		if at := st.released + st.wait.Milliseconds(); st.owed && (next == 0 || at < next) {
 			next = at
 		}
 	}
 	o.owedAt.Store(next)
+	if at := o.probeAt.Load(); at > now {
+		// Else the probe rounds wait the step out.
+		o.lastRound = min(o.lastRound, now)
+		o.probeAt.Store(min(at, now+1))
+	}
 }
 
 // releaseOwed releases the groups whose release was owed (outcome) and
@@ -234,6 +262,166 @@ func (e *Engine) releaseOwed(now int64) {
 	}
 	o.mu.Unlock()
 	e.release(release, waits)
+}
+
+// Probing a target group that is down. Once their backoffs have grown to
+// Retry.Max, a target's few waiting tasks found it back only at their own
+// next try, up to Retry.Max (5 min by default) after its return, and only
+// then went the rest, and readiness said "target unavailable" as long
+// (hunt H187: one task waiting through a 30-35 min outage was delivered
+// 152 s after the return on average, 296 s at worst; five tasks, 64 s
+// and 149 s). Many waiting tasks find it back within seconds, as some of
+// them retry all the time, and held ones are probed at most heldProbeMax
+// apart. So while a group is down and none of its tasks was tried for
+// about probeEvery, the fire loops pull one of its waiting tasks forward:
+// the one with the earliest retry (the try that would have come next),
+// in one shard, queued and claimed as a released task
+// (claimReleasedLocked). The probe is an ordinary retry: an outage
+// charges no attempt; delivered, it releases the rest (outcome); failed
+// as unavailable again, it waits its outage backoff, its waiting record
+// rewritten in the same commit, as for any retry.
+//
+// Probes go in rounds, probeEvery/2 apart while a group is down, and a
+// round probes each down group untried since the round before: so a
+// group is tried at most probeEvery after its last try, and probed at
+// most once per probeEvery, however many tasks wait and in however many
+// shards, and not at all while its tasks' own retries come more often
+// (early in an outage, or with many tasks). Finding a group's task scans
+// every shard's late map (a few ms at the bound, 65536 per shard): by
+// rounds, there are at most two scans per probeEvery, for every group
+// due, however many targets are down and when each was last tried, and
+// the probes of a round go in one batch per shard and lane.
+
+// probeEvery is the longest a down group goes untried while a task of it
+// waits in memory: as the held probes' longest backoff, and never longer
+// than the tasks' own (Retry.Max). No doubling from Retry.Initial, as the
+// held probes have: the tasks' own backoffs double from it and are
+// shorter than this until they are overdue by as long, so a probe comes
+// only once they have grown past it.
+func (e *Engine) probeEvery() time.Duration {
+	return min(e.opts.Retry.Max, heldProbeMax)
+}
+
+// probeOutages runs a probe round when one is due (see above): it pulls
+// forward one waiting task of each down group untried since the round
+// before. A group whose release is owed is left to it. The fire loops
+// call it on each round, without any shard lock, and park no later than
+// probeAt (unless paused).
+func (e *Engine) probeOutages(now int64) {
+	o := &e.outages
+	if at := o.probeAt.Load(); at == 0 || now < at || e.paused.Load() {
+		// Paused, nothing is claimed (and nothing tried): the first
+		// round after the pause probes what is due by then.
+		return
+	}
+	half := max(e.probeEvery().Milliseconds()/2, 1)
+	var gs []int64
+	o.mu.Lock()
+	at := o.probeAt.Load()
+	if at == 0 || now < at {
+		o.mu.Unlock()
+		return // another loop ran it
+	}
+	anyDown := false
+	for g, st := range o.m {
+		if !st.down || st.owed {
+			continue
+		}
+		anyDown = true
+		if st.tried < o.lastRound {
+			// Counted as tried whether or not a task is found: a group
+			// whose waiting tasks all left (or are held, and probed by
+			// hold.go) is looked for once per probeEvery, not each round.
+			st.tried = now
+			o.m[g] = st
+			gs = append(gs, g)
+		}
+	}
+	switch {
+	case !anyDown:
+		o.lastRound = 0
+		o.probeAt.Store(0) // until a group goes down (outcome)
+	case now-at >= half:
+		// The loops were held up past a whole interval: from now.
+		o.lastRound = now
+		o.probeAt.Store(now + half)
+	default:
+		// On the rounds' own times, not when a loop came to them: a
+		// group probed in this round was tried at or after at, so it is
+		// not probed in the next.
+		o.lastRound = at
+		o.probeAt.Store(at + half)
+	}
+	o.mu.Unlock()
+	if len(gs) > 0 {
+		e.probe(gs)
+	}
+}
+
+// probe queues, for each group of gs, its waiting task with the earliest
+// retry over every shard to be claimed at once as a released task. Each
+// shard's late map is scanned once, under its lock, for all of gs. Called
+// without any shard lock.
+func (e *Engine) probe(gs []int64) {
+	best := make([]probeCandidate, len(gs))
+	for _, s := range e.shards {
+		s.mu.Lock()
+		s.probeCandidatesLocked(gs, best)
+		s.mu.Unlock()
+	}
+	for i, c := range best {
+		if c.s == nil {
+			continue // none waits in memory (held ones are probed by hold.go)
+		}
+		if h := e.testHookProbe; h != nil {
+			h(gs[i], c.seq)
+		}
+		s := c.s
+		s.mu.Lock()
+		// Checked anew at the claim, as a release's: it may be gone by then.
+		s.released = append(s.released, releasedTask{due: c.due, seq: c.seq})
+		s.parked = false // as addLocked: busy until the loop looked
+		s.mu.Unlock()
+		s.wake()
+	}
+}
+
+// probeCandidate is a waiting task a probe may pull forward.
+type probeCandidate struct {
+	s    *shard // nil: none found
+	fire int64
+	due  int64
+	seq  uint64
+}
+
+// probeCandidatesLocked updates best[i] with the shard's waiting task of
+// group gs[i] with the earliest retry that a release could claim now:
+// not in flight, being deleted or waiting for its retry to be durable,
+// and in the wheel or past the horizon.
+func (s *shard) probeCandidatesLocked(gs []int64, best []probeCandidate) {
+	for seq, lt := range s.late {
+		g := lt.group()
+		if g == 0 {
+			continue
+		}
+		i := slices.Index(gs, g)
+		if i < 0 || best[i].s != nil && (lt.fire > best[i].fire || lt.fire == best[i].fire && seq > best[i].seq) {
+			continue
+		}
+		if _, ok := s.inflight[seq]; ok {
+			continue
+		}
+		if _, ok := s.deleting[seq]; ok {
+			continue
+		}
+		if _, ok := s.unwheeled[seq]; ok {
+			continue
+		}
+		if lt.h == 0 && s.belowHorizonLocked(lt.fire, seq) {
+			continue // neither in the wheel nor only in the store: not claimable
+		}
+		best[i] = probeCandidate{s: s, fire: lt.fire, due: lt.due(), seq: seq}
+	}
 }
 
 // release takes the waiting tasks of the groups gs out of every shard's
@@ -492,4 +680,9 @@ func (e *Engine) restoreOutages(gs []int64) {
 		st.down = true
 		o.m[g] = st
 	}
+	// Untried since the restart (tried 0): each is probed in the first
+	// probe round, at the fire loops' first round, as the target may
+	// have come back meanwhile.
+	o.lastRound = max(o.lastRound, 1)
+	o.probeAt.Store(1)
 }
