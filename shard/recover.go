@@ -399,13 +399,19 @@ type probeCandidate struct {
 // not in flight, being deleted or waiting for its retry to be durable,
 // and in the wheel or past the horizon.
 func (s *shard) probeCandidatesLocked(gs []int64, best []probeCandidate) {
+	// By group: with many groups down (a whole cluster), an index a
+	// waiting task would cost len(gs) a task.
+	at := make(map[int64]int, len(gs))
+	for i, g := range gs {
+		at[g] = i
+	}
 	for seq, lt := range s.late {
 		g := lt.group()
 		if g == 0 {
 			continue
 		}
-		i := slices.Index(gs, g)
-		if i < 0 || best[i].s != nil && (lt.fire > best[i].fire || lt.fire == best[i].fire && seq > best[i].seq) {
+		i, ok := at[g]
+		if !ok || best[i].s != nil && (lt.fire > best[i].fire || lt.fire == best[i].fire && seq > best[i].seq) {
 			continue
 		}
 		if _, ok := s.inflight[seq]; ok {
