@@ -11,37 +11,29 @@ import (
 	"github.com/delaybridge/delaybridge/codec"
 )
 
-// burstySubject makes subject look like a stream that acknowledges the
-// first n publishes at once and the others after hold (a leader whose
-// disk stalls for a moment): a subscriber answering with a PubAck, and a
-// stream verdict so no probe.
-func burstySubject(t *testing.T, nc *natsgo.Conn, sink *Sink, subject string, n int, hold time.Duration) {
+// ackingSubject makes subject look like a stream's: a subscriber that
+// answers the first atOnce publishes with a PubAck from stream at once
+// and the others after hold (a leader whose disk stalls for a moment, a
+// stream farther away), and a stream verdict so no probe.
+func ackingSubject(t *testing.T, nc *natsgo.Conn, sink *Sink, subject, stream string, atOnce int, hold time.Duration) {
 	t.Helper()
 	var mu sync.Mutex
 	seq := 0
 	var wg sync.WaitGroup
 	t.Cleanup(wg.Wait)
-	sub, err := nc.Subscribe(subject, func(m *natsgo.Msg) {
+	onSubject(t, nc, sink, subject, func(m *natsgo.Msg) {
 		mu.Lock()
 		seq++
-		s := seq
+		n := seq
 		mu.Unlock()
-		ack := []byte(fmt.Sprintf(`{"stream":"BURST","seq":%d}`, s))
-		if s <= n {
+		ack := []byte(fmt.Sprintf(`{"stream":%q,"seq":%d}`, stream, n))
+		if n <= atOnce {
 			_ = m.Respond(ack)
 			return
 		}
 		wg.Add(1)
 		time.AfterFunc(hold, func() { defer wg.Done(); _ = m.Respond(ack) })
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	sink.setVerdict(subject, false)
 }
 
 // TestBurstyStreamNotCut (review R186): a stream acknowledges 2 of a
@@ -50,7 +42,7 @@ func burstySubject(t *testing.T, nc *natsgo.Conn, sink *Sink, subject string, n 
 func TestBurstyStreamNotCut(t *testing.T) {
 	cfg, nc, _, _ := createdSource(t, func(c *Config) { c.PublishTimeout = 5 * time.Second })
 	sink := newSink(t, nc, cfg)
-	burstySubject(t, nc, sink, "tburst.a", 2, 800*time.Millisecond)
+	ackingSubject(t, nc, sink, "tburst.a", "BURST", 2, 800*time.Millisecond)
 	var batch []*codec.Task
 	for i := range 6 {
 		batch = append(batch, task(fmt.Sprintf("b%d", i), "tburst.a", "b", 1))
@@ -72,7 +64,7 @@ func TestBurstyStreamNotCut(t *testing.T) {
 func TestFastErrorsStartNoGrace(t *testing.T) {
 	cfg, nc, _, _ := createdSource(t, func(c *Config) { c.PublishTimeout = 5 * time.Second })
 	sink := newSink(t, nc, cfg)
-	burstySubject(t, nc, sink, "tlate.a", 0, 1500*time.Millisecond)
+	ackingSubject(t, nc, sink, "tlate.a", "LATE", 0, 1500*time.Millisecond)
 	batch := []*codec.Task{task("n", "nostream.a", "n", 1)}
 	for i := range 3 {
 		batch = append(batch, task(fmt.Sprintf("l%d", i), "tlate.a", "l", 1))
@@ -90,32 +82,6 @@ func TestFastErrorsStartNoGrace(t *testing.T) {
 	}
 }
 
-// ackAs answers every publish to subject with a PubAck from stream after
-// hold (a stream capturing several subjects); no stream verdict probe.
-func ackAs(t *testing.T, nc *natsgo.Conn, sink *Sink, subject, stream string, hold time.Duration) {
-	t.Helper()
-	var mu sync.Mutex
-	seq := 0
-	var wg sync.WaitGroup
-	t.Cleanup(wg.Wait)
-	sub, err := nc.Subscribe(subject, func(m *natsgo.Msg) {
-		mu.Lock()
-		seq++
-		ack := []byte(fmt.Sprintf(`{"stream":%q,"seq":%d}`, stream, seq))
-		mu.Unlock()
-		wg.Add(1)
-		time.AfterFunc(hold, func() { defer wg.Done(); _ = m.Respond(ack) })
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	sink.setVerdict(subject, false)
-}
-
 // TestStreamHeardThroughAnotherSubject (review R188): a stream capturing
 // two subjects answers one of them at once and the other 1.5 s later (its
 // answers come in bursts). The second subject answered nothing in the
@@ -124,8 +90,8 @@ func ackAs(t *testing.T, nc *natsgo.Conn, sink *Sink, subject, stream string, ho
 func TestStreamHeardThroughAnotherSubject(t *testing.T) {
 	cfg, nc, _, _ := createdSource(t, func(c *Config) { c.PublishTimeout = 5 * time.Second })
 	sink := newSink(t, nc, cfg)
-	ackAs(t, nc, sink, "tmulti.fast", "MULTI", 0)
-	ackAs(t, nc, sink, "tmulti.slow", "MULTI", 1500*time.Millisecond)
+	ackingSubject(t, nc, sink, "tmulti.fast", "MULTI", 0, 0)
+	ackingSubject(t, nc, sink, "tmulti.slow", "MULTI", 0, 1500*time.Millisecond)
 	// An earlier delivery tells the sink tmulti.slow's stream.
 	if errs := sink.Deliver(ctxT(t), []*codec.Task{task("w", "tmulti.slow", "w", 1)}); errs != nil {
 		t.Fatalf("warm-up: %v", errs)

@@ -1,16 +1,12 @@
 package nats
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/delaybridge/delaybridge/codec"
-	"github.com/delaybridge/delaybridge/internal/natstest"
 	"github.com/delaybridge/delaybridge/shard"
 )
 
@@ -22,47 +18,7 @@ import (
 // the same subject and healthy tasks; the new task should be cut within
 // the grace too, not held (with the healthy tasks) until PublishTimeout.
 func TestRetryOfCutStragglerStillCut(t *testing.T) {
-	c := natstest.StartCluster(t, 3)
-	cfg := testConfig(t, c.URL(0))
-	nc0 := connect(t, cfg)
-	js0 := newJS(t, nc0)
-	create := func(js jetstream.JetStream, sc jetstream.StreamConfig) {
-		t.Helper()
-		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-			_, err := js.CreateStream(ctx, sc)
-			cancel()
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("create stream %s: %v", sc.Name, err)
-			}
-		}
-		eventually(t, sc.Name+" leader", func() bool { return c.StreamLeader(sc.Name) >= 0 })
-	}
-	create(js0, jetstream.StreamConfig{Name: "OK", Subjects: []string{"ok.>"}, Replicas: 1})
-	create(js0, jetstream.StreamConfig{Name: "TQ", Subjects: []string{"tq.>"}, Replicas: 3})
-	leader := c.StreamLeader("OK")
-	for i := 0; c.StreamLeader("TQ") != leader; i++ {
-		if i == 30 {
-			t.Fatalf("TQ's leader stays off server %d", leader)
-		}
-		_, _ = nc0.Request("$JS.API.STREAM.LEADER.STEPDOWN.TQ", nil, 2*time.Second)
-		eventually(t, "TQ leader", func() bool { return c.StreamLeader("TQ") >= 0 })
-	}
-	cfg.URL = c.URL(leader)
-	nc := connect(t, cfg)
-	cfg.PublishTimeout = 5 * time.Second
-	sink := newSink(t, nc, cfg)
-	if errs := sink.Deliver(ctxT(t), []*codec.Task{task("w1", "tq.a", "w", 1), task("w2", "ok.a", "w", 1)}); errs != nil {
-		t.Fatalf("warm-up: %v", errs)
-	}
-	for i := range 3 {
-		if i != leader {
-			c.Stop(i)
-		}
-	}
+	_, cfg, _, sink, _ := quorumLossSink(t)
 	healthy := func(p string) []*codec.Task {
 		var ts []*codec.Task
 		for i := range 8 {

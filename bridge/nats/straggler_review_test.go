@@ -20,7 +20,14 @@ import (
 // not answer, and a stream verdict so no probe.
 func stuckSubject(t *testing.T, nc *natsgo.Conn, sink *Sink, subject string) {
 	t.Helper()
-	sub, err := nc.Subscribe(subject, func(*natsgo.Msg) {})
+	onSubject(t, nc, sink, subject, func(*natsgo.Msg) {})
+}
+
+// onSubject subscribes h to subject for the test and gives the sink a
+// stream verdict for it (no probe).
+func onSubject(t *testing.T, nc *natsgo.Conn, sink *Sink, subject string, h natsgo.MsgHandler) {
+	t.Helper()
+	sub, err := nc.Subscribe(subject, h)
 	if err != nil {
 		t.Fatal(err)
 	}

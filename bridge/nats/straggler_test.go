@@ -27,51 +27,7 @@ import (
 // are back the straggler's retry is acknowledged, and the stream holds
 // one copy of it.
 func TestStragglerOfQuorumLostStream(t *testing.T) {
-	c := natstest.StartCluster(t, 3)
-	cfg := testConfig(t, c.URL(0))
-	nc0 := connect(t, cfg)
-	js0 := newJS(t, nc0)
-	create := func(js jetstream.JetStream, sc jetstream.StreamConfig) {
-		t.Helper()
-		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-			_, err := js.CreateStream(ctx, sc)
-			cancel()
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("create stream %s: %v", sc.Name, err)
-			}
-		}
-		eventually(t, sc.Name+" leader", func() bool { return c.StreamLeader(sc.Name) >= 0 })
-	}
-	create(js0, jetstream.StreamConfig{Name: "OK", Subjects: []string{"ok.>"}, Replicas: 1})
-	create(js0, jetstream.StreamConfig{Name: "TQ", Subjects: []string{"tq.>"}, Replicas: 3})
-	// TQ's leader on the healthy R1 stream's server, the bridge there too.
-	leader := c.StreamLeader("OK")
-	for i := 0; c.StreamLeader("TQ") != leader; i++ {
-		if i == 30 {
-			t.Fatalf("TQ's leader stays off server %d", leader)
-		}
-		_, _ = nc0.Request("$JS.API.STREAM.LEADER.STEPDOWN.TQ", nil, 2*time.Second)
-		eventually(t, "TQ leader", func() bool { return c.StreamLeader("TQ") >= 0 })
-	}
-	cfg.URL = c.URL(leader)
-	nc := connect(t, cfg)
-	js := newJS(t, nc)
-	cfg.PublishTimeout = 5 * time.Second
-	sink := newSink(t, nc, cfg)
-	// Both subjects known to have a stream (no probes).
-	if errs := sink.Deliver(ctxT(t), []*codec.Task{task("w1", "tq.a", "w", 1), task("w2", "ok.a", "w", 1)}); errs != nil {
-		t.Fatalf("warm-up: %v", errs)
-	}
-
-	for i := range 3 {
-		if i != leader {
-			c.Stop(i)
-		}
-	}
+	c, cfg, js, sink, leader := quorumLossSink(t)
 	stopped := time.Now()
 
 	batch := []*codec.Task{task("q1", "tq.a", "q", 1000)}
@@ -186,4 +142,60 @@ func TestSlowSubjectNotCutAgain(t *testing.T) {
 			t.Fatalf("batch %d: %v, want the slow subject waited for", n, errs)
 		}
 	}
+}
+
+// quorumLossSink starts a 3-node cluster with an R1 stream OK (ok.>) and
+// an R3 stream TQ (tq.>) whose leader is on OK's server, connects a Sink
+// there (PublishTimeout 5 s), warms both subjects up (no probes), and
+// stops the other two servers: TQ's leader then takes publishes and
+// does not acknowledge them until it steps down (~20 s). It returns the
+// cluster, the sink's config, a JetStream client on the leader's server
+// and the leader's index.
+func quorumLossSink(t *testing.T) (*natstest.Cluster, Config, jetstream.JetStream, *Sink, int) {
+	t.Helper()
+	c := natstest.StartCluster(t, 3)
+	cfg := testConfig(t, c.URL(0))
+	nc0 := connect(t, cfg)
+	js0 := newJS(t, nc0)
+	create := func(js jetstream.JetStream, sc jetstream.StreamConfig) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			_, err := js.CreateStream(ctx, sc)
+			cancel()
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("create stream %s: %v", sc.Name, err)
+			}
+		}
+		eventually(t, sc.Name+" leader", func() bool { return c.StreamLeader(sc.Name) >= 0 })
+	}
+	create(js0, jetstream.StreamConfig{Name: "OK", Subjects: []string{"ok.>"}, Replicas: 1})
+	create(js0, jetstream.StreamConfig{Name: "TQ", Subjects: []string{"tq.>"}, Replicas: 3})
+	// TQ's leader on the healthy R1 stream's server, the bridge there too.
+	leader := c.StreamLeader("OK")
+	for i := 0; c.StreamLeader("TQ") != leader; i++ {
+		if i == 30 {
+			t.Fatalf("TQ's leader stays off server %d", leader)
+		}
+		_, _ = nc0.Request("$JS.API.STREAM.LEADER.STEPDOWN.TQ", nil, 2*time.Second)
+		eventually(t, "TQ leader", func() bool { return c.StreamLeader("TQ") >= 0 })
+	}
+	cfg.URL = c.URL(leader)
+	nc := connect(t, cfg)
+	js := newJS(t, nc)
+	cfg.PublishTimeout = 5 * time.Second
+	sink := newSink(t, nc, cfg)
+	// Both subjects known to have a stream (no probes).
+	if errs := sink.Deliver(ctxT(t), []*codec.Task{task("w1", "tq.a", "w", 1), task("w2", "ok.a", "w", 1)}); errs != nil {
+		t.Fatalf("warm-up: %v", errs)
+	}
+	for i := range 3 {
+		if i != leader {
+			c.Stop(i)
+		}
+	}
+	return c, cfg, js, sink, leader
 }
