@@ -86,12 +86,19 @@ func TestStragglerOfQuorumLostStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	// Every message TQ holds (only tq.a goes there), each waited for as
+	// long as a cluster just back may take to serve it.
+	st, err := js.Stream(ctxT(t), "TQ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := st.CachedInfo().State.Msgs
+	for range total {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		m, err := cons.Next(jetstream.FetchContext(ctx))
 		cancel()
 		if err != nil {
-			break
+			t.Fatalf("read TQ's messages (%d): %v", total, err)
 		}
 		if m.Headers().Get(natsgo.MsgIdHdr) == id {
 			n++
