@@ -354,19 +354,19 @@ func (e *Engine) probeOutages(now int64) {
 	}
 	o.mu.Unlock()
 	if len(gs) > 0 {
-		e.probe(gs)
+		e.probe(gs, now)
 	}
 }
 
 // probe queues, for each group of gs, its waiting task with the earliest
 // retry over every shard to be claimed at once as a released task. Each
 // shard's late map is scanned once, under its lock, for all of gs. Called
-// without any shard lock.
-func (e *Engine) probe(gs []int64) {
+// without any shard lock, at now (ms, engine clock).
+func (e *Engine) probe(gs []int64, now int64) {
 	best := make([]probeCandidate, len(gs))
 	for _, s := range e.shards {
 		s.mu.Lock()
-		s.probeCandidatesLocked(gs, best)
+		s.probeCandidatesLocked(gs, best, now)
 		s.mu.Unlock()
 	}
 	for i, c := range best {
@@ -397,8 +397,14 @@ type probeCandidate struct {
 // probeCandidatesLocked updates best[i] with the shard's waiting task of
 // group gs[i] with the earliest retry that a release could claim now:
 // not in flight, being deleted or waiting for its retry to be durable,
-// and in the wheel or past the horizon.
-func (s *shard) probeCandidatesLocked(gs []int64, best []probeCandidate) {
+// and in the wheel or past the horizon; and due by now (ms). One due
+// later (the clock stepped back past its due time) would go early, and
+// failed again it waited its outage backoff from a negative overdue,
+// Retry.Initial: it was tried every Retry.Initial against the down
+// target until the clock was back at its due time (review R189: 599
+// tries in 10 min after a 1 h step back, for one task). It waits the
+// step out as its own retry does (rebaseLocked).
+func (s *shard) probeCandidatesLocked(gs []int64, best []probeCandidate, now int64) {
 	// By group: with many groups down (a whole cluster), an index a
 	// waiting task would cost len(gs) a task.
 	at := make(map[int64]int, len(gs))
@@ -411,7 +417,7 @@ func (s *shard) probeCandidatesLocked(gs []int64, best []probeCandidate) {
 			continue
 		}
 		i, ok := at[g]
-		if !ok || best[i].s != nil && (lt.fire > best[i].fire || lt.fire == best[i].fire && seq > best[i].seq) {
+		if !ok || lt.due() > now || best[i].s != nil && (lt.fire > best[i].fire || lt.fire == best[i].fire && seq > best[i].seq) {
 			continue
 		}
 		if _, ok := s.inflight[seq]; ok {
