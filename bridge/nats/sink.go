@@ -494,13 +494,12 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	got := make([]bool, len(batch))
 	gotErr := make([]error, len(batch))
 	// lastAnswer is when a PubAck of the batch was last seen (zero: none
-	// yet), heard the subjects that acknowledged a publish of it; answers
-	// are seen when waited for, or by progress. An error is no sign that
-	// a subject's stream acknowledges: the retry of a publish cut from a
-	// stuck stream is answered at once "duplicate message id is in
-	// process" (review R188).
-	// heardStream: the streams that acknowledged a publish of the batch,
-	// acked: the stream of each subject heard (for Sink.streamOf).
+	// yet), heard the subjects that acknowledged a publish of it,
+	// heardStream the streams that did, and acked the stream of each
+	// subject heard (for Sink.streamOf); answers are seen when waited
+	// for, or by progress. An error is no sign that a subject's stream
+	// acknowledges: the retry of a publish cut from a stuck stream is
+	// answered at once "duplicate message id is in process" (review R188).
 	var lastAnswer time.Time
 	heard := map[string]bool{}
 	heardStream := map[string]bool{}
@@ -564,11 +563,10 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	// message id is in process", an outage too). Never cut: a publish to
 	// a subject, or a stream, that acknowledged another publish of the
 	// batch (a stream whose answers come in bursts, reviews R186, R188),
-	// a publish of a batch
-	// without a PubAck yet (a batch of one, a slow cluster; errors such
-	// as "no responders" answer fast and say nothing of a stream's pace),
-	// a probe within its probeWait, or a subject slowSubject says answers
-	// late but works. A probe whose subject the lookup finds a stream for
+	// a publish of a batch without a PubAck yet (a batch of one, a slow
+	// cluster; errors such as "no responders" answer fast and say nothing
+	// of a stream's pace), a probe within its probeWait, or a subject
+	// slowSubject says answers late but works. A probe whose subject the lookup finds a stream for
 	// is waited again, and that wait is cut.
 	settled := make([]bool, len(batch))
 	// sent[i]: when the publishes from batch[i] on were sent, if after a
