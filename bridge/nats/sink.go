@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
@@ -32,6 +33,10 @@ type Sink struct {
 	cfg     Config
 	log     *zap.Logger
 	pubOpts []jetstream.PublishOpt
+	// lastAck is when any Deliver last saw a PubAck (Unix ns): the
+	// reference of a batch with none of its own (see Deliver's
+	// stragglers).
+	lastAck atomic.Int64
 	// probeWait is how long a JetStream publish to a subject of unknown
 	// kind waits for its PubAck before the Sink asks whether a stream
 	// captures the subject at all.
@@ -510,6 +515,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 			return
 		}
 		lastAnswer = time.Now()
+		s.lastAck.Store(lastAnswer.UnixNano())
 		if t := batch[i].Target; !heard[t] {
 			heard[t] = true
 			if ack != nil && ack.Stream != "" {
@@ -563,10 +569,12 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	// message id is in process", an outage too). Never cut: a publish to
 	// a subject, or a stream, that acknowledged another publish of the
 	// batch (a stream whose answers come in bursts, reviews R186, R188),
-	// a publish of a batch without a PubAck yet (a batch of one, a slow
-	// cluster; errors such as "no responders" answer fast and say nothing
-	// of a stream's pace), a probe within its probeWait, or a subject
-	// slowSubject says answers late but works. A probe whose subject the lookup finds a stream for
+	// a publish of a batch without a PubAck yet while no other batch got
+	// one since it was sent either (a slow cluster; errors such as "no
+	// responders" answer fast and say nothing of a stream's pace; a batch
+	// of one goes by Sink.lastAck, another lane's PubAck, with the least
+	// grace), a probe within its probeWait, or a subject slowSubject says
+	// answers late but works. A probe whose subject the lookup finds a stream for
 	// is waited again, and that wait is cut.
 	settled := make([]bool, len(batch))
 	// sent[i]: when the publishes from batch[i] on were sent, if after a
@@ -612,11 +620,19 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 				}
 				polled = true
 				d := stragglerPoll
-				if !lastAnswer.IsZero() && silent(subject) {
-					grace := stragglerGrace(lastAnswer.Sub(start))
-					d = min(d, time.Until(later(lastAnswer, sent[i]).Add(grace)))
+				ref, grace := lastAnswer, time.Duration(0)
+				if !ref.IsZero() {
+					grace = stragglerGrace(ref.Sub(start))
+				} else if la := s.lastAck.Load(); la > later(start, sent[i]).UnixNano() {
+					// No PubAck in the batch (a batch of one), but
+					// another lane's came since this was sent: the
+					// servers answer, not this subject's stream.
+					ref, grace = time.Unix(0, la), stragglerGraceMin
+				}
+				if !ref.IsZero() && silent(subject) {
+					d = min(d, time.Until(later(ref, sent[i]).Add(grace)))
 					if d <= 0 && !slow {
-						fail(i, fmt.Errorf("%w: publish to %q: no PubAck to the subject %s after the batch's last PubAck",
+						fail(i, fmt.Errorf("%w: publish to %q: no PubAck to the subject %s after the last PubAck",
 							ErrPublishTimeout, subject, grace))
 						cuts[subject] = append(cuts[subject], f)
 						return

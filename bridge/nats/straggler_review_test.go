@@ -218,3 +218,63 @@ func TestReviewDeniedStragglerCut(t *testing.T) {
 		t.Errorf("took %v: not cut", took)
 	}
 }
+
+// TestLoneStragglerCutWhenOthersAnswer: a fire batch of one task for a
+// stream that does not acknowledge has no PubAck of its own to go by; a
+// PubAck another lane's batch got since it was sent shows the servers
+// answer. It is cut 1 s (stragglerGraceMin) after that PubAck, instead of
+// holding its lane, and the healthy tasks due behind it, for the whole
+// PublishTimeout (the end-to-end quorum-loss run waited 6-9 s per such
+// batch, TestOneNATSStreamDownAmongHealthy/r3-quorum-lost). Alone, with
+// nothing else answered since, it still waits PublishTimeout.
+func TestLoneStragglerCutWhenOthersAnswer(t *testing.T) {
+	cfg, nc, js, _ := createdSource(t, func(c *Config) { c.PublishTimeout = 4 * time.Second })
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OK", Subjects: []string{"ok.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	sink := newSink(t, nc, cfg)
+	// The stuck stream: takes each publish (signalled), answers none.
+	taken := make(chan struct{}, 4)
+	onSubject(t, nc, sink, "tq.a", func(*natsgo.Msg) { taken <- struct{}{} })
+	sink.setVerdict("ok.a", false)
+
+	type result struct {
+		errs []error
+		took time.Duration
+	}
+	lone := func() <-chan result {
+		ch := make(chan result, 1)
+		go func() {
+			began := time.Now()
+			errs := sink.Deliver(ctxT(t), []*codec.Task{task(fmt.Sprintf("q%d", time.Now().UnixNano()), "tq.a", "q", 1)})
+			ch <- result{errs, time.Since(began)}
+		}()
+		return ch
+	}
+
+	// Alone: nothing answers meanwhile.
+	r := <-lone()
+	<-taken
+	t.Logf("alone: %v, %v", r.took, r.errs)
+	if r.errs == nil || !errors.Is(r.errs[0], shard.ErrUnavailable) {
+		t.Fatalf("alone: %v, want an ErrUnavailable", r.errs)
+	}
+	if r.took < cfg.PublishTimeout {
+		t.Errorf("a lone straggler with nothing else answered was cut after %v (PublishTimeout %v)", r.took, cfg.PublishTimeout)
+	}
+
+	// Beside another lane's batch that is acknowledged.
+	ch := lone()
+	<-taken // its publish is out first
+	if errs := sink.Deliver(ctxT(t), []*codec.Task{task("h", "ok.a", "h", 1)}); errs != nil {
+		t.Fatalf("healthy batch: %v", errs)
+	}
+	r = <-ch
+	t.Logf("beside an acknowledged batch: %v, %v", r.took, r.errs)
+	if r.errs == nil || !errors.Is(r.errs[0], ErrPublishTimeout) || !errors.Is(r.errs[0], shard.ErrUnavailable) {
+		t.Fatalf("beside an acknowledged batch: %v, want a PubAck timeout (unavailable)", r.errs)
+	}
+	if r.took >= cfg.PublishTimeout {
+		t.Errorf("a lone straggler waited %v (PublishTimeout %v) although another batch's PubAck came meanwhile", r.took, cfg.PublishTimeout)
+	}
+}
