@@ -1,0 +1,98 @@
+package nats
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/shard"
+)
+
+// TestReviewLoneSlowStreamPerKeySubjects (review R190): a stream that
+// answers late but works (every PubAck 1.5 s late, PublishTimeout 5 s)
+// and captures one subject per key (slow.<key>), delivered in batches of
+// one while another lane delivers to a fast stream. Each lone publish is
+// cut 1 s after the other lane's PubAck; its PubAck comes after all and
+// marks only its own subject slow (slowOK is per subject), so the next
+// key of the same stream is cut again: every task of such a stream is
+// retried as an outage while other lanes are busy. Before 6c10f3b none
+// was cut (a batch without a PubAck of its own was never cut).
+func TestReviewLoneSlowStreamPerKeySubjects(t *testing.T) {
+	cfg, nc, js, _ := createdSource(t, func(c *Config) { c.PublishTimeout = 5 * time.Second })
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OK", Subjects: []string{"ok.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	sink := newSink(t, nc, cfg)
+	taken := make(chan struct{}, 8)
+	seq := 0
+	sub, err := nc.Subscribe("slow.>", func(m *natsgo.Msg) {
+		seq++
+		n := seq
+		taken <- struct{}{}
+		go func() {
+			time.Sleep(1500 * time.Millisecond)
+			_ = m.Respond(fmt.Appendf(nil, `{"stream":"SLOW","seq":%d}`, n))
+		}()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	cut := 0
+	for k := 1; k <= 3; k++ {
+		subject := fmt.Sprintf("slow.%d", k)
+		sink.setVerdict(subject, false) // a stream subject, no probe
+		ch := make(chan []error, 1)
+		go func() {
+			ch <- sink.Deliver(ctxT(t), []*codec.Task{task(fmt.Sprintf("s%d", k), subject, "s", 1)})
+		}()
+		<-taken // its publish is out
+		if errs := sink.Deliver(ctxT(t), []*codec.Task{task(fmt.Sprintf("h%d", k), "ok.a", "h", 1)}); errs != nil {
+			t.Fatalf("healthy batch: %v", errs)
+		}
+		errs := <-ch
+		t.Logf("%s: %v", subject, errs)
+		if errs != nil {
+			if !errors.Is(errs[0], shard.ErrUnavailable) {
+				t.Fatalf("%s: %v", subject, errs)
+			}
+			cut++
+			// The late PubAck marks the subject slow.
+			eventually(t, subject+" noted slow", func() bool { return sink.slowSubject(subject) })
+		}
+	}
+	if cut > 1 {
+		t.Errorf("%d of 3 lone publishes to one slow-but-working stream (PubAck after 1.5 s, PublishTimeout %v) were cut as outages; at most the first should be", cut, cfg.PublishTimeout)
+	}
+}
+
+// TestReviewLoneStragglerWallClockStep (review R190): Sink.lastAck is
+// wall-clock time (UnixNano) compared with the batch's start and send
+// times, also by wall clock. A PubAck another lane got just before the
+// wall clock stepped back (NTP) reads as one that came after a lone
+// publish sent right after the step, so the lone publish of a slow
+// cluster, where nothing was acknowledged since, is cut. Simulated: the
+// other lane's PubAck stored 700 ms "ahead" of now, as after a 700 ms
+// step back.
+func TestReviewLoneStragglerWallClockStep(t *testing.T) {
+	cfg, nc, _, _ := createdSource(t, func(c *Config) { c.PublishTimeout = 4 * time.Second })
+	sink := newSink(t, nc, cfg)
+	stuckSubject(t, nc, sink, "tq.a")
+	sink.lastAck.Store(time.Now().Add(700 * time.Millisecond).UnixNano())
+	began := time.Now()
+	errs := sink.Deliver(ctxT(t), []*codec.Task{task("q", "tq.a", "q", 1)})
+	took := time.Since(began)
+	t.Logf("%v: %v", took, errs)
+	if took < cfg.PublishTimeout {
+		t.Errorf("a lone straggler with nothing acknowledged since it was sent was cut after %v (PublishTimeout %v)", took, cfg.PublishTimeout)
+	}
+}
