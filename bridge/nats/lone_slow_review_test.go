@@ -13,7 +13,7 @@ import (
 	"github.com/delaybridge/delaybridge/shard"
 )
 
-// TestReviewLoneSlowStreamPerKeySubjects (review R190): a stream that
+// TestLoneSlowStreamPerKeySubjects (review R190): a stream that
 // answers late but works (every PubAck 1.5 s late, PublishTimeout 5 s)
 // and captures one subject per key (slow.<key>), delivered in batches of
 // one while another lane delivers to a fast stream. Each lone publish is
@@ -21,8 +21,10 @@ import (
 // marks only its own subject slow (slowOK is per subject), so the next
 // key of the same stream is cut again: every task of such a stream is
 // retried as an outage while other lanes are busy. Before 6c10f3b none
-// was cut (a batch without a PubAck of its own was never cut).
-func TestReviewLoneSlowStreamPerKeySubjects(t *testing.T) {
+// was cut (a batch without a PubAck of its own was never cut). Now a lone
+// publish is cut by another lane's PubAck only if a stream acknowledged
+// its subject before, and a late PubAck marks its stream slow too.
+func TestLoneSlowStreamPerKeySubjects(t *testing.T) {
 	cfg, nc, js, _ := createdSource(t, func(c *Config) { c.PublishTimeout = 5 * time.Second })
 	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "OK", Subjects: []string{"ok.>"}}); err != nil {
 		t.Fatal(err)
@@ -75,19 +77,22 @@ func TestReviewLoneSlowStreamPerKeySubjects(t *testing.T) {
 	}
 }
 
-// TestReviewLoneStragglerWallClockStep (review R190): Sink.lastAck is
-// wall-clock time (UnixNano) compared with the batch's start and send
-// times, also by wall clock. A PubAck another lane got just before the
-// wall clock stepped back (NTP) reads as one that came after a lone
-// publish sent right after the step, so the lone publish of a slow
-// cluster, where nothing was acknowledged since, is cut. Simulated: the
-// other lane's PubAck stored 700 ms "ahead" of now, as after a 700 ms
-// step back.
-func TestReviewLoneStragglerWallClockStep(t *testing.T) {
+// TestLoneStragglerNotCutByAnOlderPubAck (review R190): a lone publish
+// is cut only by a PubAck seen after it was sent. Sink.lastAck was wall
+// clock (UnixNano), so one seen just before a step back of the wall clock
+// read as later than a publish sent after the step, and the lone publish
+// of a slow cluster was cut (1.70 s for a 700 ms step, PublishTimeout 4
+// s). It is now kept on the monotonic clock (ns since the sink's epoch),
+// which no step moves: a PubAck seen before the send, here 700 ms before,
+// cuts nothing.
+func TestLoneStragglerNotCutByAnOlderPubAck(t *testing.T) {
 	cfg, nc, _, _ := createdSource(t, func(c *Config) { c.PublishTimeout = 4 * time.Second })
 	sink := newSink(t, nc, cfg)
 	stuckSubject(t, nc, sink, "tq.a")
-	sink.lastAck.Store(time.Now().Add(700 * time.Millisecond).UnixNano())
+	sink.mu.Lock()
+	sink.noteStreamLocked("tq.a", "TQ") // acknowledged before: a lone publish may be cut
+	sink.mu.Unlock()
+	sink.lastAck.Store(int64(time.Since(sink.epoch) - 700*time.Millisecond))
 	began := time.Now()
 	errs := sink.Deliver(ctxT(t), []*codec.Task{task("q", "tq.a", "q", 1)})
 	took := time.Since(began)

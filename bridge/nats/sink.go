@@ -33,10 +33,12 @@ type Sink struct {
 	cfg     Config
 	log     *zap.Logger
 	pubOpts []jetstream.PublishOpt
-	// lastAck is when any Deliver last saw a PubAck (Unix ns): the
+	// lastAck is when any Deliver last saw a PubAck, in ns since epoch
+	// (monotonic: a step of the wall clock does not move it): the
 	// reference of a batch with none of its own (see Deliver's
 	// stragglers).
 	lastAck atomic.Int64
+	epoch   time.Time
 	// probeWait is how long a JetStream publish to a subject of unknown
 	// kind waits for its PubAck before the Sink asks whether a stream
 	// captures the subject at all.
@@ -162,26 +164,67 @@ func stragglerGrace(took time.Duration) time.Duration {
 func (s *Sink) slowSubject(subject string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	until, ok := s.slowOK[subject]
+	if s.slowLocked(subject) {
+		return true
+	}
+	stream, ok := s.streamOf[subject]
+	return ok && s.slowLocked(streamKey(stream))
+}
+
+// slowLocked reports whether key (a subject, or a streamKey) is noted
+// slow and not expired; s.mu held.
+func (s *Sink) slowLocked(key string) bool {
+	until, ok := s.slowOK[key]
 	if ok && !s.now().Before(until) {
-		delete(s.slowOK, subject)
+		delete(s.slowOK, key)
 		return false
 	}
 	return ok
 }
 
-// noteSlow records that subject answers late but works: its stragglers
-// are not cut for NoStreamTTL. It reports whether that was not known.
-func (s *Sink) noteSlow(subject string) bool {
+// streamKey is a stream's key in Sink.slowOK, apart from subjects (a
+// subject has no NUL).
+func streamKey(stream string) string { return "\x00" + stream }
+
+// noteSlow records that subject, and stream if known (the stream that
+// acknowledged it late; every subject it is known to capture), answer
+// late but work: their stragglers are not cut for NoStreamTTL. It reports
+// whether that was not known of subject.
+func (s *Sink) noteSlow(subject, stream string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.slowOK) >= maxNoted {
 		clear(s.slowOK)
 	}
-	until, known := s.slowOK[subject]
 	now := s.now()
+	until, known := s.slowOK[subject]
 	s.slowOK[subject] = now.Add(s.cfg.NoStreamTTL)
+	if stream != "" {
+		s.slowOK[streamKey(stream)] = now.Add(s.cfg.NoStreamTTL)
+		s.noteStreamLocked(subject, stream)
+	}
 	return !known || !now.Before(until)
+}
+
+// noteStreamLocked records that stream acknowledged a publish to
+// subject; s.mu held.
+func (s *Sink) noteStreamLocked(subject, stream string) {
+	if s.streamOf[subject] == stream {
+		return
+	}
+	if len(s.streamOf) >= maxStreamOf {
+		clear(s.streamOf)
+	}
+	s.streamOf[subject] = stream
+}
+
+// knownStream reports whether a stream is known to have acknowledged a
+// publish to subject (Sink.streamOf).
+func (s *Sink) knownStream(subject string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.streamOf[subject]
+	return ok
 }
 
 // watchCut waits for the answers to the publishes to subject Deliver
@@ -193,8 +236,12 @@ func (s *Sink) noteSlow(subject string) bool {
 func (s *Sink) watchCut(subject string, fs []jetstream.PubAckFuture) {
 	for _, f := range fs {
 		select {
-		case <-f.Ok():
-			if !s.noteSlow(subject) {
+		case ack := <-f.Ok():
+			stream := ""
+			if ack != nil {
+				stream = ack.Stream
+			}
+			if !s.noteSlow(subject, stream) {
 				return
 			}
 			s.log.Info("nats sink: a target subject acknowledged a publish after the grace that followed its batch's last answer; its deliveries wait for their PubAcks up to publish_timeout for a while",
@@ -238,6 +285,7 @@ func NewSink(nc *natsgo.Conn, cfg Config) (*Sink, error) {
 		noAckStreams: map[string]noAckVerdict{},
 		slowOK:       map[string]time.Time{},
 		streamOf:     map[string]string{},
+		epoch:        time.Now(),
 	}
 	prev := nc.ErrorHandler()
 	nc.SetErrorHandler(func(c *natsgo.Conn, sub *natsgo.Subscription, err error) {
@@ -515,7 +563,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 			return
 		}
 		lastAnswer = time.Now()
-		s.lastAck.Store(lastAnswer.UnixNano())
+		s.lastAck.Store(int64(lastAnswer.Sub(s.epoch)))
 		if t := batch[i].Target; !heard[t] {
 			heard[t] = true
 			if ack != nil && ack.Stream != "" {
@@ -623,11 +671,15 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 				ref, grace := lastAnswer, time.Duration(0)
 				if !ref.IsZero() {
 					grace = stragglerGrace(ref.Sub(start))
-				} else if la := s.lastAck.Load(); la > later(start, sent[i]).UnixNano() {
+				} else if la := s.lastAck.Load(); la > int64(later(start, sent[i]).Sub(s.epoch)) && s.knownStream(subject) {
 					// No PubAck in the batch (a batch of one), but
 					// another lane's came since this was sent: the
-					// servers answer, not this subject's stream.
-					ref, grace = time.Unix(0, la), stragglerGraceMin
+					// servers answer, not this subject's stream. Only
+					// for a subject a stream acknowledged before (its
+					// stream not noted slow, see slow): a new one (a
+					// key of its own) of a stream far away would be
+					// cut each time (review R190).
+					ref, grace = s.epoch.Add(time.Duration(la)), stragglerGraceMin
 				}
 				if !ref.IsZero() && silent(subject) {
 					d = min(d, time.Until(later(ref, sent[i]).Add(grace)))
@@ -665,7 +717,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 			}
 		}
 		if late && gotErr[i] == nil {
-			s.noteSlow(batch[i].Target) // it still is
+			s.noteSlow(batch[i].Target, acked[batch[i].Target]) // it still is
 		}
 		err := gotErr[i]
 		switch {
@@ -780,13 +832,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	if len(acked) > 0 {
 		s.mu.Lock()
 		for subject, stream := range acked {
-			if s.streamOf[subject] == stream {
-				continue
-			}
-			if len(s.streamOf) >= maxStreamOf {
-				clear(s.streamOf)
-			}
-			s.streamOf[subject] = stream
+			s.noteStreamLocked(subject, stream)
 		}
 		s.mu.Unlock()
 	}
