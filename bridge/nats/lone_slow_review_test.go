@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -92,6 +93,7 @@ func TestLoneStragglerNotCutByAnOlderPubAck(t *testing.T) {
 	sink.mu.Lock()
 	sink.noteStreamLocked("tq.a", "TQ") // acknowledged before: a lone publish may be cut
 	sink.mu.Unlock()
+	sink.ping = func(context.Context) bool { return false } // a slow cluster: no other answer either
 	sink.lastAck.Store(int64(time.Since(sink.epoch) - 700*time.Millisecond))
 	began := time.Now()
 	errs := sink.Deliver(ctxT(t), []*codec.Task{task("q", "tq.a", "q", 1)})

@@ -33,12 +33,15 @@ type Sink struct {
 	cfg     Config
 	log     *zap.Logger
 	pubOpts []jetstream.PublishOpt
-	// lastAck is when any Deliver last saw a PubAck, in ns since epoch
-	// (monotonic: a step of the wall clock does not move it): the
-	// reference of a batch with none of its own (see Deliver's
-	// stragglers).
+	// lastAck is when any Deliver last saw a PubAck, or an answer of the
+	// JetStream API to ping, in ns since epoch (monotonic: a step of the
+	// wall clock does not move it): the reference of a batch with none
+	// of its own (see Deliver's stragglers).
 	lastAck atomic.Int64
 	epoch   time.Time
+	// ping asks the JetStream API something cheap and reports whether
+	// it answered (a variable for tests: a slow cluster).
+	ping func(ctx context.Context) bool
 	// probeWait is how long a JetStream publish to a subject of unknown
 	// kind waits for its PubAck before the Sink asks whether a stream
 	// captures the subject at all.
@@ -141,6 +144,20 @@ const (
 	// whether the others of the batch have come.
 	stragglerPoll = 20 * time.Millisecond
 )
+
+// pingJS asks the JetStream API something cheap (within
+// streamLookupTimeout) and, if it answers, takes that for a PubAck in
+// lastAck: the servers answer. A lone straggler of a stream that lost its
+// quorum, in a batch of one with nothing else acknowledged meanwhile, is
+// then cut too; in a slow cluster (or without permission for the API)
+// the ping does not answer and nothing is cut.
+func (s *Sink) pingJS(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, streamLookupTimeout)
+	defer cancel()
+	if s.ping(ctx) {
+		s.lastAck.Store(int64(time.Since(s.epoch)))
+	}
+}
 
 // later returns the later of a and b.
 func later(a, b time.Time) time.Time {
@@ -286,6 +303,10 @@ func NewSink(nc *natsgo.Conn, cfg Config) (*Sink, error) {
 		slowOK:       map[string]time.Time{},
 		streamOf:     map[string]string{},
 		epoch:        time.Now(),
+	}
+	s.ping = func(ctx context.Context) bool {
+		_, err := s.js.AccountInfo(ctx)
+		return err == nil
 	}
 	prev := nc.ErrorHandler()
 	nc.SetErrorHandler(func(c *natsgo.Conn, sub *natsgo.Subscription, err error) {
@@ -642,6 +663,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		}
 	}
 	cuts := map[string][]jetstream.PubAckFuture{} // per subject, for watchCut
+	pinged := false                               // see pingJS
 
 	// wait waits for the PubAck of batch[i]; a probe only probeWait, unless
 	// a stream acknowledged another publish to the subject meanwhile.
@@ -669,17 +691,24 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 				polled = true
 				d := stragglerPoll
 				ref, grace := lastAnswer, time.Duration(0)
+				sentAt := later(start, sent[i])
 				if !ref.IsZero() {
 					grace = stragglerGrace(ref.Sub(start))
-				} else if la := s.lastAck.Load(); la > int64(later(start, sent[i]).Sub(s.epoch)) && s.knownStream(subject) {
-					// No PubAck in the batch (a batch of one), but
-					// another lane's came since this was sent: the
-					// servers answer, not this subject's stream. Only
-					// for a subject a stream acknowledged before (its
-					// stream not noted slow, see slow): a new one (a
-					// key of its own) of a stream far away would be
-					// cut each time (review R190).
-					ref, grace = s.epoch.Add(time.Duration(la)), stragglerGraceMin
+				} else if s.knownStream(subject) {
+					// No PubAck in the batch (a batch of one). If
+					// another lane's came since this was sent, or the
+					// JetStream API answered a ping sent once this
+					// waited the least grace, the servers answer, not
+					// this subject's stream. Only for a subject a
+					// stream acknowledged before: a new one (a key of
+					// its own) of a stream far away would be cut each
+					// time (review R190).
+					if la := s.lastAck.Load(); la > int64(sentAt.Sub(s.epoch)) {
+						ref, grace = s.epoch.Add(time.Duration(la)), stragglerGraceMin
+					} else if !pinged && time.Since(sentAt) >= stragglerGraceMin {
+						pinged = true
+						go s.pingJS(dctx)
+					}
 				}
 				if !ref.IsZero() && silent(subject) {
 					d = min(d, time.Until(later(ref, sent[i]).Add(grace)))

@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime"
@@ -258,15 +259,31 @@ func TestLoneStragglerCutWhenOthersAnswer(t *testing.T) {
 		return ch
 	}
 
-	// Alone: nothing answers meanwhile.
+	// Alone in a slow cluster: nothing answers meanwhile, not even the
+	// JetStream API.
+	ping := sink.ping
+	sink.ping = func(context.Context) bool { return false }
 	r := <-lone()
 	<-taken
-	t.Logf("alone: %v, %v", r.took, r.errs)
+	t.Logf("alone, nothing answering: %v, %v", r.took, r.errs)
 	if r.errs == nil || !errors.Is(r.errs[0], shard.ErrUnavailable) {
 		t.Fatalf("alone: %v, want an ErrUnavailable", r.errs)
 	}
 	if r.took < cfg.PublishTimeout {
 		t.Errorf("a lone straggler with nothing else answered was cut after %v (PublishTimeout %v)", r.took, cfg.PublishTimeout)
+	}
+
+	// Alone, the JetStream API answering its ping (after the least
+	// grace): cut the least grace after that answer.
+	sink.ping = ping
+	r = <-lone()
+	<-taken
+	t.Logf("alone, the JetStream API answering: %v, %v", r.took, r.errs)
+	if r.errs == nil || !errors.Is(r.errs[0], ErrPublishTimeout) || !errors.Is(r.errs[0], shard.ErrUnavailable) {
+		t.Fatalf("alone, the API answering: %v, want a PubAck timeout (unavailable)", r.errs)
+	}
+	if r.took >= cfg.PublishTimeout {
+		t.Errorf("a lone straggler waited %v (PublishTimeout %v) although the JetStream API answered", r.took, cfg.PublishTimeout)
 	}
 
 	// Beside another lane's batch that is acknowledged.

@@ -51,7 +51,11 @@ func TestStragglerOfQuorumLostStream(t *testing.T) {
 		t.Errorf("the batch returned after %v: the healthy tasks waited for the straggler (PublishTimeout %v)", took, cfg.PublishTimeout)
 	}
 
-	// Alone, the task is not cut: nothing else answered.
+	// Alone, nothing else of the batch answers: the task is cut only if
+	// the JetStream API answers the sink's ping (pingJS), which depends
+	// on whether the surviving server leads the meta group and knows yet
+	// that it lost its quorum; else it waits PublishTimeout. Either way
+	// an outage.
 	began = time.Now()
 	errs = sink.Deliver(ctxT(t), []*codec.Task{task("q2", "tq.a", "q", 1000)})
 	took = time.Since(began)
@@ -59,8 +63,8 @@ func TestStragglerOfQuorumLostStream(t *testing.T) {
 	if errs == nil || !errors.Is(errs[0], shard.ErrUnavailable) {
 		t.Fatalf("lone straggler: %v, want an ErrUnavailable", errs)
 	}
-	if since := time.Since(stopped); took < cfg.PublishTimeout && since < 15*time.Second {
-		t.Errorf("a batch of one was cut after %v (PublishTimeout %v, %v after the stop)", took, cfg.PublishTimeout, since)
+	if took < cfg.PublishTimeout && !errors.Is(errs[0], ErrPublishTimeout) {
+		t.Errorf("a batch of one failed after %v (PublishTimeout %v, %v after the stop): %v, want a cut or the timeout", took, cfg.PublishTimeout, time.Since(stopped), errs[0])
 	}
 
 	for i := range 3 {
