@@ -62,7 +62,7 @@ func counterSum(c prometheus.Collector) float64 {
 // (TestLoneStragglerCutWhenOthersAnswer): the longest real wait for a
 // healthy task went from 6.0 s (3 s timeout) and 9.0 s (10 s) to 1.0 s
 // in 4 of 6 runs and 5.0 s in the other 2 (three runs of both subtests).
-// Without the ping, 3 of 8 runs with the 10 s timeout stayed at 9.8-9.9
+// Without the ping, 5 of 8 runs with the 10 s timeout stayed at 9.8-9.9
 // s: the stuck task's batch of one was the only one in flight and nothing
 // was acknowledged since it was sent (this test's fake clock moves on only
 // once the healthy tasks arrive, so no other lane publishes).
