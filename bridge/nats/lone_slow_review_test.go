@@ -103,3 +103,34 @@ func TestLoneStragglerNotCutByAnOlderPubAck(t *testing.T) {
 		t.Errorf("a lone straggler with nothing acknowledged since it was sent was cut after %v (PublishTimeout %v)", took, cfg.PublishTimeout)
 	}
 }
+
+// TestSlowMarkedPerStream (review R191): a late PubAck marks the stream
+// that gave it slow, not each subject, when the stream is known: a stream
+// with a subject per key takes one entry of slowOK however many keys are
+// late, so the marks are not cleared at maxNoted (which made the stream
+// cut once more every ~1000 late keys), and every key known to be the
+// stream's is slow with it.
+func TestSlowMarkedPerStream(t *testing.T) {
+	cfg, nc, _, _ := createdSource(t, nil)
+	sink := newSink(t, nc, cfg)
+	n := 2 * maxNoted
+	for k := range n {
+		sink.noteSlow(fmt.Sprintf("slow.%d", k), "SLOW")
+	}
+	sink.mu.Lock()
+	entries := len(sink.slowOK)
+	sink.mu.Unlock()
+	if entries != 1 {
+		t.Errorf("%d slowOK entries after %d late keys of one stream, want 1", entries, n)
+	}
+	for _, k := range []int{0, n / 2, n - 1} {
+		if subject := fmt.Sprintf("slow.%d", k); !sink.slowSubject(subject) {
+			t.Errorf("%s not slow", subject)
+		}
+	}
+	// A subject whose stream is not known is noted as itself.
+	sink.noteSlow("alone.a", "")
+	if !sink.slowSubject("alone.a") || sink.slowSubject("alone.b") {
+		t.Errorf("alone.a slow %v, alone.b slow %v; want true, false", sink.slowSubject("alone.a"), sink.slowSubject("alone.b"))
+	}
+}

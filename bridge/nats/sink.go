@@ -203,10 +203,12 @@ func (s *Sink) slowLocked(key string) bool {
 // subject has no NUL).
 func streamKey(stream string) string { return "\x00" + stream }
 
-// noteSlow records that subject, and stream if known (the stream that
-// acknowledged it late; every subject it is known to capture), answer
-// late but work: their stragglers are not cut for NoStreamTTL. It reports
-// whether that was not known of subject.
+// noteSlow records that subject answers late but works, through its
+// stream if known (the stream that acknowledged it late: every subject it
+// is known to capture), else as a subject: their stragglers are not cut
+// for NoStreamTTL. Only the stream is noted when known, so a stream with
+// a subject per key takes one entry of slowOK, not one a key (R191). It
+// reports whether that was not known.
 func (s *Sink) noteSlow(subject, stream string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -214,12 +216,13 @@ func (s *Sink) noteSlow(subject, stream string) bool {
 		clear(s.slowOK)
 	}
 	now := s.now()
-	until, known := s.slowOK[subject]
-	s.slowOK[subject] = now.Add(s.cfg.NoStreamTTL)
+	key := subject
 	if stream != "" {
-		s.slowOK[streamKey(stream)] = now.Add(s.cfg.NoStreamTTL)
+		key = streamKey(stream)
 		s.noteStreamLocked(subject, stream)
 	}
+	until, known := s.slowOK[key]
+	s.slowOK[key] = now.Add(s.cfg.NoStreamTTL)
 	return !known || !now.Before(until)
 }
 
@@ -261,8 +264,8 @@ func (s *Sink) watchCut(subject string, fs []jetstream.PubAckFuture) {
 			if !s.noteSlow(subject, stream) {
 				return
 			}
-			s.log.Info("nats sink: a target subject acknowledged a publish after the grace that followed its batch's last answer; its deliveries wait for their PubAcks up to publish_timeout for a while",
-				zap.String("subject", subject), zap.Duration("for", s.cfg.NoStreamTTL))
+			s.log.Info("nats sink: a target subject acknowledged a publish after the grace that followed its batch's last answer; deliveries to it (and to its stream's other subjects) wait for their PubAcks up to publish_timeout for a while",
+				zap.String("subject", subject), zap.String("stream", stream), zap.Duration("for", s.cfg.NoStreamTTL))
 			return
 		case <-f.Err():
 		}
