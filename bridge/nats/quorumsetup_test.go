@@ -40,7 +40,12 @@ func TestSetupDuringQuorumLoss(t *testing.T) {
 	}
 	// The server left running is not the stream's leader, nor the
 	// consumer's: a leader that lost its quorum may answer lookups for a
-	// while.
+	// while. Both known first: right after the set-up one may not be
+	// elected yet (-1), and the server kept could then be the leader (a
+	// CI run timed out waiting for a lookup to go unanswered).
+	eventually(t, "DELAY's stream and consumer leaders", func() bool {
+		return c.StreamLeader("DELAY") >= 0 && c.ConsumerLeader("DELAY", cfg.Consumer) >= 0
+	})
 	stopped := map[int]bool{c.StreamLeader("DELAY"): true, c.ConsumerLeader("DELAY", cfg.Consumer): true}
 	keep := -1
 	for i := range 3 {
