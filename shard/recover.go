@@ -364,9 +364,15 @@ func (e *Engine) probeOutages(now int64) {
 // without any shard lock, at now (ms, engine clock).
 func (e *Engine) probe(gs []int64, now int64) {
 	best := make([]probeCandidate, len(gs))
+	// By group: with many groups down (a whole cluster), an index a
+	// waiting task would cost len(gs) a task.
+	at := make(map[int64]int, len(gs))
+	for i, g := range gs {
+		at[g] = i
+	}
 	for _, s := range e.shards {
 		s.mu.Lock()
-		s.probeCandidatesLocked(gs, best, now)
+		s.probeCandidatesLocked(at, best, now)
 		s.mu.Unlock()
 	}
 	for i, c := range best {
@@ -394,8 +400,8 @@ type probeCandidate struct {
 	seq  uint64
 }
 
-// probeCandidatesLocked updates best[i] with the shard's waiting task of
-// group gs[i] with the earliest retry that a release could claim now:
+// probeCandidatesLocked updates best[at[g]] with the shard's waiting task
+// of group g with the earliest retry that a release could claim now:
 // not in flight, being deleted or waiting for its retry to be durable,
 // and in the wheel or past the horizon; and due by now (ms). One due
 // later (the clock stepped back past its due time) would go early, and
@@ -404,13 +410,7 @@ type probeCandidate struct {
 // target until the clock was back at its due time (review R189: 599
 // tries in 10 min after a 1 h step back, for one task). It waits the
 // step out as its own retry does (rebaseLocked).
-func (s *shard) probeCandidatesLocked(gs []int64, best []probeCandidate, now int64) {
-	// By group: with many groups down (a whole cluster), an index a
-	// waiting task would cost len(gs) a task.
-	at := make(map[int64]int, len(gs))
-	for i, g := range gs {
-		at[g] = i
-	}
+func (s *shard) probeCandidatesLocked(at map[int64]int, best []probeCandidate, now int64) {
 	for seq, lt := range s.late {
 		g := lt.group()
 		if g == 0 {
