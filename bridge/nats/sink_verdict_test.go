@@ -357,13 +357,11 @@ func TestSinkWithoutStreamLookupPermission(t *testing.T) {
 	}
 }
 
-// TestSinkPublishDenied: a target subject the bridge's user may not publish
-// to gets no PubAck (nats.go passes the server's permissions error to the
-// async handler only). That is the task's failure, charged an attempt and
-// publish-failed at the end of the retry policy, not an outage retried
-// forever without one. A permitted subject in the same batch is delivered,
-// and the connection's own async error handler still sees the error.
-func TestSinkPublishDenied(t *testing.T) {
+// deniedSecretConfig starts a server with streams SECRET (secret.>) and
+// OPEN (open.>) and returns the config of a user who may publish to
+// everything but secret.>.
+func deniedSecretConfig(t *testing.T) Config {
+	t.Helper()
 	s := configServer(t, `accounts { A { jetstream: enabled, users: [
   {user: admin, password: a},
   {user: bridge, password: b, permissions: { publish: { allow: [">"], deny: ["secret.>"] } } }
@@ -378,6 +376,17 @@ func TestSinkPublishDenied(t *testing.T) {
 	}
 	cfg := testConfig(t, serverURL(s))
 	cfg.User, cfg.Password = "bridge", "b"
+	return cfg
+}
+
+// TestSinkPublishDenied: a target subject the bridge's user may not publish
+// to gets no PubAck (nats.go passes the server's permissions error to the
+// async handler only). That is the task's failure, charged an attempt and
+// publish-failed at the end of the retry policy, not an outage retried
+// forever without one. A permitted subject in the same batch is delivered,
+// and the connection's own async error handler still sees the error.
+func TestSinkPublishDenied(t *testing.T) {
+	cfg := deniedSecretConfig(t)
 	cfg.PublishTimeout = time.Second
 	nc := connect(t, cfg)
 	var seen atomic.Int32

@@ -187,20 +187,7 @@ func TestReviewProbeCut(t *testing.T) {
 // permitted one: its publish is cut after the grace and still fails as
 // denied (an attempt), not as an outage.
 func TestReviewDeniedStragglerCut(t *testing.T) {
-	s := configServer(t, `accounts { A { jetstream: enabled, users: [
-  {user: admin, password: a},
-  {user: bridge, password: b, permissions: { publish: { allow: [">"], deny: ["secret.>"] } } }
-] } }`)
-	acfg := testConfig(t, serverURL(s))
-	acfg.User, acfg.Password = "admin", "a"
-	ajs := newJS(t, connect(t, acfg))
-	for _, st := range []jetstream.StreamConfig{{Name: "SECRET", Subjects: []string{"secret.>"}}, {Name: "OPEN", Subjects: []string{"open.>"}}} {
-		if _, err := ajs.CreateStream(ctxT(t), st); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cfg := testConfig(t, serverURL(s))
-	cfg.User, cfg.Password = "bridge", "b"
+	cfg := deniedSecretConfig(t)
 	cfg.PublishTimeout = 5 * time.Second
 	sink := newSink(t, connect(t, cfg), cfg)
 	sink.setVerdict("secret.x", false)
