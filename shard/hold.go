@@ -374,6 +374,24 @@ func (s *shard) heldOldestDue() (int64, bool) {
 	return oldest, ok
 }
 
+// holdsGroup reports whether the shard's store holds a held task of
+// group g (groupOf), with one seek, keys only, without the shard lock. An
+// error reading counts as holding one.
+func (s *shard) holdsGroup(g int64) bool {
+	if !isHeld(g) {
+		return false
+	}
+	it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, g), UpperBound: taskBound(s.id, g+1<<heldDueBits)})
+	if err != nil {
+		return true
+	}
+	found := it.First()
+	if err := it.Close(); err != nil {
+		return true
+	}
+	return found
+}
+
 // heldDoneLocked applies a durable batch's held counts.
 func (s *shard) heldDoneLocked(pb *pendingBatch) {
 	for l := range s.lanes {

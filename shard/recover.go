@@ -98,7 +98,23 @@ type groupOutage struct {
 	// while it is down, a probe round tries one of its waiting tasks when
 	// this is older than the round before (probeOutages).
 	tried int64
+	// unseen counts the probes in a row that found no task of it
+	// waiting in any shard's memory and none held in backoff (probe): at
+	// unseenToForget its outage is forgotten.
+	unseen uint8
 }
+
+// unseenToForget is how many probes in a row, probeEvery apart, must find
+// nothing waiting for a down group before its outage is forgotten. Its
+// waiting tasks all left without a delivery that ended it: cancelled,
+// replaced, dead-lettered (or expired past OutageMemory). Else the probe
+// rounds ran for as long as the process did, each a scan of every shard's
+// waiting tasks (review R189). Two, not one: a task that has just failed
+// as unavailable may be between the outcome that marks its group down and
+// the commit that notes it as waiting when a probe looks. Forgetting
+// wrongly costs little: the next failure of a task of the group marks it
+// down again, and until then its tasks (if any) go at their own retries.
+const unseenToForget = 2
 
 // released is a waiting task a release is to take out of its shard's
 // wheel (shard.released).
@@ -135,6 +151,7 @@ func (e *Engine) outcome(up, down []int64, begin int64) {
 		}
 		st.owed = false // failed again: what found it back was wrong
 		st.tried = now
+		st.unseen = 0
 		if o.probeAt.Load() == 0 {
 			// The probe rounds start (probeOutages): this group's first
 			// comes two rounds on, probeEvery from now.
@@ -331,7 +348,9 @@ func (e *Engine) probeOutages(now int64) {
 		if st.tried < o.lastRound {
 			// Counted as tried whether or not a task is found: a group
 			// whose waiting tasks all left (or are held, and probed by
-			// hold.go) is looked for once per probeEvery, not each round.
+			// hold.go) is looked for once per probeEvery, not each round,
+			// and one with none left is forgotten after unseenToForget
+			// looks (forgetUnseen).
 			st.tried = now
 			o.m[g] = st
 			gs = append(gs, g)
@@ -364,6 +383,7 @@ func (e *Engine) probeOutages(now int64) {
 // without any shard lock, at now (ms, engine clock).
 func (e *Engine) probe(gs []int64, now int64) {
 	best := make([]probeCandidate, len(gs))
+	seen := make([]bool, len(gs))
 	// By group: with many groups down (a whole cluster), an index a
 	// waiting task would cost len(gs) a task.
 	at := make(map[int64]int, len(gs))
@@ -372,9 +392,20 @@ func (e *Engine) probe(gs []int64, now int64) {
 	}
 	for _, s := range e.shards {
 		s.mu.Lock()
-		s.probeCandidatesLocked(at, best, now)
+		s.probeCandidatesLocked(at, best, seen, now)
 		s.mu.Unlock()
 	}
+	for i, g := range gs {
+		// Held ones wait too (hold.go probes them): one seek a shard, for
+		// a group with none waiting in memory only.
+		for _, s := range e.shards {
+			if seen[i] {
+				break
+			}
+			seen[i] = s.holdsGroup(g)
+		}
+	}
+	e.forgetUnseen(gs, seen, now)
 	for i, c := range best {
 		if c.s == nil {
 			continue // none waits in memory (held ones are probed by hold.go)
@@ -392,6 +423,44 @@ func (e *Engine) probe(gs []int64, now int64) {
 	}
 }
 
+// forgetUnseen counts, for each probed group of gs still down, whether
+// its probe saw a task of it waiting (seen: in a shard's memory or held
+// on disk), and forgets the outage of a
+// group unseen by unseenToForget probes in a row: nothing waits for it
+// any more, and the probe rounds stop once no group is down. Its entry
+// goes too unless a recent release's spacing is still to be kept
+// (forgetLocked's rule).
+func (e *Engine) forgetUnseen(gs []int64, seen []bool, now int64) {
+	o := &e.outages
+	var gone []int64
+	o.mu.Lock()
+	for i, g := range gs {
+		st, ok := o.m[g]
+		if !ok || !st.down || st.owed {
+			continue
+		}
+		switch {
+		case seen[i]:
+			st.unseen = 0
+		case st.unseen+1 < unseenToForget:
+			st.unseen++
+		default:
+			st.down, st.unseen = false, 0
+			gone = append(gone, g)
+			if now-st.released > 2*e.opts.Retry.Max.Milliseconds() {
+				delete(o.m, g)
+				continue
+			}
+		}
+		o.m[g] = st
+	}
+	o.mu.Unlock()
+	for _, g := range gone {
+		e.log.Info("no task waits for a target group that was down any more (cancelled, replaced or dead-lettered): its outage is no longer tracked",
+			zap.Stringer("transport", codec.Transport(heldSlot(g))), zap.Int("target_group", int(g>>heldDueBits&(1<<heldGroupBits-1))))
+	}
+}
+
 // probeCandidate is a waiting task a probe may pull forward.
 type probeCandidate struct {
 	s    *shard // nil: none found
@@ -400,8 +469,9 @@ type probeCandidate struct {
 	seq  uint64
 }
 
-// probeCandidatesLocked updates best[at[g]] with the shard's waiting task
-// of group g with the earliest retry that a release could claim now:
+// probeCandidatesLocked sets seen[at[g]] for each group g with a task
+// waiting in the shard, and updates best[at[g]] with its waiting task
+// with the earliest retry that a release could claim now:
 // not in flight, being deleted or waiting for its retry to be durable,
 // and in the wheel or past the horizon; and due by now (ms). One due
 // later (the clock stepped back past its due time) would go early, and
@@ -410,13 +480,16 @@ type probeCandidate struct {
 // target until the clock was back at its due time (review R189: 599
 // tries in 10 min after a 1 h step back, for one task). It waits the
 // step out as its own retry does (rebaseLocked).
-func (s *shard) probeCandidatesLocked(at map[int64]int, best []probeCandidate, now int64) {
+func (s *shard) probeCandidatesLocked(at map[int64]int, best []probeCandidate, seen []bool, now int64) {
 	for seq, lt := range s.late {
 		g := lt.group()
 		if g == 0 {
 			continue
 		}
 		i, ok := at[g]
+		if ok {
+			seen[i] = true
+		}
 		if !ok || lt.due() > now || best[i].s != nil && (lt.fire > best[i].fire || lt.fire == best[i].fire && seq > best[i].seq) {
 			continue
 		}

@@ -2,7 +2,6 @@ package shard
 
 import (
 	"fmt"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -130,28 +129,106 @@ func TestProbeAfterClockStep(t *testing.T) {
 	}
 }
 
-// TestReviewR189CancelledGroupRounds (a repro, skipped unless
-// DELAYBRIDGE_REVIEW_R189=1): a group whose only waiting task is
-// cancelled stays down in the engine's outage map for good, so probe
-// rounds (every probeEvery/2, a scan of every shard's waiting tasks every
-// probeEvery) go on for as long as the process runs. Cheap, not fixed.
-func TestReviewR189CancelledGroupRounds(t *testing.T) {
-	if os.Getenv("DELAYBRIDGE_REVIEW_R189") != "1" {
-		t.Skip("repro of a known cost; set DELAYBRIDGE_REVIEW_R189=1")
+// downGroups lists the groups the engine's outage map has down.
+func downGroups(e *Engine) []int64 {
+	o := &e.outages
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var gs []int64
+	for g, st := range o.m {
+		if st.down {
+			gs = append(gs, g)
+		}
 	}
-	h, _ := outageOfOne(t)
+	return gs
+}
+
+// TestCancelledGroupOutageForgotten: a group whose only waiting task is
+// cancelled stayed down in the engine's outage map for good, so the probe
+// rounds (a scan of every shard's waiting tasks every probeEvery) went on
+// for as long as the process ran (review R189). Now two probes in a row
+// that find nothing waiting forget it, and the rounds stop. A task of the
+// group that fails again later puts it down again, and its probes find
+// the target's return as before.
+func TestCancelledGroupOutageForgotten(t *testing.T) {
+	h, probes := outageOfOne(t)
+	if gs := downGroups(h.e); len(gs) != 1 {
+		t.Fatalf("%d groups down after 30 min of outage, want 1", len(gs))
+	}
 	h.ingest([]codec.Task{cancelTask("t000", 100)})
 	if got := waitingRecords(t, h.e); got != 0 {
 		t.Fatalf("%d waiting records after the cancel", got)
 	}
-	for range 60 {
-		h.advance(time.Minute)
+	for range 2 * 60 {
+		h.advance(time.Second)
+	}
+	if gs := downGroups(h.e); len(gs) != 0 {
+		t.Fatalf("%d groups down 2 min after the last waiting task was cancelled, want 0", len(gs))
 	}
 	h.e.outages.mu.Lock()
 	n := len(h.e.outages.m)
 	h.e.outages.mu.Unlock()
-	t.Logf("an hour after the cancel: %d groups in the outage map, probeAt %d (now %d), outageErr %v", n, h.e.outages.probeAt.Load(), h.e.nowMs(), h.e.outageErr())
-	if h.e.outages.probeAt.Load() != 0 {
-		t.Errorf("probe rounds still scheduled an hour after the group's last task was cancelled")
+	if n != 0 {
+		t.Fatalf("%d entries in the outage map 2 min after the cancel, want 0", n)
 	}
+	if at := h.e.outages.probeAt.Load(); at != 0 {
+		t.Fatalf("probe rounds still scheduled (next at %d, now %d) 2 min after the cancel", at, h.e.nowMs())
+	}
+	before := probes.Load()
+
+	// Down again: a new task fails, its group is down, and once the
+	// target is back a probe finds it within probeEvery.
+	h.ingest([]codec.Task{sched("t001", h.clk.Now(), 200)})
+	for range 10 * 60 {
+		h.advance(time.Second)
+	}
+	if gs := downGroups(h.e); len(gs) != 1 {
+		t.Fatalf("%d groups down after a new task failed for 10 min, want 1", len(gs))
+	}
+	h.sink.setFail(nil)
+	if steps := secondsUntilAcked(h, 1, 301); steps > 31 {
+		t.Fatalf("delivered %ds after the return; want within probeEvery (30 s)", steps)
+	}
+	if probes.Load() == before {
+		t.Fatal("no probe after the group went down again")
+	}
+}
+
+// TestHeldGroupOutageNotForgotten: a group whose waiting tasks are all
+// held (none in memory) stays down: a held delivery in one shard must
+// still release the rest in every shard. Its probe rounds find no waiting
+// task in memory, but its held tasks on disk count as waiting. (Through the
+// outage its held probes, failing at most heldProbeMax apart, also mark
+// it down again; the direct probes below have no such failure between.)
+func TestHeldGroupOutageNotForgotten(t *testing.T) {
+	h := holdHarness(t, -1, func(o *Options) { o.Retry = defaultLikeRetry; o.Retry.Jitter = -1 })
+	var batch []codec.Task
+	for i := range 40 {
+		batch = append(batch, sched(fmt.Sprintf("t%03d", i), t0.Add(time.Second), int64(i+1)))
+	}
+	holdTasks(t, h, batch, 40)
+	// Two probes in a row right after the hold, no held probe failing
+	// between them (it would mark the group down again anyway): the held
+	// tasks count as waiting, so the group is not forgotten.
+	gs := downGroups(h.e)
+	if len(gs) != 1 {
+		t.Fatalf("%d groups down with every task held, want 1", len(gs))
+	}
+	for range unseenToForget {
+		h.e.probe(gs, h.e.nowMs())
+	}
+	if got := downGroups(h.e); len(got) != 1 {
+		t.Fatalf("%d groups down after %d probes of a held group, want 1", len(got), unseenToForget)
+	}
+	for range 10 * 60 {
+		h.advance(time.Second)
+		if gs := downGroups(h.e); len(gs) != 1 {
+			t.Fatalf("at %v: %d groups down while every task is held, want 1", h.clk.Now().Sub(t0), len(gs))
+		}
+	}
+	h.sink.setFail(nil)
+	if steps := secondsUntilAcked(h, 40, 120); steps > 31 {
+		t.Fatalf("all held tasks delivered %ds after the return; want within heldProbeMax", steps)
+	}
+	checkDeliveredOnce(t, h, 40)
 }
