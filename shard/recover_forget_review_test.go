@@ -44,7 +44,11 @@ func stayDown(t *testing.T, h *harness, d time.Duration, want int) {
 
 // TestForgetReviewWaitingKept: a group whose only task left waits where
 // a probe must see it is not forgotten through 10 min of probe rounds,
-// and the target's return is found within probeEvery.
+// and the target's return is found within probeEvery. Where the probe
+// can pull the task forward (past the horizon, last shard, restored), its
+// failure puts the group down again at each probe anyway; the clock step
+// back is the case where only seen[] keeps the group (a mutation counting
+// only due tasks as seen fails it).
 func TestForgetReviewWaitingKept(t *testing.T) {
 	down := fmt.Errorf("broker down: %w", ErrUnavailable)
 	t.Run("retry past the horizon", func(t *testing.T) {
@@ -97,6 +101,25 @@ func TestForgetReviewWaitingKept(t *testing.T) {
 			t.Fatalf("%d waiting records after the cancels, want 1", got)
 		}
 		stayDown(t, h, 10*time.Minute, 1)
+		h.sink.setFail(nil)
+		if steps := secondsUntilAcked(h, 1, 301); steps > 31 {
+			t.Fatalf("delivered %ds after the return; want within probeEvery", steps)
+		}
+	})
+	t.Run("clock stepped back past its due time", func(t *testing.T) {
+		// Not due by the clock, the task is not probed (review R189), so
+		// no probe failure marks its group down again: only its being
+		// seen keeps the group down until its own retry.
+		h, probes := outageOfOne(t)
+		p0 := probes.Load()
+		h.set(h.clk.Now().Add(-time.Hour))
+		stayDown(t, h, 10*time.Minute, 1)
+		if n := probes.Load() - p0; n != 0 {
+			t.Fatalf("%d probes of a task not due by the clock", n)
+		}
+		for h.clk.Now().Before(t0) {
+			h.advance(time.Minute)
+		}
 		h.sink.setFail(nil)
 		if steps := secondsUntilAcked(h, 1, 301); steps > 31 {
 			t.Fatalf("delivered %ds after the return; want within probeEvery", steps)
