@@ -710,3 +710,47 @@ func ingestHerd(h *harness, n int, herd time.Time) {
 		h.ingest(batch)
 	}
 }
+
+// BenchmarkProbeManyDownGroups: one probe (Engine.probe) of 4096 down
+// target groups over 8 shards with no task waiting in memory, so each
+// group costs a seek per shard for held tasks (markHeldGroups); "held" has one
+// held task a group in the last shard, flushed. A probe round runs at
+// most once per probeEvery/2, in a fire loop (review R193).
+func BenchmarkProbeManyDownGroups(b *testing.B) {
+	for _, held := range []bool{false, true} {
+		b.Run(map[bool]string{false: "none", true: "held"}[held], func(b *testing.B) {
+			e, err := Open(Options{Dir: b.TempDir(), Logger: zap.NewNop(), Shards: 8})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Close()
+			const groups = 4096
+			gs := make([]int64, groups)
+			for i := range gs {
+				gs[i] = heldBase + int64(i)<<heldDueBits
+			}
+			if held {
+				batch := e.db.NewBatch()
+				for i, g := range gs {
+					batch.Set(appendTaskKey(nil, 7, g+1000, uint64(i+1)), []byte("x"), nil)
+				}
+				if err := batch.Commit(pebble.NoSync); err != nil {
+					b.Fatal(err)
+				}
+				if err := e.db.Flush(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				e.outages.mu.Lock()
+				e.outages.m = make(map[int64]groupOutage, groups)
+				for _, g := range gs {
+					e.outages.m[g] = groupOutage{down: true}
+				}
+				e.outages.mu.Unlock()
+				e.probe(gs, e.nowMs())
+			}
+		})
+	}
+}

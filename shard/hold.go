@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -374,22 +375,31 @@ func (s *shard) heldOldestDue() (int64, bool) {
 	return oldest, ok
 }
 
-// holdsGroup reports whether the shard's store holds a held task of
-// group g (groupOf), with one seek, keys only, without the shard lock. An
-// error reading counts as holding one.
-func (s *shard) holdsGroup(g int64) bool {
-	if !isHeld(g) {
-		return false
-	}
-	it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, g), UpperBound: taskBound(s.id, g+1<<heldDueBits)})
+// markHeldGroups sets seen[i] for each group gs[i] (groupOf) not seen
+// yet of which the shard's store holds a held task: one iterator, a seek
+// a group, keys only, without the shard lock. An error reading counts as
+// holding one.
+func (s *shard) markHeldGroups(gs []int64, seen []bool) {
+	it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, heldBase), UpperBound: taskBound(s.id+1, 0)})
 	if err != nil {
-		return true
+		for i := range seen {
+			seen[i] = true
+		}
+		return
 	}
-	found := it.First()
+	for i, g := range gs {
+		if seen[i] || !isHeld(g) {
+			continue
+		}
+		if it.SeekGE(taskBound(s.id, g)) && bytes.Compare(it.Key(), taskBound(s.id, g+1<<heldDueBits)) < 0 {
+			seen[i] = true
+		}
+	}
 	if err := it.Close(); err != nil {
-		return true
+		for i := range seen {
+			seen[i] = true
+		}
 	}
-	return found
 }
 
 // heldDoneLocked applies a durable batch's held counts.

@@ -109,11 +109,14 @@ type groupOutage struct {
 // waiting tasks all left without a delivery that ended it: cancelled,
 // replaced, dead-lettered (or expired past OutageMemory). Else the probe
 // rounds ran for as long as the process did, each a scan of every shard's
-// waiting tasks (review R189). Two, not one: a task that has just failed
-// as unavailable may be between the outcome that marks its group down and
-// the commit that notes it as waiting when a probe looks. Forgetting
-// wrongly costs little: the next failure of a task of the group marks it
-// down again, and until then its tasks (if any) go at their own retries.
+// waiting tasks (review R189). Two, not one: a first failure that goes
+// straight to disk (the late map full) is seen by the held seek only once
+// its batch is written, and a probe may look between the shard's unlock
+// and that write (the outcome that marks the group down follows it).
+// Forgetting wrongly costs little: the next failure of a task of the
+// group marks it down again, and until then its tasks (if any) go at
+// their own retries (review R193). ("probeEvery apart": a clock stepped
+// back brings the next round at once, with the same result.)
 const unseenToForget = 2
 
 // released is a waiting task a release is to take out of its shard's
@@ -395,14 +398,11 @@ func (e *Engine) probe(gs []int64, now int64) {
 		s.probeCandidatesLocked(at, best, seen, now)
 		s.mu.Unlock()
 	}
-	for i, g := range gs {
-		// Held ones wait too (hold.go probes them): one seek a shard, for
-		// a group with none waiting in memory only.
+	if slices.Contains(seen, false) {
+		// Held ones wait too (hold.go probes them): a seek a shard, for
+		// each group with none waiting in memory only.
 		for _, s := range e.shards {
-			if seen[i] {
-				break
-			}
-			seen[i] = s.holdsGroup(g)
+			s.markHeldGroups(gs, seen)
 		}
 	}
 	e.forgetUnseen(gs, seen, now)

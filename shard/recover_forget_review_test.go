@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -215,76 +214,6 @@ func TestForgetReviewLogOnce(t *testing.T) {
 			t.Fatalf("round %d: %d forget lines, want %d", round, n, round)
 		}
 	}
-}
-
-// TestForgetReviewProbeCost measures (logs, asserts nothing) a probe of
-// 4096 down groups with 8 shards: none waiting anywhere (8 seeks a
-// group), one held task of each group in the last shard only (8 seeks),
-// and a group whose 100 000 held tasks were just deleted (tombstones).
-func TestForgetReviewProbeCost(t *testing.T) {
-	h := newHarness(t, func(o *Options) { o.Shards = 8 })
-	e := h.e
-	const groups = 4096
-	var gs []int64
-	for i := range groups {
-		gs = append(gs, heldBase+int64(i)<<heldDueBits)
-	}
-	markDown := func() {
-		e.outages.mu.Lock()
-		e.outages.m = make(map[int64]groupOutage)
-		for _, g := range gs {
-			e.outages.m[g] = groupOutage{down: true}
-		}
-		e.outages.mu.Unlock()
-	}
-	timeProbe := func(what string) {
-		markDown()
-		start := time.Now()
-		e.probe(gs, e.nowMs())
-		took := time.Since(start)
-		t.Logf("%s: probe of %d groups x %d shards took %v", what, groups, len(e.shards), took)
-	}
-	timeProbe("nothing stored")
-
-	b := e.db.NewBatch()
-	for i, g := range gs {
-		b.Set(appendTaskKey(nil, 7, g+1000, uint64(i+1)), []byte("x"), nil)
-	}
-	if err := b.Commit(pebble.NoSync); err != nil {
-		t.Fatal(err)
-	}
-	timeProbe("one held key a group, last shard, memtable")
-	if err := e.db.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	timeProbe("one held key a group, last shard, flushed")
-
-	b = e.db.NewBatch()
-	for i := range 100000 {
-		b.Set(appendTaskKey(nil, 0, gs[0]+int64(i), uint64(i+1)), []byte("x"), nil)
-	}
-	if err := b.Commit(pebble.NoSync); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.db.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	b = e.db.NewBatch()
-	for i := range 100000 {
-		b.Delete(appendTaskKey(nil, 0, gs[0]+int64(i), uint64(i+1)), nil)
-	}
-	if err := b.Commit(pebble.NoSync); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	seen := e.shards[0].holdsGroup(gs[0])
-	t.Logf("holdsGroup over 100000 tombstones (memtable): %v, took %v", seen, time.Since(start))
-	if err := e.db.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	start = time.Now()
-	seen = e.shards[0].holdsGroup(gs[0])
-	t.Logf("holdsGroup over 100000 tombstones (flushed): %v, took %v", seen, time.Since(start))
 }
 
 // TestForgetReviewRace: probes (direct calls, no shard lock held, as the
