@@ -244,3 +244,9 @@ func ephemeralLow() int {
 	}
 	return lo
 }
+
+// MetaLeader is the index of the running server that is the JetStream
+// meta leader, -1 if none.
+func (c *Cluster) MetaLeader() int {
+	return c.find(func(s *natsserver.Server) bool { return s.JetStreamIsLeader() })
+}
