@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -38,8 +40,23 @@ import (
 // test asserts what holds for both.
 //
 // The retries mimic the service's connector (bridge/service: a failed
-// set-up is tried again after its backoff, 2 s at retry.max 2s).
+// set-up is tried again after its backoff, 2 s at retry.max 2s). The
+// "aged" form (DELAYBRIDGE_LONG=1) waits 11 s before the stop, so that
+// the server kept answers rather than stays silent: its 503s are sent
+// again too (answered), so no attempt ends on one. (It meets a 503 only
+// when the server kept is not the meta leader; TestAnsweredUnavailable
+// checks the resend itself.)
 func TestSetupDuringQuorumLoss(t *testing.T) {
+	t.Run("young", func(t *testing.T) { setupDuringQuorumLoss(t, 0) })
+	t.Run("aged", func(t *testing.T) {
+		if os.Getenv("DELAYBRIDGE_LONG") != "1" {
+			t.Skip("an 11 s wait for the cluster to age; set DELAYBRIDGE_LONG=1")
+		}
+		setupDuringQuorumLoss(t, 11*time.Second)
+	})
+}
+
+func setupDuringQuorumLoss(t *testing.T, age time.Duration) {
 	c := natstest.StartCluster(t, 3)
 	cfg := testConfig(t, c.URLs())
 	cfg.Create, cfg.Replicas = true, 3
@@ -89,6 +106,7 @@ func TestSetupDuringQuorumLoss(t *testing.T) {
 	cfg.URL = c.URL(keep)
 	nc := connect(t, cfg)
 	js := newJS(t, nc)
+	time.Sleep(age) // the cluster's JetStream ages: see above
 	for _, i := range down {
 		c.Stop(i)
 	}
@@ -183,11 +201,14 @@ func TestSetupDuringQuorumLoss(t *testing.T) {
 	took := o.at.Sub(back)
 	t.Logf("set-up done %v after the quorum was back, attempt %d, %d requests sent again", took, o.attempts, o.resent)
 	// No attempt begun in the outage waited for requests no server
-	// answered until its budget ran out: it noticed the return, or it was
-	// answered (503) and tried again after the backoff.
+	// answered until its budget ran out, nor ended on a 503 before it:
+	// either is sent again, and the attempt noticed the return.
 	for i, err := range o.errs {
 		if errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("set-up attempt %d waited its budget out (longest failed attempt %v) for requests no server answered: %v", i+1, o.took, err)
+		}
+		if TemporarilyUnavailable(err) && o.took < 2*cfg.ConnectTimeout {
+			t.Errorf("set-up attempt %d ended on a 503 within its budget (longest failed attempt %v); the request is to be sent again: %v", i+1, o.took, err)
 		}
 	}
 	if took > 5*time.Second {
@@ -229,5 +250,62 @@ func TestAnsweredSlowAnswer(t *testing.T) {
 	<-first
 	if n := s.resent.Load(); n < 2 {
 		t.Fatalf("%d requests sent again, want at least 2", n)
+	}
+}
+
+// TestAnsweredUnavailable: a 503 "JetStream system temporarily
+// unavailable" answer, what a server whose JetStream has run 10 s answers
+// in a quorum loss (hunt H192), is sent again like a request nobody
+// answered, so the set-up attempt notices the quorum's return within
+// resendEvery instead of ending at once and waiting its caller's backoff.
+// Nothing better by the budget's end, the 503 is what it returns (the
+// service classes it as unreachable). JetStream not enabled, also a 503,
+// is a configuration: returned at once.
+func TestAnsweredUnavailable(t *testing.T) {
+	unavail := &jetstream.APIError{Code: http.StatusServiceUnavailable, ErrorCode: jsErrClusterNotAvail, Description: "JetStream system temporarily unavailable"}
+	notEnabled := &jetstream.APIError{Code: http.StatusServiceUnavailable, ErrorCode: jetstream.JSErrCodeJetStreamNotEnabled, Description: "jetstream not enabled"}
+	tests := []struct {
+		name      string
+		answers   []error // of the calls in turn; past the end, the last
+		budget    time.Duration
+		wantV     int
+		wantErr   error // errors.Is; nil: success
+		wantCalls int32 // at least
+	}{
+		{"503 twice then the answer", []error{unavail, unavail, nil}, 10 * time.Second, 3, nil, 3},
+		{"503 until the budget ends", []error{unavail}, 200 * time.Millisecond, 0, unavail, 2},
+		{"not enabled at once", []error{notEnabled}, 10 * time.Second, 0, notEnabled, 1},
+		{"another error at once", []error{jetstream.ErrStreamNotFound}, 10 * time.Second, 0, jetstream.ErrStreamNotFound, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &Source{cfg: Config{ConnectTimeout: 20 * time.Millisecond}}
+			var calls atomic.Int32
+			ctx, cancel := context.WithTimeout(context.Background(), tc.budget)
+			defer cancel()
+			v, err := answered(ctx, s, func(ctx context.Context) (int, error) {
+				n := int(calls.Add(1))
+				err := tc.answers[min(n, len(tc.answers))-1]
+				if err != nil {
+					return 0, err
+				}
+				return n, nil
+			})
+			if tc.wantErr == nil {
+				if err != nil || v != tc.wantV {
+					t.Fatalf("answered: %d, %v; want %d, no error", v, err, tc.wantV)
+				}
+			} else if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("answered: %d, %v; want %v", v, err, tc.wantErr)
+			}
+			if n := calls.Load(); n < tc.wantCalls {
+				t.Fatalf("%d calls, want at least %d", n, tc.wantCalls)
+			}
+			if tc.wantCalls == 1 {
+				if n := calls.Load(); n != 1 {
+					t.Fatalf("%d calls, want 1: the answer counts at once", n)
+				}
+			}
+		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -223,6 +224,15 @@ func (s *Source) resendEvery() time.Duration { return min(s.cfg.ConnectTimeout, 
 // within resendEvery. The earlier ones keep waiting rather than being
 // timed out because a healthy cluster that answers slowly (later than
 // resendEvery) must still be answered within the budget, as before.
+//
+// An answer that JetStream is temporarily unavailable (503, not "not
+// enabled": a cluster without its quorum, a server still recovering its
+// JetStream) does not count either: a server whose JetStream has run 10 s
+// answers so at once rather than not at all (hunt H192), and the attempt
+// ended there, to be tried again only after its caller's backoff (up to
+// min(retry.max, 30 s) after the quorum was back). It is sent again as an
+// unanswered request is, and returned if nothing better came when ctx
+// ends.
 func answered[T any](ctx context.Context, s *Source, call func(context.Context) (T, error)) (T, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // the requests still waiting
@@ -243,20 +253,38 @@ func answered[T any](ctx context.Context, s *Source, call func(context.Context) 
 	send()
 	t := time.NewTicker(s.resendEvery())
 	defer t.Stop()
+	var unavailable error // the last such answer
 	for {
 		select {
 		case r := <-out:
+			if TemporarilyUnavailable(r.err) {
+				unavailable = r.err
+				continue
+			}
 			return r.v, r.err
 		case <-ctx.Done():
 			// What an unanswered request returns (the requests may see
 			// it first and not hand their result over).
 			var zero T
+			if unavailable != nil {
+				return zero, unavailable
+			}
 			return zero, ctx.Err()
 		case <-t.C:
 			s.resent.Add(1)
 			send()
 		}
 	}
+}
+
+// TemporarilyUnavailable reports whether err is a JetStream API answer
+// that JetStream cannot serve the request for now (503), other than
+// JetStream not enabled for the account or the server (a configuration).
+func TemporarilyUnavailable(err error) bool {
+	var api *jetstream.APIError
+	return errors.As(err, &api) && api.Code == http.StatusServiceUnavailable &&
+		api.ErrorCode != jetstream.JSErrCodeJetStreamNotEnabledForAccount &&
+		api.ErrorCode != jetstream.JSErrCodeJetStreamNotEnabled
 }
 
 // CheckpointKey is the shard.Checkpoint key of the floor of a delay stream

@@ -23,7 +23,6 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	natsgo "github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
@@ -463,12 +462,11 @@ func unreachable(err error) bool {
 		return false
 	}
 	var dns *net.DNSError
-	var api *jetstream.APIError
-	if errors.As(err, &api) && api.Code == http.StatusServiceUnavailable {
-		// JetStream off for the account or the server answers 503 too,
-		// but is a configuration the broker rejects: it ends the start.
-		return api.ErrorCode != jetstream.JSErrCodeJetStreamNotEnabledForAccount &&
-			api.ErrorCode != jetstream.JSErrCodeJetStreamNotEnabled
+	if nats.TemporarilyUnavailable(err) {
+		// Not JetStream off for the account or the server, which answers
+		// 503 too but is a configuration the broker rejects: it ends the
+		// start.
+		return true
 	}
 	return errors.Is(err, kafka.ErrUnreachable) || errors.Is(err, natsgo.ErrNoServers) ||
 		errors.Is(err, natsgo.ErrTimeout) || errors.Is(err, os.ErrDeadlineExceeded) ||
