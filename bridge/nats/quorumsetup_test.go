@@ -201,13 +201,14 @@ func setupDuringQuorumLoss(t *testing.T, age time.Duration) {
 	took := o.at.Sub(back)
 	t.Logf("set-up done %v after the quorum was back, attempt %d, %d requests sent again", took, o.attempts, o.resent)
 	// No attempt begun in the outage waited for requests no server
-	// answered until its budget ran out, nor ended on a 503 before it:
-	// either is sent again, and the attempt noticed the return.
+	// answered until its budget ran out, nor ended on a 503 "JetStream
+	// system temporarily unavailable" before it: either is sent again,
+	// and the attempt noticed the return.
 	for i, err := range o.errs {
 		if errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("set-up attempt %d waited its budget out (longest failed attempt %v) for requests no server answered: %v", i+1, o.took, err)
 		}
-		if TemporarilyUnavailable(err) && o.took < 2*cfg.ConnectTimeout {
+		if leaderless(err) && o.took < 2*cfg.ConnectTimeout {
 			t.Errorf("set-up attempt %d ended on a 503 within its budget (longest failed attempt %v); the request is to be sent again: %v", i+1, o.took, err)
 		}
 	}
@@ -215,11 +216,6 @@ func setupDuringQuorumLoss(t *testing.T, age time.Duration) {
 		t.Errorf("set-up done %v after the quorum was back, want within about %v", took, min(cfg.ConnectTimeout, 2*time.Second))
 	}
 }
-
-// jsErrClusterNotAvail is JetStream's error code (503) for a request that
-// needs a leader the cluster has not: "JetStream system temporarily
-// unavailable".
-const jsErrClusterNotAvail = 10008
 
 // TestAnsweredSlowAnswer: a request answered later than resendEvery, as
 // a healthy but slow cluster does, still counts: sending it again does
@@ -260,10 +256,17 @@ func TestAnsweredSlowAnswer(t *testing.T) {
 // resendEvery instead of ending at once and waiting its caller's backoff.
 // Nothing better by the budget's end, the 503 is what it returns (the
 // service classes it as unreachable). JetStream not enabled, also a 503,
-// is a configuration: returned at once.
+// is a configuration: returned at once; so are the other 503s (review
+// R194: "insufficient resources" may be max_ha_assets reached) and the
+// errors ensure branches on.
 func TestAnsweredUnavailable(t *testing.T) {
 	unavail := &jetstream.APIError{Code: http.StatusServiceUnavailable, ErrorCode: jsErrClusterNotAvail, Description: "JetStream system temporarily unavailable"}
 	notEnabled := &jetstream.APIError{Code: http.StatusServiceUnavailable, ErrorCode: jetstream.JSErrCodeJetStreamNotEnabled, Description: "jetstream not enabled"}
+	overlap := &jetstream.APIError{Code: http.StatusBadRequest, ErrorCode: jsStreamSubjectOverlap, Description: "subjects overlap with an existing stream"}
+	ackExcess := &jetstream.APIError{Code: http.StatusBadRequest, ErrorCode: jsErrConsumerMaxAckPendingExcess, Description: "consumer max ack pending exceeds system limit of 1000"}
+	wqTaken := &jetstream.APIError{Code: http.StatusBadRequest, ErrorCode: jsErrConsumerWQNotUnique, Description: "filtered consumer not unique on workqueue stream"}
+	resources := &jetstream.APIError{Code: http.StatusServiceUnavailable, ErrorCode: jsErrInsufficientResources, Description: "insufficient resources"}
+	storeFailed := &jetstream.APIError{Code: http.StatusServiceUnavailable, ErrorCode: jsErrStreamStoreFailed, Description: "mkdir: no space left on device"}
 	tests := []struct {
 		name      string
 		answers   []error // of the calls in turn; past the end, the last
@@ -276,6 +279,14 @@ func TestAnsweredUnavailable(t *testing.T) {
 		{"503 until the budget ends", []error{unavail}, 200 * time.Millisecond, 0, unavail, 2},
 		{"not enabled at once", []error{notEnabled}, 10 * time.Second, 0, notEnabled, 1},
 		{"another error at once", []error{jetstream.ErrStreamNotFound}, 10 * time.Second, 0, jetstream.ErrStreamNotFound, 1},
+		// What ensure branches on, and the 503s that are not the quorum's
+		// (review R194: max_ha_assets reached, a store failing).
+		{"consumer not found at once", []error{jetstream.ErrConsumerNotFound}, 10 * time.Second, 0, jetstream.ErrConsumerNotFound, 1},
+		{"subject overlap at once", []error{overlap}, 10 * time.Second, 0, overlap, 1},
+		{"max ack pending excess at once", []error{ackExcess}, 10 * time.Second, 0, ackExcess, 1},
+		{"work queue not unique at once", []error{wqTaken}, 10 * time.Second, 0, wqTaken, 1},
+		{"insufficient resources at once", []error{resources}, 10 * time.Second, 0, resources, 1},
+		{"store failed at once", []error{storeFailed}, 10 * time.Second, 0, storeFailed, 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -225,14 +225,14 @@ func (s *Source) resendEvery() time.Duration { return min(s.cfg.ConnectTimeout, 
 // timed out because a healthy cluster that answers slowly (later than
 // resendEvery) must still be answered within the budget, as before.
 //
-// An answer that JetStream is temporarily unavailable (503, not "not
-// enabled": a cluster without its quorum, a server still recovering its
-// JetStream) does not count either: a server whose JetStream has run 10 s
-// answers so at once rather than not at all (hunt H192), and the attempt
+// An answer that the cluster has no leader for the request (503
+// "JetStream system temporarily unavailable", see leaderless) does not
+// count either: a server whose JetStream has run 10 s answers so at once
+// rather than not at all in a quorum loss (hunt H192), and the attempt
 // ended there, to be tried again only after its caller's backoff (up to
 // min(retry.max, 30 s) after the quorum was back). It is sent again as an
 // unanswered request is, and returned if nothing better came when ctx
-// ends.
+// ends. Other 503s count at once (see leaderless).
 func answered[T any](ctx context.Context, s *Source, call func(context.Context) (T, error)) (T, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // the requests still waiting
@@ -257,7 +257,7 @@ func answered[T any](ctx context.Context, s *Source, call func(context.Context) 
 	for {
 		select {
 		case r := <-out:
-			if TemporarilyUnavailable(r.err) {
+			if leaderless(r.err) {
 				unavailable = r.err
 				continue
 			}
@@ -275,6 +275,29 @@ func answered[T any](ctx context.Context, s *Source, call func(context.Context) 
 			send()
 		}
 	}
+}
+
+// jsErrClusterNotAvail is JetStream's error code (503) for a request that
+// needs a leader the cluster has not: "JetStream system temporarily
+// unavailable".
+const jsErrClusterNotAvail = 10008
+
+// leaderless reports whether err is JetStream's answer that the cluster has
+// no leader for the request (jsErrClusterNotAvail), which the quorum's
+// return heals without the operator. Not every 503 does: a set-up answered
+// "insufficient resources" (10023) may be at the cluster's max_ha_assets
+// (the consumer's create, the stream's scale-up), a limit the operator
+// must raise, and a stream's create answered a store failure (10077) is
+// its disk. Sent again, such an answer took the whole set-up budget every
+// attempt (2 x ConnectTimeout) before the operator saw it (review R194,
+// TestSetupHAAssetsLimit); it ends the attempt at once, and the service
+// still tries again after its backoff (TemporarilyUnavailable). That is
+// also what a consumer's create answered 10023 because most of its
+// stream's peers are offline gets, as before: the answer does not say
+// which of the two it is.
+func leaderless(err error) bool {
+	var api *jetstream.APIError
+	return errors.As(err, &api) && api.ErrorCode == jsErrClusterNotAvail
 }
 
 // TemporarilyUnavailable reports whether err is a JetStream API answer
