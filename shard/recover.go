@@ -99,7 +99,7 @@ type groupOutage struct {
 	// this is older than the round before (probeOutages).
 	tried int64
 	// unseen counts the probes in a row that found no task of it
-	// waiting in any shard's memory and none held in backoff (probe): at
+	// waiting in any shard's memory and none held on disk (probe): at
 	// unseenToForget its outage is forgotten.
 	unseen uint8
 }
@@ -425,11 +425,10 @@ func (e *Engine) probe(gs []int64, now int64) {
 
 // forgetUnseen counts, for each probed group of gs still down, whether
 // its probe saw a task of it waiting (seen: in a shard's memory or held
-// on disk), and forgets the outage of a
-// group unseen by unseenToForget probes in a row: nothing waits for it
-// any more, and the probe rounds stop once no group is down. Its entry
-// goes too unless a recent release's spacing is still to be kept
-// (forgetLocked's rule).
+// on disk), and forgets the outage of a group unseen by unseenToForget
+// probes in a row: nothing waits for it any more, and the probe rounds
+// stop once no group is down. Its entry goes too unless a recent
+// release's spacing is still to be kept (forgetLocked's rule).
 func (e *Engine) forgetUnseen(gs []int64, seen []bool, now int64) {
 	o := &e.outages
 	var gone []int64
