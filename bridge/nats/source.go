@@ -225,14 +225,11 @@ func (s *Source) resendEvery() time.Duration { return min(s.cfg.ConnectTimeout, 
 // timed out because a healthy cluster that answers slowly (later than
 // resendEvery) must still be answered within the budget, as before.
 //
-// An answer that the cluster has no leader for the request (503
-// "JetStream system temporarily unavailable", see leaderless) does not
-// count either: a server whose JetStream has run 10 s answers so at once
-// rather than not at all in a quorum loss (hunt H192), and the attempt
-// ended there, to be tried again only after its caller's backoff (up to
-// min(retry.max, 30 s) after the quorum was back). It is sent again as an
-// unanswered request is, and returned if nothing better came when ctx
-// ends. Other 503s count at once (see leaderless).
+// An answer counts at once, a 503 included: a server whose JetStream has
+// run 10 s answers 503 "JetStream system temporarily unavailable" in a
+// quorum loss rather than nothing (hunt H192). That ends the attempt, so
+// that readiness says why the source is not set up; the service tries
+// again within 2 s of such an answer (Leaderless), not after its backoff.
 func answered[T any](ctx context.Context, s *Source, call func(context.Context) (T, error)) (T, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // the requests still waiting
@@ -253,22 +250,14 @@ func answered[T any](ctx context.Context, s *Source, call func(context.Context) 
 	send()
 	t := time.NewTicker(s.resendEvery())
 	defer t.Stop()
-	var unavailable error // the last such answer
 	for {
 		select {
 		case r := <-out:
-			if leaderless(r.err) {
-				unavailable = r.err
-				continue
-			}
 			return r.v, r.err
 		case <-ctx.Done():
 			// What an unanswered request returns (the requests may see
 			// it first and not hand their result over).
 			var zero T
-			if unavailable != nil {
-				return zero, unavailable
-			}
 			return zero, ctx.Err()
 		case <-t.C:
 			s.resent.Add(1)
@@ -282,23 +271,25 @@ func answered[T any](ctx context.Context, s *Source, call func(context.Context) 
 // unavailable".
 const jsErrClusterNotAvail = 10008
 
-// leaderless reports whether err is JetStream's answer that the cluster has
-// no leader for the request (jsErrClusterNotAvail), which the quorum's
-// return heals without the operator. Not every 503 does: a set-up answered
-// "insufficient resources" (10023) may be at the cluster's max_ha_assets
-// (the consumer's create, the stream's scale-up), a limit the operator
-// must raise, and a stream's create answered a store failure (10077) is
-// its disk. Sent again, such an answer took the whole set-up budget every
-// attempt (2 x ConnectTimeout) before the operator saw it (review R194,
-// TestSetupHAAssetsLimit); it ends the attempt at once, and the service
-// still tries again after its backoff (TemporarilyUnavailable). That is
-// also what a consumer's create answered 10023 because most of its
-// stream's peers are offline gets, as before: the answer does not say
-// which of the two it is.
-func leaderless(err error) bool {
+// Leaderless reports whether err is JetStream's answer that the cluster
+// has no leader for the request (jsErrClusterNotAvail), which the
+// quorum's return heals without the operator: the service tries a set-up
+// that ended so again within 2 s, where its backoff grows to
+// min(retry.max, 30 s), so the source is set up within about 2 s of the
+// quorum's return (hunt H192: up to 30 s after it). Not every 503 heals
+// so: a set-up answered "insufficient resources" (10023) may be at the
+// cluster's max_ha_assets (the consumer's create, the stream's scale-up),
+// a limit the operator must raise, and a stream's create answered a store
+// failure (10077) is its disk; those keep the backoff (review R194,
+// TestSetupHAAssetsLimit).
+func Leaderless(err error) bool {
 	var api *jetstream.APIError
 	return errors.As(err, &api) && api.ErrorCode == jsErrClusterNotAvail
 }
+
+// leaderlessRetry is the longest the source waits before it tries again a
+// set-up answered Leaderless.
+const leaderlessRetry = 2 * time.Second
 
 // TemporarilyUnavailable reports whether err is a JetStream API answer
 // that JetStream cannot serve the request for now (503), other than
@@ -1357,7 +1348,13 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			// over, and so must the floor.
 			if err := s.reconcile(ctx, gone); err != nil {
 				retryFailed("nats source: stream or consumer unavailable", err)
-				if !sleepCtx(ctx, bo.next()) {
+				d := bo.next()
+				if Leaderless(err) {
+					// Answered at once in a quorum loss: within 2 s of
+					// the quorum's return, not up to this backoff's 10 s.
+					d = min(d, leaderlessRetry)
+				}
+				if !sleepCtx(ctx, d) {
 					return nil
 				}
 				continue

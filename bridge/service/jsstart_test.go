@@ -273,3 +273,30 @@ func TestUnreachable(t *testing.T) {
 		}
 	}
 }
+
+// TestConnectPause: the connector's wait after a failed attempt is its
+// backoff, capped at 2 s while firing is paused at start and after a NATS
+// set-up answered 503 10008 (a quorum loss, hunt H192), not after another
+// 503 (insufficient resources may be max_ha_assets reached, review R194).
+func TestConnectPause(t *testing.T) {
+	leaderless := fmt.Errorf("nats source: create consumer: %w", &jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"})
+	resources := fmt.Errorf("nats source: create consumer: %w", &jetstream.APIError{Code: 503, ErrorCode: 10023, Description: "insufficient resources"})
+	tests := []struct {
+		name    string
+		backoff time.Duration
+		paused  bool
+		err     error
+		want    time.Duration
+	}{
+		{"backoff", 30 * time.Second, false, errors.New("dial tcp: connection refused"), 30 * time.Second},
+		{"paused", 30 * time.Second, true, errors.New("dial tcp: connection refused"), pausedConnectBackoff},
+		{"leaderless", 30 * time.Second, false, leaderless, pausedConnectBackoff},
+		{"leaderless, short backoff", time.Second, false, leaderless, time.Second},
+		{"insufficient resources", 30 * time.Second, false, resources, 30 * time.Second},
+	}
+	for _, tc := range tests {
+		if got := connectPause(tc.backoff, tc.paused, tc.err); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -375,14 +375,7 @@ func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 			time.AfterFunc(lateGrace, func() { l.waitedOutOnce.Do(func() { close(l.waitedOut) }) })
 		}
 		if unreachable(err) && ctx.Err() == nil {
-			d := backoff
-			if s.eng != nil && s.eng.FiringPaused() {
-				// No delivery asks for an attempt while firing waits
-				// for the sources to catch up (catchUp): a bridge
-				// restarted in an outage would reach the broker up to
-				// 30 s after its return (hunt H181: 22 s).
-				d = min(d, pausedConnectBackoff)
-			}
+			d := connectPause(backoff, s.eng != nil && s.eng.FiringPaused(), err)
 			s.log.Warn("brokers unreachable; retrying", zap.String("transport", l.transport), zap.Int("attempt", attempt),
 				zap.Bool("publisher_up", b != nil), zap.Duration("backoff", d), zap.Error(err))
 			if pause(ctx, l.kick, d) {
@@ -394,6 +387,28 @@ func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 		tried()
 		return nil, err
 	}
+}
+
+// connectPause is the connector's wait after a failed attempt: its
+// backoff, or at most pausedConnectBackoff while firing is paused at
+// start or after a NATS set-up answered that the cluster has no leader.
+func connectPause(backoff time.Duration, paused bool, err error) time.Duration {
+	if paused {
+		// No delivery asks for an attempt while firing waits for the
+		// sources to catch up (catchUp): a bridge restarted in an
+		// outage would reach the broker up to 30 s after its return
+		// (hunt H181: 22 s).
+		return min(backoff, pausedConnectBackoff)
+	}
+	if nats.Leaderless(err) {
+		// A NATS cluster without its quorum answers the set-up 503 at
+		// once: tried every 2 s at most, the source is set up within
+		// about 2 s of the quorum's return (hunt H192: up to 30 s after
+		// it), each attempt a request or two, and readiness says why
+		// meanwhile.
+		return min(backoff, pausedConnectBackoff)
+	}
+	return backoff
 }
 
 // firstPause is the connector's first backoff, and the least time between
