@@ -49,12 +49,11 @@ func stayDown(t *testing.T, h *harness, d time.Duration, want int) {
 // back is the case where only seen[] keeps the group (a mutation counting
 // only due tasks as seen fails it).
 func TestForgetReviewWaitingKept(t *testing.T) {
-	down := fmt.Errorf("broker down: %w", ErrUnavailable)
 	t.Run("retry past the horizon", func(t *testing.T) {
 		// Retry.Max 5 min, horizon 2 min: the waiting task's retry is
 		// only in the store (late entry with h == 0).
 		h := newHarness(t, func(o *Options) { o.Retry = defaultLikeRetry; o.Horizon = 2 * time.Minute })
-		h.sink.setFail(func(*codec.Task) error { return down })
+		h.sink.setFail(func(*codec.Task) error { return errDown })
 		h.run()
 		h.ingest(dueAtT0(1))
 		pastHorizon := false
@@ -74,23 +73,14 @@ func TestForgetReviewWaitingKept(t *testing.T) {
 			t.Fatal("the waiting task's retry never went past the horizon")
 		}
 		stayDown(t, h, 10*time.Minute, 1)
-		h.sink.setFail(nil)
-		if steps := secondsUntilAcked(h, 1, 301); steps > 31 {
-			t.Fatalf("delivered %ds after the return; want within probeEvery", steps)
-		}
+		backWithinProbe(t, h, 1)
 	})
 	t.Run("only task in the last shard", func(t *testing.T) {
-		h := newHarness(t, func(o *Options) { o.Retry = defaultLikeRetry; o.Shards = 8 })
-		h.sink.setFail(func(*codec.Task) error { return down })
-		h.run()
 		var tasks []codec.Task
 		for sh := range 8 {
 			tasks = append(tasks, sched(idInShard("k", sh, 8), t0, int64(sh+1)))
 		}
-		h.ingest(tasks)
-		for range 30 * 60 {
-			h.advance(time.Second)
-		}
+		h, _ := outageOf(t, tasks, func(o *Options) { o.Shards = 8 })
 		var cancels []codec.Task
 		for i := range 7 {
 			cancels = append(cancels, cancelTask(tasks[i].ID, int64(100+i)))
@@ -100,10 +90,7 @@ func TestForgetReviewWaitingKept(t *testing.T) {
 			t.Fatalf("%d waiting records after the cancels, want 1", got)
 		}
 		stayDown(t, h, 10*time.Minute, 1)
-		h.sink.setFail(nil)
-		if steps := secondsUntilAcked(h, 1, 301); steps > 31 {
-			t.Fatalf("delivered %ds after the return; want within probeEvery", steps)
-		}
+		backWithinProbe(t, h, 1)
 	})
 	t.Run("clock stepped back past its due time", func(t *testing.T) {
 		// Not due by the clock, the task is not probed (review R189), so
@@ -119,20 +106,14 @@ func TestForgetReviewWaitingKept(t *testing.T) {
 		for h.clk.Now().Before(t0) {
 			h.advance(time.Minute)
 		}
-		h.sink.setFail(nil)
-		if steps := secondsUntilAcked(h, 1, 301); steps > 31 {
-			t.Fatalf("delivered %ds after the return; want within probeEvery", steps)
-		}
+		backWithinProbe(t, h, 1)
 	})
 	t.Run("restored at Open", func(t *testing.T) {
 		h, _ := outageOfOne(t)
 		h.reopen()
 		h.run() // still down
 		stayDown(t, h, 10*time.Minute, 1)
-		h.sink.setFail(nil)
-		if steps := secondsUntilAcked(h, 1, 301); steps > 31 {
-			t.Fatalf("delivered %ds after the return; want within probeEvery", steps)
-		}
+		backWithinProbe(t, h, 1)
 	})
 }
 
@@ -180,10 +161,7 @@ func TestForgetReviewHeldCollidingLastShard(t *testing.T) {
 		t.Fatalf("%d groups down after direct probes, want 1 (held tasks in shard 3 wait)", len(got))
 	}
 	stayDown(t, h, 5*time.Minute, 1)
-	h.sink.setFail(nil)
-	if steps := secondsUntilAcked(h, 4, 120); steps > 31 {
-		t.Fatalf("held tasks delivered %ds after the return; want within heldProbeMax", steps)
-	}
+	backWithinProbe(t, h, 4) // heldProbeMax is 30 s too
 }
 
 // TestForgetReviewLogOnce: the Info line is written once per forget, not
@@ -191,8 +169,7 @@ func TestForgetReviewHeldCollidingLastShard(t *testing.T) {
 func TestForgetReviewLogOnce(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	h := newHarness(t, func(o *Options) { o.Retry = defaultLikeRetry; o.Logger = zap.New(core) })
-	down := fmt.Errorf("broker down: %w", ErrUnavailable)
-	h.sink.setFail(func(*codec.Task) error { return down })
+	h.sink.setFail(func(*codec.Task) error { return errDown })
 	h.run()
 	count := func() int {
 		return logs.FilterMessageSnippet("no task waits for a target group").Len()
@@ -222,8 +199,7 @@ func TestForgetReviewLogOnce(t *testing.T) {
 // task waiting is down.
 func TestForgetReviewRace(t *testing.T) {
 	h := newHarness(t, func(o *Options) { o.Retry = defaultLikeRetry; o.Retry.Max = 2 * time.Second })
-	down := fmt.Errorf("broker down: %w", ErrUnavailable)
-	h.sink.setFail(func(*codec.Task) error { return down })
+	h.sink.setFail(func(*codec.Task) error { return errDown })
 	h.run()
 	var stop atomic.Bool
 	var wg sync.WaitGroup
@@ -273,14 +249,7 @@ func TestForgetReviewRace(t *testing.T) {
 // other task is found back only at its own retry, as it was before the
 // change (it was never in a late map to be probed or released).
 func TestForgetReviewRestoredBeyondMemory(t *testing.T) {
-	h := newHarness(t, func(o *Options) { o.Retry = defaultLikeRetry; o.Shards = 1; o.OutageMemory = 2 })
-	down := fmt.Errorf("broker down: %w", ErrUnavailable)
-	h.sink.setFail(func(*codec.Task) error { return down })
-	h.run()
-	h.ingest(dueAtT0(2))
-	for range 30 * 60 {
-		h.advance(time.Second)
-	}
+	h, _ := outageOf(t, dueAtT0(2), func(o *Options) { o.Shards = 1; o.OutageMemory = 2 })
 	h.stop()
 	h.opts.OutageMemory = 1
 	h.reopen()

@@ -11,14 +11,23 @@ import (
 
 // outageOfOne: one task waiting through 30 min of outage (its backoff at
 // Retry.Max), with probes counted by the hook.
-func outageOfOne(t *testing.T) (*harness, *atomic.Int32) {
-	h := newHarness(t, func(o *Options) { o.Retry = defaultLikeRetry })
+func outageOfOne(t *testing.T) (*harness, *atomic.Int32) { return outageOf(t, dueAtT0(1), nil) }
+
+// outageOf: tasks waiting through 30 min of outage of their target (their
+// backoffs at Retry.Max, defaultLikeRetry), mod adjusting the options
+// further, with probes counted by the hook.
+func outageOf(t *testing.T, tasks []codec.Task, mod func(*Options)) (*harness, *atomic.Int32) {
+	h := newHarness(t, func(o *Options) {
+		o.Retry = defaultLikeRetry
+		if mod != nil {
+			mod(o)
+		}
+	})
 	var probes atomic.Int32
 	h.e.testHookProbe = func(int64, uint64) { probes.Add(1) }
-	down := fmt.Errorf("broker down: %w", ErrUnavailable)
-	h.sink.setFail(func(*codec.Task) error { return down })
+	h.sink.setFail(func(*codec.Task) error { return errDown })
 	h.run()
-	h.ingest(dueAtT0(1))
+	h.ingest(tasks)
 	for range 30 * 60 {
 		h.advance(time.Second)
 	}
@@ -26,6 +35,16 @@ func outageOfOne(t *testing.T) (*harness, *atomic.Int32) {
 		t.Fatal("delivered during the outage")
 	}
 	return h, &probes
+}
+
+// backWithinProbe lets the target answer again and fails unless n waiting
+// tasks are delivered within probeEvery (30 s) of its return.
+func backWithinProbe(t *testing.T, h *harness, n int) {
+	t.Helper()
+	h.sink.setFail(nil)
+	if steps := secondsUntilAcked(h, n, 301); steps > 31 {
+		t.Fatalf("%d tasks delivered %ds after the return; want within probeEvery (30 s)", n, steps)
+	}
 }
 
 // secondsUntilAcked advances a second at a time until n tasks are acked.
@@ -121,10 +140,7 @@ func TestProbeAfterClockStep(t *testing.T) {
 			for h.clk.Now().Before(t0) {
 				h.advance(time.Minute) // the task due again by the clock
 			}
-			h.sink.setFail(nil)
-			if steps := secondsUntilAcked(h, 1, 301); steps > 31 {
-				t.Fatalf("step %v: delivered %ds after the return; want within probeEvery", tc.step, steps)
-			}
+			backWithinProbe(t, h, 1)
 		})
 	}
 }
@@ -185,10 +201,7 @@ func TestCancelledGroupOutageForgotten(t *testing.T) {
 	if gs := downGroups(h.e); len(gs) != 1 {
 		t.Fatalf("%d groups down after a new task failed for 10 min, want 1", len(gs))
 	}
-	h.sink.setFail(nil)
-	if steps := secondsUntilAcked(h, 1, 301); steps > 31 {
-		t.Fatalf("delivered %ds after the return; want within probeEvery (30 s)", steps)
-	}
+	backWithinProbe(t, h, 1)
 	if probes.Load() == before {
 		t.Fatal("no probe after the group went down again")
 	}
@@ -226,9 +239,6 @@ func TestHeldGroupOutageNotForgotten(t *testing.T) {
 			t.Fatalf("at %v: %d groups down while every task is held, want 1", h.clk.Now().Sub(t0), len(gs))
 		}
 	}
-	h.sink.setFail(nil)
-	if steps := secondsUntilAcked(h, 40, 120); steps > 31 {
-		t.Fatalf("all held tasks delivered %ds after the return; want within heldProbeMax", steps)
-	}
+	backWithinProbe(t, h, 40) // heldProbeMax is 30 s too
 	checkDeliveredOnce(t, h, 40)
 }
