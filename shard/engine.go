@@ -202,8 +202,12 @@ type shard struct {
 	// dlFailing: the shard's dead letters whose last delivery failed, by
 	// seq, until their DLQ acknowledges them or they leave the store; of
 	// them, dlParked are parked (see dlFailedLocked), dlHeld not.
+	// dlByDest sums the dlHeld ones by DLQ; dlParkedLast is the last
+	// refusal while any is parked (see dlSetLocked).
 	dlFailing        map[uint64]dlFailure
 	dlHeld, dlParked int
+	dlByDest         map[string]*dlDest
+	dlParkedLast     dlLast
 	// lanes: per target transport, the fire batch in flight and its
 	// outage (see lane.go), so a target that holds a publish or cannot be
 	// reached delays only its own transport's tasks.
