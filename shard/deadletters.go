@@ -447,17 +447,21 @@ func (s *shard) dlUncountLocked(f dlFailure) {
 // DLQs are both named, so fixing one does not leave the other unsaid), and
 // those parked. Nil when there are none. It reads each shard's sums, not
 // its failing dead letters (readiness is polled while they pile up by the
-// hundred thousand: 35 ms a call with 200 000, hunt H195), and of the dead
-// letters sources wait for, which fail.
+// hundred thousand: 35 ms a call with 200 000, hunt H195), and which of
+// the dead letters sources wait for fail (awaitedFailingLocked), in the
+// same hold of each shard, so that the held-by-source count is never more
+// than the failing one.
 func (e *Engine) deadLetterErr() error {
 	var (
 		nHeld, nParked int
+		nAwaited       int                   // of nHeld, read in the same hold of each shard
 		held           = map[string]dlLast{} // by DLQ
 		parked         dlLast
 	)
 	for _, s := range e.shards {
 		s.mu.Lock()
 		nHeld += s.dlHeld
+		nAwaited += s.awaitedFailingLocked()
 		if s.dlParked > 0 {
 			nParked += s.dlParked
 			if parked.err == nil || s.dlParkedLast.at > parked.at {
@@ -477,7 +481,7 @@ func (e *Engine) deadLetterErr() error {
 		for _, dest := range slices.Sorted(maps.Keys(held)) {
 			heldErrs = append(heldErrs, held[dest].err)
 		}
-		errs = append(errs, fmt.Errorf("shard: dead-letter delivery failing (%d dead letters, %d of them held by their source partition, which does not commit past them; retrying with backoff): %w", nHeld, e.awaitedFailing(), errors.Join(heldErrs...)))
+		errs = append(errs, fmt.Errorf("shard: dead-letter delivery failing (%d dead letters, %d of them held by their source partition, which does not commit past them; retrying with backoff): %w", nHeld, nAwaited, errors.Join(heldErrs...)))
 	}
 	if nParked > 0 {
 		errs = append(errs, fmt.Errorf("shard: %d dead letters parked: refused by their DLQ, kept in the store and retried with backoff; last refusal: %w", nParked, parked.err))
@@ -485,36 +489,42 @@ func (e *Engine) deadLetterErr() error {
 	return errors.Join(errs...)
 }
 
-// awaitedFailing is how many of the dead letters a source waits for fail
-// and are not parked. Only the dead letters of bad input hold their source
-// partition; a publish-failed one (a task that failed at its due time)
-// holds nothing, so this costs what sources wait for, not what fails.
-func (e *Engine) awaitedFailing() int {
+// awaitedFailingLocked is how many of the shard's dead letters a source
+// waits for (e.dl.held, e.dl.m) fail and are not parked. Only the dead
+// letters of bad input hold their source partition; a publish-failed one
+// (a task that failed at its due time) holds nothing. It takes e.dl.mu
+// under s.mu, as the fire loop does, and walks the smaller side: the
+// shard's failing dead letters, or those sources wait for (each shard
+// looking up every awaited one took 2.6 ms a call with 20 000 of them
+// over 8 shards, twice the walk it replaced).
+func (s *shard) awaitedFailingLocked() int {
+	if s.dlHeld == 0 {
+		return 0
+	}
+	e := s.e
 	e.dl.mu.Lock()
-	seqs := make([]uint64, 0, len(e.dl.held)+len(e.dl.m))
-	for seq := range e.dl.held {
-		seqs = append(seqs, seq)
-	}
-	for seq := range e.dl.m {
-		if _, ok := e.dl.held[seq]; !ok {
-			seqs = append(seqs, seq)
-		}
-	}
-	e.dl.mu.Unlock()
+	defer e.dl.mu.Unlock()
 	n := 0
-	for _, s := range e.shards {
-		if len(seqs) == 0 {
-			break
-		}
-		s.mu.Lock() // after e.dl.mu: the fire loop takes e.dl.mu under s.mu
-		if s.dlHeld > 0 {
-			for _, seq := range seqs {
-				if f, ok := s.dlFailing[seq]; ok && !f.parked {
-					n++
-				}
+	if len(s.dlFailing) <= len(e.dl.held)+len(e.dl.m) {
+		for seq, f := range s.dlFailing {
+			if !f.parked && e.deadLetterAwaitedLocked(seq) {
+				n++
 			}
 		}
-		s.mu.Unlock()
+		return n
+	}
+	for seq := range e.dl.held {
+		if f, ok := s.dlFailing[seq]; ok && !f.parked {
+			n++
+		}
+	}
+	for seq := range e.dl.m {
+		if _, held := e.dl.held[seq]; held {
+			continue
+		}
+		if f, ok := s.dlFailing[seq]; ok && !f.parked {
+			n++
+		}
 	}
 	return n
 }

@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -129,6 +130,142 @@ func TestDeadLetterSums(t *testing.T) {
 	}
 }
 
+// TestDeadLetterErrAwaitedCostBounded: with 20 000 failing dead letters
+// that sources wait for (bad input while its DLQ refuses the bridge), over
+// 4 shards, Err does not copy or look up every awaited one per shard: what
+// a call allocates does not grow with them, and each shard walks the
+// smaller of its failing dead letters and the awaited ones. Copying their
+// sequences for a lookup in every shard allocated 160 KB a call here (and
+// took 2.6 ms a call over 8 shards, twice the walk it replaced).
+func TestDeadLetterErrAwaitedCostBounded(t *testing.T) {
+	const n = 20_000
+	h := newHarness(t, func(o *Options) {
+		o.Retry = RetryPolicy{Initial: time.Hour, Max: time.Hour, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+		o.Shards = 4
+		o.Logger = zap.NewNop()
+	})
+	h.sink.setFail(func(*codec.Task) error { return errors.New("kafka: publish to \"dlq\": TOPIC_AUTHORIZATION_FAILED") })
+	h.run()
+	for i := 0; i < n; i += 1000 {
+		var dls []codec.Task
+		for j := i; j < i+1000; j++ {
+			dls = append(dls, deadLetter(fmt.Sprintf("dl%d", j), int64(j+1)))
+		}
+		if _, err := h.e.IngestAwait(context.Background(), dls, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.settle()
+	want := fmt.Sprintf("dead-letter delivery failing (%d dead letters, %d of them held", n, n)
+	h.advanceUntil("every dead letter failing", func() bool {
+		err := h.e.Err()
+		return err != nil && strings.Contains(err.Error(), want)
+	})
+
+	const calls = 5
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for range calls {
+		if h.e.Err() == nil {
+			t.Fatal("Err = nil with failing dead letters")
+		}
+	}
+	runtime.ReadMemStats(&after)
+	if per := (after.TotalAlloc - before.TotalAlloc) / calls; per > 32<<10 {
+		t.Fatalf("Err with %d failing dead letters sources wait for allocated %d bytes a call; want it bounded by the DLQs (under 32 KiB)", n, per)
+	}
+}
+
+// TestAwaitedFailingCounts: over random failures, parks, acknowledgements,
+// holds and Handle waits on 3 shards, the shards' awaitedFailingLocked add
+// up to the failing, not parked, dead letters that a source holds or a
+// Handle watches, whichever side each shard walks (its failing dead
+// letters when they are fewer than the awaited ones, else the awaited).
+func TestAwaitedFailingCounts(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Shards = 3 })
+	e := h.e
+	rng := rand.New(rand.NewPCG(3, 5))
+	walks := map[bool]int{} // by whether a shard walks its failing ones
+	handle := &DeadLetters{e: e, done: make(chan struct{})}
+	release := func(seq uint64) {
+		e.dl.mu.Lock()
+		defer e.dl.mu.Unlock()
+		delete(e.dl.m, seq)
+		if keys, ok := e.dl.held[seq]; ok {
+			delete(e.dl.held, seq)
+			for _, k := range keys {
+				e.dl.byKey[k].n--
+			}
+		}
+	}
+	for step := range 4000 {
+		// A sequence belongs to one shard, as Engine.seq numbers them.
+		seq := uint64(1 + rng.IntN(90))
+		s := e.shards[seq%3]
+		awaited, r := seq, rng.IntN(12)
+		if step/400%2 == 1 {
+			// Fewer awaited than failing: the shards walk the awaited
+			// ones, many of them both held and watched.
+			if step%400 == 0 {
+				for seq := range uint64(91) {
+					release(seq)
+				}
+			}
+			awaited = uint64(1 + rng.IntN(12))
+			r = []int{0, 1, 2, 3, 0, 4, 6, 8, 10, 11, 10, 11}[r]
+		}
+		switch {
+		case r < 4:
+			s.mu.Lock()
+			s.dlFailedLocked(seq, int64(step), "kafka:dlq", fmt.Errorf("failure %d", step), rng.IntN(4) == 0)
+			s.mu.Unlock()
+		case r < 6:
+			s.mu.Lock()
+			s.dlDoneLocked(seq)
+			s.mu.Unlock()
+		case r < 8:
+			e.dl.mu.Lock()
+			e.holdLocked(awaited, []string{"src/0"})
+			e.dl.mu.Unlock()
+		case r < 10:
+			e.dl.mu.Lock()
+			if e.dl.m == nil {
+				e.dl.m = make(map[uint64]*DeadLetters)
+			}
+			e.dl.m[awaited] = handle
+			e.dl.mu.Unlock()
+		default:
+			release(seq)
+		}
+		got, want := 0, 0
+		for _, s := range e.shards {
+			s.mu.Lock()
+			e.dl.mu.Lock()
+			for seq, f := range s.dlFailing {
+				_, held := e.dl.held[seq]
+				_, watched := e.dl.m[seq]
+				if !f.parked && (held || watched) {
+					want++
+				}
+			}
+			if s.dlHeld > 0 {
+				walks[len(s.dlFailing) <= len(e.dl.held)+len(e.dl.m)]++
+			}
+			e.dl.mu.Unlock()
+			got += s.awaitedFailingLocked()
+			s.mu.Unlock()
+		}
+		if got != want {
+			t.Fatalf("step %d: %d awaited dead letters failing counted, want %d", step, got, want)
+		}
+	}
+	if walks[true] == 0 || walks[false] == 0 {
+		t.Fatalf("walks of the failing side %d, of the awaited side %d: want both", walks[true], walks[false])
+	}
+	t.Logf("walks of the failing side %d, of the awaited side %d", walks[true], walks[false])
+}
+
 // BenchmarkErrManyFailingDeadLetters: Err (what /readyz reports) with
 // 200 000 failing dead letters over 8 shards, none awaited by a source.
 func BenchmarkErrManyFailingDeadLetters(b *testing.B) {
@@ -148,6 +285,41 @@ func BenchmarkErrManyFailingDeadLetters(b *testing.B) {
 		h.ingest(dls)
 	}
 	want := fmt.Sprintf("(%d dead letters", n)
+	h.advanceUntil("every dead letter failing", func() bool {
+		err := h.e.Err()
+		return err != nil && strings.Contains(err.Error(), want)
+	})
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if h.e.Err() == nil {
+			b.Fatal("Err = nil")
+		}
+	}
+}
+
+// BenchmarkErrManyAwaitedDeadLetters: Err with 20 000 failing dead letters
+// over 8 shards, each awaited by its source.
+func BenchmarkErrManyAwaitedDeadLetters(b *testing.B) {
+	const n = 20_000
+	h := newHarness(b, func(o *Options) {
+		o.Retry = RetryPolicy{Initial: time.Hour, Max: time.Hour, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+		o.Shards = 8
+		o.Logger = zap.NewNop()
+	})
+	h.sink.setFail(func(*codec.Task) error { return errors.New("kafka: publish to \"dlq\": TOPIC_AUTHORIZATION_FAILED") })
+	h.run()
+	for i := 0; i < n; i += 1000 {
+		var dls []codec.Task
+		for j := i; j < i+1000; j++ {
+			dls = append(dls, deadLetter(fmt.Sprintf("dl%d", j), int64(j+1)))
+		}
+		if _, err := h.e.IngestAwait(context.Background(), dls, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	h.settle()
+	want := fmt.Sprintf("(%d dead letters, %d of them held", n, n)
 	h.advanceUntil("every dead letter failing", func() bool {
 		err := h.e.Err()
 		return err != nil && strings.Contains(err.Error(), want)
