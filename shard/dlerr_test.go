@@ -130,6 +130,44 @@ func TestDeadLetterSums(t *testing.T) {
 	}
 }
 
+// TestDeadLetterErrLastAcrossShards: Err names, of a DLQ whose dead
+// letters fail in several shards, the latest failure of any shard, and of
+// the parked ones the latest refusal of any shard, whichever shard it is
+// in (the shards' sums are merged by failure order, not shard order).
+func TestDeadLetterErrLastAcrossShards(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Shards = 3 })
+	fail := func(shard int, seq uint64, err string, refused bool) {
+		s := h.e.shards[shard]
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.dlFailedLocked(seq, 1, "kafka:dlq", errors.New(err), refused)
+	}
+	// In failure order. The latest refusal is in the middle shard; the
+	// latest held failure is in the last one, with the earliest refusal.
+	fail(2, 3, "DLQ timeout", false)
+	fail(0, 1, "DLQ not leader", false)
+	fail(1, 2, "DLQ unknown topic", false)
+	fail(2, 6, "too large", true)
+	fail(0, 4, "invalid record", true)
+	fail(1, 5, "corrupt message", true)
+	fail(2, 3, "DLQ not authorized", false)
+	err := h.e.Err()
+	if err == nil {
+		t.Fatal("Err = nil with failing dead letters")
+	}
+	msg := err.Error()
+	for _, want := range []string{"(3 dead letters, 0 of them held", "DLQ not authorized", "3 dead letters parked", "last refusal: corrupt message"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("Err = %q, want %q in it", msg, want)
+		}
+	}
+	for _, stale := range []string{"DLQ timeout", "DLQ not leader", "DLQ unknown topic", "too large", "invalid record"} {
+		if strings.Contains(msg, stale) {
+			t.Errorf("Err = %q, names %q, an earlier failure", msg, stale)
+		}
+	}
+}
+
 // TestDeadLetterErrAwaitedCostBounded: with 20 000 failing dead letters
 // that sources wait for (bad input while its DLQ refuses the bridge), over
 // 4 shards, Err does not copy or look up every awaited one per shard: what
