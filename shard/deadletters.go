@@ -390,8 +390,12 @@ func (l *dlLast) note(f dlFailure) {
 }
 
 // dlDest is what a shard's failing dead letters that are not parked owe one
-// DLQ: how many there are, and the last failure among them (kept while
-// any of them is: it is the DLQ's last answer, not one dead letter's).
+// DLQ: how many there are, and the last failure recorded for any of them
+// since the count was last 0. That failure stays after its own dead letter
+// was acknowledged or parked, until another of them fails again (within
+// Retry.Max): Err names it as the DLQ's last failure, which the counts do
+// not depend on. Failures read at open, whose DLQ is unknown until they
+// fail again, share the DLQ "".
 type dlDest struct {
 	n    int
 	last dlLast
