@@ -291,6 +291,20 @@ func Leaderless(err error) bool {
 // set-up answered Leaderless.
 const leaderlessRetry = 2 * time.Second
 
+// retryPause is the running source's wait before it tries again after
+// err: its backoff, at most leaderlessRetry for an answer that the
+// cluster has no leader (Leaderless). Such answers come at once all
+// through a quorum loss, so the backoff grows to its 10 s meanwhile;
+// capped, the source is back within about 2 s of the quorum's return
+// (TestRunningSourceQuorumLoss).
+func retryPause(bo *backoff, err error) time.Duration {
+	d := bo.next()
+	if Leaderless(err) {
+		d = min(d, leaderlessRetry)
+	}
+	return d
+}
+
 // TemporarilyUnavailable reports whether err is a JetStream API answer
 // that JetStream cannot serve the request for now (503), other than
 // JetStream not enabled for the account or the server (a configuration).
@@ -1326,7 +1340,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			break
 		}
 		retryFailed("nats source: read stream info or checkpoint failed; retrying", err)
-		if !sleepCtx(ctx, bo.next()) {
+		if !sleepCtx(ctx, retryPause(&bo, err)) {
 			return nil
 		}
 	}
@@ -1348,13 +1362,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			// over, and so must the floor.
 			if err := s.reconcile(ctx, gone); err != nil {
 				retryFailed("nats source: stream or consumer unavailable", err)
-				d := bo.next()
-				if Leaderless(err) {
-					// Answered at once in a quorum loss: within 2 s of
-					// the quorum's return, not up to this backoff's 10 s.
-					d = min(d, leaderlessRetry)
-				}
-				if !sleepCtx(ctx, d) {
+				if !sleepCtx(ctx, retryPause(&bo, err)) {
 					return nil
 				}
 				continue

@@ -250,3 +250,7 @@ func ephemeralLow() int {
 func (c *Cluster) MetaLeader() int {
 	return c.find(func(s *natsserver.Server) bool { return s.JetStreamIsLeader() })
 }
+
+// Name is server i's name (its JetStream peer name in stream and consumer
+// infos).
+func (c *Cluster) Name(i int) string { return c.opts[i].ServerName }
