@@ -63,6 +63,10 @@ func TestRetryPause(t *testing.T) {
 //     leader), so Run's re-set-up after consuming stopped (reconcile),
 //     or with the outage begun between NewSource and Run, Run's first
 //     read of the stream, fails at every try.
+//   - "consuming": 3 servers, 2 stopped. The one left is a replica: it
+//     answers the stream's lookup from its own state, so the re-set-up
+//     succeeds, and the consumer's info 503 (its group has no leader), so
+//     consuming stops again at every try.
 //
 // The cap is asserted by the time between two tries once the backoff is
 // at its 10 s: under 6 s (leaderlessRetry and the answer's 500 ms at
@@ -78,11 +82,12 @@ func TestRunningSourceQuorumLoss(t *testing.T) {
 	if os.Getenv("DELAYBRIDGE_LONG") != "1" {
 		t.Skip("clusters aged 11 s and outages of 20 s; set DELAYBRIDGE_LONG=1 (TestRetryPause is the short form)")
 	}
+	t.Run("consuming", func(t *testing.T) { sourceQuorumLoss(t, 3, true) })
 	t.Run("re-set-up", func(t *testing.T) { sourceQuorumLoss(t, 5, true) })
 	t.Run("first read", func(t *testing.T) { sourceQuorumLoss(t, 5, false) })
 }
 
-// sourceQuorumLoss runs the source on a cluster of n servers (see
+// sourceQuorumLoss runs the source on a cluster of n servers (3 or 5, see
 // TestRunningSourceQuorumLoss) before the quorum's loss if running, else
 // after it.
 func sourceQuorumLoss(t *testing.T, n int, running bool) {
@@ -92,9 +97,15 @@ func sourceQuorumLoss(t *testing.T, n int, running bool) {
 	cfg.Create, cfg.Replicas = true, 3
 	cfg.PullExpiry = 2 * time.Second // a stopped consume is noticed within 2 s
 	admin := newJS(t, connect(t, cfg))
-	down, keep, bounced := quorumPeers(t, c, cfg, admin)
-	if a := bounced.Add(11 * time.Second); a.After(aged) {
-		aged = a
+	var down, keep []int
+	if n == 3 {
+		down, keep = threeNodeOutage(t, c, cfg)
+	} else {
+		var bounced time.Time
+		down, keep, bounced = quorumPeers(t, c, cfg, admin)
+		if a := bounced.Add(11 * time.Second); a.After(aged) {
+			aged = a
+		}
 	}
 	urls := make([]string, len(keep))
 	for i, k := range keep {
@@ -171,6 +182,30 @@ func sourceQuorumLoss(t *testing.T, n int, running bool) {
 		want++ // "before"
 	}
 	handedOnce(t, rec, want)
+}
+
+// threeNodeOutage is the 3-node cluster's outage of
+// TestRunningSourceQuorumLoss: the servers to stop, the stream's leader
+// last (one shutting down hands its leaderships to a peer: stopped first,
+// it could hand the stream to the one kept, see TestSetupDuringQuorumLoss),
+// and the one to keep, which leads neither the stream nor the consumer.
+func threeNodeOutage(t *testing.T, c *natstest.Cluster, cfg Config) (down, keep []int) {
+	t.Helper()
+	clusterSource(t, cfg)
+	eventually(t, "the stream's and consumer's leaders", func() bool {
+		return c.StreamLeader(cfg.Stream) >= 0 && c.ConsumerLeader(cfg.Stream, cfg.Consumer) >= 0
+	})
+	leader := c.StreamLeader(cfg.Stream)
+	busy := map[int]bool{leader: true, c.ConsumerLeader(cfg.Stream, cfg.Consumer): true}
+	for i := range 3 {
+		switch {
+		case !busy[i] && len(keep) == 0:
+			keep = append(keep, i)
+		case i != leader:
+			down = append(down, i)
+		}
+	}
+	return append(down, leader), keep
 }
 
 // taken reports whether rec was handed a message with this value.

@@ -292,11 +292,13 @@ func Leaderless(err error) bool {
 const leaderlessRetry = 2 * time.Second
 
 // retryPause is the running source's wait before it tries again after
-// err: its backoff, at most leaderlessRetry for an answer that the
-// cluster has no leader (Leaderless). Such answers come at once all
-// through a quorum loss, so the backoff grows to its 10 s meanwhile;
-// capped, the source is back within about 2 s of the quorum's return
-// (TestRunningSourceQuorumLoss).
+// err, at each retry of Run: its backoff, at most leaderlessRetry for an
+// answer that the cluster has no leader (Leaderless). Such answers come
+// at once all through a quorum loss, so the backoff grows to its 10 s
+// meanwhile; capped, the source tries again within about 2 s of the
+// quorum's return (TestRunningSourceQuorumLoss). Which request is
+// answered so depends on the servers left: the consumer's info when one
+// is a replica (consume), the stream's lookup when none is (reconcile).
 func retryPause(bo *backoff, err error) time.Duration {
 	d := bo.next()
 	if Leaderless(err) {
@@ -1370,7 +1372,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			if id := s.created.Load(); id != streamID {
 				if _, err := s.settleIncarnation(ctx, h, id, true); err != nil {
 					retryFailed("nats source: the stream was created again; reading its incarnation failed", err)
-					if !sleepCtx(ctx, bo.next()) {
+					if !sleepCtx(ctx, retryPause(&bo, err)) {
 						return nil
 					}
 					continue
@@ -1385,7 +1387,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 				s.key = CheckpointKey(s.cfg.Stream, id, s.subjects())
 			} else if err := s.checkRestored(ctx, h, st); err != nil {
 				retryFailed("nats source: the stream went back below the floor; storing the new floor failed", err)
-				if !sleepCtx(ctx, bo.next()) {
+				if !sleepCtx(ctx, retryPause(&bo, err)) {
 					return nil
 				}
 				continue
@@ -1403,7 +1405,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			s.setConsErr(fmt.Errorf("%w: %q on stream %q: %w", ErrNoConsumer, s.cfg.Consumer, s.cfg.Stream, err))
 		}
 		s.log.Warn("nats source: consuming stopped; restarting", zap.Error(err))
-		if !sleepCtx(ctx, bo.next()) {
+		if !sleepCtx(ctx, retryPause(&bo, err)) {
 			return nil
 		}
 		verified = false
