@@ -33,3 +33,43 @@ func TestFullDisk(t *testing.T) {
 		})
 	}
 }
+
+// TestStallReads: a matching read is held from On until Release (Held
+// says when it is), other files' reads and writes pass, and after Release
+// nothing is held.
+func TestStallReads(t *testing.T) {
+	st := StallReads(".blob")
+	blob := errorfs.Op{Kind: errorfs.OpFileReadAt, Path: "000004.blob"}
+	if err := st.MaybeError(blob); err != nil { // off: passes at once
+		t.Fatal(err)
+	}
+	st.On()
+	for _, op := range []errorfs.Op{
+		{Kind: errorfs.OpFileReadAt, Path: "000003.sst"},
+		{Kind: errorfs.OpFileWrite, Path: "000004.blob"},
+	} {
+		if err := st.MaybeError(op); err != nil {
+			t.Fatalf("MaybeError(%v %s) = %v", op.Kind, op.Path, err)
+		}
+	}
+	select {
+	case <-st.Held():
+		t.Fatal("Held before any matching read")
+	default:
+	}
+	done := make(chan error, 1)
+	go func() { done <- st.MaybeError(blob) }()
+	<-st.Held()
+	select {
+	case err := <-done:
+		t.Fatalf("a read of a stalled file returned (%v) before Release", err)
+	default:
+	}
+	st.Release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := st.MaybeError(blob); err != nil { // released: passes at once
+		t.Fatal(err)
+	}
+}
