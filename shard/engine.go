@@ -16,6 +16,7 @@
 package shard
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/binary"
@@ -1379,26 +1380,55 @@ func (e *Engine) Lookup(source, id string) (TaskInfo, error) {
 }
 
 // lookupTask reads the index entry of key into ex and its task envelope
-// (ok false: the task key is missing), under the shard's lock; tk
-// collects the write the entry comes from if it is not applied yet.
+// (ok false: the task key is missing) as the shard's decisions see them;
+// tk collects the write the entry comes from if it is not applied yet.
+// Only the overlay is read under the shard's lock, and the iterator made
+// there: the store is read after the lock is released, as it was when
+// the iterator was made (the reads of a lookup under the lock held up
+// the shard's fire loop and every Ingest for as long as a slow disk took
+// to answer them; TestLookupStalledReadHoldsNoShard).
 func (s *shard) lookupTask(key []byte, ex *indexEntry, tk *commitTicket) (found, ok bool, v []byte, err error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.drainLocked()
-	idx := indexReader{db: s.e.db}
-	defer idx.close()
-	found, err = s.lookupLocked(&idx, key, ex, tk)
+	found, known := s.decidedLocked(key, ex, tk)
+	if known && (!found || ex.Cancel) {
+		s.mu.Unlock()
+		return false, false, nil, nil
+	}
+	// One iterator over the index and the task keys: both are read from
+	// one state of the store, in which every decision not in the overlay
+	// is applied. Creating it reads nothing.
+	it, err := s.e.db.NewIter(&pebble.IterOptions{
+		LowerBound:   []byte{prefixIndex},
+		UpperBound:   []byte{prefixTask + 1},
+		UseL6Filters: true,
+	})
+	s.mu.Unlock()
 	if err != nil {
 		return false, false, nil, fmt.Errorf("shard: lookup: %w", err)
 	}
-	if !found || ex.Cancel {
-		return false, false, nil, nil
+	defer it.Close()
+	if !known {
+		r := indexReader{it: it}
+		if found, err = r.get(key, ex); err != nil {
+			return false, false, nil, fmt.Errorf("shard: lookup: %w", err)
+		}
+		if !found || ex.Cancel {
+			return false, false, nil, nil
+		}
 	}
-	v, ok, err = getCopy(s.e.db, appendTaskKey(nil, s.id, ex.Fire, ex.Seq))
+	tkey := appendTaskKey(nil, s.id, ex.Fire, ex.Seq)
+	if !it.SeekPrefixGE(tkey) || !bytes.Equal(it.Key(), tkey) {
+		if err := it.Error(); err != nil {
+			return false, false, nil, fmt.Errorf("shard: lookup: read task: %w", err)
+		}
+		return true, false, nil, nil
+	}
+	val, err := it.ValueAndErr()
 	if err != nil {
 		return false, false, nil, fmt.Errorf("shard: lookup: read task: %w", err)
 	}
-	return true, ok, v, nil
+	return true, true, slices.Clone(val), nil
 }
 
 // Cancel removes the pending task (source, id) like a delay-cancel stamped

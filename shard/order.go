@@ -147,23 +147,32 @@ type overlayEntry struct {
 // it: the newest undurable decision, else Pebble. A writer passes its
 // ticket (nil for reads) so it applies after the decision it read.
 func (s *shard) lookupLocked(idx *indexReader, key []byte, e *indexEntry, tk *commitTicket) (bool, error) {
+	if found, known := s.decidedLocked(key, e, tk); known {
+		return found, nil
+	}
+	return idx.get(key, e)
+}
+
+// decidedLocked is lookupLocked without the store read: known false
+// means the entry is what Pebble holds (counted as an index read).
+func (s *shard) decidedLocked(key []byte, e *indexEntry, tk *commitTicket) (found, known bool) {
 	if len(s.overlay) > 0 {
 		if o, ok := s.overlay[string(key)]; ok {
 			if tk != nil {
 				tk.dependOn(o.owner.tk)
 			}
 			if o.deleted {
-				return false, nil
+				return false, true
 			}
 			*e = o.entry
-			return true, nil
+			return true, true
 		}
 	}
 	if s.filterSaysAbsentLocked(key) {
-		return false, nil
+		return false, true
 	}
 	s.indexReads++
-	return idx.get(key, e)
+	return false, false
 }
 
 // setOverlayLocked records pb's decision for the index key k (a string the
