@@ -134,8 +134,8 @@ type Engine struct {
 	// testHookPark: a parking fire loop read the clock and is about to
 	// arm its timer (under the shard lock).
 	testHookPark func()
-	// testHookClear: clearFiredLocked is about to delete the range up to
-	// end (under the shard lock).
+	// testHookClear: clearFired is about to delete the range up to end
+	// (without the shard lock).
 	testHookClear func(end []byte)
 	// testHookReclaimFlush: a reclaimFlush of the disk reserve started
 	// a flush that closes flushed when done (nil: none started).
@@ -193,6 +193,10 @@ type shard struct {
 	// firedSinceClear counts the tasks fired since the last range
 	// deletion of fired tombstones, clears those deletions (fire.go).
 	firedSinceClear, clears int
+	// clearing: the ticket of a range deletion of fired tombstones
+	// decided and not yet applied (clearFired). A batch that stores a
+	// task key of the shard applies after it (commitTicket.after).
+	clearing *commitTicket
 	// late: the tasks waiting for a retry, by seq; see late.go.
 	late      map[uint64]lateTask
 	lateMin   int64 // smallest of late unless lateDirty
@@ -936,6 +940,7 @@ func (e *Engine) ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 		if ok {
 			pbs[sh] = &pendingBatch{tk: tk}
 			e.shards[sh].enqueueLocked(pbs[sh])
+			tk.after(e.shards[sh].clearing)
 		}
 	}
 	acts := sc.acts

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1145,12 +1146,18 @@ func TestClearFiredReadErrorKeepsStored(t *testing.T) {
 	s := h.e.shards[0]
 	toggle.On()
 	s.mu.Lock()
-	s.firedSinceClear = 1 // as after any delivery
-	s.clearFiredLocked(h.e.nowMs())
+	s.firedSinceClear = 1      // as after any delivery
+	s.horizonEnd = h.e.nowMs() // due to move: a clear is due
 	s.mu.Unlock()
+	var cleared atomic.Bool
+	h.e.testHookClear = func([]byte) { cleared.Store(true) }
+	s.clearFired(h.e.nowMs())
 	toggle.Off()
 	if after := countTaskKeys(t, h.e); after != before {
-		t.Fatalf("clearFiredLocked deleted %d stored, undelivered tasks", before-after)
+		t.Fatalf("clearFired deleted %d stored, undelivered tasks", before-after)
+	}
+	if cleared.Load() {
+		t.Fatal("clearFired made a range deletion after its read failed")
 	}
 }
 

@@ -154,6 +154,7 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 		// A down group untried for a while: one of its waiting tasks
 		// goes now (recover.go).
 		s.e.probeOutages(now)
+		s.clearFired(now)
 		s.mu.Lock()
 		s.rebaseLocked(now)
 		s.drainLocked()
@@ -394,29 +395,36 @@ func (s *shard) rebaseLocked(now int64) {
 		zap.Int("shard", s.id), zap.Duration("step", time.Duration(back)*time.Millisecond))
 }
 
-// housekeepLocked moves the horizon and, with it, clears the tombstones
-// of fired tasks.
+// housekeepLocked moves the horizon (clearFired, before it in the round,
+// clears the tombstones of fired tasks when it is due to move).
 func (s *shard) housekeepLocked(now int64) error {
-	if now+s.e.horizonMs()/2 >= s.horizonEnd {
-		if err := s.loadLocked(now); err != nil {
-			return err
-		}
-		s.clearFiredLocked(now)
+	if s.horizonDueLocked(now) {
+		return s.loadLocked(now)
 	}
 	return nil
 }
 
-// clearFiredLocked covers the point tombstones that fired tasks left before
+// horizonDueLocked reports whether the loader is due to move the horizon.
+func (s *shard) horizonDueLocked(now int64) bool { return now+s.e.horizonMs()/2 >= s.horizonEnd }
+
+// clearFired covers the point tombstones that fired tasks left before
 // the shard's first stored task with one range deletion, so recovery and
 // the loader do not step over them one by one and compactions can drop
-// them. The range holds nothing but tombstones: it ends at the first
-// stored task (a batch a lane is publishing is still stored, so that is
-// at or before it) and before the first task key of any batch decided
-// but not applied yet (s.queue; no new one can be decided while the lock
-// is held), which could otherwise be applied between the look and the
-// deletion and be deleted with it. The deletion is applied before the
-// lock is released, so every later write (those batches, deletes and
-// retries included) has a higher sequence number. A lost (unsynced) range
+// them; the fire loop calls it on each round, without the shard lock, and
+// it clears when the loader is due to move the horizon. The range holds
+// nothing but tombstones: it ends at the first stored task (a batch a
+// lane is publishing is still stored, so that is at or before it) and
+// before the first task key of any batch decided but not applied yet
+// (s.queue), which could otherwise be applied between the look and the
+// deletion and be deleted with it. The store is looked at through an
+// iterator made under the lock, with the decision, and every batch that
+// stores a task key of the shard and is decided after it applies after
+// the deletion (s.clearing), so it has a higher sequence number. Only the
+// decision is made under the lock: the look may step over many
+// tombstones, and the deletion waits, as every write does, through a
+// write stall of the store (a full disk), which used to hold the lock,
+// and with it readiness (Err), lookups and ingest, until the stall ended
+// (TestErrAnswersWhileClearWaitsForStall). A lost (unsynced) range
 // deletion is harmless. The range ends at now at the latest (fired tasks
 // were due by then): ended at the shard's first stored task, it did not
 // move while that task stayed first (a long delay, a held task of
@@ -425,8 +433,10 @@ func (s *shard) housekeepLocked(now int64) error {
 // last: every range deletion in a memtable costs each new iterator some
 // work. (It used to wait for an empty queue instead, which a source that
 // never pauses never has: under steady load it never ran.)
-func (s *shard) clearFiredLocked(now int64) {
-	if s.e.failed() != nil || s.firedSinceClear == 0 {
+func (s *shard) clearFired(now int64) {
+	s.mu.Lock()
+	if s.e.failed() != nil || s.firedSinceClear == 0 || !s.horizonDueLocked(now) {
+		s.mu.Unlock()
 		return
 	}
 	end := taskBound(s.id, now)
@@ -443,8 +453,21 @@ func (s *shard) clearFiredLocked(now int64) {
 	}
 	it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, 0), UpperBound: end})
 	if err != nil {
+		s.mu.Unlock()
 		return
 	}
+	tk := newTicket()
+	s.clearing = tk
+	fired := s.firedSinceClear
+	s.mu.Unlock()
+	defer func() {
+		tk.release()
+		s.mu.Lock()
+		if s.clearing == tk {
+			s.clearing = nil
+		}
+		s.mu.Unlock()
+	}()
 	if it.First() {
 		end = append([]byte(nil), it.Key()...)
 	}
@@ -458,13 +481,15 @@ func (s *shard) clearFiredLocked(now int64) {
 	if h := s.e.testHookClear; h != nil {
 		h(end)
 	}
-	s.clears++
 	err = safeCall(func() error { return s.e.db.DeleteRange(taskBound(s.id, 0), end, pebble.NoSync) })
 	if err != nil {
 		s.e.log.Warn("clearing fired-task tombstones failed", zap.Int("shard", s.id), zap.Error(err))
 		return
 	}
-	s.firedSinceClear = 0
+	s.mu.Lock()
+	s.clears++
+	s.firedSinceClear -= fired // those fired meanwhile are cleared next time
+	s.mu.Unlock()
 }
 
 // defaultLoadPage bounds the stored tasks one loadLocked reads into the
@@ -924,6 +949,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 	ln.publishingDue = noDue
 	b := e.db.NewBatch()
 	tk := newTicket()
+	tk.after(s.clearing) // its retries and dead letters store task keys
 	pb := &pendingBatch{tk: tk}
 	var (
 		key, val []byte

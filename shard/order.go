@@ -2,6 +2,7 @@ package shard
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -50,15 +51,19 @@ func (t *commitTicket) dependOn(o *commitTicket) {
 		return
 	}
 	t.readUndurable = true
-	if o.isApplied() {
+	t.after(o)
+}
+
+// after makes t apply after o, which it did not read a decision of (a
+// range deletion of fired tombstones, clearFired): an empty t is not
+// applied for it.
+func (t *commitTicket) after(o *commitTicket) {
+	if o == nil || o == t || o.isApplied() {
 		return
 	}
-	for _, d := range t.deps {
-		if d == o {
-			return
-		}
+	if !slices.Contains(t.deps, o) {
+		t.deps = append(t.deps, o)
 	}
-	t.deps = append(t.deps, o)
 }
 
 func (t *commitTicket) release() { t.once.Do(func() { close(t.applied) }) }
