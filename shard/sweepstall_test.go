@@ -1,0 +1,95 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/faultfs"
+)
+
+// TestSweepStalledReadHoldsNoShard: the sweep of expired cancel markers
+// reads their expiry keys and index entries from the disk before it takes
+// the shard's lock. While those reads are held by a disk that stopped
+// answering them, Err (readiness) answers and an Ingest into the shard
+// returns; once the reads go on, every marker is swept. The sweep used to
+// make its first reads of the disk under the lock: Err and Ingest waited
+// for them.
+func TestSweepStalledReadHoldsNoShard(t *testing.T) {
+	st := faultfs.StallReads(".sst")
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.FS = errorfs.Wrap(vfs.Default, st)
+		o.CancelRetention = time.Hour
+		o.filterMinKeys = 1 << 20 // no rebuild, whose scan would read the disk
+	})
+	t.Cleanup(st.Release) // before the harness closes
+	waitFilterBuilds(t, h.e, 1)
+	// Markers of ids spread over the index (in many blocks), each batch
+	// expiring a ms after the one before.
+	const markers = 5000
+	for i := range markers / 100 {
+		var batch []codec.Task
+		for j := range 100 {
+			n := int64(i*100 + j + 1)
+			batch = append(batch, cancelTask(fmt.Sprintf("c%016x", xxhash.Sum64String(fmt.Sprint(n))), n))
+		}
+		h.ingest(batch)
+		h.clk.Advance(time.Millisecond)
+	}
+	if err := h.e.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Pebble's own reads of the new table (its statistics) come first.
+	for m := h.e.db.Metrics(); !m.Table.InitialStatsCollectionComplete || m.Table.PendingStatsCollectionCount > 0; m = h.e.db.Metrics() {
+		time.Sleep(time.Millisecond)
+	}
+	h.run()
+
+	st.On()
+	h.clk.Advance(2 * time.Hour) // every marker expired: the fire loop sweeps
+	// The deadlines only turn a hang into a failure.
+	deadline := time.After(10 * time.Second)
+	select {
+	case <-st.Held():
+	case <-deadline:
+		t.Fatal("the sweep did not read the disk")
+	}
+	answered := make(chan error, 1)
+	go func() { answered <- h.e.Err() }()
+	select {
+	case err := <-answered:
+		if err != nil {
+			t.Fatalf("Err() = %v", err)
+		}
+	case <-deadline:
+		t.Fatal("Err() did not return while the sweep's read was stalled")
+	}
+	ingested := make(chan error, 1)
+	go func() {
+		ingested <- h.e.Ingest(context.Background(), []codec.Task{sched("new", h.clk.Now().Add(time.Hour), markers+1)}, nil)
+	}()
+	select {
+	case err := <-ingested:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-deadline:
+		t.Fatal("Ingest did not return while the sweep's read was stalled")
+	}
+
+	st.Release()
+	h.settle()
+	if n := countPrefix(t, h.e, prefixExpiry); n != 0 {
+		t.Fatalf("%d expiry keys left after the sweep, want 0", n)
+	}
+	if n := countPrefix(t, h.e, prefixIndex); n != 1 {
+		t.Fatalf("%d index entries after the sweep, want 1 (the new task's)", n)
+	}
+}
