@@ -1450,11 +1450,19 @@ func (e *Engine) Cancel(source, id string) error {
 	}
 	s := e.shards[e.shardOf(source, id)]
 	ik := appendIndexKey(nil, source, id)
+	// Read once without the lock: the lookup under it then finds the
+	// entry's blocks in the cache, rather than holding the shard (its
+	// fire loop, Err, every Ingest) for as long as the disk takes
+	// (TestCancelStalledReadHoldsNoShard). Only a hint: the decision
+	// reads it again.
+	warm := indexReader{db: e.db}
+	var ex indexEntry
+	_, _ = warm.get(ik, &ex)
+	warm.close()
 	s.mu.Lock()
 	s.drainLocked()
 	idx := indexReader{db: e.db}
 	tk := newTicket()
-	var ex indexEntry
 	found, err := s.lookupLocked(&idx, ik, &ex, tk)
 	idx.close()
 	if err != nil || !found || ex.Cancel {

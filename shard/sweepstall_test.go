@@ -2,11 +2,9 @@ package shard
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
@@ -38,18 +36,12 @@ func TestSweepStalledReadHoldsNoShard(t *testing.T) {
 		var batch []codec.Task
 		for j := range 100 {
 			n := int64(i*100 + j + 1)
-			batch = append(batch, cancelTask(fmt.Sprintf("c%016x", xxhash.Sum64String(fmt.Sprint(n))), n))
+			batch = append(batch, cancelTask(spreadID(n), n))
 		}
 		h.ingest(batch)
 		h.clk.Advance(time.Millisecond)
 	}
-	if err := h.e.db.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	// Pebble's own reads of the new table (its statistics) come first.
-	for m := h.e.db.Metrics(); !m.Table.InitialStatsCollectionComplete || m.Table.PendingStatsCollectionCount > 0; m = h.e.db.Metrics() {
-		time.Sleep(time.Millisecond)
-	}
+	flushTables(t, h.e)
 	h.run()
 
 	st.On()
