@@ -112,6 +112,14 @@ type Options struct {
 	MetricsTokenFunc func() string
 	// Pprof serves net/http/pprof under /debug/pprof/.
 	Pprof bool
+	// Sources are the delay sources of the running config: the Kafka
+	// delay topics and the NATS stream, as {source} names them. A 404 for
+	// a task of another source says so and lists these (a NATS task is
+	// looked up by its stream, and a user who gives the subject should
+	// learn that rather than that the task is not pending). Lookups are
+	// not limited to them: a source taken out of the config keeps its
+	// pending tasks. Empty: no hint.
+	Sources []string
 	// Logger; nil: no logging.
 	Logger *zap.Logger
 }
@@ -497,7 +505,16 @@ func (s *server) haveEngine(w http.ResponseWriter) bool {
 func (s *server) engineError(w http.ResponseWriter, op, source, id string, err error) {
 	switch {
 	case errors.Is(err, shard.ErrNotFound):
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no pending task %q in source %q", id, source))
+		msg := fmt.Sprintf("no pending task %q in source %q", id, source)
+		if len(s.o.Sources) > 0 && !slices.Contains(s.o.Sources, source) {
+			quoted := make([]string, len(s.o.Sources))
+			for i, src := range s.o.Sources {
+				quoted[i] = strconv.Quote(src)
+			}
+			msg += fmt.Sprintf("; %q is not a delay source of the running config (%s): {source} is the Kafka delay topic or the NATS stream, not a subject",
+				source, strings.Join(quoted, ", "))
+		}
+		writeError(w, http.StatusNotFound, msg)
 	case errors.Is(err, shard.ErrClosed), errors.Is(err, shard.ErrStoreFailed):
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 	default:

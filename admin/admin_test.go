@@ -813,3 +813,36 @@ func TestLongIDThroughServe(t *testing.T) {
 		}
 	}
 }
+
+// TestNotFoundNamesSources: a 404 for a source the running config does not
+// read says so and lists the sources (a NATS task is looked up by its
+// stream; a newcomer gives the subject), while a task of a source taken out
+// of the config is still found, and an unknown id of a configured source
+// gets the plain 404.
+func TestNotFoundNamesSources(t *testing.T) {
+	e, reg := openEngine(t)
+	if err := e.Ingest(context.Background(), []codec.Task{task("order-1", 1, time.Hour)}, nil); err != nil {
+		t.Fatalf("Ingest: %v", err)
+	}
+	srv := httptest.NewServer(NewHandler(Options{Engine: e, Gatherer: reg, Sources: []string{"other", "DELAY"},
+		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))}))
+	t.Cleanup(srv.Close)
+	const hint = `is not a delay source of the running config ("other", "DELAY"): {source} is the Kafka delay topic or the NATS stream, not a subject`
+	for _, method := range []string{"GET", "DELETE"} {
+		r := do(t, method, srv.URL+"/v1/tasks/delay.orders/order-7", "")
+		if r.code != 404 {
+			t.Fatalf("%s of a subject = %d %q, want 404", method, r.code, r.body)
+		}
+		if msg := jsonError(t, r); !strings.Contains(msg, `"delay.orders" `+hint) {
+			t.Errorf("%s of a subject: error %q does not say %q", method, msg, hint)
+		}
+		r = do(t, method, srv.URL+"/v1/tasks/DELAY/order-7", "")
+		if msg := jsonError(t, r); r.code != 404 || strings.Contains(msg, "not a delay source") {
+			t.Errorf("%s of an unknown id of a configured source = %d %q, want a plain 404", method, r.code, msg)
+		}
+	}
+	// "delay" left the config; its pending task is still there to see.
+	if r := do(t, "GET", srv.URL+"/v1/tasks/delay/order-1", ""); r.code != 200 {
+		t.Fatalf("task of a source no longer configured = %d %q, want 200", r.code, r.body)
+	}
+}

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -251,5 +252,31 @@ func TestKafkaSourceRemovedAndBack(t *testing.T) {
 		if n := len(byValue(got, kafkaOut)[v]); n != 1 {
 			t.Errorf("%s delivered %d times, want 1", v, n)
 		}
+	}
+}
+
+// TestTaskSources: the admin API's hint for a 404 names the sources as
+// tasks name them: each Kafka delay topic, and the NATS stream (not its
+// subjects).
+func TestTaskSources(t *testing.T) {
+	cfg, err := config.LoadBytes([]byte(`
+data_dir: /unused
+kafka:
+  brokers: ["127.0.0.1:1"]
+  sources: [{topic: delay, dlq: delay.dlq}, {topic: later, dlq: delay.dlq}]
+nats:
+  url: nats://127.0.0.1:1
+  stream: JOBS
+  sources: [{subject: "delay.>", dlq: dlq.delay}]
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := taskSources(cfg), []string{"delay", "later", "JOBS"}; !slices.Equal(got, want) {
+		t.Errorf("taskSources = %q, want %q", got, want)
+	}
+	cfg.Kafka = nil
+	if got, want := taskSources(cfg), []string{"JOBS"}; !slices.Equal(got, want) {
+		t.Errorf("taskSources without Kafka = %q, want %q", got, want)
 	}
 }

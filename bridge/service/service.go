@@ -154,6 +154,7 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 		TokenFunc:        config.SecretFunc("admin.token_file", cfg.Admin.TokenFile, cfg.Admin.Token, s.log.Named("admin")),
 		MetricsTokenFunc: config.SecretFunc("admin.metrics_token_file", cfg.Admin.MetricsTokenFile, cfg.Admin.MetricsToken, s.log.Named("admin")),
 		Pprof:            cfg.Admin.Pprof,
+		Sources:          taskSources(cfg),
 		Logger:           s.log.Named("admin"),
 	})
 	if cfg.Kafka != nil {
@@ -166,6 +167,21 @@ func New(ctx context.Context, cfg *config.Config, o Options) (_ *Service, err er
 	}
 	s.sinks.Check = func(t *codec.Task) error { return checkStoredTarget(cfg, t) }
 	return s, nil
+}
+
+// taskSources names the delay sources of cfg as a task's source is named
+// (admin's {source}): each Kafka delay topic, and the NATS stream.
+func taskSources(cfg *config.Config) []string {
+	var out []string
+	if cfg.Kafka != nil {
+		for _, src := range cfg.Kafka.Sources {
+			out = append(out, src.Topic)
+		}
+	}
+	if cfg.NATS != nil {
+		out = append(out, cfg.NATS.Stream)
+	}
+	return out
 }
 
 // checkStoredTarget refuses a stored task whose target the running config
