@@ -1311,6 +1311,21 @@ func TestHelmNotes(t *testing.T) {
 	if !strings.Contains(all, "a target subject without a JetStream stream is best effort") {
 		t.Errorf("NOTES.txt with nats.core_targets does not say a subject without a stream is best effort:\n%s", all)
 	}
+	if !strings.Contains(all, "PVC data-db-delaybridge-0") {
+		t.Errorf("NOTES.txt with persistence does not name the PVC:\n%s", all)
+	}
+	// Without persistence the store is an emptyDir: the notes say so and
+	// warn that the pending tasks go with the pod, rather than name a PVC
+	// that does not exist.
+	ephemeral := renderNotes(t, "-f", filepath.Join(chartDir, "ci", "all-features-values.yaml"), "--set", "persistence.enabled=false")
+	for _, want := range []string{"(an emptyDir at", "WARNING: persistence.enabled=false", "Every pending task", "set persistence.enabled=true"} {
+		if !strings.Contains(ephemeral, want) {
+			t.Errorf("NOTES.txt without persistence does not contain %q:\n%s", want, ephemeral)
+		}
+	}
+	if strings.Contains(ephemeral, "PVC") {
+		t.Errorf("NOTES.txt without persistence names a PVC:\n%s", ephemeral)
+	}
 	insecure := renderNotes(t, "--set", "config.admin.allow_insecure_listen=true", "--set", "config.nats.enabled=true",
 		"--set", "config.nats.sources[0].subject=delay.>", "--set", "config.nats.sources[0].dlq=dlq.delay",
 		"--set", "networkPolicy.enabled=true", "--set", "serviceMonitor.enabled=true")
