@@ -72,6 +72,10 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	case "bench":
 		err = cmdBench(ctx, args[1:], stdout, stderr, cleanups)
 	case "version", "--version", "-v":
+		if helpAsked(args) {
+			fmt.Fprint(stdout, usage)
+			return 0
+		}
 		if err = noArguments(args, stderr, ""); err == nil {
 			fmt.Fprintln(stdout, "delaybridge", versionString())
 			return 0
@@ -99,6 +103,13 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// helpAsked reports whether a command that takes no arguments (version)
+// was given only -h or --help, as every other command takes them: the
+// usage, not an error about an unexpected argument.
+func helpAsked(args []string) bool {
+	return len(args) == 2 && (args[1] == "-h" || args[1] == "-help" || args[1] == "--help")
 }
 
 // noArguments refuses arguments after a command that takes none (version,
@@ -250,7 +261,7 @@ func versionString() string {
 func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	path := fs.String("config", "", "YAML config file (CONTRACT §5); DELAYBRIDGE_* environment variables override it")
+	path := fs.String("config", "", "YAML config file (README, \"Configuration\"); DELAYBRIDGE_* environment variables override it")
 	check := fs.Bool("check", false, "validate the config (file and environment) and exit: 0 if it is valid; opens no store and connects to no broker")
 	if err := parseFlags(fs, args); err != nil {
 		return err

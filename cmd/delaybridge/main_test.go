@@ -82,6 +82,9 @@ func TestRealMain(t *testing.T) {
 		{"help flag", []string{"--help"}, 0, "delaybridge run --config FILE", nil},
 		// version and help take no arguments either: refused like those of
 		// run, dev and bench, not ignored.
+		// -h asks for help of every command, version's too.
+		{"version help flag", []string{"version", "-h"}, 0, "delaybridge version", nil},
+		{"version --help", []string{"version", "--help"}, 0, "delaybridge run --config FILE", nil},
 		{"version refuses an argument", []string{"version", "extra"}, 2, "", []string{"usage:", `version: unexpected argument "extra": version takes no arguments`}},
 		{"version flag refuses an argument", []string{"--version", "extra"}, 2, "", []string{`--version: unexpected argument "extra"`}},
 		{"version names every argument", []string{"-v", "a", "--b"}, 2, "", []string{`-v: unexpected arguments "a" "--b"`}},
@@ -107,6 +110,8 @@ func TestRealMain(t *testing.T) {
 		{"dev refuses an argument", []string{"dev", "-nats-port", "70000", "-kafka-port", "70000", "sandbox"}, 2, "", []string{`dev: unexpected argument "sandbox"`, "-kafka-port int"}},
 		{"dev refuses an unknown flag", []string{"dev", "-port", "1"}, 2, "", []string{"flag provided but not defined: -port"}},
 		{"help flag of a command", []string{"run", "-h"}, 0, "", []string{"-config string"}},
+		// The help points to what a user has: the README, not CONTRACT.md.
+		{"run help names the README", []string{"run", "-h"}, 0, "", []string{`YAML config file (README, "Configuration")`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
