@@ -276,6 +276,12 @@ func checkPattern(p string) error {
 	if !utf8.ValidString(name) {
 		return fmt.Errorf("%w %q: not valid UTF-8", errBadPattern, p)
 	}
+	// A target starting with "//" is refused at ingest (a URL written as a
+	// target, bad-target), so such a pattern could never match: every
+	// message would be dead-lettered target-not-allowed.
+	if strings.HasPrefix(name, "//") {
+		return fmt.Errorf("%w %q: a URL, not a pattern: write kafka:NAME or nats:SUBJECT, without \"//\"", errBadPattern, p)
+	}
 	if strings.ContainsAny(name, " \t\r\n") {
 		return fmt.Errorf("%w %q: contains white space", errBadPattern, p)
 	}

@@ -174,6 +174,9 @@ func TestValidate(t *testing.T) {
 		{"targets empty token", func(c *Config) { c.Targets.Allow = []string{"a..b"} }, "targets.allow[0]: bad pattern"},
 		{"targets > middle", func(c *Config) { c.Targets.Allow = []string{"a.>.b"} }, "targets.allow[0]: bad pattern \"a.>.b\": \">\" must be the whole last token"},
 		{"targets empty name", func(c *Config) { c.Targets.Allow = []string{"kafka:"} }, "targets.allow[0]: bad pattern \"kafka:\": empty name pattern"},
+		// A URL matches no target (codec refuses "//" names as bad-target).
+		{"targets URL", func(c *Config) { c.Targets.Allow = []string{"orders.*", "kafka://orders.*"} }, "targets.allow[1]: bad pattern \"kafka://orders.*\": a URL, not a pattern"},
+		{"targets URL no prefix", func(c *Config) { c.Targets.Allow = []string{"//x"} }, "targets.allow[0]: bad pattern \"//x\": a URL"},
 		{"targets trailing backslash", func(c *Config) { c.Targets.Allow = []string{`a\`} }, "targets.allow[0]: bad pattern"},
 		{"targets stray ]", func(c *Config) { c.Targets.Allow = []string{"a]"} }, "targets.allow[0]: bad pattern"},
 		{"targets empty ok", func(c *Config) { c.Targets.Allow = nil }, ""},
