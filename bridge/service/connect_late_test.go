@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/bridge/nats"
+	"github.com/delaybridge/delaybridge/internal/logthrottle"
 )
 
 // TestShutdownWhileConnectingClosesTheLateConnection: SIGTERM while the
@@ -211,20 +212,29 @@ func (e *env) overdueWithNATSDown() {
 // backoff stays at 2 s at most instead of doubling to 30 s: a bridge
 // restarted in an outage reached the broker up to 30 s after its return
 // (hunt H181: 22 s). Read from the connector's log lines, whose backoff is
-// the pause before the next attempt.
+// the pause before the next attempt. Only the first attempt's line is a
+// Warn; the others, with the same error, are at Debug (one Warn every 2 s
+// was about 30 lines a minute per transport, hunt H198).
 func TestConnectBackoffWhilePaused(t *testing.T) {
 	e := newEnv(t, "catch_up_wait: 10m\n")
 	e.kafkaAddr = "127.0.0.1:" + strconv.Itoa(freePort(t)) // nothing listens
-	core, logs := observer.New(zap.WarnLevel)
+	core, logs := observer.New(zap.DebugLevel)
 	svc, _, _ := e.runWith(Options{Logger: zap.New(core)})
 	var backoffs []time.Duration
+	warns := 0
 	eventually(t, "five connect attempts to the down Kafka", func() bool {
-		backoffs = backoffs[:0]
+		backoffs, warns = backoffs[:0], 0
 		for _, l := range logs.FilterMessage("brokers unreachable; retrying").FilterField(zap.String("transport", "kafka")).All() {
 			backoffs = append(backoffs, time.Duration(l.ContextMap()["backoff"].(time.Duration)))
+			if l.Level == zap.WarnLevel {
+				warns++
+			}
 		}
 		return len(backoffs) >= 5
 	})
+	if warns != 1 {
+		t.Fatalf("%d Warn lines for %d failed attempts with one error; want the first only (then one per %v)", warns, len(backoffs), logthrottle.DefaultEvery)
+	}
 	if !svc.Engine().FiringPaused() {
 		t.Fatal("firing not paused: the test needs the catch-up pause")
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/config"
 	"github.com/delaybridge/delaybridge/internal/clock"
+	"github.com/delaybridge/delaybridge/internal/logthrottle"
 	"github.com/delaybridge/delaybridge/metrics"
 	"github.com/delaybridge/delaybridge/shard"
 )
@@ -363,6 +364,11 @@ func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 	maxBackoff := max(firstPause, min(30*time.Second, s.cfg.Retry.Max.Std()))
 	tried := func() { l.triedOnce.Do(func() { close(l.tried) }) }
 	var b *built
+	// The Warn of a failure is logged at once, then once per
+	// logthrottle.DefaultEvery while it repeats (a new error text at
+	// once): every 2 s while firing is paused at start, it was about 30
+	// lines a minute per transport. Each attempt is at Debug.
+	var warns logthrottle.Throttle
 	for attempt := 1; ; attempt++ {
 		var err error
 		if b == nil {
@@ -392,8 +398,13 @@ func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 		}
 		if unreachable(err) && ctx.Err() == nil {
 			d := connectPause(backoff, s.eng != nil && s.eng.FiringPaused(), err)
-			s.log.Warn("brokers unreachable; retrying", zap.String("transport", l.transport), zap.Int("attempt", attempt),
-				zap.Bool("publisher_up", b != nil), zap.Duration("backoff", d), zap.Error(err))
+			fields := []zap.Field{zap.String("transport", l.transport), zap.Int("attempt", attempt),
+				zap.Bool("publisher_up", b != nil), zap.Duration("backoff", d), zap.Error(err)}
+			if held, ok := warns.AllowKey(time.Now(), err.Error()); ok {
+				s.log.Warn("brokers unreachable; retrying", append(fields, zap.Int("held_back", held))...)
+			} else {
+				s.log.Debug("brokers unreachable; retrying", fields...)
+			}
 			if pause(ctx, l.kick, d) {
 				backoff = min(2*backoff, maxBackoff)
 				continue
