@@ -194,9 +194,12 @@ type shard struct {
 	// deletion of fired tombstones, clears those deletions (fire.go).
 	firedSinceClear, clears int
 	// clearing: the ticket of a range deletion of fired tombstones
-	// decided and not yet applied (clearFired). A batch that stores a
-	// task key of the shard applies after it (commitTicket.after).
+	// decided and not yet applied (clearFired); clearEnd: the end it was
+	// decided with, at or after the one it is applied with. A batch that
+	// stores a task key of the shard below clearEnd applies after it
+	// (addOpLocked).
 	clearing *commitTicket
+	clearEnd wheelOp
 	// late: the tasks waiting for a retry, by seq; see late.go.
 	late      map[uint64]lateTask
 	lateMin   int64 // smallest of late unless lateDirty
@@ -940,7 +943,6 @@ func (e *Engine) ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 		if ok {
 			pbs[sh] = &pendingBatch{tk: tk}
 			e.shards[sh].enqueueLocked(pbs[sh])
-			tk.after(e.shards[sh].clearing)
 		}
 	}
 	acts := sc.acts

@@ -418,8 +418,10 @@ func (s *shard) horizonDueLocked(now int64) bool { return now+s.e.horizonMs()/2 
 // (s.queue), which could otherwise be applied between the look and the
 // deletion and be deleted with it. The store is looked at through an
 // iterator made under the lock, with the decision, and every batch that
-// stores a task key of the shard and is decided after it applies after
-// the deletion (s.clearing), so it has a higher sequence number. Only the
+// stores a task key of the shard below the end decided there, and is
+// decided after it, applies after the deletion (s.clearing, addOpLocked),
+// so it has a higher sequence number; the range ends at or before that
+// end, so the others (tasks due later: nearly all) need not wait. Only the
 // decision is made under the lock: the look may step over many
 // tombstones, and the deletion waits, as every write does, through a
 // write stall of the store (a full disk), which used to hold the lock,
@@ -457,7 +459,7 @@ func (s *shard) clearFired(now int64) {
 		return
 	}
 	tk := newTicket()
-	s.clearing = tk
+	s.clearing, s.clearEnd = tk, first
 	fired := s.firedSinceClear
 	s.mu.Unlock()
 	defer func() {
@@ -983,7 +985,6 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 	ln.publishingDue = noDue
 	b := e.db.NewBatch()
 	tk := newTicket()
-	tk.after(s.clearing) // its retries and dead letters store task keys
 	pb := &pendingBatch{tk: tk}
 	var (
 		key, val []byte

@@ -218,8 +218,23 @@ type overlayUndo struct {
 }
 
 // addOpLocked records that pb stores task (fire, seq): the loader must skip
-// it until pb is durable, then it enters the wheel.
+// it until pb is durable, then it enters the wheel. Every batch that
+// stores a task key records it here (clearFired relies on it), and one
+// whose key a range deletion of fired tombstones decided and not yet
+// applied may cover (below the end it was decided with) applies after
+// that deletion. Tasks due later do not wait for it, which on a slow disk
+// may step over many tombstones (TestClearStalledReadHoldsNoIngest).
 func (s *shard) addOpLocked(pb *pendingBatch, fire int64, seq uint64) {
 	pb.ops = append(pb.ops, wheelOp{fire, seq})
 	s.unwheeled[seq] = struct{}{}
+	if s.clearing != nil && taskKeyBefore(fire, seq, s.clearEnd) {
+		pb.tk.after(s.clearing)
+	}
+}
+
+// taskKeyBefore reports whether the task key (fire, seq) sorts before
+// that of end, or, when end.seq is 0, before taskBound at end.fire.
+func taskKeyBefore(fire int64, seq uint64, end wheelOp) bool {
+	f, ef := fireU64(fire), fireU64(end.fire)
+	return f < ef || f == ef && seq < end.seq
 }
