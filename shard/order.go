@@ -223,7 +223,7 @@ type overlayUndo struct {
 // whose key a range deletion of fired tombstones decided and not yet
 // applied may cover (below the end it was decided with) applies after
 // that deletion. Tasks due later do not wait for it, which on a slow disk
-// may step over many tombstones (TestClearStalledReadHoldsNoIngest).
+// may step over many tombstones (TestClearHoldsNoIngestDueLater).
 func (s *shard) addOpLocked(pb *pendingBatch, fire int64, seq uint64) {
 	pb.ops = append(pb.ops, wheelOp{fire, seq})
 	s.unwheeled[seq] = struct{}{}
