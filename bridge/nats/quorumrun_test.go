@@ -64,9 +64,11 @@ func TestRetryPause(t *testing.T) {
 //     or with the outage begun between NewSource and Run, Run's first
 //     read of the stream, fails at every try.
 //   - "consuming": 3 servers, 2 stopped. The one left is a replica: it
-//     answers the stream's lookup from its own state, so the re-set-up
-//     succeeds, and the consumer's info 503 (its group has no leader), so
-//     consuming stops again at every try.
+//     answers the stream's lookup from its own state, with no leader,
+//     which the re-set-up refuses (ErrNoStreamLeader, Leaderless: its
+//     state may be behind, see TestStaleReplicaNotTakenForRestore) at
+//     every try. (Before, the re-set-up took it, and the consumer's info
+//     was answered 503, its group without a leader.)
 //
 // The cap is asserted by the time between two tries once the backoff is
 // at its 10 s: under 6 s (leaderlessRetry and the answer's 500 ms at

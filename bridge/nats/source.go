@@ -282,9 +282,41 @@ const jsErrClusterNotAvail = 10008
 // a limit the operator must raise, and a stream's create answered a store
 // failure (10077) is its disk; those keep the backoff (review R194,
 // TestSetupHAAssetsLimit).
+//
+// ErrNoStreamLeader is one too: the stream's info answered by a replica
+// while the stream has no leader.
 func Leaderless(err error) bool {
 	var api *jetstream.APIError
-	return errors.As(err, &api) && api.ErrorCode == jsErrClusterNotAvail
+	return errors.As(err, &api) && api.ErrorCode == jsErrClusterNotAvail || errors.Is(err, ErrNoStreamLeader)
+}
+
+// ErrNoStreamLeader is the error of a look-up of the delay stream
+// answered by a replica while the stream has no leader. In a quorum loss
+// such a replica answers from its own state once its JetStream has run
+// 10 s (nats-server 2.15, jsStreamInfoRequest), and that state may be
+// behind what the source already handled (a replica cut off from the
+// others while they took messages): its last sequence, below the floor,
+// made the source take the stream for one restored from a backup if the
+// quorum came back before the consumer's info (checkRestored), which
+// lowered the floor to the consumer's ack floor and cleared the held
+// spans, so that handled messages whose acks were lost were taken in
+// again (TestStaleReplicaNotTakenForRestore). Its creation time and
+// configuration may be as stale. Such an answer is not taken: the look-up
+// fails, Leaderless, and is tried again within leaderlessRetry.
+//
+// Its text says "temporarily unavailable", as the server's 503 10008
+// does, which operators look for in the readiness reason (and
+// TestStartWhileNATSClusterLostQuorum, bridge/service).
+var ErrNoStreamLeader = errors.New("the delay stream has no leader: temporarily unavailable")
+
+// streamLeaderErr wraps ErrNoStreamLeader when info, the answer of a
+// stream look-up, names no leader. A server outside a cluster names
+// itself.
+func streamLeaderErr(info *jetstream.StreamInfo) error {
+	if info == nil || info.Cluster == nil || info.Cluster.Leader != "" {
+		return nil
+	}
+	return fmt.Errorf("%w (answered by a replica from its own state, which may be behind: last sequence %d)", ErrNoStreamLeader, info.State.LastSeq)
 }
 
 // leaderlessRetry is the longest the source waits before it tries again a
@@ -297,8 +329,10 @@ const leaderlessRetry = 2 * time.Second
 // at once all through a quorum loss, so the backoff grows to its 10 s
 // meanwhile; capped, the source tries again within about 2 s of the
 // quorum's return (TestRunningSourceQuorumLoss). Which request is
-// answered so depends on the servers left: the consumer's info when one
-// is a replica (consume), the stream's lookup when none is (reconcile).
+// answered so depends on the servers left: the stream's lookup by a
+// replica without a leader when one is a replica (ErrNoStreamLeader), 503
+// when none is (reconcile); the consumer's info when the consumer has
+// no leader and the stream has (consume).
 func retryPause(bo *backoff, err error) time.Duration {
 	d := bo.next()
 	if Leaderless(err) {
@@ -309,12 +343,14 @@ func retryPause(bo *backoff, err error) time.Duration {
 
 // TemporarilyUnavailable reports whether err is a JetStream API answer
 // that JetStream cannot serve the request for now (503), other than
-// JetStream not enabled for the account or the server (a configuration).
+// JetStream not enabled for the account or the server (a configuration),
+// or ErrNoStreamLeader.
 func TemporarilyUnavailable(err error) bool {
 	var api *jetstream.APIError
 	return errors.As(err, &api) && api.Code == http.StatusServiceUnavailable &&
 		api.ErrorCode != jetstream.JSErrCodeJetStreamNotEnabledForAccount &&
-		api.ErrorCode != jetstream.JSErrCodeJetStreamNotEnabled
+		api.ErrorCode != jetstream.JSErrCodeJetStreamNotEnabled ||
+		errors.Is(err, ErrNoStreamLeader)
 }
 
 // CheckpointKey is the shard.Checkpoint key of the floor of a delay stream
@@ -484,6 +520,9 @@ func (s *Source) ensure(ctx context.Context) error {
 	defer cancel()
 	subjects := s.subjects()
 	stream, err := answered(ctx, s, func(ctx context.Context) (jetstream.Stream, error) { return s.js.Stream(ctx, s.cfg.Stream) })
+	if err == nil {
+		err = streamLeaderErr(stream.CachedInfo())
+	}
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound) && s.cfg.Create:
 		// A work queue: once a message is acked the bridge's store holds
@@ -1510,11 +1549,15 @@ func (s *Source) reconcile(ctx context.Context, gone bool) error {
 }
 
 // refreshStream reads the stream's identity and last sequence now: the
-// stream may have been created again, or grown, since ensure.
+// stream may have been created again, or grown, since ensure. An answer
+// without a leader is not taken (ErrNoStreamLeader).
 func (s *Source) refreshStream(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.setupBudget())
 	defer cancel()
 	stream, err := answered(ctx, s, func(ctx context.Context) (jetstream.Stream, error) { return s.js.Stream(ctx, s.cfg.Stream) })
+	if err == nil {
+		err = streamLeaderErr(stream.CachedInfo())
+	}
 	if err != nil {
 		return fmt.Errorf("nats source: look up stream %q: %w", s.cfg.Stream, err)
 	}

@@ -254,3 +254,92 @@ func (c *Cluster) MetaLeader() int {
 // Name is server i's name (its JetStream peer name in stream and consumer
 // infos).
 func (c *Cluster) Name(i int) string { return c.opts[i].ServerName }
+
+// Isolate cuts server i off the other running servers, as a network
+// partition does, while its clients stay connected to it: its
+// configuration is reloaded without its routes and theirs without the
+// route to it, which closes the routes between them and keeps them from
+// connecting again. It returns once none is left. A server started
+// (again) meanwhile has every route and connects to i: Rejoin first.
+func (c *Cluster) Isolate(i int) {
+	c.t.Helper()
+	if err := c.setRoutes(i, false); err != nil {
+		c.t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); c.routesTo(i) > 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("nats cluster: server %d still routed to %d other servers 20 s after its isolation", i, c.routesTo(i))
+		}
+	}
+}
+
+// Rejoin gives the running servers their routes again after
+// Isolate(i): they connect to i again (and i to them).
+func (c *Cluster) Rejoin(i int) {
+	c.t.Helper()
+	if err := c.setRoutes(i, true); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *Cluster) setRoutes(i int, joined bool) error {
+	port := strconv.Itoa(c.opts[i].Cluster.Port)
+	for j := range c.opts {
+		s := c.server(j)
+		if s == nil {
+			continue
+		}
+		o := c.opts[j].Clone()
+		if !joined {
+			o.Routes = nil
+			if j != i {
+				for _, r := range c.opts[j].Routes {
+					if r.Port() != port {
+						o.Routes = append(o.Routes, r)
+					}
+				}
+			}
+		}
+		if err := s.ReloadOptions(o); err != nil {
+			return fmt.Errorf("nats server %d: reload its routes: %w", j, err)
+		}
+	}
+	return nil
+}
+
+// routesTo counts the running servers routed to server i (i itself if it
+// has any route).
+func (c *Cluster) routesTo(i int) int {
+	n := 0
+	si := c.server(i)
+	if si == nil {
+		return 0
+	}
+	if si.NumRoutes() > 0 {
+		n++
+	}
+	id := si.ID()
+	for j := range c.opts {
+		s := c.server(j)
+		if j == i || s == nil {
+			continue
+		}
+		rz, err := s.Routez(&natsserver.RoutezOptions{})
+		if err != nil {
+			continue
+		}
+		for _, r := range rz.Routes {
+			if r.RemoteID == id {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+func (c *Cluster) server(i int) *natsserver.Server {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.servers[i]
+}
