@@ -1477,7 +1477,7 @@ func (s *Source) checkRestored(ctx context.Context, h bridge.Handler, st *floorS
 	if ref == nil {
 		return ErrNoConsumer
 	}
-	info, err := ref.c.Info(ctx)
+	info, err := s.consumerInfo(ctx, ref.c)
 	if err != nil {
 		return fmt.Errorf("nats source: consumer info: %w", err)
 	}
@@ -1644,7 +1644,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 	if err := s.awaitDeadLetters(ctx, h); err != nil {
 		return err
 	}
-	info, err := cons.Info(ctx)
+	info, err := s.consumerInfo(ctx, cons)
 	if err != nil {
 		return s.consumerUnread(ctx, fmt.Errorf("nats source: consumer info: %w", err))
 	}
@@ -1770,6 +1770,20 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 			return fmt.Errorf("nats source: next message: %w", nextErr)
 		}
 	}
+}
+
+// consumerInfo asks the server for cons's info as the set-up asks its
+// requests (answered): sent again every resendEvery while unanswered,
+// within setupBudget. It is asked right after a re-set-up, which is when
+// a cluster's quorum may just have come back: a request sent before the
+// consumer's leader was elected is answered by no server, and with one
+// request (nats.go's 5 s default timeout) consuming started up to 5 s
+// late, then stopped and was tried again after the backoff
+// (TestConsumeInfoSentAgain).
+func (s *Source) consumerInfo(ctx context.Context, cons jetstream.Consumer) (*jetstream.ConsumerInfo, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.setupBudget())
+	defer cancel()
+	return answered(ctx, s, cons.Info)
 }
 
 // consumerUnread reports err, a failed consumer info, in Health (so the
