@@ -17,8 +17,9 @@ import (
 
 // TestRetryPause: after a failure answered 503 10008 (Leaderless) the
 // running source tries again within leaderlessRetry however far its
-// backoff has grown; after any other failure, its backoff. The long
-// form of this, on a cluster, is TestRunningSourceQuorumLoss.
+// backoff has grown, and such answers grow it to leaderlessRetry at
+// most; after any other failure, its backoff. The long form of this, on
+// a cluster, is TestRunningSourceQuorumLoss.
 func TestRetryPause(t *testing.T) {
 	leaderless := fmt.Errorf("nats source: look up stream %q: %w", "DELAY", &jetstream.APIError{
 		Code: http.StatusServiceUnavailable, ErrorCode: jsErrClusterNotAvail, Description: "JetStream system temporarily unavailable"})
@@ -43,6 +44,24 @@ func TestRetryPause(t *testing.T) {
 	bo := &backoff{min: 100 * time.Millisecond, max: 10 * time.Second}
 	if d := retryPause(bo, leaderless); d > 120*time.Millisecond {
 		t.Errorf("first retry after a Leaderless answer: %v, want the backoff's first (80-120 ms)", d)
+	}
+	// A whole outage of Leaderless answers does not grow the backoff
+	// past leaderlessRetry: another failure right after the quorum's
+	// return (a request sent before a leader was elected) waits its
+	// next step from there, not the 10 s it grew to.
+	for i := range 20 {
+		if d := retryPause(bo, leaderless); d > leaderlessRetry {
+			t.Fatalf("Leaderless answer %d: %v, want at most %v", i+2, d, leaderlessRetry)
+		}
+	}
+	if d := retryPause(bo, context.DeadlineExceeded); d > 2*leaderlessRetry*12/10 {
+		t.Errorf("another failure after 21 Leaderless answers: %v, want at most %v (the backoff grown to %v only)", d, 2*leaderlessRetry*12/10, leaderlessRetry)
+	}
+	// One grown past it by other failures is kept, the wait capped.
+	g := grown()
+	retryPause(g, leaderless)
+	if d := retryPause(g, context.DeadlineExceeded); d < 8*time.Second {
+		t.Errorf("another failure after a grown backoff and a Leaderless answer: %v, want the backoff (8-12 s)", d)
 	}
 }
 

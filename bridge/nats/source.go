@@ -326,19 +326,23 @@ const leaderlessRetry = 2 * time.Second
 // retryPause is the running source's wait before it tries again after
 // err, at each retry of Run: its backoff, at most leaderlessRetry for an
 // answer that the cluster has no leader (Leaderless). Such answers come
-// at once all through a quorum loss, so the backoff grows to its 10 s
-// meanwhile; capped, the source tries again within about 2 s of the
-// quorum's return (TestRunningSourceQuorumLoss). Which request is
-// answered so depends on the servers left: the stream's lookup by a
-// replica without a leader when one is a replica (ErrNoStreamLeader), 503
-// when none is (reconcile); the consumer's info when the consumer has
-// no leader and the stream has (consume).
+// at once all through a quorum loss: uncapped, the backoff's 10 s, the
+// source tried again up to 12 s after the quorum's return; capped, within
+// about 2 s (TestRunningSourceQuorumLoss). Which request is answered so
+// depends on the servers left: the stream's lookup by a replica without a
+// leader when one is a replica (ErrNoStreamLeader), 503 when none is
+// (reconcile); the consumer's info when the consumer has no leader and
+// the stream has (consume).
+//
+// Nor do such answers grow the backoff past leaderlessRetry
+// (backoff.nextUpTo): grown to its 10 s in the outage, it made another
+// failure right after the quorum's return (a request sent before a
+// leader was elected) wait up to 12 s.
 func retryPause(bo *backoff, err error) time.Duration {
-	d := bo.next()
 	if Leaderless(err) {
-		d = min(d, leaderlessRetry)
+		return bo.nextUpTo(leaderlessRetry)
 	}
-	return d
+	return bo.next()
 }
 
 // TemporarilyUnavailable reports whether err is a JetStream API answer
@@ -2218,11 +2222,31 @@ type backoff struct {
 }
 
 func (b *backoff) next() time.Duration {
+	b.grow()
+	return b.jittered()
+}
+
+// nextUpTo is next for a failure retried within limit: the step grows
+// as next's up to limit, not past it (one grown past it by other
+// failures is kept), and the wait is at most limit.
+func (b *backoff) nextUpTo(limit time.Duration) time.Duration {
+	if b.cur < limit {
+		b.grow()
+		b.cur = min(b.cur, limit)
+	}
+	return min(b.jittered(), limit)
+}
+
+func (b *backoff) grow() {
 	if b.cur == 0 {
 		b.cur = b.min
 	} else {
 		b.cur = min(2*b.cur, b.max)
 	}
+}
+
+// jittered is the step, ±20%.
+func (b *backoff) jittered() time.Duration {
 	j := 0.8 + 0.4*rand.Float64()
 	return time.Duration(float64(b.cur) * j)
 }
