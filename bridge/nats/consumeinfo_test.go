@@ -5,6 +5,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/internal/natstest"
 )
@@ -42,4 +45,48 @@ func TestConsumeInfoSentAgain(t *testing.T) {
 	if n := src.resent.Load(); n < 1 {
 		t.Errorf("%d requests sent again, want at least 1 (the consumer's info)", n)
 	}
+}
+
+// TestConsumingStoppedLogThrottled: a consume that stops at every retry
+// (here its consumer info unanswered each time; in a quorum loss a
+// consumer without a leader answers it 503, every 2 s) is counted in
+// delaybridge_source_errors_total each time and logged "consuming
+// stopped" at the first stop, then once per 30 s for the same error; a
+// batch taken in ends the run, so that the next stop is logged at once.
+func TestConsumingStoppedLogThrottled(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	srv := startServer(t, jsOptions(t))
+	relay := natstest.NewRelay(t, srv.Addr().String())
+	cfg := testConfig(t, relay.URL())
+	cfg.Logger = zap.New(zapcore.NewTee(cfg.Logger.Core(), core))
+	cfg.Create = true
+	cfg.ConnectTimeout = 50 * time.Millisecond // the consumer info given up after 100 ms
+	src, err := NewSource(connect(t, cfg), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.Drop("$JS.API.CONSUMER.INFO."+cfg.Stream+"."+cfg.Consumer, 1<<30)
+	rec := newRecorder()
+	runSource(t, src, rec)
+	errs := cfg.Metrics.SourceErrors.WithLabelValues(cfg.Stream)
+	eventually(t, "four stops", func() bool { return testutil.ToFloat64(errs) >= 4 })
+	const msg = "consuming stopped"
+	stops := logs.FilterMessageSnippet(msg).All()
+	if len(stops) != 1 {
+		t.Fatalf("%d %q lines over %v stops, want 1 (then one per 30 s)", len(stops), msg, testutil.ToFloat64(errs))
+	}
+	key, _ := stops[0].ContextMap()["error"].(string)
+	if key == "" {
+		t.Fatalf("%q logged without its error: %v", msg, stops[0].ContextMap())
+	}
+	relay.Drop("", 0)
+	pub := newJS(t, connect(t, testConfig(t, serverURL(srv))))
+	publish(t, pub, "delay.a", "m", delayHeader())
+	eventually(t, "the message taken", func() bool { return taken(rec, "m") })
+	// Reset once the batch is stored (just after the handler returned):
+	// the same error is let through again.
+	eventually(t, "the stops' run ended by the batch", func() bool {
+		_, ok := src.stopLog.AllowKey(time.Now(), key)
+		return ok
+	})
 }

@@ -89,6 +89,13 @@ type Source struct {
 	// pulls last started anew (see checkGaps).
 	foreignLog logthrottle.Throttle
 	lastReset  time.Time
+	// stopLog throttles "consuming stopped" (Run's goroutine only): a
+	// consume that fails at every retry (a consumer without a leader
+	// answers its info 503 at once, every 2 s in a quorum loss) is
+	// logged at its first stop and then once per 30 s for the same
+	// error, with the count held back. A batch taken in ends the run: the
+	// next stop is logged at once.
+	stopLog logthrottle.Throttle
 	// catchFloor (set by Run's goroutine): the delivered sequence, at a
 	// consume's start before the source caught up, of a consumer with
 	// deliveries not yet acknowledged; the source is caught up only once
@@ -1447,7 +1454,9 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		if gone {
 			s.setConsErr(fmt.Errorf("%w: %q on stream %q: %w", ErrNoConsumer, s.cfg.Consumer, s.cfg.Stream, err))
 		}
-		s.log.Warn("nats source: consuming stopped; restarting", zap.Error(err))
+		if suppressed, ok := s.stopLog.AllowKey(time.Now(), err.Error()); ok {
+			s.log.Warn("nats source: consuming stopped; restarting", zap.Error(err), zap.Int("suppressed", suppressed))
+		}
 		if !sleepCtx(ctx, retryPause(&bo, err)) {
 			return nil
 		}
@@ -1734,6 +1743,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 				return err
 			}
 			bo.reset()
+			s.stopLog.Reset()
 		}
 		if nextErr == nil {
 			continue
