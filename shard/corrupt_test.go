@@ -116,3 +116,49 @@ func corruptOnlyBlob(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 }
+
+// TestFailingDeadLetterTurnedUndecodable: a dead letter whose DLQ failed,
+// and whose stored envelope then no longer reads, is reported once, as
+// undecodable (it will not be delivered), not also as a dead letter whose
+// delivery fails (Err counted it in both); an operator's drop takes it
+// out of both, and no index scan is needed for it.
+func TestFailingDeadLetterTurnedUndecodable(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.Retry = RetryPolicy{Initial: 5 * time.Second, Max: 5 * time.Second, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+	})
+	h.sink.setFail(func(*codec.Task) error { return errors.New(`kafka: publish to "dlq": TOPIC_AUTHORIZATION_FAILED`) })
+	dl := deadLetter("dl", 1)
+	dl.Value = bytes.Repeat([]byte("D"), 4096) // separated into a blob file
+	h.ingest([]codec.Task{dl})
+	h.run()
+	h.advanceUntil("the dead letter failing", func() bool {
+		err := h.e.Err()
+		return err != nil && strings.Contains(err.Error(), "dead-letter delivery failing (1 dead letters")
+	})
+	h.close() // flushes: its envelope, stored again with its retry, goes to a blob file
+	corruptOnlyBlob(t, h.opts.Dir)
+	h.sink.reset()
+	h.open()
+	h.run()
+	h.advanceUntil("the dead letter found undecodable", func() bool {
+		err := h.e.Err()
+		return err != nil && strings.Contains(err.Error(), "1 stored entries cannot be decoded")
+	})
+	if err := h.e.Err(); strings.Contains(err.Error(), "dead-letter delivery failing") {
+		t.Fatalf("Err = %v, want the dead letter reported as undecodable only", err)
+	}
+	l := stuckOf(t, h.e)
+	if len(l) != 1 || l[0].State != StuckUndecodable {
+		t.Fatalf("stuck entries %+v, want the dead letter undecodable", l)
+	}
+	if err := h.e.DropStuck(0, l[0].Seq); err != nil {
+		t.Fatalf("DropStuck: %v", err)
+	}
+	if err := h.e.Err(); err != nil {
+		t.Fatalf("Err after the drop = %v", err)
+	}
+	if st := h.e.Stats(); st.Pending != 0 {
+		t.Fatalf("%d pending after the drop", st.Pending)
+	}
+}

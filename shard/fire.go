@@ -869,7 +869,12 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 			// as no delivery is left to count it), or an older deletion.
 			s.countUndeliveredLocked(sup, cancelSrc)
 		case sup == notSuperseded:
-			s.noteUndecodableLocked(it.fire, it.seq, it.decodeErr)
+			// A failing dead letter that no longer decodes is reported
+			// as undecodable only, not as failing too (Err counted it in
+			// both).
+			_, failing := s.dlFailing[it.seq]
+			s.dlDoneLocked(it.seq)
+			s.noteUndecodableLocked(it.fire, it.seq, it.decodeErr, failing)
 		}
 	}
 	var again []releasedTask

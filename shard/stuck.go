@@ -96,11 +96,15 @@ type StuckList struct {
 type undecodable struct {
 	fire int64
 	err  error
+	// deadLetter: a dead letter whose delivery had failed (it has no
+	// index entry for DropStuck to look for).
+	deadLetter bool
 }
 
 // noteUndecodableLocked records that the task (fire, seq) is stored with an
-// envelope that does not decode.
-func (s *shard) noteUndecodableLocked(fire int64, seq uint64, err error) {
+// envelope that does not decode; deadLetter, that it is a dead letter
+// whose delivery had failed.
+func (s *shard) noteUndecodableLocked(fire int64, seq uint64, err error, deadLetter bool) {
 	if s.undecodable == nil {
 		s.undecodable = make(map[uint64]undecodable)
 	}
@@ -110,7 +114,7 @@ func (s *shard) noteUndecodableLocked(fire int64, seq uint64, err error) {
 	if _, ok := s.undecodable[seq]; !ok {
 		s.e.m.Undecodable.Inc()
 	}
-	s.undecodable[seq] = undecodable{fire: fire, err: err}
+	s.undecodable[seq] = undecodable{fire: fire, err: err, deadLetter: deadLetter || s.undecodable[seq].deadLetter}
 }
 
 // forgetUndecodableLocked takes seq out of the undecodable set: it left the
@@ -368,6 +372,7 @@ func (e *Engine) DropStuck(shardID int, seq uint64) error {
 	// A dead letter (failing, or awaited by a source) has no index entry:
 	// no need to search the index for one.
 	_, deadLetter := s.dlFailing[seq]
+	deadLetter = deadLetter || s.undecodable[seq].deadLetter
 	if !deadLetter {
 		e.dl.mu.Lock()
 		_, held := e.dl.held[seq]
