@@ -1675,6 +1675,9 @@ func (e *Engine) close(flush bool) error {
 		e.m.DeadLettersParkedNow.Sub(float64(sh.dlParked))
 		sh.mu.Unlock()
 	}
+	if e.paused.Load() {
+		e.m.FiringPaused.Set(0)
+	}
 	var errs []error
 	if flush && e.failed() == nil {
 		// Pebble treats a store directory gone from under it as fatal
