@@ -1140,7 +1140,7 @@ func TestAlertRules(t *testing.T) {
 		// Down, crash-looping or recovering: no delaybridge_ready at all.
 		"DelaybridgeDown": "up == 0",
 		// No target at all (a Pending or lost pod): up is absent.
-		"DelaybridgeTargetGone":       "unless on (job) up",
+		"DelaybridgeTargetGone":       "unless on (job, namespace, pod) up",
 		"DelaybridgeFireLatenessHigh": "histogram_quantile(0.99",
 		"DelaybridgeDeadLettering":    "delaybridge_dead_lettered_total",
 		"DelaybridgeStoreErrors":      "delaybridge_store_errors_total",
