@@ -123,7 +123,7 @@ func New(r prometheus.Registerer) *Metrics {
 			Name: "delaybridge_publish_retries_total", Help: "Fire-time publishes that failed and were rescheduled with backoff, per task: attempts charged to the retry policy and waits for an unreachable target broker (no attempt charged) alike; the last attempt, which dead-letters, is not counted.",
 		}, []string{"transport"}),
 		PublishSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "delaybridge_publish_seconds", Help: "Duration of a fire batch publish until the broker acknowledged it.",
+			Name: "delaybridge_publish_seconds", Help: "Duration of a fire batch publish, until the broker acknowledged it or, for a batch that failed (in whole or in part), until the last answer, refusal or timeout: a p99 that nears the publish timeout is a target that does not answer.",
 			Buckets: latencyBuckets,
 		}, []string{"transport"}),
 		BestEffort: prometheus.NewCounterVec(prometheus.CounterOpts{
