@@ -24,40 +24,67 @@ import (
 // call with 200 000, hunt H195; about 330 KB a call here).
 func TestDeadLetterErrCostBounded(t *testing.T) {
 	const n = 20_000
-	h := newHarness(t, func(o *Options) {
+	h := failingDeadLetters(t, n, 4, false)
+	if err := h.e.Err(); !strings.Contains(err.Error(), "TOPIC_AUTHORIZATION_FAILED") {
+		t.Fatalf("Err = %v, want the DLQ's failure named", err)
+	}
+	per := allocatedPerCall(5, func() {
+		if h.e.Err() == nil {
+			t.Fatal("Err = nil with failing dead letters")
+		}
+	})
+	if per > 32<<10 {
+		t.Fatalf("Err with %d failing dead letters allocated %d bytes a call; want it bounded by the DLQs, not the dead letters (under 32 KiB)", n, per)
+	}
+}
+
+// failingDeadLetters opens an engine of shards shards whose DLQ refuses
+// every dead letter as a whole (retried hourly), ingests n dead letters
+// (awaited: through IngestAwait, so their source waits for them) and
+// returns once Err counts them all failing.
+func failingDeadLetters(tb testing.TB, n, shards int, awaited bool) *harness {
+	tb.Helper()
+	h := newHarness(tb, func(o *Options) {
 		o.Retry = RetryPolicy{Initial: time.Hour, Max: time.Hour, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+		o.Shards = shards
+		o.Logger = zap.NewNop()
 	})
 	h.sink.setFail(func(*codec.Task) error { return errors.New("kafka: publish to \"dlq\": TOPIC_AUTHORIZATION_FAILED") })
 	h.run()
 	for i := 0; i < n; i += 1000 {
 		var dls []codec.Task
-		for j := i; j < i+1000; j++ {
+		for j := i; j < min(n, i+1000); j++ {
 			dls = append(dls, deadLetter(fmt.Sprintf("dl%d", j), int64(j+1)))
 		}
-		h.ingest(dls)
+		if !awaited {
+			h.ingest(dls)
+		} else if _, err := h.e.IngestAwait(context.Background(), dls, nil); err != nil {
+			tb.Fatal(err)
+		}
 	}
-	want := fmt.Sprintf("dead-letter delivery failing (%d dead letters, 0 of them held", n)
+	h.settle()
+	held := 0
+	if awaited {
+		held = n
+	}
+	want := fmt.Sprintf("dead-letter delivery failing (%d dead letters, %d of them held", n, held)
 	h.advanceUntil("every dead letter failing", func() bool {
 		err := h.e.Err()
 		return err != nil && strings.Contains(err.Error(), want)
 	})
-	if err := h.e.Err(); !strings.Contains(err.Error(), "TOPIC_AUTHORIZATION_FAILED") {
-		t.Fatalf("Err = %v, want the DLQ's failure named", err)
-	}
+	return h
+}
 
-	const calls = 5
+// allocatedPerCall is what f allocates a call, over calls calls.
+func allocatedPerCall(calls int, f func()) uint64 {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	for range calls {
-		if h.e.Err() == nil {
-			t.Fatal("Err = nil with failing dead letters")
-		}
+		f()
 	}
 	runtime.ReadMemStats(&after)
-	if per := (after.TotalAlloc - before.TotalAlloc) / calls; per > 32<<10 {
-		t.Fatalf("Err with %d failing dead letters allocated %d bytes a call; want it bounded by the DLQs, not the dead letters (under 32 KiB)", n, per)
-	}
+	return (after.TotalAlloc - before.TotalAlloc) / uint64(calls)
 }
 
 // TestDeadLetterSums: a shard's sums (dlHeld, dlParked, dlByDest,
@@ -177,40 +204,13 @@ func TestDeadLetterErrLastAcrossShards(t *testing.T) {
 // took 2.6 ms a call over 8 shards, twice the walk it replaced).
 func TestDeadLetterErrAwaitedCostBounded(t *testing.T) {
 	const n = 20_000
-	h := newHarness(t, func(o *Options) {
-		o.Retry = RetryPolicy{Initial: time.Hour, Max: time.Hour, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
-		o.Shards = 4
-		o.Logger = zap.NewNop()
-	})
-	h.sink.setFail(func(*codec.Task) error { return errors.New("kafka: publish to \"dlq\": TOPIC_AUTHORIZATION_FAILED") })
-	h.run()
-	for i := 0; i < n; i += 1000 {
-		var dls []codec.Task
-		for j := i; j < i+1000; j++ {
-			dls = append(dls, deadLetter(fmt.Sprintf("dl%d", j), int64(j+1)))
-		}
-		if _, err := h.e.IngestAwait(context.Background(), dls, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	h.settle()
-	want := fmt.Sprintf("dead-letter delivery failing (%d dead letters, %d of them held", n, n)
-	h.advanceUntil("every dead letter failing", func() bool {
-		err := h.e.Err()
-		return err != nil && strings.Contains(err.Error(), want)
-	})
-
-	const calls = 5
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	for range calls {
+	h := failingDeadLetters(t, n, 4, true)
+	per := allocatedPerCall(5, func() {
 		if h.e.Err() == nil {
 			t.Fatal("Err = nil with failing dead letters")
 		}
-	}
-	runtime.ReadMemStats(&after)
-	if per := (after.TotalAlloc - before.TotalAlloc) / calls; per > 32<<10 {
+	})
+	if per > 32<<10 {
 		t.Fatalf("Err with %d failing dead letters sources wait for allocated %d bytes a call; want it bounded by the DLQs (under 32 KiB)", n, per)
 	}
 }
@@ -307,61 +307,17 @@ func TestAwaitedFailingCounts(t *testing.T) {
 // BenchmarkErrManyFailingDeadLetters: Err (what /readyz reports) with
 // 200 000 failing dead letters over 8 shards, none awaited by a source.
 func BenchmarkErrManyFailingDeadLetters(b *testing.B) {
-	const n = 200_000
-	h := newHarness(b, func(o *Options) {
-		o.Retry = RetryPolicy{Initial: time.Hour, Max: time.Hour, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
-		o.Shards = 8
-		o.Logger = zap.NewNop()
-	})
-	h.sink.setFail(func(*codec.Task) error { return errors.New("kafka: publish to \"dlq\": TOPIC_AUTHORIZATION_FAILED") })
-	h.run()
-	for i := 0; i < n; i += 1000 {
-		var dls []codec.Task
-		for j := i; j < i+1000; j++ {
-			dls = append(dls, deadLetter(fmt.Sprintf("dl%d", j), int64(j+1)))
-		}
-		h.ingest(dls)
-	}
-	want := fmt.Sprintf("(%d dead letters", n)
-	h.advanceUntil("every dead letter failing", func() bool {
-		err := h.e.Err()
-		return err != nil && strings.Contains(err.Error(), want)
-	})
-	b.ReportAllocs()
-	b.ResetTimer()
-	for b.Loop() {
-		if h.e.Err() == nil {
-			b.Fatal("Err = nil")
-		}
-	}
+	benchErr(b, failingDeadLetters(b, 200_000, 8, false))
 }
 
 // BenchmarkErrManyAwaitedDeadLetters: Err with 20 000 failing dead letters
 // over 8 shards, each awaited by its source.
 func BenchmarkErrManyAwaitedDeadLetters(b *testing.B) {
-	const n = 20_000
-	h := newHarness(b, func(o *Options) {
-		o.Retry = RetryPolicy{Initial: time.Hour, Max: time.Hour, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
-		o.Shards = 8
-		o.Logger = zap.NewNop()
-	})
-	h.sink.setFail(func(*codec.Task) error { return errors.New("kafka: publish to \"dlq\": TOPIC_AUTHORIZATION_FAILED") })
-	h.run()
-	for i := 0; i < n; i += 1000 {
-		var dls []codec.Task
-		for j := i; j < i+1000; j++ {
-			dls = append(dls, deadLetter(fmt.Sprintf("dl%d", j), int64(j+1)))
-		}
-		if _, err := h.e.IngestAwait(context.Background(), dls, nil); err != nil {
-			b.Fatal(err)
-		}
-	}
-	h.settle()
-	want := fmt.Sprintf("(%d dead letters, %d of them held", n, n)
-	h.advanceUntil("every dead letter failing", func() bool {
-		err := h.e.Err()
-		return err != nil && strings.Contains(err.Error(), want)
-	})
+	benchErr(b, failingDeadLetters(b, 20_000, 8, true))
+}
+
+// benchErr times Err on h.
+func benchErr(b *testing.B, h *harness) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {

@@ -1,13 +1,7 @@
 package shard
 
 import (
-	"errors"
-	"fmt"
-	"runtime"
 	"testing"
-	"time"
-
-	"github.com/delaybridge/delaybridge/codec"
 )
 
 // TestStuckEntriesBoundedByLimit: with 20 000 failing dead letters, a
@@ -19,22 +13,7 @@ import (
 // here (53 MB and 13 ms of each shard's lock with 200 000; hunt H195).
 func TestStuckEntriesBoundedByLimit(t *testing.T) {
 	const n = 20_000
-	h := newHarness(t, func(o *Options) {
-		o.Retry = RetryPolicy{Initial: time.Hour, Max: time.Hour, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
-	})
-	h.sink.setFail(func(*codec.Task) error { return errors.New("kafka: publish to \"dlq\": TOPIC_AUTHORIZATION_FAILED") })
-	h.run()
-	for i := 0; i < n; i += 1000 {
-		var dls []codec.Task
-		for j := i; j < i+1000; j++ {
-			dls = append(dls, deadLetter(fmt.Sprintf("dl%d", j), int64(j+1)))
-		}
-		h.ingest(dls)
-	}
-	h.advanceUntil("every dead letter failing", func() bool {
-		l, err := h.e.StuckEntries(1)
-		return err == nil && l.Total == n
-	})
+	h := failingDeadLetters(t, n, 4, false)
 	h.sink.reset()
 
 	// The listing is still right: the first entries in (shard, fire,
@@ -60,17 +39,12 @@ func TestStuckEntriesBoundedByLimit(t *testing.T) {
 		t.Fatalf("limit 1: %+v (total %d), want the first of the full listing, %d", one.Entries, one.Total, all.Entries[0].Seq)
 	}
 
-	const calls = 5
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	for range calls {
+	per := allocatedPerCall(5, func() {
 		if _, err := h.e.StuckEntries(1); err != nil {
 			t.Fatal(err)
 		}
-	}
-	runtime.ReadMemStats(&after)
-	if per := (after.TotalAlloc - before.TotalAlloc) / calls; per > 256<<10 {
+	})
+	if per > 256<<10 {
 		t.Fatalf("StuckEntries(1) with %d stuck allocated %d bytes a call; want it bounded by the limit (under 256 KiB)", n, per)
 	}
 }
