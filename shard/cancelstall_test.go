@@ -22,14 +22,7 @@ import (
 // cancelled. Cancel used to make its read under the lock: Err and Ingest
 // waited for it.
 func TestCancelStalledReadHoldsNoShard(t *testing.T) {
-	st := faultfs.StallReads(".sst")
-	h := newHarness(t, func(o *Options) {
-		o.Shards = 1
-		o.FS = errorfs.Wrap(vfs.Default, st)
-		o.filterMinKeys = 1 << 20 // no rebuild, whose scan would read the disk
-	})
-	t.Cleanup(st.Release) // before the harness closes
-	waitFilterBuilds(t, h.e, 1)
+	h, st := stallingShard(t, nil)
 	// Ids spread over the index, in many blocks.
 	const tasks = 5000
 	for i := range tasks / 500 {
@@ -55,28 +48,7 @@ func TestCancelStalledReadHoldsNoShard(t *testing.T) {
 	case <-deadline:
 		t.Fatal("Cancel did not read the disk")
 	}
-	answered := make(chan error, 1)
-	go func() { answered <- h.e.Err() }()
-	select {
-	case err := <-answered:
-		if err != nil {
-			t.Fatalf("Err() = %v", err)
-		}
-	case <-deadline:
-		t.Fatal("Err() did not return while Cancel's read was stalled")
-	}
-	ingested := make(chan error, 1)
-	go func() {
-		ingested <- h.e.Ingest(context.Background(), []codec.Task{sched("new", t0.Add(time.Hour), tasks+1)}, nil)
-	}()
-	select {
-	case err := <-ingested:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-deadline:
-		t.Fatal("Ingest did not return while Cancel's read was stalled")
-	}
+	shardAnswers(t, deadline, h, "Cancel's read", sched("new", t0.Add(time.Hour), tasks+1))
 
 	st.Release()
 	if err := <-cancelled; err != nil {
@@ -87,6 +59,52 @@ func TestCancelStalledReadHoldsNoShard(t *testing.T) {
 	}
 	if st := h.e.Stats(); st.Pending != tasks {
 		t.Fatalf("%d pending, want %d (one cancelled, one new)", st.Pending, tasks)
+	}
+}
+
+// stallingShard opens a one-shard engine on a disk whose reads of tables
+// st holds once st.On() (its filter built, and never rebuilt: that scan
+// would read the disk); mod adjusts the options further.
+func stallingShard(t *testing.T, mod func(*Options)) (*harness, *faultfs.Stall) {
+	t.Helper()
+	st := faultfs.StallReads(".sst")
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.FS = errorfs.Wrap(vfs.Default, st)
+		o.filterMinKeys = 1 << 20
+		if mod != nil {
+			mod(o)
+		}
+	})
+	t.Cleanup(st.Release) // before the harness closes
+	waitFilterBuilds(t, h.e, 1)
+	return h, st
+}
+
+// shardAnswers checks, while what holds a read of the disk, that Err
+// (readiness) answers nil and that an Ingest of task into the shard
+// returns, by deadline (which only turns a hang into a failure).
+func shardAnswers(t *testing.T, deadline <-chan time.Time, h *harness, what string, task codec.Task) {
+	t.Helper()
+	answered := make(chan error, 1)
+	go func() { answered <- h.e.Err() }()
+	select {
+	case err := <-answered:
+		if err != nil {
+			t.Fatalf("Err() = %v", err)
+		}
+	case <-deadline:
+		t.Fatalf("Err() did not return while %s was stalled", what)
+	}
+	ingested := make(chan error, 1)
+	go func() { ingested <- h.e.Ingest(context.Background(), []codec.Task{task}, nil) }()
+	select {
+	case err := <-ingested:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-deadline:
+		t.Fatalf("Ingest did not return while %s was stalled", what)
 	}
 }
 

@@ -1,15 +1,10 @@
 package shard
 
 import (
-	"context"
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
-
 	"github.com/delaybridge/delaybridge/codec"
-	"github.com/delaybridge/delaybridge/internal/faultfs"
 )
 
 // TestSweepStalledReadHoldsNoShard: the sweep of expired cancel markers
@@ -20,15 +15,7 @@ import (
 // make its first reads of the disk under the lock: Err and Ingest waited
 // for them.
 func TestSweepStalledReadHoldsNoShard(t *testing.T) {
-	st := faultfs.StallReads(".sst")
-	h := newHarness(t, func(o *Options) {
-		o.Shards = 1
-		o.FS = errorfs.Wrap(vfs.Default, st)
-		o.CancelRetention = time.Hour
-		o.filterMinKeys = 1 << 20 // no rebuild, whose scan would read the disk
-	})
-	t.Cleanup(st.Release) // before the harness closes
-	waitFilterBuilds(t, h.e, 1)
+	h, st := stallingShard(t, func(o *Options) { o.CancelRetention = time.Hour })
 	// Markers of ids spread over the index (in many blocks), each batch
 	// expiring a ms after the one before.
 	const markers = 5000
@@ -53,28 +40,7 @@ func TestSweepStalledReadHoldsNoShard(t *testing.T) {
 	case <-deadline:
 		t.Fatal("the sweep did not read the disk")
 	}
-	answered := make(chan error, 1)
-	go func() { answered <- h.e.Err() }()
-	select {
-	case err := <-answered:
-		if err != nil {
-			t.Fatalf("Err() = %v", err)
-		}
-	case <-deadline:
-		t.Fatal("Err() did not return while the sweep's read was stalled")
-	}
-	ingested := make(chan error, 1)
-	go func() {
-		ingested <- h.e.Ingest(context.Background(), []codec.Task{sched("new", h.clk.Now().Add(time.Hour), markers+1)}, nil)
-	}()
-	select {
-	case err := <-ingested:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-deadline:
-		t.Fatal("Ingest did not return while the sweep's read was stalled")
-	}
+	shardAnswers(t, deadline, h, "the sweep's read", sched("new", h.clk.Now().Add(time.Hour), markers+1))
 
 	st.Release()
 	h.settle()
