@@ -133,16 +133,10 @@ func TestGaugesTellTheTruthAfterRestart(t *testing.T) {
 			h.e.PauseFiring() // a restart during the catch-up pause
 			checkGauges(t, "paused", m, h.e)
 
-			h.stop()
 			if crash {
-				clone := mem.CrashClone(vfs.CrashCloneCfg{}) // what was synced
-				if err := h.e.Close(); err != nil {
-					t.Fatal(err)
-				}
-				h.e = nil
-				h.opts.FS = clone
-				h.open()
+				h.crashReopen(mem)
 			} else {
+				h.stop()
 				h.reopen()
 			}
 			checkGauges(t, "reopened", m, h.e)

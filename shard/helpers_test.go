@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -96,6 +97,21 @@ func (h *harness) close() {
 func (h *harness) reopen() {
 	h.t.Helper()
 	h.close()
+	h.open()
+}
+
+// crashReopen opens the engine again on what mem (its FS) had synced, as
+// after a crash: the running engine is stopped and closed, and what it
+// wrote since its last sync is lost.
+func (h *harness) crashReopen(mem *vfs.MemFS) {
+	h.t.Helper()
+	h.stop()
+	clone := mem.CrashClone(vfs.CrashCloneCfg{})
+	if err := h.e.Close(); err != nil {
+		h.t.Fatal(err)
+	}
+	h.e = nil
+	h.opts.FS = clone
 	h.open()
 }
 

@@ -59,14 +59,7 @@ func TestReleaseAfterRestart(t *testing.T) {
 			}
 			checkWaitingRecords(t, h.e)
 			if tc.crash {
-				h.stop()
-				clone := mem.CrashClone(vfs.CrashCloneCfg{}) // what was synced
-				if err := h.e.Close(); err != nil {
-					t.Fatal(err)
-				}
-				h.e = nil
-				h.opts.FS = clone
-				h.open()
+				h.crashReopen(mem)
 			} else {
 				h.reopen()
 			}
