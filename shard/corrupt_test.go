@@ -43,15 +43,7 @@ func TestCorruptValueAtFire(t *testing.T) {
 	if err := h.e.Err(); err == nil || !strings.Contains(err.Error(), "1 stored entries cannot be decoded") {
 		t.Fatalf("Err = %v, want the unreadable entry", err)
 	}
-	if err := h.e.DropStuck(0, l[0].Seq); err != nil {
-		t.Fatalf("DropStuck: %v", err)
-	}
-	if err := h.e.Err(); err != nil {
-		t.Fatalf("Err after the drop = %v", err)
-	}
-	if st := h.e.Stats(); st.Pending != 0 {
-		t.Fatalf("%d pending after the drop", st.Pending)
-	}
+	dropLastStuck(t, h.e, l[0].Seq)
 	if got := h.sink.acked(); !slices.Equal(got, []string{"b"}) {
 		t.Fatalf("delivered %v after the drop, want b only", got)
 	}
@@ -96,6 +88,21 @@ func TestReadErrorAtFire(t *testing.T) {
 				t.Fatalf("%d pending", st.Pending)
 			}
 		})
+	}
+}
+
+// dropLastStuck drops the stuck entry seq of shard 0, the last pending
+// task: the engine is then ready, with nothing pending.
+func dropLastStuck(t *testing.T, e *Engine, seq uint64) {
+	t.Helper()
+	if err := e.DropStuck(0, seq); err != nil {
+		t.Fatalf("DropStuck: %v", err)
+	}
+	if err := e.Err(); err != nil {
+		t.Fatalf("Err after the drop = %v", err)
+	}
+	if st := e.Stats(); st.Pending != 0 {
+		t.Fatalf("%d pending after the drop", st.Pending)
 	}
 }
 
@@ -152,13 +159,5 @@ func TestFailingDeadLetterTurnedUndecodable(t *testing.T) {
 	if len(l) != 1 || l[0].State != StuckUndecodable {
 		t.Fatalf("stuck entries %+v, want the dead letter undecodable", l)
 	}
-	if err := h.e.DropStuck(0, l[0].Seq); err != nil {
-		t.Fatalf("DropStuck: %v", err)
-	}
-	if err := h.e.Err(); err != nil {
-		t.Fatalf("Err after the drop = %v", err)
-	}
-	if st := h.e.Stats(); st.Pending != 0 {
-		t.Fatalf("%d pending after the drop", st.Pending)
-	}
+	dropLastStuck(t, h.e, l[0].Seq)
 }
