@@ -251,6 +251,18 @@ func (c *Cluster) MetaLeader() int {
 	return c.find(func(s *natsserver.Server) bool { return s.JetStreamIsLeader() })
 }
 
+// Wipe removes stopped server i's store directory, as a server that lost
+// its disk: started again, it catches up from the others.
+func (c *Cluster) Wipe(i int) {
+	c.t.Helper()
+	if c.server(i) != nil {
+		c.t.Fatalf("nats cluster: wipe server %d while it runs", i)
+	}
+	if err := os.RemoveAll(c.opts[i].StoreDir); err != nil {
+		c.t.Fatalf("nats cluster: wipe server %d: %v", i, err)
+	}
+}
+
 // Name is server i's name (its JetStream peer name in stream and consumer
 // infos).
 func (c *Cluster) Name(i int) string { return c.opts[i].ServerName }
