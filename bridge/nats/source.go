@@ -309,7 +309,9 @@ func Leaderless(err error) bool {
 // spans, so that handled messages whose acks were lost were taken in
 // again (TestStaleReplicaNotTakenForRestore). Its creation time and
 // configuration may be as stale. Such an answer is not taken: the look-up
-// fails, Leaderless, and is tried again within leaderlessRetry.
+// fails, Leaderless, and is tried again within leaderlessRetry. Nor is
+// one of a replica that names the leader (see streamLeaderErr): a server
+// that lost its store answers so while it catches up.
 //
 // Its text says "temporarily unavailable", as the server's 503 10008
 // does, which operators look for in the readiness reason (and
@@ -317,13 +319,29 @@ func Leaderless(err error) bool {
 var ErrNoStreamLeader = errors.New("the delay stream has no leader: temporarily unavailable")
 
 // streamLeaderErr wraps ErrNoStreamLeader when info, the answer of a
-// stream look-up, names no leader. A server outside a cluster names
-// itself.
+// stream look-up, is not the stream leader's: it names no leader, or it
+// lists the leader it names among its replicas. The server answering
+// leaves itself out of the replicas it lists unless it knows of no
+// leader (nats-server 2.15, jetStream.clusterInfo), so a leader listed
+// there is another server: a replica answered, from its own state. A
+// replica does so, naming the leader, while it is the group's preferred
+// peer and its raft node is less than 10 s old (jsStreamInfoRequest),
+// such as a server that lost its store and is catching up: its last
+// sequence was 0 with the leader at 2000
+// (TestWipedReplicaNotTakenForRestore). A server outside a cluster names
+// itself and lists no replicas.
 func streamLeaderErr(info *jetstream.StreamInfo) error {
-	if info == nil || info.Cluster == nil || info.Cluster.Leader != "" {
+	if info == nil || info.Cluster == nil {
 		return nil
 	}
-	return fmt.Errorf("%w (answered by a replica from its own state, which may be behind: last sequence %d)", ErrNoStreamLeader, info.State.LastSeq)
+	leader := info.Cluster.Leader
+	if leader == "" {
+		return fmt.Errorf("%w (answered by a replica from its own state, which may be behind: last sequence %d)", ErrNoStreamLeader, info.State.LastSeq)
+	}
+	if slices.ContainsFunc(info.Cluster.Replicas, func(p *jetstream.PeerInfo) bool { return p != nil && p.Name == leader }) {
+		return fmt.Errorf("%w (answered by a replica, not by the leader %s, from its own state, which may be behind: last sequence %d)", ErrNoStreamLeader, leader, info.State.LastSeq)
+	}
+	return nil
 }
 
 // leaderlessRetry is the longest the source waits before it tries again a

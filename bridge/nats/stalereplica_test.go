@@ -197,9 +197,132 @@ func TestStreamLeaderErr(t *testing.T) {
 	if !errors.Is(err, ErrNoStreamLeader) || !Leaderless(err) || !TemporarilyUnavailable(err) {
 		t.Fatalf("an answer without a leader: %v; want ErrNoStreamLeader, Leaderless and TemporarilyUnavailable", err)
 	}
+	// The leader answering leaves itself out of the replicas it lists: a
+	// replica answered this one, naming the leader (a wiped replica's,
+	// TestWipedReplicaNotTakenForRestore).
+	byReplica := &jetstream.StreamInfo{Cluster: &jetstream.ClusterInfo{Name: "C1", Leader: "S1",
+		Replicas: []*jetstream.PeerInfo{{Name: "S1", Current: true}, {Name: "S3", Current: true}}}}
+	if err := streamLeaderErr(byReplica); !errors.Is(err, ErrNoStreamLeader) || !Leaderless(err) {
+		t.Fatalf("an answer listing the leader it names among its replicas: %v; want ErrNoStreamLeader, Leaderless", err)
+	}
+	byLeader := &jetstream.StreamInfo{Cluster: &jetstream.ClusterInfo{Name: "C1", Leader: "S2",
+		Replicas: []*jetstream.PeerInfo{{Name: "S1", Current: true}, {Name: "S3", Current: true}}}}
+	if err := streamLeaderErr(byLeader); err != nil {
+		t.Fatalf("the leader's answer (its replicas listed): %v, want none", err)
+	}
 	// A server outside a cluster: the answer names it as the leader.
 	_, _, _, src := createdSource(t, nil)
 	if err := src.refreshStream(ctxT(t)); err != nil {
 		t.Fatalf("refresh on a server outside a cluster: %v", err)
 	}
+}
+
+// TestWipedReplicaNotTakenForRestore: a server that lost its store (a
+// replaced disk or volume) and is started again catches the delay stream
+// up from the others; while it is the group's preferred peer and its
+// raft node is less than 10 s old, it answers the stream's info from its
+// own state, last sequence 0 or on its way up, naming the leader
+// (nats-server 2.15, jsStreamInfoRequest: a preferred member of a new
+// group answers), and its local answer comes first to a client on it.
+// Taken by the source's re-set-up (reconcile), that last sequence below
+// the floor made checkRestored take the stream for one restored from a
+// backup (the floor lowered to the ack floor, a new incarnation, the held
+// spans cleared). Such an answer lists the leader it names among its
+// replicas (the leader leaves itself out) and is refused
+// (ErrNoStreamLeader): the re-set-up never takes a last sequence below
+// the one handled.
+//
+// Which server is the preferred peer is not known outside the server:
+// the stream's first leader is wiped (most likely the preferred, which
+// campaigns first), up to 3 times, then the others but the meta leader,
+// until one answers naming the leader first (in about 3 of 5 tries); if
+// none does, nothing was shown and the test is skipped.
+// Without the refusal of the replicas' answers naming a leader, the
+// re-set-up took 15 stale answers (last sequence 0, then 607, with the
+// leader at 2000).
+func TestWipedReplicaNotTakenForRestore(t *testing.T) {
+	if os.Getenv("DELAYBRIDGE_LONG") != "1" {
+		t.Skip("a cluster, 2000 messages and up to 3 servers wiped; set DELAYBRIDGE_LONG=1 (TestStreamLeaderErr is the short form)")
+	}
+	c := natstest.StartCluster(t, 3)
+	cfg := testConfig(t, c.URLs())
+	cfg.Create, cfg.Replicas = true, 3
+	admin := newJS(t, connect(t, cfg))
+	// A stream whose first leader (most likely its preferred peer, which
+	// campaigns first) is not the meta leader: with both wiped at once no
+	// answer of the wiped server was seen (4 runs of 4).
+	for try := 0; ; try++ {
+		clusterSource(t, cfg)
+		eventually(t, "the stream's and the meta leader", func() bool { return c.StreamLeader(cfg.Stream) >= 0 && c.MetaLeader() >= 0 })
+		if c.StreamLeader(cfg.Stream) != c.MetaLeader() {
+			break
+		}
+		if try == 5 {
+			t.Skip("the stream created 6 times, led by the meta leader each time")
+		}
+		if err := admin.DeleteStream(ctxT(t), cfg.Stream); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const n = 2000
+	payload := strings.Repeat("x", 1024) // a longer catch-up, a longer stale window
+	for i := range n {
+		if _, err := admin.PublishAsync("delay.a", []byte(payload)); err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	select {
+	case <-admin.PublishAsyncComplete():
+	case <-time.After(30 * time.Second):
+		t.Fatal("2000 publishes not acked within 30 s")
+	}
+	first := c.StreamLeader(cfg.Stream)
+	for attempt, wiped := range []int{first, first, first, (first + 1) % 3, (first + 2) % 3} {
+		if wiped == c.MetaLeader() {
+			continue
+		}
+		eventually(t, "the stream's leader, and all its messages", func() bool {
+			if c.StreamLeader(cfg.Stream) < 0 {
+				return false
+			}
+			s, err := admin.Stream(ctxT(t), cfg.Stream)
+			return err == nil && s.CachedInfo().State.LastSeq == n
+		})
+		// A source reading through the wiped server only.
+		vcfg := cfg
+		vcfg.URL = c.URL(wiped)
+		// Requests sent again every 200 ms while unanswered: the wiped
+		// server's stale answers came in a window of about 0.4 s.
+		vcfg.ConnectTimeout = 200 * time.Millisecond
+		src := clusterSource(t, vcfg)
+		c.Stop(wiped)
+		c.Wipe(wiped)
+		c.Start(wiped)
+		eventually(t, "the source reconnected", func() bool { return src.nc.IsConnected() })
+		var stale []uint64
+		named, leaderless := 0, 0
+		for start := time.Now(); time.Since(start) < 10*time.Second && named == 0; time.Sleep(10 * time.Millisecond) {
+			err := src.reconcile(ctxT(t), false)
+			switch {
+			case err == nil:
+				if last := src.lastSeq.Load(); last < n {
+					stale = append(stale, last)
+				}
+			case errors.Is(err, ErrNoStreamLeader) && strings.Contains(err.Error(), "not by the leader"):
+				named++
+			case errors.Is(err, ErrNoStreamLeader):
+				leaderless++
+			}
+		}
+		t.Logf("attempt %d, server %d wiped: refused %d answers naming the leader, %d naming none; took %d below %d: %v",
+			attempt, wiped, named, leaderless, len(stale), n, stale)
+		if len(stale) > 0 {
+			t.Fatalf("the re-set-up took last sequences %v from the wiped replica, below the %d the stream holds", stale, n)
+		}
+		if named > 0 {
+			return
+		}
+		c.WaitMeta()
+	}
+	t.Skip("no wiped server's answer naming the leader came first: nothing shown")
 }
