@@ -1,17 +1,14 @@
 package service
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,75 +19,19 @@ import (
 	"github.com/delaybridge/delaybridge/bridge/kafka"
 	"github.com/delaybridge/delaybridge/bridge/nats"
 	"github.com/delaybridge/delaybridge/config"
+	"github.com/delaybridge/delaybridge/internal/natstest"
 )
 
-// jsMute is a TCP relay in front of a nats-server that drops the client's
-// JetStream API requests ($JS.API.…) while mute is set: a JetStream that
-// does not answer (a server recovering its streams, a cluster without a
-// meta leader), which a real server cannot be made to be on demand.
-type jsMute struct {
-	addr    string
-	mute    atomic.Bool
-	dropped atomic.Int32
-	prefix  string // the API requests dropped; default all ($JS.API.)
-}
-
-func newJSMute(t *testing.T, upstream string) *jsMute {
+// muteJS is a relay in front of the nats-server at upstream that drops
+// the client's JetStream API requests to subjects beginning with prefix
+// until unmuted (mute.Drop("", 0)): a JetStream that does not answer (a
+// server recovering its streams, a cluster without a meta leader), which a
+// real server cannot be made to be on demand.
+func muteJS(t *testing.T, upstream, prefix string) *natstest.Relay {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = l.Close() })
-	m := &jsMute{addr: l.Addr().String(), prefix: "$JS.API."}
-	m.mute.Store(true)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", upstream)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			go func() { _, _ = io.Copy(c, s); _ = c.Close() }()
-			go func() { m.relay(c, s); _ = s.Close() }()
-		}
-	}()
-	return m
-}
-
-// relay copies the client's protocol lines (and PUB/HPUB payloads) to the
-// server, but for JetStream API publishes while muted.
-func (m *jsMute) relay(c, s net.Conn) {
-	r := bufio.NewReader(c)
-	for {
-		line, err := r.ReadString('\n')
-		if err != nil {
-			return
-		}
-		f := strings.Fields(line)
-		var payload []byte
-		if len(f) >= 3 && (strings.EqualFold(f[0], "PUB") || strings.EqualFold(f[0], "HPUB")) {
-			n, err := strconv.Atoi(f[len(f)-1])
-			if err != nil {
-				return
-			}
-			payload = make([]byte, n+2) // and its CRLF
-			if _, err := io.ReadFull(r, payload); err != nil {
-				return
-			}
-			if m.mute.Load() && strings.HasPrefix(f[1], m.prefix) {
-				m.dropped.Add(1)
-				continue
-			}
-		}
-		if _, err := s.Write(append([]byte(line), payload...)); err != nil {
-			return
-		}
-	}
+	r := natstest.NewRelay(t, upstream)
+	r.Drop(prefix, math.MaxInt)
+	return r
 }
 
 // A JetStream that does not answer the delay stream's lookup at start is
@@ -100,19 +41,19 @@ func (m *jsMute) relay(c, s net.Conn) {
 // while JetStream recovers).
 func TestStartJetStreamSilent(t *testing.T) {
 	e := newEnv(t, "")
-	m := newJSMute(t, e.ns.Addr().String())
-	e.mutate = func(c *config.Config) { c.NATS.URL = "nats://" + m.addr }
+	m := muteJS(t, e.ns.Addr().String(), "$JS.API.")
+	e.mutate = func(c *config.Config) { c.NATS.URL = m.URL() }
 	svc, _, done := e.runWith(Options{NATS: func(c *nats.Config) { fastNATS(c); c.ConnectTimeout = 200 * time.Millisecond }})
 	eventually(t, "a failed stream lookup reported", func() bool {
 		select {
 		case err := <-done:
-			t.Fatalf("bridge Run returned while JetStream did not answer at start (%d API requests unanswered): %v", m.dropped.Load(), err)
+			t.Fatalf("bridge Run returned while JetStream did not answer at start (%d API requests unanswered): %v", m.Dropped(), err)
 		default:
 		}
 		err := svc.Ready()
-		return m.dropped.Load() > 0 && err != nil && strings.Contains(err.Error(), "look up stream")
+		return m.Dropped() > 0 && err != nil && strings.Contains(err.Error(), "look up stream")
 	})
-	m.mute.Store(false)
+	m.Drop("", 0)
 	// The next try finds (or creates) the stream.
 	eventually(t, "ready once JetStream answers", func() bool { return svc.Ready() == nil })
 	e.publishNATS("delay.js", []byte("after-silence"), "delay-after", "0", "delay-target", "orders.js")
@@ -134,10 +75,9 @@ func TestStartJetStreamSilent(t *testing.T) {
 // ready throughout (found by a clustered-NATS hunt).
 func TestNotReadyWhileConsumerUnanswered(t *testing.T) {
 	e := newEnv(t, "")
-	m := newJSMute(t, e.ns.Addr().String())
-	m.prefix = "$JS.API.CONSUMER."
-	m.mute.Store(false)
-	e.mutate = func(c *config.Config) { c.NATS.URL = "nats://" + m.addr }
+	m := muteJS(t, e.ns.Addr().String(), "$JS.API.CONSUMER.")
+	m.Drop("", 0)
+	e.mutate = func(c *config.Config) { c.NATS.URL = m.URL() }
 	svc, _, done := e.runWith(Options{NATS: func(c *nats.Config) { fastNATS(c); c.PullExpiry = time.Second }})
 	alive := func() {
 		select {
@@ -147,13 +87,13 @@ func TestNotReadyWhileConsumerUnanswered(t *testing.T) {
 		}
 	}
 	eventually(t, "ready", func() bool { alive(); return svc.Ready() == nil })
-	m.mute.Store(true)
+	m.Drop("$JS.API.CONSUMER.", math.MaxInt)
 	eventually(t, "not ready while the consumer does not answer", func() bool {
 		alive()
 		err := svc.Ready()
 		return err != nil && strings.Contains(err.Error(), "consumer info")
 	})
-	m.mute.Store(false)
+	m.Drop("", 0)
 	eventually(t, "ready once the consumer answers", func() bool { alive(); return svc.Ready() == nil })
 	e.publishNATS("delay.js", []byte("after-quorum"), "delay-after", "0", "delay-target", "orders.js")
 	e.advanceUntil("the delivery once the consumer answers", func(ds []delivery) bool {
@@ -172,9 +112,8 @@ func TestNotReadyWhileConsumerUnanswered(t *testing.T) {
 // bridge restarted during a quorum loss, its held tasks 10-30 s late).
 func TestNATSPublisherUpBeforeItsSource(t *testing.T) {
 	e := newEnv(t, "")
-	m := newJSMute(t, e.ns.Addr().String())
-	m.prefix = "$JS.API.STREAM.INFO.DELAY"
-	e.mutate = func(c *config.Config) { c.NATS.URL = "nats://" + m.addr }
+	m := muteJS(t, e.ns.Addr().String(), "$JS.API.STREAM.INFO.DELAY")
+	e.mutate = func(c *config.Config) { c.NATS.URL = m.URL() }
 	svc, _, done := e.runWith(Options{NATS: func(c *nats.Config) { fastNATS(c); c.ConnectTimeout = 200 * time.Millisecond }})
 	alive := func() {
 		select {
@@ -188,13 +127,13 @@ func TestNATSPublisherUpBeforeItsSource(t *testing.T) {
 		alive()
 		return len(byValue(ds, "orders.x")["cross"]) > 0
 	})
-	if m.dropped.Load() == 0 {
+	if m.Dropped() == 0 {
 		t.Fatal("the delay stream's lookup was never dropped")
 	}
 	if err := svc.Ready(); err == nil || !strings.Contains(err.Error(), "connecting to brokers") {
 		t.Fatalf("ready = %v while the NATS source is not set up", err)
 	}
-	m.mute.Store(false)
+	m.Drop("", 0)
 	eventually(t, "ready once the delay stream answers", func() bool { alive(); return svc.Ready() == nil })
 	e.publishNATS("delay.js", []byte("after-lookup"), "delay-after", "0", "delay-target", "orders.js")
 	e.advanceUntil("the NATS source consuming", func(ds []delivery) bool {
