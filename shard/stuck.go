@@ -2,6 +2,7 @@ package shard
 
 import (
 	"cmp"
+	"container/heap"
 	"errors"
 	"fmt"
 	"math"
@@ -194,40 +195,19 @@ func (s *shard) stuckLocked(seq uint64) (stuck, bool) {
 // stuck, collecting them all took 53 MB and 13 ms of each shard's lock a
 // call; hunt H195).
 func (s *shard) stuckFirstLocked(limit int) (first []stuck, total int) {
-	less := func(a, b stuck) bool { return a.fire < b.fire || a.fire == b.fire && a.seq < b.seq }
-	h := make([]stuck, 0, min(limit, len(s.undecodable)+len(s.dlFailing)))
+	h := make(stuckHeap, 0, min(limit, len(s.undecodable)+len(s.dlFailing)))
 	add := func(seq uint64) {
 		st, ok := s.stuckLocked(seq)
 		if !ok {
 			return
 		}
 		total++
-		if len(h) < limit {
-			h = append(h, st)
-			// Sift up: the largest is at h[0].
-			for i := len(h) - 1; i > 0 && less(h[(i-1)/2], h[i]); i = (i - 1) / 2 {
-				h[i], h[(i-1)/2] = h[(i-1)/2], h[i]
-			}
-			return
-		}
-		if limit == 0 || !less(st, h[0]) {
-			return // only counted: the listing is full
-		}
-		// Replace the largest and sift down.
-		h[0] = st
-		for i := 0; ; {
-			c := 2*i + 1
-			if c >= len(h) {
-				break
-			}
-			if c+1 < len(h) && less(h[c], h[c+1]) {
-				c++
-			}
-			if !less(h[i], h[c]) {
-				break
-			}
-			h[i], h[c] = h[c], h[i]
-			i = c
+		switch {
+		case len(h) < limit:
+			heap.Push(&h, st)
+		case limit > 0 && stuckCmp(st, h[0]) < 0:
+			h[0] = st // in place of the last one kept
+			heap.Fix(&h, 0)
 		}
 	}
 	for seq := range s.undecodable {
@@ -238,10 +218,26 @@ func (s *shard) stuckFirstLocked(limit int) (first []stuck, total int) {
 			add(seq)
 		}
 	}
-	slices.SortFunc(h, func(a, b stuck) int {
-		return cmp.Or(cmp.Compare(a.fire, b.fire), cmp.Compare(a.seq, b.seq))
-	})
+	slices.SortFunc(h, stuckCmp)
 	return h, total
+}
+
+// stuckCmp orders stuck entries by (fire, seq).
+func stuckCmp(a, b stuck) int { return cmp.Or(cmp.Compare(a.fire, b.fire), cmp.Compare(a.seq, b.seq)) }
+
+// stuckHeap is a max-heap of stuck entries by (fire, seq): its root is the
+// last of those kept (container/heap).
+type stuckHeap []stuck
+
+func (h stuckHeap) Len() int           { return len(h) }
+func (h stuckHeap) Less(i, j int) bool { return stuckCmp(h[i], h[j]) > 0 }
+func (h stuckHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *stuckHeap) Push(x any)        { *h = append(*h, x.(stuck)) }
+func (h *stuckHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
 
 // StuckEntries lists the stuck entries of every shard (see StuckState) in
