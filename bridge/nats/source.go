@@ -548,10 +548,7 @@ func (s *Source) ensure(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.setupBudget())
 	defer cancel()
 	subjects := s.subjects()
-	stream, err := answered(ctx, s, func(ctx context.Context) (jetstream.Stream, error) { return s.js.Stream(ctx, s.cfg.Stream) })
-	if err == nil {
-		err = streamLeaderErr(stream.CachedInfo())
-	}
+	stream, err := s.lookupStream(ctx)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound) && s.cfg.Create:
 		// A work queue: once a message is acked the bridge's store holds
@@ -1579,16 +1576,26 @@ func (s *Source) reconcile(ctx context.Context, gone bool) error {
 	return nil
 }
 
+// lookupStream looks the delay stream up as the set-up asks its requests
+// (answered), and takes only the leader's answer (streamLeaderErr).
+func (s *Source) lookupStream(ctx context.Context) (jetstream.Stream, error) {
+	stream, err := answered(ctx, s, func(ctx context.Context) (jetstream.Stream, error) { return s.js.Stream(ctx, s.cfg.Stream) })
+	if err != nil {
+		return nil, err
+	}
+	if err := streamLeaderErr(stream.CachedInfo()); err != nil {
+		return nil, err
+	}
+	return stream, nil
+}
+
 // refreshStream reads the stream's identity and last sequence now: the
 // stream may have been created again, or grown, since ensure. An answer
 // without a leader is not taken (ErrNoStreamLeader).
 func (s *Source) refreshStream(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.setupBudget())
 	defer cancel()
-	stream, err := answered(ctx, s, func(ctx context.Context) (jetstream.Stream, error) { return s.js.Stream(ctx, s.cfg.Stream) })
-	if err == nil {
-		err = streamLeaderErr(stream.CachedInfo())
-	}
+	stream, err := s.lookupStream(ctx)
 	if err != nil {
 		return fmt.Errorf("nats source: look up stream %q: %w", s.cfg.Stream, err)
 	}
