@@ -420,19 +420,15 @@ func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 // backoff, or at most pausedConnectBackoff while firing is paused at
 // start or after a NATS set-up answered that the cluster has no leader.
 func connectPause(backoff time.Duration, paused bool, err error) time.Duration {
-	if paused {
-		// No delivery asks for an attempt while firing waits for the
-		// sources to catch up (catchUp): a bridge restarted in an
-		// outage would reach the broker up to 30 s after its return
-		// (hunt H181: 22 s).
-		return min(backoff, pausedConnectBackoff)
-	}
-	if nats.Leaderless(err) {
-		// A NATS cluster without its quorum answers the set-up 503 at
-		// once: tried every 2 s at most, the source is set up within
-		// about 2 s of the quorum's return (hunt H192: up to 30 s after
-		// it), each attempt a request or two, and readiness says why
-		// meanwhile.
+	// Paused: no delivery asks for an attempt while firing waits for the
+	// sources to catch up (catchUp), so a bridge restarted in an outage
+	// would reach the broker up to 30 s after its return (hunt H181:
+	// 22 s). Leaderless: a NATS cluster without its quorum answers the
+	// set-up 503 at once; tried every 2 s at most, the source is set up
+	// within about 2 s of the quorum's return (hunt H192: up to 30 s
+	// after it), each attempt a request or two, and readiness says why
+	// meanwhile.
+	if paused || nats.Leaderless(err) {
 		return min(backoff, pausedConnectBackoff)
 	}
 	return backoff
