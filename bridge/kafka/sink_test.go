@@ -548,7 +548,7 @@ func BenchmarkSinkMissingTopicAmongMany(b *testing.B) {
 func TestSinkRetiresWritersPastMaxTopics(t *testing.T) {
 	old := maxWriterTopics
 	maxWriterTopics = 8
-	defer func() { maxWriterTopics = old }()
+	t.Cleanup(func() { maxWriterTopics = old })
 	var topics []string
 	for i := range 40 {
 		topics = append(topics, fmt.Sprintf("tenant-%d", i))
@@ -610,7 +610,7 @@ func TestSinkRetiresWritersPastMaxTopics(t *testing.T) {
 func TestSinkRetiresWritersAtMaxTopics(t *testing.T) {
 	old := maxWriterTopics
 	maxWriterTopics = 2
-	defer func() { maxWriterTopics = old }()
+	t.Cleanup(func() { maxWriterTopics = old })
 	c := newCluster(t, kfake.SeedTopics(1, "a", "b"))
 	s, err := NewSink(testConfig(t, c.ListenAddrs(), ""))
 	if err != nil {

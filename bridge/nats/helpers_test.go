@@ -243,6 +243,18 @@ func (r *recorder) seqs() []int64 {
 	return out
 }
 
+// setForTest sets the package variable *p to v until t ends. The old
+// value comes back in a t.Cleanup, which runs after the cleanups
+// registered later: sources started after the call (runSource) are
+// stopped before it, so none reads the variable while it is restored. (A
+// defer would restore it while they still run: a data race, CI at
+// bbe0476.)
+func setForTest[T any](t testing.TB, p *T, v T) {
+	old := *p
+	*p = v
+	t.Cleanup(func() { *p = old })
+}
+
 // runSource runs src.Run in the background; the returned stop cancels it
 // and returns Run's result.
 func runSource(t testing.TB, src *Source, h bridge.Handler) (stop func() error) {

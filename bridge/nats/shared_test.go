@@ -17,8 +17,7 @@ import (
 // are taken in by both: README, "One bridge instance per consumer group".)
 func TestSharedConsumerWarned(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
-	defer func(d time.Duration) { sharedGapAfter = d }(sharedGapAfter)
-	sharedGapAfter = 0 // gaps right after the start count too
+	setForTest(t, &sharedGapAfter, 0) // gaps right after the start count too
 	cfg, _, js, srcA := createdSource(t, func(c *Config) {
 		c.AckWait = 2 * time.Minute
 		c.BatchSize = 1
@@ -74,8 +73,7 @@ func TestSharedConsumerWarned(t *testing.T) {
 // sharedGapAfter after the reset (here 0, so any gap would count). One
 // bridge: no warning about another client is expected.
 func TestSharedGapNotWarnedRedeliveryLostAtReconnect(t *testing.T) {
-	defer func(d time.Duration) { sharedGapAfter = d }(sharedGapAfter)
-	sharedGapAfter = 0 // any gap seen after the reset would count
+	setForTest(t, &sharedGapAfter, 0) // any gap seen after the reset would count
 	h := &blocker{recorder: newRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
 	cfg, nc, proxy, pub, logs := proxiedSource(t, false, func(c *Config) {
 		c.AckWait = 2 * time.Second

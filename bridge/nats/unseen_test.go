@@ -383,7 +383,7 @@ func TestNakFenceStopping(t *testing.T) {
 	defer sub.Unsubscribe()
 	old := nakFenceWait
 	nakFenceWait = time.Hour
-	defer func() { nakFenceWait = old }()
+	t.Cleanup(func() { nakFenceWait = old })
 
 	stopped, cancel := context.WithCancel(context.Background())
 	cancel()
