@@ -1143,7 +1143,9 @@ func TestAlertRules(t *testing.T) {
 		"DelaybridgeTargetGone":       "unless on (job, namespace, pod) up",
 		"DelaybridgeFireLatenessHigh": "histogram_quantile(0.99",
 		"DelaybridgeDeadLettering":    "delaybridge_dead_lettered_total",
-		"DelaybridgeStoreErrors":      "delaybridge_store_errors_total",
+		// A DLQ failing as a whole, not only not ready (hunt H202).
+		"DelaybridgeDeadLettersFailing": "delaybridge_dead_letters_failing > 0 for 5m",
+		"DelaybridgeStoreErrors":        "delaybridge_store_errors_total",
 		// Before the volume is full (hunt H151): bytes against the
 		// reserve and the size, and inodes.
 		"DelaybridgeStoreDiskLow": "delaybridge_store_disk_free_inodes < 0.05 * delaybridge_store_disk_inodes",
@@ -1239,7 +1241,7 @@ func TestGrafanaDashboard(t *testing.T) {
 		"delaybridge_ready", "delaybridge_best_effort_deliveries_total",
 		// What keeps the bridge not ready with an alert of its own, and
 		// the catch-up pause (hunt H200: on no panel).
-		"delaybridge_dead_letters_parked", "delaybridge_undecodable_entries", "delaybridge_firing_paused",
+		"delaybridge_dead_letters_parked", "delaybridge_dead_letters_failing", "delaybridge_undecodable_entries", "delaybridge_firing_paused",
 		"delaybridge_store_disk_free_inodes",
 	} {
 		if !used[want] {

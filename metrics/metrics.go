@@ -27,24 +27,29 @@ type Metrics struct {
 	// now (in the store, retried, not yet in their DLQ).
 	DeadLettersParked    prometheus.Counter
 	DeadLettersParkedNow prometheus.Gauge
-	Cancelled            *prometheus.CounterVec   // source
-	Replaced             *prometheus.CounterVec   // source
-	Dropped              *prometheus.CounterVec   // source, why (older, cancelled)
-	Pending              *prometheus.GaugeVec     // shard
-	InWheel              *prometheus.GaugeVec     // shard
-	Held                 *prometheus.GaugeVec     // shard, transport
-	FireLateness         *prometheus.HistogramVec // transport
-	Overdue              prometheus.Counter
-	StoreCommit          *prometheus.HistogramVec // op (ingest|fire|retry|cancel|drop)
-	StoreErrors          prometheus.Counter
-	PublishRetries       *prometheus.CounterVec   // transport
-	PublishSeconds       *prometheus.HistogramVec // transport
-	BestEffort           *prometheus.CounterVec   // transport: deliveries with no broker ack (core NATS)
-	SourceErrors         *prometheus.CounterVec   // source
-	SourceLag            *prometheus.GaugeVec     // source, partition
-	SourceUnstable       *prometheus.GaugeVec     // source, partition (Kafka)
-	SourceStableStalled  *prometheus.GaugeVec     // source, partition (Kafka)
-	Ready                prometheus.Gauge
+	// DeadLettersFailing is how many dead letters whose last delivery
+	// failed, and that are not parked, wait in the store for a retry now:
+	// their DLQ fails as a whole (unreachable, no permission, no stream,
+	// full) or has not refused them Retry.MaxAttempts times yet.
+	DeadLettersFailing  prometheus.Gauge
+	Cancelled           *prometheus.CounterVec   // source
+	Replaced            *prometheus.CounterVec   // source
+	Dropped             *prometheus.CounterVec   // source, why (older, cancelled)
+	Pending             *prometheus.GaugeVec     // shard
+	InWheel             *prometheus.GaugeVec     // shard
+	Held                *prometheus.GaugeVec     // shard, transport
+	FireLateness        *prometheus.HistogramVec // transport
+	Overdue             prometheus.Counter
+	StoreCommit         *prometheus.HistogramVec // op (ingest|fire|retry|cancel|drop)
+	StoreErrors         prometheus.Counter
+	PublishRetries      *prometheus.CounterVec   // transport
+	PublishSeconds      *prometheus.HistogramVec // transport
+	BestEffort          *prometheus.CounterVec   // transport: deliveries with no broker ack (core NATS)
+	SourceErrors        *prometheus.CounterVec   // source
+	SourceLag           *prometheus.GaugeVec     // source, partition
+	SourceUnstable      *prometheus.GaugeVec     // source, partition (Kafka)
+	SourceStableStalled *prometheus.GaugeVec     // source, partition (Kafka)
+	Ready               prometheus.Gauge
 	// FiringPaused is 1 while the fire loops wait for the sources to read
 	// their backlog at start (catch_up_wait): due tasks wait meanwhile.
 	FiringPaused prometheus.Gauge
@@ -83,6 +88,9 @@ func New(r prometheus.Registerer) *Metrics {
 		}),
 		DeadLettersParkedNow: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "delaybridge_dead_letters_parked", Help: "Dead letters parked now (see delaybridge_dead_letters_parked_total): in the store, retried, not yet in their DLQ. Stored with each retry, so it survives a restart.",
+		}),
+		DeadLettersFailing: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "delaybridge_dead_letters_failing", Help: "Dead letters whose last delivery to their DLQ failed, not parked (their DLQ fails as a whole: unreachable, no permission, no stream, full; or refused them fewer times than the retry policy allows): in the store, retried with backoff; one a source partition waits for holds it. The bridge is not ready while any is. Stored with each retry, so it survives a restart.",
 		}),
 		StuckDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "delaybridge_stuck_dropped_total", Help: "Stuck store entries an operator dropped for good through the admin API (DELETE /v1/stuck/{shard}/{seq}), by state: held (a dead letter whose DLQ fails), parked (a dead letter its DLQ refuses as this message), undecodable (an envelope that cannot be decoded). A dead letter dropped while being published that its DLQ took anyway counts as dead-lettered instead.",
@@ -159,7 +167,7 @@ func New(r prometheus.Registerer) *Metrics {
 		m.StuckDropped.WithLabelValues(st)
 	}
 	if r != nil {
-		r.MustRegister(m.Ingested, m.Fired, m.DeadLettered, m.DeadLettersParked, m.DeadLettersParkedNow, m.StuckDropped, m.Undecodable, m.Cancelled, m.Replaced, m.Dropped,
+		r.MustRegister(m.Ingested, m.Fired, m.DeadLettered, m.DeadLettersParked, m.DeadLettersParkedNow, m.DeadLettersFailing, m.StuckDropped, m.Undecodable, m.Cancelled, m.Replaced, m.Dropped,
 			m.Pending, m.InWheel, m.Held, m.FireLateness, m.Overdue, m.StoreCommit, m.StoreErrors,
 			m.PublishRetries, m.PublishSeconds, m.BestEffort, m.SourceErrors, m.SourceLag, m.SourceUnstable, m.SourceStableStalled, m.Ready, m.FiringPaused, m.StoreDisk)
 	}

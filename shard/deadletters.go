@@ -404,7 +404,10 @@ type dlDest struct {
 // dlSetLocked stores f as the failure of the dead letter seq, which
 // dlFailing does not hold, and counts it in the shard's sums (dlHeld and
 // dlByDest, or dlParked and dlParkedLast), which Err reads instead of
-// every failing dead letter.
+// every failing dead letter. The failing gauge follows dlHeld here and in
+// dlUncountLocked (the parked one is moved by the callers, which know when
+// a dead letter enters or leaves the parked set rather than is counted
+// again).
 func (s *shard) dlSetLocked(seq uint64, f dlFailure) {
 	if s.dlFailing == nil {
 		s.dlFailing = make(map[uint64]dlFailure)
@@ -416,6 +419,7 @@ func (s *shard) dlSetLocked(seq uint64, f dlFailure) {
 		return
 	}
 	s.dlHeld++
+	s.e.m.DeadLettersFailing.Inc()
 	if s.dlByDest == nil {
 		s.dlByDest = make(map[string]*dlDest)
 	}
@@ -438,6 +442,7 @@ func (s *shard) dlUncountLocked(f dlFailure) {
 		return
 	}
 	s.dlHeld--
+	s.e.m.DeadLettersFailing.Dec()
 	if d := s.dlByDest[f.dest]; d != nil {
 		if d.n--; d.n == 0 {
 			delete(s.dlByDest, f.dest)
@@ -535,7 +540,7 @@ func (s *shard) awaitedFailingLocked() int {
 
 // loadDLFailuresLocked restores at open the shard's dead letters whose
 // last delivery failed before the restart (prefixDLFailure records), so
-// that Err and the parked gauge report them at once rather than after
+// that Err and the failing and parked gauges report them at once rather than after
 // their next failed try. A record whose dead letter is not stored where it
 // says (a version without these records retried or delivered it) is
 // dropped.

@@ -381,11 +381,12 @@ func OpenContext(ctx context.Context, opts Options) (*Engine, error) {
 	e.commitCancel = e.m.StoreCommit.WithLabelValues("cancel")
 	e.commitDrop = e.m.StoreCommit.WithLabelValues("drop")
 	if err := e.recover(); err != nil {
-		// The shards recovered so far may have counted parked dead
-		// letters in; a failed Open leaves no engine to take them out.
+		// The shards recovered so far may have counted failing and
+		// parked dead letters in; a failed Open leaves no engine to take them out.
 		for _, sh := range e.shards {
 			if sh != nil {
 				e.m.DeadLettersParkedNow.Sub(float64(sh.dlParked))
+				e.m.DeadLettersFailing.Sub(float64(sh.dlHeld))
 			}
 		}
 		db.Close()
@@ -1673,6 +1674,7 @@ func (e *Engine) close(flush bool) error {
 		sh.mu.Lock()
 		e.m.Undecodable.Sub(float64(len(sh.undecodable)))
 		e.m.DeadLettersParkedNow.Sub(float64(sh.dlParked))
+		e.m.DeadLettersFailing.Sub(float64(sh.dlHeld))
 		sh.mu.Unlock()
 	}
 	if e.paused.Load() {

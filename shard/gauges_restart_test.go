@@ -15,9 +15,9 @@ import (
 )
 
 // checkGauges fails when a gauge of m says other than the engine: pending,
-// wheel entries and held tasks per shard against Stats, the parked dead
-// letters and undecodable entries against StuckEntries, firing paused
-// against FiringPaused.
+// wheel entries and held tasks per shard against Stats, the failing and
+// parked dead letters and undecodable entries against StuckEntries, firing
+// paused against FiringPaused.
 func checkGauges(t *testing.T, when string, m *metrics.Metrics, e *Engine) {
 	t.Helper()
 	st := e.Stats()
@@ -40,9 +40,11 @@ func checkGauges(t *testing.T, when string, m *metrics.Metrics, e *Engine) {
 			}
 		}
 	}
-	var parked, undecodable float64
+	var failing, parked, undecodable float64
 	for _, s := range stuckOf(t, e) {
 		switch s.State {
+		case StuckHeld:
+			failing++
 		case StuckParked:
 			parked++
 		case StuckUndecodable:
@@ -57,6 +59,7 @@ func checkGauges(t *testing.T, when string, m *metrics.Metrics, e *Engine) {
 		name      string
 		got, want float64
 	}{
+		{"delaybridge_dead_letters_failing", testutil.ToFloat64(m.DeadLettersFailing), failing},
 		{"delaybridge_dead_letters_parked", testutil.ToFloat64(m.DeadLettersParkedNow), parked},
 		{"delaybridge_undecodable_entries", testutil.ToFloat64(m.Undecodable), undecodable},
 		{"delaybridge_firing_paused", testutil.ToFloat64(m.FiringPaused), paused},
@@ -68,13 +71,15 @@ func checkGauges(t *testing.T, when string, m *metrics.Metrics, e *Engine) {
 }
 
 // TestGaugesTellTheTruthAfterRestart: the engine's gauges (pending, wheel
-// entries, held tasks, parked dead letters, undecodable entries, firing
-// paused) say what the engine holds while it runs, after a Close and
+// entries, held tasks, failing and parked dead letters, undecodable
+// entries, firing paused) say what the engine holds while it runs, after a Close and
 // reopen in the same process (one Metrics, as a service that reopens its
 // store keeps), and after a crash (the store as last synced); and the
 // counters add up once everything is delivered (hunt H200). Before,
 // delaybridge_firing_paused stayed 1 after an engine closed while paused:
-// the reopened engine, not paused, was reported paused for good.
+// the reopened engine, not paused, was reported paused for good. Before
+// H202 no gauge counted the failing dead letters (a DLQ that fails as a
+// whole) at all: Err and GET /v1/stuck were the only ways to see them.
 func TestGaugesTellTheTruthAfterRestart(t *testing.T) {
 	for _, crash := range []bool{false, true} {
 		t.Run(map[bool]string{false: "close", true: "crash"}[crash], func(t *testing.T) {
@@ -93,6 +98,8 @@ func TestGaugesTellTheTruthAfterRestart(t *testing.T) {
 			up := false
 			h.sink.setFail(func(t *codec.Task) error {
 				switch {
+				case t.Kind == codec.KindDeadLetter && t.Target == "dlqdenied" && !up:
+					return errDLQDenied // the DLQ fails as a whole: held, never parked
 				case t.Kind == codec.KindDeadLetter && !up:
 					return refused
 				case t.Target == "down" && !up:
@@ -120,14 +127,26 @@ func TestGaugesTellTheTruthAfterRestart(t *testing.T) {
 			}
 			n++
 			batch = append(batch, deadLetter("bad", n))
+			n++
+			denied := deadLetter("denied", n)
+			denied.Target = "dlqdenied"
+			batch = append(batch, denied)
 			h.ingest(batch)
 			checkGauges(t, "ingested", m, h.e)
 			h.run()
-			h.advanceUntil("held tasks and the park", func() bool {
-				return h.e.Stats().Held > 0 && testutil.ToFloat64(m.DeadLettersParkedNow) == 1
+			h.advanceUntil("held tasks, the park and the failing dead letter", func() bool {
+				if h.e.Stats().Held == 0 || testutil.ToFloat64(m.DeadLettersParkedNow) != 1 {
+					return false
+				}
+				for _, s := range stuckOf(t, h.e) {
+					if s.State == StuckHeld {
+						return true
+					}
+				}
+				return false
 			})
-			checkGauges(t, "running, target down, dead letter parked", m, h.e)
-			if st := h.e.Stats(); st.Held == 0 || st.Pending != downN+laterN+farN+1 {
+			checkGauges(t, "running, target down, dead letters parked and failing", m, h.e)
+			if st := h.e.Stats(); st.Held == 0 || st.Pending != downN+laterN+farN+2 {
 				t.Fatalf("before the restart: %+v, want held tasks and every task pending", st)
 			}
 			h.e.PauseFiring() // a restart during the catch-up pause
@@ -155,8 +174,8 @@ func TestGaugesTellTheTruthAfterRestart(t *testing.T) {
 			}{
 				{"ingested", testutil.ToFloat64(m.Ingested.WithLabelValues("src")), float64(len(batch))},
 				{"fired task", testutil.ToFloat64(m.Fired.WithLabelValues("kafka", "task")), downN + laterN + farN},
-				{"fired dlq", testutil.ToFloat64(m.Fired.WithLabelValues("kafka", "dlq")), 1},
-				{"dead lettered", testutil.ToFloat64(m.DeadLettered.WithLabelValues(string(codec.CodeBadDue))), 1},
+				{"fired dlq", testutil.ToFloat64(m.Fired.WithLabelValues("kafka", "dlq")), 2},
+				{"dead lettered", testutil.ToFloat64(m.DeadLettered.WithLabelValues(string(codec.CodeBadDue))), 2},
 				{"parked total", testutil.ToFloat64(m.DeadLettersParked), 1},
 			} {
 				if c.got != c.want {
