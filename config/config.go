@@ -14,7 +14,9 @@
 //
 //   - Defaults are in place before the YAML is read, so an explicit zero
 //     (retry.jitter: 0, max_delay: 0) is kept. A key with a null value
-//     (kafka: ~, or "kafka:" with nothing under it) is as if omitted.
+//     (kafka: ~, or "kafka:" with nothing under it) is as if omitted;
+//     when that leaves no transport, Validate names the empty block and
+//     what it lacks ("kafka: empty: ...; set kafka.brokers ...").
 //   - The kafka and nats blocks are pointers: omitted means the transport
 //     is disabled; present (even empty, or enabled by one environment
 //     variable) means enabled, with defaults for group, client_id, url,
@@ -372,7 +374,7 @@ func Load(path string, environ []string) (*Config, error) {
 func LoadBytes(data []byte, environ []string) (*Config, error) {
 	c := Default()
 	// YAML and environment problems are reported together.
-	inYAML, yamlErr := decodeYAML(data, c)
+	inYAML, nullInYAML, yamlErr := decodeYAML(data, c)
 	fromEnv, envErr := applyEnv(c, environ)
 	if err := errors.Join(yamlErr, envErr); err != nil {
 		return nil, err
@@ -387,7 +389,7 @@ func LoadBytes(data []byte, environ []string) (*Config, error) {
 		// The default reserve follows the memtable: two write-ahead logs.
 		c.Store.ReserveMB = StoreReserveMB(c.Store.MemtableMB)
 	}
-	v := &validator{fromEnv: fromEnv}
+	v := &validator{fromEnv: fromEnv, nullInYAML: nullInYAML}
 	c.readSecrets(v)
 	if len(v.errs) == 0 {
 		c.validate(v)

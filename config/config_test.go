@@ -608,3 +608,56 @@ func TestStoreReserveDefault(t *testing.T) {
 		t.Errorf("Default().Store.ReserveMB = %d, want 282", got)
 	}
 }
+
+// TestLoadEmptyTransportBlock: a "kafka:" or "nats:" with nothing under it
+// (YAML null) is as if omitted; when that leaves no transport, the error
+// names the empty block and what it lacks, not only that no transport is
+// configured (hunt H202: "kafka, nats: at least one transport must be
+// configured" for a file that has a kafka: block). With another transport
+// configured the empty block stays omitted.
+func TestLoadEmptyTransportBlock(t *testing.T) {
+	const base = "data_dir: /var/lib/delaybridge\nadmin:\n  listen: 127.0.0.1:8080\n"
+	natsOnly := "nats:\n  sources:\n    - subject: \"delay.>\"\n      dlq: dlq.delay\n"
+	kafkaEmpty := `kafka: empty: nothing under "kafka:" (read as omitted), so no transport is configured; set kafka.brokers (at least one host:port) and kafka.sources`
+	natsEmpty := `nats: empty: nothing under "nats:" (read as omitted), so no transport is configured; set nats.sources (at least one delay subject`
+	generic := "kafka, nats: at least one transport must be configured"
+	for _, tc := range []struct {
+		name, yml string
+		want      []string // substrings of the error; none: it loads
+		not       []string
+	}{
+		{"kafka bare", base + "kafka:\n", []string{kafkaEmpty}, []string{generic, "nats:"}},
+		{"kafka tilde", base + "kafka: ~\n", []string{kafkaEmpty}, []string{generic}},
+		{"nats bare", base + "nats:\n", []string{natsEmpty}, []string{generic, "kafka:"}},
+		{"both bare", base + "kafka:\nnats:\n", []string{kafkaEmpty, natsEmpty}, []string{generic}},
+		{"neither", base, []string{generic}, []string{"empty"}},
+		{"kafka empty mapping", base + "kafka: {}\n", []string{"kafka.brokers: required", "kafka.sources: required"}, []string{generic, "kafka: empty"}},
+		{"kafka bare beside nats", base + "kafka:\n" + natsOnly, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := LoadBytes([]byte(tc.yml), nil)
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatalf("LoadBytes: %v", err)
+				}
+				if c.Kafka != nil || c.NATS == nil {
+					t.Fatalf("kafka %+v, nats %+v: want the empty kafka block omitted", c.Kafka, c.NATS)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+			for _, n := range tc.not {
+				if strings.Contains(err.Error(), n) {
+					t.Errorf("error %q contains %q", err, n)
+				}
+			}
+		})
+	}
+}

@@ -36,16 +36,18 @@ func yamlName(f reflect.StructField) string {
 }
 
 // decodeYAML decodes one YAML document onto c, which holds the defaults,
-// and returns the key paths of the single values it set ("store.cache_mb").
-// Errors of all keys are collected and joined.
-func decodeYAML(data []byte, c *Config) (set map[string]bool, err error) {
+// and returns the key paths of the single values it set ("store.cache_mb")
+// and of the keys it found with a null value ("kafka:" with nothing under
+// it), which leave c as it was. Errors of all keys are collected and
+// joined.
+func decodeYAML(data []byte, c *Config) (set, null map[string]bool, err error) {
 	root, err := parseYAML(data)
 	if err != nil || root == nil {
-		return nil, err
+		return nil, nil, err
 	}
-	d := &decoder{budget: 10000 + 10*len(data), set: map[string]bool{}}
+	d := &decoder{budget: 10000 + 10*len(data), set: map[string]bool{}, null: map[string]bool{}}
 	d.value(root, reflect.ValueOf(c).Elem(), "")
-	return d.set, errors.Join(d.errs...)
+	return d.set, d.null, errors.Join(d.errs...)
 }
 
 // yamlError names the parser in err once: yaml.v3's syntax errors already
@@ -98,6 +100,7 @@ func parseYAML(data []byte) (root *yaml.Node, err error) {
 type decoder struct {
 	errs []error
 	set  map[string]bool // key paths of the single values set
+	null map[string]bool // key paths found with a null value
 	// budget bounds the nodes visited: aliases and merge keys can make a
 	// small document expand exponentially ("billion laughs"), and a merge
 	// key can name its own mapping.
@@ -150,7 +153,11 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
 		v.Set(reflect.MakeSlice(v.Type(), 0, 0))
 		return
 	}
-	if isNull(n) || d.over(n, path) {
+	if isNull(n) {
+		d.null[path] = true
+		return
+	}
+	if d.over(n, path) {
 		return
 	}
 	d.depth++

@@ -28,6 +28,9 @@ type validator struct {
 	errs []error
 	// fromEnv names the variable that set a key path, if one did.
 	fromEnv map[string]string
+	// nullInYAML holds the key paths the YAML gave a null value ("kafka:"
+	// with nothing under it), which are as if omitted.
+	nullInYAML map[string]bool
 }
 
 // add records a problem with key. The message names the environment
@@ -111,7 +114,21 @@ func (c *Config) validate(v *validator) {
 		v.add("log.format", "must be json or console; got %q", c.Log.Format)
 	}
 	if c.Kafka == nil && c.NATS == nil {
-		v.add("kafka, nats", "at least one transport must be configured")
+		// A transport block with nothing under it reads as omitted; the
+		// operator who wrote one meant that transport, so name it and what
+		// it lacks rather than only that none is configured.
+		empty := false
+		if v.nullInYAML["kafka"] {
+			empty = true
+			v.add("kafka", "empty: nothing under \"kafka:\" (read as omitted), so no transport is configured; set kafka.brokers (at least one host:port) and kafka.sources (at least one delay topic, each with its dlq)")
+		}
+		if v.nullInYAML["nats"] {
+			empty = true
+			v.add("nats", "empty: nothing under \"nats:\" (read as omitted), so no transport is configured; set nats.sources (at least one delay subject, each with its dlq; nats.url defaults to %s)", DefaultNATSURL)
+		}
+		if !empty {
+			v.add("kafka, nats", "at least one transport must be configured")
+		}
 	}
 	if c.Kafka != nil {
 		c.validateKafka(v, c.Kafka)
