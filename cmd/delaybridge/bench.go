@@ -39,8 +39,11 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer, clea
 	out := fs.String("out", "bench-out", "directory for report.json, report.md and lateness.png")
 	profile := fs.Bool("profile", false, "write a 3 s CPU profile of each bridge run (not the warm ones) into -out (bridge-kafka.cpu.pprof, bridge-nats.cpu.pprof; paced runs: bridge-kafka-paced.cpu.pprof, ...)")
 	work := fs.String("work", "", "scratch directory for stores and broker data (default the system temp dir)")
+	// Flags of the engine-level children benchrun starts (`bench -child
+	// capacity -dir D ...`), not of a user: they work but -h leaves them out.
 	child := fs.String("child", "", "internal: run one engine-level measurement in this process")
 	dir := fs.String("dir", "", "internal: the child's store directory")
+	fs.Usage = usageHiding(fs, "child", "dir")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -86,6 +89,27 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer, clea
 	o.Logger = zap.NewNop()
 	o.Progress = stderr
 	return runBench(ctx, o, stdout, cleanups)
+}
+
+// usageHiding is a Usage for fs that prints what the flag package's
+// default does (the header, then PrintDefaults) without the flags named
+// hidden: flags for the program's own use, which still parse.
+func usageHiding(fs *flag.FlagSet, hidden ...string) func() {
+	return func() {
+		shown := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
+		shown.SetOutput(fs.Output())
+		fs.VisitAll(func(f *flag.Flag) {
+			if slices.Contains(hidden, f.Name) {
+				return
+			}
+			shown.Var(f.Value, f.Name, f.Usage)
+			// Var takes the current value as the default: after a parse
+			// that set the flag it is not.
+			shown.Lookup(f.Name).DefValue = f.DefValue
+		})
+		fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
+		shown.PrintDefaults()
+	}
 }
 
 // runBench runs benchrun.Run with its scratch space (stores, broker data,

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -161,4 +162,48 @@ func startBlockingChild(t *testing.T) <-chan error {
 	go func() { done <- cmd.Wait() }()
 	t.Cleanup(func() { _ = stdin.Close() })
 	return done
+}
+
+// TestBenchHelpHidesInternalFlags: `bench -h` lists the flags of the
+// README and docs/benchmarks.md, not -child and -dir, which only the
+// engine-level children benchrun starts are given (hunt H202: they were
+// listed as "internal: ..."); those still parse (an unknown child mode is
+// the child's error, exit 1, not an unknown flag, exit 2), and the usage
+// printed after a bad flag value hides them too.
+func TestBenchHelpHidesInternalFlags(t *testing.T) {
+	documented := []string{"-quick\n", "-n int", "-paced-n int", "-rate int", "-capacity int", "-payload int",
+		"-recovery int", "-only string", "-transports string", "-out string", `(default "bench-out")`, "-profile\n", "-work string"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+	}{
+		{"help", []string{"bench", "-h"}, 0},
+		{"a bad value", []string{"bench", "-out", "elsewhere", "-only", "latency"}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			if code := realMain(tc.args, &out, &errOut); code != tc.code {
+				t.Fatalf("exit code %d, want %d; stderr: %s", code, tc.code, errOut.String())
+			}
+			help := errOut.String()
+			if !strings.HasPrefix(help, "Usage of bench:\n") {
+				t.Errorf("stderr %q does not start with the usage header", help)
+			}
+			for _, w := range documented {
+				if !strings.Contains(help, w) {
+					t.Errorf("usage %q does not list %q", help, w)
+				}
+			}
+			for _, w := range []string{"-child", "-dir", "internal:"} {
+				if strings.Contains(help, w) {
+					t.Errorf("usage %q lists %q", help, w)
+				}
+			}
+		})
+	}
+	var out, errOut bytes.Buffer
+	if code := realMain([]string{"bench", "-child", "nosuch", "-dir", t.TempDir()}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), `unknown child mode "nosuch"`) {
+		t.Fatalf("bench -child nosuch: exit %d, stderr %q; want 1 and the child's error", code, errOut.String())
+	}
 }
