@@ -99,7 +99,7 @@ func New(r prometheus.Registerer) *Metrics {
 			Name: "delaybridge_cancelled_total", Help: "Pending tasks cancelled (by delay-cancel, tombstone or admin API) and not delivered; one already being published when cancelled counts here only if that publish failed, else as fired.",
 		}, []string{"source"}),
 		Replaced: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "delaybridge_replaced_total", Help: "Pending tasks replaced by a newer schedule with the same id.",
+			Name: "delaybridge_replaced_total", Help: "Pending tasks replaced by a newer schedule with the same id and not delivered; one already being published when replaced counts here only if that publish failed, else as fired.",
 		}, []string{"source"}),
 		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "delaybridge_dropped_total", Help: "Schedules dropped because a newer schedule or cancel with the same id was already held.",

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"bytes"
+	"context"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -25,8 +26,17 @@ import (
 // finds the key gone as "not superseded": delaybridge_cancelled_total
 // never counts the cancel. The comment on that path says it is a read
 // error, "rare enough"; with fire_batch_bytes it is every round of large
-// tasks.
+// tasks. A replace is counted the same way since H202 (no longer at its
+// ingest when the task is in flight), so it is checked there too.
 func TestCancelOfSentBackTaskCounted(t *testing.T) {
+	for _, replace := range []bool{false, true} {
+		t.Run(map[bool]string{false: "cancel", true: "replace"}[replace], func(t *testing.T) {
+			testSupersedeOfSentBackTaskCounted(t, replace)
+		})
+	}
+}
+
+func testSupersedeOfSentBackTaskCounted(t *testing.T, replace bool) {
 	var arm, blocked atomic.Bool
 	release := make(chan struct{})
 	entered := make(chan struct{})
@@ -61,7 +71,12 @@ func TestCancelOfSentBackTaskCounted(t *testing.T) {
 	if !cInFlight {
 		t.Fatalf("c not claimed while a is read")
 	}
-	if err := h.e.Cancel("src", "c"); err != nil {
+	if replace {
+		// Not h.ingest: it waits for the fire loop, blocked here.
+		if err := h.e.Ingest(context.Background(), []codec.Task{sched("c", t0.Add(3*time.Hour), 4)}, nil); err != nil {
+			t.Fatalf("Ingest: %v", err)
+		}
+	} else if err := h.e.Cancel("src", "c"); err != nil {
 		t.Fatalf("Cancel: %v", err)
 	}
 	close(release)
@@ -70,8 +85,15 @@ func TestCancelOfSentBackTaskCounted(t *testing.T) {
 	if got := h.sink.acked(); !slices.Equal(got, []string{"a", "b"}) {
 		t.Fatalf("delivered %v, want a and b", got)
 	}
-	if got := metricValue(t, m.Cancelled.WithLabelValues("src")); got != 1 {
-		t.Errorf("delaybridge_cancelled_total = %v, want 1: the cancel of c (sent back by the byte budget) was never counted", got)
+	counter, name := m.Cancelled, "delaybridge_cancelled_total"
+	if replace {
+		counter, name = m.Replaced, "delaybridge_replaced_total"
+	}
+	if got := metricValue(t, counter.WithLabelValues("src")); got != 1 {
+		t.Errorf("%s = %v, want 1: the supersede of c (sent back by the byte budget) was never counted", name, got)
+	}
+	if got := metricValue(t, m.Fired.WithLabelValues("kafka", "task")); got != 2 {
+		t.Errorf("delaybridge_fired_total = %v, want 2 (a and b)", got)
 	}
 	h.checkPending()
 }

@@ -169,18 +169,19 @@ type shard struct {
 	overlay    map[string]overlayEntry // index decisions of those batches
 	// inflight holds the seqs of the tasks handed to the sink; a replace
 	// or cancel that deletes one meanwhile marks it superseded, so the
-	// outcome is not recorded for it (only counted: a cancelled task the
-	// broker acknowledged anyway was fired, one it did not was
-	// cancelled). A task that is not superseded still owns its index
+	// outcome is not recorded for it (only counted: a replaced or
+	// cancelled task the broker acknowledged anyway was fired, one it did
+	// not was replaced or cancelled). A task that is not superseded still owns its index
 	// entry (every change of an id's entry deletes the task it pointed
 	// to, under this lock), so the ack deletes both without reading the
 	// index.
 	inflight map[uint64]supersession
-	// cancelSrc is the source of each cancel that superseded a task in
-	// flight (cancelledInFlight), for counting it cancelled when the task
-	// turns out gone before it was read (claimed, then cancelled, then
-	// read): no delivery is left to count it. Entries leave with their
-	// inflight entry (endInflightLocked).
+	// cancelSrc is the source of each replace or cancel that superseded a
+	// task in flight (replacedInFlight, cancelledInFlight), for counting
+	// it replaced or cancelled when the task turns out gone before it was
+	// read (claimed, then superseded, then read): no delivery is left to
+	// count it. Entries leave with their inflight entry
+	// (endInflightLocked).
 	cancelSrc map[uint64]string
 	// deleting holds the seqs of stored tasks that an applied-but-not-yet-
 	// durable (or not yet applied) batch deletes by a replace or cancel:
@@ -760,7 +761,7 @@ const (
 )
 
 // endInflightLocked takes seq out of the in-flight set, returning what
-// superseded it meanwhile and, for a cancel, the cancel's source.
+// superseded it meanwhile and, for a replace or cancel, its source.
 func (s *shard) endInflightLocked(seq uint64) (sup supersession, cancelSource string) {
 	sup, cancelSource = s.inflight[seq], s.cancelSrc[seq]
 	delete(s.inflight, seq)
@@ -781,16 +782,17 @@ func (s supersession) state() StuckState {
 	return StuckHeld
 }
 
-// supersedeLocked records that pb deletes the stored task seq (a replace,
-// or a cancel of source when by is cancelledInFlight). If the task is in flight its
-// delivery outcome is not recorded, and inFlight tells the caller so: a
-// cancel is then counted by the delivery, as cancelled only if the
-// broker did not take the task. Until pb is durable, claimLocked skips
-// the task.
+// supersedeLocked records that pb deletes the stored task seq (a replace
+// or a cancel of source, by replacedInFlight or cancelledInFlight). If
+// the task is in flight its delivery outcome is not recorded, and
+// inFlight tells the caller so: the replace or cancel is then counted by
+// the delivery, as replaced or cancelled only if the broker did not take
+// the task (it was fired if it did). Until pb is durable, claimLocked
+// skips the task.
 func (s *shard) supersedeLocked(seq uint64, pb *pendingBatch, by supersession, source string) (inFlight bool) {
 	if _, ok := s.inflight[seq]; ok {
 		s.inflight[seq], inFlight = by, true
-		if by == cancelledInFlight {
+		if by == replacedInFlight || by == cancelledInFlight {
 			if s.cancelSrc == nil {
 				s.cancelSrc = make(map[uint64]string)
 			}
@@ -1017,7 +1019,9 @@ func (e *Engine) ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 			pb.delta++
 			s.addOpLocked(pb, a.fire, a.seq)
 			a.entry = indexEntry{Shard: sh, Fire: a.fire, Seq: a.seq, Order: in}
-			if a.delOld {
+			if a.delOld && !oldInFlight {
+				// One in flight is counted by its delivery, as a
+				// cancelled one is: fired if the broker took it.
 				stats.replaced = append(stats.replaced, t.Source)
 			}
 			if t.Due <= now {

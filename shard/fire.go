@@ -864,9 +864,10 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 		switch {
 		case !it.corrupt:
 			s.dlDoneLocked(it.seq)
-			// Gone from the store before it was read: a cancel or an
-			// operator's drop claimed after the entry was (counted here,
-			// as no delivery is left to count it), or an older deletion.
+			// Gone from the store before it was read: a replace, a
+			// cancel or an operator's drop claimed after the entry was
+			// (counted here, as no delivery is left to count it), or an
+			// older deletion.
 			s.countUndeliveredLocked(sup, cancelSrc)
 		case sup == notSuperseded:
 			// A failing dead letter that no longer decodes is reported
@@ -879,9 +880,10 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 	}
 	var again []releasedTask
 	for _, it := range retry {
-		// A cancel or drop that met it is counted here, as for a dropped
-		// entry: its next claim finds it gone, not superseded. (With the
-		// byte budget, every round of large tasks sends some back.)
+		// A replace, cancel or drop that met it is counted here, as for
+		// a dropped entry: its next claim finds it gone, not superseded.
+		// (With the byte budget, every round of large tasks sends some
+		// back.)
 		s.countUndeliveredLocked(s.endInflightLocked(it.seq))
 		s.addLocked(it.fire, it.seq) // a held one stays out: it is released again from the store
 		if lt, ok := s.late[it.seq]; ok && it.released {
@@ -995,10 +997,10 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 		key, val []byte
 		readds   []wheelOp
 		// acked: acknowledged by the broker, superseded ones included
-		// (counted as fired); cancelled: cancelled in flight and not
-		// delivered.
-		acked, cancelled []int
-		retried          []int
+		// (counted as fired); replaced, cancelled: replaced or cancelled
+		// in flight and not delivered.
+		acked, replaced, cancelled []int
+		retried                    []int
 		// parkedNow: dead letters that entered the parked set, with
 		// their refusal; unparked: parked ones their DLQ took at last
 		parkedNow []dlRefusal
@@ -1033,17 +1035,20 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 		case errs != nil:
 			derr = errs[i]
 		}
-		sup, _ := s.endInflightLocked(it.seq) // a cancel's source: the task's
+		sup, _ := s.endInflightLocked(it.seq) // a replace's or cancel's source: the task's
 		if sup != notSuperseded {
 			// Replaced or cancelled while in flight: the newer message
 			// deleted this task and owns its index entry. Counted only:
-			// delivered anyway, it was fired; not, a cancel cancelled it.
+			// delivered anyway, it was fired; not, the replace replaced
+			// it or the cancel cancelled it.
 			switch {
 			case derr == nil:
 				acked = append(acked, i)
 				if sup.dropped() {
 					droppedAcked = append(droppedAcked, i)
 				}
+			case sup == replacedInFlight:
+				replaced = append(replaced, i)
 			case sup == cancelledInFlight:
 				cancelled = append(cancelled, i)
 			case sup.dropped():
@@ -1280,6 +1285,9 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.firedSinceClear += len(acked)
+	for _, i := range replaced {
+		e.m.Replaced.WithLabelValues(items[i].task.Source).Inc()
+	}
 	for _, i := range cancelled {
 		e.m.Cancelled.WithLabelValues(items[i].task.Source).Inc()
 	}

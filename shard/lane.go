@@ -232,17 +232,20 @@ func (s *shard) unparkLocked(ln *lane) {
 
 func (s *shard) unparkOneLocked(p parkedTask) {
 	sup, _ := s.endInflightLocked(p.seq)
-	s.countUndeliveredLocked(sup, p.source) // a cancel's source: the task's
+	s.countUndeliveredLocked(sup, p.source) // a replace's or cancel's source: the task's
 	s.addLocked(p.fire, p.seq)
 }
 
 // countUndeliveredLocked counts a claimed task that leaves the in-flight
-// set without a delivery to count it: cancelled (by a cancel from
-// cancelSrc) or dropped by an operator while claimed.
-func (s *shard) countUndeliveredLocked(sup supersession, cancelSrc string) {
+// set without a delivery to count it: replaced or cancelled (by a
+// message of source src, or an admin cancel) or dropped by an operator
+// while claimed.
+func (s *shard) countUndeliveredLocked(sup supersession, src string) {
 	switch {
+	case sup == replacedInFlight:
+		s.e.m.Replaced.WithLabelValues(src).Inc()
 	case sup == cancelledInFlight:
-		s.e.m.Cancelled.WithLabelValues(cancelSrc).Inc()
+		s.e.m.Cancelled.WithLabelValues(src).Inc()
 	case sup.dropped():
 		s.e.m.StuckDropped.WithLabelValues(string(sup.state())).Inc()
 	}
