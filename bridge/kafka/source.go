@@ -163,7 +163,7 @@ func NewSource(cfg Config) (*Source, error) {
 
 // CheckpointKey is the store checkpoint key of a topic partition.
 func CheckpointKey(topic string, partition int) string {
-	return "kafka|" + topic + "|" + strconv.Itoa(partition)
+	return bridge.KafkaCheckpointKey(topic, partition)
 }
 
 // Check connects to the brokers, authenticates and reads the metadata of
@@ -922,7 +922,22 @@ func (s *Source) decideStart(ctx context.Context, h bridge.Handler, topic string
 		if committed > 0 && s.cfg.FreshStore {
 			s.logUnstored(topic, partition, committed, log)
 		}
-		return start{offset: committed}, nil
+		st := start{offset: committed}
+		if partition == 0 {
+			// A NATS stream of this name read by the store: its tasks
+			// share the ids' scope with this topic's (bridge.CrossIncarnation).
+			inc, other, err := bridge.StreamCrossIncarnation(h, topic)
+			if err != nil {
+				return start{}, fmt.Errorf("read the incarnation of a NATS stream named like the topic: %w", err)
+			}
+			if other {
+				st.incarnation = inc
+				log.Warn("the store has read a NATS delay stream named like this topic: the tasks it left pending share the scope of their ids with this topic's, "+
+					"so a message here replaces or cancels the stream's task of the same id if its broker time is later",
+					zap.Uint32("incarnation", inc))
+			}
+		}
+		return st, nil
 	}
 	// Another log is the next incarnation. It is decided again after a
 	// restart until the new log's first batch stores its checkpoint, so

@@ -415,7 +415,7 @@ func baseKey(stream string, subjects []string) string {
 // the incarnation of the stream (see codec.Message.Incarnation): Offset is
 // the incarnation, Fingerprint the creation time (Unix ns) of the stream it
 // belongs to. Every batch stores it with the floor.
-func IncarnationKey(stream string) string { return "nats-incarnation|" + stream }
+func IncarnationKey(stream string) string { return bridge.NATSIncarnationKey(stream) }
 
 // settleIncarnation sets s.inc to the incarnation of the stream created
 // at id and stores it at once, before any message of it is read, so that
@@ -440,6 +440,21 @@ func (s *Source) settleIncarnation(ctx context.Context, h bridge.Handler, id int
 		return false, fmt.Errorf("nats source: read the stream incarnation: %w", err)
 	}
 	inc, write := nextIncarnation(cp, stored, id, s.inc, s.incOf, other)
+	if !stored && s.incOf == 0 {
+		// The first stream of this name the store reads: if it has read
+		// a Kafka topic of this name, their tasks share the ids' scope
+		// (bridge.CrossIncarnation).
+		cross, ok, err := bridge.TopicCrossIncarnation(h, s.cfg.Stream)
+		if err != nil {
+			return false, fmt.Errorf("nats source: read the incarnation of a Kafka topic named like the stream: %w", err)
+		}
+		if ok {
+			inc, write = cross, true
+			s.log.Warn("nats source: the store has read a Kafka delay topic named like this stream: the tasks it left pending share the scope of their ids with this stream's, "+
+				"so a message here replaces or cancels the topic's task of the same id if its broker time is later",
+				zap.String("stream", s.cfg.Stream), zap.Uint32("incarnation", inc))
+		}
+	}
 	if write {
 		b := &bridge.Batch{Checkpoints: []shard.Checkpoint{{Key: s.incKey, Offset: int64(inc), Fingerprint: uint64(id)}}}
 		if err := h.Handle(ctx, b); err != nil {
