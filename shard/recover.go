@@ -661,9 +661,14 @@ func (s *shard) releasedReadyLocked() bool {
 // at its own retry time, up to Retry.Max after the target's return. A
 // record whose task is not stored at its retry's key any more (a build
 // without these records, which ignores them, delivered, replaced or
-// retried it), a corrupt one, and those past Options.OutageMemory (their
-// tasks go at their retry times) are deleted. Keys only are read: one
-// seek per record in key order, and nothing without an outage.
+// retried it) and a corrupt one are deleted. So are those past
+// Options.OutageMemory (retry.waiting_in_memory lowered since), whose
+// tasks are held on disk (holdAtOpen), as the fire loop holds the next
+// task that fails as unavailable once the bound is reached: they go with
+// their group's release. Before, they went each at its retry time, up to
+// Retry.Max after the target's return (hunt H203). Keys only are read
+// for the tasks kept in memory: one seek per record in key order, and
+// nothing without an outage.
 func (s *shard) loadWaitingLocked() error {
 	it, err := s.e.db.NewIter(&pebble.IterOptions{
 		LowerBound: shardSeqKey(prefixWaiting, s.id, 0),
@@ -708,10 +713,20 @@ func (s *shard) loadWaitingLocked() error {
 	}
 	var groups []int64
 	var key []byte
+	b := s.e.db.NewBatch()
+	defer b.Close()
+	var held [transportSlots]int64
 	for _, r := range recs {
 		key = appendTaskKey(key[:0], s.id, r.fire, r.seq)
-		if !tasks.SeekGE(key) || !bytes.Equal(tasks.Key(), key) || len(s.late) >= s.e.opts.OutageMemory {
+		if !tasks.SeekGE(key) || !bytes.Equal(tasks.Key(), key) {
 			drop = append(drop, waitingKey(s.id, r.seq))
+			continue
+		}
+		if len(s.late) >= s.e.opts.OutageMemory {
+			drop = append(drop, waitingKey(s.id, r.seq))
+			if slot, ok := s.holdAtOpen(b, tasks, r.fire, r.seq); ok {
+				held[slot]++
+			}
 			continue
 		}
 		lt := lateTask{dg: r.dg}
@@ -727,10 +742,18 @@ func (s *shard) loadWaitingLocked() error {
 	if err := errors.Join(tasks.Error(), tasks.Close()); err != nil {
 		return fmt.Errorf("load waiting tasks of shard %d: %w", s.id, err)
 	}
+	nHeld := int64(0)
+	for l, n := range held {
+		if n > 0 {
+			b.Merge(heldKey(s.id, l), u64(uint64(n)), nil)
+			nHeld += n
+		}
+	}
 	if len(drop) > 0 {
-		// Not synced: a record left by a crash is dropped again at the
-		// next Open.
-		b := s.e.db.NewBatch()
+		// Not synced: a record left by a crash is dropped (a task held)
+		// again at the next Open. The batch is atomic: a task moved to
+		// the held range is there with its index entry, count and no
+		// record, or where it was with its record.
 		for _, k := range drop {
 			b.Delete(k, nil)
 		}
@@ -739,11 +762,41 @@ func (s *shard) loadWaitingLocked() error {
 		}
 	}
 	s.e.restoreOutages(groups)
-	if len(s.late) > 0 {
+	if len(s.late) > 0 || nHeld > 0 {
 		s.e.log.Info("tasks waiting since before the restart for an unreachable target; all go once one of them is delivered",
-			zap.Int("shard", s.id), zap.Int("waiting_in_memory", len(s.late)), zap.Int("target_groups", len(groups)), zap.Int("stale_records_dropped", len(drop)))
+			zap.Int("shard", s.id), zap.Int("waiting_in_memory", len(s.late)), zap.Int("target_groups", len(groups)),
+			zap.Int64("held_past_waiting_in_memory", nHeld), zap.Int("stale_records_dropped", len(drop)-int(nHeld)))
 	}
 	return nil
+}
+
+// holdAtOpen adds to b the move of the task at tasks' key (fire, seq), one
+// that waited for an outage past Options.OutageMemory, to the held range,
+// with its index entry, as the fire loop's hold does; it returns the
+// transport slot to count it in. ok is false for a task it leaves where it
+// is (at its retry time): a dead letter (never held), one that does not
+// decode, or one whose index entry is not this key.
+func (s *shard) holdAtOpen(b *pebble.Batch, tasks *pebble.Iterator, fire int64, seq uint64) (slot int, ok bool) {
+	v, err := tasks.ValueAndErr()
+	if err != nil {
+		return 0, false
+	}
+	var t codec.Task
+	if codec.DecodeTask(v, &t) != nil || t.Kind == codec.KindDeadLetter {
+		return 0, false
+	}
+	ik := appendIndexKey(nil, t.Source, t.ID)
+	iv, found, err := getCopy(s.e.db, ik)
+	var ie indexEntry
+	if err != nil || !found || decodeIndexEntry(iv, &ie) != nil || ie.Cancel || ie.Shard != s.id || ie.Fire != fire || ie.Seq != seq {
+		return 0, false
+	}
+	slot = transportSlot(t.Transport)
+	ie.Fire = heldFire(slot, t.Target, t.Due)
+	b.Delete(tasks.Key(), nil)
+	b.Set(appendTaskKey(nil, s.id, ie.Fire, seq), v, nil)
+	b.Set(ik, appendIndexEntry(nil, &ie), nil)
+	return slot, true
 }
 
 // restoreOutages records the target groups gs as down (Open: tasks have

@@ -284,3 +284,62 @@ func checkWaitingRecords(t testing.TB, e *Engine) {
 		}
 	}
 }
+
+// TestWaitingOverLoweredBoundHeld: retry.waiting_in_memory lowered
+// across a restart during an outage (a bridge short of memory). The
+// tasks waiting past the new bound are held on disk at Open, as the
+// fire loop holds the next one that fails once the bound is reached, so
+// they go with the first delivery after the target's return. Before,
+// their waiting records were only deleted: known to wait no more, they
+// went at their own retry times, the last up to retry.max (here 5 min)
+// after the return.
+func TestWaitingOverLoweredBoundHeld(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.Retry = defaultLikeRetry
+		o.OutageMemory = 100
+	})
+	down := fmt.Errorf("broker down: %w", ErrUnavailable)
+	h.sink.setFail(func(*codec.Task) error { return down })
+	h.run()
+	const n, bound = 20, 4
+	h.ingest(dueAtT0(n))
+	for range 30 { // the outage, a minute at a time
+		h.advance(time.Minute)
+	}
+	if st := h.e.Stats(); st.Held != 0 || waitingRecords(t, h.e) != n {
+		t.Fatalf("before the restart: %d held, %d waiting records; want 0 and %d", st.Held, waitingRecords(t, h.e), n)
+	}
+	h.close()
+	h.opts.OutageMemory = bound
+	h.open()
+	if st := h.e.Stats(); st.Held != n-bound || st.Pending != n || !st.OldestOverdue.Equal(t0) {
+		t.Fatalf("after the restart: held %d, pending %d, oldest overdue %v; want %d held of %d pending, overdue since %v",
+			st.Held, st.Pending, st.OldestOverdue, n-bound, n, t0)
+	}
+	if got := waitingRecords(t, h.e); got != bound {
+		t.Fatalf("%d waiting records after the restart, want %d (the bound)", got, bound)
+	}
+	checkWaitingRecords(t, h.e)
+	h.checkPending()
+	h.run()
+	first := h.backUntilFirstDelivery()
+	last := first
+	for len(h.sink.acked()) < n && last <= 301 {
+		last++
+		h.advance(time.Second)
+	}
+	t.Logf("after the target's return: first delivery %ds, last %ds (%d of %d)", first, last, len(h.sink.acked()), n)
+	if acked := h.sink.acked(); len(acked) != n || last > first+1 {
+		t.Fatalf("%d of %d tasks delivered %ds after the return, the first %ds after; want all within a second of the first", len(acked), n, last, first)
+	}
+	acked := h.sink.acked()
+	slices.Sort(acked)
+	if len(slices.Compact(acked)) != n {
+		t.Fatal("a task delivered twice")
+	}
+	h.checkPending()
+	if st := h.e.Stats(); st.Held != 0 || st.Pending != 0 {
+		t.Fatalf("held %d, pending %d once delivered", st.Held, st.Pending)
+	}
+}
