@@ -72,6 +72,9 @@ type Source struct {
 
 	consumer atomic.Pointer[consumerRef]
 	consErr  atomic.Pointer[error]
+	// otherBridgesChecked: the first Run looked for other bridges'
+	// consumers (warnOtherBridgeConsumers).
+	otherBridgesChecked atomic.Bool
 	// The stream's identity (creation time, Unix ns) and last sequence as
 	// ensure last saw them: a stream deleted and created again numbers
 	// its messages from 1, so a floor from before says nothing about it.
@@ -673,7 +676,7 @@ func (s *Source) ensure(ctx context.Context) error {
 	if s.cfg.Create {
 		cc := jetstream.ConsumerConfig{
 			Durable:       s.cfg.Consumer,
-			Description:   "delaybridge",
+			Description:   consumerDescription,
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 			AckPolicy:     jetstream.AckExplicitPolicy,
 		}
@@ -692,7 +695,7 @@ func (s *Source) ensure(ctx context.Context) error {
 				if s.widenConsumer(ctx, stream, old.CachedInfo(), gained) {
 					cc = jetstream.ConsumerConfig{
 						Durable:       s.cfg.Consumer,
-						Description:   "delaybridge",
+						Description:   consumerDescription,
 						DeliverPolicy: jetstream.DeliverAllPolicy,
 						AckPolicy:     jetstream.AckExplicitPolicy,
 					}
@@ -798,6 +801,85 @@ func (s *Source) ensure(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// consumerDescription is the description of the consumers the source
+// creates (nats.create), by which it tells them from an operator's.
+const consumerDescription = "delaybridge"
+
+// otherBridgesWait bounds warnOtherBridgeConsumers.
+const otherBridgesWait = 5 * time.Second
+
+// warnOtherBridgeConsumers logs the stream's other consumers made by a
+// delaybridge (consumerDescription) that read some of the source
+// subjects: after nats.consumer was renamed, the old one, which no bridge
+// reads any more. A work-queue stream refuses the new one
+// (workQueueTaken); on an interest stream the old one keeps every message
+// stored, unacknowledged, until the stream's limits (and then, with
+// discard new, publishers are refused); on any stream, one that is pulled
+// from is read by another bridge, which takes in every message as this
+// one does: each task is delivered by both. It runs beside consuming
+// (Run), once, within otherBridgesWait, and lists the consumers only when
+// the stream has others than the bridge's: listing needs
+// $JS.API.CONSUMER.LIST, which a user without it is denied (an async
+// error line, no answer), and nothing is said then.
+func (s *Source) warnOtherBridgeConsumers(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, otherBridgesWait)
+	defer cancel()
+	stream, err := s.js.Stream(ctx, s.cfg.Stream)
+	if err != nil {
+		s.log.Debug("nats source: stream info for other bridges' consumers failed", zap.Error(err))
+		return
+	}
+	info := stream.CachedInfo()
+	if info == nil || info.State.Consumers <= 1 || info.Config.Retention == jetstream.WorkQueuePolicy {
+		return
+	}
+	subjects := s.subjects()
+	var idle, pulled []string
+	lister := stream.ListConsumers(ctx)
+	for ci := range lister.Info() {
+		if ci == nil || ci.Name == s.cfg.Consumer || ci.Config.Description != consumerDescription || ci.Config.DeliverSubject != "" {
+			continue
+		}
+		filters := ci.Config.FilterSubjects
+		if ci.Config.FilterSubject != "" {
+			filters = []string{ci.Config.FilterSubject}
+		}
+		if len(filters) == 0 {
+			filters = []string{">"}
+		}
+		if !slices.ContainsFunc(filters, func(f string) bool {
+			return slices.ContainsFunc(subjects, func(sub string) bool { return filtersOverlap(f, sub) })
+		}) {
+			continue
+		}
+		if ci.NumWaiting > 0 {
+			pulled = append(pulled, ci.Name)
+		} else {
+			idle = append(idle, ci.Name)
+		}
+	}
+	if err := lister.Err(); err != nil {
+		s.log.Debug("nats source: listing the stream's consumers failed; other bridges' consumers not looked for", zap.Error(err))
+	}
+	if len(pulled) > 0 {
+		s.log.Warn("nats source: another client pulls from consumers made by delaybridge that read source subjects of this bridge (or a bridge stopped moments ago did): if another bridge, "+
+			"both take in every message, and each task is delivered by both (a cancel or replace reaches only the tasks of the bridge that reads it); run one bridge per delay stream",
+			zap.Strings("consumers", pulled))
+	}
+	if len(idle) == 0 {
+		return
+	}
+	if info.Config.Retention == jetstream.InterestPolicy {
+		s.log.Warn("nats source: the delay stream keeps each message until every consumer acknowledged it (interest retention), and consumers made by delaybridge "+
+			"that no bridge reads also read source subjects (nats.consumer renamed?): the stream keeps every message for them, up to its limits; "+
+			"delete them (nats consumer rm STREAM NAME)",
+			zap.Strings("consumers", idle))
+		return
+	}
+	s.log.Info("nats source: the stream has consumers made by delaybridge that no bridge reads (nats.consumer renamed?); they keep nothing from being removed on this stream, delete them (nats consumer rm STREAM NAME)",
+		zap.Strings("consumers", idle))
 }
 
 // createConsumer creates or updates the durable consumer with cc (a copy:
@@ -1375,8 +1457,13 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 	s.cancel, s.running = cancel, make(chan struct{})
 	running := s.running
 	s.mu.Unlock()
+	var bg sync.WaitGroup
+	if s.otherBridgesChecked.CompareAndSwap(false, true) {
+		bg.Go(func() { s.warnOtherBridgeConsumers(ctx) })
+	}
 	defer func() {
 		cancel()
+		bg.Wait()
 		s.mu.Lock()
 		s.cancel, s.running = nil, nil
 		s.mu.Unlock()

@@ -204,3 +204,21 @@ func coveringFilters(filters []string) []string {
 	}
 	return out
 }
+
+// filtersOverlap reports whether some subject matches both filters a and b.
+func filtersOverlap(a, b string) bool {
+	for {
+		at, arest, amore := strings.Cut(a, ".")
+		bt, brest, bmore := strings.Cut(b, ".")
+		switch {
+		case at == ">" || bt == ">":
+			return at != "" && bt != ""
+		case at != bt && at != "*" && bt != "*":
+			return false
+		}
+		if !amore || !bmore {
+			return amore == bmore
+		}
+		a, b = arest, brest
+	}
+}

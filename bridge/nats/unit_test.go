@@ -73,6 +73,30 @@ func TestFilterCovers(t *testing.T) {
 	}
 }
 
+func TestFiltersOverlap(t *testing.T) {
+	tests := []struct {
+		a, b string
+		want bool
+	}{
+		{"delay.>", "delay.a", true},
+		{"delay.a", "delay.>", true},
+		{"delay.*", "delay.a", true},
+		{"delay.a.*", "delay.*.b", true},
+		{"delay.a", "delay.b", false},
+		{"delay.*", "delay.a.b", false},
+		{"delay.>", "delay", false},
+		{">", "x", true},
+		{"other.>", "delay.>", false},
+		{"a.b", "a.b", true},
+		{"a.b", "a.b.c", false},
+	}
+	for _, tt := range tests {
+		if got := filtersOverlap(tt.a, tt.b); got != tt.want {
+			t.Errorf("filtersOverlap(%q, %q) = %v, want %v", tt.a, tt.b, got, tt.want)
+		}
+	}
+}
+
 func TestCoveringFilters(t *testing.T) {
 	tests := []struct {
 		in, want []string
