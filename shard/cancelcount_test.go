@@ -97,3 +97,79 @@ func testSupersedeOfSentBackTaskCounted(t *testing.T, replace bool) {
 	}
 	h.checkPending()
 }
+
+// TestSupersedeOfUndecodableInFlightCounted: a replace or cancel that
+// meets a task while its fire round reads its envelope, which then fails
+// to decode (a flipped byte in its blob), leaves the count to the task's
+// way out, as for any claimed task (countUndeliveredLocked). settleClaimed
+// counted only a dropped entry that decoded: one that did not and was
+// superseded was counted nowhere, so since H202 (a replace of an in-flight
+// task no longer counted at its ingest) delaybridge_replaced_total missed
+// it, and delaybridge_cancelled_total always had.
+func TestSupersedeOfUndecodableInFlightCounted(t *testing.T) {
+	for _, replace := range []bool{false, true} {
+		t.Run(map[bool]string{false: "cancel", true: "replace"}[replace], func(t *testing.T) {
+			var arm, blocked atomic.Bool
+			release := make(chan struct{})
+			entered := make(chan struct{})
+			fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+				if op.Kind == errorfs.OpFileReadAt && strings.HasSuffix(op.Path, ".blob") && arm.Load() && blocked.CompareAndSwap(false, true) {
+					close(entered)
+					<-release // the fire loop reading a's (corrupt) value
+				}
+				return nil
+			}))
+			m := metrics.New(prometheus.NewRegistry())
+			h := newHarness(t, func(o *Options) {
+				o.Shards = 1
+				o.FS = fs
+				o.Metrics = m
+			})
+			a := sched("a", t0.Add(time.Hour), 1)
+			a.Value = bytes.Repeat([]byte("A"), 4096) // separated into a blob file
+			h.ingest([]codec.Task{a, sched("b", t0.Add(time.Hour), 2)})
+			h.close() // flushes: a's envelope goes to a blob file
+			corruptOnlyBlob(t, h.opts.Dir)
+			h.open()
+			h.run()
+			arm.Store(true)
+			h.clk.Advance(time.Hour)
+			<-entered
+			s := h.e.shards[0]
+			s.mu.Lock()
+			_, aInFlight := s.inflight[1]
+			s.mu.Unlock()
+			if !aInFlight {
+				t.Fatalf("a not claimed while its value is read")
+			}
+			if replace {
+				// Not h.ingest: it waits for the fire loop, blocked here.
+				if err := h.e.Ingest(context.Background(), []codec.Task{sched("a", t0.Add(3*time.Hour), 3)}, nil); err != nil {
+					t.Fatalf("Ingest: %v", err)
+				}
+			} else if err := h.e.Cancel("src", "a"); err != nil {
+				t.Fatalf("Cancel: %v", err)
+			}
+			close(release)
+			h.settle()
+			h.advance(time.Millisecond)
+			if got := h.sink.acked(); !slices.Equal(got, []string{"b"}) {
+				t.Fatalf("delivered %v, want b", got)
+			}
+			if l := stuckOf(t, h.e); len(l) != 0 {
+				t.Fatalf("stuck entries %+v, want none: the undecodable task was superseded", l)
+			}
+			counter, name := m.Cancelled, "delaybridge_cancelled_total"
+			if replace {
+				counter, name = m.Replaced, "delaybridge_replaced_total"
+			}
+			if got := metricValue(t, counter.WithLabelValues("src")); got != 1 {
+				t.Errorf("%s = %v, want 1: the supersede of a (undecodable when read) was never counted", name, got)
+			}
+			if got := metricValue(t, m.Fired.WithLabelValues("kafka", "task")); got != 1 {
+				t.Errorf("delaybridge_fired_total = %v, want 1 (b)", got)
+			}
+			h.checkPending()
+		})
+	}
+}

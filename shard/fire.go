@@ -876,6 +876,12 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 			_, failing := s.dlFailing[it.seq]
 			s.dlDoneLocked(it.seq)
 			s.noteUndecodableLocked(it.fire, it.seq, it.decodeErr, failing)
+		default:
+			// Undecodable, and a replace, cancel or drop deleting it:
+			// no delivery is left to count that either (uncounted
+			// before, and a replace since its ingest no longer counts
+			// one in flight: TestSupersedeOfUndecodableInFlightCounted).
+			s.countUndeliveredLocked(sup, cancelSrc)
 		}
 	}
 	var again []releasedTask
