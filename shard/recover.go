@@ -652,6 +652,15 @@ func (s *shard) releasedReadyLocked() bool {
 	return false
 }
 
+// holdAtOpenBatchBytes bounds the batches in which loadWaitingLocked
+// moves the tasks waiting past Options.OutageMemory to the held range
+// (each with its value): a fire round's bytes (DefaultFireBatchBytes).
+var holdAtOpenBatchBytes = DefaultFireBatchBytes
+
+// testHookHoldAtOpenCommit sees the size of each batch loadWaitingLocked
+// commits.
+var testHookHoldAtOpenCommit func(size int)
+
 // loadWaitingLocked reads the shard's waiting records at Open (the fire
 // commit of a task that failed as unavailable writes one with its retry,
 // and whatever deletes or moves the task deletes it): each such task is
@@ -714,8 +723,44 @@ func (s *shard) loadWaitingLocked() error {
 	var groups []int64
 	var key []byte
 	b := s.e.db.NewBatch()
-	defer b.Close()
+	defer func() { b.Close() }()
 	var held [transportSlots]int64
+	nHeld, nDropped := int64(0), 0
+	// commit writes b, not synced: a record left by a crash is dropped (a
+	// task held) again at the next Open. Each batch is atomic for the
+	// tasks it moves: a task moved to the held range is there with its
+	// index entry, its count and no record, or where it was with its
+	// record. The moves are committed every holdAtOpenBatchBytes: each
+	// carries the task's whole value, and one batch for all of them held
+	// the values of up to the old bound's tasks in memory at once, the
+	// memory a lowered bound is meant to spare (and from 4 GiB Pebble
+	// panics: TestWaitingOverLoweredBoundBatched).
+	commit := func() error {
+		for l, n := range held {
+			if n > 0 {
+				b.Merge(heldKey(s.id, l), u64(uint64(n)), nil)
+				nHeld += n
+			}
+		}
+		held = [transportSlots]int64{}
+		for _, k := range drop {
+			b.Delete(k, nil)
+		}
+		nDropped += len(drop)
+		drop = drop[:0]
+		if b.Empty() {
+			return nil
+		}
+		if h := testHookHoldAtOpenCommit; h != nil {
+			h(len(b.Repr()))
+		}
+		if err := safeCall(func() error { return b.Commit(pebble.NoSync) }); err != nil {
+			return fmt.Errorf("delete stale waiting records of shard %d: %w", s.id, err)
+		}
+		b.Close()
+		b = s.e.db.NewBatch()
+		return nil
+	}
 	for _, r := range recs {
 		key = appendTaskKey(key[:0], s.id, r.fire, r.seq)
 		if !tasks.SeekGE(key) || !bytes.Equal(tasks.Key(), key) {
@@ -726,6 +771,12 @@ func (s *shard) loadWaitingLocked() error {
 			drop = append(drop, waitingKey(s.id, r.seq))
 			if slot, ok := s.holdAtOpen(b, tasks, r.fire, r.seq); ok {
 				held[slot]++
+				if len(b.Repr()) >= holdAtOpenBatchBytes {
+					if err := commit(); err != nil {
+						tasks.Close()
+						return err
+					}
+				}
 			}
 			continue
 		}
@@ -738,34 +789,18 @@ func (s *shard) loadWaitingLocked() error {
 	if len(s.late) == 0 {
 		s.late = nil
 	}
-	// A seek that failed is not a task gone: nothing is deleted then.
+	// A seek that failed is not a task gone: nothing more is deleted then.
 	if err := errors.Join(tasks.Error(), tasks.Close()); err != nil {
 		return fmt.Errorf("load waiting tasks of shard %d: %w", s.id, err)
 	}
-	nHeld := int64(0)
-	for l, n := range held {
-		if n > 0 {
-			b.Merge(heldKey(s.id, l), u64(uint64(n)), nil)
-			nHeld += n
-		}
-	}
-	if len(drop) > 0 {
-		// Not synced: a record left by a crash is dropped (a task held)
-		// again at the next Open. The batch is atomic: a task moved to
-		// the held range is there with its index entry, count and no
-		// record, or where it was with its record.
-		for _, k := range drop {
-			b.Delete(k, nil)
-		}
-		if err := safeCall(func() error { return b.Commit(pebble.NoSync) }); err != nil {
-			return fmt.Errorf("delete stale waiting records of shard %d: %w", s.id, err)
-		}
+	if err := commit(); err != nil {
+		return err
 	}
 	s.e.restoreOutages(groups)
 	if len(s.late) > 0 || nHeld > 0 {
 		s.e.log.Info("tasks waiting since before the restart for an unreachable target; all go once one of them is delivered",
 			zap.Int("shard", s.id), zap.Int("waiting_in_memory", len(s.late)), zap.Int("target_groups", len(groups)),
-			zap.Int64("held_past_waiting_in_memory", nHeld), zap.Int("stale_records_dropped", len(drop)-int(nHeld)))
+			zap.Int64("held_past_waiting_in_memory", nHeld), zap.Int("stale_records_dropped", nDropped-int(nHeld)))
 	}
 	return nil
 }

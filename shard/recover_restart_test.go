@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -330,6 +331,99 @@ func TestWaitingOverLoweredBoundHeld(t *testing.T) {
 		h.advance(time.Second)
 	}
 	t.Logf("after the target's return: first delivery %ds, last %ds (%d of %d)", first, last, len(h.sink.acked()), n)
+	if acked := h.sink.acked(); len(acked) != n || last > first+1 {
+		t.Fatalf("%d of %d tasks delivered %ds after the return, the first %ds after; want all within a second of the first", len(acked), n, last, first)
+	}
+	acked := h.sink.acked()
+	slices.Sort(acked)
+	if len(slices.Compact(acked)) != n {
+		t.Fatal("a task delivered twice")
+	}
+	h.checkPending()
+	if st := h.e.Stats(); st.Held != 0 || st.Pending != 0 {
+		t.Fatalf("held %d, pending %d once delivered", st.Held, st.Pending)
+	}
+}
+
+// TestWaitingOverLoweredBoundBatched: the tasks held at Open past a
+// lowered retry.waiting_in_memory are moved with their values (the held
+// key holds the envelope), so one batch for all of them held up to the
+// old bound's values in memory at once, at the start of a bridge whose
+// bound was lowered to spare memory (1 MiB tasks: 4096 of them reach
+// Pebble's 4 GiB batch limit, where it panics). They are committed in
+// batches of holdAtOpenBatchBytes, each whole for the tasks it moves;
+// nothing else changes: held and pending counts match the store, a
+// second restart with a lower bound again holds the rest, and all go at
+// the target's return.
+func TestWaitingOverLoweredBoundBatched(t *testing.T) {
+	const limit = 64 << 10
+	var sizes []int
+	var sizesMu sync.Mutex
+	oldLimit, oldHook := holdAtOpenBatchBytes, testHookHoldAtOpenCommit
+	t.Cleanup(func() { holdAtOpenBatchBytes, testHookHoldAtOpenCommit = oldLimit, oldHook })
+	holdAtOpenBatchBytes = limit
+	testHookHoldAtOpenCommit = func(size int) {
+		sizesMu.Lock()
+		defer sizesMu.Unlock()
+		sizes = append(sizes, size)
+	}
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.Retry = defaultLikeRetry
+		o.OutageMemory = 100
+	})
+	down := fmt.Errorf("broker down: %w", ErrUnavailable)
+	h.sink.setFail(func(*codec.Task) error { return down })
+	h.run()
+	const n, value = 40, 16 << 10
+	tasks := dueAtT0(n)
+	for i := range tasks {
+		tasks[i].Value = bytes.Repeat([]byte{'v'}, value)
+	}
+	h.ingest(tasks)
+	for range 30 { // the outage, a minute at a time
+		h.advance(time.Minute)
+	}
+	if got := waitingRecords(t, h.e); got != n {
+		t.Fatalf("%d waiting records before the restart, want %d", got, n)
+	}
+	h.close()
+	sizes = nil
+	h.opts.OutageMemory = 8
+	h.open()
+	sizesMu.Lock()
+	got := slices.Clone(sizes)
+	sizesMu.Unlock()
+	t.Logf("batches at Open: %v bytes", got)
+	// A batch goes once it reaches the limit: at most one task's move past it.
+	if len(got) < 2 || slices.Max(got) >= limit+value+1024 {
+		t.Fatalf("batches of %v bytes for %d tasks of %d bytes held at Open; want each below %d (limit %d and one task)",
+			got, n-8, value, limit+value+1024, limit)
+	}
+	check := func(inMemory int) {
+		t.Helper()
+		held, all := heldKeys(t, h.e)
+		if st := h.e.Stats(); st.Held != held || held != int64(n-inMemory) || st.Pending != all || all != n {
+			t.Fatalf("%+v; store %d held of %d; want %d held of %d", st, held, all, n-inMemory, n)
+		}
+		if got := waitingRecords(t, h.e); got != int64(inMemory) {
+			t.Fatalf("%d waiting records, want %d", got, inMemory)
+		}
+		checkWaitingRecords(t, h.e)
+		h.checkPending()
+	}
+	check(8)
+	h.close()
+	h.opts.OutageMemory = 2
+	h.open()
+	check(2)
+	h.run()
+	first := h.backUntilFirstDelivery()
+	last := first
+	for len(h.sink.acked()) < n && last <= 301 {
+		last++
+		h.advance(time.Second)
+	}
 	if acked := h.sink.acked(); len(acked) != n || last > first+1 {
 		t.Fatalf("%d of %d tasks delivered %ds after the return, the first %ds after; want all within a second of the first", len(acked), n, last, first)
 	}
