@@ -234,6 +234,12 @@ func (c *Config) options() ([]natsgo.Option, error) {
 
 	log := c.Logger
 	var reconnectFails logthrottle.Throttle
+	// asyncErrs throttles the other async errors per text: the server
+	// answers each publish to a subject the user may not publish to with
+	// one (the sink notes it; the engine logs the refusal per target), so
+	// a backlog due for a denied subject made a line per task and retry
+	// (hunt H204: 2846 a minute for 1000 tasks).
+	var asyncErrs logthrottle.Throttle
 	opts := []natsgo.Option{
 		natsgo.Name(c.Name),
 		natsgo.Timeout(c.ConnectTimeout),
@@ -280,11 +286,17 @@ func (c *Config) options() ([]natsgo.Option, error) {
 				}
 				return
 			}
+			key := err.Error()
 			f := []zap.Field{zap.Error(err)}
 			if sub != nil {
+				key += "\x00" + sub.Subject
 				f = append(f, zap.String("subject", sub.Subject))
 			}
-			log.Warn("nats: async error", f...)
+			suppressed, ok := asyncErrs.AllowEach(time.Now(), key)
+			if !ok {
+				return
+			}
+			log.Warn("nats: async error", append(f, zap.Int("suppressed", suppressed))...)
 		}),
 	}
 	switch {
