@@ -21,6 +21,7 @@ import (
 	"github.com/segmentio/kafka-go/protocol"
 	fetchAPI "github.com/segmentio/kafka-go/protocol/fetch"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
@@ -42,6 +43,9 @@ type Source struct {
 	// handleFails throttles handle's line across partitions: a store
 	// that refuses writes fails every partition's batch at every retry.
 	handleFails logthrottle.Throttle
+	// retries throttles the partition workers' other retry lines across
+	// partitions and says when they all read again (see retryLog).
+	retries retryLog
 
 	transport *kafkago.Transport
 	client    *kafkago.Client
@@ -748,6 +752,7 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 	// position, rewind or fetch) is not this member's to report once it
 	// stops: the next owner may be another member.
 	defer s.setHealth(key, nil)
+	defer s.retries.ok(log, key, false)
 
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -787,7 +792,7 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 			start = resolved
 			break
 		}
-		log.Warn("resolve start offset failed; retrying", zap.Error(err))
+		s.retries.failed(log, zapcore.WarnLevel, key, "resolve start offset failed; retrying", err)
 		if !sleep(wctx, wait) {
 			return
 		}
@@ -900,7 +905,7 @@ func (s *Source) startOffset(ctx context.Context, h bridge.Handler, topic string
 		if staleMetadata(err) {
 			s.transport.CloseIdleConnections() // reload the transport's metadata
 		}
-		log.Warn("start position failed; retrying", zap.Error(err))
+		s.retries.failed(log, zapcore.WarnLevel, key, "start position failed; retrying", err)
 		s.setHealth(key, fmt.Errorf("kafka: checkpoint %s: %w", key, err))
 		if !sleep(ctx, wait) {
 			return start{}, false
@@ -1072,8 +1077,8 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 						return
 					}
 					s.setHealth(key, fmt.Errorf("kafka: check %s/%d against the last record read: %w", topic, partition, classify(err)))
-					log.Warn("checking the log against the last record read failed; retrying",
-						zap.Int64("offset", known.Offset), zap.Duration("backoff", wait), zap.Error(err))
+					s.retries.failed(log, zapcore.WarnLevel, key, "checking the log against the last record read failed; retrying", err,
+						zap.Int64("offset", known.Offset), zap.Duration("backoff", wait))
 					if !sleep(ctx, wait) {
 						return
 					}
@@ -1088,7 +1093,7 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 					// transaction, is the same log) is safe before the
 					// record can be compared: wait and check again.
 					s.setHealth(key, fmt.Errorf("kafka: %s/%d: waiting for the record at offset %d, the last one read, to be readable again", topic, partition, known.Offset))
-					log.Info("the record last read is not readable yet; checking again before reading on",
+					s.retries.failed(log, zapcore.InfoLevel, key, "the record last read is not readable yet; checking again before reading on", nil,
 						zap.String("reason", c.reason), zap.Int64("last_read", known.Offset),
 						zap.Int64("log_start", c.first), zap.Int64("log_end", c.end), zap.Duration("backoff", wait))
 					if !sleep(ctx, wait) {
@@ -1164,7 +1169,8 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 			}
 			s.setHealth(key, fmt.Errorf("kafka: fetch %s/%d: %w", topic, partition, classify(err)))
 			s.cfg.Metrics.SourceErrors.WithLabelValues(topic).Inc()
-			log.Warn("fetch failed; retrying", zap.Int64("offset", offset), zap.Duration("backoff", wait), zap.Error(err))
+			s.retries.failed(log, zapcore.WarnLevel, key, "fetch failed; retrying", err,
+				zap.Int64("offset", offset), zap.Duration("backoff", wait))
 			if len(pending) > 0 {
 				break // hand over what we have, then retry
 			}
@@ -1176,6 +1182,7 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 		default:
 			wait = s.cfg.RetryMin
 			s.setHealth(key, nil)
+			s.retries.ok(log, key, true)
 			if hw >= 0 {
 				lag.hw.Store(hw)
 				lag.update()

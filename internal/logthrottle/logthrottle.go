@@ -115,3 +115,22 @@ func (t *Throttle) Reset() {
 	t.keys, t.suppressed = nil, 0
 	t.mu.Unlock()
 }
+
+// Shape is s with each run of digits as one '#': the key of a failure
+// whose text names a number that changes from one try or partition to the
+// next (an offset, a batch size, a port), so that its repeats are one
+// failure to throttle.
+func Shape(s string) string {
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			b = append(b, c)
+			continue
+		}
+		if i == 0 || s[i-1] < '0' || s[i-1] > '9' {
+			b = append(b, '#') // the first digit of a run
+		}
+	}
+	return string(b)
+}

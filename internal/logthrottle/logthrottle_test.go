@@ -109,3 +109,20 @@ func TestThrottleAllowEach(t *testing.T) {
 		}
 	}
 }
+
+// TestShape: runs of digits read as one '#', the rest is kept.
+func TestShape(t *testing.T) {
+	for in, want := range map[string]string{
+		"": "",
+		"fetch the checkpointed record at 99: [6] Not Leader": "fetch the checkpointed record at #: [#] Not Leader",
+		"ingest batch of 1":   "ingest batch of #",
+		"ingest batch of 137": "ingest batch of #",
+		"127.0.0.1:9092":      "#.#.#.#:#",
+		"7":                   "#",
+		"no digits":           "no digits",
+	} {
+		if got := Shape(in); got != want {
+			t.Errorf("Shape(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
