@@ -10,19 +10,21 @@ import (
 	"github.com/delaybridge/delaybridge/internal/logthrottle"
 )
 
-// retryLog keeps the partition workers' retry lines (a failed fetch, log
-// check or start position) from flooding the log. A broker that leads the
-// partitions down, a read ACL removed or a partition without a leader
-// fails every partition at every retry, each worker backing off to
-// RetryMax on its own: one Warn line per partition and retry (hunt H204:
-// 28 a minute with 3 partitions, about 600 with 100). Each line is logged
-// once per logthrottle.DefaultEvery per message and shape of its error
-// (offsets and other numbers aside) across the source's partitions, with
-// the count held back; and an outage, from a first failing partition
-// until none fails, ends with one Info line if any of its lines was
-// logged, so the log says when the partitions read again.
+// retryLog keeps the partition workers' retry lines from flooding the
+// log. A broker that leads the partitions down, a read ACL removed or a
+// partition without a leader fails every partition's fetch at every
+// retry, and a store that refuses writes every partition's batch, each
+// worker backing off to RetryMax on its own: one Warn line per partition
+// and retry (hunt H204: 28 a minute with 3 partitions, about 600 with
+// 100). Each line is logged once per logthrottle.DefaultEvery per message
+// and shape of its error (offsets, batch sizes and other numbers aside)
+// across the source's partitions, with the count held back; and an
+// outage, from a first failing partition until none fails, ends with one
+// Info line (end) if any of its lines was logged, so the log says when
+// the partitions go on.
 type retryLog struct {
-	th logthrottle.Throttle
+	end string // the Info line at the end of an outage
+	th  logthrottle.Throttle
 
 	mu      sync.Mutex
 	failing map[string]bool // checkpoint keys whose last try failed
@@ -57,8 +59,8 @@ func (r *retryLog) failed(log *zap.Logger, level zapcore.Level, key, msg string,
 	}
 }
 
-// ok notes that the partition key reads again (read is true) or that
-// this member stopped reading it (its next owner reports it). When no
+// ok notes that the partition key goes on (read is true) or that this
+// member stopped reading it (its next owner reports it). When no
 // partition fails any more, a read logs the end of the outage.
 func (r *retryLog) ok(log *zap.Logger, key string, read bool) {
 	r.mu.Lock()
@@ -73,7 +75,7 @@ func (r *retryLog) ok(log *zap.Logger, key string, read bool) {
 	}
 	parts, tries, since := len(r.parts), r.tries, r.since
 	r.mu.Unlock()
-	log.Info("partitions read again: no partition of the source fails to fetch any more",
+	log.Info(r.end,
 		zap.Int("partitions_failed", parts), zap.Int("failed_tries", tries),
 		zap.Duration("failing_for", time.Since(since).Round(time.Millisecond)))
 }

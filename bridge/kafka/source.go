@@ -40,12 +40,12 @@ type Source struct {
 	// notReady throttles awaitTopics' line: a missing delay topic fails
 	// every retry for as long as it is missing.
 	notReady logthrottle.Throttle
-	// handleFails throttles handle's line across partitions: a store
-	// that refuses writes fails every partition's batch at every retry.
-	handleFails logthrottle.Throttle
-	// retries throttles the partition workers' other retry lines across
-	// partitions and says when they all read again (see retryLog).
-	retries retryLog
+	// retries throttles the partition workers' retry lines of fetches,
+	// log checks and start positions across partitions, and says when
+	// they all read again (see retryLog); handleFails those of a handler
+	// that fails (a store that refuses writes fails every partition's
+	// batch at every retry).
+	retries, handleFails retryLog
 
 	transport *kafkago.Transport
 	client    *kafkago.Client
@@ -155,6 +155,9 @@ func NewSource(cfg Config) (*Source, error) {
 		now:    time.Now,
 
 		joinWaitLog: joinWaitLogAfter,
+
+		retries:     retryLog{end: "partitions read again: no partition of the source fails to fetch any more"},
+		handleFails: retryLog{end: "batches stored again: no partition of the source fails to store its batch any more"},
 	}
 	for _, sc := range cfg.Sources {
 		s.topics = append(s.topics, sc.Topic)
@@ -753,6 +756,7 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 	// stops: the next owner may be another member.
 	defer s.setHealth(key, nil)
 	defer s.retries.ok(log, key, false)
+	defer s.handleFails.ok(log, key, false)
 
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -1006,6 +1010,9 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 	for {
 		err := h.Handle(ctx, b)
 		if err == nil {
+			if len(b.Checkpoints) > 0 {
+				s.handleFails.ok(log, b.Checkpoints[0].Key, true)
+			}
 			return true
 		}
 		if ctx.Err() != nil {
@@ -1013,11 +1020,8 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 		}
 		cp := b.Checkpoints[0]
 		s.cfg.Metrics.SourceErrors.WithLabelValues(b.Items[0].Msg.Source).Inc()
-		if suppressed, ok := s.handleFails.AllowEach(time.Now(), err.Error()); ok {
-			log.Warn("handle failed; retrying the same batch", zap.Int("messages", len(b.Items)),
-				zap.Int64("last_offset", cp.Offset), zap.Duration("backoff", wait), zap.Error(err),
-				zap.Int("suppressed", suppressed))
-		}
+		s.handleFails.failed(log, zapcore.WarnLevel, cp.Key, "handle failed; retrying the same batch", err,
+			zap.Int("messages", len(b.Items)), zap.Int64("last_offset", cp.Offset), zap.Duration("backoff", wait))
 		if !sleep(ctx, wait) {
 			return false
 		}
