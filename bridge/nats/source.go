@@ -99,6 +99,14 @@ type Source struct {
 	// error, with the count held back. A batch taken in ends the run: the
 	// next stop is logged at once.
 	stopLog logthrottle.Throttle
+	// handleLog throttles handle's line per shape of the error: a store
+	// that refuses writes (a failed fsync, the volume's reserve) fails
+	// the batch at every retry, 6 lines a minute once the backoff reaches
+	// 10 s (hunt H204). handleLogged (handle's caller, Run's goroutine,
+	// only): a line of the current run of failures was logged, so its
+	// end (a batch stored, maybe the next after a restarted consume) is.
+	handleLog    logthrottle.Throttle
+	handleLogged bool
 	// catchFloor (set by Run's goroutine): the delivered sequence, at a
 	// consume's start before the source caught up, of a consumer with
 	// deliveries not yet acknowledged; the source is caught up only once
@@ -2294,9 +2302,13 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 	k := startKeepAlive(batch, s.keepAlivePeriod(), aside)
 	defer k.stop()
 	bo := backoff{min: 100 * time.Millisecond, max: 10 * time.Second}
-	for {
+	for tries := 0; ; tries++ {
 		err := h.Handle(ctx, b)
 		if err == nil {
+			if s.handleLogged {
+				s.handleLogged = false
+				s.log.Info("nats source: batches stored again", zap.Int("failed_tries", tries))
+			}
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -2304,8 +2316,11 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 		}
 		s.cfg.Metrics.SourceErrors.WithLabelValues(s.cfg.Stream).Inc()
 		d := bo.next()
-		s.log.Warn("nats source: handle batch failed; not acked, retrying",
-			zap.Int("messages", len(b.Items)), zap.Duration("backoff", d), zap.Error(err))
+		if suppressed, ok := s.handleLog.AllowEach(time.Now(), logthrottle.Shape(err.Error())); ok {
+			s.handleLogged = true
+			s.log.Warn("nats source: handle batch failed; not acked, retrying",
+				zap.Int("messages", len(b.Items)), zap.Duration("backoff", d), zap.Error(err), zap.Int("suppressed", suppressed))
+		}
 		if !sleepCtx(ctx, d) {
 			return ctx.Err()
 		}
