@@ -9,6 +9,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/logthrottle"
 	"github.com/delaybridge/delaybridge/metrics"
 	"github.com/delaybridge/delaybridge/shard"
 )
@@ -42,6 +44,13 @@ type Sink struct {
 	stopProbe context.CancelFunc
 	probeCtx  context.Context
 	probes    sync.WaitGroup
+	// answerLog throttles the probe's "answer again" line per set of
+	// topics: a broker that answers the probe but drops or times out
+	// every produce (a request over its socket limit, a hung disk) makes
+	// the sink unhealthy at each retried publish and healthy at each
+	// probe, 11 lines a minute with the default ProbeInterval for as long
+	// as it takes nothing (hunt H204).
+	answerLog logthrottle.Throttle
 
 	mu      sync.Mutex
 	health  topicHealth
@@ -190,8 +199,13 @@ func (s *Sink) probe() {
 			continue // closing: the failure says nothing about the brokers
 		}
 		if s.probeDone(epoch, err) {
-			s.log.Info("kafka partition leaders answer again; publishes are retried (a target that still hangs shows in the engine's log and /readyz)",
-				zap.Strings("brokers", s.cfg.Brokers), zap.Strings("topics", topics), zap.Duration("unhealthy_for", time.Since(since).Round(time.Millisecond)))
+			f := []zap.Field{zap.Strings("brokers", s.cfg.Brokers), zap.Strings("topics", topics), zap.Duration("unhealthy_for", time.Since(since).Round(time.Millisecond))}
+			if held, ok := s.answerLog.AllowEach(time.Now(), strings.Join(topics, "\x00")); ok {
+				s.log.Info("kafka partition leaders answer again; publishes are retried (a target that still hangs shows in the engine's log and /readyz)",
+					append(f, zap.Int("held_back", held))...)
+			} else {
+				s.log.Debug("kafka partition leaders answer again", f...)
+			}
 			return
 		}
 		if err != nil {
