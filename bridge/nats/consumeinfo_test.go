@@ -52,7 +52,8 @@ func TestConsumeInfoSentAgain(t *testing.T) {
 // consumer without a leader answers it 503, every 2 s) is counted in
 // delaybridge_source_errors_total each time and logged "consuming
 // stopped" at the first stop, then once per 30 s for the same error; a
-// batch taken in ends the run, so that the next stop is logged at once.
+// batch taken in ends the run, so that the next stop is logged at once,
+// and logs "consuming again" once (hunt H204: the stop had no end).
 func TestConsumingStoppedLogThrottled(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	srv := startServer(t, jsOptions(t))
@@ -83,6 +84,12 @@ func TestConsumingStoppedLogThrottled(t *testing.T) {
 	pub := newJS(t, connect(t, testConfig(t, serverURL(srv))))
 	publish(t, pub, "delay.a", "m", delayHeader())
 	eventually(t, "the message taken", func() bool { return taken(rec, "m") })
+	eventually(t, "the end of the stops logged", func() bool { return logs.FilterMessageSnippet("consuming again").Len() > 0 })
+	publish(t, pub, "delay.a", "m2", delayHeader())
+	eventually(t, "the next message taken", func() bool { return taken(rec, "m2") })
+	if n := logs.FilterMessageSnippet("consuming again").Len(); n != 1 {
+		t.Fatalf("the end of the stops logged %d times, want once", n)
+	}
 	// Reset once the batch is stored (just after the handler returned):
 	// the same error is let through again.
 	eventually(t, "the stops' run ended by the batch", func() bool {

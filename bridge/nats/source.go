@@ -99,6 +99,10 @@ type Source struct {
 	// error, with the count held back. A batch taken in ends the run: the
 	// next stop is logged at once.
 	stopLog logthrottle.Throttle
+	// stopLogged (Run's goroutine only): a stop of the current run was
+	// logged, so the batch that ends it logs "consuming again" (hunt
+	// H204: the log said the source stopped, and never that it went on).
+	stopLogged bool
 	// handleLog throttles handle's line per shape of the error: a store
 	// that refuses writes (a failed fsync, the volume's reserve) fails
 	// the batch at every retry, 6 lines a minute once the backoff reaches
@@ -1580,6 +1584,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			s.setConsErr(fmt.Errorf("%w: %q on stream %q: %w", ErrNoConsumer, s.cfg.Consumer, s.cfg.Stream, err))
 		}
 		if suppressed, ok := s.stopLog.AllowKey(time.Now(), err.Error()); ok {
+			s.stopLogged = true
 			s.log.Warn("nats source: consuming stopped; restarting", zap.Error(err), zap.Int("suppressed", suppressed))
 		}
 		if !sleepCtx(ctx, retryPause(&bo, err)) {
@@ -1879,6 +1884,10 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 			}
 			bo.reset()
 			s.stopLog.Reset()
+			if s.stopLogged {
+				s.stopLogged = false
+				s.log.Info("nats source: consuming again: a batch was taken in after consuming stopped")
+			}
 		}
 		if nextErr == nil {
 			continue
