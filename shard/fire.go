@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -1020,7 +1021,6 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 		// and waiting how many tasks of the batch it held back.
 		outageErr error
 		waiting   int
-		heldErr   error // a dead letter's failure that holds its source
 		anyRetry  bool
 		// heldUp, heldDown: the groups of released held tasks that were
 		// acknowledged, that failed as unavailable again (hold.go).
@@ -1030,7 +1030,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 		staleGroup int64
 		stale      bool
 	)
-	heldBefore := s.dlHeld
+	failingBefore := s.dlDestsLocked()
 	for i := range items {
 		it := &items[i]
 		t := it.task
@@ -1234,9 +1234,6 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 			// still reports it failing (or parked) before its next try.
 			f := s.dlFailing[it.seq]
 			b.Set(dlFailureKey(s.id, it.seq), appendDLFailure(nil, fire, f.parked, f.err), nil)
-			if heldErr == nil && !s.dlFailing[it.seq].parked {
-				heldErr = derr
-			}
 		}
 		s.addOpLocked(pb, fire, it.seq)
 		// Dead letters too: one whose DLQ keeps failing is work overdue.
@@ -1251,7 +1248,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 		}
 		retried = append(retried, i)
 	}
-	heldAfter := s.dlHeld
+	failingAfter := s.dlDestsLocked()
 	if pb.delta != 0 {
 		b.Merge(countKey(s.id), u64(uint64(pb.delta)), nil)
 	}
@@ -1345,14 +1342,43 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 	if o := &ln.outage; outageErr != nil || o.err != nil {
 		s.outageOutcomeLocked(o, tr, items, acked, up, down, outageErr, waiting, begin, now)
 	}
-	switch {
-	case heldBefore == 0 && heldAfter > 0:
-		e.log.Error("dead-letter delivery failing; retrying with backoff, nothing is dropped (a source partition does not commit past a dead letter of its own)",
-			zap.Int("shard", s.id), zap.Int("dead_letters", heldAfter), zap.Error(heldErr))
-	case heldBefore > 0 && heldAfter == 0 && len(parkedNow) == 0:
-		e.log.Info("dead-letter delivery recovered", zap.Int("shard", s.id))
-	}
+	s.logDLQsLocked(failingBefore, failingAfter, items, parkedNow)
 	return fc, up, down, begin
+}
+
+// dlDestsLocked is a copy of the shard's failing dead letters that are not
+// parked, by DLQ (dlByDest); nil when there are none.
+func (s *shard) dlDestsLocked() map[string]dlDest {
+	if s.dlHeld == 0 {
+		return nil
+	}
+	m := make(map[string]dlDest, len(s.dlByDest))
+	for dest, d := range s.dlByDest {
+		m[dest] = *d
+	}
+	return m
+}
+
+// logDLQsLocked logs each DLQ that began to fail in the shard in a fire
+// round (before and after are dlDestsLocked then) and each that stopped,
+// unless one of its dead letters was parked in the round. Per DLQ, not
+// per shard: a second DLQ that began to fail while another failed in
+// every shard was never logged (hunt H204). Failures read at open, whose
+// DLQ is not known yet (""), are not named.
+func (s *shard) logDLQsLocked(before, after map[string]dlDest, items []fireItem, parkedNow []dlRefusal) {
+	for _, dest := range slices.Sorted(maps.Keys(after)) {
+		if _, was := before[dest]; was || dest == "" {
+			continue
+		}
+		s.e.log.Error("dead-letter delivery failing; retrying with backoff, nothing is dropped (a source partition does not commit past a dead letter of its own)",
+			zap.Int("shard", s.id), zap.String("dlq", dest), zap.Int("dead_letters", after[dest].n), zap.Error(after[dest].last.err))
+	}
+	for _, dest := range slices.Sorted(maps.Keys(before)) {
+		if _, still := after[dest]; still || dest == "" || slices.ContainsFunc(parkedNow, func(p dlRefusal) bool { return items[p.i].task.Destination() == dest }) {
+			continue
+		}
+		s.e.log.Info("dead-letter delivery recovered", zap.Int("shard", s.id), zap.String("dlq", dest))
+	}
 }
 
 // dlDrop is a dead letter of a fire batch (its index) that an operator
