@@ -122,10 +122,11 @@ func (f *Fake) fireLocked() {
 	kept := f.timers[:0]
 	for _, t := range f.timers {
 		if !t.armed {
+			t.listed = false
 			continue
 		}
 		if !t.at.After(f.now) {
-			t.armed = false
+			t.armed, t.listed = false, false
 			select {
 			case t.c <- f.now:
 			default:
@@ -152,6 +153,10 @@ type fakeTimer struct {
 	c     chan time.Time
 	at    time.Time
 	armed bool
+	// listed: in f.timers. A stopped timer stays listed until the next
+	// fireLocked drops it, so one armed again before that is listed
+	// already.
+	listed bool
 }
 
 func (t *fakeTimer) C() <-chan time.Time { return t.c }
@@ -196,8 +201,9 @@ func (t *fakeTimer) ResetAt(at time.Time) bool {
 func (t *fakeTimer) armLocked(at time.Time) bool {
 	was := t.armed
 	t.at = at
-	if !t.armed {
+	if !t.listed {
 		t.f.timers = append(t.f.timers, t)
+		t.listed = true
 	}
 	t.armed = true
 	t.f.fireLocked()

@@ -62,6 +62,40 @@ func TestFakeStopResetStepBack(t *testing.T) {
 	}
 }
 
+// TestFakeStopResetListedOnce: a timer stopped and armed again while the
+// clock stands still (a fire loop woken by a notify, then parked again)
+// is one timer, fired once. It was listed again at each arming: a loop
+// woken a thousand times a second piled up entries that every arming and
+// every move of the clock scans under the clock's lock (TestForgetReviewRace
+// saw 9 860 entries for a dozen timers when its settle timed out).
+func TestFakeStopResetListedOnce(t *testing.T) {
+	start := time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
+	f := NewFake(start)
+	tm := f.NewTimer(time.Minute)
+	for range 1000 {
+		tm.Stop()
+		tm.Reset(time.Minute)
+	}
+	if n, d := f.Timers(), len(f.Deadlines()); n != 1 || d != 1 || len(f.timers) != 1 {
+		t.Fatalf("one timer stopped and armed again 1000 times: %d armed, %d deadlines, %d listed; want 1 each", n, d, len(f.timers))
+	}
+	f.Advance(time.Minute)
+	checkFired(t, f, tm, true)
+	if len(f.timers) != 0 {
+		t.Fatalf("%d listed after the only timer fired", len(f.timers))
+	}
+	// Stopped, then armed again after a move of the clock dropped it.
+	tm.Reset(time.Minute)
+	tm.Stop()
+	f.Advance(time.Second)
+	tm.Reset(time.Minute)
+	if len(f.timers) != 1 || f.Timers() != 1 {
+		t.Fatalf("armed again after being dropped: %d listed, %d armed; want 1", len(f.timers), f.Timers())
+	}
+	f.Advance(time.Minute)
+	checkFired(t, f, tm, true)
+}
+
 // ResetAt arms for an absolute time: a clock that moved between the
 // caller's Now and the arming does not push the deadline out, as Reset
 // with a duration worked out from that Now does.
