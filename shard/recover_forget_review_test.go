@@ -197,22 +197,49 @@ func TestForgetReviewLogOnce(t *testing.T) {
 // fire loops make them) race the lanes' outcomes, cancels and new tasks of
 // several down targets; run with -race. Afterwards every target with a
 // task waiting is down.
+//
+// The prober makes probesPerStep probes (one a millisecond) after each
+// step (an ingest, a move of the clock), while the loops work on it, then
+// waits for the next step: a probe wakes the loop of the task it pulls
+// forward, and settle needs a moment with every loop parked. Probing every
+// millisecond for the whole test, it gave none on a starved machine
+// (-cpu 1 beside CPU burners): settle timed out.
 func TestForgetReviewRace(t *testing.T) {
 	h := newHarness(t, func(o *Options) { o.Retry = defaultLikeRetry; o.Retry.Max = 2 * time.Second })
 	h.sink.setFail(func(*codec.Task) error { return errDown })
 	h.run()
-	var stop atomic.Bool
+	const probesPerStep = 20
+	e := h.e // the harness's cleanup sets h.e to nil
+	var budget atomic.Int64
+	stopped := make(chan struct{})
 	var wg sync.WaitGroup
+	// Stopped before the harness's cleanup closes the engine (cleanups
+	// run last first), also when the test fails half way: the prober
+	// used the closed engine, and read h.e as the cleanup set it to nil.
+	stopProber := sync.OnceFunc(func() { close(stopped); wg.Wait() })
+	t.Cleanup(stopProber)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for !stop.Load() {
-			if gs := downGroups(h.e); len(gs) > 0 {
-				h.e.probe(gs, h.e.nowMs())
+		for {
+			select {
+			case <-stopped:
+				return
+			default:
+			}
+			if budget.Load() > 0 {
+				budget.Add(-1)
+				if gs := downGroups(e); len(gs) > 0 {
+					e.probe(gs, e.nowMs())
+				}
 			}
 			time.Sleep(time.Millisecond)
 		}
 	}()
+	step := func(f func()) {
+		budget.Store(probesPerStep)
+		f()
+	}
 	targets := []string{"a", "b", "c", "d"}
 	n := int64(0)
 	for round := range 20 {
@@ -223,16 +250,15 @@ func TestForgetReviewRace(t *testing.T) {
 			tk.Target = tg
 			tasks = append(tasks, tk)
 		}
-		h.ingest(tasks)
-		h.advance(time.Second)
+		step(func() { h.ingest(tasks) })
+		step(func() { h.advance(time.Second) })
 		if round > 0 && round%3 == 0 {
 			// Cancel the previous round's task of target "a".
 			n++
-			h.ingest([]codec.Task{cancelTask(fmt.Sprintf("r%d-0", round-1), n)})
+			step(func() { h.ingest([]codec.Task{cancelTask(fmt.Sprintf("r%d-0", round-1), n)}) })
 		}
 	}
-	stop.Store(true)
-	wg.Wait()
+	stopProber()
 	for range 10 {
 		h.advance(time.Second)
 	}
