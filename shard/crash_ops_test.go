@@ -41,7 +41,9 @@ func TestCrashSafetyOps(t *testing.T) {
 		rounds = 25
 	}
 	dir := t.TempDir()
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("random seed %d (kill times are real time: a seed repeats the choices, not the run)", seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
 	type op struct {
 		kind  byte // S, C, D
 		key   string

@@ -42,7 +42,9 @@ func TestCrashSafety(t *testing.T) {
 		rounds = 25
 	}
 	dir := t.TempDir()
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("random seed %d (kill times are real time: a seed repeats the choices, not the run)", seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
 	acked := map[string]bool{}
 	for round := 0; round < rounds; round++ {
 		killAfter := 3 + rng.IntN(40) // acknowledged batches before the kill

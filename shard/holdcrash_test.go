@@ -65,7 +65,9 @@ func TestHoldCrashSafety(t *testing.T) {
 		rounds, _ = strconv.Atoi(v)
 	}
 	dir := t.TempDir()
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("random seed %d (kill times are real time: a seed repeats the choices, not the run)", seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
 	acked := map[string]bool{}
 	maxHeld := int64(0)
 	for round := 0; round < rounds; round++ {

@@ -168,7 +168,9 @@ func TestKill9UnderLoad(t *testing.T) {
 // load runs meanwhile), then starts one more and returns it, running.
 func killRounds(t *testing.T, r *runner, rounds int, minWait, spread time.Duration) *proc {
 	t.Helper()
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("random seed %d (kill times are real time: a seed repeats the choices, not the run)", seed)
+	rng := rand.New(rand.NewPCG(seed, 7))
 	for round := range rounds {
 		p := r.start()
 		// Kill only once the sources run (the kill moment within the

@@ -64,7 +64,9 @@ func TestKill9ThroughTargetOutage(t *testing.T) {
 	kcl := b.kafkaClient()
 	defer kcl.Close()
 	ac := &adminClient{t: t, base: "http://" + r.admin, c: &http.Client{Timeout: 5 * time.Second}}
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 181))
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("random seed %d (kill times are real time: a seed repeats the choices, not the run)", seed)
+	rng := rand.New(rand.NewPCG(seed, 181))
 
 	p := r.start()
 	p.waitLog(90*time.Second, "delaybridge running")
