@@ -64,21 +64,7 @@ func testSupersedeOfSentBackTaskCounted(t *testing.T, replace bool) {
 	h.clk.Advance(time.Hour)
 	<-entered
 	// The loop has claimed a, b and c and is reading a's envelope.
-	s := h.e.shards[0]
-	s.mu.Lock()
-	_, cInFlight := s.inflight[3]
-	s.mu.Unlock()
-	if !cInFlight {
-		t.Fatalf("c not claimed while a is read")
-	}
-	if replace {
-		// Not h.ingest: it waits for the fire loop, blocked here.
-		if err := h.e.Ingest(context.Background(), []codec.Task{sched("c", t0.Add(3*time.Hour), 4)}, nil); err != nil {
-			t.Fatalf("Ingest: %v", err)
-		}
-	} else if err := h.e.Cancel("src", "c"); err != nil {
-		t.Fatalf("Cancel: %v", err)
-	}
+	supersedeClaimed(t, h, replace, "c", 3, 4)
 	close(release)
 	h.settle()
 	h.advance(time.Millisecond)
@@ -135,21 +121,7 @@ func TestSupersedeOfUndecodableInFlightCounted(t *testing.T) {
 			arm.Store(true)
 			h.clk.Advance(time.Hour)
 			<-entered
-			s := h.e.shards[0]
-			s.mu.Lock()
-			_, aInFlight := s.inflight[1]
-			s.mu.Unlock()
-			if !aInFlight {
-				t.Fatalf("a not claimed while its value is read")
-			}
-			if replace {
-				// Not h.ingest: it waits for the fire loop, blocked here.
-				if err := h.e.Ingest(context.Background(), []codec.Task{sched("a", t0.Add(3*time.Hour), 3)}, nil); err != nil {
-					t.Fatalf("Ingest: %v", err)
-				}
-			} else if err := h.e.Cancel("src", "a"); err != nil {
-				t.Fatalf("Cancel: %v", err)
-			}
+			supersedeClaimed(t, h, replace, "a", 1, 3)
 			close(release)
 			h.settle()
 			h.advance(time.Millisecond)
@@ -171,5 +143,27 @@ func TestSupersedeOfUndecodableInFlightCounted(t *testing.T) {
 			}
 			h.checkPending()
 		})
+	}
+}
+
+// supersedeClaimed checks that task id (stored at offset seq, shard 0) is
+// claimed by the fire loop, blocked in a read, and then replaces it (a
+// new schedule at offset newSeq) or cancels it. Not h.ingest: it waits
+// for the fire loop.
+func supersedeClaimed(t *testing.T, h *harness, replace bool, id string, seq uint64, newSeq int64) {
+	t.Helper()
+	s := h.e.shards[0]
+	s.mu.Lock()
+	_, claimed := s.inflight[seq]
+	s.mu.Unlock()
+	if !claimed {
+		t.Fatalf("%s not claimed while the fire loop reads", id)
+	}
+	if replace {
+		if err := h.e.Ingest(context.Background(), []codec.Task{sched(id, t0.Add(3*time.Hour), newSeq)}, nil); err != nil {
+			t.Fatalf("Ingest: %v", err)
+		}
+	} else if err := h.e.Cancel("src", id); err != nil {
+		t.Fatalf("Cancel: %v", err)
 	}
 }

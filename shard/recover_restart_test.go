@@ -324,25 +324,7 @@ func TestWaitingOverLoweredBoundHeld(t *testing.T) {
 	checkWaitingRecords(t, h.e)
 	h.checkPending()
 	h.run()
-	first := h.backUntilFirstDelivery()
-	last := first
-	for len(h.sink.acked()) < n && last <= 301 {
-		last++
-		h.advance(time.Second)
-	}
-	t.Logf("after the target's return: first delivery %ds, last %ds (%d of %d)", first, last, len(h.sink.acked()), n)
-	if acked := h.sink.acked(); len(acked) != n || last > first+1 {
-		t.Fatalf("%d of %d tasks delivered %ds after the return, the first %ds after; want all within a second of the first", len(acked), n, last, first)
-	}
-	acked := h.sink.acked()
-	slices.Sort(acked)
-	if len(slices.Compact(acked)) != n {
-		t.Fatal("a task delivered twice")
-	}
-	h.checkPending()
-	if st := h.e.Stats(); st.Held != 0 || st.Pending != 0 {
-		t.Fatalf("held %d, pending %d once delivered", st.Held, st.Pending)
-	}
+	h.allDeliveredOnceAfterReturn(n)
 }
 
 // TestWaitingOverLoweredBoundBatched: the tasks held at Open past a
@@ -418,12 +400,22 @@ func TestWaitingOverLoweredBoundBatched(t *testing.T) {
 	h.open()
 	check(2)
 	h.run()
+	h.allDeliveredOnceAfterReturn(n)
+}
+
+// allDeliveredOnceAfterReturn brings the target back and checks that all
+// n pending tasks go within a second of the first delivery, each once,
+// and leave nothing held or pending.
+func (h *harness) allDeliveredOnceAfterReturn(n int) {
+	t := h.t
+	t.Helper()
 	first := h.backUntilFirstDelivery()
 	last := first
 	for len(h.sink.acked()) < n && last <= 301 {
 		last++
 		h.advance(time.Second)
 	}
+	t.Logf("after the target's return: first delivery %ds, last %ds (%d of %d)", first, last, len(h.sink.acked()), n)
 	if acked := h.sink.acked(); len(acked) != n || last > first+1 {
 		t.Fatalf("%d of %d tasks delivered %ds after the return, the first %ds after; want all within a second of the first", len(acked), n, last, first)
 	}

@@ -10,8 +10,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/bridge"
 )
@@ -24,13 +22,7 @@ func TestHandleFailLogThrottled(t *testing.T) {
 	const parts = 8
 	c := newCluster(t, kfake.SeedTopics(parts, "delay"))
 	produceN(t, producer(t, c), "delay", parts, 0, 4*parts)
-	core, logs := observer.New(zap.InfoLevel)
-	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
-	cfg.Logger = zap.New(core)
-	s, err := NewSource(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, logs := observedSource(t, c, "delay")
 	h := newMemHandler()
 	var fails atomic.Int64
 	errStore := errors.New("shard: store failed: ingest: no space left on device")
@@ -63,13 +55,7 @@ func TestHandleFailLogThrottledAcrossBatchSizes(t *testing.T) {
 		}
 	}
 	produce(t, pr, rs...)
-	core, logs := observer.New(zap.InfoLevel)
-	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
-	cfg.Logger = zap.New(core)
-	s, err := NewSource(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, logs := observedSource(t, c, "delay")
 	h := newMemHandler()
 	var fails atomic.Int64
 	var failing atomic.Bool

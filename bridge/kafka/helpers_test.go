@@ -10,8 +10,10 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/bridge"
 	"github.com/delaybridge/delaybridge/codec"
@@ -237,4 +239,18 @@ func committed(c *kfake.Cluster, group, topic string) map[int32]int64 {
 		out[p] = gc.Offset
 	}
 	return out
+}
+
+// observedSource is a source of group g on topic, on c, whose log (Info
+// and above) is observed.
+func observedSource(t testing.TB, c *kfake.Cluster, topic string) (*Source, *observer.ObservedLogs) {
+	t.Helper()
+	core, logs := observer.New(zap.InfoLevel)
+	cfg := testConfig(t, c.ListenAddrs(), "g", topic)
+	cfg.Logger = zap.New(core)
+	s, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, logs
 }

@@ -8,8 +8,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestSlowJoinLogged (hunt H153): after a kill -9 the group's coordinator
@@ -29,13 +27,7 @@ func TestSlowJoinLogged(t *testing.T) {
 		heartbeats.Add(1)
 		return nil, nil, false
 	})
-	core, logs := observer.New(zap.InfoLevel)
-	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
-	cfg.Logger = zap.New(core)
-	s, err := NewSource(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, logs := observedSource(t, c, "delay")
 	s.joinWaitLog = 10 * time.Millisecond
 	h := newMemHandler()
 	stop := runSource(t, s, h)

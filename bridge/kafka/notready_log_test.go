@@ -5,8 +5,6 @@ import (
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestMissingTopicLogThrottled (hunt H138): a bridge started before its
@@ -21,13 +19,7 @@ func TestMissingTopicLogThrottled(t *testing.T) {
 		metadata.Add(1)
 		return nil, nil, false
 	})
-	core, logs := observer.New(zap.InfoLevel)
-	cfg := testConfig(t, c.ListenAddrs(), "g", "delay-missing")
-	cfg.Logger = zap.New(core)
-	s, err := NewSource(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, logs := observedSource(t, c, "delay-missing")
 	stop := runSource(t, s, newMemHandler())
 	waitFor(t, "20 metadata requests (retries)", func() bool { return metadata.Load() >= 20 })
 	_ = stop()

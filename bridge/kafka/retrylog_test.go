@@ -6,9 +6,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestFetchRetryLogThrottled (hunt H204): the partitions of a delay topic
@@ -23,13 +21,7 @@ func TestFetchRetryLogThrottled(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(parts, "delay"))
 	pr := producer(t, c)
 	produceN(t, pr, "delay", parts, 0, 2*parts)
-	core, logs := observer.New(zap.InfoLevel)
-	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
-	cfg.Logger = zap.New(core)
-	s, err := NewSource(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, logs := observedSource(t, c, "delay")
 	h := newMemHandler()
 	stop := runSource(t, s, h)
 	defer func() { _ = stop() }()
