@@ -84,29 +84,19 @@ func TestStragglerOfQuorumLostStream(t *testing.T) {
 	if last != nil {
 		t.Fatalf("the straggler's retry after the return: %v", last)
 	}
-	id := DeliveryID(batch[0])
-	n := 0
-	cons, err := js.OrderedConsumer(ctxT(t), "TQ", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"tq.a"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Every message TQ holds (only tq.a goes there), each waited for as
-	// long as a cluster just back may take to serve it.
-	st, err := js.Stream(ctxT(t), "TQ")
-	if err != nil {
-		t.Fatal(err)
+	// long as a cluster just back may take to serve it. The read starts
+	// again while the cluster answers with an error (CI at 3541948: "no
+	// responders available for request" at the ordered consumer's first
+	// fetch, right after the return).
+	id := DeliveryID(batch[0])
+	n, err := copiesIn(js, "TQ", "tq.a", id)
+	for deadline := time.Now().Add(60 * time.Second); err != nil && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		t.Logf("reading TQ again: %v", err)
+		n, err = copiesIn(js, "TQ", "tq.a", id)
 	}
-	total := st.CachedInfo().State.Msgs
-	for range total {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		m, err := cons.Next(jetstream.FetchContext(ctx))
-		cancel()
-		if err != nil {
-			t.Fatalf("read TQ's messages (%d): %v", total, err)
-		}
-		if m.Headers().Get(natsgo.MsgIdHdr) == id {
-			n++
-		}
+	if err != nil {
+		t.Fatalf("read TQ's messages: %v", err)
 	}
 	if n != 1 {
 		t.Errorf("TQ holds %d copies of the straggler, want 1", n)
@@ -209,4 +199,33 @@ func quorumLossSink(t *testing.T) (*natstest.Cluster, Config, jetstream.JetStrea
 		}
 	}
 	return c, cfg, js, sink, leader
+}
+
+// copiesIn reads every message of stream on subject with an ordered
+// consumer (each waited up to 10 s) and counts those with Nats-Msg-Id id.
+func copiesIn(js jetstream.JetStream, stream, subject, id string) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
+	if err != nil {
+		return 0, fmt.Errorf("ordered consumer: %w", err)
+	}
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return 0, fmt.Errorf("stream info: %w", err)
+	}
+	total := st.CachedInfo().State.Msgs
+	n := 0
+	for i := range total {
+		fctx, fcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		m, err := cons.Next(jetstream.FetchContext(fctx))
+		fcancel()
+		if err != nil {
+			return 0, fmt.Errorf("message %d of %d: %w", i+1, total, err)
+		}
+		if m.Headers().Get(natsgo.MsgIdHdr) == id {
+			n++
+		}
+	}
+	return n, nil
 }
