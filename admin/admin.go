@@ -454,7 +454,7 @@ func (s *server) deleteTask(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Cancelling is an operator action on someone's data: keep a trace.
-	s.log.Info("admin: task cancelled", zap.String("source", source), zap.String("id", id),
+	s.log.Info("admin: task cancelled", zap.String("source", source), zap.String("id", shard.LogID(id)),
 		zap.String("remote", r.RemoteAddr))
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusNoContent)
@@ -544,7 +544,7 @@ func (s *server) engineError(w http.ResponseWriter, op, source, id string, err e
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 	default:
 		s.log.Error("admin: engine call failed", zap.String("op", op), zap.String("source", source),
-			zap.String("id", id), zap.Error(err))
+			zap.String("id", shard.LogID(id)), zap.Error(err))
 		writeError(w, http.StatusInternalServerError, err.Error())
 	}
 }

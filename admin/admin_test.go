@@ -322,6 +322,30 @@ func TestCancel(t *testing.T) {
 	}
 }
 
+// TestCancelLogCutsLongID: the trace of an admin cancel names the id cut
+// to 128 bytes, as the engine's lines do; an id may be as long as a
+// message allows (a 64 KiB id was logged whole, hunt H204).
+func TestCancelLogCutsLongID(t *testing.T) {
+	e, _ := openEngine(t)
+	long := strings.Repeat("x", 64<<10)
+	if err := e.Ingest(context.Background(), []codec.Task{task(long, 1, time.Hour)}, nil); err != nil {
+		t.Fatalf("Ingest: %v", err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	srv := httptest.NewServer(NewHandler(Options{Engine: e, Logger: zap.New(core)}))
+	defer srv.Close()
+	if r := do(t, "DELETE", srv.URL+"/v1/tasks/delay/"+long, ""); r.code != 204 {
+		t.Fatalf("DELETE = %d %q, want 204", r.code, r.body)
+	}
+	lines := logs.FilterMessage("admin: task cancelled").All()
+	if len(lines) != 1 {
+		t.Fatalf("%d cancel lines, want 1", len(lines))
+	}
+	if id := lines[0].ContextMap()["id"].(string); len(id) > 131 || !strings.HasPrefix(id, "xxx") {
+		t.Fatalf("cancel line's id is %d bytes, want at most 128 and \"...\"", len(id))
+	}
+}
+
 func TestStats(t *testing.T) {
 	f := newFixture(t, "", nil)
 	r := do(t, "GET", f.srv.URL+"/v1/stats", "")

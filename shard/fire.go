@@ -823,9 +823,9 @@ func (s *shard) readClaimed(claimed []fireItem, split int) (items, dropped, retr
 // message allows, and a target that refuses every task logs a line each.
 const maxLogID = 128
 
-// logID is id for a log line, cut to maxLogID bytes (at a UTF-8 boundary)
-// with "..." when longer.
-func logID(id string) string {
+// LogID is id for a log line, cut to 128 bytes (at a UTF-8 boundary)
+// with "..." when longer: ids may be as long as a message allows.
+func LogID(id string) string {
 	if len(id) <= maxLogID {
 		return id
 	}
@@ -1174,7 +1174,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 				dest := t.Destination()
 				if held, ok := e.refusedLog.AllowEach(time.UnixMilli(now), dest+"\x00"+derr.Error()); ok {
 					e.log.Warn("target refused a publish; retrying with backoff, then dead-lettered publish-failed",
-						zap.String("target", dest), zap.String("source", t.Source), zap.String("id", logID(t.ID)),
+						zap.String("target", dest), zap.String("source", t.Source), zap.String("id", LogID(t.ID)),
 						zap.Uint32("attempt", t.Attempts), zap.Int("max_attempts", e.opts.Retry.MaxAttempts),
 						zap.Duration("next_in", wait), zap.Int("held_back", held), zap.Error(derr))
 				}
@@ -1204,7 +1204,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 			s.clearLateInLocked(b, it.seq)
 			e.log.Warn("task dead-lettered at fire time", zap.String("code", string(code)),
 				zap.String("origin", t.Origin), zap.String("dlq", dl.Destination()),
-				zap.String("source", t.Source), zap.String("id", logID(t.ID)), zap.Uint32("attempts", t.Attempts), zap.Error(derr))
+				zap.String("source", t.Source), zap.String("id", LogID(t.ID)), zap.Uint32("attempts", t.Attempts), zap.Error(derr))
 			continue
 		}
 		fire := now + wait.Milliseconds()

@@ -101,8 +101,8 @@ func TestLogID(t *testing.T) {
 		// A cut inside a multi-byte rune moves back to its start.
 		{long[:maxLogID-1] + "é" + "tail", long[:maxLogID-1] + "..."},
 	} {
-		if got := logID(tc.in); got != tc.want {
-			t.Errorf("logID(%d bytes) = %q, want %q", len(tc.in), got, tc.want)
+		if got := LogID(tc.in); got != tc.want {
+			t.Errorf("LogID(%d bytes) = %q, want %q", len(tc.in), got, tc.want)
 		}
 	}
 }
