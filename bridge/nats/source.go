@@ -765,10 +765,7 @@ func (s *Source) ensure(ctx context.Context) error {
 		if err := s.checkPriority(cc); err != nil {
 			return err
 		}
-		filters := cc.FilterSubjects
-		if cc.FilterSubject != "" {
-			filters = []string{cc.FilterSubject}
-		}
+		filters := consumerFilters(cc)
 		if len(filters) == 0 && stream != nil {
 			sc := stream.CachedInfo().Config
 			filters = sc.Subjects
@@ -858,10 +855,7 @@ func (s *Source) warnOtherBridgeConsumers(ctx context.Context) {
 		if ci == nil || ci.Name == s.cfg.Consumer || ci.Config.Description != consumerDescription || ci.Config.DeliverSubject != "" {
 			continue
 		}
-		filters := ci.Config.FilterSubjects
-		if ci.Config.FilterSubject != "" {
-			filters = []string{ci.Config.FilterSubject}
-		}
+		filters := consumerFilters(ci.Config)
 		if len(filters) == 0 {
 			filters = []string{">"}
 		}
@@ -934,13 +928,19 @@ func (s *Source) checkPriority(cc jetstream.ConsumerConfig) error {
 		ErrConfig, s.cfg.Consumer, s.cfg.Stream, cc.PriorityGroups, policy)
 }
 
+// consumerFilters returns the subject filters of the consumer cc, set in
+// either field (none: it reads the whole stream).
+func consumerFilters(cc jetstream.ConsumerConfig) []string {
+	if cc.FilterSubject != "" {
+		return []string{cc.FilterSubject}
+	}
+	return cc.FilterSubjects
+}
+
 // gainedFilters returns the source subjects that the existing consumer
 // cc does not read (none when it reads the whole stream).
 func gainedFilters(cc jetstream.ConsumerConfig, subjects []string) []string {
-	filters := cc.FilterSubjects
-	if cc.FilterSubject != "" {
-		filters = []string{cc.FilterSubject}
-	}
+	filters := consumerFilters(cc)
 	if len(filters) == 0 {
 		return nil
 	}
