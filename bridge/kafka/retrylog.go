@@ -19,14 +19,24 @@ import (
 // 100). Each line is logged once per logthrottle.DefaultEvery per message
 // and shape of its error (offsets, batch sizes and other numbers aside)
 // across the source's partitions, with the count held back; and an
-// outage, from a first failing partition until none fails, ends with one
-// Info line (end) if any of its lines was logged, so the log says when
-// the partitions go on.
+// outage, from a first failing partition until a partition goes on with
+// none failing, ends with one Info line (end) if any of its lines was
+// logged, so the log says when the partitions go on. That line ends the
+// throttle's run too: a failure after it is logged at once.
+//
+// An outage outlives the partitions revoked from this member while they
+// failed (a rebalance, a rolling restart of the other members): it goes
+// on with the next generation's failures and ends at its next partition
+// that goes on (review R200: ended at the revocation, its logged start
+// never had an end line when the new generation's failures were held back
+// by the throttle and the outage ended within DefaultEvery).
 type retryLog struct {
-	end string // the Info line at the end of an outage
+	end string           // the Info line at the end of an outage
+	now func() time.Time // nil: time.Now (tests set it)
 	th  logthrottle.Throttle
 
 	mu      sync.Mutex
+	open    bool            // an outage is on: a try failed, no partition went on since with none failing
 	failing map[string]bool // checkpoint keys whose last try failed
 	tries   int             // failed tries of this outage
 	parts   map[string]bool // the partitions that failed in this outage
@@ -34,24 +44,34 @@ type retryLog struct {
 	logged  bool            // a line of this outage was logged
 }
 
+func (r *retryLog) clock() time.Time {
+	if r.now != nil {
+		return r.now()
+	}
+	return time.Now()
+}
+
 // failed notes a failed try of the partition key and logs msg at level
 // unless a line of that message and error shape was logged within the
 // throttle's interval.
 func (r *retryLog) failed(log *zap.Logger, level zapcore.Level, key, msg string, err error, fields ...zap.Field) {
-	now := time.Now()
+	now := r.clock()
 	shape := msg
 	if err != nil {
 		shape += "\x00" + logthrottle.Shape(err.Error())
 		fields = append(fields, zap.Error(err))
 	}
-	suppressed, ok := r.th.AllowEach(now, shape)
 	r.mu.Lock()
-	if len(r.failing) == 0 {
+	if !r.open {
+		r.open = true
 		r.failing, r.parts = map[string]bool{}, map[string]bool{}
 		r.tries, r.since, r.logged = 0, now, false
 	}
 	r.failing[key], r.parts[key] = true, true
 	r.tries++
+	// Under r.mu: an end line between this try's verdict and its outage
+	// would start the throttle again after the verdict.
+	suppressed, ok := r.th.AllowEach(now, shape)
 	r.logged = r.logged || ok
 	r.mu.Unlock()
 	if ok {
@@ -60,22 +80,30 @@ func (r *retryLog) failed(log *zap.Logger, level zapcore.Level, key, msg string,
 }
 
 // ok notes that the partition key goes on (read is true) or that this
-// member stopped reading it (its next owner reports it). When no
-// partition fails any more, a read logs the end of the outage.
+// member stopped reading it (its next owner reports it). A partition that
+// goes on while none fails ends the outage, logging its end if a line of
+// it was logged.
 func (r *retryLog) ok(log *zap.Logger, key string, read bool) {
 	r.mu.Lock()
-	if !r.failing[key] {
+	if !r.open {
 		r.mu.Unlock()
 		return
 	}
 	delete(r.failing, key)
-	if len(r.failing) > 0 || !read || !r.logged {
+	if len(r.failing) > 0 || !read {
 		r.mu.Unlock()
 		return
 	}
+	r.open = false
+	if !r.logged {
+		r.mu.Unlock()
+		return
+	}
+	r.th.Reset()
 	parts, tries, since := len(r.parts), r.tries, r.since
+	now := r.clock()
 	r.mu.Unlock()
 	log.Info(r.end,
 		zap.Int("partitions_failed", parts), zap.Int("failed_tries", tries),
-		zap.Duration("failing_for", time.Since(since).Round(time.Millisecond)))
+		zap.Duration("failing_for", now.Sub(since).Round(time.Millisecond)))
 }

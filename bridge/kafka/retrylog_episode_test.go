@@ -1,0 +1,66 @@
+package kafka
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// TestRetryLogOutageAcrossRebalance (review R200): an outage whose
+// failing partitions were revoked (a rebalance, another member's rolling
+// restart) ended there without its end line; the next generation's
+// failures, held back by the throttle, began an outage with no line
+// logged, so its end was not logged either: the log said "fetch failed"
+// and never "partitions read again". And the throttle outlived the end
+// line: a failure just after it was held back for up to 30 s.
+func TestRetryLogOutageAcrossRebalance(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	log := zap.New(core)
+	now := time.Unix(1_000_000, 0)
+	r := &retryLog{end: "partitions read again", now: func() time.Time { return now }}
+	errFetch := errors.New("[6] Not Leader For Partition: fetch at offset 41")
+	fail := func(key string) {
+		r.failed(log, zapcore.WarnLevel, key, "fetch failed; retrying", errFetch)
+	}
+	starts := func() int { return logs.FilterMessage("fetch failed; retrying").Len() }
+	ends := func() int { return logs.FilterMessage("partitions read again").Len() }
+
+	fail("delay/0")
+	fail("delay/1")
+	if starts() != 1 {
+		t.Fatalf("%d start lines, want 1", starts())
+	}
+	// A rebalance revokes both; the next generation's worker fails again
+	// (held back: within 30 s of the line) and then reads.
+	r.ok(log, "delay/0", false)
+	r.ok(log, "delay/1", false)
+	now = now.Add(5 * time.Second)
+	fail("delay/0")
+	now = now.Add(5 * time.Second)
+	r.ok(log, "delay/0", true)
+	if starts() != 1 || ends() != 1 {
+		t.Fatalf("an outage across a rebalance: %d start and %d end lines, want 1 and 1", starts(), ends())
+	}
+	end := logs.FilterMessage("partitions read again").All()[0].ContextMap()
+	if end["failed_tries"] != int64(3) || end["partitions_failed"] != int64(2) || end["failing_for"] != 10*time.Second {
+		t.Fatalf("end line %v, want 3 tries of 2 partitions over 10s", end)
+	}
+	// A failure 2 s after the end line is a new outage: logged at once.
+	now = now.Add(2 * time.Second)
+	fail("delay/1")
+	if starts() != 2 {
+		t.Fatalf("a failure just after the end line: %d start lines, want 2 (logged at once)", starts())
+	}
+	if s := logs.FilterMessage("fetch failed; retrying").All()[1].ContextMap()["suppressed"]; s != int64(0) {
+		t.Fatalf("the new outage's first line: suppressed %v, want 0", s)
+	}
+	r.ok(log, "delay/1", true)
+	r.ok(log, "delay/1", true)
+	if ends() != 2 {
+		t.Fatalf("%d end lines after two outages, want 2", ends())
+	}
+}
