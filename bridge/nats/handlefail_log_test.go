@@ -1,7 +1,9 @@
 package nats
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -32,5 +34,37 @@ func TestHandleFailLogThrottled(t *testing.T) {
 	eventually(t, "the end logged", func() bool { return logs.FilterMessageSnippet("batches stored again").Len() > 0 })
 	if n := logs.FilterMessageSnippet("batches stored again").Len(); n != 1 {
 		t.Fatalf("the end of the failures logged %d times, want once", n)
+	}
+}
+
+// TestHandleFailLoggedAgainAfterEnd (review R200): "batches stored again"
+// ends a run of failures, but the throttle went on: a store failure just
+// after it (within 30 s of the last line) was held back, and, if the
+// store took the batch before the throttle let a line through, its end
+// was not logged either. The end line starts the throttle again, so the
+// next failure is logged at once. The interval is an hour here, so the
+// test does not depend on how fast it runs.
+func TestHandleFailLoggedAgainAfterEnd(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	_, _, js, src := createdSource(t, func(c *Config) { c.Logger = zap.New(core) })
+	src.handleLog.Every = time.Hour
+	h := newRecorder()
+	h.setFail(true)
+	publish(t, js, "delay.a", "v1", nil)
+	runSource(t, src, h)
+	const msg = "nats source: handle batch failed; not acked, retrying"
+	for run := 1; run <= 2; run++ {
+		calls := h.numCalls()
+		eventually(t, "the batch failed twice", func() bool { return h.numCalls() >= calls+2 })
+		if n := logs.FilterMessage(msg).Len(); n != run {
+			t.Fatalf("run %d of failures: %d %q lines, want %d (each run's first failure logged at once)", run, n, msg, run)
+		}
+		h.setFail(false)
+		eventually(t, "the end logged", func() bool { return logs.FilterMessageSnippet("batches stored again").Len() >= run })
+		h.setFail(true)
+		publish(t, js, "delay.a", fmt.Sprint("v", run+1), nil)
+	}
+	if n := logs.FilterMessageSnippet("batches stored again").Len(); n != 2 {
+		t.Fatalf("%d end lines for two runs of failures, want 2", n)
 	}
 }

@@ -2321,7 +2321,11 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 		err := h.Handle(ctx, b)
 		if err == nil {
 			if s.handleLogged {
+				// The end of the run: the next failure is logged at once
+				// (review R200: the throttle went on, holding back a
+				// failure just after this line, and then its end).
 				s.handleLogged = false
+				s.handleLog.Reset()
 				s.log.Info("nats source: batches stored again", zap.Int("failed_tries", tries))
 			}
 			return nil
