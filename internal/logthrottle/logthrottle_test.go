@@ -126,3 +126,62 @@ func TestShape(t *testing.T) {
 		}
 	}
 }
+
+// TestThrottleDistinctKeysBounded (review R200): the throttles of H204 are
+// keyed by texts from the network (an async error naming the subject
+// refused, a subject no source reads, an error's shape naming a host).
+// 100 000 distinct keys, at once and spread over 100 s, leave at most
+// maxKeys entries and the overflow one, and let at most maxKeys+1 lines
+// through per DefaultEvery; the held-back counts add up to every call.
+func TestThrottleDistinctKeysBounded(t *testing.T) {
+	const n = 100_000
+	t0 := time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)
+	for _, step := range []time.Duration{0, time.Millisecond} {
+		for _, each := range []bool{false, true} {
+			var th Throttle
+			lines, held := map[int64]int{}, 0
+			maxLen := 0
+			for i := range n {
+				now := t0.Add(time.Duration(i) * step)
+				key := fmt.Sprintf("nats: Permissions Violation for Publish to \"orders.%x\"", i*7919)
+				var s int
+				var ok bool
+				if each {
+					s, ok = th.AllowEach(now, key)
+				} else {
+					s, ok = th.AllowKey(now, key)
+				}
+				if ok {
+					lines[int64(now.Sub(t0)/DefaultEvery)]++
+					held += s
+				}
+				th.mu.Lock()
+				maxLen = max(maxLen, len(th.keys))
+				th.mu.Unlock()
+			}
+			if maxLen > maxKeys+1 {
+				t.Errorf("step %v each %v: %d keys remembered, want at most %d", step, each, maxLen, maxKeys+1)
+			}
+			total := 0
+			for w, l := range lines {
+				total += l
+				if l > maxKeys+1 {
+					t.Errorf("step %v each %v: %d lines in interval %d, want at most %d", step, each, l, w, maxKeys+1)
+				}
+			}
+			// AllowKey counts what every key held back since the last
+			// line; AllowEach per key, so keys forgotten with their count
+			// (not logged within the interval) lose theirs.
+			if !each && total+held != n-lastHeld(&th) {
+				t.Errorf("step %v: %d lines + %d held back reported, want %d calls (less %d still held)", step, total, held, n, lastHeld(&th))
+			}
+			t.Logf("step %v each %v: %d lines for %d distinct keys, at most %d keys remembered", step, each, total, n, maxLen)
+		}
+	}
+}
+
+func lastHeld(th *Throttle) int {
+	th.mu.Lock()
+	defer th.mu.Unlock()
+	return th.suppressed
+}
