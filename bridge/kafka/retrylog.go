@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"strings"
 	"sync"
 	"time"
 
@@ -16,9 +17,9 @@ import (
 // retry, and a store that refuses writes every partition's batch, each
 // worker backing off to RetryMax on its own: one Warn line per partition
 // and retry (hunt H204: 28 a minute with 3 partitions, about 600 with
-// 100). Each line is logged once per logthrottle.DefaultEvery per message
-// and shape of its error (offsets, batch sizes and other numbers aside)
-// across the source's partitions, with the count held back; and an
+// 100). Each line is logged once per logthrottle.DefaultEvery per message,
+// topic and shape of its error (offsets, batch sizes and other numbers
+// aside) across the topic's partitions, with the count held back; and an
 // outage, from a first failing partition until a partition goes on with
 // none failing, ends with one Info line (end) if any of its lines was
 // logged, so the log says when the partitions go on. That line ends the
@@ -56,7 +57,12 @@ func (r *retryLog) clock() time.Time {
 // throttle's interval.
 func (r *retryLog) failed(log *zap.Logger, level zapcore.Level, key, msg string, err error, fields ...zap.Field) {
 	now := r.clock()
-	shape := msg
+	// The throttle's key: the message, the partition's topic (whole: a
+	// shape would fold tenant1 and tenant2) and the error's shape, so the
+	// first failure of another topic is logged at once (review R200: a
+	// read ACL removed from a second topic was held back behind the first
+	// topic's line of the same shape).
+	shape := msg + "\x00" + key[:max(strings.LastIndexByte(key, '|'), 0)]
 	if err != nil {
 		shape += "\x00" + logthrottle.Shape(err.Error())
 		fields = append(fields, zap.Error(err))

@@ -64,3 +64,30 @@ func TestRetryLogOutageAcrossRebalance(t *testing.T) {
 		t.Fatalf("%d end lines after two outages, want 2", ends())
 	}
 }
+
+// TestRetryLogPerTopic (review R200): the retry lines were throttled by
+// message and error shape across all the source's topics, so a second
+// topic failing the same way (its read ACL removed, its leader offline)
+// was held back behind the first topic's line for up to 30 s, its
+// partitions counted in that line's held-back count; and Shape folds
+// topic names that differ only in digits. Each topic is throttled on its
+// own; its partitions share its line.
+func TestRetryLogPerTopic(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	log := zap.New(core)
+	now := time.Unix(1_000_000, 0)
+	r := &retryLog{end: "partitions read again", now: func() time.Time { return now }}
+	errACL := errors.New("[29] Topic Authorization Failed: the client is not authorized to access the requested topic")
+	for _, key := range []string{
+		CheckpointKey("tenant1-delay", 0),
+		CheckpointKey("tenant1-delay", 1), // held: the topic's line is out
+		CheckpointKey("tenant2-delay", 0),
+		CheckpointKey("tenant2-delay", 3), // held
+	} {
+		now = now.Add(time.Second)
+		r.failed(log, zapcore.WarnLevel, key, "fetch failed; retrying", errACL)
+	}
+	if n := logs.FilterMessage("fetch failed; retrying").Len(); n != 2 {
+		t.Fatalf("%d lines for two topics failing alike, want 2 (one per topic)", n)
+	}
+}

@@ -41,7 +41,7 @@ type Source struct {
 	// every retry for as long as it is missing.
 	notReady logthrottle.Throttle
 	// retries throttles the partition workers' retry lines of fetches,
-	// log checks and start positions across partitions, and says when
+	// log checks and start positions per topic across its partitions, and says when
 	// they all read again (see retryLog); handleFails those of a handler
 	// that fails (a store that refuses writes fails every partition's
 	// batch at every retry).
