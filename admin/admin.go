@@ -240,16 +240,24 @@ type server struct {
 	lastProbe map[string]string // per probe, the reason last logged, digits as # ("" when passing)
 
 	// refused throttles the line about a request refused for its token,
-	// per kind of refusal: none was logged (hunt H204: 1.18 million bad
-	// requests in 45 s, no line), so a scraper with a stale token or a
-	// client guessing tokens left no trace.
+	// per kind of refusal and client host: none was logged (hunt H204:
+	// 1.18 million bad requests in 45 s, no line), so a scraper with a
+	// stale token or a client guessing tokens left no trace. Per host
+	// too, or a second client was held back behind the first one's line
+	// (review R200); the throttle bounds the hosts it remembers (64, then
+	// one overflow line per 30 s for the others).
 	refused logthrottle.Throttle
 }
 
 // logRefused logs a request refused for its token (reason), once per
-// logthrottle.DefaultEvery per reason with the count held back.
+// logthrottle.DefaultEvery per reason and client host with the count held
+// back.
 func (s *server) logRefused(r *http.Request, reason string) {
-	held, ok := s.refused.AllowEach(time.Now(), reason)
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	held, ok := s.refused.AllowEach(time.Now(), reason+"\x00"+host)
 	if !ok {
 		return
 	}

@@ -42,3 +42,32 @@ func TestRefusedRequestsLogged(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusedRequestsLoggedPerClient (review R200): the refusals were
+// throttled per reason alone, so a second client refused for the same
+// reason (a token guesser beside a scraper with a stale token) was held
+// back behind the first one's line for up to 30 s, counted in its
+// held-back count under the first one's address. Per reason and client
+// host now (the port left out: each connection has its own); past 64 of
+// those at once they share the throttle's overflow line.
+func TestRefusedRequestsLoggedPerClient(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	h := NewHandler(Options{Token: "tok", Logger: zap.New(core)})
+	for i, remote := range []string{"192.0.2.1:40000", "192.0.2.1:40001", "192.0.2.2:40000", "[2001:db8::1]:5000", "192.0.2.2:40002"} {
+		r := httptest.NewRequest("GET", "/v1/stats", nil)
+		r.RemoteAddr = remote
+		r.Header.Set("Authorization", "Bearer wrong")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != 401 {
+			t.Fatalf("request %d: %d, want 401", i, w.Code)
+		}
+	}
+	var remotes []string
+	for _, l := range logs.FilterMessage("admin: request refused").All() {
+		remotes = append(remotes, l.ContextMap()["remote"].(string))
+	}
+	if len(remotes) != 3 {
+		t.Fatalf("refused requests of three clients logged for %q, want one line per client", remotes)
+	}
+}
