@@ -2,6 +2,7 @@ package admin
 
 import (
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"go.uber.org/zap"
@@ -69,5 +70,27 @@ func TestRefusedRequestsLoggedPerClient(t *testing.T) {
 	}
 	if len(remotes) != 3 {
 		t.Fatalf("refused requests of three clients logged for %q, want one line per client", remotes)
+	}
+}
+
+// TestRefusedRequestLineCutsMethod (review R200): the refused request's
+// line cut the path to 256 bytes but logged the method whole, up to the
+// 64 KiB a request line may take (any method reaches the token check:
+// the route's 405 is behind it).
+func TestRefusedRequestLineCutsMethod(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	h := NewHandler(Options{Token: "tok", Logger: zap.New(core)})
+	r := httptest.NewRequest(strings.Repeat("X", 60<<10), "/v1/stats", nil)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != 401 {
+		t.Fatalf("%d, want 401", w.Code)
+	}
+	lines := logs.FilterMessage("admin: request refused").All()
+	if len(lines) != 1 {
+		t.Fatalf("%d lines, want 1", len(lines))
+	}
+	if m := lines[0].ContextMap()["method"].(string); len(m) > 64 {
+		t.Fatalf("method logged with %d bytes, want it cut (at most 64)", len(m))
 	}
 }
