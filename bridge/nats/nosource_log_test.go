@@ -13,8 +13,8 @@ import (
 // filter an operator widened while the bridge runs delivers messages on
 // subjects no source reads; they are taken with the first source's rules,
 // and each logged a Warn: a line per message, which the contract asks
-// only of dead letters. Now once per 30 s per subject, with the count
-// held back.
+// only of dead letters. Now once per 30 s, with the count held back:
+// per subject (review R200), a subject per message made a line each.
 func TestNoSourceSubjectLogThrottled(t *testing.T) {
 	srv := startServer(t, jsOptions(t))
 	cfg := testConfig(t, serverURL(srv))
@@ -47,11 +47,11 @@ func TestNoSourceSubjectLogThrottled(t *testing.T) {
 	}
 	const n = 20
 	for i := range n {
-		publish(t, js, "delay.b.x", fmt.Sprint("b", i), delayHeader())
+		publish(t, js, fmt.Sprint("delay.b.x", i), fmt.Sprint("b", i), delayHeader())
 	}
 	eventually(t, "the messages of the widened filter taken", func() bool { return taken(rec, fmt.Sprint("b", n-1)) })
 	const msg = "nats source: subject matches no configured source"
 	if got := logs.FilterMessageSnippet(msg).Len(); got != 1 {
-		t.Fatalf("%d %q lines for %d messages on one subject, want 1 (then one per 30 s)", got, msg, n)
+		t.Fatalf("%d %q lines for %d messages on as many subjects, want 1 (then one per 30 s)", got, msg, n)
 	}
 }

@@ -111,9 +111,11 @@ type Source struct {
 	// end (a batch stored, maybe the next after a restarted consume) is.
 	handleLog    logthrottle.Throttle
 	handleLogged bool
-	// noSourceLog throttles, per subject, the line about a message on a
-	// subject no source reads (a consumer filter widened by an operator):
-	// it was logged per message (hunt H204).
+	// noSourceLog throttles the line about a message on a subject no
+	// source reads (a consumer filter widened by an operator): it was
+	// logged per message (hunt H204), then per subject, up to 65 lines
+	// per 30 s with a subject per entity (review R200). One condition:
+	// the line names the first subject and counts the messages held back.
 	noSourceLog logthrottle.Throttle
 	// catchFloor (set by Run's goroutine): the delivered sequence, at a
 	// consume's start before the source caught up, of a consumer with
@@ -2189,7 +2191,7 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 			// Only if the consumer's filter was widened after start. Taking
 			// the first source's rules (and its DLQ) beats stalling.
 			rules = s.cfg.Sources[0].Rules
-			if held, ok := s.noSourceLog.AllowEach(time.Now(), m.Subject()); ok {
+			if held, ok := s.noSourceLog.Allow(time.Now()); ok {
 				s.log.Warn("nats source: subject matches no configured source; using the first source's rules",
 					zap.String("subject", m.Subject()), zap.Int("suppressed", held))
 			}
