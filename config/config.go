@@ -227,7 +227,8 @@ type NATSSource struct {
 // Targets restricts where publishers may send.
 type Targets struct {
 	// Allow lists glob patterns; see AllowTarget. Default ["*"] when the
-	// key is omitted; empty (including a bare "allow:") denies every target.
+	// targets block is omitted; empty (including a bare "allow:", and a
+	// "targets:" block without allow) denies every target.
 	Allow []string `yaml:"allow"`
 }
 

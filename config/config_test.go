@@ -517,21 +517,29 @@ func TestRedactionNATSURL(t *testing.T) {
 }
 
 // TestNullAllowDeniesAll: "allow:" with nothing after it (YAML null), "[]"
-// and "~" deny every target; only an omitted allow means the default "*".
+// and "~" deny every target, and so does a "targets:" block without an
+// allow (its list commented out, "targets: {}"): only an omitted targets
+// block means the default "*".
 func TestNullAllowDeniesAll(t *testing.T) {
 	base := strings.Replace(validYAML, "targets:\n  allow: [\"*\"]\n", "", 1)
 	for _, tc := range []struct {
 		name, targets string
 		allowed       bool
+		env           []string
 	}{
-		{"omitted", "", true},
-		{"bare", "targets:\n  allow:\n", false},
-		{"tilde", "targets:\n  allow: ~\n", false},
-		{"empty list", "targets:\n  allow: []\n", false},
-		{"star", "targets:\n  allow: [\"*\"]\n", true},
+		{"omitted", "", true, nil},
+		{"bare", "targets:\n  allow:\n", false, nil},
+		{"tilde", "targets:\n  allow: ~\n", false, nil},
+		{"empty list", "targets:\n  allow: []\n", false, nil},
+		{"star", "targets:\n  allow: [\"*\"]\n", true, nil},
+		{"bare targets", "targets:\n", false, nil},
+		{"targets with its list commented out", "targets:\n#  allow:\n#    - orders\n", false, nil},
+		{"targets tilde", "targets: ~\n", false, nil},
+		{"targets empty mapping", "targets: {}\n", false, nil},
+		{"allow from env over bare targets", "targets:\n", true, []string{"DELAYBRIDGE_TARGETS_ALLOW=kafka:orders"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := mustLoad(t, base+tc.targets)
+			c := mustLoad(t, base+tc.targets, tc.env...)
 			if got := c.AllowTarget(codec.TransportKafka, "orders"); got != tc.allowed {
 				t.Fatalf("AllowTarget(kafka:orders) = %v with %q (allow %q), want %v", got, tc.targets, c.Targets.Allow, tc.allowed)
 			}

@@ -153,6 +153,17 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
 		v.Set(reflect.MakeSlice(v.Type(), 0, 0))
 		return
 	}
+	if path == "targets" && (isNull(n) || n.Kind == yaml.MappingNode) {
+		// So does a "targets:" block without an allow key (its list
+		// commented out, "targets: {}", "targets: ~"): only a file
+		// without the block gets the default "*". An allow in the block
+		// (or DELAYBRIDGE_TARGETS_ALLOW) replaces the empty list.
+		allow := v.Field(fieldIndex(v.Type(), "allow"))
+		allow.Set(reflect.MakeSlice(allow.Type(), 0, 0))
+		if isNull(n) {
+			return
+		}
+	}
 	if isNull(n) {
 		d.null[path] = true
 		return
