@@ -50,6 +50,9 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer, cleanu
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if err := checkDevFlags(o); err != nil {
+		return usagef(fs, "dev: %w", err)
+	}
 	log, err := newLogger("info", "console", stderr)
 	if err != nil {
 		return err
@@ -57,6 +60,34 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer, cleanu
 	defer func() { _ = log.Sync() }()
 	return runDev(ctx, o, stdout, log, cleanups, nil)
 }
+
+// checkDevFlags refuses flag values no listener can take, before anything
+// starts: a port outside 0..65535 (nats-server would not say why and
+// never become ready: a 10 s wait), an -admin that is not host:port or
+// not on loopback. cmdDev reports them as usage errors (exit 2). runDev
+// checks -admin again for its other callers, and takes -1 for a NATS
+// port as any free one (nats-server's RANDOM_PORT), which the flag does
+// not: its "any free port" is 0.
+func checkDevFlags(o devOptions) error {
+	for _, p := range []struct {
+		flag string
+		port int
+	}{{"-kafka-port", o.kafkaPort}, {"-nats-port", o.natsPort}} {
+		if p.port < 0 || p.port > 65535 {
+			return fmt.Errorf("%s: %d is not a port (0..65535, 0: any free port)", p.flag, p.port)
+		}
+	}
+	if err := config.CheckListen(o.admin, "", true); err != nil {
+		return fmt.Errorf("-admin: %w", errors.Unwrap(err)) // without "admin.listen: ": a flag, not a key
+	}
+	if config.CheckListen(o.admin, "", false) != nil {
+		return fmt.Errorf("-admin %s: %s", o.admin, devLoopbackOnly)
+	}
+	return nil
+}
+
+// devLoopbackOnly says why dev refuses an -admin off loopback.
+const devLoopbackOnly = "the sandbox's admin API has no token, so it listens on a loopback address only (127.0.0.1:PORT); use delaybridge run with admin.token to serve it further"
 
 // devAddrs are where the sandbox's brokers listen.
 type devAddrs struct {
@@ -82,7 +113,7 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger
 		return fmt.Errorf("dev: -admin: %w", err)
 	}
 	if config.CheckListen(o.admin, "", false) != nil {
-		return fmt.Errorf("dev: -admin %s: the sandbox's admin API has no token, so it listens on a loopback address only (127.0.0.1:PORT); use delaybridge run with admin.token to serve it further", o.admin)
+		return fmt.Errorf("dev: -admin %s: %s", o.admin, devLoopbackOnly)
 	}
 	// The admin port first: one in use fails before the brokers start and
 	// the banner is printed, and port 0 becomes the port the banner shows.

@@ -109,6 +109,14 @@ func TestRealMain(t *testing.T) {
 		{"bench refuses an argument", []string{"bench", "-transports", "amqp", "quick"}, 2, "", []string{`bench: unexpected argument "quick"`, "-transports string"}},
 		{"dev refuses an argument", []string{"dev", "-nats-port", "70000", "-kafka-port", "70000", "sandbox"}, 2, "", []string{`dev: unexpected argument "sandbox"`, "-kafka-port int"}},
 		{"dev refuses an unknown flag", []string{"dev", "-port", "1"}, 2, "", []string{"flag provided but not defined: -port"}},
+		// A port or address no listener can take is a bad flag value: exit
+		// 2 at once, naming the flag, before any broker starts (-nats-port
+		// -5 waited 10 s for a NATS server that never became ready).
+		{"dev refuses a port out of range", []string{"dev", "-nats-port", "70000"}, 2, "", []string{"dev: -nats-port: 70000 is not a port (0..65535, 0: any free port)", "-nats-port int"}},
+		{"dev refuses a negative port", []string{"dev", "-nats-port", "-5"}, 2, "", []string{"dev: -nats-port: -5 is not a port"}},
+		{"dev refuses a negative kafka port", []string{"dev", "-kafka-port", "-1"}, 2, "", []string{"dev: -kafka-port: -1 is not a port"}},
+		{"dev refuses an admin address without a port", []string{"dev", "-admin", "localhost"}, 2, "", []string{`dev: -admin: "localhost" is not host:port`, "-admin string"}},
+		{"dev refuses an admin address off loopback", []string{"dev", "-admin", "0.0.0.0:8080"}, 2, "", []string{"loopback address only"}},
 		{"help flag of a command", []string{"run", "-h"}, 0, "", []string{"-config string"}},
 		// The help points to what a user has: the README, not CONTRACT.md.
 		{"run help names the README", []string{"run", "-h"}, 0, "", []string{`YAML config file (README, "Configuration")`}},
