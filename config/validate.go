@@ -76,8 +76,8 @@ func (c *Config) validate(v *validator) {
 	if c.MaxDelay < 0 {
 		v.add("max_delay", "must not be negative (0 means no bound), got %s", c.MaxDelay)
 	}
-	if c.MaxMessageBytes < 1 {
-		v.add("max_message_bytes", "must be positive, got %d", c.MaxMessageBytes)
+	if c.MaxMessageBytes < 1 || c.MaxMessageBytes > maxMessageBytes {
+		v.add("max_message_bytes", "must be between 1 and %d, got %d", maxMessageBytes, c.MaxMessageBytes)
 	}
 	if c.CancelRetention < 0 {
 		v.add("cancel_retention", "must not be negative, got %s", c.CancelRetention)
@@ -167,6 +167,11 @@ func (c *Config) validate(v *validator) {
 		v.add("admin.listen", "%w", err)
 	}
 }
+
+// maxMessageBytes bounds max_message_bytes: 1 GiB, within Kafka's int32
+// sizes, and far from the overflow of the Kafka producer's batch bound
+// (max_message_bytes plus the dead-letter headers, bridge/service).
+const maxMessageBytes = 1 << 30
 
 // maxRetryWait bounds retry.max: a publish retried less than once a year
 // is a slip of the unit, not a policy.

@@ -30,7 +30,12 @@ func TestValidate(t *testing.T) {
 		{"horizon short", func(c *Config) { c.Horizon = Duration(999 * time.Millisecond) }, "horizon: must be at least 1s"},
 		{"max_delay negative", func(c *Config) { c.MaxDelay = -1 }, "max_delay: must not be negative"},
 		{"max_delay zero ok", func(c *Config) { c.MaxDelay = 0 }, ""},
-		{"max_message_bytes", func(c *Config) { c.MaxMessageBytes = 0 }, "max_message_bytes: must be positive"},
+		{"max_message_bytes", func(c *Config) { c.MaxMessageBytes = 0 }, "max_message_bytes: must be between 1 and 1073741824, got 0"},
+		{"max_message_bytes max ok", func(c *Config) { c.MaxMessageBytes = 1 << 30 }, ""},
+		// Beyond what a broker takes (Kafka sizes are int32), and near
+		// MaxInt the Kafka producer's batch bound (max_message_bytes plus
+		// the dead-letter headers) overflowed to its 1 MiB floor.
+		{"max_message_bytes high", func(c *Config) { c.MaxMessageBytes = math.MaxInt }, "max_message_bytes: must be between 1 and 1073741824"},
 		{"cancel_retention", func(c *Config) { c.CancelRetention = -1 }, "cancel_retention: must not be negative"},
 		{"fire_batch", func(c *Config) { c.FireBatch = 0 }, "fire_batch: must be between"},
 		{"fire_batch_bytes low", func(c *Config) { c.FireBatchBytes = 1023 }, "fire_batch_bytes: must be between 1024"},
