@@ -47,7 +47,7 @@ func applyEnv(c *Config, environ []string) (map[string]string, error) {
 	for _, name := range names {
 		steps, ok := resolveEnv(root.Type(), strings.TrimPrefix(name, EnvPrefix))
 		if !ok {
-			errs = append(errs, fmt.Errorf("env %s: names no configuration key", name))
+			errs = append(errs, fmt.Errorf("env %s: names no configuration key%s", name, envListHint(root.Type(), strings.TrimPrefix(name, EnvPrefix))))
 			continue
 		}
 		added, err := setPath(root, steps, vals[name])
@@ -61,6 +61,34 @@ func applyEnv(c *Config, environ []string) (map[string]string, error) {
 		}
 	}
 	return set, errors.Join(errs...)
+}
+
+// envListHint explains a name that indexes a list of names the way lists
+// of blocks are indexed (DELAYBRIDGE_KAFKA_BROKERS_0): such a list is one
+// comma-separated variable. It is "" for any other name.
+func envListHint(t reflect.Type, name string) string {
+	i := strings.LastIndexByte(name, '_')
+	if i < 0 || strings.Trim(name[i+1:], "0123456789") != "" || i+1 == len(name) {
+		return ""
+	}
+	steps, ok := resolveEnv(t, name[:i])
+	if !ok {
+		return ""
+	}
+	for _, s := range steps {
+		if s.field >= 0 {
+			t = t.Field(s.field).Type
+		} else {
+			t = t.Elem()
+		}
+		for t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+	}
+	if t.Kind() != reflect.Slice {
+		return ""
+	}
+	return fmt.Sprintf("; %s is a list of names: set it in one variable, comma-separated (%s%s=a,b)", stepsPath(steps), EnvPrefix, name[:i])
 }
 
 // EnvName returns the environment variable for a key path such as

@@ -173,6 +173,10 @@ func TestEnvErrors(t *testing.T) {
 		{"prefix only", []string{"DELAYBRIDGE_=1"}, []string{"env DELAYBRIDGE_: names no"}},
 		{"lower case", []string{"DELAYBRIDGE_data_dir=/x"}, []string{"env DELAYBRIDGE_data_dir: names no"}},
 		{"list of blocks as one value", []string{"DELAYBRIDGE_KAFKA_SOURCES=delay"}, []string{"DELAYBRIDGE_KAFKA_SOURCES: names no"}},
+		// An index after a list of names (the way lists of blocks take
+		// theirs) says how that list is set.
+		{"index into a list of names", []string{"DELAYBRIDGE_KAFKA_BROKERS_0=a:1"}, []string{"env DELAYBRIDGE_KAFKA_BROKERS_0: names no configuration key; kafka.brokers is a list of names: set it in one variable, comma-separated (DELAYBRIDGE_KAFKA_BROKERS=a,b)"}},
+		{"index into targets.allow", []string{"DELAYBRIDGE_TARGETS_ALLOW_1=orders.*"}, []string{"targets.allow is a list of names: set it in one variable, comma-separated (DELAYBRIDGE_TARGETS_ALLOW=a,b)"}},
 		{"index without key", []string{"DELAYBRIDGE_KAFKA_SOURCES_0=x"}, []string{"DELAYBRIDGE_KAFKA_SOURCES_0: names no"}},
 		{"index leading zero", []string{"DELAYBRIDGE_KAFKA_SOURCES_00_TOPIC=x"}, []string{"names no"}},
 		{"index negative", []string{"DELAYBRIDGE_KAFKA_SOURCES_-1_TOPIC=x"}, []string{"names no"}},
