@@ -537,6 +537,8 @@ func TestNullAllowDeniesAll(t *testing.T) {
 		{"targets tilde", "targets: ~\n", false, nil},
 		{"targets empty mapping", "targets: {}\n", false, nil},
 		{"allow from env over bare targets", "targets:\n", true, []string{"DELAYBRIDGE_TARGETS_ALLOW=kafka:orders"}},
+		{"merged mappings, one without allow", "targets:\n  <<: [{allow: [orders]}, {}]\n", true, nil},
+		{"top-level merge", "<<: {targets: {allow: [orders]}}\n", true, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := mustLoad(t, base+tc.targets, tc.env...)

@@ -153,17 +153,6 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
 		v.Set(reflect.MakeSlice(v.Type(), 0, 0))
 		return
 	}
-	if path == "targets" && (isNull(n) || n.Kind == yaml.MappingNode) {
-		// So does a "targets:" block without an allow key (its list
-		// commented out, "targets: {}", "targets: ~"): only a file
-		// without the block gets the default "*". An allow in the block
-		// (or DELAYBRIDGE_TARGETS_ALLOW) replaces the empty list.
-		allow := v.Field(fieldIndex(v.Type(), "allow"))
-		allow.Set(reflect.MakeSlice(allow.Type(), 0, 0))
-		if isNull(n) {
-			return
-		}
-	}
 	if isNull(n) {
 		d.null[path] = true
 		return
@@ -266,6 +255,18 @@ func (d *decoder) mapping(n *yaml.Node, v reflect.Value, path string) {
 		if idx < 0 {
 			d.fail(k, fp, "unknown key")
 			continue
+		}
+		if fp == "targets" {
+			// So does a "targets:" block without an allow key (its list
+			// commented out, "targets: {}", "targets: ~"): only a file
+			// without the block gets the default "*". An allow in the
+			// block (or DELAYBRIDGE_TARGETS_ALLOW) replaces the empty
+			// list. Here, not in value: a merge key under targets
+			// ("<<: [*a, *b]") decodes each of its mappings onto the
+			// block, and one without allow must not empty the other's.
+			tv := v.Field(idx)
+			allow := tv.Field(fieldIndex(tv.Type(), "allow"))
+			allow.Set(reflect.MakeSlice(allow.Type(), 0, 0))
 		}
 		d.value(val, v.Field(idx), fp)
 	}
