@@ -3,7 +3,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"github.com/delaybridge/delaybridge/codec"
 	"net"
 	"net/url"
 	"os"
@@ -12,6 +11,11 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
+
+	"github.com/delaybridge/delaybridge/codec"
 )
 
 // Validate checks the whole configuration and returns every problem at once
@@ -331,7 +335,9 @@ func (c *Config) validateNATS(v *validator, n *NATS) {
 	if n.User == "" && hasPass {
 		v.add("nats.user", "required with nats.password")
 	}
-	checkReadable(v, "nats.creds_file", n.CredsFile)
+	if checkReadable(v, "nats.creds_file", n.CredsFile) {
+		checkCreds(v, "nats.creds_file", n.CredsFile)
+	}
 	if len(n.Sources) == 0 {
 		v.add("nats.sources", "required: at least one delay subject")
 	}
@@ -416,18 +422,52 @@ func validateTLS(v *validator, key string, t *TLS) {
 	}
 }
 
-func checkReadable(v *validator, key, path string) {
+// checkReadable reports whether path is empty or names a readable file;
+// a problem goes to v.
+func checkReadable(v *validator, key, path string) bool {
 	if path == "" {
-		return
+		return true
 	}
 	f, err := os.Open(path)
 	if err != nil {
 		v.add(key, "not readable: %v", err)
-		return
+		return false
 	}
 	defer f.Close()
 	if st, err := f.Stat(); err == nil && st.IsDir() {
 		v.add(key, "%s is a directory", path)
+		return false
+	}
+	return true
+}
+
+// checkCreds checks that the file at path (readable, or empty: none) is a
+// NATS .creds file as the client reads it at each connect: a user JWT and
+// its nkey seed. Without this a wrong file passed --check and the start
+// failed at the first connect with an error naming the file, not the key.
+func checkCreds(v *validator, key, path string) {
+	if path == "" {
+		return
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		v.add(key, "not readable: %v", err)
+		return
+	}
+	defer clear(b) // it holds the seed
+	problem := func(err error) {
+		v.add(key, "%s is not a NATS .creds file (a user JWT and its nkey seed): %v", path, err)
+	}
+	if _, err := nkeys.ParseDecoratedNKey(b); err != nil {
+		problem(err)
+		return
+	}
+	tok, err := nkeys.ParseDecoratedJWT(b)
+	if err == nil {
+		_, err = jwt.DecodeGeneric(tok)
+	}
+	if err != nil {
+		problem(fmt.Errorf("no user JWT: %w", err))
 	}
 }
 

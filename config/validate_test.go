@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
 )
 
 func TestValidate(t *testing.T) {
@@ -16,6 +19,7 @@ func TestValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	missing := filepath.Join(dir, "missing.pem")
+	creds, seedOnly := credsFiles(t, dir)
 
 	tests := []struct {
 		name   string
@@ -172,6 +176,11 @@ func TestValidate(t *testing.T) {
 		{"nats password without user", func(c *Config) { c.NATS.Password = "p" }, "nats.user: required with nats.password"},
 		{"nats two auth methods", func(c *Config) { c.NATS.Token = "t"; c.NATS.CredsFile = readable }, "nats: set only one of user/password, token and creds_file"},
 		{"nats creds unreadable", func(c *Config) { c.NATS.CredsFile = missing }, "nats.creds_file: not readable"},
+		// A file without a user JWT and its nkey seed passed --check and
+		// failed at the first connect, naming the file but not the key.
+		{"nats creds without a seed", func(c *Config) { c.NATS.CredsFile = readable }, "nats.creds_file: " + readable + " is not a NATS .creds file (a user JWT and its nkey seed): nkeys: no nkey seed found"},
+		{"nats creds without a JWT", func(c *Config) { c.NATS.CredsFile = seedOnly }, "nats.creds_file: " + seedOnly + " is not a NATS .creds file (a user JWT and its nkey seed): no user JWT"},
+		{"nats creds ok", func(c *Config) { c.NATS.CredsFile = creds }, ""},
 		{"nats user/pass ok", func(c *Config) { c.NATS.User = "u"; c.NATS.Password = "p" }, ""},
 
 		// targets
@@ -370,4 +379,36 @@ func TestSubjectMatchesAll(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { SubjectMatches("delay.*.>", "delay.a.b.c") }); n != 0 {
 		t.Errorf("SubjectMatches allocates %v times", n)
 	}
+}
+
+// credsFiles writes a NATS .creds file (a user JWT and its nkey seed, as
+// nsc makes it) and a file with the seed alone into dir.
+func credsFiles(t *testing.T, dir string) (creds, seedOnly string) {
+	t.Helper()
+	acc, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	upub, _ := user.PublicKey()
+	useed, _ := user.Seed()
+	token, err := jwt.NewUserClaims(upub).Encode(acc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := jwt.FormatUserConfig(token, useed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, seedOnly = filepath.Join(dir, "user.creds"), filepath.Join(dir, "seed.nk")
+	if err := os.WriteFile(creds, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(seedOnly, useed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return creds, seedOnly
 }
