@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/testcert"
 )
 
 // validYAML is a complete configuration that passes Validate.
@@ -71,7 +72,7 @@ func TestLoadContractExample(t *testing.T) {
 func TestLoadFullSchema(t *testing.T) {
 	dir := t.TempDir()
 	ca := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(ca, []byte("pem"), 0o600); err != nil {
+	if err := os.WriteFile(ca, testcert.NewCA(t, "ca").CertPEM(), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	yml := fmt.Sprintf(`

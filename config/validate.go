@@ -1,6 +1,7 @@
 package config
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -417,8 +418,22 @@ func validateTLS(v *validator, key string, t *TLS) {
 	if (t.CertFile == "") != (t.KeyFile == "") {
 		v.add(key, "cert_file and key_file go together")
 	}
+	readable := map[string]bool{}
 	for _, f := range files {
-		checkReadable(v, key+"."+f.name, f.path)
+		readable[f.name] = checkReadable(v, key+"."+f.name, f.path)
+	}
+	// What the start loads (Build), so run --check refuses what the start
+	// would: a CA file without a certificate (read even with
+	// insecure_skip_verify), a certificate and key that are no pair.
+	if t.CAFile != "" && readable["ca_file"] {
+		if _, err := readCAs(t.CAFile); err != nil {
+			v.add(key+".ca_file", "%v", err)
+		}
+	}
+	if t.CertFile != "" && t.KeyFile != "" && readable["cert_file"] && readable["key_file"] {
+		if _, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile); err != nil {
+			v.add(key+".cert_file", "with %s.key_file: %v", key, err)
+		}
 	}
 }
 

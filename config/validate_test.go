@@ -1,6 +1,7 @@
 package config
 
 import (
+	"crypto/x509"
 	"math"
 	"os"
 	"path/filepath"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
+
+	"github.com/delaybridge/delaybridge/internal/testcert"
 )
 
 func TestValidate(t *testing.T) {
@@ -20,6 +23,7 @@ func TestValidate(t *testing.T) {
 	}
 	missing := filepath.Join(dir, "missing.pem")
 	creds, seedOnly := credsFiles(t, dir)
+	caPEM, certPEM, keyPEM, otherKeyPEM := tlsFiles(t, dir)
 
 	tests := []struct {
 		name   string
@@ -114,8 +118,14 @@ func TestValidate(t *testing.T) {
 		{"tls key unreadable", func(c *Config) { c.NATS.TLS = TLS{Enabled: true, CertFile: readable, KeyFile: missing} }, "nats.tls.key_file: not readable"},
 		{"tls files while disabled", func(c *Config) { c.NATS.TLS = TLS{CAFile: readable} }, "nats.tls.ca_file: set but nats.tls.enabled is false"},
 		{"tls ok", func(c *Config) {
-			c.Kafka.TLS = TLS{Enabled: true, CAFile: readable, CertFile: readable, KeyFile: readable}
+			c.Kafka.TLS = TLS{Enabled: true, CAFile: caPEM, CertFile: certPEM, KeyFile: keyPEM}
 		}, ""},
+		// Files that the start cannot use (it fails naming kafka.tls)
+		// failed run --check too.
+		{"tls ca not PEM", func(c *Config) { c.Kafka.TLS = TLS{Enabled: true, CAFile: readable} }, "kafka.tls.ca_file: tls ca file " + readable + ": no PEM certificate found"},
+		{"tls ca not PEM, verification off", func(c *Config) { c.Kafka.TLS = TLS{Enabled: true, CAFile: readable, InsecureSkipVerify: true} }, "kafka.tls.ca_file: tls ca file"},
+		{"tls key pair not PEM", func(c *Config) { c.NATS.TLS = TLS{Enabled: true, CertFile: readable, KeyFile: readable} }, "nats.tls.cert_file: with nats.tls.key_file: tls: failed to find any PEM data in certificate input"},
+		{"tls key of another certificate", func(c *Config) { c.NATS.TLS = TLS{Enabled: true, CertFile: certPEM, KeyFile: otherKeyPEM} }, "nats.tls.cert_file: with nats.tls.key_file: tls: private key does not match public key"},
 
 		// nats
 		{"nats.url required", func(c *Config) { c.NATS.URL = "" }, "nats.url: required"},
@@ -411,4 +421,20 @@ func credsFiles(t *testing.T, dir string) (creds, seedOnly string) {
 		t.Fatal(err)
 	}
 	return creds, seedOnly
+}
+
+// tlsFiles writes a CA certificate, a client certificate it issued with
+// its key, and the key of another certificate into dir, in PEM.
+func tlsFiles(t *testing.T, dir string) (ca, cert, key, otherKey string) {
+	t.Helper()
+	c := testcert.NewCA(t, "ca")
+	leaf := c.Issue(t, "client", x509.ExtKeyUsageClientAuth)
+	other := c.Issue(t, "other", x509.ExtKeyUsageClientAuth)
+	files := map[string][]byte{"ca.crt": c.CertPEM(), "tls.crt": leaf.CertPEM(), "tls.key": leaf.KeyPEM(t), "other.key": other.KeyPEM(t)}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return filepath.Join(dir, "ca.crt"), filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "other.key")
 }
