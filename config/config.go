@@ -147,7 +147,9 @@ type Log struct {
 }
 
 // TLS configures a client TLS connection. The files are paths; they are
-// checked for readability by Validate and loaded by the transport adapter.
+// loaded by Validate as the start loads them (a CA file without a
+// certificate, a certificate and key that are no pair are refused), and
+// again by the transport adapter, at each connection (Client).
 type TLS struct {
 	Enabled            bool   `yaml:"enabled"`
 	CAFile             string `yaml:"ca_file"`
