@@ -257,8 +257,9 @@ func (d *decoder) mapping(n *yaml.Node, v reflect.Value, path string) {
 			continue
 		}
 		if fp == "targets" {
-			// So does a "targets:" block without an allow key (its list
-			// commented out, "targets: {}", "targets: ~"): only a file
+			// A "targets:" block without an allow key (its list
+			// commented out, "targets: {}", "targets: ~") denies every
+			// target, as a bare "allow:" does (value): only a file
 			// without the block gets the default "*". An allow in the
 			// block (or DELAYBRIDGE_TARGETS_ALLOW) replaces the empty
 			// list. Here, not in value: a merge key under targets
