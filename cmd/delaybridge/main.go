@@ -317,6 +317,18 @@ func stoppedDuringStart(ctx context.Context, err error, log *zap.Logger) bool {
 	return true
 }
 
+// colorTerminal reports whether w is a terminal to colour the levels on:
+// a pipe or a file (`dev 2>dev.log`, a container's log) gets no escape
+// codes, nor does a terminal when NO_COLOR is set (no-color.org).
+func colorTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok || os.Getenv("NO_COLOR") != "" {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
 // newLogger builds the process logger: JSON for `run` (machines read it),
 // console for `dev` (people read it).
 func newLogger(level, format string, w io.Writer) (*zap.Logger, error) {
@@ -331,7 +343,10 @@ func newLogger(level, format string, w io.Writer) (*zap.Logger, error) {
 	case "", "json":
 		enc = zapcore.NewJSONEncoder(encCfg)
 	case "console":
-		encCfg.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		encCfg.EncodeLevel = zapcore.CapitalLevelEncoder
+		if colorTerminal(w) {
+			encCfg.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		}
 		enc = zapcore.NewConsoleEncoder(encCfg)
 	default:
 		return nil, fmt.Errorf("unknown log format %q", format)
