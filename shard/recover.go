@@ -764,12 +764,25 @@ func (s *shard) loadWaitingLocked() error {
 	for _, r := range recs {
 		key = appendTaskKey(key[:0], s.id, r.fire, r.seq)
 		if !tasks.SeekGE(key) || !bytes.Equal(tasks.Key(), key) {
+			// A seek that failed is not a task gone, and Pebble clears
+			// the error at the next seek: it is checked here, before a
+			// commit below deletes the record (its task went at its own
+			// retry then, not with its group's release).
+			if err := tasks.Error(); err != nil {
+				tasks.Close()
+				return fmt.Errorf("load waiting tasks of shard %d: seek task %d: %w", s.id, r.seq, err)
+			}
 			drop = append(drop, waitingKey(s.id, r.seq))
 			continue
 		}
 		if len(s.late) >= s.e.opts.OutageMemory {
+			slot, ok, err := s.holdAtOpen(b, tasks, r.fire, r.seq)
+			if err != nil {
+				tasks.Close()
+				return fmt.Errorf("load waiting tasks of shard %d: hold task %d: %w", s.id, r.seq, err)
+			}
 			drop = append(drop, waitingKey(s.id, r.seq))
-			if slot, ok := s.holdAtOpen(b, tasks, r.fire, r.seq); ok {
+			if ok {
 				held[slot]++
 				if len(b.Repr()) >= holdAtOpenBatchBytes {
 					if err := commit(); err != nil {
@@ -789,7 +802,6 @@ func (s *shard) loadWaitingLocked() error {
 	if len(s.late) == 0 {
 		s.late = nil
 	}
-	// A seek that failed is not a task gone: nothing more is deleted then.
 	if err := errors.Join(tasks.Error(), tasks.Close()); err != nil {
 		return fmt.Errorf("load waiting tasks of shard %d: %w", s.id, err)
 	}
@@ -810,28 +822,39 @@ func (s *shard) loadWaitingLocked() error {
 // with its index entry, as the fire loop's hold does; it returns the
 // transport slot to count it in. ok is false for a task it leaves where it
 // is (at its retry time): a dead letter (never held), one that does not
-// decode, or one whose index entry is not this key.
-func (s *shard) holdAtOpen(b *pebble.Batch, tasks *pebble.Iterator, fire int64, seq uint64) (slot int, ok bool) {
+// decode or whose value is corrupt, or one whose index entry is not this
+// key. A read that fails otherwise (its value, its index entry) is an
+// error: the caller fails the load rather than delete the record of a
+// task it could not look at.
+func (s *shard) holdAtOpen(b *pebble.Batch, tasks *pebble.Iterator, fire int64, seq uint64) (slot int, ok bool, err error) {
 	v, err := tasks.ValueAndErr()
+	if errors.Is(err, pebble.ErrCorruption) {
+		// It never reads: left for the fire loop, which reports it
+		// (TestCorruptValueAtFire).
+		return 0, false, nil
+	}
 	if err != nil {
-		return 0, false
+		return 0, false, fmt.Errorf("read value: %w", err)
 	}
 	var t codec.Task
 	if codec.DecodeTask(v, &t) != nil || t.Kind == codec.KindDeadLetter {
-		return 0, false
+		return 0, false, nil
 	}
 	ik := appendIndexKey(nil, t.Source, t.ID)
 	iv, found, err := getCopy(s.e.db, ik)
+	if err != nil {
+		return 0, false, fmt.Errorf("read index entry: %w", err)
+	}
 	var ie indexEntry
-	if err != nil || !found || decodeIndexEntry(iv, &ie) != nil || ie.Cancel || ie.Shard != s.id || ie.Fire != fire || ie.Seq != seq {
-		return 0, false
+	if !found || decodeIndexEntry(iv, &ie) != nil || ie.Cancel || ie.Shard != s.id || ie.Fire != fire || ie.Seq != seq {
+		return 0, false, nil
 	}
 	slot = transportSlot(t.Transport)
 	ie.Fire = heldFire(slot, t.Target, t.Due)
 	b.Delete(tasks.Key(), nil)
 	b.Set(appendTaskKey(nil, s.id, ie.Fire, seq), v, nil)
 	b.Set(ik, appendIndexEntry(nil, &ie), nil)
-	return slot, true
+	return slot, true, nil
 }
 
 // restoreOutages records the target groups gs as down (Open: tasks have

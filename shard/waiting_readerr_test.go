@@ -1,0 +1,123 @@
+package shard
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+// TestWaitingSeekErrorAtOpen: a seek of loadWaitingLocked for the task of
+// a waiting record that fails (an I/O error on an sstable block) is not a
+// task gone. It was taken as one: the record was queued for deletion and
+// deleted by the next batch of tasks held past a lowered
+// retry.waiting_in_memory, and the error, cleared by Pebble at the next
+// seek, was never seen; Open succeeded and the task went at its own retry
+// time, not with its group's release. Open now fails with the read
+// error, and every task keeps its waiting record or is held. So for a
+// read of the value of a task to hold (holdAtOpen): its record was
+// deleted and the task left at its retry time.
+func TestWaitingSeekErrorAtOpen(t *testing.T) {
+	t.Run("seek", func(t *testing.T) { waitingReadErrorAtOpen(t, ".sst", 80, seekOfLoadWaiting) })
+	t.Run("held-value", func(t *testing.T) { waitingReadErrorAtOpen(t, ".blob", 4096, readOfHoldAtOpen) })
+}
+
+// waitingReadErrorAtOpen fails once, after the first batch loadWaitingLocked
+// commits, a read of a file ending in suffix from a call where at is true;
+// the tasks' values are value bytes (not compressible).
+func waitingReadErrorAtOpen(t *testing.T, suffix string, value int, at func() bool) {
+	oldLimit, oldHook := holdAtOpenBatchBytes, testHookHoldAtOpenCommit
+	t.Cleanup(func() { holdAtOpenBatchBytes, testHookHoldAtOpenCommit = oldLimit, oldHook })
+	holdAtOpenBatchBytes = 4 << 10
+	var armed, failed atomic.Bool
+	testHookHoldAtOpenCommit = func(int) { armed.Store(true) }
+	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if op.Kind != errorfs.OpFileReadAt || !strings.HasSuffix(op.Path, suffix) || !armed.Load() || !at() {
+			return nil
+		}
+		if failed.CompareAndSwap(false, true) {
+			return errors.New("injected read error")
+		}
+		return nil
+	}))
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.Retry = defaultLikeRetry
+		o.OutageMemory = 1000
+		o.FS = fs
+	})
+	down := fmt.Errorf("broker down: %w", ErrUnavailable)
+	h.sink.setFail(func(*codec.Task) error { return down })
+	h.run()
+	// Seek: envelopes kept in the sstable (below the blob files' 256
+	// bytes) and not compressible, so the task keys span several data
+	// blocks and the seeks after a commit read one.
+	const n = 400
+	tasks := dueAtT0(n)
+	rng := rand.New(rand.NewChaCha8([32]byte{}))
+	for i := range tasks {
+		tasks[i].Value = make([]byte, value)
+		for j := range tasks[i].Value {
+			tasks[i].Value[j] = byte(rng.Uint32())
+		}
+	}
+	h.ingest(tasks)
+	for range 30 { // the outage, a minute at a time
+		h.advance(time.Minute)
+	}
+	if got := waitingRecords(t, h.e); got != n {
+		t.Fatalf("%d waiting records before the restart, want %d", got, n)
+	}
+	h.close()
+	h.opts.OutageMemory = 8
+	h.opts.CacheBytes = 64 << 10 // no block stays cached: each seek to a new block reads it
+	e, err := Open(h.opts)
+	if !failed.Load() {
+		if e != nil {
+			e.Close()
+		}
+		t.Fatalf("no read of a %s file failed after a commit", suffix)
+	}
+	if err == nil {
+		h.e = e
+		held, _ := heldKeys(t, h.e)
+		t.Fatalf("Open succeeded after a failed read: %d waiting records and %d held of %d tasks", waitingRecords(t, h.e), held, n)
+	}
+	if !strings.Contains(err.Error(), "injected read error") || !strings.Contains(err.Error(), "load waiting tasks of shard 0") {
+		t.Fatalf("Open: %v, want the read error of the waiting tasks' load", err)
+	}
+	t.Logf("Open: %v", err)
+	armed.Store(false)
+	h.opts.CacheBytes = 0
+	h.open()
+	held, all := heldKeys(t, h.e)
+	if w := waitingRecords(t, h.e); w+held != n || all != n {
+		t.Fatalf("after the failed Open and another: %d waiting records and %d held of %d tasks (%d stored); want each task with its record or held", w, held, n, all)
+	}
+	checkWaitingRecords(t, h.e)
+	h.checkPending()
+}
+
+// seekOfLoadWaiting tells whether the caller runs in a seek of
+// loadWaitingLocked for a waiting record's task (not a read of
+// holdAtOpen).
+func seekOfLoadWaiting() bool {
+	buf := make([]byte, 64<<10)
+	st := string(buf[:runtime.Stack(buf, false)])
+	return strings.Contains(st, "loadWaitingLocked") && strings.Contains(st, "(*Iterator).SeekGE") && !strings.Contains(st, "holdAtOpen")
+}
+
+// readOfHoldAtOpen tells whether the caller runs in holdAtOpen.
+func readOfHoldAtOpen() bool {
+	buf := make([]byte, 64<<10)
+	return strings.Contains(string(buf[:runtime.Stack(buf, false)]), "holdAtOpen")
+}
