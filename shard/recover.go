@@ -713,7 +713,8 @@ func (s *shard) loadWaitingLocked() error {
 	}
 	// The earliest retries first: those are kept within the bound.
 	slices.SortFunc(recs, func(a, b record) int { return cmp.Or(cmp.Compare(a.fire, b.fire), cmp.Compare(a.seq, b.seq)) })
-	tasks, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, 0), UpperBound: taskBound(s.id, heldBase)})
+	tasksOpts := &pebble.IterOptions{LowerBound: taskBound(s.id, 0), UpperBound: taskBound(s.id, heldBase)}
+	tasks, err := s.e.db.NewIter(tasksOpts)
 	if err != nil {
 		return fmt.Errorf("load waiting tasks of shard %d: %w", s.id, err)
 	}
@@ -777,7 +778,21 @@ func (s *shard) loadWaitingLocked() error {
 		}
 		if len(s.late) >= s.e.opts.OutageMemory {
 			slot, ok, err := s.holdAtOpen(b, tasks, r.fire, r.seq)
-			if err != nil {
+			switch {
+			case err != nil && pebble.IsCorruptionError(err):
+				// It never reads: left where it is, for the fire loop to
+				// report (TestCorruptValueAtFire). The iterator kept the
+				// error for every value read after it (each taken as
+				// corrupt too): a new one for the rest.
+				s.e.log.Warn("a task waiting for an outage past retry.waiting_in_memory cannot be read; left at its retry time",
+					zap.Int("shard", s.id), zap.Uint64("seq", r.seq), zap.Error(err))
+				tasks.Close()
+				if tasks, err = s.e.db.NewIter(tasksOpts); err != nil {
+					return fmt.Errorf("load waiting tasks of shard %d: %w", s.id, err)
+				}
+			case err != nil:
+				// Not a task gone: the load fails rather than delete the
+				// record of a task it could not look at.
 				tasks.Close()
 				return fmt.Errorf("load waiting tasks of shard %d: hold task %d: %w", s.id, r.seq, err)
 			}
@@ -822,17 +837,10 @@ func (s *shard) loadWaitingLocked() error {
 // with its index entry, as the fire loop's hold does; it returns the
 // transport slot to count it in. ok is false for a task it leaves where it
 // is (at its retry time): a dead letter (never held), one that does not
-// decode or whose value is corrupt, or one whose index entry is not this
-// key. A read that fails otherwise (its value, its index entry) is an
-// error: the caller fails the load rather than delete the record of a
-// task it could not look at.
+// decode, or one whose index entry is not this key. A read that fails
+// (its value, its index entry) is an error.
 func (s *shard) holdAtOpen(b *pebble.Batch, tasks *pebble.Iterator, fire int64, seq uint64) (slot int, ok bool, err error) {
 	v, err := tasks.ValueAndErr()
-	if errors.Is(err, pebble.ErrCorruption) {
-		// It never reads: left for the fire loop, which reports it
-		// (TestCorruptValueAtFire).
-		return 0, false, nil
-	}
 	if err != nil {
 		return 0, false, fmt.Errorf("read value: %w", err)
 	}

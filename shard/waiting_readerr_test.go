@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
@@ -27,14 +28,28 @@ import (
 // read of the value of a task to hold (holdAtOpen): its record was
 // deleted and the task left at its retry time.
 func TestWaitingSeekErrorAtOpen(t *testing.T) {
-	t.Run("seek", func(t *testing.T) { waitingReadErrorAtOpen(t, ".sst", 80, seekOfLoadWaiting) })
-	t.Run("held-value", func(t *testing.T) { waitingReadErrorAtOpen(t, ".blob", 4096, readOfHoldAtOpen) })
+	injected := errors.New("injected read error")
+	t.Run("seek", func(t *testing.T) { waitingReadErrorAtOpen(t, ".sst", 80, seekOfLoadWaiting, injected) })
+	t.Run("held-value", func(t *testing.T) { waitingReadErrorAtOpen(t, ".blob", 4096, readOfHoldAtOpen, injected) })
 }
 
-// waitingReadErrorAtOpen fails once, after the first batch loadWaitingLocked
-// commits, a read of a file ending in suffix from a call where at is true;
-// the tasks' values are value bytes (not compressible).
-func waitingReadErrorAtOpen(t *testing.T, suffix string, value int, at func() bool) {
+// TestWaitingCorruptHeldValueAtOpen: a task to hold at Open whose value
+// fails as corrupt (it never reads) is left where it is, for the fire
+// loop to report, and its record deleted; the tasks after it are read
+// through a new iterator. The one that failed kept its error for every
+// value read after it: each was taken as corrupt too, its record deleted
+// and the task left at its retry time.
+func TestWaitingCorruptHeldValueAtOpen(t *testing.T) {
+	waitingReadErrorAtOpen(t, ".blob", 4096, readOfHoldAtOpen, fmt.Errorf("injected corruption: %w", pebble.ErrCorruption))
+}
+
+// waitingReadErrorAtOpen fails once with injected, after the first batch
+// loadWaitingLocked commits, a read of a file ending in suffix from a call
+// where at is true; the tasks' values are value bytes (not compressible).
+// Open fails, unless injected is a corruption: then it leaves that one
+// task, and only it, neither held nor waiting.
+func waitingReadErrorAtOpen(t *testing.T, suffix string, value int, at func() bool, injected error) {
+	corrupt := pebble.IsCorruptionError(injected)
 	oldLimit, oldHook := holdAtOpenBatchBytes, testHookHoldAtOpenCommit
 	t.Cleanup(func() { holdAtOpenBatchBytes, testHookHoldAtOpenCommit = oldLimit, oldHook })
 	holdAtOpenBatchBytes = 4 << 10
@@ -45,7 +60,7 @@ func waitingReadErrorAtOpen(t *testing.T, suffix string, value int, at func() bo
 			return nil
 		}
 		if failed.CompareAndSwap(false, true) {
-			return errors.New("injected read error")
+			return injected
 		}
 		return nil
 	}))
@@ -87,12 +102,25 @@ func waitingReadErrorAtOpen(t *testing.T, suffix string, value int, at func() bo
 		}
 		t.Fatalf("no read of a %s file failed after a commit", suffix)
 	}
+	if corrupt {
+		if err != nil {
+			t.Fatalf("Open: %v", err)
+		}
+		h.e = e
+		held, all := heldKeys(t, h.e)
+		if w := waitingRecords(t, h.e); w+held != n-1 || all != n {
+			t.Fatalf("after a corrupt value at Open: %d waiting records and %d held of %d tasks (%d stored); want all but the corrupt one with its record or held", w, held, n, all)
+		}
+		checkWaitingRecords(t, h.e)
+		h.checkPending()
+		return
+	}
 	if err == nil {
 		h.e = e
 		held, _ := heldKeys(t, h.e)
 		t.Fatalf("Open succeeded after a failed read: %d waiting records and %d held of %d tasks", waitingRecords(t, h.e), held, n)
 	}
-	if !strings.Contains(err.Error(), "injected read error") || !strings.Contains(err.Error(), "load waiting tasks of shard 0") {
+	if !strings.Contains(err.Error(), injected.Error()) || !strings.Contains(err.Error(), "load waiting tasks of shard 0") {
 		t.Fatalf("Open: %v, want the read error of the waiting tasks' load", err)
 	}
 	t.Logf("Open: %v", err)
