@@ -527,6 +527,12 @@ func (s *shard) loadLocked(now int64) error {
 		return fmt.Errorf("load shard %d: %w", s.id, err)
 	}
 	n, stopFire, stopSeq, stopped := 0, int64(0), uint64(0), false
+	// The tasks go into the wheel once the scan has read its range
+	// without error: a failed read leaves the horizon where it was, and
+	// the next round reads the range again; the tasks read before the
+	// failure went in twice then, each claimed and published twice
+	// (TestLoadReadErrorAtHorizon).
+	var load []wheelOp
 	for ok := it.First(); ok; ok = it.Next() {
 		_, fire, seq, ok := parseTaskKey(it.Key())
 		if !ok {
@@ -545,14 +551,17 @@ func (s *shard) loadLocked(now int64) error {
 				continue // a retry past the horizon released early (recover.go)
 			}
 		}
-		h := s.w.Add(fire, seq)
-		if len(s.late) > 0 {
-			s.wheeledLateLocked(fire, seq, h) // a retry past the horizon when it failed
-		}
+		load = append(load, wheelOp{fire: fire, seq: seq})
 	}
 	err = it.Close()
 	if err != nil {
 		return fmt.Errorf("load shard %d: %w", s.id, err)
+	}
+	for _, op := range load {
+		h := s.w.Add(op.fire, op.seq)
+		if len(s.late) > 0 {
+			s.wheeledLateLocked(op.fire, op.seq, h) // a retry past the horizon when it failed
+		}
 	}
 	if stopped {
 		s.horizonEnd, s.horizonSeq = stopFire, stopSeq

@@ -149,3 +149,71 @@ func readOfHoldAtOpen() bool {
 	buf := make([]byte, 64<<10)
 	return strings.Contains(string(buf[:runtime.Stack(buf, false)]), "holdAtOpen")
 }
+
+// TestLoadReadErrorAtHorizon: a read that fails in the middle of the
+// loader's scan (an I/O error on an sstable block) leaves the horizon
+// where it was, for the next round to load the range again, but the
+// tasks read before the failure were in the wheel already: the next
+// round added them a second time, and each was claimed, published and
+// settled twice.
+func TestLoadReadErrorAtHorizon(t *testing.T) {
+	var armed, failed atomic.Bool
+	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if op.Kind != errorfs.OpFileReadAt || !strings.HasSuffix(op.Path, ".sst") || !armed.Load() || !nextOfLoad() {
+			return nil
+		}
+		if failed.CompareAndSwap(false, true) {
+			return errors.New("injected read error")
+		}
+		return nil
+	}))
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.FS = fs
+	})
+	// Envelopes kept in the sstable and not compressible: the task keys
+	// span several data blocks, so the loader's scan reads more than one.
+	const n = 400
+	tasks := make([]codec.Task, n)
+	rng := rand.New(rand.NewChaCha8([32]byte{}))
+	for i := range tasks {
+		tasks[i] = sched(fmt.Sprintf("t%03d", i), t0.Add(time.Hour), int64(i+1))
+		tasks[i].Value = make([]byte, 80)
+		for j := range tasks[i].Value {
+			tasks[i].Value[j] = byte(rng.Uint32())
+		}
+	}
+	h.ingest(tasks)
+	h.close()                    // flushes: the tasks are read from an sstable
+	h.opts.CacheBytes = 64 << 10 // no block stays cached
+	h.open()
+	h.run()
+	armed.Store(true)
+	h.advance(time.Hour)
+	if !failed.Load() {
+		t.Fatal("no read of the loader's scan failed")
+	}
+	h.advance(time.Minute)
+	acked := h.sink.acked()
+	seen := make(map[string]int, n)
+	dup := 0
+	for _, id := range acked {
+		if seen[id]++; seen[id] == 2 {
+			dup++
+		}
+	}
+	if len(seen) != n || dup != 0 {
+		t.Fatalf("%d deliveries of %d tasks (%d distinct), %d delivered more than once; want each once", len(acked), n, len(seen), dup)
+	}
+	if st := h.e.Stats(); st.Pending != 0 {
+		t.Fatalf("%d pending", st.Pending)
+	}
+}
+
+// nextOfLoad tells whether the caller runs in a step of loadLocked's scan
+// past its first key.
+func nextOfLoad() bool {
+	buf := make([]byte, 64<<10)
+	st := string(buf[:runtime.Stack(buf, false)])
+	return strings.Contains(st, "(*shard).loadLocked") && strings.Contains(st, "(*Iterator).Next")
+}
