@@ -943,9 +943,10 @@ func drainContext(ctx context.Context) (dctx context.Context, release func()) {
 // commit: acknowledged tasks are deleted, failed ones rescheduled with
 // backoff or dead-lettered. up and down are the target groups of the
 // delivered tasks that waited for an outage and of the tasks that failed
-// as unavailable, and begin when the publish began, for Engine.outcome
+// as unavailable, with names the targets that failed by group (for the
+// outage lines), and begin when the publish began, for Engine.outcome
 // (recover.go).
-func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *fireCommit, up, down []int64, begin int64) {
+func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *fireCommit, up, down []int64, names downTargets, begin int64) {
 	e := s.e
 	// Every task of a batch is of one lane, its target transport's (see
 	// dispatch).
@@ -964,7 +965,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 	})
 	if len(items) == 0 {
 		s.mu.Unlock()
-		return nil, nil, nil, 0
+		return nil, nil, nil, nil, 0
 	}
 	// Until Deliver returns the batch is not delivered: Stats reports its
 	// earliest due time as overdue meanwhile.
@@ -1130,11 +1131,13 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 				s.heldDownLocked(it.fire, now)
 				heldDown = appendGroup(heldDown, groupOf(it.fire))
 				down = appendGroup(down, groupOf(it.fire))
+				names = names.add(groupOf(it.fire), t.Target)
 			} else {
 				b.Delete(oldKey, nil)
 				l := transportSlot(t.Transport)
 				hf := heldFire(l, t.Target, t.Due)
 				down = appendGroup(down, groupOf(hf))
+				names = names.add(groupOf(hf), t.Target)
 				val = codec.AppendTask(val[:0], t)
 				b.Set(appendTaskKey(key[:0], s.id, hf, it.seq), val, nil)
 				ne := indexEntry{Shard: s.id, Fire: hf, Seq: it.seq, Order: order{Stamp: t.Stamp, Partition: t.Partition, Incarnation: t.Incarnation, Offset: t.Offset}}
@@ -1165,6 +1168,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 			waiting++
 			group = heldGroup(transportSlot(t.Transport), t.Target)
 			down = appendGroup(down, group)
+			names = names.add(group, t.Target)
 			if group != staleGroup {
 				staleGroup, stale = group, e.releasedSince(group, begin)
 			}
@@ -1290,7 +1294,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 			// Nothing of this round is recorded; the tasks stay stored and
 			// are delivered again after a restart.
 			e.log.Error("fire: commit failed", zap.Int("shard", s.id), zap.Error(err))
-			return nil, nil, nil, 0
+			return nil, nil, nil, nil, 0
 		}
 		fc = &fireCommit{b: b, pb: pb, start: start, obs: obs, op: op}
 	}
@@ -1352,7 +1356,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 		s.outageOutcomeLocked(o, tr, items, acked, up, down, outageErr, waiting, begin, now)
 	}
 	s.logDLQsLocked(failingBefore, failingAfter, items, parkedNow)
-	return fc, up, down, begin
+	return fc, up, down, names, begin
 }
 
 // dlDestsLocked is a copy of the shard's failing dead letters that are not

@@ -150,14 +150,14 @@ func (s *shard) dispatch(ctx context.Context, sink Sink, items []fireItem, commi
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			fc, up, down, begin := s.deliver(ctx, sink, part)
+			fc, up, down, names, begin := s.deliver(ctx, sink, part)
 			if fc != nil {
 				commits <- fc
 			}
 			// A target back from an outage: what waits for it in every
 			// shard goes now (recover.go). Before the lane is free, so
 			// that a shard looks idle only once it was told.
-			s.e.outcome(up, down, begin)
+			s.e.outcome(up, down, names, begin)
 			// Its parked tasks stay claimed: the loop hands them to the
 			// lane next (takeParkedLocked), read once more, rather than
 			// putting them back in the wheel, where every stuck period

@@ -102,6 +102,70 @@ type groupOutage struct {
 	// waiting in any shard's memory and none held on disk (probe): at
 	// unseenToForget its outage is forgotten.
 	unseen uint8
+	// names: the targets whose publish failed as unavailable in this
+	// outage, for its lines (a group is a hash bucket, a number an
+	// operator cannot use); empty for an outage restored at Open
+	// (restored: the waiting records keep the group only) until a task of
+	// it fails again.
+	names    outageNames
+	restored bool
+}
+
+// maxOtherTargets bounds the other names an outage keeps beside its first
+// (other_targets counts up to it): a group is one of 4096 hash buckets
+// of the targets, so more than one target down in one is rare already.
+const maxOtherTargets = 16
+
+// unknownRestoredTarget is the target of an outage restored at Open whose
+// tasks did not fail again since.
+const unknownRestoredTarget = "unknown: outage restored at the restart, whose records keep only the target group"
+
+// outageNames are the targets that failed in a group's outage: the first,
+// and up to maxOtherTargets others.
+type outageNames struct {
+	first  string
+	others []string
+}
+
+// add notes that target failed.
+func (n *outageNames) add(target string) {
+	switch {
+	case n.first == "":
+		n.first = target
+	case target == n.first || slices.Contains(n.others, target) || len(n.others) >= maxOtherTargets:
+	default:
+		n.others = append(n.others, target)
+	}
+}
+
+// fields are the outage line's fields naming its targets.
+func (n outageNames) fields(restored bool) []zap.Field {
+	if n.first == "" {
+		if restored {
+			return []zap.Field{zap.String("target", unknownRestoredTarget)}
+		}
+		return nil
+	}
+	f := []zap.Field{zap.String("target", n.first)}
+	if len(n.others) > 0 {
+		f = append(f, zap.Int("other_targets", len(n.others)))
+	}
+	return f
+}
+
+// downTargets are the targets of a fire batch's tasks that failed as
+// unavailable, by target group (deliver).
+type downTargets map[int64][]string
+
+// add notes target's failure in group g; it allocates the map.
+func (d downTargets) add(g int64, target string) downTargets {
+	if d == nil {
+		d = make(downTargets)
+	}
+	if l := d[g]; !slices.Contains(l, target) && len(l) <= maxOtherTargets {
+		d[g] = append(l, target)
+	}
+	return d
 }
 
 // unseenToForget is how many probes in a row, probeEvery apart, must find
@@ -133,8 +197,9 @@ type releasedTask struct {
 // and not down, in every shard, when the group was down. A failure of a
 // publish that began before the group's last release is what the target
 // said before it was back (a produce kafka-go was still retrying): it does
-// not put the group down again. Called without any shard lock.
-func (e *Engine) outcome(up, down []int64, begin int64) {
+// not put the group down again. names are the targets that failed, by
+// group, for the outage lines. Called without any shard lock.
+func (e *Engine) outcome(up, down []int64, names downTargets, begin int64) {
 	if len(up) == 0 && len(down) == 0 {
 		return
 	}
@@ -143,6 +208,7 @@ func (e *Engine) outcome(up, down []int64, begin int64) {
 	o := &e.outages
 	var release []int64
 	var waits []time.Duration // of each group released: the least time to its next release
+	var gone []groupOutage    // of each group released: its outage, for the line
 	o.mu.Lock()
 	if o.m == nil {
 		o.m = make(map[int64]groupOutage)
@@ -162,7 +228,7 @@ func (e *Engine) outcome(up, down []int64, begin int64) {
 			o.probeAt.Store(now + e.probeEvery().Milliseconds()/2)
 		}
 		if !st.down {
-			st.down = true
+			st.down, st.names, st.restored = true, outageNames{}, false
 			if st.released != 0 && now-st.released <= 2*st.wait.Milliseconds()+r.Initial.Milliseconds() {
 				// Down again right after a release: partly down, or
 				// flapping. The next release waits longer.
@@ -170,6 +236,9 @@ func (e *Engine) outcome(up, down []int64, begin int64) {
 			} else {
 				st.wait = 0
 			}
+		}
+		for _, name := range names[g] {
+			st.names.add(name)
 		}
 		o.m[g] = st
 	}
@@ -190,7 +259,9 @@ func (e *Engine) outcome(up, down []int64, begin int64) {
 			}
 			continue
 		}
+		gone = append(gone, st)
 		st.down, st.released, st.owed = false, now, false
+		st.names, st.restored = outageNames{}, false
 		o.m[g] = st
 		release = append(release, g)
 		waits = append(waits, st.wait)
@@ -199,7 +270,7 @@ func (e *Engine) outcome(up, down []int64, begin int64) {
 		o.forgetLocked(now, r.Max)
 	}
 	o.mu.Unlock()
-	e.release(release, waits)
+	e.release(release, waits, gone)
 }
 
 // forgetLocked forgets groups up for longer than any wait they keep.
@@ -259,6 +330,7 @@ func (e *Engine) releaseOwed(now int64) {
 	}
 	var release []int64
 	var waits []time.Duration
+	var gone []groupOutage
 	o.mu.Lock()
 	next := int64(0)
 	for g, st := range o.m {
@@ -271,7 +343,9 @@ func (e *Engine) releaseOwed(now int64) {
 			}
 			continue
 		}
+		gone = append(gone, st)
 		st.down, st.released, st.owed = false, now, false
+		st.names, st.restored = outageNames{}, false
 		o.m[g] = st
 		release = append(release, g)
 		waits = append(waits, st.wait)
@@ -281,7 +355,7 @@ func (e *Engine) releaseOwed(now int64) {
 		o.forgetLocked(now, e.opts.Retry.Max)
 	}
 	o.mu.Unlock()
-	e.release(release, waits)
+	e.release(release, waits, gone)
 }
 
 // Probing a target group that is down. Once their backoffs have grown to
@@ -432,6 +506,7 @@ func (e *Engine) probe(gs []int64, now int64) {
 func (e *Engine) forgetUnseen(gs []int64, seen []bool, now int64) {
 	o := &e.outages
 	var gone []int64
+	var outs []groupOutage
 	o.mu.Lock()
 	for i, g := range gs {
 		st, ok := o.m[g]
@@ -444,8 +519,9 @@ func (e *Engine) forgetUnseen(gs []int64, seen []bool, now int64) {
 		case st.unseen+1 < unseenToForget:
 			st.unseen++
 		default:
+			gone, outs = append(gone, g), append(outs, st)
 			st.down, st.unseen = false, 0
-			gone = append(gone, g)
+			st.names, st.restored = outageNames{}, false
 			if now-st.released > 2*e.opts.Retry.Max.Milliseconds() {
 				delete(o.m, g)
 				continue
@@ -454,9 +530,10 @@ func (e *Engine) forgetUnseen(gs []int64, seen []bool, now int64) {
 		o.m[g] = st
 	}
 	o.mu.Unlock()
-	for _, g := range gone {
+	for i, g := range gone {
 		e.log.Info("no task waits for a target group that was down any more (cancelled, replaced or dead-lettered): its outage is no longer tracked",
-			zap.Stringer("transport", codec.Transport(heldSlot(g))), zap.Int("target_group", int(g>>heldDueBits&(1<<heldGroupBits-1))))
+			append([]zap.Field{zap.Stringer("transport", codec.Transport(heldSlot(g))), zap.Int("target_group", int(g>>heldDueBits&(1<<heldGroupBits-1)))},
+				outs[i].names.fields(outs[i].restored)...)...)
 	}
 }
 
@@ -510,8 +587,9 @@ func (s *shard) probeCandidatesLocked(at map[int64]int, best []probeCandidate, s
 
 // release takes the waiting tasks of the groups gs out of every shard's
 // wheel to be delivered at once; waits are their next releases' least
-// waits, for the log. Called without any shard lock.
-func (e *Engine) release(gs []int64, waits []time.Duration) {
+// waits and outs their outages, for the log. Called without any shard
+// lock.
+func (e *Engine) release(gs []int64, waits []time.Duration, outs []groupOutage) {
 	if len(gs) == 0 {
 		return
 	}
@@ -541,8 +619,9 @@ func (e *Engine) release(gs []int64, waits []time.Duration) {
 	for i, g := range gs {
 		// One line per release: releases of a group are spaced.
 		e.log.Info("target back after an outage: the tasks that waited for it go now, in every shard",
-			zap.Stringer("transport", codec.Transport(heldSlot(g))), zap.Int("target_group", int(g>>heldDueBits&(1<<heldGroupBits-1))),
-			zap.Int("waiting_in_memory", waiting), zap.Duration("next_release_after", waits[i]))
+			append([]zap.Field{zap.Stringer("transport", codec.Transport(heldSlot(g))), zap.Int("target_group", int(g>>heldDueBits&(1<<heldGroupBits-1))),
+				zap.Int("waiting_in_memory", waiting), zap.Duration("next_release_after", waits[i])},
+				outs[i].names.fields(outs[i].restored)...)...)
 	}
 }
 
@@ -880,6 +959,9 @@ func (e *Engine) restoreOutages(gs []int64) {
 	}
 	for _, g := range gs {
 		st := o.m[g]
+		if !st.down {
+			st.names, st.restored = outageNames{}, true
+		}
 		st.down = true
 		o.m[g] = st
 	}

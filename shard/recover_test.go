@@ -238,7 +238,7 @@ func TestOutcomeReleasePolicy(t *testing.T) {
 				if !ok {
 					begin = st.at
 				}
-				h.e.outcome(st.up, st.down, ms(t0)+begin)
+				h.e.outcome(st.up, st.down, nil, ms(t0)+begin)
 				if !slices.Equal(got, st.want) {
 					t.Fatalf("step %d (at %d ms, up %v, down %v): released %v, want %v", i, st.at, st.up, st.down, got, st.want)
 				}
@@ -267,7 +267,7 @@ func TestReleasedPastHorizonNotLoadedTwice(t *testing.T) {
 	h.sink.reset()
 	slow := "slow"
 	sink.gate.Store(&slow)
-	h.e.outcome([]int64{lt.group()}, nil, h.e.nowMs()) // another task of its target was delivered
+	h.e.outcome([]int64{lt.group()}, nil, nil, h.e.nowMs()) // another task of its target was delivered
 	<-sink.entered
 	h.clk.Advance(6 * time.Minute) // past its retry time: the loader reads its key
 	eventuallyTrue(t, "the loader past slow's retry", func() bool {
@@ -310,7 +310,7 @@ func TestFailureBegunBeforeReleaseRetriedSoon(t *testing.T) {
 	h.clk.Set(time.UnixMilli(lt.fire)) // its retry: the publish begins, the broker holds it
 	<-sink.entered
 	h.clk.Advance(time.Second)
-	h.e.outcome([]int64{lt.group()}, nil, h.e.nowMs()) // another task of its target was delivered
+	h.e.outcome([]int64{lt.group()}, nil, nil, h.e.nowMs()) // another task of its target was delivered
 	// The release passes stale by (in flight) before its publish fails.
 	eventuallyTrue(t, "the release queue looked at", func() bool {
 		s.mu.Lock()
