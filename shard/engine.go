@@ -62,6 +62,9 @@ type Engine struct {
 	// subject no stream captures) is seen before its tasks are
 	// dead-lettered.
 	refusedLog logthrottle.Throttle
+	// storeLines: the store failures the shards meet each on their own,
+	// once per engine and condition (storelog.go).
+	storeLines storeLines
 	m          *metrics.Metrics
 	clk        clock.Clock
 	db         *pebble.DB
@@ -375,6 +378,7 @@ func OpenContext(ctx context.Context, opts Options) (*Engine, error) {
 		reserve:  newDiskReserve(&opts, opts.Logger),
 	}
 	e.reserve.flush = e.reclaimFlush
+	e.storeLines.log = opts.Logger
 	e.cpOwner = make(map[string]*commitTicket)
 	e.commitIngest = e.m.StoreCommit.WithLabelValues("ingest")
 	e.commitFire = e.m.StoreCommit.WithLabelValues("fire")

@@ -83,9 +83,10 @@ func (s *shard) commitLoop(commits <-chan *fireCommit) {
 		c.obs.Observe(time.Since(c.start).Seconds())
 		if err != nil {
 			err = e.fail(c.op, err)
-			e.log.Error("fire: commit failed", zap.Int("shard", s.id), zap.Error(err))
+			e.storeLines.failed(e.clk.Now(), zap.ErrorLevel, msgFireCommitFailed, s.id, err)
 		} else {
 			c.b.Close()
+			e.storeLines.ok(e.clk.Now(), msgFireCommitFailed, s.id)
 		}
 		if err != nil {
 			s.mu.Lock()
@@ -146,7 +147,7 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 		now := s.e.nowMs()
 		moreToSweep, err := s.sweep(now)
 		if err != nil {
-			s.e.log.Warn("cancel-marker sweep failed", zap.Int("shard", s.id), zap.Error(err))
+			s.e.storeLines.failed(s.e.clk.Now(), zap.WarnLevel, msgSweepFailed, s.id, err)
 		}
 		// A release held back by its spacing whose wait has ended
 		// (recover.go): it takes every shard's lock.
@@ -204,7 +205,9 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 				if left -= len(released); left > 0 {
 					held, herr := s.claimHeldLocked(now, left)
 					if herr != nil {
-						s.e.log.Warn("fire loop: reading held tasks failed", zap.Int("shard", s.id), zap.Error(herr))
+						s.e.storeLines.failed(s.e.clk.Now(), zap.WarnLevel, msgHeldReadFailed, s.id, herr)
+					} else if len(held) > 0 {
+						s.e.storeLines.ok(s.e.clk.Now(), msgHeldReadFailed, s.id)
 					}
 					claimed = append(claimed, held...)
 					nHeld = len(held)
@@ -212,6 +215,7 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 			}
 		}
 		if err == nil && len(claimed) == 0 {
+			s.e.storeLines.ok(s.e.clk.Now(), msgFireReadFailed, s.id) // the load, if due, read
 			if moreToSweep {
 				// A full round of expired markers: the next one now, not
 				// a park (up to maxPark) later, or an idle shard would
@@ -243,8 +247,10 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 				h(len(claimed))
 			}
 		}
-		if err != nil {
-			s.e.log.Error("fire loop: store read failed", zap.Int("shard", s.id), zap.Error(err))
+		if err == nil {
+			s.e.storeLines.ok(s.e.clk.Now(), msgFireReadFailed, s.id)
+		} else {
+			s.e.storeLines.failed(s.e.clk.Now(), zap.ErrorLevel, msgFireReadFailed, s.id, err)
 			if len(items) == 0 { // (the tasks it could not read are back in the wheel)
 				s.park(ctx, timer, now+1000, true) // retry in a second
 				continue
@@ -478,17 +484,19 @@ func (s *shard) clearFired(now int64) {
 	// not "nothing stored": the range would take every stored task due
 	// by now. No deletion then; the next round tries again.
 	if err := errors.Join(it.Error(), it.Close()); err != nil {
-		s.e.log.Warn("clearing fired-task tombstones skipped: reading the shard's first task failed", zap.Int("shard", s.id), zap.Error(err))
+		s.e.storeLines.failed(s.e.clk.Now(), zap.WarnLevel, msgClearReadFailed, s.id, err)
 		return
 	}
+	s.e.storeLines.ok(s.e.clk.Now(), msgClearReadFailed, s.id)
 	if h := s.e.testHookClear; h != nil {
 		h(end)
 	}
 	err = safeCall(func() error { return s.e.db.DeleteRange(taskBound(s.id, 0), end, pebble.NoSync) })
 	if err != nil {
-		s.e.log.Warn("clearing fired-task tombstones failed", zap.Int("shard", s.id), zap.Error(err))
+		s.e.storeLines.failed(s.e.clk.Now(), zap.WarnLevel, msgClearFailed, s.id, err)
 		return
 	}
+	s.e.storeLines.ok(s.e.clk.Now(), msgClearFailed, s.id)
 	s.mu.Lock()
 	s.clears++
 	s.firedSinceClear -= fired // those fired meanwhile are cleared next time
@@ -646,12 +654,18 @@ func (s *shard) sweep(now int64) (more bool, err error) {
 		if err != nil {
 			return false, fmt.Errorf("sweep shard %d: %w", s.id, err)
 		}
+		if lookErr == nil {
+			e.storeLines.ok(e.clk.Now(), msgSweepFailed, s.id)
+		}
 		return false, lookErr
 	}
 	s.enqueueLocked(pb)
 	s.mu.Unlock()
 	if err := s.commitDecided(tk, pb, b, "sweep", nil); err != nil {
 		return false, err
+	}
+	if lookErr == nil {
+		e.storeLines.ok(e.clk.Now(), msgSweepFailed, s.id)
 	}
 	return n == sweepBatch && lookErr == nil, lookErr
 }
@@ -1293,7 +1307,10 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 			s.mu.Unlock()
 			// Nothing of this round is recorded; the tasks stay stored and
 			// are delivered again after a restart.
-			e.log.Error("fire: commit failed", zap.Int("shard", s.id), zap.Error(err))
+			if err == nil {
+				err = errors.New("not applied")
+			}
+			e.storeLines.failed(e.clk.Now(), zap.ErrorLevel, msgFireCommitFailed, s.id, err)
 			return nil, nil, nil, nil, 0
 		}
 		fc = &fireCommit{b: b, pb: pb, start: start, obs: obs, op: op}
