@@ -217,3 +217,52 @@ func nextOfLoad() bool {
 	st := string(buf[:runtime.Stack(buf, false)])
 	return strings.Contains(st, "(*shard).loadLocked") && strings.Contains(st, "(*Iterator).Next")
 }
+
+// TestProbeHeldSeekErrorKeepsOutage: a probe round's seek for a down
+// group's held tasks that fails (an I/O error on an sstable block) counts
+// as finding one, as markHeldGroups says of a read error. Pebble cleared
+// the error at the next group's seek, so the failed group was taken for
+// one with nothing held, and after unseenToForget rounds its outage was
+// forgotten while its tasks were held on disk.
+func TestProbeHeldSeekErrorKeepsOutage(t *testing.T) {
+	var armed atomic.Bool
+	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if op.Kind != errorfs.OpFileReadAt || !strings.HasSuffix(op.Path, ".sst") || !armed.Load() {
+			return nil
+		}
+		buf := make([]byte, 64<<10)
+		if !strings.Contains(string(buf[:runtime.Stack(buf, false)]), "markHeldGroups") || !armed.CompareAndSwap(true, false) {
+			return nil
+		}
+		return errors.New("injected read error")
+	}))
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.OutageMemory = -1 // every task that fails as unavailable is held
+		o.FireBatch = 8
+		o.Retry = defaultLikeRetry
+		o.Retry.Jitter = -1
+		o.FS = fs
+	})
+	a, b := sched("a", t0.Add(time.Second), 1), sched("b", t0.Add(time.Second), 2)
+	b.Target = "payments"
+	holdTasks(t, h, []codec.Task{a, b}, 2)
+	h.close() // flushes: the held keys are read from an sstable
+	h.opts.CacheBytes = 64 << 10
+	h.open() // the fire loops stay stopped: only the direct probes below
+	gs := []int64{heldGroup(transportSlot(a.Transport), a.Target), heldGroup(transportSlot(b.Transport), b.Target)}
+	if gs[0] == gs[1] {
+		t.Fatal("a's and b's targets share a group")
+	}
+	h.e.restoreOutages(gs)
+	for range 2 * unseenToForget {
+		armed.Store(true) // the first seek of the round fails: a's group
+		h.e.probe(gs, h.e.nowMs())
+		if armed.Load() {
+			t.Fatal("no seek of the probe failed")
+		}
+	}
+	if got := downGroups(h.e); len(got) != 2 {
+		t.Fatalf("%d groups down after probes whose seek of one group failed, want 2 (a and b are held)", len(got))
+	}
+}
