@@ -805,7 +805,7 @@ func (s *shard) loadWaitingLocked() error {
 	b := s.e.db.NewBatch()
 	defer func() { b.Close() }()
 	var held [transportSlots]int64
-	nHeld, nDropped := int64(0), 0
+	nHeld, nDropped, nCorrupt := int64(0), 0, 0
 	// commit writes b, not synced: a record left by a crash is dropped (a
 	// task held) again at the next Open. Each batch is atomic for the
 	// tasks it moves: a task moved to the held range is there with its
@@ -863,8 +863,11 @@ func (s *shard) loadWaitingLocked() error {
 				// report (TestCorruptValueAtFire). The iterator kept the
 				// error for every value read after it (each taken as
 				// corrupt too): a new one for the rest.
-				s.e.log.Warn("a task waiting for an outage past retry.waiting_in_memory cannot be read; left at its retry time",
-					zap.Int("shard", s.id), zap.Uint64("seq", r.seq), zap.Error(err))
+				if nCorrupt++; nCorrupt == 1 {
+					// Once a shard: a corrupt block holds many values.
+					s.e.log.Warn("a task waiting for an outage past retry.waiting_in_memory cannot be read; left at its retry time",
+						zap.Int("shard", s.id), zap.Uint64("seq", r.seq), zap.Error(err))
+				}
 				tasks.Close()
 				if tasks, err = s.e.db.NewIter(tasksOpts); err != nil {
 					return fmt.Errorf("load waiting tasks of shard %d: %w", s.id, err)
@@ -903,10 +906,11 @@ func (s *shard) loadWaitingLocked() error {
 		return err
 	}
 	s.e.restoreOutages(groups)
-	if len(s.late) > 0 || nHeld > 0 {
+	if len(s.late) > 0 || nHeld > 0 || nCorrupt > 0 {
 		s.e.log.Info("tasks waiting since before the restart for an unreachable target; all go once one of them is delivered",
 			zap.Int("shard", s.id), zap.Int("waiting_in_memory", len(s.late)), zap.Int("target_groups", len(groups)),
-			zap.Int64("held_past_waiting_in_memory", nHeld), zap.Int("stale_records_dropped", nDropped-int(nHeld)))
+			zap.Int64("held_past_waiting_in_memory", nHeld), zap.Int("stale_records_dropped", nDropped-int(nHeld)-nCorrupt),
+			zap.Int("unreadable_left_at_retry", nCorrupt))
 	}
 	return nil
 }
