@@ -535,12 +535,7 @@ func (s *shard) loadLocked(now int64) error {
 		return fmt.Errorf("load shard %d: %w", s.id, err)
 	}
 	n, stopFire, stopSeq, stopped := 0, int64(0), uint64(0), false
-	// The tasks go into the wheel once the scan has read its range
-	// without error: a failed read leaves the horizon where it was, and
-	// the next round reads the range again; the tasks read before the
-	// failure went in twice then, each claimed and published twice
-	// (TestLoadReadErrorAtHorizon).
-	var load []wheelOp
+	lastFire, lastSeq, passed := int64(0), uint64(0), false // the last key the scan passed
 	for ok := it.First(); ok; ok = it.Next() {
 		_, fire, seq, ok := parseTaskKey(it.Key())
 		if !ok {
@@ -551,6 +546,7 @@ func (s *shard) loadLocked(now int64) error {
 			break
 		}
 		n++
+		lastFire, lastSeq, passed = fire, seq, true
 		if _, queued := s.unwheeled[seq]; queued && len(s.unwheeled) > 0 {
 			continue // its ingest adds it once durable
 		}
@@ -559,17 +555,24 @@ func (s *shard) loadLocked(now int64) error {
 				continue // a retry past the horizon released early (recover.go)
 			}
 		}
-		load = append(load, wheelOp{fire: fire, seq: seq})
+		h := s.w.Add(fire, seq)
+		if len(s.late) > 0 {
+			s.wheeledLateLocked(fire, seq, h) // a retry past the horizon when it failed
+		}
 	}
 	err = it.Close()
 	if err != nil {
-		return fmt.Errorf("load shard %d: %w", s.id, err)
-	}
-	for _, op := range load {
-		h := s.w.Add(op.fire, op.seq)
-		if len(s.late) > 0 {
-			s.wheeledLateLocked(op.fire, op.seq, h) // a retry past the horizon when it failed
+		if passed {
+			// A read failed mid-scan: the horizon ends just after the
+			// last task passed, as a page that stops short, so the next
+			// round goes on from there. Left where it was, the next
+			// round added the tasks read before the failure a second
+			// time, each claimed and published twice
+			// (TestLoadReadErrorAtHorizon).
+			s.horizonEnd, s.horizonSeq = lastFire, lastSeq+1
+			s.inWheelG.Set(float64(s.w.Len()))
 		}
+		return fmt.Errorf("load shard %d: %w", s.id, err)
 	}
 	if stopped {
 		s.horizonEnd, s.horizonSeq = stopFire, stopSeq
