@@ -216,7 +216,7 @@ func (s *shard) claimHeldLocked(now int64, limit int) ([]fireItem, error) {
 						// at its head (a partition down, a colliding
 						// target down) do not strand those behind them.
 						cur = g
-						if ok = it.SeekGE(appendTaskKey(nil, s.id, d.resumeFire, d.resumeSeq)); !ok || groupOf(keyFire(it.Key())) != g {
+						if ok = it.SeekGE(appendTaskKey(nil, s.id, d.resumeFire, d.resumeSeq)); ok && groupOf(keyFire(it.Key())) != g || !ok && it.Error() == nil {
 							d.resumeFire, d.resumeSeq = 0, 0 // past its end: from its start next time
 							h.down[g] = d
 						}
@@ -228,7 +228,7 @@ func (s *shard) claimHeldLocked(now int64, limit int) ([]fireItem, error) {
 				ok = it.Next()
 				if d, down := h.down[g]; down {
 					d.resumeFire, d.resumeSeq = fire, seq+1
-					if !ok || groupOf(keyFire(it.Key())) != g {
+					if ok && groupOf(keyFire(it.Key())) != g || !ok && it.Error() == nil {
 						d.resumeFire, d.resumeSeq = 0, 0 // its end: from its start next time
 					}
 					h.down[g] = d
@@ -238,6 +238,16 @@ func (s *shard) claimHeldLocked(now int64, limit int) ([]fireItem, error) {
 				}
 				out = append(out, fireItem{fire: fire, seq: seq})
 				s.inflight[seq] = notSuperseded
+			}
+			if err := it.Error(); err != nil {
+				// A read failed: not the range's end. Checked here, as
+				// the next pass's seek clears it (the failure went
+				// unseen and the cursor back to the start:
+				// TestHeldClaimSeekErrorReported). The tasks claimed
+				// so far go.
+				it.Close()
+				h.next = now + heldRetry.Milliseconds()
+				return out, fmt.Errorf("release held tasks of shard %d: %w", s.id, err)
 			}
 			if len(out) < limit {
 				// The end of the range: once more from its start.

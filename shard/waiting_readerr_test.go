@@ -13,6 +13,8 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/codec"
 )
@@ -264,5 +266,53 @@ func TestProbeHeldSeekErrorKeepsOutage(t *testing.T) {
 	}
 	if got := downGroups(h.e); len(got) != 2 {
 		t.Fatalf("%d groups down after probes whose seek of one group failed, want 2 (a and b are held)", len(got))
+	}
+}
+
+// TestHeldClaimSeekErrorReported: a seek of claimHeldLocked that fails
+// (an I/O error on an sstable block) is reported, and the lane looks
+// again heldRetry later. It went unseen: the scan ended there as at the
+// range's end, the second pass's seek from the range's start cleared the
+// error, and the cursor went back to the start.
+func TestHeldClaimSeekErrorReported(t *testing.T) {
+	var armed atomic.Bool
+	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if op.Kind != errorfs.OpFileReadAt || !strings.HasSuffix(op.Path, ".sst") || !armed.Load() {
+			return nil
+		}
+		buf := make([]byte, 64<<10)
+		if !strings.Contains(string(buf[:runtime.Stack(buf, false)]), "claimHeldLocked") || !armed.CompareAndSwap(true, false) {
+			return nil
+		}
+		return errors.New("injected read error")
+	}))
+	core, logs := observer.New(zap.InfoLevel)
+	h := holdHarness(t, -1, func(o *Options) { o.FS = fs; o.Logger = zap.New(core) })
+	const n = 20
+	var batch []codec.Task
+	for i := range n {
+		batch = append(batch, sched(fmt.Sprintf("k%02d", i), t0.Add(time.Second), int64(i+1)))
+	}
+	holdTasks(t, h, batch, n)
+	h.close() // flushes: the held keys are read from an sstable
+	h.opts.CacheBytes = 64 << 10
+	h.open()
+	h.sink.setFail(nil)
+	armed.Store(true)
+	h.run()
+	secondsUntilAcked(h, n, 60)
+	if armed.Load() {
+		t.Fatal("no seek of the held claim failed")
+	}
+	if got := logs.FilterMessage(msgHeldReadFailed).Len(); got != 1 {
+		t.Fatalf("%d %q lines, want 1: the failed seek reported", got, msgHeldReadFailed)
+	}
+	acked := h.sink.acked()
+	seen := map[string]bool{}
+	for _, id := range acked {
+		seen[id] = true
+	}
+	if len(acked) != n || len(seen) != n {
+		t.Fatalf("%d deliveries of %d distinct tasks, want each of %d once", len(acked), len(seen), n)
 	}
 }
