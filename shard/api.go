@@ -168,6 +168,12 @@ type Options struct {
 	filterMinKeys int           // capacity of all index filters together, at least; tests lower it
 	stallGrace    time.Duration // default storeStallGrace; tests lower it
 	openGrace     time.Duration // default storeOpenGrace; tests lower it
+	// noBlockCache (tests): no block stays in Pebble's cache, so every
+	// read goes to the files and a fault injected there is met. A small
+	// CacheBytes is not enough: the blocks it keeps depend on the
+	// memtables reserved from it at the time (one recycled after a flush
+	// or not), and a test aiming a fault at one read found it cached.
+	noBlockCache bool
 	// statVolume reads the free space of the store's volume (default
 	// statVolume: statfs); tests inject a volume.
 	statVolume func(dir string) (volumeStats, error)

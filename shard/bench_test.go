@@ -147,7 +147,7 @@ const (
 
 func benchRawSyncedBatch(b *testing.B, layout rawLayout, rising bool) {
 	withIndex := layout == rawWithIndex
-	db, err := openPebble(context.Background(), b.TempDir(), nil, zap.NewNop(), 0, 0, nil, 0)
+	db, err := openPebble(context.Background(), b.TempDir(), nil, zap.NewNop(), 0, 0, nil, 0, false)
 	if err != nil {
 		b.Fatal(err)
 	}

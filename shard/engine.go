@@ -363,7 +363,7 @@ func OpenContext(ctx context.Context, opts Options) (*Engine, error) {
 		}
 	}
 	health := newStoreHealth(opts.stallGrace)
-	db, err := openPebble(ctx, opts.Dir, opts.FS, opts.Logger, opts.CacheBytes, opts.MemTableBytes, health, opts.openGrace)
+	db, err := openPebble(ctx, opts.Dir, opts.FS, opts.Logger, opts.CacheBytes, opts.MemTableBytes, health, opts.openGrace, opts.noBlockCache)
 	if err != nil {
 		return nil, err
 	}

@@ -35,7 +35,7 @@ func TestStoreFormat(t *testing.T) {
 				t.Fatal(err)
 			}
 			e.Close()
-			db, err := openPebble(context.Background(), dir, nil, zap.NewNop(), 0, 0, nil, 0)
+			db, err := openPebble(context.Background(), dir, nil, zap.NewNop(), 0, 0, nil, 0, false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -92,7 +92,7 @@ func TestFresh(t *testing.T) {
 	// edit rewrites the closed store in dir with Pebble directly.
 	edit := func(t *testing.T, dir string, f func(db *pebble.DB) error) {
 		t.Helper()
-		db, err := openPebble(context.Background(), dir, nil, zap.NewNop(), 0, 0, nil, 0)
+		db, err := openPebble(context.Background(), dir, nil, zap.NewNop(), 0, 0, nil, 0, false)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -205,7 +205,7 @@ func TestStaleWaitingRecordsDropped(t *testing.T) {
 	h.ingest([]codec.Task{sched("a", t0, 1), sched("b", t0, 2), sched("c", t0, 3)})
 	h.advance(time.Minute)
 	h.close()
-	db, err := openPebble(t.Context(), h.opts.Dir, nil, h.e0Logger(), 0, 0, nil, 0)
+	db, err := openPebble(t.Context(), h.opts.Dir, nil, h.e0Logger(), 0, 0, nil, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}

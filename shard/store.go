@@ -761,7 +761,7 @@ func openFailHint(err error) string {
 // openPebble opens the store in dir. With health, an open whose WAL
 // replay cannot be flushed gives up after openGrace (0: storeOpenGrace):
 // see openWaiting.
-func openPebble(ctx context.Context, dir string, fs vfs.FS, log *zap.Logger, cacheBytes, memTableBytes int64, health *storeHealth, openGrace time.Duration) (*pebble.DB, error) {
+func openPebble(ctx context.Context, dir string, fs vfs.FS, log *zap.Logger, cacheBytes, memTableBytes int64, health *storeHealth, openGrace time.Duration, noBlockCache bool) (*pebble.DB, error) {
 	if fs == nil {
 		fs = vfs.Default
 	}
@@ -772,7 +772,11 @@ func openPebble(ctx context.Context, dir string, fs vfs.FS, log *zap.Logger, cac
 		memTableBytes = DefaultMemTableBytes
 	}
 	memTableBytes = min(memTableBytes, cacheBytes/2)
-	cache := pebble.NewCache(cacheBytes)
+	blockCacheBytes := cacheBytes
+	if noBlockCache {
+		blockCacheBytes = 0 // each cache shard's target is then 1 byte: no block fits
+	}
+	cache := pebble.NewCache(blockCacheBytes)
 	defer cache.Unref()
 	po := &pebble.Options{
 		FS:     fs,

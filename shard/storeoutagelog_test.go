@@ -43,8 +43,8 @@ func storeOutageHarness(t *testing.T) (h *harness, logs *observer.ObservedLogs, 
 		tasks = append(tasks, sched(fmt.Sprintf("t%04d", i), t0.Add(time.Duration(i/8)*time.Second), int64(i+1)))
 	}
 	h.ingest(tasks)
-	h.close()                    // flushes: the tasks are read from sstables
-	h.opts.CacheBytes = 64 << 10 // no block stays cached: every round reads
+	h.close()                  // flushes: the tasks are read from sstables
+	h.opts.noBlockCache = true // every round reads from the files
 	h.open()
 	h.run()
 	h.advance(10 * time.Second)

@@ -28,7 +28,7 @@ func TestWaitingRecordOfUndecodableTask(t *testing.T) {
 	h.ingest([]codec.Task{sched("a", t0, 1)})
 	h.advance(time.Second)
 	h.close()
-	db, err := openPebble(t.Context(), h.opts.Dir, nil, h.e0Logger(), 0, 0, nil, 0)
+	db, err := openPebble(t.Context(), h.opts.Dir, nil, h.e0Logger(), 0, 0, nil, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}

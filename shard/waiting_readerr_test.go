@@ -96,7 +96,7 @@ func waitingReadErrorAtOpen(t *testing.T, suffix string, value int, at func() bo
 	}
 	h.close()
 	h.opts.OutageMemory = 8
-	h.opts.CacheBytes = 64 << 10 // no block stays cached: each seek to a new block reads it
+	h.opts.noBlockCache = true // each seek reads its block from the file
 	e, err := Open(h.opts)
 	if !failed.Load() {
 		if e != nil {
@@ -127,7 +127,7 @@ func waitingReadErrorAtOpen(t *testing.T, suffix string, value int, at func() bo
 	}
 	t.Logf("Open: %v", err)
 	armed.Store(false)
-	h.opts.CacheBytes = 0
+	h.opts.noBlockCache = false
 	h.open()
 	held, all := heldKeys(t, h.e)
 	if w := waitingRecords(t, h.e); w+held != n || all != n {
@@ -186,8 +186,8 @@ func TestLoadReadErrorAtHorizon(t *testing.T) {
 		}
 	}
 	h.ingest(tasks)
-	h.close()                    // flushes: the tasks are read from an sstable
-	h.opts.CacheBytes = 64 << 10 // no block stays cached
+	h.close()                  // flushes: the tasks are read from an sstable
+	h.opts.noBlockCache = true // each read goes to the files
 	h.open()
 	h.run()
 	armed.Store(true)
@@ -249,9 +249,9 @@ func TestProbeHeldSeekErrorKeepsOutage(t *testing.T) {
 	a, b := sched("a", t0.Add(time.Second), 1), sched("b", t0.Add(time.Second), 2)
 	b.Target = "payments"
 	holdTasks(t, h, []codec.Task{a, b}, 2)
-	h.close() // flushes: the held keys are read from an sstable
-	h.opts.CacheBytes = 64 << 10
-	h.open() // the fire loops stay stopped: only the direct probes below
+	h.close()                  // flushes: the held keys are read from an sstable
+	h.opts.noBlockCache = true // each read goes to the files
+	h.open()                   // the fire loops stay stopped: only the direct probes below
 	gs := []int64{heldGroup(transportSlot(a.Transport), a.Target), heldGroup(transportSlot(b.Transport), b.Target)}
 	if gs[0] == gs[1] {
 		t.Fatal("a's and b's targets share a group")
@@ -294,8 +294,8 @@ func TestHeldClaimSeekErrorReported(t *testing.T) {
 		batch = append(batch, sched(fmt.Sprintf("k%02d", i), t0.Add(time.Second), int64(i+1)))
 	}
 	holdTasks(t, h, batch, n)
-	h.close() // flushes: the held keys are read from an sstable
-	h.opts.CacheBytes = 64 << 10
+	h.close()                  // flushes: the held keys are read from an sstable
+	h.opts.noBlockCache = true // each read goes to the files
 	h.open()
 	h.sink.setFail(nil)
 	armed.Store(true)
