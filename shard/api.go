@@ -184,6 +184,10 @@ type Options struct {
 	// reserve holds ingest (default reserveFlushEvery); negative: at
 	// each check.
 	reserveFlushEvery time.Duration
+	// quietFlushAfter is how long a memtable that took writes waits for
+	// a flush before the engine starts one (default quietFlushAfter);
+	// negative: never.
+	quietFlushAfter time.Duration
 }
 
 // TaskInfo is what Lookup reports of a pending task.

@@ -44,6 +44,7 @@ func (e *Engine) Run(ctx context.Context, sink Sink) error {
 	e.closeMu.RUnlock()
 	defer e.running.Store(false)
 	var wg sync.WaitGroup
+	wg.Go(func() { e.quietFlushLoop(ctx) })
 	for _, s := range e.shards {
 		wg.Add(2)
 		commits := make(chan *fireCommit, fireCommitDepth)

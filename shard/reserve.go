@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -162,9 +163,66 @@ func (r *diskReserve) err() error {
 		ErrStoreLowSpace, st.Free>>20, r.reserve>>20, r.resume>>20)
 }
 
+// quietFlushAfter: a memtable that took writes since the last flush the
+// engine started is flushed once no flush has come for this long
+// (Engine.quietFlushLoop). The deletions of delivered tasks free nothing
+// while they sit in the memtable, and a memtable only flushes when it is
+// full: a store that went quiet after a burst kept the burst's files,
+// delivered, until another memtable_mb of writes came, hours or days at a
+// low rate (hunt H205: 10 cycles of 100 k tasks, all delivered, held 124
+// MiB of blob files and tables of delivered tasks through 10 idle
+// minutes, and 0 after a flush). A memtable of deletions covers far more
+// than its own size of stored payloads (about 130 bytes a task: 128 MiB
+// of them cover 1 GB of 1 KiB tasks, 60 GB of 64 KiB ones), so a quiet
+// store could keep nearly its whole volume and trip the disk reserve
+// and alert with nothing pending. Under load the memtable fills sooner
+// than this, so the check does nothing there.
+const quietFlushAfter = time.Minute
+
+// quietFlushLoop flushes the memtable (reclaimFlush) once it took writes
+// since the last flush started here and no flush, Pebble's own (a full
+// memtable) or one started here, came for quietFlushAfter. A store that
+// takes no writes is not flushed again. Run runs it until ctx is done,
+// on the engine's clock.
+func (e *Engine) quietFlushLoop(ctx context.Context) {
+	after := e.opts.quietFlushAfter
+	if after == 0 {
+		after = quietFlushAfter
+	}
+	if after < 0 {
+		return
+	}
+	check := max(after/4, time.Millisecond)
+	m := e.db.Metrics()
+	flushes, written, last := m.Flush.Count, m.WAL.BytesIn, e.clk.Now()
+	timer := e.clk.NewTimer(check)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C():
+		}
+		now := e.clk.Now()
+		m := e.db.Metrics()
+		if m.Flush.Count != flushes {
+			// Pebble flushed: what was written until then is in the
+			// files. What came after its switch of memtables is not
+			// told apart: written stays, and at worst one flush more
+			// comes after it.
+			flushes, last = m.Flush.Count, now
+		}
+		if m.WAL.BytesIn != written && now.Sub(last) >= after && e.failed() == nil {
+			written, last = m.WAL.BytesIn, now
+			e.reclaimFlush()
+		}
+		timer.Reset(check)
+	}
+}
+
 // reclaimFlush flushes the memtable so that the deletions of fired tasks
-// reach the files and free their space (reserveFlushEvery). It does not
-// wait for the flush.
+// reach the files and free their space (reserveFlushEvery,
+// quietFlushAfter). It does not wait for the flush.
 func (e *Engine) reclaimFlush() {
 	flushed := e.startReclaimFlush()
 	if h := e.testHookReclaimFlush; h != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -284,4 +285,66 @@ func gatherGauges(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// storedFileBytes is what the store's tables and blob files hold (its
+// write-ahead logs, recycled at a fixed count, aside).
+func storedFileBytes(e *Engine) uint64 {
+	m := e.db.Metrics()
+	n := m.BlobFiles.LiveSize
+	for _, l := range m.Levels {
+		n += uint64(l.TablesSize)
+	}
+	return n
+}
+
+// TestQuietStoreGivesSpaceBack: a store that went quiet after a burst
+// gives the space of the burst's delivered tasks back within a bounded
+// time. Their deletions sat in a memtable that nothing filled any more,
+// so their blob files stayed until the next memtable_mb of writes (hunt
+// H205: 124 MiB of delivered tasks through 10 idle minutes).
+func TestQuietStoreGivesSpaceBack(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.MemTableBytes = 1 << 20
+		o.CacheBytes = 16 << 20
+	})
+	h.run()
+	val := make([]byte, 64<<10)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range val {
+		val[i] = byte(rng.Uint32()) // incompressible, as payloads mostly are
+	}
+	var tasks []codec.Task
+	for i := range 64 { // 4 MiB: more than the memtables hold
+		tk := sched(fmt.Sprint("big", i), t0.Add(time.Second), int64(i+1))
+		tk.Value = val
+		tasks = append(tasks, tk)
+	}
+	h.ingest(tasks)
+	deadline := time.Now().Add(30 * time.Second) // turns a hang into a failure
+	for storedFileBytes(h.e) < 1<<20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the burst did not reach the store's files: %d bytes", storedFileBytes(h.e))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	h.advance(time.Second) // all fire; their deletions are in the memtable
+	if got := len(h.sink.acked()); got != 64 {
+		t.Fatalf("delivered %d, want 64", got)
+	}
+	held := storedFileBytes(h.e)
+	for range 5 { // nothing is written any more
+		h.advance(quietFlushAfter / 4)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for storedFileBytes(h.e) > 64<<10 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a store quiet for %s with every task delivered holds %d bytes of tables and blob files (%d when the last task was delivered), want at most 64 KiB",
+				quietFlushAfter*5/4, storedFileBytes(h.e), held)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if h.e.Stats().Pending != 0 {
+		t.Fatalf("pending %d, want 0", h.e.Stats().Pending)
+	}
 }
