@@ -212,7 +212,11 @@ func (e *Engine) quietFlushLoop(ctx context.Context) {
 			// comes after it.
 			flushes, last = m.Flush.Count, now
 		}
-		if m.WAL.BytesIn != written && now.Sub(last) >= after && e.failed() == nil {
+		// Not while a flush is queued or running (more than the one
+		// mutable memtable), nor during a write stall: a flush that
+		// fails (a full disk) would only queue another memtable and
+		// log behind it.
+		if m.WAL.BytesIn != written && now.Sub(last) >= after && m.MemTable.Count <= 1 && e.health.stalled() == 0 && e.failed() == nil {
 			written, last = m.WAL.BytesIn, now
 			e.reclaimFlush()
 		}

@@ -656,6 +656,15 @@ func (h *storeHealth) listener() *pebble.EventListener {
 	}
 }
 
+// stalled reports since when (ns since epoch, +1) Pebble holds writes
+// back; 0 while writes flow or without h.
+func (h *storeHealth) stalled() int64 {
+	if h == nil {
+		return 0
+	}
+	return h.stallSince.Load()
+}
+
 // err reports a write stall that has lasted the grace, with Pebble's
 // reason and its last background error.
 func (h *storeHealth) err() error {
