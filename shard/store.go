@@ -606,6 +606,17 @@ const (
 	flushBlockBytes      = 32 << 10
 )
 
+// storeManifestBytes is the size at which Pebble starts a new MANIFEST
+// (its log of the store's files) with a snapshot of the files; it keeps
+// the one before too. Its default, 128 MiB, is for stores of many
+// thousands of files: this one holds a few dozen to a few thousand (a
+// snapshot of some KiB), while every flush and compaction appends about
+// 160 bytes (hunt H205: 50 KB per 1.4 GB of 1 KiB tasks), so on a
+// long-running store the two manifests grew to 256 MiB of a fixed volume
+// (at 10 MB/s of tasks the current one reaches 128 MiB in about four
+// days), all of it replayed at each start.
+const storeManifestBytes = 8 << 20
+
 // storeStallGrace is how long Pebble may hold writes back (a write stall)
 // before the engine reports it (Err): a stall that long is not a burst
 // of load but flushes or compactions that fail (a full disk) or cannot
@@ -798,6 +809,7 @@ func openPebble(ctx context.Context, dir string, fs vfs.FS, log *zap.Logger, cac
 		MemTableStopWritesThreshold: 2,
 		L0CompactionThreshold:       4,
 		L0StopWritesThreshold:       24,
+		MaxManifestFileSize:         storeManifestBytes,
 		Logger:                      pebbleLogger{log.Named("pebble").Sugar()},
 	}
 	if health != nil {

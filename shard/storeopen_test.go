@@ -3,6 +3,9 @@ package shard
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -149,4 +152,34 @@ func TestOpenReplayFlushFailsCancelled(t *testing.T) {
 		t.Fatalf("OpenContext: %v, want the context's cause and that the store is intact", err)
 	}
 	reopenAfterAbandoned(t, tg, opts)
+}
+
+// TestManifestBounded: the store's MANIFEST is rolled over at a few MiB,
+// not at Pebble's default of 128 MiB: every flush and compaction adds to
+// it, and a long-running store kept up to twice that (the current
+// manifest and the one before) on its volume, for a log of a few dozen
+// files (hunt H205). Pebble writes the option it was opened with to its
+// OPTIONS file.
+func TestManifestBounded(t *testing.T) {
+	h := newHarness(t, nil)
+	files, err := filepath.Glob(filepath.Join(h.opts.Dir, "OPTIONS-*"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no OPTIONS file in the store: %v", err)
+	}
+	b, err := os.ReadFile(files[len(files)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var size int64 = -1
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "max_manifest_file_size="); ok {
+			size, err = strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("max_manifest_file_size=%q: %v", v, err)
+			}
+		}
+	}
+	if size <= 0 || size > 16<<20 {
+		t.Fatalf("the store's MANIFEST rolls over at %d bytes, want at most 16 MiB", size)
+	}
 }
