@@ -73,6 +73,9 @@ type Engine struct {
 	reserve    *diskReserve // Options.ReserveBytes
 	unsetDisk  func()       // removes diskStats from the metrics
 
+	// dlqLines: the failures of each DLQ, once per engine (dlqlog.go).
+	dlqLines dlqLines
+
 	seq atomic.Uint64 // last allocated store sequence
 
 	dl dlWaits // dead letters whose DLQ acknowledgement a source awaits
@@ -379,6 +382,7 @@ func OpenContext(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e.reserve.flush = e.reclaimFlush
 	e.storeLines.log = opts.Logger
+	e.dlqLines.log = opts.Logger
 	e.cpOwner = make(map[string]*commitTicket)
 	e.commitIngest = e.m.StoreCommit.WithLabelValues("ingest")
 	e.commitFire = e.m.StoreCommit.WithLabelValues("fire")

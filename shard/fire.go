@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -1057,8 +1056,10 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 		// began (one lookup per group a batch fails for, not per task).
 		staleGroup int64
 		stale      bool
+		// dlqFails: the DLQs that dead letters failed for and still fail
+		// (not parked), with the last failure (dlqlog.go).
+		dlqFails []dlqFailure
 	)
-	failingBefore := s.dlDestsLocked()
 	for i := range items {
 		it := &items[i]
 		t := it.task
@@ -1265,6 +1266,9 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 			// still reports it failing (or parked) before its next try.
 			f := s.dlFailing[it.seq]
 			b.Set(dlFailureKey(s.id, it.seq), appendDLFailure(nil, fire, f.parked, f.err), nil)
+			if !f.parked {
+				dlqFails = noteDLQ(dlqFails, f.dest, derr)
+			}
 		}
 		s.addOpLocked(pb, fire, it.seq)
 		// Dead letters too: one whose DLQ keeps failing is work overdue.
@@ -1279,7 +1283,6 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 		}
 		retried = append(retried, i)
 	}
-	failingAfter := s.dlDestsLocked()
 	if pb.delta != 0 {
 		b.Merge(countKey(s.id), u64(uint64(pb.delta)), nil)
 	}
@@ -1376,42 +1379,45 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 	if o := &ln.outage; outageErr != nil || o.err != nil {
 		s.outageOutcomeLocked(o, tr, items, acked, up, down, outageErr, waiting, begin, now)
 	}
-	s.logDLQsLocked(failingBefore, failingAfter, items, parkedNow)
+	s.logDLQsLocked(ackAt, dlqFails, items, acked)
 	return fc, up, down, names, begin
 }
 
-// dlDestsLocked is a copy of the shard's failing dead letters that are not
-// parked, by DLQ (dlByDest); nil when there are none.
-func (s *shard) dlDestsLocked() map[string]dlDest {
-	if s.dlHeld == 0 {
-		return nil
+// logDLQsLocked tells the engine's dlqLines, at now, about the DLQs the
+// round's dead letters failed for (fails) and each DLQ it delivered dead
+// letters to (those of items at acked), with how many of the shard's
+// dead letters of it still fail. Per DLQ: a second DLQ that began to fail
+// while another failed in every shard was never logged (hunt H204); once
+// per engine, not per shard (review R200). Failures read at open, whose
+// DLQ is not known until they fail again, are not named.
+func (s *shard) logDLQsLocked(now time.Time, fails []dlqFailure, items []fireItem, acked []int) {
+	e := s.e
+	for _, f := range fails {
+		n := 0
+		if d := s.dlByDest[f.dest]; d != nil {
+			n = d.n
+		}
+		e.dlqLines.failed(now, s.id, f.dest, n, f.err)
 	}
-	m := make(map[string]dlDest, len(s.dlByDest))
-	for dest, d := range s.dlByDest {
-		m[dest] = *d
+	if e.dlqLines.active.Load() == 0 {
+		return
 	}
-	return m
-}
-
-// logDLQsLocked logs each DLQ that began to fail in the shard in a fire
-// round (before and after are dlDestsLocked then) and each that stopped,
-// unless one of its dead letters was parked in the round. Per DLQ, not
-// per shard: a second DLQ that began to fail while another failed in
-// every shard was never logged (hunt H204). Failures read at open, whose
-// DLQ is not known yet (""), are not named.
-func (s *shard) logDLQsLocked(before, after map[string]dlDest, items []fireItem, parkedNow []dlRefusal) {
-	for _, dest := range slices.Sorted(maps.Keys(after)) {
-		if _, was := before[dest]; was || dest == "" {
+	var done []string
+	for _, i := range acked {
+		t := items[i].task
+		if t.Kind != codec.KindDeadLetter {
 			continue
 		}
-		s.e.log.Error("dead-letter delivery failing; retrying with backoff, nothing is dropped (a source partition does not commit past a dead letter of its own)",
-			zap.Int("shard", s.id), zap.String("dlq", dest), zap.Int("dead_letters", after[dest].n), zap.Error(after[dest].last.err))
-	}
-	for _, dest := range slices.Sorted(maps.Keys(before)) {
-		if _, still := after[dest]; still || dest == "" || slices.ContainsFunc(parkedNow, func(p dlRefusal) bool { return items[p.i].task.Destination() == dest }) {
+		dest := t.Destination()
+		if slices.Contains(done, dest) {
 			continue
 		}
-		s.e.log.Info("dead-letter delivery recovered", zap.Int("shard", s.id), zap.String("dlq", dest))
+		done = append(done, dest)
+		left := 0
+		if d := s.dlByDest[dest]; d != nil {
+			left = d.n
+		}
+		e.dlqLines.delivered(now, s.id, dest, left)
 	}
 }
 
