@@ -223,6 +223,10 @@ type shard struct {
 	dlHeld, dlParked int
 	dlByDest         map[string]*dlDest
 	dlParkedLast     dlLast
+	// statsNext, statsHeld: the first stored task's fire time and the
+	// oldest held due as Stats last read them without error, for one
+	// whose read fails.
+	statsNext, statsHeld statsRead
 	// lanes: per target transport, the fire batch in flight and its
 	// outage (see lane.go), so a target that holds a publish or cannot be
 	// reached delays only its own transport's tasks.
@@ -554,7 +558,14 @@ func (e *Engine) recover() error {
 			// O(log n) to add and to fire, instead of an append. (When
 			// that list was a sorted slice alone, each such task was
 			// inserted with a copy of the rest: 130 µs with a 200 k herd.)
-			if first, ok := s.firstStoredLocked(math.MinInt64); ok && first < now {
+			// A read that fails fails Open, as the load's would: the
+			// load reads this range next.
+			first, ok, err := s.firstStoredLocked(math.MinInt64)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			if ok && first < now {
 				s.w = wheel.New(first)
 			}
 			// The tasks waiting for an outage first: the load gives
@@ -1548,9 +1559,12 @@ func (e *Engine) Stats() Stats {
 		if !inWheel {
 			from = s.horizonEnd
 		}
-		var stored *pebble.Iterator
+		var (
+			stored *pebble.Iterator
+			nerr   error // reading the first stored task
+		)
 		if inWheel || s.pending > 0 {
-			stored = s.storedIterLocked(from)
+			stored, nerr = s.storedIterLocked(from)
 		}
 		// Claimed but not delivered yet: a batch being published, and
 		// due tasks set aside while their lane is stuck.
@@ -1569,17 +1583,44 @@ func (e *Engine) Stats() Stats {
 		}
 		horizon = min(horizon, s.horizonEnd)
 		s.mu.Unlock()
-		next, ok := firstFire(stored)
+		next, ok, ferr := firstFire(stored)
+		if ferr != nil {
+			nerr = fmt.Errorf("shard %d: %w", s.id, ferr)
+		}
+		var (
+			heldDue int64
+			hasHeld bool
+			herr    error // reading the held tasks
+		)
+		if ss.Held > 0 {
+			heldDue, hasHeld, herr = s.heldOldestDue()
+		}
+		// A read that fails (a disk's I/O error) gives the last values
+		// read without error, not none or those of the part read, and is
+		// logged once per engine (storeLines).
+		s.mu.Lock()
+		next, ok = s.statsNext.use(next, ok, nerr)
+		if nerr != nil && inWheel && (!ok || next < from) {
+			// The wheel's earliest entry is at or after from, and the
+			// store holds no task between the two: the last one read
+			// has fired since.
+			next, ok = from, true
+		}
+		heldDue, hasHeld = s.statsHeld.use(heldDue, hasHeld, herr)
+		s.mu.Unlock()
+		if err := errors.Join(nerr, herr); err != nil {
+			e.storeLines.failed(e.clk.Now(), zap.WarnLevel, msgStatsReadFailed, s.id, err)
+		} else {
+			e.storeLines.ok(e.clk.Now(), msgStatsReadFailed, s.id)
+		}
 		if parked && (!ok || parkedFire < next) {
 			next, ok = parkedFire, true
 		}
 		if hasPaused && (!ok || pausedMin < next) {
 			next, ok = pausedMin, true
 		}
-		if ss.Held > 0 {
-			if due, ok := s.heldOldestDue(); ok && due <= now && (!isLate || due < late) {
-				late, isLate = due, true
-			}
+		if hasHeld && heldDue <= now && (!isLate || heldDue < late) {
+			late, isLate = heldDue, true
 		}
 		if ok {
 			ss.NextDue = msTime(next)
@@ -1609,33 +1650,61 @@ func (e *Engine) Stats() Stats {
 
 // firstStoredLocked returns the fire time of the first stored task at or
 // after from.
-func (s *shard) firstStoredLocked(from int64) (int64, bool) {
-	return firstFire(s.storedIterLocked(from))
+func (s *shard) firstStoredLocked(from int64) (int64, bool, error) {
+	it, err := s.storedIterLocked(from)
+	if err != nil {
+		return 0, false, err
+	}
+	fire, ok, err := firstFire(it)
+	if err != nil {
+		return 0, false, fmt.Errorf("shard %d: %w", s.id, err)
+	}
+	return fire, ok, nil
 }
 
 // storedIterLocked returns an iterator over the shard's stored tasks with
-// a fire time from from (held tasks, hold.go, have none), nil if it
-// cannot be made. It reads the store as it was when made.
-func (s *shard) storedIterLocked(from int64) *pebble.Iterator {
+// a fire time from from (held tasks, hold.go, have none). It reads the
+// store as it was when made.
+func (s *shard) storedIterLocked(from int64) (*pebble.Iterator, error) {
 	it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, from), UpperBound: taskBound(s.id, heldBase)})
 	if err != nil {
-		return nil
+		return nil, fmt.Errorf("shard %d: read the first task: %w", s.id, err)
 	}
-	return it
+	return it, nil
 }
 
 // firstFire returns the fire time of it's first task and closes it; ok
-// false for none, or a nil it.
-func firstFire(it *pebble.Iterator) (int64, bool) {
+// false for none, or a nil it. A read that fails returns its error, not
+// none.
+func firstFire(it *pebble.Iterator) (fire int64, ok bool, err error) {
 	if it == nil {
-		return 0, false
+		return 0, false, nil
 	}
-	defer it.Close()
-	if !it.First() {
-		return 0, false
+	if it.First() {
+		_, fire, _, ok = parseTaskKey(it.Key())
 	}
-	_, fire, _, ok := parseTaskKey(it.Key())
-	return fire, ok
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return 0, false, fmt.Errorf("read the first task: %w", err)
+	}
+	return fire, ok, nil
+}
+
+// statsRead is a time Stats read from the store without error (ok false:
+// none), kept for a read that fails.
+type statsRead struct {
+	at int64
+	ok bool
+}
+
+// use returns at and ok as read, and keeps them, when err is nil, and
+// otherwise the last ones read without error (none if no read succeeded
+// yet).
+func (r *statsRead) use(at int64, ok bool, err error) (int64, bool) {
+	if err == nil {
+		*r = statsRead{at, ok}
+		return at, ok
+	}
+	return r.at, r.ok
 }
 
 // Err is nil when the engine is healthy. It reports the sticky store error,

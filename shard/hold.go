@@ -364,26 +364,30 @@ func (h *holdState) endBackoff(g int64) {
 
 // heldOldestDue is the earliest due time of the shard's held tasks (for
 // Stats): the first key of each target group holds the group's oldest,
-// so one seek per group, keys only, without the shard lock.
-func (s *shard) heldOldestDue() (int64, bool) {
+// so one seek per group, keys only, without the shard lock. ok is false
+// for none. A read that fails (a step or a seek ending in an I/O error,
+// which Pebble clears at the next seek) returns its error: what was read
+// before it is not the oldest, only that of the groups it reached.
+func (s *shard) heldOldestDue() (due int64, ok bool, err error) {
 	it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, heldBase), UpperBound: taskBound(s.id+1, 0)})
 	if err != nil {
-		return 0, false
+		return 0, false, fmt.Errorf("shard %d: read held tasks: %w", s.id, err)
 	}
-	defer it.Close()
-	oldest, ok := int64(0), false
 	for valid := it.First(); valid; {
 		_, fire, _, kok := parseTaskKey(it.Key())
 		if !kok || !isHeld(fire) {
 			valid = it.Next()
 			continue
 		}
-		if due := heldDue(fire); !ok || due < oldest {
-			oldest, ok = due, true
+		if d := heldDue(fire); !ok || d < due {
+			due, ok = d, true
 		}
 		valid = it.SeekGE(taskBound(s.id, groupOf(fire)+1<<heldDueBits)) // the next group's
 	}
-	return oldest, ok
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return 0, false, fmt.Errorf("shard %d: read held tasks: %w", s.id, err)
+	}
+	return due, ok, nil
 }
 
 // markHeldGroups sets seen[i] for each group gs[i] (groupOf) not seen

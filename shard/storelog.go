@@ -38,6 +38,7 @@ const (
 	msgSweepFailed      = "cancel-marker sweep failed"
 	msgClearReadFailed  = "clearing fired-task tombstones skipped: reading the shard's first task failed"
 	msgClearFailed      = "clearing fired-task tombstones failed"
+	msgStatsReadFailed  = "stats: reading the store failed; reporting the next due and oldest overdue last read"
 )
 
 // storeCond is one condition (one message) under way.
