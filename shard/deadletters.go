@@ -446,6 +446,9 @@ func (s *shard) dlUncountLocked(f dlFailure) {
 	if d := s.dlByDest[f.dest]; d != nil {
 		if d.n--; d.n == 0 {
 			delete(s.dlByDest, f.dest)
+			if f.dest != "" && !slices.Contains(s.dlqLeft, f.dest) {
+				s.dlqLeft = append(s.dlqLeft, f.dest)
+			}
 		}
 	}
 }

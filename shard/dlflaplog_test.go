@@ -236,3 +236,77 @@ func TestDLQFailingThrottled(t *testing.T) {
 		t.Fatalf("recovered logged %d times while failing", n)
 	}
 }
+
+// TestDLQRecoveredAcrossShards: a DLQ fails in two shards and comes back;
+// one shard delivers to it again, the other's failing dead letter is
+// parked (refused as the message it is) or dropped by an operator rather
+// than delivered. The DLQ recovered then: it took a dead letter after its
+// last failure and no shard has one of its dead letters failing. Waiting
+// for each shard to deliver to it again left the DLQ failing in the log
+// for good when no other dead letter of that shard came.
+func TestDLQRecoveredAcrossShards(t *testing.T) {
+	refusal := fmt.Errorf("kafka: publish to \"dlq\": %w: message too large", ErrRefused)
+	// dead letters in shard 0 and shard 1 of 2 (by their origin)
+	ids := [2]string{"d0", "d1"}
+	var origin [2]int64
+	for n := int64(1); origin[0] == 0 || origin[1] == 0; n++ {
+		if k := shardOfN("src", deadLetter("", n).Origin, 2); origin[k] == 0 {
+			origin[k] = n
+		}
+	}
+	for _, how := range []string{"parked", "dropped"} {
+		t.Run(how, func(t *testing.T) {
+			core, logs := observer.New(zap.InfoLevel)
+			h := newHarness(t, func(o *Options) {
+				o.Shards = 2
+				o.Retry = parkPolicy
+				o.Logger = zap.New(core)
+			})
+			var down atomic.Bool
+			down.Store(true)
+			h.sink.setFail(func(t *codec.Task) error {
+				switch {
+				case t.ID == ids[0] && how == "parked":
+					return refusal
+				case down.Load():
+					return errors.New("TOPIC_AUTHORIZATION_FAILED")
+				}
+				return nil
+			})
+			h.run()
+			h.ingest([]codec.Task{deadLetter(ids[0], origin[0]), deadLetter(ids[1], origin[1])})
+			h.advanceUntil("the DLQ failing in both shards", func() bool { return dlqsFailing(h.e, "kafka:dlq") == 2 })
+			count := func(msg string) int { return logs.FilterMessage(msg).FilterField(zap.String("dlq", "kafka:dlq")).Len() }
+			if how == "dropped" {
+				s := h.e.shards[0]
+				s.mu.Lock()
+				var seq uint64
+				for q := range s.dlFailing {
+					seq = q
+				}
+				s.mu.Unlock()
+				if err := h.e.DropStuck(0, seq); err != nil {
+					t.Fatal(err)
+				}
+				h.settle()
+			}
+			down.Store(false)
+			h.advanceUntil("shard 1's dead letter taken", func() bool { return slices.Contains(h.sink.acked(), ids[1]) })
+			if how == "parked" {
+				if n := count(msgDLQRecovered); n != 0 {
+					t.Fatalf("recovered logged %d times while shard 0's dead letter still fails", n)
+				}
+				h.advanceUntil("the park", func() bool { return logs.FilterMessageSnippet("dead letter parked").Len() == 1 })
+			}
+			h.settle()
+			if n := count(msgDLQRecovered); n != 1 {
+				t.Fatalf("recovered logged %d times, want 1", n)
+			}
+			// Parked: the refusal and the other failure, each error text
+			// once.
+			if n, want := count(msgDLQFailing), map[string]int{"parked": 2, "dropped": 1}[how]; n != want {
+				t.Fatalf("failing logged %d times, want %d", n, want)
+			}
+		})
+	}
+}

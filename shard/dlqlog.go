@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,12 +23,14 @@ const (
 // and came back wrote 2 lines per shard (16 with 8 shards) per flap
 // (review R200, TestDLQFlapLinesOncePerEngine). A DLQ's first failure is
 // logged at once, then one line per logthrottle.DefaultEvery (a new error
-// text at once) with the lines held back and the shards affected; once
-// every shard that failed for it delivered a dead letter to it again and
-// has none of its dead letters failing (parked ones aside), one line says
-// it recovered. A shard whose failures for a DLQ end in parking (the DLQ
-// refused the message) is taken as recovered for it at its next delivery
-// to it, not before: the DLQ has not taken anything from it yet.
+// text at once) with the lines held back and the shards affected. One
+// line says it recovered once it took a dead letter after it last failed
+// as a whole and no shard has any of its dead letters failing: each shard
+// that failed for it delivered to it again, or had its failing ones
+// parked (refused as the message they are, reported on their own) or
+// dropped. A shard skipped "recovered" in a round that parked one of the
+// DLQ's dead letters, and the next round no longer found the DLQ failing
+// in it, so the DLQ never logged its recovery (TestDLQRecoveredAfterPark).
 type dlqLines struct {
 	log *zap.Logger
 	// active counts the DLQs failing: delivered, called for every DLQ a
@@ -47,15 +50,20 @@ type dlqCond struct {
 	failing  map[int]int
 	affected map[int]bool // the shards that failed since it began
 	failures int          // fire rounds that failed for it, all shards
+	// delivered: the DLQ took a dead letter since it last failed as a
+	// whole (a refusal of one message, ErrRefused, says nothing of the
+	// others).
+	delivered bool
 	// text, key: the last failure's text and its throttle key, kept so
 	// that the same failure round after round is not shaped again.
 	text, key string
 }
 
-// failed logs (or counts) a fire round of shard in which dead letters of
-// dest failed with err (the last one's) and after which n of them fail,
-// at now (the engine clock).
-func (l *dlqLines) failed(now time.Time, shard int, dest string, n int, err error) {
+// failed logs (or counts) f, the failures of dest's dead letters in a
+// fire round of shard after which n of them fail, at now (the engine
+// clock).
+func (l *dlqLines) failed(now time.Time, shard int, f dlqFailure, n int) {
+	dest, err := f.dest, f.err
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.conds == nil {
@@ -69,6 +77,9 @@ func (l *dlqLines) failed(now time.Time, shard int, dest string, n int, err erro
 	}
 	c.failures++
 	c.failing[shard], c.affected[shard] = n, true
+	if f.whole {
+		c.delivered = false
+	}
 	if text := err.Error(); text != c.text {
 		c.text, c.key = text, logthrottle.Shape(text)
 	}
@@ -92,9 +103,31 @@ func (l *dlqLines) failed(now time.Time, shard int, dest string, n int, err erro
 
 // delivered notes that shard delivered dead letters to dest in a fire
 // round after which left of its dead letters of dest fail (not parked):
-// with none left the shard no longer fails for dest, and the DLQ has
-// recovered when no shard does.
+// with none left the shard no longer fails for dest.
 func (l *dlqLines) delivered(now time.Time, shard int, dest string, left int) {
+	if l.active.Load() == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.conds[dest]
+	if c == nil {
+		return
+	}
+	c.delivered = true
+	if _, ok := c.failing[shard]; ok {
+		if left > 0 {
+			c.failing[shard] = left
+			return
+		}
+		delete(c.failing, shard)
+	}
+	l.overLocked(now, dest, c)
+}
+
+// cleared notes that shard has no dead letter of dest failing any more
+// (parked ones aside): its last one was acknowledged, parked or dropped.
+func (l *dlqLines) cleared(now time.Time, shard int, dest string) {
 	if l.active.Load() == 0 {
 		return
 	}
@@ -107,12 +140,14 @@ func (l *dlqLines) delivered(now time.Time, shard int, dest string, left int) {
 	if _, ok := c.failing[shard]; !ok {
 		return
 	}
-	if left > 0 {
-		c.failing[shard] = left
-		return
-	}
 	delete(c.failing, shard)
-	if len(c.failing) > 0 {
+	l.overLocked(now, dest, c)
+}
+
+// overLocked ends dest's failure c, with its line, if no shard fails for
+// it and it took a dead letter since it last failed.
+func (l *dlqLines) overLocked(now time.Time, dest string, c *dlqCond) {
+	if len(c.failing) > 0 || !c.delivered {
 		return
 	}
 	delete(l.conds, dest)
@@ -126,16 +161,21 @@ func (l *dlqLines) delivered(now time.Time, shard int, dest string, left int) {
 type dlqFailure struct {
 	dest string
 	err  error
+	// whole: one of the failures was not a refusal of the message
+	// (ErrRefused): the DLQ failed as a whole.
+	whole bool
 }
 
 // noteDLQ records err as dest's last failure in the round's list (a few
 // DLQs at most: searched in turn).
 func noteDLQ(fs []dlqFailure, dest string, err error) []dlqFailure {
+	whole := !errors.Is(err, ErrRefused)
 	for i := range fs {
 		if fs[i].dest == dest {
 			fs[i].err = err
+			fs[i].whole = fs[i].whole || whole
 			return fs
 		}
 	}
-	return append(fs, dlqFailure{dest, err})
+	return append(fs, dlqFailure{dest, err, whole})
 }

@@ -227,6 +227,10 @@ type shard struct {
 	// oldest held due as Stats last read them without error, for one
 	// whose read fails.
 	statsNext, statsHeld statsRead
+	// dlqLeft: the DLQs whose last failing dead letter of the shard (not
+	// parked) left dlByDest since dlqClearedLocked last ran: acknowledged,
+	// parked or dropped (dlqlog.go).
+	dlqLeft []string
 	// lanes: per target transport, the fire batch in flight and its
 	// outage (see lane.go), so a target that holds a publish or cannot be
 	// reached delays only its own transport's tasks.
@@ -738,6 +742,7 @@ func (s *shard) drainLocked() {
 			s.forgetUndecodableLocked(seq)
 			s.dlDoneLocked(seq)
 		}
+		s.dlqClearedLocked()
 		s.dropOverlayLocked(head)
 		for _, op := range head.ops {
 			delete(s.unwheeled, op.seq)

@@ -911,6 +911,7 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 			s.countUndeliveredLocked(sup, cancelSrc)
 		}
 	}
+	s.dlqClearedLocked()
 	var again []releasedTask
 	for _, it := range retry {
 		// A replace, cancel or drop that met it is counted here, as for
@@ -1384,12 +1385,14 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 }
 
 // logDLQsLocked tells the engine's dlqLines, at now, about the DLQs the
-// round's dead letters failed for (fails) and each DLQ it delivered dead
-// letters to (those of items at acked), with how many of the shard's
-// dead letters of it still fail. Per DLQ: a second DLQ that began to fail
-// while another failed in every shard was never logged (hunt H204); once
-// per engine, not per shard (review R200). Failures read at open, whose
-// DLQ is not known until they fail again, are not named.
+// round's dead letters failed for (fails), those of which the shard has
+// no dead letter failing any more (dlqClearedLocked), and each DLQ the
+// round delivered dead letters to (those of items at acked), in that
+// order: a DLQ that took one dead letter of the shard and failed for
+// another in the round still fails. Per DLQ: a second DLQ that began to
+// fail while another failed in every shard was never logged (hunt H204);
+// once per engine, not per shard (review R200). Failures read at open,
+// whose DLQ is not known until they fail again, are not named.
 func (s *shard) logDLQsLocked(now time.Time, fails []dlqFailure, items []fireItem, acked []int) {
 	e := s.e
 	for _, f := range fails {
@@ -1397,8 +1400,9 @@ func (s *shard) logDLQsLocked(now time.Time, fails []dlqFailure, items []fireIte
 		if d := s.dlByDest[f.dest]; d != nil {
 			n = d.n
 		}
-		e.dlqLines.failed(now, s.id, f.dest, n, f.err)
+		e.dlqLines.failed(now, s.id, f, n)
 	}
+	s.dlqClearedLocked()
 	if e.dlqLines.active.Load() == 0 {
 		return
 	}
@@ -1419,6 +1423,21 @@ func (s *shard) logDLQsLocked(now time.Time, fails []dlqFailure, items []fireIte
 		}
 		e.dlqLines.delivered(now, s.id, dest, left)
 	}
+}
+
+// dlqClearedLocked tells the engine's dlqLines of each DLQ in dlqLeft
+// that the shard still has no dead letter of failing (parked ones
+// aside).
+func (s *shard) dlqClearedLocked() {
+	if len(s.dlqLeft) == 0 {
+		return
+	}
+	for _, dest := range s.dlqLeft {
+		if _, failing := s.dlByDest[dest]; !failing {
+			s.e.dlqLines.cleared(s.e.clk.Now(), s.id, dest)
+		}
+	}
+	s.dlqLeft = s.dlqLeft[:0]
 }
 
 // dlDrop is a dead letter of a fire batch (its index) that an operator
