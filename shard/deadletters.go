@@ -340,6 +340,7 @@ type dlFailure struct {
 func (s *shard) dlFailedLocked(seq uint64, fire int64, dest string, err error, refused bool) (parkedNow bool) {
 	e := s.e
 	f, ok := s.dlFailing[seq]
+	prev := f // as the shard counted it
 	if ok {
 		s.dlUncountLocked(f)
 	}
@@ -358,7 +359,22 @@ func (s *shard) dlFailedLocked(seq uint64, fire int64, dest string, err error, r
 	}
 	f.fire, f.dest = fire, dest
 	s.dlSetLocked(seq, f)
+	if ok {
+		s.dlLeftLocked(prev)
+	}
 	return parkedNow
+}
+
+// dlLeftLocked notes prev's DLQ in dlqLeft if prev, a failure the shard
+// no longer counts as such, was its last failing dead letter of that DLQ
+// that is not parked (see dlqClearedLocked).
+func (s *shard) dlLeftLocked(prev dlFailure) {
+	if prev.parked || prev.dest == "" {
+		return
+	}
+	if _, failing := s.dlByDest[prev.dest]; !failing && !slices.Contains(s.dlqLeft, prev.dest) {
+		s.dlqLeft = append(s.dlqLeft, prev.dest)
+	}
 }
 
 // dlDoneLocked forgets the dead letter seq: its DLQ acknowledged it, or it
@@ -370,6 +386,7 @@ func (s *shard) dlDoneLocked(seq uint64) (wasParked bool) {
 	}
 	delete(s.dlFailing, seq)
 	s.dlUncountLocked(f)
+	s.dlLeftLocked(f)
 	if f.parked {
 		s.e.m.DeadLettersParkedNow.Dec()
 	}
@@ -446,9 +463,6 @@ func (s *shard) dlUncountLocked(f dlFailure) {
 	if d := s.dlByDest[f.dest]; d != nil {
 		if d.n--; d.n == 0 {
 			delete(s.dlByDest, f.dest)
-			if f.dest != "" && !slices.Contains(s.dlqLeft, f.dest) {
-				s.dlqLeft = append(s.dlqLeft, f.dest)
-			}
 		}
 	}
 }
