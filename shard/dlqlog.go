@@ -33,8 +33,9 @@ const (
 // in it, so the DLQ never logged its recovery (TestDLQRecoveredAfterPark).
 type dlqLines struct {
 	log *zap.Logger
-	// active counts the DLQs failing: delivered, called for every DLQ a
-	// round delivers dead letters to, looks at it only.
+	// active counts the DLQs failing: delivered and cleared, called for
+	// every DLQ a round delivers dead letters to or a shard stops failing
+	// for, look at it only.
 	active atomic.Int32
 	mu     sync.Mutex
 	conds  map[string]*dlqCond // by DLQ ("kafka:NAME", "nats:SUBJECT")
@@ -44,9 +45,8 @@ type dlqLines struct {
 type dlqCond struct {
 	since time.Time
 	thr   logthrottle.Throttle
-	// failing: the shards that failed for it and have not delivered to it
-	// since, with how many of their dead letters of it fail (not parked),
-	// as each last said.
+	// failing: the shards that failed for it and still have dead letters
+	// of it failing (not parked), with how many as each last said.
 	failing  map[int]int
 	affected map[int]bool // the shards that failed since it began
 	failures int          // fire rounds that failed for it, all shards
