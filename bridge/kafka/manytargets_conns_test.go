@@ -31,7 +31,7 @@ func kafkaGoConns() int {
 // spread over 512 topics opened 512 connections to the (single) broker:
 // kafka-go sends a produce request per partition, all at once, and its
 // transport dials a new connection for every request that finds none
-// idle, then keeps them idle for IdleTimeout (5 min). Each shard's lane
+// idle, then keeps them idle for IdleTimeout (transportIdle). Each shard's lane
 // did the same. Now at most maxProduceInFlight produce requests are in
 // flight (here 16), so at most as many connections, and every task is
 // delivered.

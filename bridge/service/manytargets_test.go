@@ -98,7 +98,7 @@ func TestTargetTopicCreatedJustBeforeDue(t *testing.T) {
 // subjects, a task each: all delivered, no /metrics series names a target
 // (no label is a target), and the series count does not grow. It logs the
 // goroutines: kafka-go's transport keeps a connection (a goroutine) per
-// concurrent produce request, idle for 5 min, at most maxProduceInFlight
+// concurrent produce request, idle for 30 s, at most maxProduceInFlight
 // (TestConnectionsPerDistinctTopics in bridge/kafka). DELAYBRIDGE_LONG=1
 // runs it (about 15 s).
 func TestThousandsOfTargets(t *testing.T) {
