@@ -164,6 +164,13 @@ func NewSource(cfg Config) (*Source, error) {
 		s.rules[sc.Topic] = sc.Rules
 	}
 	s.transport = cfg.transport()
+	// The source asks about its own topics only (fetches, offsets, and the
+	// group, which needs no topic): its transport's metadata is theirs, not
+	// the whole cluster's. Each pool the transport drops (one per fetch that
+	// found the metadata stale) stays in memory up to transportIdle with
+	// that metadata: 640 KB a drop on a cluster of 2 000 partitions (hunt
+	// H208), now a few KB.
+	s.transport.MetadataTopics = slices.Clone(s.topics)
 	s.client = &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: s.transport}
 	return s, nil
 }
