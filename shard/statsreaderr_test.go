@@ -162,6 +162,7 @@ func TestStatsReadErrorKeepsLastValues(t *testing.T) {
 			h.close()
 			h.opts.noBlockCache = true // each read goes to the files
 			h.open()
+			waitFilterBuilds(t, h.e, 1) // its reads of the sstable done (see TestProbeHeldSeekErrorKeepsOutage)
 			h.run()
 			if err := want(h.e.Stats()); err != nil {
 				t.Fatalf("before the fault: %v", err)
