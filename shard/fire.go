@@ -206,7 +206,12 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 					held, herr := s.claimHeldLocked(now, left)
 					if herr != nil {
 						s.e.storeLines.failed(s.e.clk.Now(), zap.WarnLevel, msgHeldReadFailed, s.id, herr)
-					} else if len(held) > 0 {
+					} else if !s.heldReadFailingLocked() {
+						// Not at a claim that released tasks only: its
+						// end line waited for a group's backoff, or never
+						// came once the held tasks were cancelled
+						// (TestHeldReadFailureEnds); nor at one lane's
+						// read while the other's still fails.
 						s.e.storeLines.ok(s.e.clk.Now(), msgHeldReadFailed, s.id)
 					}
 					claimed = append(claimed, held...)

@@ -119,6 +119,9 @@ type holdState struct {
 	// next: the engine time (ms) before which the lane does not look for
 	// held tasks to release again (all were down or busy at its last look).
 	next int64
+	// readFailed: the lane's last read of its held tasks failed
+	// (claimHeldLocked), for the end of the failure's line (storeLines).
+	readFailed bool
 }
 
 // heldBackoff is a down group's: no release before until (ms), the
@@ -179,6 +182,7 @@ func (s *shard) claimHeldLocked(now int64, limit int) ([]fireItem, error) {
 		it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, lo), UpperBound: taskBound(s.id, hi)})
 		if err != nil {
 			h.next = now + heldRetry.Milliseconds() // not again at once
+			h.readFailed = true
 			return out, fmt.Errorf("release held tasks of shard %d: %w", s.id, err)
 		}
 		// Each lane its own limit: one transport's held backlog must not
@@ -247,6 +251,7 @@ func (s *shard) claimHeldLocked(now int64, limit int) ([]fireItem, error) {
 				// so far go.
 				it.Close()
 				h.next = now + heldRetry.Milliseconds()
+				h.readFailed = true
 				return out, fmt.Errorf("release held tasks of shard %d: %w", s.id, err)
 			}
 			if len(out) < limit {
@@ -257,8 +262,10 @@ func (s *shard) claimHeldLocked(now int64, limit int) ([]fireItem, error) {
 		}
 		if err := it.Close(); err != nil {
 			h.next = now + heldRetry.Milliseconds()
+			h.readFailed = true
 			return out, fmt.Errorf("release held tasks of shard %d: %w", s.id, err)
 		}
+		h.readFailed = false // read, whatever it released
 		if len(out) == n0 {
 			// Nothing to release: every group down (until the first
 			// backoff ends) or every task busy.
@@ -266,6 +273,20 @@ func (s *shard) claimHeldLocked(now int64, limit int) ([]fireItem, error) {
 		}
 	}
 	return out, nil
+}
+
+// heldReadFailingLocked reports whether a lane that holds tasks failed
+// its last read of them (claimHeldLocked): a lane that read them since
+// without error, whatever it released (every group may be in its
+// backoff), or that holds none any more (cancelled, replaced, dropped),
+// does not.
+func (s *shard) heldReadFailingLocked() bool {
+	for l := range s.lanes {
+		if h := &s.lanes[l].hold; h.readFailed && h.n > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // heldBusyLocked reports whether the held task seq may not be claimed:
