@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.uber.org/zap"
 
 	"github.com/delaybridge/delaybridge/metrics"
@@ -238,6 +239,18 @@ func (e *Engine) startReclaimFlush() <-chan struct{} {
 	e.closeMu.RLock()
 	defer e.closeMu.RUnlock()
 	if e.closed || e.failed() != nil {
+		return nil
+	}
+	// A flush rotates the WAL in the store's directory: one removed from
+	// under the store is fatal to Pebble in a way no recover survives
+	// (see close). An idle engine's quiet flush ended the process a
+	// minute after its last write (TestQuietFlushWithStoreDirGone).
+	fsys := e.opts.FS
+	if fsys == nil {
+		fsys = vfs.Default
+	}
+	if _, err := fsys.Stat(e.opts.Dir); err != nil {
+		e.log.Warn("flushing the store to free the space of delivered tasks skipped: its directory cannot be read", zap.Error(err))
 		return nil
 	}
 	var flushed <-chan struct{}
