@@ -647,6 +647,24 @@ func ServeListener(ctx context.Context, ln net.Listener, h http.Handler, logger 
 		MaxHeaderBytes:    MaxHeaderBytes,
 		ErrorLog:          zap.NewStdLog(logger.Named("http")),
 	}
+	// fresh: the connections that have not sent a whole request yet
+	// (StateNew). Shutdown waits for those as for requests in flight, up
+	// to 5 s (net/http's own rule), so one slow or idle client that had
+	// only connected held the shutdown that long, from the budget the
+	// service keeps for closing the store with its flush (hunt H208:
+	// 5.0 s every cycle with slow clients connected). They carry no
+	// request to finish: they are closed when the shutdown begins.
+	var freshMu sync.Mutex
+	fresh := make(map[net.Conn]struct{})
+	srv.ConnState = func(c net.Conn, st http.ConnState) {
+		freshMu.Lock()
+		defer freshMu.Unlock()
+		if st == http.StateNew {
+			fresh[c] = struct{}{}
+		} else {
+			delete(fresh, c)
+		}
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	logger.Info("admin: serving", zap.String("addr", ln.Addr().String()))
@@ -657,7 +675,28 @@ func ServeListener(ctx context.Context, ln net.Listener, h http.Handler, logger 
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
-	err := srv.Shutdown(sctx)
+	shut := make(chan error, 1)
+	go func() { shut <- srv.Shutdown(sctx) }()
+	// After Shutdown closed the listener (it does so first), no new
+	// connection comes; closing the fresh ones before that could miss
+	// one accepted meanwhile, so they are closed until Shutdown returns.
+	closing := time.NewTicker(10 * time.Millisecond)
+	defer closing.Stop()
+	var err error
+shutting:
+	for {
+		freshMu.Lock()
+		for c := range fresh {
+			_ = c.Close()
+			delete(fresh, c)
+		}
+		freshMu.Unlock()
+		select {
+		case err = <-shut:
+			break shutting
+		case <-closing.C:
+		}
+	}
 	if err != nil {
 		logger.Warn("admin: graceful shutdown incomplete; closing connections", zap.Error(err))
 		_ = srv.Close()
