@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -9,9 +10,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/delaybridge/delaybridge/config"
+	"github.com/delaybridge/delaybridge/internal/testcert"
 )
 
 // TestRenderedConfigLoads feeds every config.yaml the chart renders to the
@@ -99,9 +103,12 @@ func loadRendered(t *testing.T, m manifests, env []string) *config.Config {
 	raw := m.configMaps[0].Data["config.yaml"]
 	root := t.TempDir()
 	secrets := filepath.Join(root, "secrets") + "/"
-	// Stand-in credential files for every path under the mount.
+	// Stand-in credential files for every path under the mount, of the
+	// kind their key names: the loader reads TLS files and the NATS
+	// .creds as the start does (a placeholder would be refused).
+	stand := standIns(t)
 	for _, line := range strings.Split(raw, "\n") {
-		_, v, ok := strings.Cut(line, "_file: ")
+		k, v, ok := strings.Cut(line, "_file: ")
 		if !ok || !strings.HasPrefix(strings.TrimSpace(v), secretsRoot) {
 			continue
 		}
@@ -109,8 +116,11 @@ func loadRendered(t *testing.T, m manifests, env []string) *config.Config {
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		// Distinct per file: two tokens may not be the same.
-		if err := os.WriteFile(p, []byte("stand-in-"+filepath.Base(p)+"\n"), 0o600); err != nil {
+		b, ok := stand[strings.TrimSpace(k)]
+		if !ok {
+			b = []byte("stand-in-" + filepath.Base(p) + "\n") // distinct per file: two tokens may not be the same
+		}
+		if err := os.WriteFile(p, b, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -156,4 +166,39 @@ func TestSchemaDurationMatchesConfig(t *testing.T) {
 			t.Errorf("%q: schema accepts=%v, config.ParseDuration accepts=%v (%v)", v, got, want, perr)
 		}
 	}
+}
+
+// standIns are the contents of the credential files the loader reads as
+// the start does, by the key before "_file": a CA, a client certificate
+// and its key (one pair, so each cert_file matches each key_file), and a
+// NATS .creds file (a user JWT and its nkey seed).
+func standIns(t *testing.T) map[string][]byte {
+	t.Helper()
+	ca := testcert.NewCA(t, "ca")
+	leaf := ca.Issue(t, "client", x509.ExtKeyUsageClientAuth)
+	acc, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	upub, err := user.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	useed, err := user.Seed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	token, err := jwt.NewUserClaims(upub).Encode(acc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := jwt.FormatUserConfig(token, useed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string][]byte{"ca": ca.CertPEM(), "cert": leaf.CertPEM(), "key": leaf.KeyPEM(t), "creds": creds}
 }
