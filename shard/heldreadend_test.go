@@ -1,16 +1,11 @@
 package shard
 
 import (
-	"errors"
 	"fmt"
-	"runtime"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -28,16 +23,7 @@ import (
 // held, now ends it.
 func TestHeldReadFailureEnds(t *testing.T) {
 	var armed atomic.Bool
-	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if op.Kind != errorfs.OpFileReadAt || !strings.HasSuffix(op.Path, ".sst") || !armed.Load() {
-			return nil
-		}
-		buf := make([]byte, 64<<10)
-		if !strings.Contains(string(buf[:runtime.Stack(buf, false)]), "claimHeldLocked") || !armed.CompareAndSwap(true, false) {
-			return nil
-		}
-		return errors.New("injected read error")
-	}))
+	fs := sstReadFaultIn(&armed, "claimHeldLocked")
 	core, logs := observer.New(zap.InfoLevel)
 	h := holdHarness(t, -1, func(o *Options) { o.FS = fs; o.Logger = zap.New(core) })
 	const n = 20
@@ -46,10 +32,7 @@ func TestHeldReadFailureEnds(t *testing.T) {
 		batch = append(batch, sched(fmt.Sprintf("k%02d", i), t0.Add(time.Second), int64(i+1)))
 	}
 	holdTasks(t, h, batch, n)
-	h.close()                  // flushes: the held keys are read from an sstable
-	h.opts.noBlockCache = true // each read goes to the files
-	h.open()
-	waitFilterBuilds(t, h.e, 1) // its reads of the sstable done (see TestProbeHeldSeekErrorKeepsOutage)
+	reopenFromFiles(t, h)
 	armed.Store(true)
 	h.run()
 	if armed.Load() {

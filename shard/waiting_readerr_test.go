@@ -232,16 +232,7 @@ func nextOfLoad() bool {
 // forgotten while its tasks were held on disk.
 func TestProbeHeldSeekErrorKeepsOutage(t *testing.T) {
 	var armed atomic.Bool
-	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if op.Kind != errorfs.OpFileReadAt || !strings.HasSuffix(op.Path, ".sst") || !armed.Load() {
-			return nil
-		}
-		buf := make([]byte, 64<<10)
-		if !strings.Contains(string(buf[:runtime.Stack(buf, false)]), "markHeldGroups") || !armed.CompareAndSwap(true, false) {
-			return nil
-		}
-		return errors.New("injected read error")
-	}))
+	fs := sstReadFaultIn(&armed, "markHeldGroups")
 	h := newHarness(t, func(o *Options) {
 		o.Shards = 1
 		o.OutageMemory = -1 // every task that fails as unavailable is held
@@ -253,13 +244,7 @@ func TestProbeHeldSeekErrorKeepsOutage(t *testing.T) {
 	a, b := sched("a", t0.Add(time.Second), 1), sched("b", t0.Add(time.Second), 2)
 	b.Target = "payments"
 	holdTasks(t, h, []codec.Task{a, b}, 2)
-	h.close()                  // flushes: the held keys are read from an sstable
-	h.opts.noBlockCache = true // each read goes to the files
-	h.open()                   // the fire loops stay stopped: only the direct probes below
-	// Open's index filter build reads the same sstable from its own
-	// goroutine; a seek of the block it has in hand is not read from the
-	// file ("no seek of the probe failed", 1 in 20 runs).
-	waitFilterBuilds(t, h.e, 1)
+	reopenFromFiles(t, h)
 	gs := []int64{heldGroup(transportSlot(a.Transport), a.Target), heldGroup(transportSlot(b.Transport), b.Target)}
 	if gs[0] == gs[1] {
 		t.Fatal("a's and b's targets share a group")
@@ -284,16 +269,7 @@ func TestProbeHeldSeekErrorKeepsOutage(t *testing.T) {
 // error, and the cursor went back to the start.
 func TestHeldClaimSeekErrorReported(t *testing.T) {
 	var armed atomic.Bool
-	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if op.Kind != errorfs.OpFileReadAt || !strings.HasSuffix(op.Path, ".sst") || !armed.Load() {
-			return nil
-		}
-		buf := make([]byte, 64<<10)
-		if !strings.Contains(string(buf[:runtime.Stack(buf, false)]), "claimHeldLocked") || !armed.CompareAndSwap(true, false) {
-			return nil
-		}
-		return errors.New("injected read error")
-	}))
+	fs := sstReadFaultIn(&armed, "claimHeldLocked")
 	core, logs := observer.New(zap.InfoLevel)
 	h := holdHarness(t, -1, func(o *Options) { o.FS = fs; o.Logger = zap.New(core) })
 	const n = 20
@@ -302,13 +278,7 @@ func TestHeldClaimSeekErrorReported(t *testing.T) {
 		batch = append(batch, sched(fmt.Sprintf("k%02d", i), t0.Add(time.Second), int64(i+1)))
 	}
 	holdTasks(t, h, batch, n)
-	h.close()                  // flushes: the held keys are read from an sstable
-	h.opts.noBlockCache = true // each read goes to the files
-	h.open()
-	// Open's index filter build reads the same sstable from its own
-	// goroutine; a read of the block it has in hand is not read from the
-	// file (the armed read never failed, 1 in 20 runs).
-	waitFilterBuilds(t, h.e, 1)
+	reopenFromFiles(t, h)
 	h.sink.setFail(nil)
 	armed.Store(true)
 	h.run()
@@ -327,4 +297,35 @@ func TestHeldClaimSeekErrorReported(t *testing.T) {
 	if len(acked) != n || len(seen) != n {
 		t.Fatalf("%d deliveries of %d distinct tasks, want each of %d once", len(acked), len(seen), n)
 	}
+}
+
+// sstReadFaultIn is a file system whose next read of an sstable from a
+// call stack that holds fn fails once armed is set (it clears armed):
+// a fault aimed at one read of the code under test, whatever the
+// engine's other goroutines read meanwhile.
+func sstReadFaultIn(armed *atomic.Bool, fn string) vfs.FS {
+	return errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if op.Kind != errorfs.OpFileReadAt || !strings.HasSuffix(op.Path, ".sst") || !armed.Load() {
+			return nil
+		}
+		buf := make([]byte, 64<<10)
+		if !strings.Contains(string(buf[:runtime.Stack(buf, false)]), fn) || !armed.CompareAndSwap(true, false) {
+			return nil
+		}
+		return errors.New("injected read error")
+	}))
+}
+
+// reopenFromFiles closes h's engine (its flush puts the keys in an
+// sstable) and opens it again with no block cache, so that every read
+// goes to the files, once Open's index filter build is done: that build
+// reads the same sstable from its own goroutine, and a read of the block
+// it has in hand is not read from the file (an armed fault never met, 1
+// run in 20).
+func reopenFromFiles(t *testing.T, h *harness) {
+	t.Helper()
+	h.close()
+	h.opts.noBlockCache = true
+	h.open()
+	waitFilterBuilds(t, h.e, 1)
 }
