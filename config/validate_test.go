@@ -9,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/jwt/v2"
-	"github.com/nats-io/nkeys"
-
 	"github.com/delaybridge/delaybridge/internal/testcert"
 )
 
@@ -395,24 +392,7 @@ func TestSubjectMatchesAll(t *testing.T) {
 // nsc makes it) and a file with the seed alone into dir.
 func credsFiles(t *testing.T, dir string) (creds, seedOnly string) {
 	t.Helper()
-	acc, err := nkeys.CreateAccount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	user, err := nkeys.CreateUser()
-	if err != nil {
-		t.Fatal(err)
-	}
-	upub, _ := user.PublicKey()
-	useed, _ := user.Seed()
-	token, err := jwt.NewUserClaims(upub).Encode(acc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := jwt.FormatUserConfig(token, useed)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, useed := testcert.NATSCreds(t)
 	creds, seedOnly = filepath.Join(dir, "user.creds"), filepath.Join(dir, "seed.nk")
 	if err := os.WriteFile(creds, b, 0o600); err != nil {
 		t.Fatal(err)

@@ -10,8 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nats-io/jwt/v2"
-	"github.com/nats-io/nkeys"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/delaybridge/delaybridge/config"
@@ -176,29 +174,6 @@ func standIns(t *testing.T) map[string][]byte {
 	t.Helper()
 	ca := testcert.NewCA(t, "ca")
 	leaf := ca.Issue(t, "client", x509.ExtKeyUsageClientAuth)
-	acc, err := nkeys.CreateAccount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	user, err := nkeys.CreateUser()
-	if err != nil {
-		t.Fatal(err)
-	}
-	upub, err := user.PublicKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	useed, err := user.Seed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	token, err := jwt.NewUserClaims(upub).Encode(acc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	creds, err := jwt.FormatUserConfig(token, useed)
-	if err != nil {
-		t.Fatal(err)
-	}
+	creds, _ := testcert.NATSCreds(t)
 	return map[string][]byte{"ca": ca.CertPEM(), "cert": leaf.CertPEM(), "key": leaf.KeyPEM(t), "creds": creds}
 }

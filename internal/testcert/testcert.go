@@ -1,7 +1,8 @@
 // Package testcert makes throwaway certificate authorities and the
 // certificates they issue, for tests of TLS connections (mutual TLS
 // included) against in-process brokers. Keys are ECDSA P-256; everything
-// is valid from an hour ago for a day.
+// is valid from an hour ago for a day. NATSCreds makes a NATS .creds file
+// the same throwaway way.
 package testcert
 
 import (
