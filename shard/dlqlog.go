@@ -43,13 +43,10 @@ type dlqLines struct {
 
 // dlqCond is one DLQ's failure under way.
 type dlqCond struct {
-	since time.Time
-	thr   logthrottle.Throttle
+	episode // failures: the fire rounds that failed for it, all shards
 	// failing: the shards that failed for it and still have dead letters
 	// of it failing (not parked), with how many as each last said.
-	failing  map[int]int
-	affected map[int]bool // the shards that failed since it began
-	failures int          // fire rounds that failed for it, all shards
+	failing map[int]int
 	// delivered: the DLQ took a dead letter since it last failed as a
 	// whole (a refusal of one message, ErrRefused, says nothing of the
 	// others).
@@ -71,19 +68,18 @@ func (l *dlqLines) failed(now time.Time, shard int, f dlqFailure, n int) {
 	}
 	c := l.conds[dest]
 	if c == nil {
-		c = &dlqCond{since: now, failing: make(map[int]int), affected: make(map[int]bool)}
+		c = &dlqCond{episode: newEpisode(now), failing: make(map[int]int)}
 		l.conds[dest] = c
 		l.active.Add(1)
 	}
-	c.failures++
-	c.failing[shard], c.affected[shard] = n, true
+	c.failing[shard] = n
 	if f.whole {
 		c.delivered = false
 	}
 	if text := err.Error(); text != c.text {
 		c.text, c.key = text, logthrottle.Shape(text)
 	}
-	held, ok := c.thr.AllowKey(now, c.key)
+	fields, ok := c.fail(now, shard, c.key)
 	if !ok {
 		return
 	}
@@ -92,12 +88,7 @@ func (l *dlqLines) failed(now time.Time, shard int, f dlqFailure, n int) {
 		for _, k := range c.failing {
 			total += k
 		}
-		f := []zap.Field{zap.Int("shard", shard), zap.String("dlq", dest), zap.Int("dead_letters", total),
-			zap.Error(err), zap.Ints("shards_affected", sortedShards(c.affected))}
-		if held > 0 {
-			f = append(f, zap.Int("held_back", held))
-		}
-		ce.Write(f...)
+		ce.Write(append([]zap.Field{zap.Int("shard", shard), zap.String("dlq", dest), zap.Int("dead_letters", total), zap.Error(err)}, fields...)...)
 	}
 }
 
@@ -152,8 +143,7 @@ func (l *dlqLines) overLocked(now time.Time, dest string, c *dlqCond) {
 	}
 	delete(l.conds, dest)
 	l.active.Add(-1)
-	l.log.Info(msgDLQRecovered, zap.String("dlq", dest), zap.Int("failures", c.failures),
-		zap.Ints("shards_affected", sortedShards(c.affected)), zap.Duration("lasted", now.Sub(c.since)))
+	l.log.Info(msgDLQRecovered, append([]zap.Field{zap.String("dlq", dest)}, c.endFields(now)...)...)
 }
 
 // dlqFailure is a DLQ that dead letters of a fire round failed for, with

@@ -43,11 +43,46 @@ const (
 
 // storeCond is one condition (one message) under way.
 type storeCond struct {
+	episode
+	failing map[int]bool // the shards whose last try failed
+}
+
+// episode is what storeLines and dlqLines keep of one condition under
+// way across the shards: since when, the throttle of its lines, the
+// shards it met and how often it failed.
+type episode struct {
 	since    time.Time
 	thr      logthrottle.Throttle
-	failing  map[int]bool // the shards whose last try failed
 	affected map[int]bool // the shards that failed since it began
 	failures int
+}
+
+func newEpisode(now time.Time) episode {
+	return episode{since: now, affected: make(map[int]bool)}
+}
+
+// fail counts shard's failure, throttled by key (the shape of its
+// error): when it is to be logged, ok and the fields the line adds to
+// its own (the shards affected, the lines held back).
+func (c *episode) fail(now time.Time, shard int, key string) (fields []zap.Field, ok bool) {
+	c.failures++
+	c.affected[shard] = true
+	held, ok := c.thr.AllowKey(now, key)
+	if !ok {
+		return nil, false
+	}
+	fields = []zap.Field{zap.Ints("shards_affected", sortedShards(c.affected))}
+	if held > 0 {
+		fields = append(fields, zap.Int("held_back", held))
+	}
+	return fields, true
+}
+
+// endFields are the fields of the line that says the condition ended at
+// now.
+func (c *episode) endFields(now time.Time) []zap.Field {
+	return []zap.Field{zap.Int("failures", c.failures), zap.Ints("shards_affected", sortedShards(c.affected)),
+		zap.Duration("lasted", now.Sub(c.since))}
 }
 
 // failed logs (or counts) shard's failure err of condition msg at level,
@@ -60,22 +95,17 @@ func (l *storeLines) failed(now time.Time, level zapcore.Level, msg string, shar
 	}
 	c := l.conds[msg]
 	if c == nil {
-		c = &storeCond{since: now, failing: make(map[int]bool), affected: make(map[int]bool)}
+		c = &storeCond{episode: newEpisode(now), failing: make(map[int]bool)}
 		l.conds[msg] = c
 		l.active.Add(1)
 	}
-	c.failures++
-	c.failing[shard], c.affected[shard] = true, true
-	held, ok := c.thr.AllowKey(now, logthrottle.Shape(err.Error()))
+	c.failing[shard] = true
+	fields, ok := c.fail(now, shard, logthrottle.Shape(err.Error()))
 	if !ok {
 		return
 	}
 	if ce := l.log.Check(level, msg); ce != nil {
-		f := []zap.Field{zap.Int("shard", shard), zap.Error(err), zap.Ints("shards_affected", sortedShards(c.affected))}
-		if held > 0 {
-			f = append(f, zap.Int("held_back", held))
-		}
-		ce.Write(f...)
+		ce.Write(append([]zap.Field{zap.Int("shard", shard), zap.Error(err)}, fields...)...)
 	}
 }
 
@@ -98,8 +128,7 @@ func (l *storeLines) ok(now time.Time, msg string, shard int) {
 	delete(l.conds, msg)
 	l.active.Add(-1)
 	l.log.Info("store failure over: every shard that failed does it again without error",
-		zap.String("failure", msg), zap.Int("failures", c.failures), zap.Ints("shards_affected", sortedShards(c.affected)),
-		zap.Duration("lasted", now.Sub(c.since)))
+		append([]zap.Field{zap.String("failure", msg)}, c.endFields(now)...)...)
 }
 
 func sortedShards(m map[int]bool) []int {
