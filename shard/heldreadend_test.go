@@ -2,12 +2,8 @@ package shard
 
 import (
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/codec"
 )
@@ -22,17 +18,8 @@ import (
 // line waited for a backoff to end. A read without error, or nothing
 // held, now ends it.
 func TestHeldReadFailureEnds(t *testing.T) {
-	var armed atomic.Bool
-	fs := sstReadFaultIn(&armed, "claimHeldLocked")
-	core, logs := observer.New(zap.InfoLevel)
-	h := holdHarness(t, -1, func(o *Options) { o.FS = fs; o.Logger = zap.New(core) })
 	const n = 20
-	var batch []codec.Task
-	for i := range n {
-		batch = append(batch, sched(fmt.Sprintf("k%02d", i), t0.Add(time.Second), int64(i+1)))
-	}
-	holdTasks(t, h, batch, n)
-	reopenFromFiles(t, h)
+	h, armed, logs := heldClaimFault(t, n)
 	armed.Store(true)
 	h.run()
 	if armed.Load() {

@@ -268,17 +268,8 @@ func TestProbeHeldSeekErrorKeepsOutage(t *testing.T) {
 // range's end, the second pass's seek from the range's start cleared the
 // error, and the cursor went back to the start.
 func TestHeldClaimSeekErrorReported(t *testing.T) {
-	var armed atomic.Bool
-	fs := sstReadFaultIn(&armed, "claimHeldLocked")
-	core, logs := observer.New(zap.InfoLevel)
-	h := holdHarness(t, -1, func(o *Options) { o.FS = fs; o.Logger = zap.New(core) })
 	const n = 20
-	var batch []codec.Task
-	for i := range n {
-		batch = append(batch, sched(fmt.Sprintf("k%02d", i), t0.Add(time.Second), int64(i+1)))
-	}
-	holdTasks(t, h, batch, n)
-	reopenFromFiles(t, h)
+	h, armed, logs := heldClaimFault(t, n)
 	h.sink.setFail(nil)
 	armed.Store(true)
 	h.run()
@@ -328,4 +319,22 @@ func reopenFromFiles(t *testing.T, h *harness) {
 	h.opts.noBlockCache = true
 	h.open()
 	waitFilterBuilds(t, h.e, 1)
+}
+
+// heldClaimFault holds n tasks k00.. on disk for a target that failed
+// and reopens the engine from the files (not run): the next sstable read
+// of a held claim fails once armed is set; logs observes its lines.
+func heldClaimFault(t *testing.T, n int) (h *harness, armed *atomic.Bool, logs *observer.ObservedLogs) {
+	t.Helper()
+	armed = new(atomic.Bool)
+	fs := sstReadFaultIn(armed, "claimHeldLocked")
+	core, logs := observer.New(zap.InfoLevel)
+	h = holdHarness(t, -1, func(o *Options) { o.FS = fs; o.Logger = zap.New(core) })
+	var batch []codec.Task
+	for i := range n {
+		batch = append(batch, sched(fmt.Sprintf("k%02d", i), t0.Add(time.Second), int64(i+1)))
+	}
+	holdTasks(t, h, batch, int64(n))
+	reopenFromFiles(t, h)
+	return h, armed, logs
 }
