@@ -500,14 +500,7 @@ func TestClosedEngine(t *testing.T) {
 }
 
 func TestServe(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	h := NewHandler(Options{Gatherer: prometheus.NewRegistry()})
-	go func() { done <- ServeListener(ctx, ln, h, zaptest.NewLogger(t)) }()
+	ln, h, cancel, done := serveLoopback(t)
 	if r := do(t, "GET", "http://"+ln.Addr().String()+"/healthz", ""); r.code != 200 {
 		t.Fatalf("healthz %d", r.code)
 	}
@@ -525,7 +518,7 @@ func TestServe(t *testing.T) {
 	}
 
 	// Listen errors are returned, naming the address.
-	err = Serve(context.Background(), "127.0.0.1:notaport", h, nil)
+	err := Serve(context.Background(), "127.0.0.1:notaport", h, nil)
 	if err == nil || !strings.Contains(err.Error(), "127.0.0.1:notaport") {
 		t.Fatalf("Serve on a bad address: %v", err)
 	}
@@ -878,14 +871,7 @@ func TestNotFoundNamesSources(t *testing.T) {
 // cycle with slow clients connected). Such connections are closed when
 // the shutdown begins; a request in flight still finishes.
 func TestServeShutdownClosesFreshConns(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	h := NewHandler(Options{Gatherer: prometheus.NewRegistry()})
-	go func() { done <- ServeListener(ctx, ln, h, zaptest.NewLogger(t)) }()
+	ln, _, cancel, done := serveLoopback(t)
 	var slow []net.Conn
 	for i := range 3 {
 		c, err := net.Dial("tcp", ln.Addr().String())
@@ -923,4 +909,20 @@ func TestServeShutdownClosesFreshConns(t *testing.T) {
 			t.Fatalf("slow client %d: read %d bytes after the shutdown, want its connection closed", i, n)
 		}
 	}
+}
+
+// serveLoopback serves a handler with an empty registry on a loopback
+// port through ServeListener until cancel; done has its result.
+func serveLoopback(t *testing.T) (ln net.Listener, h http.Handler, cancel context.CancelFunc, done <-chan error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	errc := make(chan error, 1)
+	h = NewHandler(Options{Gatherer: prometheus.NewRegistry()})
+	go func() { errc <- ServeListener(ctx, ln, h, zaptest.NewLogger(t)) }()
+	return ln, h, cancel, errc
 }
