@@ -261,18 +261,11 @@ func (s *server) logRefused(r *http.Request, reason string) {
 	if !ok {
 		return
 	}
-	p := r.URL.EscapedPath()
-	if len(p) > 256 {
-		p = p[:256] + "..."
-	}
-	// The method too: any reaches the token check (a route's 405 is
+	// The method cut too: any reaches the token check (a route's 405 is
 	// behind it), up to the 64 KiB of a request line (review R200).
-	m := r.Method
-	if len(m) > 32 {
-		m = m[:32] + "..."
-	}
 	s.log.Warn("admin: request refused", zap.String("reason", reason), zap.String("remote", r.RemoteAddr),
-		zap.String("method", m), zap.String("path", p), zap.Int("suppressed", held))
+		zap.String("method", shard.LogCut(r.Method, 32)), zap.String("path", shard.LogCut(r.URL.EscapedPath(), 256)),
+		zap.Int("suppressed", held))
 }
 
 // logProbe logs a probe's reason when it changed since the last call

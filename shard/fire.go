@@ -856,15 +856,20 @@ const maxLogID = 128
 
 // LogID is id for a log line, cut to 128 bytes (at a UTF-8 boundary)
 // with "..." when longer: ids may be as long as a message allows.
-func LogID(id string) string {
-	if len(id) <= maxLogID {
-		return id
+func LogID(id string) string { return LogCut(id, maxLogID) }
+
+// LogCut is s for a log line, cut to n bytes (at a UTF-8 boundary) with
+// "..." when longer: text a client sent (an id, a path, a method) may be
+// as long as its request allows.
+func LogCut(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
-	cut := maxLogID
-	for cut > 0 && !utf8.RuneStart(id[cut]) {
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}
-	return id[:cut] + "..."
+	return s[:cut] + "..."
 }
 
 // DefaultFireBatchBytes is Options.FireBatchBytes's default: 4 MiB a
