@@ -1773,11 +1773,7 @@ func (e *Engine) close(flush bool) error {
 		// survive), and a flush rotates the WAL in it. The flush only
 		// shortens the next open, so without the directory Close skips it
 		// and says so; Pebble's Close writes nothing there.
-		fs := e.opts.FS
-		if fs == nil {
-			fs = vfs.Default
-		}
-		if _, err := fs.Stat(e.opts.Dir); err != nil {
+		if err := e.storeDirReadable(); err != nil {
 			errs = append(errs, fmt.Errorf("shard: close: flush skipped: %w", err))
 		} else if err := safeCall(e.db.Flush); err != nil {
 			errs = append(errs, fmt.Errorf("shard: close: flush: %w", err))
@@ -1808,4 +1804,17 @@ func rebuilt[K comparable, V any](m map[K]V) map[K]V {
 		n[k] = v
 	}
 	return n
+}
+
+// storeDirReadable reports whether the store's directory is still
+// there: a flush rotates the WAL in it, and Pebble treats one removed
+// from under it as fatal (Fatalf with its own lock released, which no
+// recover survives), so Close and the reclaim flush check it first.
+func (e *Engine) storeDirReadable() error {
+	fsys := e.opts.FS
+	if fsys == nil {
+		fsys = vfs.Default
+	}
+	_, err := fsys.Stat(e.opts.Dir)
+	return err
 }

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.uber.org/zap"
 
 	"github.com/delaybridge/delaybridge/metrics"
@@ -245,11 +244,7 @@ func (e *Engine) startReclaimFlush() <-chan struct{} {
 	// under the store is fatal to Pebble in a way no recover survives
 	// (see close). An idle engine's quiet flush ended the process a
 	// minute after its last write (TestQuietFlushWithStoreDirGone).
-	fsys := e.opts.FS
-	if fsys == nil {
-		fsys = vfs.Default
-	}
-	if _, err := fsys.Stat(e.opts.Dir); err != nil {
+	if err := e.storeDirReadable(); err != nil {
 		e.log.Warn("flushing the store to free the space of delivered tasks skipped: its directory cannot be read", zap.Error(err))
 		return nil
 	}
