@@ -367,7 +367,10 @@ func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 	// The Warn of a failure is logged at once, then once per
 	// logthrottle.DefaultEvery while it repeats (a new error text at
 	// once): every 2 s while firing is paused at start, it was about 30
-	// lines a minute per transport. Each attempt is at Debug.
+	// lines a minute per transport. Each attempt is at Debug. The key is
+	// the error's shape, numbers aside: a connection reset or a read
+	// timeout names the client's ephemeral port, new at each attempt, so
+	// keyed by its text every attempt was a new failure with its Warn.
 	var warns logthrottle.Throttle
 	for attempt := 1; ; attempt++ {
 		var err error
@@ -400,7 +403,7 @@ func (s *Service) connect(ctx context.Context, l *lateSink) (*built, error) {
 			d := connectPause(backoff, s.eng != nil && s.eng.FiringPaused(), err)
 			fields := []zap.Field{zap.String("transport", l.transport), zap.Int("attempt", attempt),
 				zap.Bool("publisher_up", b != nil), zap.Duration("backoff", d), zap.Error(err)}
-			if held, ok := warns.AllowKey(time.Now(), err.Error()); ok {
+			if held, ok := warns.AllowKey(time.Now(), logthrottle.Shape(err.Error())); ok {
 				s.log.Warn("brokers unreachable; retrying", append(fields, zap.Int("held_back", held))...)
 			} else {
 				s.log.Debug("brokers unreachable; retrying", fields...)
