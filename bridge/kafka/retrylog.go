@@ -1,7 +1,6 @@
 package kafka
 
 import (
-	"strings"
 	"sync"
 	"time"
 
@@ -37,12 +36,19 @@ type retryLog struct {
 	th  logthrottle.Throttle
 
 	mu      sync.Mutex
-	open    bool            // an outage is on: a try failed, no partition went on since with none failing
-	failing map[string]bool // checkpoint keys whose last try failed
-	tries   int             // failed tries of this outage
-	parts   map[string]bool // the partitions that failed in this outage
-	since   time.Time       // the outage's first failure
-	logged  bool            // a line of this outage was logged
+	open    bool          // an outage is on: a try failed, no partition went on since with none failing
+	failing map[part]bool // partitions whose last try failed
+	tries   int           // failed tries of this outage
+	parts   map[part]bool // the partitions that failed in this outage
+	since   time.Time     // the outage's first failure
+	logged  bool          // a line of this outage was logged
+}
+
+// part is a topic partition, as the worker that logs its lines knows it
+// (not cut from its checkpoint key, whose format is bridge's).
+type part struct {
+	topic string
+	id    int
 }
 
 func (r *retryLog) clock() time.Time {
@@ -52,17 +58,17 @@ func (r *retryLog) clock() time.Time {
 	return time.Now()
 }
 
-// failed notes a failed try of the partition key and logs msg at level
+// failed notes a failed try of partition p and logs msg at level
 // unless a line of that message and error shape was logged within the
 // throttle's interval.
-func (r *retryLog) failed(log *zap.Logger, level zapcore.Level, key, msg string, err error, fields ...zap.Field) {
+func (r *retryLog) failed(log *zap.Logger, level zapcore.Level, p part, msg string, err error, fields ...zap.Field) {
 	now := r.clock()
 	// The throttle's key: the message, the partition's topic (whole: a
 	// shape would fold tenant1 and tenant2) and the error's shape, so the
 	// first failure of another topic is logged at once (review R200: a
 	// read ACL removed from a second topic was held back behind the first
 	// topic's line of the same shape).
-	shape := msg + "\x00" + key[:max(strings.LastIndexByte(key, '|'), 0)]
+	shape := msg + "\x00" + p.topic
 	if err != nil {
 		shape += "\x00" + logthrottle.Shape(err.Error())
 		fields = append(fields, zap.Error(err))
@@ -70,10 +76,10 @@ func (r *retryLog) failed(log *zap.Logger, level zapcore.Level, key, msg string,
 	r.mu.Lock()
 	if !r.open {
 		r.open = true
-		r.failing, r.parts = map[string]bool{}, map[string]bool{}
+		r.failing, r.parts = map[part]bool{}, map[part]bool{}
 		r.tries, r.since, r.logged = 0, now, false
 	}
-	r.failing[key], r.parts[key] = true, true
+	r.failing[p], r.parts[p] = true, true
 	r.tries++
 	// Under r.mu: an end line between this try's verdict and its outage
 	// would start the throttle again after the verdict.
@@ -85,17 +91,17 @@ func (r *retryLog) failed(log *zap.Logger, level zapcore.Level, key, msg string,
 	}
 }
 
-// ok notes that the partition key goes on (read is true) or that this
+// ok notes that partition p goes on (read is true) or that this
 // member stopped reading it (its next owner reports it). A partition that
 // goes on while none fails ends the outage, logging its end if a line of
 // it was logged.
-func (r *retryLog) ok(log *zap.Logger, key string, read bool) {
+func (r *retryLog) ok(log *zap.Logger, p part, read bool) {
 	r.mu.Lock()
 	if !r.open {
 		r.mu.Unlock()
 		return
 	}
-	delete(r.failing, key)
+	delete(r.failing, p)
 	if len(r.failing) > 0 || !read {
 		r.mu.Unlock()
 		return

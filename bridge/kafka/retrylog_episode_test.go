@@ -23,25 +23,26 @@ func TestRetryLogOutageAcrossRebalance(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
 	r := &retryLog{end: "partitions read again", now: func() time.Time { return now }}
 	errFetch := errors.New("[6] Not Leader For Partition: fetch at offset 41")
-	fail := func(key string) {
-		r.failed(log, zapcore.WarnLevel, key, "fetch failed; retrying", errFetch)
+	fail := func(p part) {
+		r.failed(log, zapcore.WarnLevel, p, "fetch failed; retrying", errFetch)
 	}
 	starts := func() int { return logs.FilterMessage("fetch failed; retrying").Len() }
 	ends := func() int { return logs.FilterMessage("partitions read again").Len() }
 
-	fail("delay/0")
-	fail("delay/1")
+	p0, p1 := part{"delay", 0}, part{"delay", 1}
+	fail(p0)
+	fail(p1)
 	if starts() != 1 {
 		t.Fatalf("%d start lines, want 1", starts())
 	}
 	// A rebalance revokes both; the next generation's worker fails again
 	// (held back: within 30 s of the line) and then reads.
-	r.ok(log, "delay/0", false)
-	r.ok(log, "delay/1", false)
+	r.ok(log, p0, false)
+	r.ok(log, p1, false)
 	now = now.Add(5 * time.Second)
-	fail("delay/0")
+	fail(p0)
 	now = now.Add(5 * time.Second)
-	r.ok(log, "delay/0", true)
+	r.ok(log, p0, true)
 	if starts() != 1 || ends() != 1 {
 		t.Fatalf("an outage across a rebalance: %d start and %d end lines, want 1 and 1", starts(), ends())
 	}
@@ -51,15 +52,15 @@ func TestRetryLogOutageAcrossRebalance(t *testing.T) {
 	}
 	// A failure 2 s after the end line is a new outage: logged at once.
 	now = now.Add(2 * time.Second)
-	fail("delay/1")
+	fail(p1)
 	if starts() != 2 {
 		t.Fatalf("a failure just after the end line: %d start lines, want 2 (logged at once)", starts())
 	}
 	if s := logs.FilterMessage("fetch failed; retrying").All()[1].ContextMap()["suppressed"]; s != int64(0) {
 		t.Fatalf("the new outage's first line: suppressed %v, want 0", s)
 	}
-	r.ok(log, "delay/1", true)
-	r.ok(log, "delay/1", true)
+	r.ok(log, p1, true)
+	r.ok(log, p1, true)
 	if ends() != 2 {
 		t.Fatalf("%d end lines after two outages, want 2", ends())
 	}
@@ -78,14 +79,14 @@ func TestRetryLogPerTopic(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
 	r := &retryLog{end: "partitions read again", now: func() time.Time { return now }}
 	errACL := errors.New("[29] Topic Authorization Failed: the client is not authorized to access the requested topic")
-	for _, key := range []string{
-		CheckpointKey("tenant1-delay", 0),
-		CheckpointKey("tenant1-delay", 1), // held: the topic's line is out
-		CheckpointKey("tenant2-delay", 0),
-		CheckpointKey("tenant2-delay", 3), // held
+	for _, p := range []part{
+		{"tenant1-delay", 0},
+		{"tenant1-delay", 1}, // held: the topic's line is out
+		{"tenant2-delay", 0},
+		{"tenant2-delay", 3}, // held
 	} {
 		now = now.Add(time.Second)
-		r.failed(log, zapcore.WarnLevel, key, "fetch failed; retrying", errACL)
+		r.failed(log, zapcore.WarnLevel, p, "fetch failed; retrying", errACL)
 	}
 	if n := logs.FilterMessage("fetch failed; retrying").Len(); n != 2 {
 		t.Fatalf("%d lines for two topics failing alike, want 2 (one per topic)", n)

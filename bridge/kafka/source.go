@@ -756,14 +756,14 @@ type fetched struct {
 // generation ends or ctx is cancelled; in kafka-go, a returning Start
 // function ends the generation, so it never returns for any other reason.
 func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation, cm *committer, h bridge.Handler, topic string, pa kafkago.PartitionAssignment) {
-	key := CheckpointKey(topic, pa.ID)
+	key, p := CheckpointKey(topic, pa.ID), part{topic, pa.ID}
 	log := s.log.With(zap.String("topic", topic), zap.Int("partition", pa.ID), zap.Int32("generation", gen.ID))
 	// Whatever this worker reported of the partition (a failing start
 	// position, rewind or fetch) is not this member's to report once it
 	// stops: the next owner may be another member.
 	defer s.setHealth(key, nil)
-	defer s.retries.ok(log, key, false)
-	defer s.handleFails.ok(log, key, false)
+	defer s.retries.ok(log, p, false)
+	defer s.handleFails.ok(log, p, false)
 
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -803,7 +803,7 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 			start = resolved
 			break
 		}
-		s.retries.failed(log, zapcore.WarnLevel, key, "resolve start offset failed; retrying", err)
+		s.retries.failed(log, zapcore.WarnLevel, p, "resolve start offset failed; retrying", err)
 		if !sleep(wctx, wait) {
 			return
 		}
@@ -838,7 +838,7 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 			lag.update()
 			continue
 		}
-		if f.batch != nil && !s.handle(wctx, h, f.batch, log) {
+		if f.batch != nil && !s.handle(wctx, h, f.batch, p, log) {
 			return // ctx or generation ended before the batch was stored
 		}
 		lag.stored.Store(f.next)
@@ -916,7 +916,7 @@ func (s *Source) startOffset(ctx context.Context, h bridge.Handler, topic string
 		if staleMetadata(err) {
 			s.transport.CloseIdleConnections() // reload the transport's metadata
 		}
-		s.retries.failed(log, zapcore.WarnLevel, key, "start position failed; retrying", err)
+		s.retries.failed(log, zapcore.WarnLevel, part{topic, partition}, "start position failed; retrying", err)
 		s.setHealth(key, fmt.Errorf("kafka: checkpoint %s: %w", key, err))
 		if !sleep(ctx, wait) {
 			return start{}, false
@@ -1011,15 +1011,14 @@ func (s *Source) logUnstored(topic string, partition int, committed int64, log *
 		zap.Int64("committed", committed))
 }
 
-// handle calls Handle until it succeeds; false means ctx ended first.
-func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, log *zap.Logger) bool {
+// handle calls Handle with partition p's batch b until it succeeds; false
+// means ctx ended first.
+func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, p part, log *zap.Logger) bool {
 	wait := s.cfg.RetryMin
 	for {
 		err := h.Handle(ctx, b)
 		if err == nil {
-			if len(b.Checkpoints) > 0 {
-				s.handleFails.ok(log, b.Checkpoints[0].Key, true)
-			}
+			s.handleFails.ok(log, p, true)
 			return true
 		}
 		if ctx.Err() != nil {
@@ -1027,7 +1026,7 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 		}
 		cp := b.Checkpoints[0]
 		s.cfg.Metrics.SourceErrors.WithLabelValues(b.Items[0].Msg.Source).Inc()
-		s.handleFails.failed(log, zapcore.WarnLevel, cp.Key, "handle failed; retrying the same batch", err,
+		s.handleFails.failed(log, zapcore.WarnLevel, p, "handle failed; retrying the same batch", err,
 			zap.Int("messages", len(b.Items)), zap.Int64("last_offset", cp.Offset), zap.Duration("backoff", wait))
 		if !sleep(ctx, wait) {
 			return false
@@ -1053,7 +1052,7 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 // not by their offsets, which start again from 0.
 func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, offset int64, known shard.Checkpoint,
 	inc uint32, out chan<- fetched, lag *lagGauge, log *zap.Logger) {
-	key := CheckpointKey(topic, partition)
+	key, p := CheckpointKey(topic, partition), part{topic, partition}
 	rules := s.rules[topic]
 	wait := s.cfg.RetryMin
 	var pending []bridge.Item
@@ -1088,7 +1087,7 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 						return
 					}
 					s.setHealth(key, fmt.Errorf("kafka: check %s/%d against the last record read: %w", topic, partition, classify(err)))
-					s.retries.failed(log, zapcore.WarnLevel, key, "checking the log against the last record read failed; retrying", err,
+					s.retries.failed(log, zapcore.WarnLevel, p, "checking the log against the last record read failed; retrying", err,
 						zap.Int64("offset", known.Offset), zap.Duration("backoff", wait))
 					if !sleep(ctx, wait) {
 						return
@@ -1104,7 +1103,7 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 					// transaction, is the same log) is safe before the
 					// record can be compared: wait and check again.
 					s.setHealth(key, fmt.Errorf("kafka: %s/%d: waiting for the record at offset %d, the last one read, to be readable again", topic, partition, known.Offset))
-					s.retries.failed(log, zapcore.InfoLevel, key, "the record last read is not readable yet; checking again before reading on", nil,
+					s.retries.failed(log, zapcore.InfoLevel, p, "the record last read is not readable yet; checking again before reading on", nil,
 						zap.String("reason", c.reason), zap.Int64("last_read", known.Offset),
 						zap.Int64("log_start", c.first), zap.Int64("log_end", c.end), zap.Duration("backoff", wait))
 					if !sleep(ctx, wait) {
@@ -1180,7 +1179,7 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 			}
 			s.setHealth(key, fmt.Errorf("kafka: fetch %s/%d: %w", topic, partition, classify(err)))
 			s.cfg.Metrics.SourceErrors.WithLabelValues(topic).Inc()
-			s.retries.failed(log, zapcore.WarnLevel, key, "fetch failed; retrying", err,
+			s.retries.failed(log, zapcore.WarnLevel, p, "fetch failed; retrying", err,
 				zap.Int64("offset", offset), zap.Duration("backoff", wait))
 			if len(pending) > 0 {
 				break // hand over what we have, then retry
@@ -1193,7 +1192,7 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 		default:
 			wait = s.cfg.RetryMin
 			s.setHealth(key, nil)
-			s.retries.ok(log, key, true)
+			s.retries.ok(log, p, true)
 			if hw >= 0 {
 				lag.hw.Store(hw)
 				lag.update()
