@@ -83,12 +83,22 @@ func (r *retryLog) failed(log *zap.Logger, level zapcore.Level, p part, msg stri
 	r.tries++
 	// Under r.mu: an end line between this try's verdict and its outage
 	// would start the throttle again after the verdict.
-	suppressed, ok := r.th.AllowEach(now, shape)
+	suppressed, forgotten, ok := r.th.AllowEachForgotten(now, shape)
 	r.logged = r.logged || ok
 	r.mu.Unlock()
 	if ok {
-		log.Log(level, msg, append(fields, zap.Int("suppressed", suppressed))...)
+		log.Log(level, msg, withForgotten(append(fields, zap.Int("suppressed", suppressed)), forgotten)...)
 	}
+}
+
+// withForgotten adds to a throttled line the lines held back for keys its
+// throttle forgot before their next line (logthrottle.AllowEachForgotten),
+// if any.
+func withForgotten(f []zap.Field, forgotten int) []zap.Field {
+	if forgotten > 0 {
+		f = append(f, zap.Int("held_back_forgotten", forgotten))
+	}
+	return f
 }
 
 // ok notes that partition p goes on (read is true) or that this

@@ -200,9 +200,9 @@ func (s *Sink) probe() {
 		}
 		if s.probeDone(epoch, err) {
 			f := []zap.Field{zap.Strings("brokers", s.cfg.Brokers), zap.Strings("topics", topics), zap.Duration("unhealthy_for", time.Since(since).Round(time.Millisecond))}
-			if held, ok := s.answerLog.AllowEach(time.Now(), strings.Join(topics, "\x00")); ok {
+			if held, forgotten, ok := s.answerLog.AllowEachForgotten(time.Now(), strings.Join(topics, "\x00")); ok {
 				s.log.Info("kafka partition leaders answer again; publishes are retried (a target that still hangs shows in the engine's log and /readyz)",
-					append(f, zap.Int("held_back", held))...)
+					withForgotten(append(f, zap.Int("held_back", held)), forgotten)...)
 			} else {
 				s.log.Debug("kafka partition leaders answer again", f...)
 			}

@@ -317,11 +317,11 @@ func (c *Config) options() ([]natsgo.Option, error) {
 				key += "\x00" + sub.Subject
 				f = append(f, zap.String("subject", sub.Subject))
 			}
-			suppressed, ok := asyncErrs.AllowEach(time.Now(), key)
+			suppressed, forgotten, ok := asyncErrs.AllowEachForgotten(time.Now(), key)
 			if !ok {
 				return
 			}
-			log.Warn("nats: async error", append(f, zap.Int("suppressed", suppressed))...)
+			log.Warn("nats: async error", withForgotten(append(f, zap.Int("suppressed", suppressed)), forgotten)...)
 		}),
 	}
 	switch {
@@ -477,4 +477,14 @@ func asyncErrorKey(err error) string {
 		return text[:loc[2]] + "<subject>" + text[loc[3]:]
 	}
 	return text
+}
+
+// withForgotten adds to a throttled line the lines held back for keys its
+// throttle forgot before their next line (logthrottle.AllowEachForgotten),
+// if any.
+func withForgotten(f []zap.Field, forgotten int) []zap.Field {
+	if forgotten > 0 {
+		f = append(f, zap.Int("held_back_forgotten", forgotten))
+	}
+	return f
 }

@@ -2337,10 +2337,10 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 		}
 		s.cfg.Metrics.SourceErrors.WithLabelValues(s.cfg.Stream).Inc()
 		d := bo.next()
-		if suppressed, ok := s.handleLog.AllowEach(time.Now(), logthrottle.Shape(err.Error())); ok {
+		if suppressed, forgotten, ok := s.handleLog.AllowEachForgotten(time.Now(), logthrottle.Shape(err.Error())); ok {
 			s.handleLogged = true
-			s.log.Warn("nats source: handle batch failed; not acked, retrying",
-				zap.Int("messages", len(b.Items)), zap.Duration("backoff", d), zap.Error(err), zap.Int("suppressed", suppressed))
+			s.log.Warn("nats source: handle batch failed; not acked, retrying", withForgotten([]zap.Field{
+				zap.Int("messages", len(b.Items)), zap.Duration("backoff", d), zap.Error(err), zap.Int("suppressed", suppressed)}, forgotten)...)
 		}
 		if !sleepCtx(ctx, d) {
 			return ctx.Err()

@@ -20,6 +20,7 @@ type Throttle struct {
 	mu         sync.Mutex
 	keys       map[string]*keyState
 	suppressed int // held back since the last line, all keys
+	forgotten  int // held back for keys forgotten before their next line (AllowEach)
 }
 
 // keyState is a key's last line and the lines held back since.
@@ -29,7 +30,8 @@ type keyState struct {
 }
 
 // maxKeys bounds the keys a Throttle remembers. Past it, the keys not
-// logged within Every are forgotten; if all are recent, further new keys
+// logged within Every are forgotten (their held-back counts kept in one
+// sum, see AllowEachForgotten); if all are recent, further new keys
 // share one overflow entry (one line per Every for all of them) rather
 // than wiping the others, which would let every line through (review
 // R141: a publisher naming 100 refusing targets).
@@ -65,16 +67,41 @@ func (t *Throttle) AllowKey(now time.Time, key string) (suppressed int, ok bool)
 // (or, past maxKeys, for the keys that share the overflow entry), for a
 // line that names what key stands for (a target): another key's count
 // would be read as its own.
+//
+// A key forgotten to make room for others (not logged within Every)
+// takes its count with it: AllowEachForgotten reports those counts.
 func (t *Throttle) AllowEach(now time.Time, key string) (suppressed int, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.allowEachLocked(now, key)
+}
+
+// AllowEachForgotten is AllowEach that also returns, with a line, the
+// lines held back for keys forgotten since the last such line before
+// their next line came (the key was not seen within Every and maxKeys
+// others took its place): their count in no key's line, to log beside
+// the key's own (review F211: a key forgotten with a held-back count
+// came back with 0, its held lines never reported). The forgetting call
+// usually is the line itself: a new key, logged at once.
+func (t *Throttle) AllowEachForgotten(now time.Time, key string) (held, forgotten int, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	held, ok = t.allowEachLocked(now, key)
+	if !ok {
+		return 0, 0, false
+	}
+	forgotten, t.forgotten = t.forgotten, 0
+	return held, forgotten, true
+}
+
+func (t *Throttle) allowEachLocked(now time.Time, key string) (held int, ok bool) {
 	k, ok := t.allowLocked(now, key)
 	if !ok {
 		k.held++
 		return 0, false
 	}
-	suppressed, k.held = k.held, 0
-	return suppressed, true
+	held, k.held = k.held, 0
+	return held, true
 }
 
 // allowLocked returns key's state (the overflow entry's once maxKeys
@@ -90,6 +117,7 @@ func (t *Throttle) allowLocked(now time.Time, key string) (*keyState, bool) {
 	if _, seen := t.keys[key]; !seen && len(t.keys) >= maxKeys {
 		for k, st := range t.keys {
 			if now.Sub(st.at) >= every {
+				t.forgotten += st.held
 				delete(t.keys, k)
 			}
 		}
@@ -112,7 +140,7 @@ func (t *Throttle) allowLocked(now time.Time, key string) (*keyState, bool) {
 // Reset ends a run of failures: the next one is logged at once.
 func (t *Throttle) Reset() {
 	t.mu.Lock()
-	t.keys, t.suppressed = nil, 0
+	t.keys, t.suppressed, t.forgotten = nil, 0, 0
 	t.mu.Unlock()
 }
 
