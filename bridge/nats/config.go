@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"os"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
@@ -235,16 +234,8 @@ func (c *Config) options() ([]natsgo.Option, error) {
 
 	log := c.Logger
 	var reconnectFails logthrottle.Throttle
-	// drops throttles "disconnected": a connection that drops again and
-	// again (a flapping network path, a load balancer resetting it, a
-	// server restarted in a loop) logged a drop, a failed attempt and a
-	// reconnect at every drop, 35 lines a minute with one every 5 s (hunt
-	// H204). A drop is logged once per logthrottle.DefaultEvery with the
-	// drops held back, and its reconnect only when it or a failed attempt
-	// since was (downLogged), so a logged outage always has its end; the
-	// failed attempts' throttle starts again only with a logged drop.
-	var drops logthrottle.Throttle
-	var downLogged atomic.Bool
+	// drops throttles "disconnected" and "reconnected" (see dropLog).
+	drops := &dropLog{log: log, every: dropLogEvery, reset: reconnectFails.Reset}
 	// asyncErrs throttles the other async errors per text: the server
 	// answers each publish to a subject the user may not publish to with
 	// one (the sink notes it; the engine logs the refusal per target), so
@@ -266,36 +257,29 @@ func (c *Config) options() ([]natsgo.Option, error) {
 			if err == nil && nc.IsClosed() {
 				return // closed by its owner; the closed handler says so
 			}
-			held, ok := drops.Allow(time.Now())
-			downLogged.Store(ok)
-			if !ok {
-				log.Debug("nats: disconnected; reconnecting", zap.Error(err))
-				return
-			}
-			reconnectFails.Reset()
-			log.Warn("nats: disconnected; reconnecting", zap.Error(err), zap.Int("held_back", held))
+			drops.dropped(err)
 		}),
 		natsgo.ReconnectHandler(func(nc *natsgo.Conn) {
-			if !downLogged.Swap(false) {
-				log.Debug("nats: reconnected", zap.String("server", redactURL(nc.ConnectedUrl())))
-				return
-			}
-			log.Info("nats: reconnected", zap.String("server", redactURL(nc.ConnectedUrl())))
+			drops.reconnected(redactURL(nc.ConnectedUrl()))
 		}),
 		natsgo.ReconnectErrHandler(func(_ *natsgo.Conn, err error) {
 			// Once per ReconnectWait for as long as the server is down:
 			// the first, then one line per logthrottle.DefaultEvery.
 			if suppressed, ok := reconnectFails.AllowKey(time.Now(), err.Error()); ok {
-				downLogged.Store(true)
+				drops.attemptLogged()
 				log.Warn("nats: reconnect attempt failed", zap.Error(err), zap.Int("suppressed", suppressed))
 			}
 		}),
 		natsgo.ClosedHandler(func(nc *natsgo.Conn) {
+			var f []zap.Field
+			if held := drops.close(); held > 0 {
+				f = append(f, zap.Int("drops_held_back", held))
+			}
 			if err := nc.LastError(); err != nil {
-				log.Warn("nats: connection closed", zap.Error(err))
+				log.Warn("nats: connection closed", append(f, zap.Error(err))...)
 				return
 			}
-			log.Info("nats: connection closed")
+			log.Info("nats: connection closed", f...)
 		}),
 		natsgo.ErrorHandler(func(nc *natsgo.Conn, sub *natsgo.Subscription, err error) {
 			if sub == nil && !nc.IsConnected() {
@@ -306,7 +290,7 @@ func (c *Config) options() ([]natsgo.Option, error) {
 				// attempt, once per ReconnectWait and server. Throttled
 				// as a failed reconnect is.
 				if suppressed, ok := reconnectFails.AllowKey(time.Now(), err.Error()); ok {
-					downLogged.Store(true)
+					drops.attemptLogged()
 					log.Warn("nats: reconnect attempt failed", zap.Error(err), zap.Int("suppressed", suppressed))
 				}
 				return
