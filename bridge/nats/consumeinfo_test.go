@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -96,4 +97,41 @@ func TestConsumingStoppedLogThrottled(t *testing.T) {
 		_, ok := src.stopLog.AllowKey(time.Now(), key)
 		return ok
 	})
+}
+
+// TestConsumingAgainOnIdleStream (review F211): on an idle stream, the
+// end of a run of stops ("consuming again") waited for the next message,
+// maybe hours after the consume went on. A pull the server answers (its
+// idle heartbeat, its expiry) ends the run as a batch does.
+func TestConsumingAgainOnIdleStream(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	srv := startServer(t, jsOptions(t))
+	relay := natstest.NewRelay(t, srv.Addr().String())
+	cfg := testConfig(t, relay.URL())
+	cfg.Logger = zap.New(zapcore.NewTee(cfg.Logger.Core(), core))
+	cfg.Create = true
+	cfg.ConnectTimeout = 50 * time.Millisecond // the consumer info given up after 100 ms
+	cfg.PullExpiry = time.Second               // a heartbeat every 500 ms
+	src, err := NewSource(connect(t, cfg), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.Drop("$JS.API.CONSUMER.INFO."+cfg.Stream+"."+cfg.Consumer, 1<<30)
+	rec := newRecorder()
+	runSource(t, src, rec)
+	errs := cfg.Metrics.SourceErrors.WithLabelValues(cfg.Stream)
+	eventually(t, "two stops", func() bool { return testutil.ToFloat64(errs) >= 2 })
+	if n := logs.FilterMessageSnippet("consuming stopped").Len(); n != 1 {
+		t.Fatalf("%d stop lines, want 1", n)
+	}
+	relay.Drop("", 0)
+	eventually(t, "the end of the stops logged with no message", func() bool {
+		return logs.FilterMessageSnippet("consuming again").Len() > 0
+	})
+	if n := logs.FilterMessageSnippet("consuming again").Len(); n != 1 {
+		t.Fatalf("the end of the stops logged %d times, want once", n)
+	}
+	if got := logs.FilterMessageSnippet("consuming again").All()[0].Message; !strings.Contains(got, "answered a pull") {
+		t.Fatalf("end line %q, want the pull answered named", got)
+	}
 }

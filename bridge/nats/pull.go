@@ -53,6 +53,11 @@ type puller struct {
 	status chan natsgo.Status // CONNECTED and CLOSED of nc
 	ch     chan *natsgo.Msg
 
+	// answered, if not nil, is called (on the reader's goroutine) with
+	// each status that shows the server serving a live pull without
+	// messages: an idle heartbeat, the pull's expiry.
+	answered func()
+
 	// Run's goroutine only.
 	pulls map[*natsgo.Subscription]int // live pulls: messages still to come
 	owed  int                          // asked for by live pulls and not yet taken
@@ -348,9 +353,11 @@ func (p *puller) statusOf(m *natsgo.Msg) error {
 		if m.Reply != "" {
 			_ = p.nc.Publish(m.Reply, nil)
 		}
+		p.served()
 		return nil
 	case code == "408", code == "409" && (strings.Contains(lower, "batch completed") || strings.Contains(lower, "exceeds maxbytes")):
 		p.end(m.Sub) // expired: what it did not deliver is not owed
+		p.served()
 		return nil
 	case code == "409" && strings.Contains(lower, "consumer deleted"):
 		p.end(m.Sub)
@@ -370,6 +377,13 @@ func (p *puller) statusOf(m *natsgo.Msg) error {
 		// and reads the consumer again.
 		p.end(m.Sub)
 		return fmt.Errorf("nats source: pull refused: %s %s", code, descr)
+	}
+}
+
+// served calls answered, if set.
+func (p *puller) served() {
+	if p.answered != nil {
+		p.answered()
 	}
 }
 

@@ -96,12 +96,14 @@ type Source struct {
 	// consume that fails at every retry (a consumer without a leader
 	// answers its info 503 at once, every 2 s in a quorum loss) is
 	// logged at its first stop and then once per 30 s for the same
-	// error, with the count held back. A batch taken in ends the run: the
-	// next stop is logged at once.
+	// error, with the count held back. A batch taken in, or a pull the
+	// server answers on an idle stream, ends the run: the next stop is
+	// logged at once.
 	stopLog logthrottle.Throttle
 	// stopLogged (Run's goroutine only): a stop of the current run was
-	// logged, so the batch that ends it logs "consuming again" (hunt
-	// H204: the log said the source stopped, and never that it went on).
+	// logged, so the batch or answered pull that ends it logs "consuming
+	// again" (hunt H204: the log said the source stopped, and never that
+	// it went on).
 	stopLogged bool
 	// handleLog throttles handle's line per shape of the error: a store
 	// that refuses writes (a failed fsync, the volume's reserve) fails
@@ -1793,6 +1795,16 @@ func isConsumerGone(err error) bool {
 		errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, ErrNoConsumer) || errors.Is(err, ErrNoStream)
 }
 
+// consumingAgain ends a run of stops (Run's goroutine only): the next stop
+// is logged at once, and this end if a stop of the run was, saying why.
+func (s *Source) consumingAgain(why string) {
+	s.stopLog.Reset()
+	if s.stopLogged {
+		s.stopLogged = false
+		s.log.Info("nats source: consuming again: " + why)
+	}
+}
+
 // consume pulls and hands over batches until it fails or ctx ends.
 func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, bo *backoff) error {
 	ref := s.consumer.Load()
@@ -1855,6 +1867,10 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 		expiry = lim
 	}
 	p := newPuller(s.nc, s.cfg.Stream, s.cfg.Consumer, pullMsgs, expiry)
+	// On an idle stream no batch ends a run of stops: the server serving
+	// a pull (its idle heartbeat, its expiry) does (review F211: "consuming
+	// again" waited for the next message, maybe hours).
+	p.answered = func() { s.consumingAgain("the server answered a pull after consuming stopped") }
 	var abandoned []jetstream.Msg
 	defer func() {
 		// Received and not handled: asked back now rather than after
@@ -1889,11 +1905,7 @@ func (s *Source) consume(ctx context.Context, h bridge.Handler, st *floorState, 
 				return err
 			}
 			bo.reset()
-			s.stopLog.Reset()
-			if s.stopLogged {
-				s.stopLogged = false
-				s.log.Info("nats source: consuming again: a batch was taken in after consuming stopped")
-			}
+			s.consumingAgain("a batch was taken in after consuming stopped")
 		}
 		if nextErr == nil {
 			continue
