@@ -68,3 +68,31 @@ func TestHandleFailLoggedAgainAfterEnd(t *testing.T) {
 		t.Fatalf("%d end lines for two runs of failures, want 2", n)
 	}
 }
+
+// TestHandleFailTriesOfTheRun (review F211): "batches stored again"
+// counted in failed_tries the failed tries of the batch stored last
+// only; a run of failures that outlived its first batch (given back when
+// Run stopped, taken again by the next Run) lost the first batch's. It
+// counts the run's.
+func TestHandleFailTriesOfTheRun(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	_, _, js, src := createdSource(t, func(c *Config) { c.Logger = zap.New(core) })
+	publish(t, js, "delay.a", "v", nil)
+	h := newRecorder()
+	h.setFail(true)
+	stop := runSource(t, src, h)
+	eventually(t, "the batch failed three times", func() bool { return h.numCalls() >= 3 })
+	_ = stop()
+	first := h.numCalls()
+	runSource(t, src, h)
+	eventually(t, "the batch failed twice more", func() bool { return h.numCalls() >= first+2 })
+	h.setFail(false)
+	eventually(t, "the end logged", func() bool { return logs.FilterMessageSnippet("batches stored again").Len() > 0 })
+	failed := h.numCalls() - 1 // all but the one stored
+	got, _ := logs.FilterMessageSnippet("batches stored again").All()[0].ContextMap()["failed_tries"].(int64)
+	// The try under way when Run stopped may fail for the stop, not the
+	// store: not counted.
+	if int(got) < failed-1 || int(got) > failed {
+		t.Fatalf("failed_tries %d, want %d (the run's failed tries over both Runs, %d in the first)", got, failed, first)
+	}
+}

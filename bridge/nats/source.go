@@ -110,9 +110,13 @@ type Source struct {
 	// the batch at every retry, 6 lines a minute once the backoff reaches
 	// 10 s (hunt H204). handleLogged (handle's caller, Run's goroutine,
 	// only): a line of the current run of failures was logged, so its
-	// end (a batch stored, maybe the next after a restarted consume) is.
+	// end (a batch stored, maybe the next after a restarted consume) is,
+	// with handleTries, the run's failed tries of every batch (review
+	// F211: only the last batch's were counted, those of a batch given
+	// back when Run stopped lost).
 	handleLog    logthrottle.Throttle
 	handleLogged bool
+	handleTries  int
 	// noSourceLog throttles the line about a message on a subject no
 	// source reads (a consumer filter widened by an operator): it was
 	// logged per message (hunt H204), then per subject, up to 65 lines
@@ -2331,9 +2335,11 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 	k := startKeepAlive(batch, s.keepAlivePeriod(), aside)
 	defer k.stop()
 	bo := backoff{min: 100 * time.Millisecond, max: 10 * time.Second}
-	for tries := 0; ; tries++ {
+	for {
 		err := h.Handle(ctx, b)
 		if err == nil {
+			tries := s.handleTries
+			s.handleTries = 0
 			if s.handleLogged {
 				// The end of the run: the next failure is logged at once
 				// (review R200: the throttle went on, holding back a
@@ -2347,6 +2353,7 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		s.handleTries++
 		s.cfg.Metrics.SourceErrors.WithLabelValues(s.cfg.Stream).Inc()
 		d := bo.next()
 		if suppressed, forgotten, ok := s.handleLog.AllowEachForgotten(time.Now(), logthrottle.Shape(err.Error())); ok {
