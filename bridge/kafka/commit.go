@@ -186,7 +186,7 @@ func (c *committer) flush() (ok bool) {
 	// store checkpoint covers a crash meanwhile.
 	c.failing = true
 	if n, ok := c.fails.AllowKey(time.Now(), err.Error()); ok {
-		c.log.Warn("offset commit failed; retrying", zap.Any("offsets", p), zap.Error(err), zap.Int("suppressed", n))
+		c.log.Warn("offset commit failed; retrying", zap.Any("offsets", p), zap.Error(err), zap.Int("held_back", n))
 	}
 	c.putBack(p)
 	return true

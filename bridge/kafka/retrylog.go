@@ -87,7 +87,7 @@ func (r *retryLog) failed(log *zap.Logger, level zapcore.Level, p part, msg stri
 	r.logged = r.logged || ok
 	r.mu.Unlock()
 	if ok {
-		log.Log(level, msg, withForgotten(append(fields, zap.Int("suppressed", suppressed)), forgotten)...)
+		log.Log(level, msg, withForgotten(append(fields, zap.Int("held_back", suppressed)), forgotten)...)
 	}
 }
 

@@ -56,8 +56,8 @@ func TestRetryLogOutageAcrossRebalance(t *testing.T) {
 	if starts() != 2 {
 		t.Fatalf("a failure just after the end line: %d start lines, want 2 (logged at once)", starts())
 	}
-	if s := logs.FilterMessage("fetch failed; retrying").All()[1].ContextMap()["suppressed"]; s != int64(0) {
-		t.Fatalf("the new outage's first line: suppressed %v, want 0", s)
+	if s := logs.FilterMessage("fetch failed; retrying").All()[1].ContextMap()["held_back"]; s != int64(0) {
+		t.Fatalf("the new outage's first line: held_back %v, want 0", s)
 	}
 	r.ok(log, p1, true)
 	r.ok(log, p1, true)

@@ -39,7 +39,7 @@ func TestFetchRetryLogThrottled(t *testing.T) {
 			len(failing), f.Hits(), parts, failing)
 	}
 	for _, l := range warns {
-		if _, ok := l.ContextMap()["suppressed"]; !ok {
+		if _, ok := l.ContextMap()["held_back"]; !ok {
 			t.Fatalf("line without the count held back: %s %v", l.Message, l.ContextMap())
 		}
 	}

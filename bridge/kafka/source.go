@@ -385,7 +385,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 				s.cfg.Metrics.SourceErrors.WithLabelValues(t).Inc()
 			}
 			if suppressed, ok := joinFails.AllowKey(time.Now(), err.Error()); ok {
-				s.log.Warn("join group failed; retrying", zap.Error(err), zap.Int("suppressed", suppressed))
+				s.log.Warn("join group failed; retrying", zap.Error(err), zap.Int("held_back", suppressed))
 			}
 			continue
 		}
@@ -628,7 +628,7 @@ func (s *Source) awaitTopics(ctx context.Context, joined bool) (present []string
 		}
 		s.setHealth("group", err)
 		if suppressed, ok := s.notReady.AllowKey(time.Now(), err.Error()); ok {
-			s.log.Warn("kafka source not ready; retrying", zap.Duration("backoff", wait), zap.Error(err), zap.Int("suppressed", suppressed))
+			s.log.Warn("kafka source not ready; retrying", zap.Duration("backoff", wait), zap.Error(err), zap.Int("held_back", suppressed))
 		}
 		if !sleep(ctx, wait) {
 			return nil, nil, nil

@@ -57,7 +57,7 @@ func TestAsyncErrorLogThrottled(t *testing.T) {
 		t.Fatalf("%d \"nats: async error\" lines for %d refused publishes to %d subjects, want 1 (the refusal once, then once per 30 s)", len(lines), seen.Load(), subjects)
 	}
 	for _, l := range lines {
-		if _, ok := l.ContextMap()["suppressed"]; !ok {
+		if _, ok := l.ContextMap()["held_back"]; !ok {
 			t.Fatalf("line without the count held back: %v", l.ContextMap())
 		}
 	}

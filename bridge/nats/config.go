@@ -267,7 +267,7 @@ func (c *Config) options() ([]natsgo.Option, error) {
 			// the first, then one line per logthrottle.DefaultEvery.
 			if suppressed, ok := reconnectFails.AllowKey(time.Now(), err.Error()); ok {
 				drops.attemptLogged()
-				log.Warn("nats: reconnect attempt failed", zap.Error(err), zap.Int("suppressed", suppressed))
+				log.Warn("nats: reconnect attempt failed", zap.Error(err), zap.Int("held_back", suppressed))
 			}
 		}),
 		natsgo.ClosedHandler(func(nc *natsgo.Conn) {
@@ -291,7 +291,7 @@ func (c *Config) options() ([]natsgo.Option, error) {
 				// as a failed reconnect is.
 				if suppressed, ok := reconnectFails.AllowKey(time.Now(), err.Error()); ok {
 					drops.attemptLogged()
-					log.Warn("nats: reconnect attempt failed", zap.Error(err), zap.Int("suppressed", suppressed))
+					log.Warn("nats: reconnect attempt failed", zap.Error(err), zap.Int("held_back", suppressed))
 				}
 				return
 			}
@@ -305,7 +305,7 @@ func (c *Config) options() ([]natsgo.Option, error) {
 			if !ok {
 				return
 			}
-			log.Warn("nats: async error", withForgotten(append(f, zap.Int("suppressed", suppressed)), forgotten)...)
+			log.Warn("nats: async error", withForgotten(append(f, zap.Int("held_back", suppressed)), forgotten)...)
 		}),
 	}
 	switch {
@@ -392,7 +392,7 @@ func logTLSRefusals(nc *natsgo.Conn, log *zap.Logger) {
 		case natsgo.RECONNECTING:
 			if err := nc.LastError(); errors.Is(err, natsgo.ErrTLS) {
 				if suppressed, ok := fails.Allow(time.Now()); ok {
-					log.Warn("nats: reconnect attempt failed", zap.Error(err), zap.Int("suppressed", suppressed))
+					log.Warn("nats: reconnect attempt failed", zap.Error(err), zap.Int("held_back", suppressed))
 				}
 			}
 		}

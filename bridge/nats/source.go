@@ -1502,7 +1502,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 	retryFailed := func(msg string, err error) {
 		s.cfg.Metrics.SourceErrors.WithLabelValues(s.cfg.Stream).Inc()
 		if suppressed, ok := unavailable.AllowKey(time.Now(), msg+err.Error()); ok {
-			s.log.Warn(msg, zap.Error(err), zap.Int("suppressed", suppressed))
+			s.log.Warn(msg, zap.Error(err), zap.Int("held_back", suppressed))
 		}
 	}
 	// other: the store's floor is of an earlier stream of this name; known:
@@ -1597,7 +1597,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		}
 		if suppressed, ok := s.stopLog.AllowKey(time.Now(), err.Error()); ok {
 			s.stopLogged = true
-			s.log.Warn("nats source: consuming stopped; restarting", zap.Error(err), zap.Int("suppressed", suppressed))
+			s.log.Warn("nats source: consuming stopped; restarting", zap.Error(err), zap.Int("held_back", suppressed))
 		}
 		if !sleepCtx(ctx, retryPause(&bo, err)) {
 			return nil
@@ -2108,7 +2108,7 @@ func (s *Source) checkGaps(st *floorState) {
 	}
 	if suppressed, ok := s.foreignLog.Allow(time.Now()); ok {
 		s.log.Warn("nats source: deliveries of the consumer went to another client; run one bridge per consumer (two releases with the same nats.consumer on one stream?): each takes in only what the server hands it, so cancels and replaces miss the tasks the other holds, and messages asked back as lost may be taken in by both",
-			zap.Int("gaps", gaps), zap.Int("suppressed", suppressed))
+			zap.Int("gaps", gaps), zap.Int("held_back", suppressed))
 	}
 }
 
@@ -2209,7 +2209,7 @@ func (s *Source) process(ctx context.Context, h bridge.Handler, cons jetstream.C
 			rules = s.cfg.Sources[0].Rules
 			if held, ok := s.noSourceLog.Allow(time.Now()); ok {
 				s.log.Warn("nats source: subject matches no configured source; using the first source's rules",
-					zap.String("subject", m.Subject()), zap.Int("suppressed", held))
+					zap.String("subject", m.Subject()), zap.Int("held_back", held))
 			}
 		}
 		items = append(items, bridge.Item{
@@ -2359,7 +2359,7 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 		if suppressed, forgotten, ok := s.handleLog.AllowEachForgotten(time.Now(), logthrottle.Shape(err.Error())); ok {
 			s.handleLogged = true
 			s.log.Warn("nats source: handle batch failed; not acked, retrying", withForgotten([]zap.Field{
-				zap.Int("messages", len(b.Items)), zap.Duration("backoff", d), zap.Error(err), zap.Int("suppressed", suppressed)}, forgotten)...)
+				zap.Int("messages", len(b.Items)), zap.Duration("backoff", d), zap.Error(err), zap.Int("held_back", suppressed)}, forgotten)...)
 		}
 		if !sleepCtx(ctx, d) {
 			return ctx.Err()
