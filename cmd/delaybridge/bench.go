@@ -44,7 +44,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer, clea
 	child := fs.String("child", "", "internal: run one engine-level measurement in this process")
 	dir := fs.String("dir", "", "internal: the child's store directory")
 	fs.Usage = usageHiding(fs, "child", "dir")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
 	}
 	if *child != "" {

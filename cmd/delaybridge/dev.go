@@ -47,7 +47,7 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer, cleanu
 	fs.IntVar(&o.natsPort, "nats-port", 4222, "port of the embedded NATS server (0: any free port)")
 	fs.StringVar(&o.admin, "admin", "127.0.0.1:8080", "admin HTTP listen address, on loopback (the sandbox's admin API has no token)")
 	fs.StringVar(&o.dataDir, "data-dir", "", "keep the sandbox (the bridge's store and both brokers' data) in this directory across runs (default: a temporary directory removed on exit)")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
 	}
 	if err := checkDevFlags(o); err != nil {

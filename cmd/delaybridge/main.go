@@ -8,6 +8,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -66,7 +67,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	var err error
 	switch args[0] {
 	case "run":
-		err = cmdRun(ctx, args[1:], stderr)
+		err = cmdRun(ctx, args[1:], stdout, stderr)
 	case "dev":
 		err = cmdDev(ctx, args[1:], stdout, stderr, cleanups)
 	case "bench":
@@ -159,11 +160,22 @@ func usagef(fs *flag.FlagSet, format string, a ...any) error {
 // is refused (naming every argument from it on) rather than ignored along
 // with the flags after it: `run x.yml` would otherwise complain only that
 // --config is missing, and `run --config a.yml extra` would run.
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
+//
+// What the flag package prints while parsing goes to stdout when the
+// usage was asked for (-h, -help, --help: exit 0, so `run -h | less`
+// works) and to fs's own output (stderr) after a mistake (exit 2).
+func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	out := fs.Output()
+	var printed bytes.Buffer
+	fs.SetOutput(&printed)
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	if errors.Is(err, flag.ErrHelp) {
+		_, _ = printed.WriteTo(stdout)
+		return err
+	}
+	_, _ = printed.WriteTo(out)
+	if err != nil {
 		return usageError{err} // fs has printed the error and its usage
 	}
 	if fs.NArg() > 0 {
@@ -258,12 +270,12 @@ func versionString() string {
 	return v
 }
 
-func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
+func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "", "YAML config file (README, \"Configuration\"); DELAYBRIDGE_* environment variables override it")
 	check := fs.Bool("check", false, "validate the config (file and environment) and exit: 0 if it is valid; opens no store and connects to no broker")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
 	}
 	if *path == "" {

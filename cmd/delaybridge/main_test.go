@@ -117,9 +117,14 @@ func TestRealMain(t *testing.T) {
 		{"dev refuses a negative kafka port", []string{"dev", "-kafka-port", "-1"}, 2, "", []string{"dev: -kafka-port: -1 is not a port"}},
 		{"dev refuses an admin address without a port", []string{"dev", "-admin", "localhost"}, 2, "", []string{`dev: -admin: "localhost" is not host:port`, "-admin string"}},
 		{"dev refuses an admin address off loopback", []string{"dev", "-admin", "0.0.0.0:8080"}, 2, "", []string{"loopback address only"}},
-		{"help flag of a command", []string{"run", "-h"}, 0, "", []string{"-config string"}},
+		// Usage asked for goes to stdout (exit 0, nothing on stderr), as
+		// `help` does; after a mistake it goes to stderr (exit 2, above).
+		{"help flag of a command", []string{"run", "-h"}, 0, "-config string", nil},
+		{"help flag of a command, long", []string{"run", "--help"}, 0, "-check", nil},
+		{"help flag of dev", []string{"dev", "-h"}, 0, "-kafka-port int", nil},
+		{"help flag of bench", []string{"bench", "-help"}, 0, "-transports string", nil},
 		// The help points to what a user has: the README, not CONTRACT.md.
-		{"run help names the README", []string{"run", "-h"}, 0, "", []string{`YAML config file (README, "Configuration")`}},
+		{"run help names the README", []string{"run", "-h"}, 0, `YAML config file (README, "Configuration")`, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -132,6 +137,9 @@ func TestRealMain(t *testing.T) {
 			}
 			if tc.code != 0 && out.Len() > 0 {
 				t.Errorf("exit %d with output on stdout: %q", tc.code, out.String())
+			}
+			if tc.code == 0 && errOut.Len() > 0 {
+				t.Errorf("exit 0 with output on stderr: %q", errOut.String())
 			}
 			for _, w := range tc.wantErrOut {
 				if !strings.Contains(errOut.String(), w) {
