@@ -11,12 +11,15 @@ import (
 	"testing"
 
 	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/config"
 )
 
 // run --check validates the file and the environment and exits without
 // opening the store (the data dir is not even created) or dialling a
-// broker: 0 and the effective config when valid, 1 and every problem when
-// not.
+// broker: 0 when valid, with the effective config (secrets redacted) as
+// YAML on stdout and the verdict on stderr; 1 and every problem on stderr,
+// nothing on stdout, when not.
 func TestRunCheck(t *testing.T) {
 	withoutBridgeEnv(t)
 	dir := t.TempDir()
@@ -30,16 +33,20 @@ admin:
   listen: 127.0.0.1:0
   allow_insecure_listen: true
 `
+	const secret = "s3cret-admin-token"
 	tests := []struct {
-		name  string
-		yaml  string
-		env   map[string]string
-		code  int
-		wants []string
+		name    string
+		yaml    string
+		env     map[string]string
+		code    int
+		wants   []string // on stderr
+		wantOut []string // on stdout: the effective config as YAML
 	}{
-		{"valid", valid, nil, 0, []string{"config is valid", `"data_dir":"` + data + `"`}},
-		{"bad key", valid + "max_delya: 1h\n", nil, 1, []string{"max_delya: unknown key"}},
-		{"bad env", valid, map[string]string{"DELAYBRIDGE_RETRY_MAX_ATTEMPTS": "0"}, 1, []string{"retry.max_attempts (from DELAYBRIDGE_RETRY_MAX_ATTEMPTS)"}},
+		{"valid", valid, nil, 0, []string{"config.yaml: valid (--check"}, []string{"data_dir: " + data + "\n", "shards: 8\n", "max_delay: 365d\n"}},
+		{"valid with a secret from the environment", valid, map[string]string{"DELAYBRIDGE_ADMIN_TOKEN": secret, "DELAYBRIDGE_SHARDS": "4"}, 0,
+			[]string{"valid"}, []string{"token: REDACTED\n", "shards: 4\n"}},
+		{"bad key", valid + "max_delya: 1h\n", nil, 1, []string{"max_delya: unknown key"}, nil},
+		{"bad env", valid, map[string]string{"DELAYBRIDGE_RETRY_MAX_ATTEMPTS": "0"}, 1, []string{"retry.max_attempts (from DELAYBRIDGE_RETRY_MAX_ATTEMPTS)"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -58,6 +65,28 @@ admin:
 				if !strings.Contains(errOut.String(), w) {
 					t.Errorf("stderr does not say %q:\n%s", w, errOut.String())
 				}
+			}
+			for _, w := range tt.wantOut {
+				if !strings.Contains(out.String(), w) {
+					t.Errorf("stdout does not say %q:\n%s", w, out.String())
+				}
+			}
+			if strings.Contains(out.String()+errOut.String(), secret) {
+				t.Errorf("the secret is printed:\n%s\n%s", out.String(), errOut.String())
+			}
+			if tt.code != 0 {
+				if out.Len() > 0 {
+					t.Errorf("exit %d with output on stdout:\n%s", tt.code, out.String())
+				}
+				return
+			}
+			// What stdout holds is a config: it loads back to the same one.
+			back, err := config.LoadBytes(out.Bytes(), nil)
+			if err != nil {
+				t.Fatalf("the effective config does not load back: %v\n%s", err, out.String())
+			}
+			if back.DataDir != data || back.Kafka == nil || back.Kafka.Sources[0].DLQ != "delay.dlq" {
+				t.Errorf("loaded back as %+v", back)
 			}
 			if _, err := os.Stat(data); !os.IsNotExist(err) {
 				t.Errorf("data dir touched by --check: %v", err)
