@@ -259,14 +259,19 @@ func classChar(p string) (rune, int) {
 
 var errBadPattern = errors.New("bad pattern")
 
+func errKafkaComma(p string) error {
+	return fmt.Errorf(`%w %q: a Kafka topic cannot contain "," (only a-z A-Z 0-9 . _ -), so it would match no target; to list two patterns give two items (in DELAYBRIDGE_TARGETS_ALLOW: a comma without a backslash before it)`, errBadPattern, p)
+}
+
 // checkPattern validates a targets.allow pattern.
 func checkPattern(p string) error {
 	if p == "*" {
 		return nil
 	}
 	name := p
+	kafka := false
 	if rest, ok := strings.CutPrefix(p, "kafka:"); ok {
-		name = rest
+		name, kafka = rest, true
 	} else if rest, ok := strings.CutPrefix(p, "nats:"); ok {
 		name = rest
 	}
@@ -303,6 +308,16 @@ func checkPattern(p string) error {
 					return fmt.Errorf("%w %q: trailing backslash", errBadPattern, p)
 				}
 				j++
+				if kafka && tok[j] == ',' {
+					return errKafkaComma(p)
+				}
+			case ',':
+				// A NATS subject may hold a comma (written \, in
+				// DELAYBRIDGE_TARGETS_ALLOW); a Kafka topic never does, so
+				// such a pattern would match nothing.
+				if kafka {
+					return errKafkaComma(p)
+				}
 			case '[':
 				if _, end := matchClass(tok[j:], 0); end == 0 {
 					return fmt.Errorf("%w %q: unterminated or malformed [class]", errBadPattern, p)

@@ -118,8 +118,9 @@ func TestAllowTargetLinear(t *testing.T) {
 }
 
 func TestCheckPattern(t *testing.T) {
-	good := []string{"*", ">", "orders", "orders.*", "kafka:*", "nats:events.>", "v[0-9]", `a\*`}
-	bad := []string{"", "kafka:", "nats:", "a..b", ".a", "a.", "a.>.b", "a>", "[", "[a", "a]", `a\`, "a b", "[]", "[^.x]"}
+	// A comma: a NATS subject may have one, a Kafka topic never.
+	good := []string{"*", ">", "orders", "orders.*", "kafka:*", "nats:events.>", "v[0-9]", `a\*`, "nats:a,b", `nats:a\,b`, "a,b", "kafka:[,a]"}
+	bad := []string{"", "kafka:", "nats:", "a..b", ".a", "a.", "a.>.b", "a>", "[", "[a", "a]", `a\`, "a b", "[]", "[^.x]", "kafka:a,b", `kafka:a\,b`}
 	for _, p := range good {
 		if err := checkPattern(p); err != nil {
 			t.Errorf("checkPattern(%q) = %v", p, err)

@@ -200,6 +200,7 @@ func TestValidate(t *testing.T) {
 		{"targets URL no prefix", func(c *Config) { c.Targets.Allow = []string{"//x"} }, "targets.allow[0]: bad pattern \"//x\": a URL"},
 		{"targets trailing backslash", func(c *Config) { c.Targets.Allow = []string{`a\`} }, "targets.allow[0]: bad pattern"},
 		{"targets stray ]", func(c *Config) { c.Targets.Allow = []string{"a]"} }, "targets.allow[0]: bad pattern"},
+		{"targets kafka comma", func(c *Config) { c.Targets.Allow = []string{"nats:a,b", "kafka:a,b"} }, `targets.allow[1]: bad pattern "kafka:a,b": a Kafka topic cannot contain ","`},
 		{"targets empty ok", func(c *Config) { c.Targets.Allow = nil }, ""},
 
 		// admin
