@@ -24,7 +24,9 @@
 //   - Environment: DELAYBRIDGE_ + the upper-case key path joined by "_"
 //     (DELAYBRIDGE_KAFKA_SASL_PASSWORD). Lists of names are comma-separated
 //     (DELAYBRIDGE_KAFKA_BROKERS=a:9092,b:9092; an empty value is the empty
-//     list); lists of blocks take an index (DELAYBRIDGE_KAFKA_SOURCES_0_DLQ),
+//     list; "\," is a comma within an item, kept escaped, as a
+//     targets.allow pattern for a NATS subject with a comma needs it);
+//     lists of blocks take an index (DELAYBRIDGE_KAFKA_SOURCES_0_DLQ),
 //     and an index past the end grows the list. Environment beats YAML.
 //     Every DELAYBRIDGE_ variable must name a key.
 //   - Durations are Go durations or whole days: "90s", "365d", "2d12h".

@@ -342,7 +342,7 @@ func setScalar(v reflect.Value, text string) error {
 		// Lists in one value (environment) are comma-separated; blanks
 		// are dropped so "a, b," is [a b] and "" is the empty list.
 		var items []string
-		for _, p := range strings.Split(text, ",") {
+		for _, p := range splitList(text) {
 			if p = strings.TrimSpace(p); p != "" {
 				items = append(items, p)
 			}
@@ -358,4 +358,26 @@ func setScalar(v reflect.Value, text string) error {
 		return fmt.Errorf("cannot be set from a single value")
 	}
 	return nil
+}
+
+// splitList splits a list given in one value (an environment variable) at
+// its commas. A backslash escapes the character after it: a comma after a
+// backslash belongs to the item, and the backslash is kept, since a NATS
+// subject may contain a comma and in a targets.allow pattern "\," matches
+// it as "\x" matches x (DELAYBRIDGE_TARGETS_ALLOW=nats:a\,b,orders.* is
+// [nats:a\,b orders.*]). "\\," is an escaped backslash, then the comma
+// that ends the item.
+func splitList(text string) []string {
+	var items []string
+	start := 0
+	for i := 0; i < len(text); i++ {
+		switch text[i] {
+		case '\\':
+			i++
+		case ',':
+			items = append(items, text[start:i])
+			start = i + 1
+		}
+	}
+	return append(items, text[start:])
 }

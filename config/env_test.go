@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/delaybridge/delaybridge/codec"
 )
 
 func TestEnvOverrides(t *testing.T) {
@@ -34,6 +36,27 @@ func TestEnvOverrides(t *testing.T) {
 			env:  []string{"DELAYBRIDGE_TARGETS_ALLOW= kafka:orders.* , ,nats:events.>"},
 			check: func(c *Config) error {
 				return eq(c.Targets.Allow, []string{"kafka:orders.*", "nats:events.>"})
+			},
+		},
+		{
+			// A NATS subject may contain a comma: "\," keeps it in the
+			// pattern, where it matches a comma; "\\," is an escaped
+			// backslash, then a separator.
+			name: "list item with an escaped comma",
+			env:  []string{`DELAYBRIDGE_TARGETS_ALLOW=nats:orders.a\,b, orders.[\,x] ,kafka:x,nats:y\\,z`},
+			check: func(c *Config) error {
+				if err := eq(c.Targets.Allow, []string{`nats:orders.a\,b`, `orders.[\,x]`, "kafka:x", `nats:y\\`, "z"}); err != nil {
+					return err
+				}
+				for _, tc := range []struct {
+					name string
+					want bool
+				}{{"orders.a,b", true}, {"orders.a", false}, {"orders.,", true}, {"orders.x", true}, {`y\`, true}} {
+					if got := c.AllowTarget(codec.TransportNATS, tc.name); got != tc.want {
+						return fmt.Errorf("AllowTarget(nats, %q) = %v, want %v", tc.name, got, tc.want)
+					}
+				}
+				return nil
 			},
 		},
 		{
