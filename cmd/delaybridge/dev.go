@@ -9,6 +9,7 @@ import (
 	"net"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -115,15 +116,14 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger
 	if config.CheckListen(o.admin, "", false) != nil {
 		return fmt.Errorf("dev: -admin %s: %s", o.admin, devLoopbackOnly)
 	}
-	// The admin port first: one in use fails before the brokers start and
-	// the banner is printed, and port 0 becomes the port the banner shows.
-	// The listener is closed again for the service to take.
-	l, err := net.Listen("tcp", o.admin)
-	if err != nil {
-		return portHint(fmt.Errorf("dev: admin on %s: %w", o.admin, err), "-admin")
+	// Every port is tried before anything starts, and all those in use
+	// are named in one error with the flags that move them: a second
+	// sandbox beside a running one is told everything at once, not one
+	// port per try. An admin port 0 becomes the port the banner shows.
+	// The listeners are closed again for the servers to take.
+	if err := devPortsFree(&o); err != nil {
+		return err
 	}
-	o.admin = l.Addr().String()
-	_ = l.Close()
 	root := o.dataDir
 	if root == "" {
 		tmp, remove, err := cleanups.tempDir("delaybridge-dev-")
@@ -136,15 +136,6 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger
 
 	if o.natsPort == 0 {
 		o.natsPort = natsserver.RANDOM_PORT // nats-server's 0 is its default, 4222
-	}
-	if o.natsPort > 0 {
-		// nats-server only logs a port it cannot listen on (and has no
-		// logger here), then never becomes ready: find out first.
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(o.natsPort)))
-		if err != nil {
-			return portHint(fmt.Errorf("dev: nats server on port %d: %w", o.natsPort, err), "-nats-port")
-		}
-		_ = l.Close()
 	}
 	ns, err := natsserver.NewServer(&natsserver.Options{
 		Host: "127.0.0.1", Port: o.natsPort, JetStream: true,
@@ -201,6 +192,61 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer, log *zap.Logger
 		log.Info("removing the sandbox: its pending tasks and both brokers' messages are discarded (--data-dir keeps them)", zap.String("dir", root))
 	}
 	return portHint(err, "-admin")
+}
+
+// portsInUse is the ports the sandbox cannot take (devPortsFree), each
+// error with the flag that moves it.
+type portsInUse struct {
+	errs  []error
+	flags []string
+}
+
+func (e *portsInUse) Error() string {
+	msgs := make([]string, len(e.errs))
+	for i, err := range e.errs {
+		msgs[i] = err.Error()
+	}
+	hint := ""
+	if errors.Is(e, syscall.EADDRINUSE) {
+		hint = fmt.Sprintf(" (is another delaybridge dev running? %s move this one: 0 picks a free port)", strings.Join(e.flags, " "))
+	}
+	return "dev: " + strings.Join(msgs, "; ") + hint
+}
+
+func (e *portsInUse) Unwrap() []error { return e.errs }
+
+// devPortsFree listens on each port the sandbox will take (the admin
+// address, and the NATS and Kafka ports unless any free one is asked for)
+// and closes it again; it returns every one that failed in one error, or
+// nil with o.admin's port 0 replaced by the port it got. nats-server only
+// logs a port it cannot listen on (and has no logger here), then never
+// becomes ready: hence the check for it too.
+func devPortsFree(o *devOptions) error {
+	e := &portsInUse{}
+	try := func(addr, what, flag string) string {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			e.errs = append(e.errs, fmt.Errorf("%s: %w", what, err))
+			e.flags = append(e.flags, flag)
+			return ""
+		}
+		got := l.Addr().String()
+		_ = l.Close()
+		return got
+	}
+	if got := try(o.admin, "admin on "+o.admin, "-admin 127.0.0.1:0"); got != "" {
+		o.admin = got
+	}
+	if o.natsPort > 0 {
+		try(net.JoinHostPort("127.0.0.1", strconv.Itoa(o.natsPort)), fmt.Sprintf("nats server on port %d", o.natsPort), "-nats-port 0")
+	}
+	if o.kafkaPort > 0 {
+		try(net.JoinHostPort("127.0.0.1", strconv.Itoa(o.kafkaPort)), fmt.Sprintf("kafka broker on port %d", o.kafkaPort), "-kafka-port 0")
+	}
+	if len(e.errs) > 0 {
+		return e
+	}
+	return nil
 }
 
 // portHint adds to an address-in-use error the flag that moves the port:

@@ -457,27 +457,41 @@ func TestExitCleanupsTempDir(t *testing.T) {
 
 // TestDevPortInUse: a port the sandbox cannot take is refused at once with
 // the flag that moves it (nats-server alone would only log it and never
-// become ready, a 10 s wait without a reason).
+// become ready, a 10 s wait without a reason), and every such port in one
+// error: a second sandbox beside a running one (all three default ports
+// taken) was refused for the admin port alone, then at the next try for
+// the NATS port, then for the Kafka port.
 func TestDevPortInUse(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	var ports []int
+	for range 3 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	defer l.Close()
-	port := l.Addr().(*net.TCPAddr).Port
+	admin := fmt.Sprintf("127.0.0.1:%d", ports[2])
 	for _, tc := range []struct {
-		name string
-		o    devOptions
-		flag string
+		name  string
+		o     devOptions
+		flags []string
 	}{
-		{"nats", devOptions{kafkaPort: 0, natsPort: port, admin: "127.0.0.1:0"}, "-nats-port"},
-		{"kafka", devOptions{kafkaPort: port, natsPort: -1, admin: "127.0.0.1:0"}, "-kafka-port"},
-		{"admin", devOptions{kafkaPort: 0, natsPort: -1, admin: l.Addr().String()}, "-admin"},
+		{"nats", devOptions{kafkaPort: 0, natsPort: ports[0], admin: "127.0.0.1:0"}, []string{"-nats-port 0"}},
+		{"kafka", devOptions{kafkaPort: ports[1], natsPort: -1, admin: "127.0.0.1:0"}, []string{"-kafka-port 0"}},
+		{"admin", devOptions{kafkaPort: 0, natsPort: -1, admin: admin}, []string{"-admin 127.0.0.1:0"}},
+		{"all three", devOptions{kafkaPort: ports[1], natsPort: ports[0], admin: admin}, []string{"-admin 127.0.0.1:0 -nats-port 0 -kafka-port 0 move this one",
+			"admin on " + admin, fmt.Sprintf("nats server on port %d", ports[0]), fmt.Sprintf("kafka broker on port %d", ports[1])}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := runDev(context.Background(), tc.o, io.Discard, zap.NewNop(), nil, nil)
-			if !errors.Is(err, syscall.EADDRINUSE) || !strings.Contains(err.Error(), tc.flag+" picks another") {
-				t.Fatalf("runDev = %v, want address in use naming %s", err, tc.flag)
+			if !errors.Is(err, syscall.EADDRINUSE) {
+				t.Fatalf("runDev = %v, want address in use", err)
+			}
+			for _, f := range tc.flags {
+				if !strings.Contains(err.Error(), f) {
+					t.Errorf("runDev = %v, want it to say %q", err, f)
+				}
 			}
 		})
 	}
