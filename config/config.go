@@ -477,10 +477,12 @@ func RedactURLs(s string) string { return redactURLs(s) }
 
 // redactURLs replaces the user information of each comma-separated URL
 // by REDACTED: the NATS client takes "nats://user:password@host" and
-// "nats://token@host", so nats.url may hold a credential.
+// "nats://token@host", so nats.url may hold a credential. A comma in a
+// credential that is not percent-encoded (which Validate refuses) does not
+// leave the part of it before the comma showing (urlSegments).
 func redactURLs(s string) string {
-	parts := strings.Split(s, ",")
-	for i, u := range parts {
+	segs := urlSegments(s)
+	for i, u := range segs {
 		start := 0
 		if j := strings.Index(u, "://"); j >= 0 {
 			start = j + len("://")
@@ -488,10 +490,34 @@ func redactURLs(s string) string {
 		// The last "@": a password may contain one unescaped, and
 		// redacting too much is the safe side.
 		if at := strings.LastIndex(u[start:], "@"); at >= 0 {
-			parts[i] = u[:start] + redacted + u[start+at:]
+			segs[i] = u[:start] + redacted + u[start+at:]
 		}
 	}
-	return strings.Join(parts, ",")
+	return strings.Join(segs, ",")
+}
+
+// urlSegments splits nats.url at its commas into URLs, except where a
+// comma lies within a URL's user information: a URL with a scheme and no
+// "@" followed by parts without a scheme, the last of them with an "@"
+// ("nats://u:p,w@host"), is one segment, commas included, which the NATS
+// client would cut into pieces. Joined with "," the segments give s back.
+func urlSegments(s string) []string {
+	pieces := strings.Split(s, ",")
+	segs := make([]string, 0, len(pieces))
+	for i := 0; i < len(pieces); i++ {
+		seg := pieces[i]
+		if j := strings.Index(seg, "://"); j >= 0 && !strings.Contains(seg[j:], "@") {
+			for k := i + 1; k < len(pieces) && !strings.Contains(pieces[k], "://"); k++ {
+				if strings.Contains(pieces[k], "@") {
+					seg = strings.Join(pieces[i:k+1], ",")
+					i = k
+					break
+				}
+			}
+		}
+		segs = append(segs, seg)
+	}
+	return segs
 }
 
 // String renders the configuration as YAML with secrets redacted.

@@ -476,6 +476,23 @@ func TestRedaction(t *testing.T) {
 // TestRedactionNATSURL: nats.url may carry credentials ("nats://user:pass@host",
 // "nats://token@host", as the NATS client accepts them); the forms that are
 // logged (Redacted, String, zap) and the validation errors must not show them.
+// TestRedactURLsComma: a comma in a credential that is not
+// percent-encoded (refused at load, in an error that shows the URL
+// through RedactURLs) is redacted with the rest of it: split at the
+// comma, "nats://u:s3cr3t" had no "@" and was shown as it is.
+func TestRedactURLsComma(t *testing.T) {
+	for _, tc := range []struct{ url, want string }{
+		{"nats://u:s3cr3t,w@nats:4222", "nats://REDACTED@nats:4222"},
+		{"nats://a:1,tls://u:s3cr3t,x,y@b:2", "nats://a:1,tls://REDACTED@b:2"},
+		{"tok@h1,nats://h2", "REDACTED@h1,nats://h2"},
+		{"nats://a:1, nats://b:2", "nats://a:1, nats://b:2"},
+	} {
+		if got := RedactURLs(tc.url); got != tc.want {
+			t.Errorf("RedactURLs(%q) = %q, want %q", tc.url, got, tc.want)
+		}
+	}
+}
+
 func TestRedactionNATSURL(t *testing.T) {
 	for _, tc := range []struct {
 		url, secret, want string

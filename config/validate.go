@@ -274,7 +274,17 @@ func (c *Config) validateNATS(v *validator, n *NATS) {
 	if n.URL == "" {
 		v.add("nats.url", "required")
 	} else {
-		urls = strings.Split(n.URL, ",")
+		for _, seg := range urlSegments(n.URL) {
+			if strings.Contains(seg, ",") {
+				// The client splits nats.url at every comma: this URL
+				// would be cut inside its credential, and each piece
+				// reported (and shown) on its own.
+				v.add("nats.url", "%q: a \",\" in the token or password splits the URL (nats.url is a comma-separated list); percent-encode it (%%2C)", redactURLs(seg))
+				urlCreds = true
+				continue
+			}
+			urls = append(urls, seg)
+		}
 	}
 	for _, u := range urls {
 		u = strings.TrimSpace(u)

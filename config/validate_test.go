@@ -140,6 +140,13 @@ func TestValidate(t *testing.T) {
 			`nats.url: "nats://REDACTED@b:2": a "/", "?", "#" or "%"`},
 		{"nats.url unescaped ? in password", func(c *Config) { c.NATS.URL = "nats://a:1,nats://u:p?w@b:2" },
 			`nats.url: "nats://REDACTED@b:2": a "/", "?", "#" or "%"`},
+		// A comma in a password splits nats.url, a comma-separated list:
+		// the error named the pieces, the first of them (scheme, user and
+		// the password up to the comma) unredacted.
+		{"nats.url unescaped , in password", func(c *Config) { c.NATS.URL = "nats://a:1,nats://u:s3cr3t,pw@b:2" },
+			`nats.url: "nats://REDACTED@b:2": a "," in the token or password splits the URL (nats.url is a comma-separated list); percent-encode it (%2C)`},
+		{"nats.url unescaped , twice in token", func(c *Config) { c.NATS.URL = "tls://to,k,en@b:2" }, `nats.url: "tls://REDACTED@b:2": a ","`},
+		{"nats.url percent-encoded , ok", func(c *Config) { c.NATS.URL = "nats://u:s3cr3t%2Cpw@b:2,nats://a:1" }, ""},
 		{"nats.stream required", func(c *Config) { c.NATS.Stream = "" }, "nats.stream: required"},
 		{"nats.stream chars", func(c *Config) { c.NATS.Stream = "a.b" }, "nats.stream: \"a.b\": may not contain"},
 		{"nats.stream named like a delay topic", func(c *Config) { c.NATS.Stream = c.Kafka.Sources[0].Topic }, "nats.stream: \"" + "delay" + "\" is also kafka.sources[0].topic"},
@@ -240,6 +247,9 @@ func TestValidate(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("error %q does not contain %q", err, tt.want)
+			}
+			if strings.Contains(err.Error(), "s3cr3t") {
+				t.Fatalf("error %q shows a secret", err)
 			}
 		})
 	}
