@@ -45,6 +45,10 @@ admin:
 		{"valid", valid, nil, 0, []string{"config.yaml: valid (--check"}, []string{"data_dir: " + data + "\n", "shards: 8\n", "max_delay: 365d\n"}},
 		{"valid with a secret from the environment", valid, map[string]string{"DELAYBRIDGE_ADMIN_TOKEN": secret, "DELAYBRIDGE_SHARDS": "4"}, 0,
 			[]string{"valid"}, []string{"token: REDACTED\n", "shards: 4\n"}},
+		// Valid, but every schedule would be dead-lettered: said beside
+		// the verdict (a "targets:" whose list lost its indentation).
+		{"a mis-indented allow is a key of its own", valid + "targets:\nallow: [orders.*]\n", nil, 1, []string{"allow: unknown key"}, nil},
+		{"valid, no target allowed", valid + "targets:\n", nil, 0, []string{"valid", "warning: targets.allow is empty, so no target is allowed"}, []string{"allow: []\n"}},
 		{"bad key", valid + "max_delya: 1h\n", nil, 1, []string{"max_delya: unknown key"}, nil},
 		{"bad env", valid, map[string]string{"DELAYBRIDGE_RETRY_MAX_ATTEMPTS": "0"}, 1, []string{"retry.max_attempts (from DELAYBRIDGE_RETRY_MAX_ATTEMPTS)"}, nil},
 	}
@@ -70,6 +74,9 @@ admin:
 				if !strings.Contains(out.String(), w) {
 					t.Errorf("stdout does not say %q:\n%s", w, out.String())
 				}
+			}
+			if !strings.Contains(tt.name, "no target allowed") && strings.Contains(errOut.String(), "warning") {
+				t.Errorf("a warning for a config that allows targets:\n%s", errOut.String())
 			}
 			if strings.Contains(out.String()+errOut.String(), secret) {
 				t.Errorf("the secret is printed:\n%s\n%s", out.String(), errOut.String())

@@ -293,6 +293,11 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return fmt.Errorf("--check: writing the effective config: %w", err)
 		}
 		fmt.Fprintf(stderr, "delaybridge: config %s: valid (--check: no store opened, no broker dialled)\n", *path)
+		if len(cfg.Targets.Allow) == 0 {
+			// Valid, and most likely not meant: a "targets:" or "allow:"
+			// with nothing under it (a list mis-indented) denies all.
+			fmt.Fprintf(stderr, "delaybridge: config %s: warning: targets.allow is empty, so no target is allowed: every schedule will be dead-lettered target-not-allowed\n", *path)
+		}
 		return nil
 	}
 	log, err := newLogger(cfg.Log.Level, cfg.Log.Format, stderr)
