@@ -81,7 +81,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stdout, "delaybridge", versionString())
 			return 0
 		}
-	case "help", "-h", "--help":
+	case "help", "-h", "-help", "--help":
 		if err = noArguments(args, stderr, " (a command's flags: delaybridge COMMAND -h)"); err == nil {
 			fmt.Fprint(stdout, usage)
 			return 0

@@ -80,6 +80,8 @@ func TestRealMain(t *testing.T) {
 		{"version", []string{"version"}, 0, "delaybridge ", nil},
 		{"help", []string{"help"}, 0, "delaybridge run --config FILE", nil},
 		{"help flag", []string{"--help"}, 0, "delaybridge run --config FILE", nil},
+		// -help too, as every command and the flag package take it.
+		{"help flag, one dash", []string{"-help"}, 0, "delaybridge run --config FILE", nil},
 		// version and help take no arguments either: refused like those of
 		// run, dev and bench, not ignored.
 		// -h asks for help of every command, version's too.
