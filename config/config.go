@@ -520,13 +520,19 @@ func urlSegments(s string) []string {
 	return segs
 }
 
-// String renders the configuration as YAML with secrets redacted.
+// String renders the configuration as YAML with secrets redacted,
+// indented by two spaces as the README's reference is.
 func (c Config) String() string {
-	b, err := yaml.Marshal(c.Redacted())
-	if err != nil {
+	var b strings.Builder
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := enc.Encode(c.Redacted()); err != nil {
 		return "config: " + err.Error()
 	}
-	return string(b)
+	if err := enc.Close(); err != nil {
+		return "config: " + err.Error()
+	}
+	return b.String()
 }
 
 // MarshalLogObject lets zap.Object("config", c) (and zap.Any) log the
