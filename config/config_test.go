@@ -213,7 +213,10 @@ func TestLoadYAMLErrors(t *testing.T) {
 		{"bad duration", validYAML + "horizon: 10\n", []string{"horizon:", `invalid duration "10"`}},
 		{"bad float", validYAML + "retry: {jitter: lots}\n", []string{"retry.jitter: invalid number"}},
 		{"mapping for scalar", strings.Replace(validYAML, "data_dir: /var/lib/delaybridge", "data_dir: {a: 1}", 1), []string{"data_dir: want a single value, got a mapping"}},
-		{"scalar for list", strings.Replace(validYAML, `brokers: ["localhost:9092"]`, "brokers: localhost:9092", 1), []string{"kafka.brokers: want a list"}},
+		// The error says how to write the list (the environment's
+		// comma-separated form copied into the file, too).
+		{"scalar for list", strings.Replace(validYAML, `brokers: ["localhost:9092"]`, "brokers: localhost:9092", 1), []string{`kafka.brokers: want a list, got the value "localhost:9092"; write it as a list: ["localhost:9092"]`}},
+		{"comma-separated scalar for list", strings.Replace(validYAML, `brokers: ["localhost:9092"]`, "brokers: a:9092, b:9092", 1), []string{`kafka.brokers: want a list, got the value "a:9092, b:9092"; write it as a list: ["a:9092", "b:9092"] (one comma-separated value is the form of a DELAYBRIDGE_ variable)`}},
 		{"scalar for block", validYAML + "log: verbose\n", []string{"log: want a mapping of keys"}},
 		{"two documents", validYAML + "---\nshards: 1\n", []string{"second document"}},
 		{"syntax error", "data_dir: [\n", []string{"yaml:"}},

@@ -285,7 +285,23 @@ func fieldIndex(t reflect.Type, key string) int {
 // sequence replaces the list in v with the items of n.
 func (d *decoder) sequence(n *yaml.Node, v reflect.Value, path string) {
 	if n.Kind != yaml.SequenceNode {
-		d.fail(n, path, "want a list, got %s", kindName(n))
+		hint := ""
+		if n.Kind == yaml.ScalarNode && v.Type().Elem().Kind() == reflect.String {
+			// brokers: localhost:9092, or the environment's form
+			// copied into the file.
+			items := []string{n.Value}
+			if strings.Contains(n.Value, ",") {
+				items = splitList(n.Value)
+			}
+			for i, it := range items {
+				items[i] = strconv.Quote(strings.TrimSpace(it))
+			}
+			hint = "; write it as a list: [" + strings.Join(items, ", ") + "]"
+			if len(items) > 1 {
+				hint += " (one comma-separated value is the form of a DELAYBRIDGE_ variable)"
+			}
+		}
+		d.fail(n, path, "want a list, got %s%s", kindName(n), hint)
 		return
 	}
 	if len(n.Content) > maxListLen {
