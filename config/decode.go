@@ -231,8 +231,11 @@ func (d *decoder) mapping(n *yaml.Node, v reflect.Value, path string) {
 		case yaml.MappingNode:
 			d.value(src, v, path)
 		case yaml.SequenceNode:
-			for _, s := range src.Content {
-				d.value(s, v, path)
+			// The mappings earlier in the sequence win (YAML 1.1's
+			// merge key, as yaml.v3 decodes it): the last is applied
+			// first, each earlier one over it.
+			for i := len(src.Content) - 1; i >= 0; i-- {
+				d.value(src.Content[i], v, path)
 			}
 		default:
 			d.fail(m[0], path, "merge key needs a mapping")
