@@ -223,7 +223,7 @@ func Parse(m *Message, r *Rules) Task {
 		tr, nameB, err = parseTarget(rawTarget, m.Transport)
 	} else {
 		if r.DefaultTarget == "" {
-			return p.deadLetter(CodeMissingTarget, "delay-target is not set and the source has no default target")
+			return p.deadLetter(CodeMissingTarget, "delay-target is not set and the source has no default target"+p.misspelledOf(hdrTarget, hdrTarget))
 		}
 		tr, name, err = parseTarget(r.DefaultTarget, m.Transport)
 	}
@@ -347,8 +347,12 @@ type parser struct {
 // for it, but there the headers are the publisher's, up to a message
 // full of them: lookalike allocates nothing and stops at the first
 // character that differs.
-func (p *parser) misspelled() string {
-	if key, name, ok := Misspelled(p.m); ok {
+func (p *parser) misspelled() string { return p.misspelledOf(hdrAt, hdrCancel) }
+
+// misspelledOf is misspelled for the control headers of classes from..to:
+// a missing-target names only a look-alike of delay-target.
+func (p *parser) misspelledOf(from, to hdr) string {
+	if key, name, ok := misspelledOf(p.m, from, to); ok {
 		return "; header " + short(key) + " is not read: the name is " + name + " (in any case)"
 	}
 	return ""
@@ -362,11 +366,16 @@ func (p *parser) misspelled() string {
 // ignored gives the task another id). Headers that cannot be one (their
 // first letter is not a d or an x) cost one comparison.
 func Misspelled(m *Message) (key, name string, ok bool) {
+	return misspelledOf(m, hdrAt, hdrCancel)
+}
+
+// misspelledOf is Misspelled for the control headers of classes from..to.
+func misspelledOf(m *Message, from, to hdr) (key, name string, ok bool) {
 	for _, h := range m.Headers {
 		if !maybeLookalike(h.Key) || classify(h.Key) != hdrOther {
 			continue
 		}
-		for c := hdrAt; c <= hdrCancel; c++ {
+		for c := from; c <= to; c++ {
 			if lookalike(h.Key, lookalikeNames[c]) || lookalike(h.Key, lookalikeNames[hdrCancel+c]) {
 				return h.Key, hdrNames[c], true
 			}
