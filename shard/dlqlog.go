@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/internal/logthrottle"
 )
 
@@ -15,6 +16,7 @@ import (
 const (
 	msgDLQFailing   = "dead-letter delivery failing; retrying with backoff, nothing is dropped (a source partition does not commit past a dead letter of its own)"
 	msgDLQRecovered = "dead-letter delivery recovered"
+	msgDLQParked    = "dead letter parked: its DLQ refused it as this message at the last attempt of the retry policy; its source commits past it, it stays in the store and is retried with backoff until the DLQ takes it"
 )
 
 // dlqLines logs each DLQ's failures once per engine, not once per shard:
@@ -54,15 +56,14 @@ type dlqCond struct {
 	// text, key: the last failure's text and its throttle key, kept so
 	// that the same failure round after round is not shaped again.
 	text, key string
+	// parks: the DLQ's dead letters parked in the episode, all shards;
+	// parkThr throttles their lines (parked).
+	parks   int
+	parkThr logthrottle.Throttle
 }
 
-// failed logs (or counts) f, the failures of dest's dead letters in a
-// fire round of shard after which n of them fail, at now (the engine
-// clock).
-func (l *dlqLines) failed(now time.Time, shard int, f dlqFailure, n int) {
-	dest, err := f.dest, f.err
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// condLocked is dest's failure under way, begun at now if there is none.
+func (l *dlqLines) condLocked(now time.Time, dest string) *dlqCond {
 	if l.conds == nil {
 		l.conds = make(map[string]*dlqCond)
 	}
@@ -72,6 +73,17 @@ func (l *dlqLines) failed(now time.Time, shard int, f dlqFailure, n int) {
 		l.conds[dest] = c
 		l.active.Add(1)
 	}
+	return c
+}
+
+// failed logs (or counts) f, the failures of dest's dead letters in a
+// fire round of shard after which n of them fail, at now (the engine
+// clock).
+func (l *dlqLines) failed(now time.Time, shard int, f dlqFailure, n int) {
+	dest, err := f.dest, f.err
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.condLocked(now, dest)
 	c.failing[shard] = n
 	if f.whole {
 		c.delivered = false
@@ -89,6 +101,36 @@ func (l *dlqLines) failed(now time.Time, shard int, f dlqFailure, n int) {
 			total += k
 		}
 		ce.Write(append([]zap.Field{zap.Int("shard", shard), zap.String("dlq", dest), zap.Int("dead_letters", total), zap.Error(err)}, fields...)...)
+	}
+}
+
+// parked logs (or counts) the park of shard's dead letter t, refused by
+// its DLQ with err, at now. A DLQ that refuses every dead letter (each
+// too large for it) parked them one by one, each with its own Error line:
+// 1000 lines for 1000 dead letters (TestDLQParkLinesThrottled). The
+// first park of the DLQ's episode is logged with its fields, then one
+// line per logthrottle.DefaultEvery with the parks held back; the line
+// that ends the episode gives their total. A park begins an episode if
+// none is under way (it ends as any: once the DLQ takes a dead letter and
+// none of its dead letters fail).
+func (l *dlqLines) parked(now time.Time, shard int, t *codec.Task, err error) {
+	dest := t.Destination()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.condLocked(now, dest)
+	c.parks++
+	held, ok := c.parkThr.AllowEach(now, "")
+	if !ok {
+		return
+	}
+	if ce := l.log.Check(zap.ErrorLevel, msgDLQParked); ce != nil {
+		fields := []zap.Field{zap.Int("shard", shard), zap.String("source", t.Source), zap.String("dlq", dest),
+			zap.String("id", LogID(t.ID)), zap.String("origin", t.Origin), zap.String("code", string(t.Code)),
+			zap.Uint32("attempts", t.Attempts), zap.Error(err), zap.Int("parked", c.parks)}
+		if held > 0 {
+			fields = append(fields, zap.Int("held_back", held))
+		}
+		ce.Write(fields...)
 	}
 }
 
@@ -143,7 +185,16 @@ func (l *dlqLines) overLocked(now time.Time, dest string, c *dlqCond) {
 	}
 	delete(l.conds, dest)
 	l.active.Add(-1)
-	l.log.Info(msgDLQRecovered, append([]zap.Field{zap.String("dlq", dest)}, c.endFields(now)...)...)
+	l.log.Info(msgDLQRecovered, append([]zap.Field{zap.String("dlq", dest)}, c.dlqEndFields(now)...)...)
+}
+
+// dlqEndFields are the fields of the line that ends c at now.
+func (c *dlqCond) dlqEndFields(now time.Time) []zap.Field {
+	fields := c.endFields(now)
+	if c.parks > 0 {
+		fields = append(fields, zap.Int("parked", c.parks))
+	}
+	return fields
 }
 
 // dlqFailure is a DLQ that dead letters of a fire round failed for, with

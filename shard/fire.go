@@ -1374,11 +1374,7 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 		e.m.PublishRetries.WithLabelValues(items[i].task.Transport.String()).Inc()
 	}
 	for _, p := range parkedNow {
-		t := items[p.i].task
-		e.log.Error("dead letter parked: its DLQ refused it as this message at the last attempt of the retry policy; its source commits past it, it stays in the store and is retried with backoff until the DLQ takes it",
-			zap.Int("shard", s.id), zap.String("source", t.Source), zap.String("origin", t.Origin),
-			zap.String("dlq", t.Destination()), zap.String("code", string(t.Code)),
-			zap.Uint32("attempts", t.Attempts), zap.Error(p.err))
+		e.dlqLines.parked(ackAt, s.id, items[p.i].task, p.err)
 	}
 	for _, i := range unparked {
 		t := items[i].task
