@@ -31,6 +31,17 @@ func dlqsFailing(e *Engine, dest string) int {
 	return n
 }
 
+// settling is 1 if dest's failure is over and waits for dlqSettle to
+// say so, else 0.
+func settling(e *Engine, dest string) int {
+	e.dlqLines.mu.Lock()
+	defer e.dlqLines.mu.Unlock()
+	if c := e.dlqLines.conds[dest]; c != nil && !c.healthy.IsZero() {
+		return 1
+	}
+	return 0
+}
+
 // TestDLQFlapLinesOncePerEngine (review R200): "dead-letter delivery
 // failing" and "... recovered" were logged by each shard on its own, so a
 // DLQ that failed and came back wrote 2 lines per shard and flap: 80 lines
@@ -65,6 +76,7 @@ func TestDLQFlapLinesOncePerEngine(t *testing.T) {
 		h.advanceUntil("the DLQ failing in every shard", func() bool { return dlqsFailing(h.e, "kafka:dlq") == 8 })
 		fail.Store(false)
 		h.advanceUntil("the DLQ taking them again in every shard", func() bool { return dlqsFailing(h.e, "kafka:dlq") == 0 })
+		h.advance(dlqSettle) // healthy long enough: each flap its own episode
 		for _, l := range logs.TakeAll() {
 			switch {
 			case strings.HasPrefix(l.Message, "dead-letter delivery failing"):
@@ -168,12 +180,16 @@ func TestDLQRecoveredAfterPark(t *testing.T) {
 				t.Fatalf("%d failing lines, want 1", n)
 			}
 			if !c.sameRound {
-				if n := count(msgDLQRecovered); n != 0 {
+				if n := count(msgDLQRecovered) + settling(h.e, "kafka:dlq"); n != 0 {
 					t.Fatalf("recovered logged %d times after the park, before the DLQ took anything", n)
 				}
 				h.ingest([]codec.Task{deadLetter("small", 2)})
 			}
 			h.advanceUntil("small taken", func() bool { return slices.Contains(h.sink.acked(), "small") })
+			if n := settling(h.e, "kafka:dlq"); n != 1 {
+				t.Fatalf("recovery not under way once the DLQ took the next dead letter")
+			}
+			h.advance(dlqSettle)
 			if n := count(msgDLQRecovered); n != 1 {
 				t.Fatalf("recovered logged %d times once the DLQ took the next dead letter, want 1", n)
 			}
@@ -293,12 +309,13 @@ func TestDLQRecoveredAcrossShards(t *testing.T) {
 			down.Store(false)
 			h.advanceUntil("shard 1's dead letter taken", func() bool { return slices.Contains(h.sink.acked(), ids[1]) })
 			if how == "parked" {
-				if n := count(msgDLQRecovered); n != 0 {
+				if n := count(msgDLQRecovered) + settling(h.e, "kafka:dlq"); n != 0 {
 					t.Fatalf("recovered logged %d times while shard 0's dead letter still fails", n)
 				}
 				h.advanceUntil("the park", func() bool { return logs.FilterMessageSnippet("dead letter parked").Len() == 1 })
 			}
 			h.settle()
+			h.advance(dlqSettle)
 			if n := count(msgDLQRecovered); n != 1 {
 				t.Fatalf("recovered logged %d times, want 1", n)
 			}
@@ -308,5 +325,47 @@ func TestDLQRecoveredAcrossShards(t *testing.T) {
 				t.Fatalf("failing logged %d times, want %d", n, want)
 			}
 		})
+	}
+}
+
+// TestDLQFlapsFolded: a DLQ flapping every second (1 s down, 1 s up)
+// wrote a failing and a recovered line per flap: 40 lines for 20 flaps.
+// Its recovery is logged once it stayed healthy for dlqSettle, and a
+// failure within that time is the same episode (its failing lines
+// throttled), counted in the recovered line's flaps.
+func TestDLQFlapsFolded(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 2
+		o.Retry = RetryPolicy{Initial: 100 * time.Millisecond, Max: 100 * time.Millisecond, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+		o.Logger = zap.New(core)
+	})
+	var fail atomic.Bool
+	h.sink.setFail(func(t *codec.Task) error {
+		if t.Kind == codec.KindDeadLetter && fail.Load() {
+			return fmt.Errorf("publish to %q: %w", t.Target, errors.New("TOPIC_AUTHORIZATION_FAILED"))
+		}
+		return nil
+	})
+	h.run()
+	const flaps = 20
+	for f := range flaps {
+		start := h.clk.Now()
+		fail.Store(true)
+		h.ingest([]codec.Task{deadLetter(fmt.Sprintf("f%d", f), int64(f+1))})
+		h.advanceUntil("the DLQ failing", func() bool { return dlqsFailing(h.e, "kafka:dlq") == 1 })
+		h.advance(start.Add(time.Second).Sub(h.clk.Now()))
+		fail.Store(false)
+		h.advanceUntil("the DLQ taking it", func() bool { return dlqsFailing(h.e, "kafka:dlq") == 0 })
+		h.advance(start.Add(2 * time.Second).Sub(h.clk.Now()))
+	}
+	h.advance(dlqSettle)
+	failing, recovered := logs.FilterMessage(msgDLQFailing).All(), logs.FilterMessage(msgDLQRecovered).All()
+	t.Logf("%d flaps of 1 s down, 1 s up: %d failing lines, %d recovered lines", flaps, len(failing), len(recovered))
+	if len(recovered) != 1 || len(failing) > 3 {
+		t.Fatalf("%d failing and %d recovered lines for %d flaps within %v of each other; want one episode", len(failing), len(recovered), flaps, dlqSettle)
+	}
+	if m := recovered[0].ContextMap(); m["flaps"] != int64(flaps-1) || m["failures"].(int64) < flaps {
+		t.Fatalf("recovered line %v, want flaps=%d and every failure counted", m, flaps-1)
 	}
 }

@@ -35,6 +35,12 @@ const (
 // in it, so the DLQ never logged its recovery (TestDLQRecoveredAfterPark).
 type dlqLines struct {
 	log *zap.Logger
+	// wake wakes a fire loop, to end an episode at settleAt (settle).
+	wake func()
+	// settleAt: the earliest end of a recovered DLQ's settle time (ms,
+	// engine clock; 0 with none): the fire loops wake for it and call
+	// settle.
+	settleAt atomic.Int64
 	// active counts the DLQs failing: delivered and cleared, called for
 	// every DLQ a round delivers dead letters to or a shard stops failing
 	// for, look at it only.
@@ -60,7 +66,20 @@ type dlqCond struct {
 	// parkThr throttles their lines (parked).
 	parks   int
 	parkThr logthrottle.Throttle
+	// healthy: when the DLQ last met the end of its failure (it took a
+	// dead letter, none of its dead letters fail), zero while it fails;
+	// the episode ends dlqSettle later unless it fails again meanwhile,
+	// a flap, counted in flaps.
+	healthy time.Time
+	flaps   int
 }
+
+// dlqSettle is how long a DLQ that recovered must stay so before its
+// recovered line: a DLQ flapping every few seconds wrote a failing and a
+// recovered line per flap, 40 lines for 20 flaps of 1 s down and 1 s up
+// (TestDLQFlapsFolded). A failure within it is the same episode (its
+// line throttled as any), counted as a flap in the recovered line.
+const dlqSettle = 10 * time.Second
 
 // condLocked is dest's failure under way, begun at now if there is none.
 func (l *dlqLines) condLocked(now time.Time, dest string) *dlqCond {
@@ -84,6 +103,10 @@ func (l *dlqLines) failed(now time.Time, shard int, f dlqFailure, n int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c := l.condLocked(now, dest)
+	if !c.healthy.IsZero() {
+		c.healthy = time.Time{}
+		c.flaps++
+	}
 	c.failing[shard] = n
 	if f.whole {
 		c.delivered = false
@@ -177,20 +200,57 @@ func (l *dlqLines) cleared(now time.Time, shard int, dest string) {
 	l.overLocked(now, dest, c)
 }
 
-// overLocked ends dest's failure c, with its line, if no shard fails for
-// it and it took a dead letter since it last failed.
+// overLocked marks dest's failure c healthy at now if no shard fails for
+// it and it took a dead letter since it last failed: it ends, with its
+// line, once it stayed so for dlqSettle (settle).
 func (l *dlqLines) overLocked(now time.Time, dest string, c *dlqCond) {
-	if len(c.failing) > 0 || !c.delivered {
+	if len(c.failing) > 0 || !c.delivered || !c.healthy.IsZero() {
 		return
 	}
-	delete(l.conds, dest)
-	l.active.Add(-1)
-	l.log.Info(msgDLQRecovered, append([]zap.Field{zap.String("dlq", dest)}, c.dlqEndFields(now)...)...)
+	c.healthy = now
+	at := now.Add(dlqSettle).UnixMilli()
+	if cur := l.settleAt.Load(); cur == 0 || at < cur {
+		l.settleAt.Store(at)
+		if l.wake != nil {
+			l.wake() // its fire loop may be parked for longer
+		}
+	}
 }
 
-// dlqEndFields are the fields of the line that ends c at now.
-func (c *dlqCond) dlqEndFields(now time.Time) []zap.Field {
-	fields := c.endFields(now)
+// settle ends, with their recovered lines, the failures that stayed
+// healthy for dlqSettle at now; all of them with all (Run returning).
+func (l *dlqLines) settle(now time.Time, all bool) {
+	if l.settleAt.Load() == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	next := int64(0)
+	for dest, c := range l.conds {
+		if c.healthy.IsZero() {
+			continue
+		}
+		if at := c.healthy.Add(dlqSettle); !all && now.Before(at) {
+			if ms := at.UnixMilli(); next == 0 || ms < next {
+				next = ms
+			}
+			continue
+		}
+		delete(l.conds, dest)
+		l.active.Add(-1)
+		fields := append([]zap.Field{zap.String("dlq", dest)}, c.dlqEndFields(c.healthy)...)
+		if c.flaps > 0 {
+			fields = append(fields, zap.Int("flaps", c.flaps))
+		}
+		l.log.Info(msgDLQRecovered, fields...)
+	}
+	l.settleAt.Store(next)
+}
+
+// dlqEndFields are the fields of the line that ends c, which ended at
+// end.
+func (c *dlqCond) dlqEndFields(end time.Time) []zap.Field {
+	fields := c.endFields(end)
 	if c.parks > 0 {
 		fields = append(fields, zap.Int("parked", c.parks))
 	}

@@ -541,6 +541,7 @@ func (e *Engine) recover() error {
 		s.pendingG.Set(float64(s.pending))
 		e.shards[i] = s
 	}
+	e.dlqLines.wake = e.shards[0].wake
 	// Fill the wheels with everything due before now+Horizon (overdue
 	// included), shards in parallel: after a long outage this is the bulk
 	// of the recovery time.

@@ -58,6 +58,8 @@ func (e *Engine) Run(ctx context.Context, sink Sink) error {
 		}()
 	}
 	wg.Wait()
+	// A DLQ recovered and settling says so before the engine stops.
+	e.dlqLines.settle(e.clk.Now(), true)
 	return nil
 }
 
@@ -157,6 +159,9 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 		// goes now (recover.go).
 		s.e.probeOutages(now)
 		s.clearFired(now)
+		if at := s.e.dlqLines.settleAt.Load(); at != 0 && at <= now {
+			s.e.dlqLines.settle(s.e.clk.Now(), false)
+		}
 		s.mu.Lock()
 		s.rebaseLocked(now)
 		s.drainLocked()
@@ -237,6 +242,9 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 			}
 			if at := s.e.outages.probeAt.Load(); at != 0 && at < wake {
 				wake = at // a probe of a down group
+			}
+			if at := s.e.dlqLines.settleAt.Load(); at != 0 && at < wake {
+				wake = at // the end of a recovered DLQ's settle time
 			}
 			s.mu.Unlock()
 			s.park(ctx, timer, wake, false)
