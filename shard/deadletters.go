@@ -360,33 +360,47 @@ func (s *shard) dlFailedLocked(seq uint64, fire int64, dest string, err error, r
 	f.fire, f.dest = fire, dest
 	s.dlSetLocked(seq, f)
 	if ok {
-		s.dlLeftLocked(prev)
+		s.dlLeftLocked(prev, false)
 	}
 	return parkedNow
 }
 
 // dlLeftLocked notes prev's DLQ in dlqLeft if prev, a failure the shard
 // no longer counts as such, was its last failing dead letter of that DLQ
-// that is not parked (see dlqClearedLocked).
-func (s *shard) dlLeftLocked(prev dlFailure) {
+// that is not parked (see dlqClearedLocked); gone: it left the store
+// (dropped), noted in dlqGone.
+func (s *shard) dlLeftLocked(prev dlFailure, gone bool) {
 	if prev.parked || prev.dest == "" {
 		return
+	}
+	if gone && !slices.Contains(s.dlqGone, prev.dest) {
+		s.dlqGone = append(s.dlqGone, prev.dest)
 	}
 	if _, failing := s.dlByDest[prev.dest]; !failing && !slices.Contains(s.dlqLeft, prev.dest) {
 		s.dlqLeft = append(s.dlqLeft, prev.dest)
 	}
 }
 
-// dlDoneLocked forgets the dead letter seq: its DLQ acknowledged it, or it
-// left the store. It reports whether it was parked.
+// dlDoneLocked forgets the dead letter seq: its DLQ acknowledged it. It
+// reports whether it was parked.
 func (s *shard) dlDoneLocked(seq uint64) (wasParked bool) {
+	return s.dlForgetLocked(seq, false)
+}
+
+// dlGoneLocked forgets the dead letter seq: it left the store (dropped by
+// an operator, gone before it was read) or no longer decodes.
+func (s *shard) dlGoneLocked(seq uint64) {
+	s.dlForgetLocked(seq, true)
+}
+
+func (s *shard) dlForgetLocked(seq uint64, gone bool) (wasParked bool) {
 	f, ok := s.dlFailing[seq]
 	if !ok {
 		return false
 	}
 	delete(s.dlFailing, seq)
 	s.dlUncountLocked(f)
-	s.dlLeftLocked(f)
+	s.dlLeftLocked(f, gone)
 	if f.parked {
 		s.e.m.DeadLettersParkedNow.Dec()
 	}
@@ -411,8 +425,8 @@ func (l *dlLast) note(f dlFailure) {
 // since the count was last 0. That failure stays after its own dead letter
 // was acknowledged or parked, until another of them fails again (within
 // Retry.Max): Err names it as the DLQ's last failure, which the counts do
-// not depend on. Failures read at open, whose DLQ is unknown until they
-// fail again, share the DLQ "".
+// not depend on. Failures read at open whose dead letter does not decode,
+// so that their DLQ is unknown until they fail again, share the DLQ "".
 type dlDest struct {
 	n    int
 	last dlLast
@@ -568,10 +582,19 @@ func (s *shard) loadDLFailuresLocked() error {
 		if !ok {
 			return false, nil
 		}
-		if _, found, err := getCopy(e.db, appendTaskKey(nil, s.id, fire, seq)); err != nil || !found {
+		val, found, err := getCopy(e.db, appendTaskKey(nil, s.id, fire, seq))
+		if err != nil || !found {
 			return false, err
 		}
-		s.dlSetLocked(seq, dlFailure{err: fmt.Errorf("%w (before the last restart): %s", errDLFailedBefore, text), at: e.dlTick.Add(1), parked: parked, fire: fire})
+		// Its DLQ, so that the failure is logged and ends as any
+		// (logRestoredDLQs); one that does not decode is found so by the
+		// fire loop.
+		var t codec.Task
+		dest := ""
+		if codec.DecodeTask(val, &t) == nil {
+			dest = t.Destination()
+		}
+		s.dlSetLocked(seq, dlFailure{err: fmt.Errorf("%w (before the last restart): %s", errDLFailedBefore, text), at: e.dlTick.Add(1), parked: parked, fire: fire, dest: dest})
 		if parked {
 			e.m.DeadLettersParkedNow.Inc()
 		}

@@ -138,7 +138,7 @@ func TestDeadLetterSums(t *testing.T) {
 		case r < 7:
 			s.dlFailedLocked(seq, int64(step), dests[1+rng.IntN(len(dests)-1)], fmt.Errorf("refusal %d", step), true)
 		case r < 8:
-			// As loadDLFailuresLocked: a failure read at open, its DLQ
+			// As loadDLFailuresLocked for a dead letter that does not decode: its DLQ
 			// unknown until it fails again.
 			if _, ok := s.dlFailing[seq]; !ok {
 				s.dlSetLocked(seq, dlFailure{err: fmt.Errorf("before %d", step), at: h.e.dlTick.Add(1), parked: rng.IntN(2) == 0, fire: int64(step)})

@@ -16,6 +16,7 @@ import (
 const (
 	msgDLQFailing   = "dead-letter delivery failing; retrying with backoff, nothing is dropped (a source partition does not commit past a dead letter of its own)"
 	msgDLQRecovered = "dead-letter delivery recovered"
+	msgDLQDropped   = "dead-letter delivery failure over: its failing dead letters were dropped (or parked), none reached the DLQ since it last failed"
 	msgDLQParked    = "dead letter parked: its DLQ refused it as this message at the last attempt of the retry policy; its source commits past it, it stays in the store and is retried with backoff until the DLQ takes it"
 )
 
@@ -72,6 +73,10 @@ type dlqCond struct {
 	// a flap, counted in flaps.
 	healthy time.Time
 	flaps   int
+	// dropped: some of its failing dead letters left the store (an
+	// operator dropped them): with none failing and no delivery, the
+	// failure ends, saying so.
+	dropped bool
 }
 
 // dlqSettle is how long a DLQ that recovered must stay so before its
@@ -181,9 +186,37 @@ func (l *dlqLines) delivered(now time.Time, shard int, dest string, left int) {
 	l.overLocked(now, dest, c)
 }
 
+// restored begins dest's failure at open with failing, the dead letters
+// of each shard that were failing at the last restart, the last with err,
+// and logs it.
+func (l *dlqLines) restored(now time.Time, dest string, failing map[int]int, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.condLocked(now, dest)
+	total, first := 0, -1
+	for shard, n := range failing {
+		c.failing[shard] = n
+		c.affected[shard] = true
+		total += n
+		if first < 0 || shard < first {
+			first = shard
+		}
+	}
+	c.text = err.Error()
+	c.key = logthrottle.Shape(c.text)
+	fields, ok := c.fail(now, first, c.key)
+	if !ok {
+		return
+	}
+	if ce := l.log.Check(zap.ErrorLevel, msgDLQFailing); ce != nil {
+		ce.Write(append([]zap.Field{zap.String("dlq", dest), zap.Int("dead_letters", total), zap.Error(err)}, fields...)...)
+	}
+}
+
 // cleared notes that shard has no dead letter of dest failing any more
-// (parked ones aside): its last one was acknowledged, parked or dropped.
-func (l *dlqLines) cleared(now time.Time, shard int, dest string) {
+// (parked ones aside): its last one was acknowledged, parked or dropped
+// (gone: one left the store).
+func (l *dlqLines) cleared(now time.Time, shard int, dest string, gone bool) {
 	if l.active.Load() == 0 {
 		return
 	}
@@ -196,6 +229,7 @@ func (l *dlqLines) cleared(now time.Time, shard int, dest string) {
 	if _, ok := c.failing[shard]; !ok {
 		return
 	}
+	c.dropped = c.dropped || gone
 	delete(c.failing, shard)
 	l.overLocked(now, dest, c)
 }
@@ -204,7 +238,16 @@ func (l *dlqLines) cleared(now time.Time, shard int, dest string) {
 // it and it took a dead letter since it last failed: it ends, with its
 // line, once it stayed so for dlqSettle (settle).
 func (l *dlqLines) overLocked(now time.Time, dest string, c *dlqCond) {
-	if len(c.failing) > 0 || !c.delivered || !c.healthy.IsZero() {
+	if len(c.failing) > 0 || !c.healthy.IsZero() {
+		return
+	}
+	if !c.delivered {
+		if c.dropped {
+			// Nothing is left to deliver: said now, not as a recovery.
+			delete(l.conds, dest)
+			l.active.Add(-1)
+			l.log.Info(msgDLQDropped, append([]zap.Field{zap.String("dlq", dest)}, c.dlqEndFields(now)...)...)
+		}
 		return
 	}
 	c.healthy = now

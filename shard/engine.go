@@ -22,6 +22,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -229,8 +230,9 @@ type shard struct {
 	statsNext, statsHeld statsRead
 	// dlqLeft: the DLQs whose last failing dead letter of the shard (not
 	// parked) left dlByDest since dlqClearedLocked last ran: acknowledged,
-	// parked or dropped (dlqlog.go).
-	dlqLeft []string
+	// parked or dropped (dlqlog.go); dlqGone: those of them that one left
+	// by leaving the store (dropped).
+	dlqLeft, dlqGone []string
 	// lanes: per target transport, the fire batch in flight and its
 	// outage (see lane.go), so a target that holds a publish or cannot be
 	// reached delays only its own transport's tasks.
@@ -593,7 +595,37 @@ func (e *Engine) recover() error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("shard: recover: %w", err)
 	}
+	e.logRestoredDLQs()
 	return nil
+}
+
+// logRestoredDLQs logs, per DLQ, the dead letters that were failing (not
+// parked) at the last restart, and begins their failure, which ends as
+// any: a DLQ that failed before a restart and took them after it logged
+// neither (TestDLQFailingAcrossRestart).
+func (e *Engine) logRestoredDLQs() {
+	byDest := map[string]map[int]int{}
+	last := map[string]dlLast{}
+	for _, s := range e.shards {
+		s.mu.Lock()
+		for dest, d := range s.dlByDest {
+			if dest == "" {
+				continue
+			}
+			if byDest[dest] == nil {
+				byDest[dest] = map[int]int{}
+			}
+			byDest[dest][s.id] = d.n
+			if l, ok := last[dest]; !ok || d.last.at > l.at {
+				last[dest] = d.last
+			}
+		}
+		s.mu.Unlock()
+	}
+	now := e.clk.Now()
+	for _, dest := range slices.Sorted(maps.Keys(byDest)) {
+		e.dlqLines.restored(now, dest, byDest[dest], last[dest].err)
+	}
 }
 
 func (e *Engine) nowMs() int64 { return e.clk.Now().UnixMilli() }
@@ -741,7 +773,7 @@ func (s *shard) drainLocked() {
 		// or a second drop of the same entry would find it stuck again.
 		for _, seq := range head.dels {
 			s.forgetUndecodableLocked(seq)
-			s.dlDoneLocked(seq)
+			s.dlGoneLocked(seq)
 		}
 		s.dlqClearedLocked()
 		s.dropOverlayLocked(head)

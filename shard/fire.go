@@ -908,7 +908,7 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 		s.clearLateLocked(it.seq)
 		switch {
 		case !it.corrupt:
-			s.dlDoneLocked(it.seq)
+			s.dlGoneLocked(it.seq)
 			// Gone from the store before it was read: a replace, a
 			// cancel or an operator's drop claimed after the entry was
 			// (counted here, as no delivery is left to count it), or an
@@ -919,7 +919,7 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 			// as undecodable only, not as failing too (Err counted it in
 			// both).
 			_, failing := s.dlFailing[it.seq]
-			s.dlDoneLocked(it.seq)
+			s.dlGoneLocked(it.seq)
 			s.noteUndecodableLocked(it.fire, it.seq, it.decodeErr, failing)
 		default:
 			// Undecodable, and a replace, cancel or drop deleting it:
@@ -1399,14 +1399,16 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 }
 
 // logDLQsLocked tells the engine's dlqLines, at now, about the DLQs the
-// round's dead letters failed for (fails), those of which the shard has
-// no dead letter failing any more (dlqClearedLocked), and each DLQ the
-// round delivered dead letters to (those of items at acked), in that
+// round's dead letters failed for (fails), each DLQ the round delivered
+// dead letters to (those of items at acked), and those of which the
+// shard has no dead letter failing any more (dlqClearedLocked), in that
 // order: a DLQ that took one dead letter of the shard and failed for
-// another in the round still fails. Per DLQ: a second DLQ that began to
+// another in the round still fails, and one whose last failing dead
+// letter of the shard it took is not taken for one whose failing dead
+// letters were all dropped (TestDLQRecoveredAcrossShards). Per DLQ: a second DLQ that began to
 // fail while another failed in every shard was never logged (hunt H204);
-// once per engine, not per shard (review R200). Failures read at open,
-// whose DLQ is not known until they fail again, are not named.
+// once per engine, not per shard (review R200). Failures read at open
+// were logged then (logRestoredDLQs).
 func (s *shard) logDLQsLocked(now time.Time, fails []dlqFailure, items []fireItem, acked []int) {
 	e := s.e
 	for _, f := range fails {
@@ -1416,7 +1418,7 @@ func (s *shard) logDLQsLocked(now time.Time, fails []dlqFailure, items []fireIte
 		}
 		e.dlqLines.failed(now, s.id, f, n)
 	}
-	s.dlqClearedLocked()
+	defer s.dlqClearedLocked()
 	if e.dlqLines.active.Load() == 0 {
 		return
 	}
@@ -1448,10 +1450,10 @@ func (s *shard) dlqClearedLocked() {
 	}
 	for _, dest := range s.dlqLeft {
 		if _, failing := s.dlByDest[dest]; !failing {
-			s.e.dlqLines.cleared(s.e.clk.Now(), s.id, dest)
+			s.e.dlqLines.cleared(s.e.clk.Now(), s.id, dest, slices.Contains(s.dlqGone, dest))
 		}
 	}
-	s.dlqLeft = s.dlqLeft[:0]
+	s.dlqLeft, s.dlqGone = s.dlqLeft[:0], s.dlqGone[:0]
 }
 
 // dlDrop is a dead letter of a fire batch (its index) that an operator

@@ -455,7 +455,7 @@ func (e *Engine) DropStuck(shardID int, seq uint64) error {
 	}
 	s.mu.Lock()
 	// The fire loop may have done it already, having found the key gone.
-	s.dlDoneLocked(seq)
+	s.dlGoneLocked(seq)
 	s.dlqClearedLocked()
 	s.forgetUndecodableLocked(seq)
 	s.mu.Unlock()
