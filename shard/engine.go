@@ -121,6 +121,7 @@ type Engine struct {
 	testHookIngestDecided func()       // an Ingest decided, before it applies
 	testHookLookupWaits   func()       // a Lookup waits for the write its entry comes from
 	testHookClaimRead     func(n int)  // a fire loop read the envelopes of n claimed entries, before it hands them to their lanes
+	testHookStatsRead     func()       // Stats read a shard's first stored task and oldest held one, before it keeps them
 	loadPage              int          // most stored tasks one loadLocked reads (defaultLoadPage; tests set less)
 	// testHookBeginPublish sees each batch under its shard's lock right
 	// after deliver's last supersession check, where its publish begins.
@@ -228,6 +229,7 @@ type shard struct {
 	// oldest held due as Stats last read them without error, for one
 	// whose read fails.
 	statsNext, statsHeld statsRead
+	statsSeq             uint64 // numbers Stats's reads, each made under mu
 	// dlqLeft: the DLQs whose last failing dead letter of the shard (not
 	// parked) left dlByDest since dlqClearedLocked last ran: acknowledged,
 	// parked or dropped (dlqlog.go); dlqGone: those of them that one left
@@ -1600,10 +1602,16 @@ func (e *Engine) Stats() Stats {
 		var (
 			stored *pebble.Iterator
 			nerr   error // reading the first stored task
+			held   *pebble.Iterator
+			herr   error // reading the held tasks
 		)
 		if inWheel || s.pending > 0 {
 			stored, nerr = s.storedIterLocked(from)
 		}
+		// The number of this read, made now: only a later one replaces
+		// the values it keeps (statsRead).
+		s.statsSeq++
+		seq := s.statsSeq
 		// Claimed but not delivered yet: a batch being published, and
 		// due tasks set aside while their lane is stuck.
 		claimedDue, parkedFire, parked := s.lanesDueLocked()
@@ -1615,6 +1623,9 @@ func (e *Engine) Stats() Stats {
 		}
 		for l := range s.lanes {
 			ss.Held += s.lanes[l].hold.n
+		}
+		if ss.Held > 0 {
+			held, herr = s.heldIterLocked()
 		}
 		if claimedDue <= now && (!isLate || claimedDue < late) {
 			late, isLate = claimedDue, true
@@ -1628,23 +1639,25 @@ func (e *Engine) Stats() Stats {
 		var (
 			heldDue int64
 			hasHeld bool
-			herr    error // reading the held tasks
 		)
-		if ss.Held > 0 {
-			heldDue, hasHeld, herr = s.heldOldestDue()
+		if held != nil {
+			heldDue, hasHeld, herr = s.heldOldestDue(held)
+		}
+		if h := e.testHookStatsRead; h != nil {
+			h()
 		}
 		// A read that fails (a disk's I/O error) gives the last values
 		// read without error, not none or those of the part read, and is
 		// logged once per engine (storeLines).
 		s.mu.Lock()
-		next, ok = s.statsNext.use(next, ok, nerr)
+		next, ok = s.statsNext.use(next, ok, nerr, seq)
 		if nerr != nil && inWheel && (!ok || next < from) {
 			// The wheel's earliest entry is at or after from, and the
 			// store holds no task between the two: the last one read
 			// has fired since.
 			next, ok = from, true
 		}
-		heldDue, hasHeld = s.statsHeld.use(heldDue, hasHeld, herr)
+		heldDue, hasHeld = s.statsHeld.use(heldDue, hasHeld, herr, seq)
 		s.mu.Unlock()
 		if err := errors.Join(nerr, herr); err != nil {
 			e.storeLines.failed(e.clk.Now(), zap.WarnLevel, msgStatsReadFailed, s.id, err)
@@ -1728,18 +1741,25 @@ func firstFire(it *pebble.Iterator) (fire int64, ok bool, err error) {
 }
 
 // statsRead is a time Stats read from the store without error (ok false:
-// none), kept for a read that fails.
+// none), kept for a read that fails, with the number of its read (seq,
+// shard.statsSeq).
 type statsRead struct {
-	at int64
-	ok bool
+	at  int64
+	ok  bool
+	seq uint64
 }
 
-// use returns at and ok as read, and keeps them, when err is nil, and
-// otherwise the last ones read without error (none if no read succeeded
-// yet).
-func (r *statsRead) use(at int64, ok bool, err error) (int64, bool) {
+// use returns at and ok as read by read number seq when err is nil, and
+// keeps them unless a later read's are kept already: two Stats calls
+// racing kept theirs in the order they finished, so the slower one's
+// older values replaced the newer ones (TestStatsLastGoodMonotonic).
+// With err, it returns the last ones read without error (none if no read
+// succeeded yet).
+func (r *statsRead) use(at int64, ok bool, err error, seq uint64) (int64, bool) {
 	if err == nil {
-		*r = statsRead{at, ok}
+		if seq > r.seq {
+			*r = statsRead{at, ok, seq}
+		}
 		return at, ok
 	}
 	return r.at, r.ok

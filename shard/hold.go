@@ -383,17 +383,24 @@ func (h *holdState) endBackoff(g int64) {
 	h.next = 0
 }
 
-// heldOldestDue is the earliest due time of the shard's held tasks (for
-// Stats): the first key of each target group holds the group's oldest,
-// so one seek per group, keys only, without the shard lock. ok is false
-// for none. A read that fails (a step or a seek ending in an I/O error,
-// which Pebble clears at the next seek) returns its error: what was read
-// before it is not the oldest, only that of the groups it reached.
-func (s *shard) heldOldestDue() (due int64, ok bool, err error) {
+// heldIterLocked returns an iterator over the shard's held tasks, which
+// reads the store as it was when made (under the shard lock, Stats).
+func (s *shard) heldIterLocked() (*pebble.Iterator, error) {
 	it, err := s.e.db.NewIter(&pebble.IterOptions{LowerBound: taskBound(s.id, heldBase), UpperBound: taskBound(s.id+1, 0)})
 	if err != nil {
-		return 0, false, fmt.Errorf("shard %d: read held tasks: %w", s.id, err)
+		return nil, fmt.Errorf("shard %d: read held tasks: %w", s.id, err)
 	}
+	return it, nil
+}
+
+// heldOldestDue is the earliest due time of the shard's held tasks (for
+// Stats) read with it (heldIterLocked), which it closes: the first key
+// of each target group holds the group's oldest, so one seek per group,
+// keys only, without the shard lock. ok is false for none. A read that
+// fails (a step or a seek ending in an I/O error, which Pebble clears at
+// the next seek) returns its error: what was read before it is not the
+// oldest, only that of the groups it reached.
+func (s *shard) heldOldestDue(it *pebble.Iterator) (due int64, ok bool, err error) {
 	for valid := it.First(); valid; {
 		_, fire, _, kok := parseTaskKey(it.Key())
 		if !kok || !isHeld(fire) {
