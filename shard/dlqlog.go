@@ -34,6 +34,11 @@ const (
 // dropped. A shard skipped "recovered" in a round that parked one of the
 // DLQ's dead letters, and the next round no longer found the DLQ failing
 // in it, so the DLQ never logged its recovery (TestDLQRecoveredAfterPark).
+// The recovered line waits until the DLQ stayed so for dlqSettle; a
+// failure whose failing dead letters were dropped, none delivered, ends
+// at once with its own line (msgDLQDropped); parks are throttled per DLQ
+// (parked); dead letters failing at a restart are logged at open
+// (restored).
 type dlqLines struct {
 	log *zap.Logger
 	// wake wakes a fire loop, to end an episode at settleAt (settle).
