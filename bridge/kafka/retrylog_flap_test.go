@@ -1,0 +1,40 @@
+package kafka
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// TestRetryLogFlappingThrottled (review R210, failing: bridge/kafka is
+// another helper's): since the end line resets the throttle (d8d0aa4), a
+// partition that fails and goes on by turns (a store hovering at its
+// free-space reserve, where each fire frees room for one batch; a leader
+// flapping) logs its failure and its end at every turn: no throttle at
+// all. Before d8d0aa4 the throttle held the failures to one per 30 s.
+// A run of outages within one interval should cost a few lines, not two
+// a turn.
+func TestRetryLogFlappingThrottled(t *testing.T) {
+	t.Skip("failing: the fix is in bridge/kafka (retrylog.go), another helper's; see the R210 report")
+	core, logs := observer.New(zap.InfoLevel)
+	log := zap.New(core)
+	now := time.Unix(1_000_000, 0)
+	r := &retryLog{end: "batches stored again", now: func() time.Time { return now }}
+	errFull := errors.New("store: volume low on space: 90 MiB free, reserve 100 MiB")
+	const turns = 100 // one every 100 ms: 10 s, within one interval
+	for range turns {
+		r.failed(log, zapcore.WarnLevel, CheckpointKey("delay", 0), "handle failed; retrying the same batch", errFull)
+		now = now.Add(50 * time.Millisecond)
+		r.ok(log, CheckpointKey("delay", 0), true)
+		now = now.Add(50 * time.Millisecond)
+	}
+	fails := logs.FilterMessage("handle failed; retrying the same batch").Len()
+	ends := logs.FilterMessage("batches stored again").Len()
+	if fails > 2 || ends > 2 {
+		t.Fatalf("%d turns of fail and store again in %v: %d failure and %d end lines, want at most 2 of each", turns, turns*100*time.Millisecond, fails, ends)
+	}
+}
