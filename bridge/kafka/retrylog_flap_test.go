@@ -38,3 +38,25 @@ func TestRetryLogFlappingThrottled(t *testing.T) {
 		t.Fatalf("%d turns of fail and store again in %v: %d failure and %d end lines, want at most 2 of each", turns, turns*100*time.Millisecond, fails, ends)
 	}
 }
+
+// TestHandleFailOneLineAcrossTopics (review R210, failing: bridge/kafka
+// is another helper's): ed6f5ac keys the retry lines per topic, the
+// handler's too, but a handler that fails is the store (a failed fsync,
+// the volume's reserve), one cause for every topic: a source of 10 delay
+// topics logs 10 "handle failed" lines per 30 s where one says it all.
+// Per topic suits what a topic can have on its own (a read ACL, a leader).
+func TestHandleFailOneLineAcrossTopics(t *testing.T) {
+	t.Skip("failing: the fix is in bridge/kafka (retrylog.go / source.go), another helper's; see the R210 report")
+	core, logs := observer.New(zap.InfoLevel)
+	log := zap.New(core)
+	now := time.Unix(1_000_000, 0)
+	r := &retryLog{end: "batches stored again", now: func() time.Time { return now }}
+	errFull := errors.New("store: volume low on space: 90 MiB free, reserve 100 MiB")
+	for i := range 10 {
+		now = now.Add(100 * time.Millisecond)
+		r.failed(log, zapcore.WarnLevel, CheckpointKey("tenant"+string(rune('a'+i))+"-delay", 0), "handle failed; retrying the same batch", errFull)
+	}
+	if n := logs.FilterMessage("handle failed; retrying the same batch").Len(); n != 1 {
+		t.Fatalf("the store refusing the batches of 10 topics: %d lines, want 1 (then one per 30 s)", n)
+	}
+}
