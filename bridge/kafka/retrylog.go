@@ -20,9 +20,14 @@ import (
 // topic and shape of its error (offsets, batch sizes and other numbers
 // aside) across the topic's partitions, with the count held back; and an
 // outage, from a first failing partition until a partition goes on with
-// none failing, ends with one Info line (end) if any of its lines was
-// logged, so the log says when the partitions go on. That line ends the
-// throttle's run too: a failure after it is logged at once.
+// none failing, ends with one Info line (end), so the log says when the
+// partitions go on: at once if a failure line was logged since the last
+// end line, else (an outage whose lines were all held back) once per
+// logthrottle.DefaultEvery with the count of ends held back
+// (logthrottle.Episode). The end line does not restart the throttle
+// (review R210: it did, since d8d0aa4, so a partition failing and going
+// on by turns, a store at its free-space reserve or a flapping leader,
+// logged a failure and an end line at every turn).
 //
 // An outage outlives the partitions revoked from this member while they
 // failed (a rebalance, a rolling restart of the other members): it goes
@@ -34,6 +39,7 @@ type retryLog struct {
 	end string           // the Info line at the end of an outage
 	now func() time.Time // nil: time.Now (tests set it)
 	th  logthrottle.Throttle
+	ep  logthrottle.Episode // the end lines
 
 	mu      sync.Mutex
 	open    bool          // an outage is on: a try failed, no partition went on since with none failing
@@ -41,7 +47,6 @@ type retryLog struct {
 	tries   int           // failed tries of this outage
 	parts   map[part]bool // the partitions that failed in this outage
 	since   time.Time     // the outage's first failure
-	logged  bool          // a line of this outage was logged
 }
 
 // part is a topic partition, as the worker that logs its lines knows it
@@ -77,14 +82,16 @@ func (r *retryLog) failed(log *zap.Logger, level zapcore.Level, p part, msg stri
 	if !r.open {
 		r.open = true
 		r.failing, r.parts = map[part]bool{}, map[part]bool{}
-		r.tries, r.since, r.logged = 0, now, false
+		r.tries, r.since = 0, now
 	}
 	r.failing[p], r.parts[p] = true, true
 	r.tries++
-	// Under r.mu: an end line between this try's verdict and its outage
-	// would start the throttle again after the verdict.
+	// Under r.mu: an end line between this try's verdict and its note
+	// in r.ep would let the line out with no end line after it.
 	suppressed, forgotten, ok := r.th.AllowEachForgotten(now, shape)
-	r.logged = r.logged || ok
+	if ok {
+		r.ep.Logged()
+	}
 	r.mu.Unlock()
 	if ok {
 		log.Log(level, msg, withForgotten(append(fields, zap.Int("held_back", suppressed)), forgotten)...)
@@ -103,8 +110,8 @@ func withForgotten(f []zap.Field, forgotten int) []zap.Field {
 
 // ok notes that partition p goes on (read is true) or that this
 // member stopped reading it (its next owner reports it). A partition that
-// goes on while none fails ends the outage, logging its end if a line of
-// it was logged.
+// goes on while none fails ends the outage, logging its end as r.ep lets
+// it.
 func (r *retryLog) ok(log *zap.Logger, p part, read bool) {
 	r.mu.Lock()
 	if !r.open {
@@ -117,15 +124,15 @@ func (r *retryLog) ok(log *zap.Logger, p part, read bool) {
 		return
 	}
 	r.open = false
-	if !r.logged {
-		r.mu.Unlock()
+	now := r.clock()
+	held, ok := r.ep.End(now)
+	parts, tries, since := len(r.parts), r.tries, r.since
+	r.mu.Unlock()
+	if !ok {
 		return
 	}
-	r.th.Reset()
-	parts, tries, since := len(r.parts), r.tries, r.since
-	now := r.clock()
-	r.mu.Unlock()
 	log.Info(r.end,
 		zap.Int("partitions_failed", parts), zap.Int("failed_tries", tries),
-		zap.Duration("failing_for", now.Sub(since).Round(time.Millisecond)))
+		zap.Duration("failing_for", now.Sub(since).Round(time.Millisecond)),
+		zap.Int("held_back", held))
 }

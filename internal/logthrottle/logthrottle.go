@@ -162,3 +162,50 @@ func Shape(s string) string {
 	}
 	return string(b)
 }
+
+// Episode decides the end line of a run of throttled failures ("batches
+// stored again" after "handle failed"), for failures that come and go by
+// turns (a store hovering at its free-space reserve, a flapping leader).
+// The end line is logged at once when a failure line was logged since the
+// last end line, so a failure line is always followed by an end line once
+// the failures stop; a run whose failure lines were all held back (it
+// began within the failure throttle's interval) counts as logged too, but
+// its end is itself throttled: one per Every, with the count held back.
+// The failure throttle is not reset by the end line (review R210: a
+// Reset there let a failure and an end line through at every turn of a
+// flapping cause, 200 lines for 100 turns in 10 s). The zero value is
+// ready; it is safe for concurrent use.
+type Episode struct {
+	Every time.Duration // 0: DefaultEvery
+
+	mu      sync.Mutex
+	pending bool      // a failure line was logged, its end line not yet
+	last    time.Time // the last end line
+	held    int       // end lines held back since the last one
+}
+
+// Logged notes that a failure line was logged: the next End is let
+// through.
+func (e *Episode) Logged() {
+	e.mu.Lock()
+	e.pending = true
+	e.mu.Unlock()
+}
+
+// End reports whether to log the end of a run of failures at now and how
+// many end lines were held back since the last one.
+func (e *Episode) End(now time.Time) (held int, ok bool) {
+	every := e.Every
+	if every <= 0 {
+		every = DefaultEvery
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.pending && !e.last.IsZero() && now.Sub(e.last) < every {
+		e.held++
+		return 0, false
+	}
+	held, e.held = e.held, 0
+	e.pending, e.last = false, now
+	return held, true
+}

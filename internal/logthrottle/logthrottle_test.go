@@ -224,3 +224,33 @@ func TestThrottleForgottenCount(t *testing.T) {
 		t.Fatalf("a forgotten key back: ok=%v held=%d forgotten=%d, want a line with 0 and 0 (its count went with the line before)", ok, held, forgotten)
 	}
 }
+
+// TestEpisode (review R210): a failure line is always followed by an end
+// line (at once, whatever the interval); the ends of runs whose failure
+// lines were all held back are one per Every, with the count held back.
+func TestEpisode(t *testing.T) {
+	t0 := time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC)
+	var e Episode
+	for i, c := range []struct {
+		at     time.Duration
+		logged bool // a failure line logged before this end
+		ok     bool
+		held   int
+	}{
+		{0, true, true, 0},
+		{time.Second, false, false, 0},                 // a run held back: its end too
+		{2 * time.Second, false, false, 0},             // again
+		{3 * time.Second, true, true, 2},               // a failure line: its end at once
+		{4 * time.Second, true, true, 0},               // and again, within Every
+		{5 * time.Second, false, false, 0},             // held
+		{DefaultEvery + 4*time.Second, false, true, 1}, // Every after the last end line
+	} {
+		if c.logged {
+			e.Logged()
+		}
+		held, ok := e.End(t0.Add(c.at))
+		if ok != c.ok || held != c.held {
+			t.Fatalf("step %d (%v, logged %v): ok=%v held=%d, want ok=%v held=%d", i, c.at, c.logged, ok, held, c.ok, c.held)
+		}
+	}
+}
