@@ -1,12 +1,17 @@
 package nats
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/delaybridge/delaybridge/bridge"
 )
 
 // TestHandleFailLogThrottled (hunt H204): a store that refuses writes (a
@@ -37,35 +42,88 @@ func TestHandleFailLogThrottled(t *testing.T) {
 	}
 }
 
-// TestHandleFailLoggedAgainAfterEnd (review R200): "batches stored again"
-// ends a run of failures, but the throttle went on: a store failure just
-// after it (within 30 s of the last line) was held back, and, if the
-// store took the batch before the throttle let a line through, its end
-// was not logged either. The end line starts the throttle again, so the
-// next failure is logged at once. The interval is an hour here, so the
-// test does not depend on how fast it runs.
+// errSwitch is a recorder whose message batches fail with err while it
+// is not nil.
+type errSwitch struct {
+	*recorder
+	mu  sync.Mutex
+	err error
+	n   int // failed tries
+}
+
+func (e *errSwitch) Handle(ctx context.Context, b *bridge.Batch) error {
+	if len(b.Items) > 0 {
+		e.mu.Lock()
+		err := e.err
+		if err != nil {
+			e.n++
+		}
+		e.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	return e.recorder.Handle(ctx, b)
+}
+
+func (e *errSwitch) set(err error) {
+	e.mu.Lock()
+	e.err = err
+	e.mu.Unlock()
+}
+
+func (e *errSwitch) fails() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.n
+}
+
+// TestHandleFailLoggedAgainAfterEnd (reviews R200, R210): a failure line
+// is always followed by "batches stored again" once the store takes the
+// batch, but the end line does not restart the throttle (88b29ae did, so
+// a store refusing each batch once logged two lines per batch): a run of
+// failures just after the end line is held back with its end; a failure
+// of another shape is logged at once, and so its end, naming the end held
+// back. The interval is an hour here, so the test does not depend on how
+// fast it runs.
 func TestHandleFailLoggedAgainAfterEnd(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	_, _, js, src := createdSource(t, func(c *Config) { c.Logger = zap.New(core) })
 	src.handleLog.Every = time.Hour
-	h := newRecorder()
-	h.setFail(true)
+	src.handleEp.Every = time.Hour
+	h := &errSwitch{recorder: newRecorder()}
+	h.set(errHandle)
 	publish(t, js, "delay.a", "v1", nil)
 	runSource(t, src, h)
 	const msg = "nats source: handle batch failed; not acked, retrying"
-	for run := 1; run <= 2; run++ {
-		calls := h.numCalls()
-		eventually(t, "the batch failed twice", func() bool { return h.numCalls() >= calls+2 })
-		if n := logs.FilterMessage(msg).Len(); n != run {
-			t.Fatalf("run %d of failures: %d %q lines, want %d (each run's first failure logged at once)", run, n, msg, run)
+	fails := func() int { return logs.FilterMessage(msg).Len() }
+	ends := func() int { return logs.FilterMessageSnippet("batches stored again").Len() }
+	for i, c := range []struct {
+		err         error
+		fails, ends int
+	}{
+		{errHandle, 1, 1}, // the first run: both logged
+		{errHandle, 1, 1}, // the same failure again within the interval: held back, and its end
+		{errors.New("store: volume low on space: 9 MiB free, reserve 10 MiB"), 2, 2}, // another shape: logged, and its end
+	} {
+		v := fmt.Sprint("v", i+1)
+		if i > 0 {
+			h.set(c.err)
+			publish(t, js, "delay.a", v, nil)
 		}
-		h.setFail(false)
-		eventually(t, "the end logged", func() bool { return logs.FilterMessageSnippet("batches stored again").Len() >= run })
-		h.setFail(true)
-		publish(t, js, "delay.a", fmt.Sprint("v", run+1), nil)
+		n := h.fails()
+		eventually(t, "the batch failed twice", func() bool { return h.fails() >= n+2 })
+		h.set(nil)
+		eventually(t, "message "+v+" stored", func() bool { return taken(h.recorder, v) })
+		// The end line follows the store's answer: wait for those due (the
+		// second run's, held back, is counted in the third's held_back).
+		eventually(t, "the end lines", func() bool { return ends() >= c.ends })
+		if fails() != c.fails || ends() != c.ends {
+			t.Fatalf("run %d of failures: %d %q and %d end lines, want %d and %d", i+1, fails(), msg, ends(), c.fails, c.ends)
+		}
 	}
-	if n := logs.FilterMessageSnippet("batches stored again").Len(); n != 2 {
-		t.Fatalf("%d end lines for two runs of failures, want 2", n)
+	if held := logs.FilterMessageSnippet("batches stored again").All()[1].ContextMap()["held_back"]; held != int64(1) {
+		t.Fatalf("the second end line: held_back %v, want 1 (the second run's)", held)
 	}
 }
 

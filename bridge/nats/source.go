@@ -108,15 +108,19 @@ type Source struct {
 	// handleLog throttles handle's line per shape of the error: a store
 	// that refuses writes (a failed fsync, the volume's reserve) fails
 	// the batch at every retry, 6 lines a minute once the backoff reaches
-	// 10 s (hunt H204). handleLogged (handle's caller, Run's goroutine,
-	// only): a line of the current run of failures was logged, so its
-	// end (a batch stored, maybe the next after a restarted consume) is,
-	// with handleTries, the run's failed tries of every batch (review
-	// F211: only the last batch's were counted, those of a batch given
-	// back when Run stopped lost).
-	handleLog    logthrottle.Throttle
-	handleLogged bool
-	handleTries  int
+	// 10 s (hunt H204). handleEp decides the end line of a run of
+	// failures (a batch stored, maybe the next after a restarted
+	// consume): at once if a failure line was logged since the last end
+	// line, else one per interval (logthrottle.Episode); the end line
+	// does not restart handleLog (review R210: it did, since 88b29ae, so
+	// a store refusing each batch once logged a failure and an end per
+	// batch). handleTries (handle's caller, Run's goroutine, only): the
+	// run's failed tries of every batch (review F211: only the last
+	// batch's were counted, those of a batch given back when Run stopped
+	// lost).
+	handleLog   logthrottle.Throttle
+	handleEp    logthrottle.Episode
+	handleTries int
 	// noSourceLog throttles the line about a message on a subject no
 	// source reads (a consumer filter widened by an operator): it was
 	// logged per message (hunt H204), then per subject, up to 65 lines
@@ -2340,13 +2344,10 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 		if err == nil {
 			tries := s.handleTries
 			s.handleTries = 0
-			if s.handleLogged {
-				// The end of the run: the next failure is logged at once
-				// (review R200: the throttle went on, holding back a
-				// failure just after this line, and then its end).
-				s.handleLogged = false
-				s.handleLog.Reset()
-				s.log.Info("nats source: batches stored again", zap.Int("failed_tries", tries))
+			if tries > 0 {
+				if held, ok := s.handleEp.End(time.Now()); ok {
+					s.log.Info("nats source: batches stored again", zap.Int("failed_tries", tries), zap.Int("held_back", held))
+				}
 			}
 			return nil
 		}
@@ -2357,7 +2358,7 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 		s.cfg.Metrics.SourceErrors.WithLabelValues(s.cfg.Stream).Inc()
 		d := bo.next()
 		if suppressed, forgotten, ok := s.handleLog.AllowEachForgotten(time.Now(), logthrottle.Shape(err.Error())); ok {
-			s.handleLogged = true
+			s.handleEp.Logged()
 			s.log.Warn("nats source: handle batch failed; not acked, retrying", withForgotten([]zap.Field{
 				zap.Int("messages", len(b.Items)), zap.Duration("backoff", d), zap.Error(err), zap.Int("held_back", suppressed)}, forgotten)...)
 		}
