@@ -18,7 +18,8 @@ import (
 // and retry (hunt H204: 28 a minute with 3 partitions, about 600 with
 // 100). Each line is logged once per logthrottle.DefaultEvery per message,
 // topic and shape of its error (offsets, batch sizes and other numbers
-// aside) across the topic's partitions, with the count held back; and an
+// aside) across the topic's partitions (across all topics with anyTopic),
+// with the count held back; and an
 // outage, from a first failing partition until a partition goes on with
 // none failing, ends with one Info line (end), so the log says when the
 // partitions go on: at once if a failure line was logged since the last
@@ -36,10 +37,17 @@ import (
 // never had an end line when the new generation's failures were held back
 // by the throttle and the outage ended within DefaultEvery).
 type retryLog struct {
-	end string           // the Info line at the end of an outage
-	now func() time.Time // nil: time.Now (tests set it)
-	th  logthrottle.Throttle
-	ep  logthrottle.Episode // the end lines
+	end string // the Info line at the end of an outage
+	// anyTopic keys the lines without their topic: for failures that are
+	// not the topic's but one cause for all (the handler's, the store's:
+	// a failed fsync, the volume's reserve), one line per interval for
+	// the source's topics (review R210: 10 topics logged 10 lines per
+	// 30 s). The line still names its partition's topic (the worker's
+	// logger).
+	anyTopic bool
+	now      func() time.Time // nil: time.Now (tests set it)
+	th       logthrottle.Throttle
+	ep       logthrottle.Episode // the end lines
 
 	mu      sync.Mutex
 	open    bool          // an outage is on: a try failed, no partition went on since with none failing
@@ -74,6 +82,9 @@ func (r *retryLog) failed(log *zap.Logger, level zapcore.Level, p part, msg stri
 	// read ACL removed from a second topic was held back behind the first
 	// topic's line of the same shape).
 	shape := msg + "\x00" + p.topic
+	if r.anyTopic {
+		shape = msg
+	}
 	if err != nil {
 		shape += "\x00" + logthrottle.Shape(err.Error())
 		fields = append(fields, zap.Error(err))

@@ -58,11 +58,16 @@ func TestRetryLogFlappingThrottled(t *testing.T) {
 // topics logs 10 "handle failed" lines per 30 s where one says it all.
 // Per topic suits what a topic can have on its own (a read ACL, a leader).
 func TestHandleFailOneLineAcrossTopics(t *testing.T) {
-	t.Skip("failing: the fix is in bridge/kafka (retrylog.go / source.go), another helper's; see the R210 report")
 	core, logs := observer.New(zap.InfoLevel)
 	log := zap.New(core)
 	now := time.Unix(1_000_000, 0)
-	r := &retryLog{end: "batches stored again", now: func() time.Time { return now }}
+	// The source's own handleFails, as NewSource sets it up.
+	s, err := NewSource(testConfig(t, []string{"127.0.0.1:1"}, "g", "delay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &s.handleFails
+	r.now = func() time.Time { return now }
 	errFull := errors.New("store: volume low on space: 90 MiB free, reserve 100 MiB")
 	for i := range 10 {
 		now = now.Add(100 * time.Millisecond)
@@ -70,5 +75,13 @@ func TestHandleFailOneLineAcrossTopics(t *testing.T) {
 	}
 	if n := logs.FilterMessage("handle failed; retrying the same batch").Len(); n != 1 {
 		t.Fatalf("the store refusing the batches of 10 topics: %d lines, want 1 (then one per 30 s)", n)
+	}
+	// Fetch failures stay per topic (a read ACL, a leader of one topic).
+	for i := range 2 {
+		s.retries.now = r.now
+		s.retries.failed(log, zapcore.WarnLevel, part{"tenant" + string(rune('a'+i)) + "-delay", 0}, "fetch failed; retrying", errFull)
+	}
+	if n := logs.FilterMessage("fetch failed; retrying").Len(); n != 2 {
+		t.Fatalf("two topics failing to fetch: %d lines, want 2 (one per topic)", n)
 	}
 }

@@ -157,7 +157,7 @@ func NewSource(cfg Config) (*Source, error) {
 		joinWaitLog: joinWaitLogAfter,
 
 		retries:     retryLog{end: "partitions read again: no partition of the source fails to fetch any more"},
-		handleFails: retryLog{end: "batches stored again: no partition of the source fails to store its batch any more"},
+		handleFails: retryLog{end: "batches stored again: no partition of the source fails to store its batch any more", anyTopic: true},
 	}
 	for _, sc := range cfg.Sources {
 		s.topics = append(s.topics, sc.Topic)
