@@ -31,14 +31,21 @@ type committer struct {
 	log    *zap.Logger
 	failed func(topic string) // counts a failed commit
 
-	// fails throttles the "offset commit failed" line while commits keep
-	// failing; wait is the pause before the next retry, doubling from
-	// retry up to maxRetry while they do; failing says the last commit
-	// failed (so the next good one is logged).
+	// fails throttles the "offset commit failed" line per error shape
+	// (an error naming the client's ephemeral port is one failure);
+	// ended decides the line "offset commit succeeded again" after
+	// failures: at once after a logged failure line, else once per
+	// interval, without restarting fails (review R210: it logged after a
+	// failure held back, and restarted the throttle at every success, so
+	// commits failing and succeeding by turns logged two lines a turn).
+	// wait is the pause before the next retry, doubling from retry up to
+	// maxRetry while they do; failing says the last commit failed.
 	fails    logthrottle.Throttle
+	ended    logthrottle.Episode
 	wait     time.Duration
 	maxRetry time.Duration
 	failing  bool
+	now      func() time.Time // nil: time.Now (tests set it)
 
 	mu      sync.Mutex
 	pending offsets
@@ -56,6 +63,13 @@ type rewindWait struct {
 
 func newCommitter(commit func(offsets) error, retry, maxRetry time.Duration, log *zap.Logger, failed func(string)) *committer {
 	return &committer{commit: commit, retry: retry, wait: retry, maxRetry: max(retry, maxRetry), log: log, failed: failed, kick: make(chan struct{}, 1)}
+}
+
+func (c *committer) clock() time.Time {
+	if c.now != nil {
+		return c.now()
+	}
+	return time.Now()
 }
 
 // offer queues next as the offset to commit for topic/partition. Offsets
@@ -166,10 +180,11 @@ func (c *committer) flush() (ok bool) {
 	err := c.commit(p)
 	if err == nil {
 		if c.failing {
-			c.log.Info("offset commit succeeded again", zap.Any("offsets", p))
+			if held, ok := c.ended.End(c.clock()); ok {
+				c.log.Info("offset commit succeeded again", zap.Any("offsets", p), zap.Int("held_back", held))
+			}
 		}
 		c.wait, c.failing = c.retry, false
-		c.fails.Reset()
 		c.mu.Lock()
 		c.committedLocked(p)
 		c.mu.Unlock()
@@ -185,7 +200,8 @@ func (c *committer) flush() (ok bool) {
 	// The next commit carries these unless newer ones replace them; the
 	// store checkpoint covers a crash meanwhile.
 	c.failing = true
-	if n, ok := c.fails.AllowKey(time.Now(), err.Error()); ok {
+	if n, ok := c.fails.AllowKey(c.clock(), logthrottle.Shape(err.Error())); ok {
+		c.ended.Logged()
 		c.log.Warn("offset commit failed; retrying", zap.Any("offsets", p), zap.Error(err), zap.Int("held_back", n))
 	}
 	c.putBack(p)

@@ -38,7 +38,10 @@ type Source struct {
 	rules  map[string]*codec.Rules
 	log    *zap.Logger
 	// notReady throttles awaitTopics' line: a missing delay topic fails
-	// every retry for as long as it is missing.
+	// every retry for as long as it is missing. Keyed by the error's
+	// shape: a connection reset or a read timeout names the client's
+	// ephemeral port, new at each retry (review R210: keyed by its text,
+	// every such retry logged its own line).
 	notReady logthrottle.Throttle
 	// retries throttles the partition workers' retry lines of fetches,
 	// log checks and start positions per topic across its partitions, and says when
@@ -326,7 +329,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		stale.Go(func() { s.removeStaleMember(staleCtx, m, "the previous run's membership, left by a crash") })
 	}
 	joined := false
-	var joinFails logthrottle.Throttle // one line per logthrottle.DefaultEvery while joins fail
+	var joinFails logthrottle.Throttle // one line per logthrottle.DefaultEvery and error shape (ports aside) while joins fail
 	var genEnded <-chan struct{}       // the partition workers of the last generation are done
 	for {
 		if cg == nil {
@@ -384,7 +387,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			for _, t := range s.topics {
 				s.cfg.Metrics.SourceErrors.WithLabelValues(t).Inc()
 			}
-			if suppressed, ok := joinFails.AllowKey(time.Now(), err.Error()); ok {
+			if suppressed, ok := joinFails.AllowKey(time.Now(), logthrottle.Shape(err.Error())); ok {
 				s.log.Warn("join group failed; retrying", zap.Error(err), zap.Int("held_back", suppressed))
 			}
 			continue
@@ -627,7 +630,7 @@ func (s *Source) awaitTopics(ctx context.Context, joined bool) (present []string
 			return nil, nil, err
 		}
 		s.setHealth("group", err)
-		if suppressed, ok := s.notReady.AllowKey(time.Now(), err.Error()); ok {
+		if suppressed, ok := s.notReady.AllowKey(time.Now(), logthrottle.Shape(err.Error())); ok {
 			s.log.Warn("kafka source not ready; retrying", zap.Duration("backoff", wait), zap.Error(err), zap.Int("held_back", suppressed))
 		}
 		if !sleep(ctx, wait) {

@@ -264,8 +264,11 @@ func (c *Config) options() ([]natsgo.Option, error) {
 		}),
 		natsgo.ReconnectErrHandler(func(_ *natsgo.Conn, err error) {
 			// Once per ReconnectWait for as long as the server is down:
-			// the first, then one line per logthrottle.DefaultEvery.
-			if suppressed, ok := reconnectFails.AllowKey(time.Now(), err.Error()); ok {
+			// the first, then one line per logthrottle.DefaultEvery and
+			// error shape (an error naming the client's ephemeral port,
+			// new at each attempt, is one failure; so are a cluster's
+			// servers failing alike, review R210).
+			if suppressed, ok := reconnectFails.AllowKey(time.Now(), logthrottle.Shape(err.Error())); ok {
 				drops.attemptLogged()
 				log.Warn("nats: reconnect attempt failed", zap.Error(err), zap.Int("held_back", suppressed))
 			}
@@ -289,7 +292,7 @@ func (c *Config) options() ([]natsgo.Option, error) {
 				// reports it here, not to ReconnectErrHandler, at every
 				// attempt, once per ReconnectWait and server. Throttled
 				// as a failed reconnect is.
-				if suppressed, ok := reconnectFails.AllowKey(time.Now(), err.Error()); ok {
+				if suppressed, ok := reconnectFails.AllowKey(time.Now(), logthrottle.Shape(err.Error())); ok {
 					drops.attemptLogged()
 					log.Warn("nats: reconnect attempt failed", zap.Error(err), zap.Int("held_back", suppressed))
 				}

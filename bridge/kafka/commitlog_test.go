@@ -1,0 +1,72 @@
+package kafka
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// TestCommitFailLogThrottledAcrossPorts (review R210): "offset commit
+// failed" was throttled by its error's text, and a connection reset
+// names the client's ephemeral port, new at each connection: every retry
+// logged its own line. Keyed by the error's shape: one line.
+func TestCommitFailLogThrottledAcrossPorts(t *testing.T) {
+	var errs []error
+	for i := range 10 {
+		errs = append(errs, fmt.Errorf("write tcp 127.0.0.1:%d->127.0.0.1:9092: write: connection reset by peer", 40000+i))
+	}
+	l := &commitLog{errs: errs}
+	core, logs := observer.New(zap.InfoLevel)
+	c := newCommitter(l.commit, 100*time.Millisecond, 5*time.Second, zap.New(core), func(string) {})
+	now := time.Unix(1_000_000, 0)
+	c.now = func() time.Time { return now }
+	c.offer("a", 0, 5)
+	for range 10 {
+		now = now.Add(time.Second)
+		c.flush()
+	}
+	if n := logs.FilterMessage("offset commit failed; retrying").Len(); n != 1 {
+		t.Fatalf("10 commits reset in 10 s, each naming its own port: %d lines, want 1", n)
+	}
+	now = now.Add(time.Second)
+	c.flush()
+	if n := logs.FilterMessage("offset commit succeeded again").Len(); n != 1 {
+		t.Fatalf("the commit after them: %d end lines, want 1", n)
+	}
+}
+
+// TestCommitFlappingThrottled (review R210): "offset commit succeeded
+// again" was logged after any failed commit, a held-back one too, and
+// restarted the failure throttle: commits failing and succeeding by turns
+// (a coordinator flapping) logged two lines a turn. Now a failure line
+// is followed by one end line, and the turns within the interval after
+// it log nothing.
+func TestCommitFlappingThrottled(t *testing.T) {
+	const turns = 100
+	l := &commitLog{}
+	core, logs := observer.New(zap.InfoLevel)
+	c := newCommitter(l.commit, 100*time.Millisecond, 5*time.Second, zap.New(core), func(string) {})
+	now := time.Unix(1_000_000, 0)
+	c.now = func() time.Time { return now }
+	for i := range turns {
+		l.mu.Lock()
+		l.errs = []error{fmt.Errorf("read tcp 127.0.0.1:%d->127.0.0.1:9092: i/o timeout", 40000+i)}
+		l.mu.Unlock()
+		c.offer("a", 0, int64(i+1))
+		c.flush() // fails
+		now = now.Add(50 * time.Millisecond)
+		c.flush() // succeeds
+		now = now.Add(50 * time.Millisecond)
+	}
+	fails := logs.FilterMessage("offset commit failed; retrying").Len()
+	ends := logs.FilterMessage("offset commit succeeded again").Len()
+	if fails != 1 || ends != 1 {
+		t.Fatalf("%d turns of a failed and a good commit in %v: %d failure and %d end lines, want 1 and 1", turns, turns*100*time.Millisecond, fails, ends)
+	}
+	if last := logs.All()[logs.Len()-1]; last.Message != "offset commit succeeded again" {
+		t.Fatalf("the last line %q, want the end line after the failure line", last.Message)
+	}
+}
