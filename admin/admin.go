@@ -245,27 +245,39 @@ type server struct {
 	// stale token or a client guessing tokens left no trace. Per host
 	// too, or a second client was held back behind the first one's line
 	// (review R200); the throttle bounds the hosts it remembers (64, then
-	// one overflow line per 30 s for the others).
+	// one overflow line per 30 s for the others). The lines held back
+	// for hosts it forgot before their next line are counted in the next
+	// line's held_back_forgotten (review R210). now: nil is time.Now
+	// (tests set it).
 	refused logthrottle.Throttle
+	now     func() time.Time
 }
 
 // logRefused logs a request refused for its token (reason), once per
 // logthrottle.DefaultEvery per reason and client host with the count held
-// back.
+// back (held_back, and held_back_forgotten for hosts forgotten since).
 func (s *server) logRefused(r *http.Request, reason string) {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		host = r.RemoteAddr
 	}
-	held, ok := s.refused.AllowEach(time.Now(), reason+"\x00"+host)
+	now := time.Now
+	if s.now != nil {
+		now = s.now
+	}
+	held, forgotten, ok := s.refused.AllowEachForgotten(now(), reason+"\x00"+host)
 	if !ok {
 		return
 	}
 	// The method cut too: any reaches the token check (a route's 405 is
 	// behind it), up to the 64 KiB of a request line (review R200).
-	s.log.Warn("admin: request refused", zap.String("reason", reason), zap.String("remote", r.RemoteAddr),
+	f := []zap.Field{zap.String("reason", reason), zap.String("remote", r.RemoteAddr),
 		zap.String("method", shard.LogCut(r.Method, 32)), zap.String("path", shard.LogCut(r.URL.EscapedPath(), 256)),
-		zap.Int("suppressed", held))
+		zap.Int("held_back", held)}
+	if forgotten > 0 {
+		f = append(f, zap.Int("held_back_forgotten", forgotten))
+	}
+	s.log.Warn("admin: request refused", f...)
 }
 
 // logProbe logs a probe's reason when it changed since the last call

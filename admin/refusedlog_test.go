@@ -1,9 +1,11 @@
 package admin
 
 import (
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -36,7 +38,7 @@ func TestRefusedRequestsLogged(t *testing.T) {
 	}
 	for _, l := range lines {
 		m := l.ContextMap()
-		for _, k := range []string{"reason", "remote", "path", "suppressed"} {
+		for _, k := range []string{"reason", "remote", "path", "held_back"} {
 			if _, ok := m[k]; !ok {
 				t.Errorf("%q without %s: %v", l.Message, k, m)
 			}
@@ -92,5 +94,33 @@ func TestRefusedRequestLineCutsMethod(t *testing.T) {
 	}
 	if m := lines[0].ContextMap()["method"].(string); len(m) > 64 {
 		t.Fatalf("method logged with %d bytes, want it cut (at most 64)", len(m))
+	}
+}
+
+// TestRefusedRequestsForgottenCounted (review R210): the throttle
+// remembers 64 client hosts; past them, hosts not logged within 30 s are
+// forgotten, and with AllowEach their held-back refusals went with them,
+// reported nowhere. The next line counts them in held_back_forgotten.
+func TestRefusedRequestsForgottenCounted(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	now := time.Unix(1_000_000, 0)
+	s := &server{log: zap.New(core), now: func() time.Time { return now }}
+	refuse := func(remote string) {
+		r := httptest.NewRequest("GET", "/v1/stats", nil)
+		r.RemoteAddr = remote
+		s.logRefused(r, "bad token")
+	}
+	for i := range 64 {
+		refuse(fmt.Sprintf("192.0.2.%d:40000", i))
+		refuse(fmt.Sprintf("192.0.2.%d:40001", i)) // held back
+	}
+	now = now.Add(31 * time.Second)
+	refuse("198.51.100.1:40000") // a new host: the 64 idle ones are forgotten
+	lines := logs.FilterMessage("admin: request refused").All()
+	if len(lines) != 65 {
+		t.Fatalf("%d lines, want 65 (one per host)", len(lines))
+	}
+	if got := lines[64].ContextMap()["held_back_forgotten"]; got != int64(64) {
+		t.Fatalf("the new host's line: held_back_forgotten %v, want 64 (the forgotten hosts' held-back refusals)", got)
 	}
 }

@@ -32,8 +32,12 @@ type Pipeline struct {
 	// stopGrace: see the constant; tests shorten it.
 	stopGrace time.Duration
 	// misspelled throttles the line about a header that looks like a
-	// control header but is not one, per source and header name.
+	// control header but is not one, per source and header name; the
+	// lines held back for names it forgot before their next line are
+	// counted in the next line's held_back_forgotten (review R210). now:
+	// nil is time.Now (tests set it).
 	misspelled logthrottle.Throttle
+	now        func() time.Time
 }
 
 // warnMisspelled says, once per 30 s per source and header name, that
@@ -41,11 +45,20 @@ type Pipeline struct {
 // control header name but is not read: a delay_id ignored gives the task
 // another id, a delay_target its source's default target.
 func (p *Pipeline) warnMisspelled(t *codec.Task, key, name string) {
-	if suppressed, ok := p.misspelled.AllowEach(time.Now(), t.Source+"\x00"+key); ok {
-		p.log.Warn("a header looks like a control header but is not one, so it is not read: the message is taken in without it (a delivered message carries it as an ordinary header)",
-			zap.String("source", t.Source), zap.String("header", key), zap.String("control_header", name),
-			zap.String("origin", t.Origin), zap.String("task_id", t.ID), zap.Int("suppressed", suppressed))
+	now := time.Now
+	if p.now != nil {
+		now = p.now
 	}
+	held, forgotten, ok := p.misspelled.AllowEachForgotten(now(), t.Source+"\x00"+key)
+	if !ok {
+		return
+	}
+	f := []zap.Field{zap.String("source", t.Source), zap.String("header", key), zap.String("control_header", name),
+		zap.String("origin", t.Origin), zap.String("task_id", t.ID), zap.Int("held_back", held)}
+	if forgotten > 0 {
+		f = append(f, zap.Int("held_back_forgotten", forgotten))
+	}
+	p.log.Warn("a header looks like a control header but is not one, so it is not read: the message is taken in without it (a delivered message carries it as an ordinary header)", f...)
 }
 
 // NewPipeline returns a Pipeline ingesting into eng.

@@ -370,3 +370,30 @@ func TestPipelineWaitsForDLQ(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelineMisspelledForgottenCounted (review R210): the throttle of
+// the misspelled-header line remembers 64 source and header names; past
+// them, names not logged within 30 s are forgotten, and with AllowEach
+// their held-back lines went with them. The next line counts them in
+// held_back_forgotten.
+func TestPipelineMisspelledForgottenCounted(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	p := NewPipeline(nil, zap.New(core))
+	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	p.now = func() time.Time { return now }
+	for i := range 64 {
+		src := fmt.Sprint("delay", i)
+		p.warnMisspelled(&codec.Task{Source: src, ID: "a"}, "delay_id", "delay-id")
+		p.warnMisspelled(&codec.Task{Source: src, ID: "b"}, "delay_id", "delay-id") // held back
+	}
+	now = now.Add(31 * time.Second)
+	p.warnMisspelled(&codec.Task{Source: "other", ID: "c"}, "delay_id", "delay-id")
+	lines := logs.FilterMessageSnippet("looks like a control header").All()
+	if len(lines) != 65 {
+		t.Fatalf("%d lines, want 65 (one per source)", len(lines))
+	}
+	m := lines[64].ContextMap()
+	if m["held_back_forgotten"] != int64(64) || m["held_back"] != int64(0) {
+		t.Fatalf("the new source's line: held_back %v, held_back_forgotten %v, want 0 and 64", m["held_back"], m["held_back_forgotten"])
+	}
+}
