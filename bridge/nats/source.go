@@ -97,14 +97,18 @@ type Source struct {
 	// answers its info 503 at once, every 2 s in a quorum loss) is
 	// logged at its first stop and then once per 30 s for the same
 	// error, with the count held back. A batch taken in, or a pull the
-	// server answers on an idle stream, ends the run: the next stop is
-	// logged at once.
+	// server answers on an idle stream, ends the run (stopRun: a stop
+	// since the last end) with "consuming again" (hunt H204: the log said
+	// the source stopped, and never that it went on), as stopEp lets it:
+	// at once after a logged stop line, else once per interval
+	// (logthrottle.Episode). The end does not restart stopLog (review
+	// R210: it did, so a consume stopping and going on by turns, a
+	// flaky link missing heartbeats, logged a stop and an end per turn).
+	// stopNow: nil is time.Now (tests set it).
 	stopLog logthrottle.Throttle
-	// stopLogged (Run's goroutine only): a stop of the current run was
-	// logged, so the batch or answered pull that ends it logs "consuming
-	// again" (hunt H204: the log said the source stopped, and never that
-	// it went on).
-	stopLogged bool
+	stopEp  logthrottle.Episode
+	stopRun bool
+	stopNow func() time.Time
 	// handleLog throttles handle's line per shape of the error: a store
 	// that refuses writes (a failed fsync, the volume's reserve) fails
 	// the batch at every retry, 6 lines a minute once the backoff reaches
@@ -1599,10 +1603,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		if gone {
 			s.setConsErr(fmt.Errorf("%w: %q on stream %q: %w", ErrNoConsumer, s.cfg.Consumer, s.cfg.Stream, err))
 		}
-		if suppressed, ok := s.stopLog.AllowKey(time.Now(), err.Error()); ok {
-			s.stopLogged = true
-			s.log.Warn("nats source: consuming stopped; restarting", zap.Error(err), zap.Int("held_back", suppressed))
-		}
+		s.consumingStopped(err)
 		if !sleepCtx(ctx, retryPause(&bo, err)) {
 			return nil
 		}
@@ -1803,14 +1804,34 @@ func isConsumerGone(err error) bool {
 		errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, ErrNoConsumer) || errors.Is(err, ErrNoStream)
 }
 
-// consumingAgain ends a run of stops (Run's goroutine only): the next stop
-// is logged at once, and this end if a stop of the run was, saying why.
-func (s *Source) consumingAgain(why string) {
-	s.stopLog.Reset()
-	if s.stopLogged {
-		s.stopLogged = false
-		s.log.Info("nats source: consuming again: " + why)
+// consumingStopped notes a stop of the consume (Run's goroutine only),
+// logging it as stopLog lets it.
+func (s *Source) consumingStopped(err error) {
+	s.stopRun = true
+	if suppressed, ok := s.stopLog.AllowKey(s.stopClock(), err.Error()); ok {
+		s.stopEp.Logged()
+		s.log.Warn("nats source: consuming stopped; restarting", zap.Error(err), zap.Int("held_back", suppressed))
 	}
+}
+
+// consumingAgain ends a run of stops (Run's goroutine only), saying why
+// as stopEp lets it: at once if a stop line was logged since the last
+// end line.
+func (s *Source) consumingAgain(why string) {
+	if !s.stopRun {
+		return
+	}
+	s.stopRun = false
+	if held, ok := s.stopEp.End(s.stopClock()); ok {
+		s.log.Info("nats source: consuming again: "+why, zap.Int("held_back", held))
+	}
+}
+
+func (s *Source) stopClock() time.Time {
+	if s.stopNow != nil {
+		return s.stopNow()
+	}
+	return time.Now()
 }
 
 // consume pulls and hands over batches until it fails or ctx ends.
