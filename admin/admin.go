@@ -273,10 +273,7 @@ func (s *server) logRefused(r *http.Request, reason string) {
 	// behind it), up to the 64 KiB of a request line (review R200).
 	f := []zap.Field{zap.String("reason", reason), zap.String("remote", r.RemoteAddr),
 		zap.String("method", shard.LogCut(r.Method, 32)), zap.String("path", shard.LogCut(r.URL.EscapedPath(), 256)),
-		zap.Int("held_back", held)}
-	if forgotten > 0 {
-		f = append(f, zap.Int("held_back_forgotten", forgotten))
-	}
+		zap.Int("held_back", held), logthrottle.Forgotten(forgotten)}
 	s.log.Warn("admin: request refused", f...)
 }
 

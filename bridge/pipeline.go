@@ -54,10 +54,7 @@ func (p *Pipeline) warnMisspelled(t *codec.Task, key, name string) {
 		return
 	}
 	f := []zap.Field{zap.String("source", t.Source), zap.String("header", key), zap.String("control_header", name),
-		zap.String("origin", t.Origin), zap.String("task_id", t.ID), zap.Int("held_back", held)}
-	if forgotten > 0 {
-		f = append(f, zap.Int("held_back_forgotten", forgotten))
-	}
+		zap.String("origin", t.Origin), zap.String("task_id", t.ID), zap.Int("held_back", held), logthrottle.Forgotten(forgotten)}
 	p.log.Warn("a header looks like a control header but is not one, so it is not read: the message is taken in without it (a delivered message carries it as an ordinary header)", f...)
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/internal/clock"
+	"github.com/delaybridge/delaybridge/internal/logthrottle"
 )
 
 // Run runs one fire loop per shard (each also moves its shard's horizon and
@@ -1223,11 +1224,11 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 				// Per target and reason: a second reason at one target
 				// is not hidden behind the first (review R141).
 				dest := t.Destination()
-				if held, ok := e.refusedLog.AllowEach(time.UnixMilli(now), dest+"\x00"+derr.Error()); ok {
+				if held, forgotten, ok := e.refusedLog.AllowEachForgotten(time.UnixMilli(now), dest+"\x00"+derr.Error()); ok {
 					e.log.Warn("target refused a publish; retrying with backoff, then dead-lettered publish-failed",
 						zap.String("target", dest), zap.String("source", t.Source), zap.String("id", LogID(t.ID)),
 						zap.Uint32("attempt", t.Attempts), zap.Int("max_attempts", e.opts.Retry.MaxAttempts),
-						zap.Duration("next_in", wait), zap.Int("held_back", held), zap.Error(derr))
+						zap.Duration("next_in", wait), zap.Int("held_back", held), logthrottle.Forgotten(forgotten), zap.Error(derr))
 				}
 			}
 		}

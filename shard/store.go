@@ -659,9 +659,9 @@ func (h *storeHealth) listener() *pebble.EventListener {
 			h.bgErr.Store(&err)
 			h.bgFirst.CompareAndSwap(0, int64(time.Since(h.epoch))+1)
 			h.bgCount.Add(1)
-			if suppressed, ok := h.bgLog.Allow(time.Now()); ok {
+			if held, ok := h.bgLog.Allow(time.Now()); ok {
 				h.log.Error("store background error (a flush or compaction failed; Pebble retries it)",
-					zap.Error(err), zap.Int("suppressed", suppressed))
+					zap.Error(err), zap.Int("held_back", held))
 			}
 		},
 	}

@@ -105,18 +105,8 @@ func (r *retryLog) failed(log *zap.Logger, level zapcore.Level, p part, msg stri
 	}
 	r.mu.Unlock()
 	if ok {
-		log.Log(level, msg, withForgotten(append(fields, zap.Int("held_back", suppressed)), forgotten)...)
+		log.Log(level, msg, append(fields, zap.Int("held_back", suppressed), logthrottle.Forgotten(forgotten))...)
 	}
-}
-
-// withForgotten adds to a throttled line the lines held back for keys its
-// throttle forgot before their next line (logthrottle.AllowEachForgotten),
-// if any.
-func withForgotten(f []zap.Field, forgotten int) []zap.Field {
-	if forgotten > 0 {
-		f = append(f, zap.Int("held_back_forgotten", forgotten))
-	}
-	return f
 }
 
 // ok notes that partition p goes on (read is true) or that this

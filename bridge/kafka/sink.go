@@ -209,7 +209,7 @@ func (s *Sink) probe() {
 			f := []zap.Field{zap.Strings("brokers", s.cfg.Brokers), zap.Strings("topics", topics), zap.Duration("unhealthy_for", time.Since(since).Round(time.Millisecond))}
 			if held, forgotten, ok := s.answerLog.AllowEachForgotten(time.Now(), strings.Join(topics, "\x00")); ok {
 				s.log.Info("kafka partition leaders answer again; publishes are retried (a target that still hangs shows in the engine's log and /readyz)",
-					withForgotten(append(f, zap.Int("held_back", held)), forgotten)...)
+					append(f, zap.Int("held_back", held), logthrottle.Forgotten(forgotten))...)
 			} else {
 				s.log.Debug("kafka partition leaders answer again", f...)
 			}

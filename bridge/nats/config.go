@@ -308,7 +308,7 @@ func (c *Config) options() ([]natsgo.Option, error) {
 			if !ok {
 				return
 			}
-			log.Warn("nats: async error", withForgotten(append(f, zap.Int("held_back", suppressed)), forgotten)...)
+			log.Warn("nats: async error", append(f, zap.Int("held_back", suppressed), logthrottle.Forgotten(forgotten))...)
 		}),
 	}
 	switch {
@@ -464,14 +464,4 @@ func asyncErrorKey(err error) string {
 		return text[:loc[2]] + "<subject>" + text[loc[3]:]
 	}
 	return text
-}
-
-// withForgotten adds to a throttled line the lines held back for keys its
-// throttle forgot before their next line (logthrottle.AllowEachForgotten),
-// if any.
-func withForgotten(f []zap.Field, forgotten int) []zap.Field {
-	if forgotten > 0 {
-		f = append(f, zap.Int("held_back_forgotten", forgotten))
-	}
-	return f
 }

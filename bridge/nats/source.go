@@ -2380,8 +2380,8 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 		d := bo.next()
 		if suppressed, forgotten, ok := s.handleLog.AllowEachForgotten(time.Now(), logthrottle.Shape(err.Error())); ok {
 			s.handleEp.Logged()
-			s.log.Warn("nats source: handle batch failed; not acked, retrying", withForgotten([]zap.Field{
-				zap.Int("messages", len(b.Items)), zap.Duration("backoff", d), zap.Error(err), zap.Int("held_back", suppressed)}, forgotten)...)
+			s.log.Warn("nats source: handle batch failed; not acked, retrying",
+				zap.Int("messages", len(b.Items)), zap.Duration("backoff", d), zap.Error(err), zap.Int("held_back", suppressed), logthrottle.Forgotten(forgotten))
 		}
 		if !sleepCtx(ctx, d) {
 			return ctx.Err()

@@ -6,7 +6,20 @@ package logthrottle
 import (
 	"sync"
 	"time"
+
+	"go.uber.org/zap"
 )
+
+// Forgotten is the field of a throttled line that counts the lines held
+// back for keys its throttle forgot before their next line
+// (AllowEachForgotten): held_back_forgotten, or no field when there were
+// none.
+func Forgotten(n int) zap.Field {
+	if n <= 0 {
+		return zap.Skip()
+	}
+	return zap.Int("held_back_forgotten", n)
+}
 
 // DefaultEvery is a Throttle's interval when Every is zero.
 const DefaultEvery = 30 * time.Second
