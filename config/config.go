@@ -521,12 +521,33 @@ func urlSegments(s string) []string {
 }
 
 // String renders the configuration as YAML with secrets redacted,
-// indented by two spaces as the README's reference is.
+// indented by two spaces as the README's reference is. A secret read from
+// its *_file key is left out (the key names the file), so that the YAML
+// loads back as a config (run --check > effective.yaml): with both the
+// secret and its file it would conflict.
 func (c Config) String() string {
+	r := c.Redacted()
+	if k := r.Kafka; k != nil && k.SASL.PasswordFile != "" {
+		k.SASL.Password = ""
+	}
+	if n := r.NATS; n != nil {
+		if n.PasswordFile != "" {
+			n.Password = ""
+		}
+		if n.TokenFile != "" {
+			n.Token = ""
+		}
+	}
+	if r.Admin.TokenFile != "" {
+		r.Admin.Token = ""
+	}
+	if r.Admin.MetricsTokenFile != "" {
+		r.Admin.MetricsToken = ""
+	}
 	var b strings.Builder
 	enc := yaml.NewEncoder(&b)
 	enc.SetIndent(2)
-	if err := enc.Encode(c.Redacted()); err != nil {
+	if err := enc.Encode(r); err != nil {
 		return "config: " + err.Error()
 	}
 	if err := enc.Close(); err != nil {
