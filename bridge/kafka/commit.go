@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -31,20 +32,12 @@ type committer struct {
 	log    *zap.Logger
 	failed func(topic string) // counts a failed commit
 
-	// fails throttles the "offset commit failed" line per error shape
-	// (an error naming the client's ephemeral port is one failure);
-	// ended decides the line "offset commit succeeded again" after
-	// failures: at once after a logged failure line, else once per
-	// interval, without restarting fails (review R210: it logged after a
-	// failure held back, and restarted the throttle at every success, so
-	// commits failing and succeeding by turns logged two lines a turn).
+	// lines: the failure and end lines, the source's (see commitLines).
 	// wait is the pause before the next retry, doubling from retry up to
-	// maxRetry while they do; failing says the last commit failed.
-	fails    logthrottle.Throttle
-	ended    logthrottle.Episode
+	// maxRetry while commits fail.
+	lines    *commitLines
 	wait     time.Duration
 	maxRetry time.Duration
-	failing  bool
 	now      func() time.Time // nil: time.Now (tests set it)
 
 	mu      sync.Mutex
@@ -61,8 +54,30 @@ type rewindWait struct {
 	done      chan struct{}
 }
 
+// commitLines decides a source's "offset commit failed" and "offset
+// commit succeeded again" lines, for the committers of all its
+// generations: fails throttles the failure line per error shape (an error
+// naming the client's ephemeral port is one failure); ended decides the
+// end line after failures: at once after a logged failure line, else once
+// per interval, without restarting fails (review R210: it logged after a
+// failure held back, and restarted the throttle at every success, so
+// commits failing and succeeding by turns logged two lines a turn);
+// failing says the last commit failed. The source's, not a generation's
+// (review R212: a coordinator that fails the commits ends the generation
+// too, and the next generation's committer, which had seen no failure,
+// never logged the end of the failure line of the one before; each
+// generation of a rebalance loop logged its failure at once).
+type commitLines struct {
+	fails   logthrottle.Throttle
+	ended   logthrottle.Episode
+	failing atomic.Bool
+}
+
+// newCommitter returns a committer with lines of its own; the source's
+// generations share the source's (Source.newGenCommitter).
 func newCommitter(commit func(offsets) error, retry, maxRetry time.Duration, log *zap.Logger, failed func(string)) *committer {
-	return &committer{commit: commit, retry: retry, wait: retry, maxRetry: max(retry, maxRetry), log: log, failed: failed, kick: make(chan struct{}, 1)}
+	return &committer{commit: commit, retry: retry, wait: retry, maxRetry: max(retry, maxRetry), log: log, failed: failed,
+		lines: &commitLines{}, kick: make(chan struct{}, 1)}
 }
 
 func (c *committer) clock() time.Time {
@@ -179,12 +194,12 @@ func (c *committer) flush() (ok bool) {
 	}
 	err := c.commit(p)
 	if err == nil {
-		if c.failing {
-			if held, ok := c.ended.End(c.clock()); ok {
+		if c.lines.failing.Swap(false) {
+			if held, ok := c.lines.ended.End(c.clock()); ok {
 				c.log.Info("offset commit succeeded again", zap.Any("offsets", p), zap.Int("held_back", held))
 			}
 		}
-		c.wait, c.failing = c.retry, false
+		c.wait = c.retry
 		c.mu.Lock()
 		c.committedLocked(p)
 		c.mu.Unlock()
@@ -199,9 +214,9 @@ func (c *committer) flush() (ok bool) {
 	}
 	// The next commit carries these unless newer ones replace them; the
 	// store checkpoint covers a crash meanwhile.
-	c.failing = true
-	if n, ok := c.fails.AllowKey(c.clock(), logthrottle.Shape(err.Error())); ok {
-		c.ended.Logged()
+	c.lines.failing.Store(true)
+	if n, ok := c.lines.fails.AllowKey(c.clock(), logthrottle.Shape(err.Error())); ok {
+		c.lines.ended.Logged()
 		c.log.Warn("offset commit failed; retrying", zap.Any("offsets", p), zap.Error(err), zap.Int("held_back", n))
 	}
 	c.putBack(p)

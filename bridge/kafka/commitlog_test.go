@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -68,5 +69,49 @@ func TestCommitFlappingThrottled(t *testing.T) {
 	}
 	if last := logs.All()[logs.Len()-1]; last.Message != "offset commit succeeded again" {
 		t.Fatalf("the last line %q, want the end line after the failure line", last.Message)
+	}
+}
+
+// TestCommitEndAfterRebalance (review R212): the offset commits' lines
+// were a generation's committer's: a coordinator failing the commits
+// (restarting, moving) ends the generation too, and the next
+// generation's committer, which had seen no failure, stored its commits
+// without a line: the log's last word on the commits stayed "offset
+// commit failed". The end line comes in the next generation, and a
+// rebalance loop failing the same way is throttled across generations.
+func TestCommitEndAfterRebalance(t *testing.T) {
+	s, err := NewSource(testConfig(t, []string{"127.0.0.1:1"}, "g", "delay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	now := time.Unix(1_000_000, 0)
+	gen := func(l *commitLog) *committer {
+		c := s.newGenCommitter(l.commit, zap.New(core))
+		c.now = func() time.Time { return now }
+		return c
+	}
+	errCoord := errors.New("kafka: commit offsets: [15] Group Coordinator Not Available: the coordinator is not available")
+	fails := func() int { return logs.FilterMessage("offset commit failed; retrying").Len() }
+	ends := func() int { return logs.FilterMessage("offset commit succeeded again").Len() }
+
+	c1 := gen(&commitLog{errs: []error{errCoord}})
+	c1.offer("delay", 0, 5)
+	c1.flush() // fails, logged; the generation ends with it
+	c2 := gen(&commitLog{})
+	now = now.Add(time.Second)
+	c2.offer("delay", 0, 7)
+	c2.flush()
+	if fails() != 1 || ends() != 1 {
+		t.Fatalf("a failed commit, a rebalance, a good commit: %d failure and %d end lines, want 1 and 1", fails(), ends())
+	}
+	for i := range 5 { // a rebalance loop, each generation failing alike
+		now = now.Add(time.Second)
+		c := gen(&commitLog{errs: []error{errCoord}})
+		c.offer("delay", 0, int64(8+i))
+		c.flush()
+	}
+	if fails() != 1 {
+		t.Fatalf("5 generations failing their commits alike within 5 s: %d failure lines, want 1 (then one per 30 s)", fails())
 	}
 }

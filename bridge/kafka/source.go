@@ -49,6 +49,9 @@ type Source struct {
 	// that fails (a store that refuses writes fails every partition's
 	// batch at every retry).
 	retries, handleFails retryLog
+	// commitLines: the offset commits' failure and end lines, across
+	// generations (see newGenCommitter).
+	commitLines commitLines
 
 	transport *kafkago.Transport
 	client    *kafkago.Client
@@ -411,8 +414,7 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 		s.wantCaughtUp(gen)
 		// One committer per generation sends the partitions' offsets;
 		// it commits the last of them once the partition workers are done.
-		cm := newCommitter(gen.CommitOffsets, s.cfg.RetryMin, s.cfg.RetryMax, s.log.With(zap.Int32("generation", gen.ID)),
-			func(topic string) { s.cfg.Metrics.SourceErrors.WithLabelValues(topic).Inc() })
+		cm := s.newGenCommitter(gen.CommitOffsets, s.log.With(zap.Int32("generation", gen.ID)))
 		var genWorkers sync.WaitGroup
 		wctx := groupCtx // leaving the group stops the workers as a shutdown does: they commit what is stored
 		for topic, parts := range gen.Assignments {
@@ -438,6 +440,16 @@ func (s *Source) Run(ctx context.Context, h bridge.Handler) error {
 			cm.run(wctx, gctx, workersDone)
 		})
 	}
+}
+
+// newGenCommitter returns the committer of a generation: commit is its
+// CommitOffsets. Its failure and end lines are the source's (commitLines),
+// so the end of failures logged in one generation is logged in the next.
+func (s *Source) newGenCommitter(commit func(offsets) error, log *zap.Logger) *committer {
+	c := newCommitter(commit, s.cfg.RetryMin, s.cfg.RetryMax, log,
+		func(topic string) { s.cfg.Metrics.SourceErrors.WithLabelValues(topic).Inc() })
+	c.lines = &s.commitLines
+	return c
 }
 
 // logSlowJoin logs once if a join of the group takes longer than
