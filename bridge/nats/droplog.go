@@ -37,6 +37,7 @@ type dropLog struct {
 	last       time.Time // the last drop line
 	held       int       // drops since it, not logged
 	lastErr    error     // the last drop's error
+	lastAt     time.Time // when it came
 	down       bool      // a drop's reconnect is due
 	downLogged bool      // that drop or a failed attempt since was logged: log its reconnect
 	timer      *time.Timer
@@ -48,7 +49,7 @@ func (d *dropLog) dropped(err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := time.Now()
-	d.down, d.lastErr = true, err
+	d.down, d.lastErr, d.lastAt = true, err, now
 	if d.last.IsZero() || now.Sub(d.last) >= d.every {
 		d.lineLocked(now, d.held)
 		return
@@ -61,15 +62,15 @@ func (d *dropLog) dropped(err error) {
 	}
 }
 
-// lineLocked logs the current drop with held drops before it.
-func (d *dropLog) lineLocked(now time.Time, held int) {
+// lineLocked logs the current drop with held drops before it, and f.
+func (d *dropLog) lineLocked(now time.Time, held int, f ...zap.Field) {
 	d.last, d.held, d.downLogged = now, 0, true
 	if d.timer != nil {
 		d.timer.Stop()
 		d.timer = nil
 	}
 	d.reset()
-	d.log.Warn("nats: disconnected; reconnecting", zap.Error(d.lastErr), zap.Int("held_back", held))
+	d.log.Warn("nats: disconnected; reconnecting", append([]zap.Field{zap.Error(d.lastErr), zap.Int("held_back", held)}, f...)...)
 }
 
 // flush reports the drops held back at the end of their interval, unless
@@ -84,12 +85,14 @@ func (d *dropLog) flush() {
 	now := time.Now()
 	if d.down {
 		// The last of them is the drop the connection is in: its line,
-		// late, and its reconnect logged.
-		d.lineLocked(now, d.held-1)
+		// late, so it says when the drop came (review R212: the line's
+		// own time was up to an interval after it), and its reconnect
+		// logged.
+		d.lineLocked(now, d.held-1, zap.Time("dropped_at", d.lastAt))
 		return
 	}
 	d.log.Warn("nats: disconnected and reconnected again since the last drop logged",
-		zap.Error(d.lastErr), zap.Int("held_back", d.held))
+		zap.Error(d.lastErr), zap.Int("held_back", d.held), zap.Time("last_dropped_at", d.lastAt))
 	d.last, d.held = now, 0
 }
 

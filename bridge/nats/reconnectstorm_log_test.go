@@ -125,3 +125,43 @@ func TestDropLogFlush(t *testing.T) {
 		t.Fatalf("%d Warn lines, want 3", n)
 	}
 }
+
+// TestDropLogFlushSaysWhen (review R212): a drop held back and reported
+// at its interval's end (flush) was logged with that time only, up to 30 s
+// after the drop: an operator matching it with a server's restart looked
+// at the wrong time. The late lines name when the drop came.
+func TestDropLogFlushSaysWhen(t *testing.T) {
+	core, logs := observer.New(zap.DebugLevel)
+	d := &dropLog{log: zap.New(core), every: time.Hour, reset: func() {}}
+	t.Cleanup(func() { d.close() })
+	errDrop := errors.New("EOF")
+	within := func(e observer.LoggedEntry, key string, from, to time.Time) {
+		t.Helper()
+		at, ok := e.ContextMap()[key].(time.Time)
+		if !ok || at.Before(from) || at.After(to) {
+			t.Fatalf("%q: %s = %v, want the drop's time, within [%v, %v]", e.Message, key, e.ContextMap()[key], from, to)
+		}
+	}
+	d.dropped(errDrop) // logged
+	d.reconnected("nats://a")
+	from := time.Now()
+	d.dropped(errDrop) // held
+	to := time.Now()
+	d.reconnected("nats://a")
+	d.flush()
+	w := logs.FilterMessage("nats: disconnected and reconnected again since the last drop logged").All()
+	if len(w) != 1 {
+		t.Fatalf("%d lines for a drop held back and over, want 1", len(w))
+	}
+	within(w[0], "last_dropped_at", from, to)
+
+	from = time.Now()
+	d.dropped(errDrop) // held, still down at the interval's end
+	to = time.Now()
+	d.flush()
+	w = logs.FilterMessage("nats: disconnected; reconnecting").FilterLevelExact(zapcore.WarnLevel).All()
+	if len(w) != 2 {
+		t.Fatalf("%d drop lines, want 2 (the first, the late one)", len(w))
+	}
+	within(w[1], "dropped_at", from, to)
+}
