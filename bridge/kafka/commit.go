@@ -198,6 +198,10 @@ func (c *committer) flush() (ok bool) {
 			if held, ok := c.lines.ended.End(c.clock()); ok {
 				c.log.Info("offset commit succeeded again", zap.Any("offsets", p), zap.Int("held_back", held))
 			}
+		} else if held, ok := c.lines.ended.Owed(c.clock()); ok {
+			// Runs whose end lines were held back, their interval over
+			// (logthrottle.Episode.Owed).
+			c.log.Info("offset commit succeeded again", zap.Any("offsets", p), zap.Int("held_back", held))
 		}
 		c.wait = c.retry
 		c.mu.Lock()

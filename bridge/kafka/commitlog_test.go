@@ -8,6 +8,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/delaybridge/delaybridge/internal/logthrottle"
 )
 
 // TestCommitFailLogThrottledAcrossPorts (review R210): "offset commit
@@ -69,6 +71,20 @@ func TestCommitFlappingThrottled(t *testing.T) {
 	}
 	if last := logs.All()[logs.Len()-1]; last.Message != "offset commit succeeded again" {
 		t.Fatalf("the last line %q, want the end line after the failure line", last.Message)
+	}
+	// The ends held back are said by the first good commit after their
+	// interval (review R212: else they showed nowhere): every turn's end
+	// is counted once.
+	now = now.Add(logthrottle.DefaultEvery)
+	c.offer("a", 0, turns+1)
+	c.flush()
+	shown := 0
+	for _, e := range logs.FilterMessage("offset commit succeeded again").All() {
+		held, _ := e.ContextMap()["held_back"].(int64)
+		shown += 1 + int(held)
+	}
+	if shown != turns {
+		t.Fatalf("%d turns' ends shown as %d after the interval", turns, shown)
 	}
 }
 

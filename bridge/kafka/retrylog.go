@@ -116,7 +116,17 @@ func (r *retryLog) failed(log *zap.Logger, level zapcore.Level, p part, msg stri
 func (r *retryLog) ok(log *zap.Logger, p part, read bool) {
 	r.mu.Lock()
 	if !r.open {
+		// Outages whose end lines were held back are said once their
+		// interval is over (logthrottle.Episode.Owed).
+		var held int
+		var owed bool
+		if read {
+			held, owed = r.ep.Owed(r.clock())
+		}
 		r.mu.Unlock()
+		if owed {
+			log.Info(r.end, zap.Int("held_back", held))
+		}
 		return
 	}
 	delete(r.failing, p)

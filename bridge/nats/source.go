@@ -1819,6 +1819,11 @@ func (s *Source) consumingStopped(err error) {
 // end line.
 func (s *Source) consumingAgain(why string) {
 	if !s.stopRun {
+		// Runs whose end lines were held back, their interval over
+		// (logthrottle.Episode.Owed).
+		if held, ok := s.stopEp.Owed(s.stopClock()); ok {
+			s.log.Info("nats source: consuming again: "+why, zap.Int("held_back", held))
+		}
 		return
 	}
 	s.stopRun = false
@@ -2369,6 +2374,10 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 				if held, ok := s.handleEp.End(time.Now()); ok {
 					s.log.Info("nats source: batches stored again", zap.Int("failed_tries", tries), zap.Int("held_back", held))
 				}
+			} else if held, ok := s.handleEp.Owed(time.Now()); ok {
+				// Runs whose end lines were held back, their interval
+				// over (logthrottle.Episode.Owed).
+				s.log.Info("nats source: batches stored again", zap.Int("held_back", held))
 			}
 			return nil
 		}

@@ -222,3 +222,26 @@ func (e *Episode) End(now time.Time) (held int, ok bool) {
 	e.pending, e.last = false, now
 	return held, true
 }
+
+// Owed reports whether the end lines held back are owed at now, their
+// interval over: the caller logs its end line on its next success, after
+// the failures stopped, standing for the last of them, with held the
+// count held back before it (as End's held). Without it a second short
+// outage within the interval of a logged one showed nowhere: its failure
+// and end lines were held back and their counts waited for a next line
+// of the same kind that might never come (review R212). Cheap while
+// nothing is held back: callers call it on every success.
+func (e *Episode) Owed(now time.Time) (held int, ok bool) {
+	every := e.Every
+	if every <= 0 {
+		every = DefaultEvery
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.held == 0 || now.Sub(e.last) < every {
+		return 0, false
+	}
+	held, e.held = e.held-1, 0
+	e.last = now
+	return held, true
+}

@@ -254,3 +254,42 @@ func TestEpisode(t *testing.T) {
 		}
 	}
 }
+
+// TestEpisodeOwed: the end lines held back are owed once their interval
+// is over, as one end line standing for the last of them with the others
+// held back (review R212: with no next end line they showed nowhere).
+func TestEpisodeOwed(t *testing.T) {
+	t0 := time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC)
+	var e Episode
+	e.Logged()
+	if _, ok := e.End(t0); !ok {
+		t.Fatal("the first end line held back")
+	}
+	for i, c := range []struct {
+		at   time.Duration
+		end  bool // an end (else a look at what is owed)
+		ok   bool
+		held int
+	}{
+		{time.Second, false, false, 0},                 // nothing held back
+		{2 * time.Second, true, false, 0},              // a run held back: its end too
+		{3 * time.Second, false, false, 0},             // owed only after Every
+		{4 * time.Second, true, false, 0},              // another
+		{DefaultEvery - time.Second, false, false, 0},  // not yet
+		{DefaultEvery, false, true, 1},                 // the last of two, one before it
+		{DefaultEvery + time.Second, false, false, 0},  // paid
+		{DefaultEvery + 2*time.Second, true, false, 0}, // held again, within Every of the owed line
+		{2*DefaultEvery + time.Second, false, true, 0}, // the one alone
+	} {
+		var held int
+		var ok bool
+		if c.end {
+			held, ok = e.End(t0.Add(c.at))
+		} else {
+			held, ok = e.Owed(t0.Add(c.at))
+		}
+		if ok != c.ok || held != c.held {
+			t.Fatalf("step %d (%v, end %v): ok=%v held=%d, want ok=%v held=%d", i, c.at, c.end, ok, held, c.ok, c.held)
+		}
+	}
+}
