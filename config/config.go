@@ -497,16 +497,22 @@ func redactURLs(s string) string {
 }
 
 // urlSegments splits nats.url at its commas into URLs, except where a
-// comma lies within a URL's user information: a URL with a scheme and no
-// "@" followed by parts without a scheme, the last of them with an "@"
-// ("nats://u:p,w@host"), is one segment, commas included, which the NATS
-// client would cut into pieces. Joined with "," the segments give s back.
+// comma lies within a URL's user information: a part with no "@" (after
+// its scheme, if it has one) followed by parts without a scheme, the last
+// of them with an "@" ("nats://u:p,w@host", or "s3cr,3t@host", which the
+// NATS client takes without a scheme), is one segment, commas included,
+// which the NATS client would cut into pieces. Joined with "," the
+// segments give s back.
 func urlSegments(s string) []string {
 	pieces := strings.Split(s, ",")
 	segs := make([]string, 0, len(pieces))
 	for i := 0; i < len(pieces); i++ {
 		seg := pieces[i]
-		if j := strings.Index(seg, "://"); j >= 0 && !strings.Contains(seg[j:], "@") {
+		j := strings.Index(seg, "://")
+		if j < 0 {
+			j = 0
+		}
+		if !strings.Contains(seg[j:], "@") {
 			for k := i + 1; k < len(pieces) && !strings.Contains(pieces[k], "://"); k++ {
 				if strings.Contains(pieces[k], "@") {
 					seg = strings.Join(pieces[i:k+1], ",")
