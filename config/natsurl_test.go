@@ -41,11 +41,12 @@ func TestNATSURLListsAsBefore(t *testing.T) {
 	}
 }
 
-// TestNATSURLCommaTokenNoSchemeRedacted (review R212): a token with a comma in a URL without a
-// scheme, "s3cr,3t@host:4222" (the NATS client adds nats://), is refused,
-// but urlSegments only joins pieces after one with a scheme, so the piece
-// before the comma, "s3cr", is shown as it is in the error ("... is not a
-// URL like nats://host:4222"), on stderr and in the start log.
+// TestNATSURLCommaTokenNoSchemeRedacted (review R212): a token with a
+// comma in a URL without a scheme, "s3cr,3t@host:4222" (the NATS client
+// adds nats://), is refused; urlSegments joined pieces only after one with
+// a scheme, so the piece before the comma, "s3cr", was shown as it is in
+// the error ("... is not a URL like nats://host:4222"), on stderr and in
+// the start log.
 func TestNATSURLCommaTokenNoSchemeRedacted(t *testing.T) {
 	for _, u := range []string{"s3cr,3t@a:4222", "nats://a:4222,s3cr,3t@b:4222", "u:s3cr,3t@b:4222,nats://a:4222"} {
 		c := mustLoad(t, validYAML)
