@@ -43,7 +43,7 @@ type dlqLines struct {
 	log *zap.Logger
 	// wake wakes a fire loop, to end an episode at settleAt (settle).
 	wake func()
-	// settleAt: the earliest end of a recovered DLQ's settle time (ms,
+	// settleAt: the earliest end of a recovered DLQ's settle time (ms rounded up,
 	// engine clock; 0 with none): the fire loops wake for it and call
 	// settle.
 	settleAt atomic.Int64
@@ -256,7 +256,7 @@ func (l *dlqLines) overLocked(now time.Time, dest string, c *dlqCond) {
 		return
 	}
 	c.healthy = now
-	at := now.Add(dlqSettle).UnixMilli()
+	at := ceilMs(now.Add(dlqSettle))
 	if cur := l.settleAt.Load(); cur == 0 || at < cur {
 		l.settleAt.Store(at)
 		if l.wake != nil {
@@ -279,7 +279,7 @@ func (l *dlqLines) settle(now time.Time, all bool) {
 			continue
 		}
 		if at := c.healthy.Add(dlqSettle); !all && now.Before(at) {
-			if ms := at.UnixMilli(); next == 0 || ms < next {
+			if ms := ceilMs(at); next == 0 || ms < next {
 				next = ms
 			}
 			continue
@@ -293,6 +293,19 @@ func (l *dlqLines) settle(now time.Time, all bool) {
 		l.log.Info(msgDLQRecovered, fields...)
 	}
 	l.settleAt.Store(next)
+}
+
+// ceilMs is t in whole milliseconds rounded up: settleAt, a fire loop's
+// wake time, is not before the settle end it stands for, or a loop woken
+// in its last millisecond found nothing due and parked for a time already
+// come, spinning until the clock passed the end
+// (TestDLQSettleWakeSubMillisecond).
+func ceilMs(t time.Time) int64 {
+	ms := t.UnixMilli()
+	if t.Sub(time.UnixMilli(ms)) > 0 {
+		ms++
+	}
+	return ms
 }
 
 // dlqEndFields are the fields of the line that ends c, which ended at
