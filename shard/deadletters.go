@@ -368,9 +368,15 @@ func (s *shard) dlFailedLocked(seq uint64, fire int64, dest string, err error, r
 // dlLeftLocked notes prev's DLQ in dlqLeft if prev, a failure the shard
 // no longer counts as such, was its last failing dead letter of that DLQ
 // that is not parked (see dlqClearedLocked); gone: it left the store
-// (dropped), noted in dlqGone.
+// (dropped), noted in dlqGone, or in dlqParkGone for a parked one.
 func (s *shard) dlLeftLocked(prev dlFailure, gone bool) {
-	if prev.parked || prev.dest == "" {
+	if prev.dest == "" {
+		return
+	}
+	if prev.parked {
+		if gone && !slices.Contains(s.dlqParkGone, prev.dest) {
+			s.dlqParkGone = append(s.dlqParkGone, prev.dest)
+		}
 		return
 	}
 	if gone && !slices.Contains(s.dlqGone, prev.dest) {

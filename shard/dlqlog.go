@@ -239,6 +239,27 @@ func (l *dlqLines) cleared(now time.Time, shard int, dest string, gone bool) {
 	l.overLocked(now, dest, c)
 }
 
+// parkGone notes that a parked dead letter of dest left the store (an
+// operator dropped it): as for failing ones dropped (cleared), a failure
+// with none of its dead letters failing and no delivery since ends,
+// saying they were dropped. A failure whose failing dead letters were
+// parked stays open for a delivery, and dropping the parked ones then
+// left it open for good, with no end line
+// (TestDLQFailureEndsWhenParkedDropped).
+func (l *dlqLines) parkGone(now time.Time, dest string) {
+	if l.active.Load() == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.conds[dest]
+	if c == nil {
+		return
+	}
+	c.dropped = true
+	l.overLocked(now, dest, c)
+}
+
 // overLocked marks dest's failure c healthy at now if no shard fails for
 // it and it took a dead letter since it last failed: it ends, with its
 // line, once it stayed so for dlqSettle (settle).

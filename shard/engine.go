@@ -233,8 +233,9 @@ type shard struct {
 	// dlqLeft: the DLQs whose last failing dead letter of the shard (not
 	// parked) left dlByDest since dlqClearedLocked last ran: acknowledged,
 	// parked or dropped (dlqlog.go); dlqGone: those of them that one left
-	// by leaving the store (dropped).
-	dlqLeft, dlqGone []string
+	// by leaving the store (dropped); dlqParkGone: the DLQs of parked
+	// dead letters that left the store (dlqlog.go: parkGone).
+	dlqLeft, dlqGone, dlqParkGone []string
 	// lanes: per target transport, the fire batch in flight and its
 	// outage (see lane.go), so a target that holds a publish or cannot be
 	// reached delays only its own transport's tasks.

@@ -1446,7 +1446,7 @@ func (s *shard) logDLQsLocked(now time.Time, fails []dlqFailure, items []fireIte
 // that the shard still has no dead letter of failing (parked ones
 // aside).
 func (s *shard) dlqClearedLocked() {
-	if len(s.dlqLeft) == 0 {
+	if len(s.dlqLeft) == 0 && len(s.dlqParkGone) == 0 {
 		return
 	}
 	for _, dest := range s.dlqLeft {
@@ -1454,7 +1454,10 @@ func (s *shard) dlqClearedLocked() {
 			s.e.dlqLines.cleared(s.e.clk.Now(), s.id, dest, slices.Contains(s.dlqGone, dest))
 		}
 	}
-	s.dlqLeft, s.dlqGone = s.dlqLeft[:0], s.dlqGone[:0]
+	for _, dest := range s.dlqParkGone {
+		s.e.dlqLines.parkGone(s.e.clk.Now(), dest)
+	}
+	s.dlqLeft, s.dlqGone, s.dlqParkGone = s.dlqLeft[:0], s.dlqGone[:0], s.dlqParkGone[:0]
 }
 
 // dlDrop is a dead letter of a fire batch (its index) that an operator
