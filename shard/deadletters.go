@@ -588,18 +588,24 @@ func (s *shard) loadDLFailuresLocked() error {
 		if !ok {
 			return false, nil
 		}
-		val, found, err := getCopy(e.db, appendTaskKey(nil, s.id, fire, seq))
-		if err != nil || !found {
+		val, closer, err := e.db.Get(appendTaskKey(nil, s.id, fire, seq))
+		if errors.Is(err, pebble.ErrNotFound) {
+			return false, nil
+		}
+		if err != nil {
 			return false, err
 		}
 		// Its DLQ, so that the failure is logged and ends as any
 		// (logRestoredDLQs); one that does not decode is found so by the
-		// fire loop.
+		// fire loop. Decoded from Pebble's own bytes, which DecodeTask
+		// copies what it keeps from: a copy first (getCopy) made open
+		// copy each failing dead letter twice.
 		var t codec.Task
 		dest := ""
 		if codec.DecodeTask(val, &t) == nil {
 			dest = t.Destination()
 		}
+		closer.Close()
 		s.dlSetLocked(seq, dlFailure{err: fmt.Errorf("%w (before the last restart): %s", errDLFailedBefore, text), at: e.dlTick.Add(1), parked: parked, fire: fire, dest: dest})
 		if parked {
 			e.m.DeadLettersParkedNow.Inc()
