@@ -328,7 +328,7 @@ type dlFailure struct {
 	// or the prefixDLFailure record read at open).
 	fire int64
 	// dest is its DLQ ("kafka:NAME", "nats:SUBJECT"); "" for one read at
-	// open until it fails again.
+	// open whose stored task does not decode.
 	dest string
 }
 
