@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -606,7 +607,7 @@ func (s *shard) loadDLFailuresLocked() error {
 			dest = t.Destination()
 		}
 		closer.Close()
-		s.dlSetLocked(seq, dlFailure{err: fmt.Errorf("%w (before the last restart): %s", errDLFailedBefore, text), at: e.dlTick.Add(1), parked: parked, fire: fire, dest: dest})
+		s.dlSetLocked(seq, dlFailure{err: fmt.Errorf("%w"+dlBeforeRestart+"%s", errDLFailedBefore, text), at: e.dlTick.Add(1), parked: parked, fire: fire, dest: dest})
 		if parked {
 			e.m.DeadLettersParkedNow.Inc()
 		}
@@ -658,6 +659,17 @@ func (s *shard) loadRecords(lo, hi []byte, what string, visit func(k, v []byte) 
 // errDLFailedBefore wraps the failure of a dead letter recorded before a
 // restart: its text is all that is kept.
 var errDLFailedBefore = errors.New("dead-letter delivery failed")
+
+// dlBeforeRestart joins errDLFailedBefore to the text of the failure
+// recorded (loadDLFailuresLocked).
+const dlBeforeRestart = " (before the last restart): "
+
+// dlFailedText is the failure text s, that of a failure read at open
+// with what loadDLFailuresLocked added taken off: the text it was
+// recorded with, the same as the next failure's if the cause is the same.
+func dlFailedText(s string) string {
+	return strings.TrimPrefix(s, errDLFailedBefore.Error()+dlBeforeRestart)
+}
 
 // loadDLWaitsLocked restores at open the shard's dead letters a source
 // waits for (prefixDLWait records), so that a source that starts reading

@@ -207,7 +207,11 @@ func (l *dlqLines) restored(now time.Time, dest string, failing map[int]int, err
 			first = shard
 		}
 	}
-	c.text = err.Error()
+	// Throttled as the failure recorded, not as its text at open: the
+	// DLQ still failing after the restart wrote a second line at its
+	// first try, its error text being new
+	// (TestDLQFailingAcrossRestartThrottled).
+	c.text = dlFailedText(err.Error())
 	c.key = logthrottle.Shape(c.text)
 	fields, ok := c.fail(now, first, c.key)
 	if !ok {

@@ -6,11 +6,13 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/logthrottle"
 )
 
 // TestDLQFailingAcrossRestart: a DLQ that failed before a restart and
@@ -94,5 +96,45 @@ func TestDLQFailureEndsWhenDropped(t *testing.T) {
 	}
 	if n := h.e.dlqLines.active.Load(); n != 0 {
 		t.Fatalf("%d DLQ failures still under way", n)
+	}
+}
+
+// TestDLQFailingAcrossRestartThrottled (review R211): a DLQ failing at a
+// restart and still failing after it wrote two failing lines within a
+// second: the one at open (its error "... before the last restart: X")
+// and, at the first try after it, one for X, a new error text to the
+// throttle. The line at open is throttled as X: the next comes 30 s on,
+// with the failures held back.
+func TestDLQFailingAcrossRestartThrottled(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 2
+		o.Retry = parkPolicy
+		o.Logger = zap.New(core)
+	})
+	h.sink.setFail(func(t *codec.Task) error {
+		return errors.New("kafka: publish to \"dlq\": TOPIC_AUTHORIZATION_FAILED")
+	})
+	h.run()
+	h.ingest([]codec.Task{deadLetter("a", 1), deadLetter("b", 2), deadLetter("c", 3)})
+	h.advanceUntil("the DLQ failing", func() bool { return dlqsFailing(h.e, "kafka:dlq") > 0 })
+	h.stop()
+	logs.TakeAll()
+	h.reopen()
+	h.run()
+	tries := len(h.sink.all())
+	h.advanceUntil("tried again", func() bool { return len(h.sink.all()) > tries })
+	h.advance(10 * time.Second)
+	failing := logs.FilterMessage(msgDLQFailing).FilterField(zap.String("dlq", "kafka:dlq")).All()
+	if len(failing) != 1 {
+		t.Fatalf("%d failing lines within 10 s of a restart, the DLQ failing as before it, want 1 (at open)", len(failing))
+	}
+	h.advance(logthrottle.DefaultEvery)
+	failing = logs.FilterMessage(msgDLQFailing).FilterField(zap.String("dlq", "kafka:dlq")).All()
+	if len(failing) != 2 {
+		t.Fatalf("%d failing lines %v after a restart, want 2", len(failing), logthrottle.DefaultEvery+10*time.Second)
+	}
+	if held, ok := failing[1].ContextMap()["held_back"].(int64); !ok || held == 0 {
+		t.Fatalf("failing line 30 s on %v, want the failures held back since open", failing[1].ContextMap())
 	}
 }
