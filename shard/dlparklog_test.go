@@ -93,3 +93,34 @@ func TestDLQParkLinesThrottled(t *testing.T) {
 		t.Fatalf("%d parked after the end line, want %d (still stored, retried)", p, n+4)
 	}
 }
+
+// TestUnparkLinesThrottled: a DLQ fixed after it refused many dead
+// letters took them with an Info line each ("parked dead letter taken by
+// its DLQ at last"): as many lines as parks. They are logged once per
+// DLQ, then once per 30 s with those held back.
+func TestUnparkLinesThrottled(t *testing.T) {
+	const n = 200
+	core, logs := observer.New(zap.InfoLevel)
+	h := newHarness(t, func(o *Options) {
+		o.Retry = parkPolicy
+		o.Logger = zap.New(core)
+	})
+	refusal := fmt.Errorf("kafka: publish to \"dlq\": %w: MESSAGE_TOO_LARGE", ErrRefused)
+	h.sink.setFail(func(*codec.Task) error { return refusal })
+	h.run()
+	var dls []codec.Task
+	for i := range n {
+		dls = append(dls, deadLetter(fmt.Sprintf("big%04d", i), int64(i+1)))
+	}
+	h.ingest(dls)
+	h.advanceUntil("every dead letter parked", func() bool { return parkedNow(h.e) == n })
+	h.sink.setFail(nil) // the DLQ's limit raised
+	h.advanceUntil("every parked dead letter taken", func() bool { return parkedNow(h.e) == 0 })
+	lines := logs.FilterMessage("parked dead letter taken by its DLQ at last").All()
+	if len(lines) == 0 || len(lines) > 2 {
+		t.Fatalf("%d parked dead letters taken by their DLQ: %d lines, want 1 (then one per 30 s)", n, len(lines))
+	}
+	if m := lines[0].ContextMap(); m["dlq"] == nil || m["origin"] == nil {
+		t.Fatalf("first line lacks dlq or origin: %v", m)
+	}
+}

@@ -63,6 +63,10 @@ type Engine struct {
 	// subject no stream captures) is seen before its tasks are
 	// dead-lettered.
 	refusedLog logthrottle.Throttle
+	// unparkedLog: the parked dead letters a DLQ took at last, once per
+	// DLQ and then one line per 30 s with those held back: a DLQ fixed
+	// after refusing thousands took them with a line each.
+	unparkedLog logthrottle.Throttle
 	// storeLines: the store failures the shards meet each on their own,
 	// once per engine and condition (storelog.go).
 	storeLines storeLines

@@ -1387,9 +1387,13 @@ func (s *shard) deliver(ctx context.Context, sink Sink, items []fireItem) (fc *f
 	}
 	for _, i := range unparked {
 		t := items[i].task
-		e.log.Info("parked dead letter taken by its DLQ at last", zap.Int("shard", s.id),
-			zap.String("source", t.Source), zap.String("origin", t.Origin),
-			zap.String("dlq", t.Destination()), zap.Uint32("attempts", t.Attempts))
+		dest := t.Destination()
+		if held, forgotten, ok := e.unparkedLog.AllowEachForgotten(ackAt, dest); ok {
+			e.log.Info("parked dead letter taken by its DLQ at last", zap.Int("shard", s.id),
+				zap.String("source", t.Source), zap.String("origin", t.Origin),
+				zap.String("dlq", dest), zap.Uint32("attempts", t.Attempts),
+				zap.Int("held_back", held), logthrottle.Forgotten(forgotten))
+		}
 	}
 	s.heldOutcomeLocked(ln, heldUp, heldDown)
 	if o := &ln.outage; outageErr != nil || o.err != nil {
