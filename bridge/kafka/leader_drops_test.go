@@ -89,9 +89,7 @@ func TestLeaderMoveDropsPoolsOnce(t *testing.T) {
 	if n := held.Load(); n != lanes {
 		t.Fatalf("%d produce requests at the old leader, want %d (each lane's, on the stale metadata)", n, lanes)
 	}
-	sink.reloadMu.Lock()
-	drops := sink.poolDrops
-	sink.reloadMu.Unlock()
+	drops := sink.pools.count()
 	if drops != 1 {
 		t.Fatalf("%d lanes failed by one leader move dropped the pools %d times, want once", lanes, drops)
 	}

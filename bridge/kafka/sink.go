@@ -66,12 +66,8 @@ type Sink struct {
 	// answer instead of failing its tasks as missing.
 	recheckMu sync.Mutex
 
-	// reloadMu orders the drops of the transport's pools (see
-	// dropPoolsOnce); reloaded is when the last began, poolDrops counts
-	// them (for tests).
-	reloadMu  sync.Mutex
-	reloaded  time.Time
-	poolDrops int
+	// pools drops the transport's connection pools (pools.go).
+	pools poolDrops
 }
 
 // recheck is what the brokers said of a topic the cached metadata did
@@ -524,7 +520,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 		// metadata until MetadataTTL; drop its pools so the retry (and
 		// every later publish) reloads it, unless another lane did
 		// since this call began.
-		s.dropPoolsOnce(start)
+		s.pools.once(s.transport, start)
 		for _, i := range retry {
 			errs[i] = nil
 		}
@@ -756,7 +752,7 @@ func (s *Sink) recheckUnknown(ctx context.Context, topics []string, since time.T
 		return again
 	}
 	s.log.Debug("kafka: target topics created since the metadata was read; reloading it", zap.Strings("topics", found))
-	s.dropPools()
+	s.pools.drop(s.transport)
 	reloaded := time.Now()
 	s.mu.Lock()
 	for _, t := range found {
@@ -850,35 +846,6 @@ func batchRefusal(err error) bool {
 func recordRefusal(err error) bool {
 	return errors.Is(err, kafkago.MessageSizeTooLarge) || errors.Is(err, kafkago.RecordListTooLarge) ||
 		errors.Is(err, kafkago.InvalidRecord) || errors.Is(err, kafkago.InvalidMessage)
-}
-
-// dropPools drops the transport's connection pools: the next request
-// builds one that reads the metadata anew. A dropped pool holds the
-// cluster's metadata until transportIdle (640 KB on a cluster of 2 000
-// partitions, hunt H208), and the new one reads it again from a broker.
-func (s *Sink) dropPools() {
-	s.reloadMu.Lock()
-	defer s.reloadMu.Unlock()
-	s.reloaded = time.Now()
-	s.poolDrops++
-	s.transport.CloseIdleConnections()
-}
-
-// dropPoolsOnce is dropPools unless the pools were dropped since since:
-// the pool in use then read its metadata after since, so a publish that
-// began at since and failed on stale metadata finds it fresh. A leader
-// move fails the publishes of every shard's lane at once; each dropped the
-// pools, one drop each (review F211: 8 lanes, 8 pools of the cluster's
-// metadata held and read again), where one does.
-func (s *Sink) dropPoolsOnce(since time.Time) {
-	s.reloadMu.Lock()
-	defer s.reloadMu.Unlock()
-	if s.reloaded.After(since) {
-		return
-	}
-	s.reloaded = time.Now()
-	s.poolDrops++
-	s.transport.CloseIdleConnections()
 }
 
 // staleOnes returns the indexes of errors caused by a moved leader.

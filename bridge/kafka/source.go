@@ -55,12 +55,9 @@ type Source struct {
 
 	transport *kafkago.Transport
 	client    *kafkago.Client
-	// reloadMu orders the drops of the transport's pools on stale
-	// metadata (see dropPoolsOnce); reloaded is when the last began,
-	// poolDrops counts them (for tests).
-	reloadMu  sync.Mutex
-	reloaded  time.Time
-	poolDrops int
+	// pools drops the transport's connection pools on stale metadata
+	// (pools.go).
+	pools poolDrops
 
 	mu      sync.Mutex
 	health  map[string]error // "group" or a checkpoint key -> last error
@@ -936,7 +933,7 @@ func (s *Source) startOffset(ctx context.Context, h bridge.Handler, topic string
 			return start{}, false
 		}
 		if staleMetadata(err) {
-			s.dropPoolsOnce(began) // reload the transport's metadata
+			s.pools.once(s.transport, began) // reload the transport's metadata
 		}
 		s.retries.failed(log, zapcore.WarnLevel, part{topic, partition}, "start position failed; retrying", err)
 		s.setHealth(key, fmt.Errorf("kafka: checkpoint %s: %w", key, err))
@@ -1199,7 +1196,7 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 				// every MetadataTTL, never on a leader change; dropping
 				// its connection pools makes the next request reload it
 				// (once for the partitions a leader move failed).
-				s.dropPoolsOnce(began)
+				s.pools.once(s.transport, began)
 			}
 			s.setHealth(key, fmt.Errorf("kafka: fetch %s/%d: %w", topic, partition, classify(err)))
 			s.cfg.Metrics.SourceErrors.WithLabelValues(topic).Inc()
@@ -1296,25 +1293,6 @@ func (s *Source) sendRefreshingLag(ctx context.Context, out chan<- fetched, f fe
 			}
 		}
 	}
-}
-
-// dropPoolsOnce drops the transport's connection pools, so that the next
-// request builds one that reads the metadata anew, unless they were
-// dropped since since: a request that began at since and failed on stale
-// metadata finds it reloaded. A broker restarted or a leader moved fails
-// the fetches of all the partitions it led at once; each dropped the
-// pools (review R212: 100 partitions, 100 pools of the cluster's metadata
-// held until transportIdle and read again), as the sink's lanes did
-// before Sink.dropPoolsOnce.
-func (s *Source) dropPoolsOnce(since time.Time) {
-	s.reloadMu.Lock()
-	defer s.reloadMu.Unlock()
-	if s.reloaded.After(since) {
-		return
-	}
-	s.reloaded = time.Now()
-	s.poolDrops++
-	s.transport.CloseIdleConnections()
 }
 
 // staleMetadata reports errors that mean the partition leader moved.

@@ -73,9 +73,7 @@ func TestLeaderMoveSourceDropsPoolsOnce(t *testing.T) {
 	})
 	produceN(t, cl, "delay", parts, parts, parts)
 	waitFor(t, "every partition read again from the new leader", func() bool { return h.count() == 2*parts })
-	s.reloadMu.Lock()
-	drops := s.poolDrops
-	s.reloadMu.Unlock()
+	drops := s.pools.count()
 	if drops != 1 {
 		t.Fatalf("%d partitions failed by one leader move dropped the pools %d times, want once", parts, drops)
 	}

@@ -1,0 +1,52 @@
+package kafka
+
+import (
+	"sync"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+)
+
+// poolDrops drops a kafka-go transport's connection pools, so that the
+// next request builds one that reads the metadata anew. A dropped pool
+// holds the cluster's metadata until transportIdle (640 KB on a cluster
+// of 2 000 partitions, hunt H208), and the new one reads it again from a
+// broker. A leader move or a broker restart fails many requests at once
+// (every partition's fetch it led, every shard's publish lane), and each
+// dropped the pools (reviews F211, R212): once applies one drop to all
+// the requests that began before it.
+type poolDrops struct {
+	mu   sync.Mutex
+	last time.Time // when the last drop began
+	n    int       // drops (tests)
+}
+
+// drop drops t's pools.
+func (p *poolDrops) drop(t *kafkago.Transport) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.last = time.Now()
+	p.n++
+	t.CloseIdleConnections()
+}
+
+// once drops t's pools unless they were dropped since since: the pool in
+// use then read its metadata after since, so a request that began at
+// since and failed on stale metadata finds it fresh.
+func (p *poolDrops) once(t *kafkago.Transport, since time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.last.After(since) {
+		return
+	}
+	p.last = time.Now()
+	p.n++
+	t.CloseIdleConnections()
+}
+
+// count is how many drops there were.
+func (p *poolDrops) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.n
+}
