@@ -3,6 +3,7 @@ package service
 import (
 	"net"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -10,11 +11,11 @@ import (
 	"github.com/delaybridge/delaybridge/internal/logthrottle"
 )
 
-// resettingListener accepts connections and resets each at once (SO_LINGER
-// 0): a load balancer or a port-forward with no broker behind it. The
-// client's error names its own ephemeral port ("read tcp
-// 127.0.0.1:51234->127.0.0.1:9092: read: connection reset by peer"), a
-// new one at each attempt.
+// resettingListener accepts connections and resets each (SO_LINGER 0) once
+// the client sent its first request: a load balancer or a port-forward
+// with no broker behind it. The client's error names its own ephemeral
+// port ("read tcp 127.0.0.1:51234->127.0.0.1:9092: read: connection reset
+// by peer"), a new one at each attempt.
 func resettingListener(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -28,10 +29,21 @@ func resettingListener(t *testing.T) string {
 			if err != nil {
 				return
 			}
-			if tc, ok := c.(*net.TCPConn); ok {
-				_ = tc.SetLinger(0)
-			}
-			_ = c.Close()
+			go func() {
+				// The reset waits for the client's first request: reset
+				// at once, it came at random at the client's connect
+				// ("dial tcp ...: connect: connection reset by peer", no
+				// port, the same text each time) or at its first read,
+				// and the test waited for two of the latter: 2 s an
+				// attempt, 20 s in 1 run of 20, past the 30 s of the
+				// throttle (a second Warn) in about 1 of 2 000.
+				_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+				_, _ = c.Read(make([]byte, 1))
+				if tc, ok := c.(*net.TCPConn); ok {
+					_ = tc.SetLinger(0)
+				}
+				_ = c.Close()
+			}()
 		}
 	}()
 	return ln.Addr().String()
@@ -49,8 +61,7 @@ func TestConnectWarnThrottledAcrossPorts(t *testing.T) {
 	e.kafkaAddr = resettingListener(t)
 	core, logs := observer.New(zap.DebugLevel)
 	e.runWith(Options{Logger: zap.New(core)})
-	// Until two attempts failed alike but for a number (the port): the
-	// reset comes at the dial or at the first read, two kinds of error.
+	// Until two attempts failed alike but for a number (the port).
 	var errs []string
 	warns := 0
 	eventually(t, "two connect attempts to the resetting Kafka failing alike", func() bool {
