@@ -17,7 +17,6 @@ import (
 func TestQuietFlushOfWritesBeforeRun(t *testing.T) {
 	h := newHarness(t, nil)
 	var flushes atomic.Int32
-	t.Cleanup(func() { h.e.testHookReclaimFlush = nil })
 	h.e.testHookReclaimFlush = func(<-chan struct{}) { flushes.Add(1) }
 	var tasks []codec.Task
 	for i := range 16 {

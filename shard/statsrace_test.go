@@ -56,7 +56,6 @@ func TestStatsLastGoodMonotonic(t *testing.T) {
 	var holdOnce atomic.Bool
 	holdOnce.Store(true)
 	blocked, release := make(chan struct{}), make(chan struct{})
-	t.Cleanup(func() { h.e.testHookStatsRead = nil })
 	h.e.testHookStatsRead = func() {
 		if holdOnce.CompareAndSwap(true, false) {
 			close(blocked)
