@@ -149,12 +149,7 @@ func TestDLQRecoveredAfterPark(t *testing.T) {
 		sameRound bool
 	}{{"later", false}, {"same round", true}} {
 		t.Run(c.name, func(t *testing.T) {
-			core, logs := observer.New(zap.InfoLevel)
-			h := newHarness(t, func(o *Options) {
-				o.Shards = 1
-				o.Retry = parkPolicy
-				o.Logger = zap.New(core)
-			})
+			h, logs := dlqLogHarness(t, 1)
 			var bigTries atomic.Int32
 			h.sink.setFail(func(t *codec.Task) error {
 				switch {
@@ -272,12 +267,7 @@ func TestDLQRecoveredAcrossShards(t *testing.T) {
 	}
 	for _, how := range []string{"parked", "dropped"} {
 		t.Run(how, func(t *testing.T) {
-			core, logs := observer.New(zap.InfoLevel)
-			h := newHarness(t, func(o *Options) {
-				o.Shards = 2
-				o.Retry = parkPolicy
-				o.Logger = zap.New(core)
-			})
+			h, logs := dlqLogHarness(t, 2)
 			var down atomic.Bool
 			down.Store(true)
 			h.sink.setFail(func(t *codec.Task) error {

@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/codec"
 )
@@ -19,12 +18,7 @@ import (
 // ended it (TestDLQFailureEndsWhenDropped). It ends as they do, with the
 // line that says its dead letters were dropped (or parked).
 func TestDLQFailureEndsWhenParkedDropped(t *testing.T) {
-	core, logs := observer.New(zap.InfoLevel)
-	h := newHarness(t, func(o *Options) {
-		o.Shards = 1
-		o.Retry = parkPolicy
-		o.Logger = zap.New(core)
-	})
+	h, logs := dlqLogHarness(t, 1)
 	refusal := fmt.Errorf("kafka: publish to \"dlq\": %w: MESSAGE_TOO_LARGE", ErrRefused)
 	h.sink.setFail(func(*codec.Task) error { return refusal })
 	h.run()

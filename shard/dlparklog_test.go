@@ -30,11 +30,7 @@ func parkedNow(e *Engine) int {
 // before: stored, counted, listed.
 func TestDLQParkLinesThrottled(t *testing.T) {
 	const n = 1000
-	core, logs := observer.New(zap.InfoLevel)
-	h := newHarness(t, func(o *Options) {
-		o.Retry = parkPolicy
-		o.Logger = zap.New(core)
-	})
+	h, logs := dlqLogHarness(t, 0)
 	refusal := fmt.Errorf("kafka: publish to \"dlq\": %w: MESSAGE_TOO_LARGE", ErrRefused)
 	h.sink.setFail(func(t *codec.Task) error {
 		if t.ID != "small" {
@@ -100,11 +96,7 @@ func TestDLQParkLinesThrottled(t *testing.T) {
 // DLQ, then once per 30 s with those held back.
 func TestUnparkLinesThrottled(t *testing.T) {
 	const n = 200
-	core, logs := observer.New(zap.InfoLevel)
-	h := newHarness(t, func(o *Options) {
-		o.Retry = parkPolicy
-		o.Logger = zap.New(core)
-	})
+	h, logs := dlqLogHarness(t, 0)
 	refusal := fmt.Errorf("kafka: publish to \"dlq\": %w: MESSAGE_TOO_LARGE", ErrRefused)
 	h.sink.setFail(func(*codec.Task) error { return refusal })
 	h.run()
@@ -123,4 +115,20 @@ func TestUnparkLinesThrottled(t *testing.T) {
 	if m := lines[0].ContextMap(); m["dlq"] == nil || m["origin"] == nil {
 		t.Fatalf("first line lacks dlq or origin: %v", m)
 	}
+}
+
+// dlqLogHarness is a harness whose dead letters park after parkPolicy's
+// attempts, with shards shards (0: the default) and its log observed at
+// Info: the set-up of the DLQ line tests.
+func dlqLogHarness(t *testing.T, shards int) (*harness, *observer.ObservedLogs) {
+	t.Helper()
+	core, logs := observer.New(zap.InfoLevel)
+	h := newHarness(t, func(o *Options) {
+		if shards > 0 {
+			o.Shards = shards
+		}
+		o.Retry = parkPolicy
+		o.Logger = zap.New(core)
+	})
+	return h, logs
 }

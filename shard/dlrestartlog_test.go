@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/internal/logthrottle"
@@ -21,12 +20,7 @@ import (
 // recovered either. The engine logs at open, per DLQ, the dead letters
 // that were failing at the restart, and their recovery once they go out.
 func TestDLQFailingAcrossRestart(t *testing.T) {
-	core, logs := observer.New(zap.InfoLevel)
-	h := newHarness(t, func(o *Options) {
-		o.Shards = 2
-		o.Retry = parkPolicy
-		o.Logger = zap.New(core)
-	})
+	h, logs := dlqLogHarness(t, 2)
 	var down atomic.Bool
 	down.Store(true)
 	h.sink.setFail(func(t *codec.Task) error {
@@ -62,12 +56,7 @@ func TestDLQFailingAcrossRestart(t *testing.T) {
 // good (no delivery came to end it). It ends, with a line that says they
 // were dropped, not that the DLQ recovered.
 func TestDLQFailureEndsWhenDropped(t *testing.T) {
-	core, logs := observer.New(zap.InfoLevel)
-	h := newHarness(t, func(o *Options) {
-		o.Shards = 1
-		o.Retry = parkPolicy
-		o.Logger = zap.New(core)
-	})
+	h, logs := dlqLogHarness(t, 1)
 	h.sink.setFail(func(t *codec.Task) error {
 		return errors.New("kafka: publish to \"dlq\": TOPIC_AUTHORIZATION_FAILED")
 	})
@@ -106,12 +95,7 @@ func TestDLQFailureEndsWhenDropped(t *testing.T) {
 // throttle. The line at open is throttled as X: the next comes 30 s on,
 // with the failures held back.
 func TestDLQFailingAcrossRestartThrottled(t *testing.T) {
-	core, logs := observer.New(zap.InfoLevel)
-	h := newHarness(t, func(o *Options) {
-		o.Shards = 2
-		o.Retry = parkPolicy
-		o.Logger = zap.New(core)
-	})
+	h, logs := dlqLogHarness(t, 2)
 	h.sink.setFail(func(t *codec.Task) error {
 		return errors.New("kafka: publish to \"dlq\": TOPIC_AUTHORIZATION_FAILED")
 	})

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/delaybridge/delaybridge/codec"
 )
@@ -22,12 +21,7 @@ import (
 // clock passes the exact end (for ever on this fake clock, which does
 // not move by itself). The loops must park until the end.
 func TestDLQSettleWakeSubMillisecond(t *testing.T) {
-	core, logs := observer.New(zap.InfoLevel)
-	h := newHarness(t, func(o *Options) {
-		o.Shards = 2
-		o.Retry = parkPolicy
-		o.Logger = zap.New(core)
-	})
+	h, logs := dlqLogHarness(t, 2)
 	// Every time from here on has 300 µs past its millisecond.
 	h.clk.Advance(300 * time.Microsecond)
 	var down atomic.Bool
