@@ -11,13 +11,12 @@ import (
 	"github.com/delaybridge/delaybridge/internal/logthrottle"
 )
 
-// TestNotReadyLogThrottledAcrossPorts (review R210, failing: bridge/kafka
-// is another helper's): "kafka source not ready; retrying" is throttled
-// by its error's text, and a broker behind a balancer that resets the
-// connection (or a read timeout) names the client's ephemeral port, new
-// at each retry: every retry logged its own Warn. The service's connector
-// had the same key (fixed in R210: logthrottle.Shape); so do the group
-// join's and the offset commit's lines (not tested here).
+// TestNotReadyLogThrottledAcrossPorts (review R210): "kafka source not
+// ready; retrying" was throttled by its error's text, and a broker behind
+// a balancer that resets the connection (or a read timeout) names the
+// client's ephemeral port, new at each retry: every retry logged its own
+// Warn. It is keyed by logthrottle.Shape, as the service's connector, the
+// group join's and the offset commit's lines are.
 func TestNotReadyLogThrottledAcrossPorts(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

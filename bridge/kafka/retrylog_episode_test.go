@@ -21,10 +21,8 @@ import (
 // is held back with its end (review R210: restarting the throttle there
 // let a flapping partition log two lines a turn).
 func TestRetryLogOutageAcrossRebalance(t *testing.T) {
-	core, logs := observer.New(zap.InfoLevel)
-	log := zap.New(core)
 	now := time.Unix(1_000_000, 0)
-	r := &retryLog{end: "partitions read again", now: func() time.Time { return now }}
+	r, log, logs := fakeRetryLog("partitions read again", &now)
 	errFetch := errors.New("[6] Not Leader For Partition: fetch at offset 41")
 	fail := func(p part) {
 		r.failed(log, zapcore.WarnLevel, p, "fetch failed; retrying", errFetch)
@@ -94,10 +92,8 @@ func TestRetryLogOutageAcrossRebalance(t *testing.T) {
 // topic names that differ only in digits. Each topic is throttled on its
 // own; its partitions share its line.
 func TestRetryLogPerTopic(t *testing.T) {
-	core, logs := observer.New(zap.InfoLevel)
-	log := zap.New(core)
 	now := time.Unix(1_000_000, 0)
-	r := &retryLog{end: "partitions read again", now: func() time.Time { return now }}
+	r, log, logs := fakeRetryLog("partitions read again", &now)
 	errACL := errors.New("[29] Topic Authorization Failed: the client is not authorized to access the requested topic")
 	for _, p := range []part{
 		{"tenant1-delay", 0},
@@ -111,4 +107,120 @@ func TestRetryLogPerTopic(t *testing.T) {
 	if n := logs.FilterMessage("fetch failed; retrying").Len(); n != 2 {
 		t.Fatalf("%d lines for two topics failing alike, want 2 (one per topic)", n)
 	}
+}
+
+// TestRetryLogFlappingThrottled (review R210): when the end line reset
+// the throttle (d8d0aa4), a partition that fails and goes on by turns (a
+// store hovering at its free-space reserve, where each fire frees room
+// for one batch; a leader flapping) logged its failure and its end at
+// every turn: no throttle at all.
+// A run of outages within one interval should cost a few lines, not two
+// a turn.
+func TestRetryLogFlappingThrottled(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	r, log, logs := fakeRetryLog("batches stored again", &now)
+	errFull := errors.New("store: volume low on space: 90 MiB free, reserve 100 MiB")
+	const turns = 100 // one every 100 ms: 10 s, within one interval
+	for range turns {
+		r.failed(log, zapcore.WarnLevel, part{"delay", 0}, "handle failed; retrying the same batch", errFull)
+		now = now.Add(50 * time.Millisecond)
+		r.ok(log, part{"delay", 0}, true)
+		now = now.Add(50 * time.Millisecond)
+	}
+	fails := logs.FilterMessage("handle failed; retrying the same batch").Len()
+	ends := logs.FilterMessage("batches stored again").Len()
+	if fails > 2 || ends > 2 {
+		t.Fatalf("%d turns of fail and store again in %v: %d failure and %d end lines, want at most 2 of each", turns, turns*100*time.Millisecond, fails, ends)
+	}
+	// Each failure line has an end line after it: the partition is fine.
+	open := false
+	for _, l := range logs.All() {
+		switch l.Message {
+		case "handle failed; retrying the same batch":
+			open = true
+		case "batches stored again":
+			open = false
+		}
+	}
+	if open {
+		t.Fatal("the last failure line has no end line after it, the partition storing again")
+	}
+}
+
+// TestHandleFailOneLineAcrossTopics (review R210): ed6f5ac keyed the
+// retry lines per topic, the handler's too, but a handler that fails is
+// the store (a failed fsync, the volume's reserve), one cause for every
+// topic: a source of 10 delay topics logged 10 "handle failed" lines per
+// 30 s where one says it all.
+// Per topic suits what a topic can have on its own (a read ACL, a leader).
+func TestHandleFailOneLineAcrossTopics(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	log := zap.New(core)
+	now := time.Unix(1_000_000, 0)
+	// The source's own handleFails, as NewSource sets it up.
+	s, err := NewSource(testConfig(t, []string{"127.0.0.1:1"}, "g", "delay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &s.handleFails
+	r.now = func() time.Time { return now }
+	errFull := errors.New("store: volume low on space: 90 MiB free, reserve 100 MiB")
+	for i := range 10 {
+		now = now.Add(100 * time.Millisecond)
+		r.failed(log, zapcore.WarnLevel, part{"tenant" + string(rune('a'+i)) + "-delay", 0}, "handle failed; retrying the same batch", errFull)
+	}
+	if n := logs.FilterMessage("handle failed; retrying the same batch").Len(); n != 1 {
+		t.Fatalf("the store refusing the batches of 10 topics: %d lines, want 1 (then one per 30 s)", n)
+	}
+	// Fetch failures stay per topic (a read ACL, a leader of one topic).
+	for i := range 2 {
+		s.retries.now = r.now
+		s.retries.failed(log, zapcore.WarnLevel, part{"tenant" + string(rune('a'+i)) + "-delay", 0}, "fetch failed; retrying", errFull)
+	}
+	if n := logs.FilterMessage("fetch failed; retrying").Len(); n != 2 {
+		t.Fatalf("two topics failing to fetch: %d lines, want 2 (one per topic)", n)
+	}
+}
+
+// TestRetryLogSecondOutageShown (review R212): since the end line no
+// longer restarts the throttle (logthrottle.Episode, R210), a second short
+// outage within 30 s of a logged one showed nowhere at Info or above: its
+// failures were held back behind the first one's line and its end behind
+// the first one's end, and their counts waited for a next line of the
+// same kind that might never come. The partition's next good read after
+// the interval says it (Episode.Owed): the outages shown, each end line
+// and the ends it holds back, are the two there were.
+func TestRetryLogSecondOutageShown(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	r, log, logs := fakeRetryLog("partitions read again", &now)
+	errLeader := errors.New("[6] Not Leader For Partition")
+	p := part{"delay", 0}
+	for range 2 { // two outages of 1 s, 10 s apart
+		r.failed(log, zapcore.WarnLevel, p, "fetch failed; retrying", errLeader)
+		now = now.Add(time.Second)
+		r.ok(log, p, true)
+		now = now.Add(10 * time.Second)
+	}
+	r.ok(log, p, true) // a good read within the interval: nothing yet
+	if n := logs.FilterMessage("partitions read again").Len(); n != 1 {
+		t.Fatalf("%d end lines within the interval, want 1", n)
+	}
+	now = now.Add(time.Hour) // healthy since
+	r.ok(log, p, true)
+	r.ok(log, p, true)
+	shown := 0
+	for _, e := range logs.FilterMessage("partitions read again").All() {
+		held, _ := e.ContextMap()["held_back"].(int64)
+		shown += 1 + int(held)
+	}
+	if shown != 2 {
+		t.Fatalf("2 outages shown as %d ends in %d lines", shown, logs.Len())
+	}
+}
+
+// fakeRetryLog is a retryLog with end line end whose clock reads *now,
+// and the logger its lines go to, observed at Info.
+func fakeRetryLog(end string, now *time.Time) (*retryLog, *zap.Logger, *observer.ObservedLogs) {
+	core, logs := observer.New(zap.InfoLevel)
+	return &retryLog{end: end, now: func() time.Time { return *now }}, zap.New(core), logs
 }

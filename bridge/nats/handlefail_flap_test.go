@@ -34,12 +34,10 @@ func (f *firstTryFails) Handle(ctx context.Context, b *bridge.Batch) error {
 	return f.recorder.Handle(ctx, b)
 }
 
-// TestHandleFailFlappingThrottled (review R210, failing: bridge/nats is
-// another helper's): since "batches stored again" resets the throttle
-// (88b29ae), a store that refuses each batch once and takes its retry
-// logs a failure and an end for every batch: the line per retry that
-// H204 throttled, twice over. Before 88b29ae the failures were held to
-// one per 30 s.
+// TestHandleFailFlappingThrottled (review R210): when "batches stored
+// again" reset the throttle (88b29ae), a store that refuses each batch
+// once and takes its retry logged a failure and an end for every batch:
+// the line per retry that H204 throttled, twice over.
 func TestHandleFailFlappingThrottled(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	_, _, js, src := createdSource(t, func(c *Config) { c.Logger = zap.New(core) })
