@@ -171,24 +171,30 @@ func (l *dlqLines) parked(now time.Time, shard int, t *codec.Task, err error) {
 // round after which left of its dead letters of dest fail (not parked):
 // with none left the shard no longer fails for dest.
 func (l *dlqLines) delivered(now time.Time, shard int, dest string, left int) {
+	l.withCond(dest, func(c *dlqCond) {
+		c.delivered = true
+		if _, ok := c.failing[shard]; ok {
+			if left > 0 {
+				c.failing[shard] = left
+				return
+			}
+			delete(c.failing, shard)
+		}
+		l.overLocked(now, dest, c)
+	})
+}
+
+// withCond calls f, under l.mu, with dest's failure if one is under way
+// (one atomic load while none is).
+func (l *dlqLines) withCond(dest string, f func(c *dlqCond)) {
 	if l.active.Load() == 0 {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	c := l.conds[dest]
-	if c == nil {
-		return
+	if c := l.conds[dest]; c != nil {
+		f(c)
 	}
-	c.delivered = true
-	if _, ok := c.failing[shard]; ok {
-		if left > 0 {
-			c.failing[shard] = left
-			return
-		}
-		delete(c.failing, shard)
-	}
-	l.overLocked(now, dest, c)
 }
 
 // restored begins dest's failure at open with failing, the dead letters
@@ -226,21 +232,14 @@ func (l *dlqLines) restored(now time.Time, dest string, failing map[int]int, err
 // (parked ones aside): its last one was acknowledged, parked or dropped
 // (gone: one left the store).
 func (l *dlqLines) cleared(now time.Time, shard int, dest string, gone bool) {
-	if l.active.Load() == 0 {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	c := l.conds[dest]
-	if c == nil {
-		return
-	}
-	if _, ok := c.failing[shard]; !ok {
-		return
-	}
-	c.dropped = c.dropped || gone
-	delete(c.failing, shard)
-	l.overLocked(now, dest, c)
+	l.withCond(dest, func(c *dlqCond) {
+		if _, ok := c.failing[shard]; !ok {
+			return
+		}
+		c.dropped = c.dropped || gone
+		delete(c.failing, shard)
+		l.overLocked(now, dest, c)
+	})
 }
 
 // parkGone notes that a parked dead letter of dest left the store (an
@@ -251,17 +250,10 @@ func (l *dlqLines) cleared(now time.Time, shard int, dest string, gone bool) {
 // left it open for good, with no end line
 // (TestDLQFailureEndsWhenParkedDropped).
 func (l *dlqLines) parkGone(now time.Time, dest string) {
-	if l.active.Load() == 0 {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	c := l.conds[dest]
-	if c == nil {
-		return
-	}
-	c.dropped = true
-	l.overLocked(now, dest, c)
+	l.withCond(dest, func(c *dlqCond) {
+		c.dropped = true
+		l.overLocked(now, dest, c)
+	})
 }
 
 // overLocked marks dest's failure c healthy at now if no shard fails for
