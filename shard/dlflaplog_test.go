@@ -50,19 +50,7 @@ func settling(e *Engine, dest string) int {
 // its recovery once, when every shard that failed for it delivered to it
 // again: 2 lines a flap.
 func TestDLQFlapLinesOncePerEngine(t *testing.T) {
-	core, logs := observer.New(zap.InfoLevel)
-	h := newHarness(t, func(o *Options) {
-		o.Shards = 8
-		o.Retry = RetryPolicy{Initial: 100 * time.Millisecond, Max: 100 * time.Millisecond, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
-		o.Logger = zap.New(core)
-	})
-	var fail atomic.Bool
-	h.sink.setFail(func(t *codec.Task) error {
-		if t.Kind == codec.KindDeadLetter && fail.Load() {
-			return fmt.Errorf("publish to %q: %w", t.Target, errors.New("TOPIC_AUTHORIZATION_FAILED"))
-		}
-		return nil
-	})
+	h, logs, fail := flappingDLQ(t, 8)
 	h.run()
 	const flaps = 5
 	var failing, recovered []observer.LoggedEntry
@@ -324,19 +312,7 @@ func TestDLQRecoveredAcrossShards(t *testing.T) {
 // failure within that time is the same episode (its failing lines
 // throttled), counted in the recovered line's flaps.
 func TestDLQFlapsFolded(t *testing.T) {
-	core, logs := observer.New(zap.InfoLevel)
-	h := newHarness(t, func(o *Options) {
-		o.Shards = 2
-		o.Retry = RetryPolicy{Initial: 100 * time.Millisecond, Max: 100 * time.Millisecond, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
-		o.Logger = zap.New(core)
-	})
-	var fail atomic.Bool
-	h.sink.setFail(func(t *codec.Task) error {
-		if t.Kind == codec.KindDeadLetter && fail.Load() {
-			return fmt.Errorf("publish to %q: %w", t.Target, errors.New("TOPIC_AUTHORIZATION_FAILED"))
-		}
-		return nil
-	})
+	h, logs, fail := flappingDLQ(t, 2)
 	h.run()
 	const flaps = 20
 	for f := range flaps {
@@ -363,4 +339,26 @@ func TestDLQFlapsFolded(t *testing.T) {
 	if m := recovered[0].ContextMap(); m["flaps"] != int64(flaps-1) || m["failures"].(int64) < flaps {
 		t.Fatalf("recovered line %v, want flaps=%d and every failure counted", m, flaps-1)
 	}
+}
+
+// flappingDLQ is a harness of shards shards whose dead letters are
+// retried every 100 ms and whose DLQ refuses them as unauthorized while
+// fail is set, with its log observed at Info: the set-up of the flap
+// tests.
+func flappingDLQ(t *testing.T, shards int) (*harness, *observer.ObservedLogs, *atomic.Bool) {
+	t.Helper()
+	core, logs := observer.New(zap.InfoLevel)
+	h := newHarness(t, func(o *Options) {
+		o.Shards = shards
+		o.Retry = RetryPolicy{Initial: 100 * time.Millisecond, Max: 100 * time.Millisecond, Multiplier: 2, Jitter: -1, MaxAttempts: 3}
+		o.Logger = zap.New(core)
+	})
+	fail := new(atomic.Bool)
+	h.sink.setFail(func(t *codec.Task) error {
+		if t.Kind == codec.KindDeadLetter && fail.Load() {
+			return fmt.Errorf("publish to %q: %w", t.Target, errors.New("TOPIC_AUTHORIZATION_FAILED"))
+		}
+		return nil
+	})
+	return h, logs, fail
 }
