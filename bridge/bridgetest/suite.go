@@ -55,6 +55,7 @@ func Run(t *testing.T, b Broker) {
 	t.Run("NoAckWithoutHandle", func(t *testing.T) { testNoAckOnError(t, b) })
 	t.Run("CheckpointSkipsStored", func(t *testing.T) { testCheckpointSkip(t, b) })
 	t.Run("SinkDeliversExactly", func(t *testing.T) { testSink(t, b) })
+	t.Run("ContractRoundTrip", func(t *testing.T) { testContract(t, b) })
 }
 
 // recorder is a Handler that keeps what it was handed and can be told to
