@@ -57,6 +57,14 @@ func contractCases(tr codec.Transport, target string) []contractCase {
 			msg: Msg{Key: []byte("k-twice"), Value: []byte("twice"), Headers: []codec.Header{
 				h("Delay-After", "1h"), h("delay-after", "3s"), tg(target)}},
 			afterMs: 3000, wantID: "k-twice", wantKey: []byte("k-twice")},
+		{name: "a control header twice in two cases on Kafka: the last one wins", only: codec.TransportKafka,
+			msg: Msg{Key: []byte("k-twice-k"), Value: []byte("twice-kafka"), Headers: []codec.Header{
+				h("delay-after", "3s"), h("Delay-After", "4s"), tg(target)}},
+			afterMs: 4000, wantID: "k-twice-k", wantKey: []byte("k-twice-k")},
+		{name: "a control header twice in two cases on NATS: by name, upper case first, the last one wins", only: codec.TransportNATS,
+			msg: Msg{Value: []byte("twice-nats"), Headers: []codec.Header{
+				h("delay-after", "3s"), h("Delay-After", "4s"), tg(target)}},
+			afterMs: 3000},
 		{name: "whitespace around values",
 			msg: Msg{Key: []byte("k-ws"), Value: []byte("ws"), Headers: []codec.Header{
 				h("delay-after", " 1500 "), tg(" " + target + " ")}},
@@ -99,7 +107,7 @@ func contractCases(tr codec.Transport, target string) []contractCase {
 			msg: Msg{Value: []byte("msg-id"), Headers: []codec.Header{
 				h("Nats-Msg-Id", "n-7"), h("delay-after", "1s"), tg(target)}},
 			afterMs: 1000, wantID: "n-7"},
-		{name: "no id at all: the origin", only: codec.TransportNATS,
+		{name: "no id at all (a null Kafka key): the origin, the key stays null",
 			msg:     Msg{Value: []byte("no-id"), Headers: []codec.Header{h("delay-after", "1s"), tg(target)}},
 			afterMs: 1000},
 		{name: "tombstone with a key cancels", only: codec.TransportKafka,
