@@ -566,6 +566,30 @@ func warnDuplicateWindow(log *zap.Logger, window time.Duration) {
 		zap.Duration("duplicate_window", window))
 }
 
+// warnSourcedStream says, once per start, that a delay stream sourcing
+// other streams (a hub) restamps what it sources: delay-after counts from
+// the JetStream stored time (CONTRACT §1), and JetStream stores a sourced
+// message at the time it sources it, not at its publish time, so a
+// sourcing lag (an edge cut off from the hub) delays every task of the
+// messages it held by as much. The origin's time is not in the message
+// (Nats-Stream-Source has the origin's stream and sequence only). A mirror
+// keeps the origin's time and gets no warning.
+func warnSourcedStream(log *zap.Logger, sources []*jetstream.StreamSource) {
+	if len(sources) == 0 {
+		return
+	}
+	names := make([]string, 0, len(sources))
+	for _, src := range sources {
+		if src != nil {
+			names = append(names, src.Name)
+		}
+	}
+	log.Warn("nats source: the delay stream sources other streams, and JetStream stores a sourced message at the time it sources it, "+
+		"not at its publish time: delay-after counts from then, so a sourcing lag (a stream cut off from this one) delays those tasks by as much; "+
+		"publish delay-at to such streams, or read a mirror, which keeps the origin's time",
+		zap.Strings("sourced_streams", names))
+}
+
 // jsStreamSubjectOverlap is the server's error code for a stream whose
 // subjects another stream already captures.
 const jsStreamSubjectOverlap = 10065
@@ -823,6 +847,7 @@ func (s *Source) ensure(ctx context.Context) error {
 	// retried while the consumer does not answer.
 	if info != nil {
 		warnDuplicateWindow(s.log, info.Config.Duplicates)
+		warnSourcedStream(s.log, info.Config.Sources)
 		if cluster := s.nc.ConnectedClusterName(); cluster != "" && max(info.Config.Replicas, 1) == 1 && s.cfg.Replicas == 0 {
 			s.log.Warn("nats source: the delay stream has one replica on a NATS cluster: while its server is down publishers cannot reach the delay subjects, "+
 				"and messages not yet taken by the bridge are lost with its disk; give it 3 replicas (nats.replicas with nats.create, or nats stream edit)",
