@@ -1126,57 +1126,40 @@ func (e *Engine) ingest(ctx context.Context, tasks []codec.Task, cps []Checkpoin
 	// each of its checkpoint keys).
 	b := e.db.NewBatchWithSize(len(envs) + len(iks) + len(tasks)*(2*taskKeyLen+indexEntryLen2+32) + 256)
 	var key, val []byte
-	// Each part of the batch in key order: the memtable's skiplist
-	// inserter reuses the previous insert's splice when the next key lies
-	// just after it, and otherwise searches again from a higher level
-	// (2-3% of the rate of BenchmarkStoreIngestMixedDue, whose tasks come
-	// in no due order; the skiplist inserts are a quarter of an ingest's
-	// CPU). t keys first (sets and the deletes of replaced tasks, by
-	// shard, fire and seq; a key set and deleted again by this batch keeps
-	// set before delete through the task index), then index keys (stable:
-	// a batch that stores an id twice keeps its last entry last), then
-	// the cancels' expiry keys. TestIngestWriteOrderDurable pins what the
-	// order must keep.
-	tops := sc.tops[:0]
-	for i := range acts {
+	// t keys first, shard by shard (in task order within a shard, so a
+	// replace's delete still follows the set it deletes): consecutive
+	// inserts then land near each other in the memtable's skiplist, whose
+	// inserter reuses the previous splice. Index keys follow in task order.
+	byShard := sc.byShard
+	for i := range byShard {
+		byShard[i] = i
+	}
+	slices.SortStableFunc(byShard, func(x, y int) int { return cmp.Compare(route[x], route[y]) })
+	for _, i := range byShard {
 		a, sh := &acts[i], route[i]
 		if a.skip {
 			continue
 		}
 		if a.delOld {
-			tops = append(tops, tOp{shard: sh, fire: a.oldFire, seq: a.oldSeq, task: i, del: true})
+			key = appendTaskKey(key[:0], sh, a.oldFire, a.oldSeq)
+			b.Delete(key, nil)
 		}
 		if a.seq != 0 {
-			tops = append(tops, tOp{shard: sh, fire: a.fire, seq: a.seq, task: i})
+			key = appendTaskKey(key[:0], sh, a.fire, a.seq)
+			b.Set(key, envOf.at(i), nil)
 		}
 	}
-	slices.SortFunc(tops, tOp.compare)
-	for _, op := range tops {
-		key = appendTaskKey(key[:0], op.shard, op.fire, op.seq)
-		if op.del {
-			b.Delete(key, nil)
-		} else {
-			b.Set(key, envOf.at(op.task), nil)
-		}
-	}
-	sc.tops = tops
-	byKey := sc.byKey[:0]
 	for i := range acts {
-		if !acts[i].skip && tasks[i].Kind != codec.KindDeadLetter {
-			byKey = append(byKey, i)
+		a, t, sh := &acts[i], &tasks[i], route[i]
+		if a.skip || t.Kind == codec.KindDeadLetter {
+			continue
 		}
-	}
-	slices.SortStableFunc(byKey, func(x, y int) int { return bytes.Compare(ikOf.at(x), ikOf.at(y)) })
-	for _, i := range byKey {
-		val = appendIndexEntry(val[:0], &acts[i].entry)
-		b.Set(ikOf.at(i), val, nil)
-	}
-	sc.byKey = byKey
-	for _, i := range byKey {
-		if a, t := &acts[i], &tasks[i]; a.entry.Cancel {
-			key = appendExpiryKey(key[:0], route[i], a.entry.Expiry, t.Source, t.ID)
+		if a.entry.Cancel {
+			key = appendExpiryKey(key[:0], sh, a.entry.Expiry, t.Source, t.ID)
 			b.Set(key, nil, nil)
 		}
+		val = appendIndexEntry(val[:0], &a.entry)
+		b.Set(ikOf.at(i), val, nil)
 	}
 	if maxSeq != 0 {
 		b.Merge(seqKey, u64(maxSeq), nil)
@@ -1306,8 +1289,7 @@ func (k keySpans) str(i int) string {
 // batches are only pointed to.
 type ingestScratch struct {
 	route, envEnd, ikEnd []int
-	tops                 []tOp // the batch's t-key writes, in key order
-	byKey                []int // task indexes in index-key order
+	byShard              []int // task indexes in shard order
 	touched              []bool
 	pbs                  []*pendingBatch
 	acts                 []ingestAction
@@ -1326,6 +1308,7 @@ func getScratch(n, shards int) *ingestScratch {
 	sc.route = zeroed(sc.route, n)
 	sc.envEnd = zeroed(sc.envEnd, n)
 	sc.ikEnd = zeroed(sc.ikEnd, n)
+	sc.byShard = zeroed(sc.byShard, n)
 	sc.touched = zeroed(sc.touched, shards)
 	sc.pbs = zeroed(sc.pbs, shards)
 	sc.acts = zeroed(sc.acts, n)
@@ -1371,22 +1354,6 @@ func envelopeBound(t *codec.Task) int {
 		n += 20 + len(h.Key) + len(h.Value)
 	}
 	return n
-}
-
-// tOp is one t-key write of an ingest batch: the set of task's envelope,
-// or the delete of the pending task it replaces or cancels.
-type tOp struct {
-	shard int
-	fire  int64
-	seq   uint64
-	task  int
-	del   bool
-}
-
-// compare orders t-key writes as their keys, and writes of one key in
-// task order.
-func (x tOp) compare(y tOp) int {
-	return cmp.Or(cmp.Compare(x.shard, y.shard), cmp.Compare(fireU64(x.fire), fireU64(y.fire)), cmp.Compare(x.seq, y.seq), cmp.Compare(x.task, y.task))
 }
 
 // ingestAction is what Ingest decided for one task.
