@@ -10,13 +10,12 @@ import (
 	"github.com/delaybridge/delaybridge/codec"
 )
 
-// TestIngestWriteOrderDurable: Ingest writes a batch's t keys in key order
-// (shard, fire, seq) and its index keys in key order, not in task order.
-// What a batch leaves on disk must not depend on that: a task the batch
-// stores and then replaces or cancels again is gone after a reopen, the
-// last entry of an id wins, and tasks given in falling due order fire in
-// due order. Checked after a reopen, so the store itself is read, not the
-// wheels of the process that wrote it.
+// TestIngestWriteOrderDurable: what one Ingest batch leaves on disk,
+// whatever order it writes its keys in (shard by shard, or sorted, as was
+// tried): a task the batch stores and then replaces or cancels again is
+// gone after a reopen, the last entry of an id wins, and tasks given in
+// falling due order fire in due order. Checked after a reopen, so the
+// store itself is read, not the wheels of the process that wrote it.
 func TestIngestWriteOrderDurable(t *testing.T) {
 	due := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	cases := []struct {
