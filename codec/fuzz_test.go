@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 )
 
 // FuzzParse feeds Parse arbitrary header names and values. Whatever comes
@@ -23,6 +24,14 @@ func FuzzParse(f *testing.F) {
 	f.Add(uint8(1), "delay-cancel", "TRUE", "delay-id", "", "delay-key", "", []byte(""), true, int64(9e18), int64(1))
 	f.Add(uint8(2), "delay-after", "2d12h", "delay-target", "nats:a.*", "delay-origin", "o", []byte("k"), false, int64(1e12), int64(0))
 	f.Add(uint8(1), "delay-after", "1500", "delay-target", "foo:bar", "Delay-Cancel", "maybe", []byte("k"), true, int64(1e12), int64(1))
+	// The other forms of CONTRACT §1: delay-at in Unix milliseconds, a Go
+	// duration of several units, whole days, delay-key, a Kafka tombstone
+	// without control headers (a cancel by key), and a look-alike name.
+	f.Add(uint8(1), "delay-at", "1795000000000", "delay-key", "k2", "delay-target", "kafka:orders", []byte("k"), false, int64(1794999999000), int64(0))
+	f.Add(uint8(2), "delay-after", "1h30m", "Nats-Msg-Id", "n1", "delay-target", "nats:a.b", []byte(nil), false, int64(1e12), int64(365*24*3600_000_000_000))
+	f.Add(uint8(1), "delay-after", "3d", "delay-id", "tenant/42", "x", "y", []byte("k"), false, int64(1e12), int64(0))
+	f.Add(uint8(1), "traceparent", "00-1", "x", "y", "z", "w", []byte("k"), true, int64(1e12), int64(0))
+	f.Add(uint8(1), "Delay_At", "1795000000000", "X-Delay-After", "5s", "delay-target", "o", []byte("k"), false, int64(1e12), int64(0))
 	f.Fuzz(func(t *testing.T, tr uint8, k1, v1, k2, v2, k3, v3 string, key []byte, tomb bool, ms, maxDelay int64) {
 		m := &Message{
 			Transport:   Transport(1 + tr%2),
@@ -58,6 +67,23 @@ func FuzzParse(f *testing.F) {
 		var back Task
 		if err := DecodeTask(AppendTask(nil, &got), &back); err != nil || !equalTask(back, got) {
 			t.Fatalf("envelope round trip: %v\n%s\n%s", err, dump(got), dump(back))
+		}
+		// A look-alike is a header of the message that is not a control
+		// header and reads as one once its separators are dropped and its
+		// letters lower-cased.
+		if key, name, ok := Misspelled(m); ok {
+			if !slices.ContainsFunc(m.Headers, func(hd Header) bool { return hd.Key == key }) || classify(key).isControl() {
+				t.Fatalf("Misspelled = %q, %q: not a non-control header of the message", key, name)
+			}
+			squeezed := strings.Map(func(r rune) rune {
+				if strings.ContainsRune("-_. ", r) {
+					return -1
+				}
+				return unicode.ToLower(r)
+			}, key)
+			if want := strings.ReplaceAll(name, "-", ""); squeezed != want && squeezed != "x"+want {
+				t.Fatalf("Misspelled = %q, %q: reads as %q", key, name, squeezed)
+			}
 		}
 	})
 }
@@ -179,22 +205,57 @@ func FuzzDecodeTask(f *testing.F) {
 	})
 }
 
-// FuzzParseDelay: the config and delay-after grammar never panics, and
-// accepted delays are non-negative.
+// FuzzParseDelay: the delay-after, delay-at and config grammars never
+// panic and refuse with errors wrapping ErrBadDelay; an accepted delay is
+// non-negative, reads the same in milliseconds as delay-after counts it
+// (delayMs) and reads back from FormatDelay (what the config prints); an
+// accepted delay-at in range reads back from FormatDue (what delay-due
+// carries), and agrees with time.Parse where both take an RFC 3339 value.
+// The seeds are the forms of CONTRACT §1.
 func FuzzParseDelay(f *testing.F) {
-	for _, s := range []string{"365d", "2d12h", "90s", "1500", "-1s", "99999999999d", "1d-1h", ""} {
+	for _, s := range []string{"365d", "2d12h", "90s", "1h30m", "3d", "1500", "-1s", "99999999999d", "1d-1h", "", "+5s", "1.5h",
+		"2026-11-22T15:04:05.123Z", "2026-11-22T16:00:00.123+02:00", "2026-11-22t15:04:05z", "2016-12-31T23:59:60Z",
+		"2026-11-22T15:04:05.123456789-23:59", "2026-11-22T15:04:05+24:00", "2026-11-22T15:04:05,5Z", "1795000000000", "1795000000", "-1", "9999-12-31T23:59:59.999Z"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		d, err := ParseDelay(s)
-		if err == nil && d < 0 {
-			t.Fatalf("ParseDelay(%q) = %v", s, d)
+		if err != nil && !errors.Is(err, ErrBadDelay) {
+			t.Fatalf("ParseDelay(%q): error %v does not wrap ErrBadDelay", s, err)
+		}
+		if err == nil {
+			if d < 0 {
+				t.Fatalf("ParseDelay(%q) = %v", s, d)
+			}
+			if ms, err := delayMs(s); err != nil || ms != d.Milliseconds() {
+				t.Fatalf("ParseDelay(%q) = %v but delayMs = %d, %v", s, d, ms, err)
+			}
+			if back, err := ParseDelay(FormatDelay(d)); err != nil || back != d {
+				t.Fatalf("ParseDelay(%q) = %v, formats as %q, which parses to %v, %v", s, d, FormatDelay(d), back, err)
+			}
 		}
 		ms, err := delayMs(s)
+		if err != nil && !errors.Is(err, ErrBadDelay) {
+			t.Fatalf("delayMs(%q): error %v does not wrap ErrBadDelay", s, err)
+		}
 		if err == nil && ms < 0 {
 			t.Fatalf("delayMs(%q) = %v", s, ms)
 		}
-		atMs(s) // must not panic
+		at, err := atMs(s)
+		if err != nil {
+			if !errors.Is(err, ErrBadDelay) {
+				t.Fatalf("atMs(%q): error %v does not wrap ErrBadDelay", s, err)
+			}
+			return
+		}
+		if at >= MinDue && at <= MaxDue {
+			if back, err := atMs(FormatDue(at)); err != nil || back != at {
+				t.Fatalf("atMs(%q) = %d, formats as %q, which reads as %d, %v", s, at, FormatDue(at), back, err)
+			}
+		}
+		if tt, err := time.Parse(time.RFC3339, s); err == nil && !isInteger(s) && tt.UnixMilli() != at {
+			t.Fatalf("atMs(%q) = %d, time.Parse says %d", s, at, tt.UnixMilli())
+		}
 	})
 }
 
