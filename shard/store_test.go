@@ -2,6 +2,7 @@ package shard
 
 import (
 	"bufio"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"os"
@@ -115,12 +116,79 @@ func FuzzDecodeIndexEntry(f *testing.F) {
 	})
 }
 
+// FuzzParseExpiryKey: an x key names its expiry and the i key of the
+// cancel marker it expires, and a t key its shard, fire time and seq. The
+// parsers never panic, accept exactly the keys of their form, and what they
+// accept (with a fire time or expiry the encoders can write) encodes back to
+// the same key: an expiry key to the marker's index key of the same source
+// and id.
 func FuzzParseExpiryKey(f *testing.F) {
 	f.Add(appendExpiryKey(nil, 2, 1234, "src", "id"))
+	f.Add(appendExpiryKey(nil, 0, 0, "", ""))
+	f.Add(appendExpiryKey(nil, 65535, 1<<62, "a\x00b", "c"))
+	f.Add(appendTaskKey(nil, 3, 1_800_000_000_000, 42))
+	f.Add(appendTaskKey(nil, 1, heldBase+5, 1<<64-1))
 	f.Add([]byte{prefixExpiry})
+	f.Add([]byte{prefixTask})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		parseExpiryKey(b)
-		parseTaskKey(b)
+		expiry, ik, ok := parseExpiryKey(b)
+		if want := len(b) >= 11 && b[0] == prefixExpiry; ok != want {
+			t.Fatalf("parseExpiryKey(%x) ok = %v", b, ok)
+		}
+		if ok && expiry >= 0 {
+			sh := int(binary.BigEndian.Uint16(b[1:3]))
+			source, id, _ := strings.Cut(string(b[11:]), "\x00")
+			if got := appendExpiryKey(nil, sh, expiry, source, id); string(got) != string(b) {
+				t.Fatalf("expiry key %x parsed to %d %q %q, which encode to %x", b, expiry, source, id, got)
+			}
+			if want := appendIndexKey(nil, source, id); string(ik) != string(want) {
+				t.Fatalf("expiry key %x names index key %x, want %x", b, ik, want)
+			}
+		}
+		sh, fire, seq, ok := parseTaskKey(b)
+		if want := len(b) == taskKeyLen && b[0] == prefixTask; ok != want {
+			t.Fatalf("parseTaskKey(%x) ok = %v", b, ok)
+		}
+		if ok && fire >= 0 {
+			if got := appendTaskKey(nil, sh, fire, seq); string(got) != string(b) {
+				t.Fatalf("task key %x parsed to %d %d %d, which encode to %x", b, sh, fire, seq, got)
+			}
+		}
+	})
+}
+
+// FuzzParseWaiting: a waiting record read back from the store never panics
+// the decoder, is accepted exactly when it is one appendWaiting can have
+// written (a fire time below the held ones, a target group named), and an
+// accepted one encodes back to the same key and value.
+func FuzzParseWaiting(f *testing.F) {
+	f.Add(waitingKey(2, 7), appendWaiting(nil, 1234, packLate(1_800_000_000_000, heldBase)))
+	f.Add(waitingKey(0, 0), appendWaiting(nil, 0, packLate(0, heldBase+5<<heldDueBits)))
+	f.Add(waitingKey(1, 1), appendWaiting(nil, heldBase, 1<<heldDueBits))
+	f.Add(waitingKey(1, 1), appendWaiting(nil, 1, 1234))
+	f.Add([]byte{prefixWaiting}, []byte{})
+	f.Fuzz(func(t *testing.T, k, v []byte) {
+		sh, seq, fire, dg, ok := parseWaiting(k, v)
+		want := len(k) == shardSeqKeyLen && k[0] == prefixWaiting && len(v) == waitingLen
+		if want {
+			f, i := binary.BigEndian.Uint64(v), binary.BigEndian.Uint64(v[8:])>>heldDueBits
+			want = f < heldBase && i >= 1 && i <= transportSlots<<heldGroupBits
+		}
+		if ok != want {
+			t.Fatalf("parseWaiting(%x, %x) ok = %v, want %v", k, v, ok, want)
+		}
+		if !ok {
+			return
+		}
+		if lt := (lateTask{dg: dg}); fire < 0 || isHeld(fire) || !isHeld(lt.group()) || packLate(lt.due(), lt.group()) != dg {
+			t.Fatalf("parseWaiting(%x, %x) = fire %d, dg %d: not a waiting task's", k, v, fire, dg)
+		}
+		if got := waitingKey(sh, seq); string(got) != string(k) {
+			t.Fatalf("key %x decoded to shard %d seq %d, which encode to %x", k, sh, seq, got)
+		}
+		if got := appendWaiting(nil, fire, dg); string(got) != string(v) {
+			t.Fatalf("value %x decoded to %d %d, which encode to %x", v, fire, dg, got)
+		}
 	})
 }
 
@@ -220,3 +288,88 @@ func TestOpenStoreInUse(t *testing.T) {
 }
 
 const holdStoreEnv = "DELAYBRIDGE_HOLD_STORE"
+
+// FuzzMerger feeds the counter and sequence merge operator (which Pebble
+// runs on operands read back from disk during reads and compactions)
+// arbitrary keys and operands. It never panics; it refuses keys other
+// than counters and the sequence, and operands not 8 bytes long; and what
+// it accepts merges to the sum (counters) or the maximum (sequence)
+// whatever the order and the grouping of the operands.
+func FuzzMerger(f *testing.F) {
+	f.Add([]byte{prefixCount, 0, 1}, u64(5), append(u64(1<<64-1), u64(3)...), uint8(0))
+	f.Add([]byte{prefixSeq}, u64(7), append(u64(9), u64(2)...), uint8(1))
+	f.Add([]byte{prefixHeld, 0, 0}, u64(0), []byte{1, 2, 3}, uint8(2))
+	f.Add([]byte{prefixTask}, u64(1), []byte{}, uint8(3))
+	f.Add([]byte{}, []byte{}, []byte{}, uint8(0))
+	f.Fuzz(func(t *testing.T, key, first, rest []byte, order uint8) {
+		m, err := merger.Merge(key, first)
+		okKey := len(key) > 0 && (key[0] == prefixCount || key[0] == prefixHeld || key[0] == prefixSeq)
+		if !okKey || len(first) != 8 {
+			if err == nil {
+				t.Fatalf("Merge(%x, %x) accepted", key, first)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("Merge(%x, %x): %v", key, first, err)
+		}
+		combine := func(a, b uint64) uint64 {
+			if key[0] == prefixSeq {
+				return max(a, b)
+			}
+			return a + b
+		}
+		want := binary.BigEndian.Uint64(first)
+		var ops [][]byte
+		for len(rest) > 0 {
+			n := min(len(rest), 8)
+			ops = append(ops, rest[:n])
+			rest = rest[n:]
+		}
+		bad := false
+		for i, op := range ops {
+			var err error
+			if (int(order)>>(i%8))&1 == 0 {
+				err = m.MergeNewer(op)
+			} else {
+				err = m.MergeOlder(op)
+			}
+			if (err != nil) != (len(op) != 8) {
+				t.Fatalf("operand %x: err %v", op, err)
+			}
+			if err != nil {
+				bad = true
+				break
+			}
+			want = combine(want, binary.BigEndian.Uint64(op))
+		}
+		if bad {
+			return
+		}
+		got, closer, err := m.Finish(true)
+		if err != nil || closer != nil {
+			t.Fatalf("Finish: %v", err)
+		}
+		if string(got) != string(u64(want)) {
+			t.Fatalf("merged %x, want %x", got, u64(want))
+		}
+		// A partial merge (compaction) then a full one gives the same.
+		if len(ops) > 1 {
+			m1, _ := merger.Merge(key, first)
+			for _, op := range ops[:len(ops)/2] {
+				_ = m1.MergeNewer(op)
+			}
+			part, _, _ := m1.Finish(false)
+			m2, err := merger.Merge(key, part)
+			if err != nil {
+				t.Fatalf("partial merge result %x refused: %v", part, err)
+			}
+			for _, op := range ops[len(ops)/2:] {
+				_ = m2.MergeNewer(op)
+			}
+			if got2, _, _ := m2.Finish(true); string(got2) != string(got) {
+				t.Fatalf("partial then full merge %x, full %x", got2, got)
+			}
+		}
+	})
+}
