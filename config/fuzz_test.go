@@ -1,6 +1,10 @@
 package config
 
 import (
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"path"
 	"reflect"
 	"strings"
@@ -93,6 +97,74 @@ func FuzzAllowTarget(f *testing.F) {
 			if err == nil && c.AllowTarget(codec.TransportNATS, name) != want {
 				t.Fatalf("pattern %q vs %q: got %v, path.Match says %v", pattern, name, !want, want)
 			}
+		}
+	})
+}
+
+// FuzzParseSecret feeds the secret file readers (admin.token_file and the
+// other *_file keys, tls.ca_file) arbitrary file contents. They never
+// panic; a secret is the file without one trailing "\n" or "\r\n" and is
+// refused (ErrEmptySecret) only when that leaves nothing; and a bearer
+// token they accept reaches the admin server intact: Go's HTTP client
+// sends "Authorization: Bearer TOKEN" and the server reads TOKEN back the
+// way admin does.
+func FuzzParseSecret(f *testing.F) {
+	for _, s := range []string{"tok\n", "tok\r\n", "tok", "\n", "\r\n", "", "tok\n\n", " tok", "to k", "to\tk", "tok\x7f", "t\u0085k", "t\xc2", "\xa0tok",
+		"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"} {
+		f.Add([]byte(s))
+	}
+	got := make(chan string, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		got <- strings.TrimSpace(tok)
+	}))
+	f.Cleanup(srv.Close)
+	client := srv.Client()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := parseSecret(b)
+		want := string(b)
+		if strings.HasSuffix(want, "\r\n") {
+			want = want[:len(want)-2]
+		} else {
+			want = strings.TrimSuffix(want, "\n")
+		}
+		switch {
+		case want == "" && !errors.Is(err, ErrEmptySecret):
+			t.Fatalf("parseSecret(%q) = %q, %v; want ErrEmptySecret", b, s, err)
+		case want != "" && (err != nil || s != want):
+			t.Fatalf("parseSecret(%q) = %q, %v; want %q", b, s, err, want)
+		}
+		if pool, err := parseCAs(b); (pool == nil) == (err == nil) || err != nil && !errors.Is(err, ErrNoPEM) {
+			t.Fatalf("parseCAs(%q) = %v, %v", b, pool, err)
+		}
+		tok, err := parseBearerToken(b)
+		if err != nil {
+			if !errors.Is(err, ErrEmptySecret) && !errors.Is(err, ErrBadToken) {
+				t.Fatalf("parseBearerToken(%q): error %v", b, err)
+			}
+			return
+		}
+		if tok != s {
+			t.Fatalf("parseBearerToken(%q) = %q, parseSecret %q", b, tok, s)
+		}
+		req, err := http.NewRequest(http.MethodGet, srv.URL, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("token %q accepted, but no request can carry it: %v", tok, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		select {
+		case back := <-got:
+			if back != tok {
+				t.Fatalf("token %q accepted, but the server reads %q", tok, back)
+			}
+		default:
+			t.Fatalf("token %q accepted, but the server refused the request: %s", tok, resp.Status)
 		}
 	})
 }
