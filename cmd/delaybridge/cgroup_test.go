@@ -1,6 +1,8 @@
 package main
 
 import (
+	"strconv"
+	"strings"
 	"testing"
 	"testing/fstest"
 )
@@ -52,4 +54,45 @@ func TestContainerMemoryLimit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzContainerMemoryLimit feeds arbitrary /proc/self/cgroup text and
+// cgroup file contents to containerMemoryLimit. It never panics, and the
+// limit it finds is 0 or the value of one of the files, below v1's "no
+// limit"; with only v2 files, a v2 line naming /a and two readable
+// limits on that path, it is the smaller.
+func FuzzContainerMemoryLimit(f *testing.F) {
+	f.Add("0::/a\n", "1073741824\n", "2147483648\n", "536870912\n")
+	f.Add("4:memory:/a\n0::/\n", "max\n", "lots", "2147483648\n")
+	f.Add("0::/../../a\n", "max", "9223372036854771712", "-1")
+	f.Add("1:cpu,memory:/a/b\n", "", " 42 ", "1152921504606846976")
+	f.Fuzz(func(t *testing.T, cgroup, root, child, v1 string) {
+		files := fstest.MapFS{
+			"sys/fs/cgroup/memory.max":                   &fstest.MapFile{Data: []byte(root)},
+			"sys/fs/cgroup/a/memory.max":                 &fstest.MapFile{Data: []byte(child)},
+			"sys/fs/cgroup/memory/memory.limit_in_bytes": &fstest.MapFile{Data: []byte(v1)},
+		}
+		got := containerMemoryLimit(files, cgroup)
+		if got == 0 {
+			return
+		}
+		if got < 0 || got >= 1<<60 {
+			t.Fatalf("limit %d", got)
+		}
+		read := func(s string) int64 {
+			n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+			if err != nil {
+				return -1
+			}
+			return n
+		}
+		if got != read(root) && got != read(child) && got != read(v1) {
+			t.Fatalf("limit %d is none of the files' (%q, %q, %q)", got, root, child, v1)
+		}
+		if cgroup == "0::/a" || cgroup == "0::/a\n" {
+			if r, c := read(root), read(child); r > 0 && c > 0 && r < 1<<60 && c < 1<<60 && got != min(r, c) {
+				t.Fatalf("limit %d, want the smaller of %d and %d", got, r, c)
+			}
+		}
+	})
 }
