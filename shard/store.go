@@ -146,8 +146,10 @@ func expiryBound(shard int, expiry int64) []byte {
 }
 
 // parseExpiryKey returns the expiry and the index key the entry refers to.
+// A key without the 0 between source and id is not one appendExpiryKey
+// wrote, and names no index key: ok is false.
 func parseExpiryKey(k []byte) (expiry int64, indexKey []byte, ok bool) {
-	if len(k) < 11 || k[0] != prefixExpiry {
+	if len(k) < 11 || k[0] != prefixExpiry || bytes.IndexByte(k[11:], 0) < 0 {
 		return 0, nil, false
 	}
 	ik := make([]byte, 0, 1+len(k)-11)

@@ -132,7 +132,7 @@ func FuzzParseExpiryKey(f *testing.F) {
 	f.Add([]byte{prefixTask})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		expiry, ik, ok := parseExpiryKey(b)
-		if want := len(b) >= 11 && b[0] == prefixExpiry; ok != want {
+		if want := len(b) >= 11 && b[0] == prefixExpiry && strings.Contains(string(b[11:]), "\x00"); ok != want {
 			t.Fatalf("parseExpiryKey(%x) ok = %v", b, ok)
 		}
 		if ok && expiry >= 0 {
