@@ -17,9 +17,11 @@ import (
 // ids are scoped to their topic (the same key in two topics is two
 // tasks, and a cancel in one leaves the other), not to a partition (a
 // cancel on another partition reaches its schedule); across partitions
-// the later broker timestamp wins, whichever is read first; in one
-// partition the later offset wins, even with an earlier timestamp; a
-// tombstone with a (binary) key cancels the task whose id is that key.
+// the later broker timestamp wins (the source reads the two partitions
+// in whatever order its fetches return them, so a run covers one order;
+// shard's TestReplace and TestCancel pin both); in one partition the
+// later offset wins, even with an earlier timestamp; a tombstone with a
+// (binary) key cancels the task whose id is that key.
 func TestIDScopeAndOrderThroughTheStore(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(2, "delay-a", "delay-b"))
 	eng, err := shard.Open(shard.Options{Dir: t.TempDir(), Shards: 2})
