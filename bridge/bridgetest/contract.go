@@ -270,29 +270,18 @@ func testContract(t *testing.T, b Broker) {
 			t.Errorf("%s: due %s after publish + delay %s: the read time stretched it", c.name, codec.FormatDue(task.Due), codec.FormatDue(late))
 		}
 		// Through the store's envelope, as the engine holds it.
-		var tk codec.Task
-		if err := codec.DecodeTask(codec.AppendTask(nil, &task), &tk); err != nil {
-			t.Fatalf("%s: envelope: %v", c.name, err)
-		}
-		batch = append(batch, &tk)
+		batch = append(batch, Stored(t, task))
 		want = append(want, i)
 	}
 	if t.Failed() {
 		t.FailNow()
 	}
 
-	sink := b.NewSink(t)
-	dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer dcancel()
-	for i, err := range sink.Deliver(dctx, batch) {
-		if err != nil {
-			t.Fatalf("deliver %s: %v", cases[want[i]].name, err)
-		}
-	}
+	DeliverAll(t, b.NewSink(t), batch)
 	got := b.Consume(t, target, len(batch))
 	byOrigin := map[string]Msg{}
 	for _, g := range got {
-		o, _ := header(g.Headers, codec.HeaderOrigin)
+		o, _ := Header(g.Headers, codec.HeaderOrigin)
 		byOrigin[string(o)] = g
 	}
 	for i, task := range batch {
@@ -334,7 +323,7 @@ func testContract(t *testing.T, b Broker) {
 		}) {
 			t.Errorf("%s: delivered headers\n got  %s\n want %s", c.name, fmtHeaders(gotHs), fmtHeaders(wantHs))
 		}
-		due, _ := header(g.Headers, codec.HeaderDue)
+		due, _ := Header(g.Headers, codec.HeaderDue)
 		if !dueFormat.Match(due) {
 			t.Errorf("%s: delay-due %q is not RFC 3339 UTC with milliseconds", c.name, due)
 		} else if p, err := time.Parse(time.RFC3339, string(due)); err != nil || p.UnixMilli() != task.Due {

@@ -326,14 +326,15 @@ func testSink(t *testing.T, b Broker) {
 		}
 		next[k] = i + 1
 		for _, h := range want.Headers {
-			if v, ok := header(m.Headers, h.Key); !ok || !bytes.Equal(v, h.Value) {
+			if v, ok := Header(m.Headers, h.Key); !ok || !bytes.Equal(v, h.Value) {
 				t.Fatalf("value %q: header %s = %q (present %v), want %q", m.Value, h.Key, v, ok, h.Value)
 			}
 		}
 	}
 }
 
-func header(hs []codec.Header, key string) ([]byte, bool) {
+// Header returns the value of the first header named key.
+func Header(hs []codec.Header, key string) ([]byte, bool) {
 	for _, h := range hs {
 		if h.Key == key {
 			return h.Value, true
@@ -345,4 +346,28 @@ func header(hs []codec.Header, key string) ([]byte, bool) {
 // String helps failure messages.
 func (m Msg) String() string {
 	return fmt.Sprintf("key=%q value=%q headers=%d", m.Key, m.Value, len(m.Headers))
+}
+
+// Stored returns task as the engine holds it: through the store's
+// envelope, encoded and decoded.
+func Stored(t testing.TB, task codec.Task) *codec.Task {
+	t.Helper()
+	var tk codec.Task
+	if err := codec.DecodeTask(codec.AppendTask(nil, &task), &tk); err != nil {
+		t.Fatalf("envelope of %s: %v", task.Origin, err)
+	}
+	return &tk
+}
+
+// DeliverAll delivers tasks through sink within 30 s and fails the test
+// if the broker refused any of them.
+func DeliverAll(t testing.TB, sink shard.Sink, tasks []*codec.Task) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i, err := range sink.Deliver(ctx, tasks) {
+		if err != nil {
+			t.Fatalf("deliver task %d (origin %s, %d value bytes): %v", i, tasks[i].Origin, len(tasks[i].Value), err)
+		}
+	}
 }

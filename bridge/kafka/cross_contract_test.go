@@ -2,11 +2,11 @@ package kafka
 
 import (
 	"bytes"
-	"context"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/bridge/bridgetest"
 	"github.com/delaybridge/delaybridge/codec"
 )
 
@@ -36,19 +36,9 @@ func TestNATSSourceToKafkaTargetContract(t *testing.T) {
 		if task.Kind != codec.KindSchedule || task.Transport != codec.TransportKafka || task.Target != target {
 			t.Fatalf("parsed %v %s to %s:%s (%s)", task.Kind, task.Code, task.Transport, task.Target, task.Detail)
 		}
-		var tk codec.Task
-		if err := codec.DecodeTask(codec.AppendTask(nil, &task), &tk); err != nil {
-			t.Fatal(err)
-		}
-		tasks = append(tasks, &tk)
+		tasks = append(tasks, bridgetest.Stored(t, task))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for _, err := range b.NewSink(t).Deliver(ctx, tasks) {
-		if err != nil {
-			t.Fatalf("deliver: %v", err)
-		}
-	}
+	bridgetest.DeliverAll(t, b.NewSink(t), tasks)
 	got := b.Consume(t, target, len(tasks))
 	due := codec.FormatDue(now.UnixMilli() + 2000)
 	for _, g := range got {

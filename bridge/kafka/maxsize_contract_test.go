@@ -2,12 +2,12 @@ package kafka
 
 import (
 	"bytes"
-	"context"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/bridge/bridgetest"
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/config"
 )
@@ -51,16 +51,12 @@ func TestSinkMaxSizeRecordKafkaTarget(t *testing.T) {
 		}
 		tasks = append(tasks, &tk)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for i, err := range b.NewSink(t).Deliver(ctx, tasks) {
-		if err != nil {
-			t.Fatalf("a message taken in at max_message_bytes, task %d (%d value bytes), refused by a Kafka target: %v", i, len(tasks[i].Value), err)
-		}
-	}
+	// A refusal is a message taken in at max_message_bytes that a Kafka
+	// target does not take.
+	bridgetest.DeliverAll(t, b.NewSink(t), tasks)
 	got := b.Consume(t, target, len(tasks))
 	for _, g := range got {
-		o, _ := header(g.Headers, codec.HeaderOrigin)
+		o, _ := bridgetest.Header(g.Headers, codec.HeaderOrigin)
 		var want *codec.Task
 		for _, tk := range tasks {
 			if tk.Origin == string(o) {
@@ -71,13 +67,4 @@ func TestSinkMaxSizeRecordKafkaTarget(t *testing.T) {
 			t.Errorf("delivery with origin %s: %d value bytes and %d headers, want the task's", o, len(g.Value), len(g.Headers))
 		}
 	}
-}
-
-func header(hs []codec.Header, key string) ([]byte, bool) {
-	for _, h := range hs {
-		if h.Key == key {
-			return h.Value, true
-		}
-	}
-	return nil, false
 }

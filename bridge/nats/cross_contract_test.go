@@ -2,12 +2,12 @@ package nats
 
 import (
 	"bytes"
-	"context"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/delaybridge/delaybridge/bridge/bridgetest"
 	"github.com/delaybridge/delaybridge/codec"
 )
 
@@ -37,17 +37,7 @@ func TestKafkaSourceToNATSTargetContract(t *testing.T) {
 	if task.Kind != codec.KindSchedule || task.Transport != codec.TransportNATS || task.Target != target {
 		t.Fatalf("parsed %v %s to %s:%s (%s)", task.Kind, task.Code, task.Transport, task.Target, task.Detail)
 	}
-	var tk codec.Task
-	if err := codec.DecodeTask(codec.AppendTask(nil, &task), &tk); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for _, err := range b.NewSink(t).Deliver(ctx, []*codec.Task{&tk}) {
-		if err != nil {
-			t.Fatalf("deliver: %v", err)
-		}
-	}
+	bridgetest.DeliverAll(t, b.NewSink(t), []*codec.Task{bridgetest.Stored(t, task)})
 	got := b.Consume(t, target, 1)[0]
 	if !bytes.Equal(got.Value, m.Value) {
 		t.Errorf("value %q, want %q", got.Value, m.Value)
