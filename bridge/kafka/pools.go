@@ -25,9 +25,7 @@ type poolDrops struct {
 func (p *poolDrops) drop(t *kafkago.Transport) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.last = time.Now()
-	p.n++
-	t.CloseIdleConnections()
+	p.dropLocked(t)
 }
 
 // once drops t's pools unless they were dropped since since: the pool in
@@ -36,9 +34,12 @@ func (p *poolDrops) drop(t *kafkago.Transport) {
 func (p *poolDrops) once(t *kafkago.Transport, since time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.last.After(since) {
-		return
+	if !p.last.After(since) {
+		p.dropLocked(t)
 	}
+}
+
+func (p *poolDrops) dropLocked(t *kafkago.Transport) {
 	p.last = time.Now()
 	p.n++
 	t.CloseIdleConnections()
