@@ -326,7 +326,6 @@ func FuzzMerger(f *testing.F) {
 			ops = append(ops, rest[:n])
 			rest = rest[n:]
 		}
-		bad := false
 		for i, op := range ops {
 			var err error
 			if (int(order)>>(i%8))&1 == 0 {
@@ -338,13 +337,9 @@ func FuzzMerger(f *testing.F) {
 				t.Fatalf("operand %x: err %v", op, err)
 			}
 			if err != nil {
-				bad = true
-				break
+				return // refused, as it should be
 			}
 			want = combine(want, binary.BigEndian.Uint64(op))
-		}
-		if bad {
-			return
 		}
 		got, closer, err := m.Finish(true)
 		if err != nil || closer != nil {
