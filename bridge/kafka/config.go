@@ -284,9 +284,10 @@ var perAddressDial = 3 * time.Second
 // (a Close, a reload of stale metadata after a leader moved: Source and
 // Sink do that on each such failure) stays in memory: kafka-go does not
 // stop an idle connection's timer when it closes it, and the timer holds
-// the pool with the cluster's metadata until it fires. At 5 min, 100 drops
-// on a cluster of 2 000 partitions held 64 MB for 5 min (hunt H208:
-// 640 KB a drop); this is kafka-go's own default. A publisher idle longer
+// the pool with its metadata until it fires. At 5 min, 100 drops on a
+// cluster of 2 000 partitions held 64 MB for 5 min (hunt H208: 640 KB a
+// drop, of the whole cluster's metadata, which Source and Sink no longer
+// read); this is kafka-go's own default. A publisher idle longer
 // than this reconnects at its next publish.
 const transportIdle = 30 * time.Second
 

@@ -18,8 +18,9 @@ import (
 // TestLeaderMoveDropsPoolsOnce (review F211): a leader move fails the
 // publishes of every shard's lane at once, each on the stale metadata of
 // the transport's one pool, and each lane dropped the pools to reload it:
-// with 4 lanes 4 drops, each a pool of the whole cluster's metadata held
-// until transportIdle (640 KB on 2 000 partitions) and read again. The
+// with 4 lanes 4 drops, each a pool whose metadata is held until
+// transportIdle and read again (640 KB on 2 000 partitions when the sink
+// read the whole cluster's, before scopedTransport). The
 // lanes whose publish began before a drop find the metadata reloaded by
 // it: one drop. Each lane publishes to a topic of its own (one produce
 // request each), all led by the broker that loses them; the produce

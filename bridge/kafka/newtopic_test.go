@@ -31,14 +31,14 @@ func createTopic(t *testing.T, c *kfake.Cluster, topic string) {
 }
 
 // TestSinkTopicCreatedSinceMetadata: a target topic created after the
-// sink's transport read the cluster's metadata (a new tenant's, its task
+// sink's transport read its metadata (a new tenant's, its task
 // due at once) is delivered to, alone or among other topics, instead of
 // failing as missing until the cache is MetadataTTL old (an attempt
 // charged per try, and with a small retry.max_attempts a publish-failed
 // dead letter of a task whose topic exists, hunt H177). A topic that is
 // missing still fails as missing.
 func TestSinkTopicCreatedSinceMetadata(t *testing.T) {
-	c, s := warmSink(t)
+	c, s := warmSink(t, "new-alone", "new-among")
 	ctx := context.Background()
 
 	createTopic(t, c, "new-alone")
@@ -78,8 +78,11 @@ func TestSinkTopicCreatedSinceMetadata(t *testing.T) {
 
 // warmSink is a sink on a new cluster with topic "old" whose transport
 // has read the metadata (a delivery to "old"), cached for 10 minutes: not
-// refreshed during a test.
-func warmSink(t *testing.T) (*kfake.Cluster, *Sink) {
+// refreshed during a test. The transport reads the metadata of "old" and
+// of unborn too (see scopedTransport), topics that do not exist yet: a
+// topic the sink publishes to that is created after the transport read
+// it is not in the cached metadata until the next MetadataTTL.
+func warmSink(t *testing.T, unborn ...string) (*kfake.Cluster, *Sink) {
 	t.Helper()
 	c := newCluster(t, kfake.SeedTopics(1, "old"))
 	cfg := testConfig(t, c.ListenAddrs(), "")
@@ -89,8 +92,12 @@ func warmSink(t *testing.T) (*kfake.Cluster, *Sink) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	s.transport.cover(unborn)
 	if errs := s.Deliver(context.Background(), []*codec.Task{task("old", "k", "warm")}); errs != nil {
 		t.Fatal(errors.Join(errs...))
+	}
+	if bad := s.badTopics(context.Background(), unborn); len(bad) != len(unborn) {
+		t.Fatalf("cached metadata of %v: errors %v, want each missing", unborn, bad)
 	}
 	return c, s
 }

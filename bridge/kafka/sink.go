@@ -27,7 +27,7 @@ import (
 type Sink struct {
 	cfg       Config
 	addr      net.Addr // the brokers
-	transport *kafkago.Transport
+	transport *scopedTransport
 	// produce is transport with at most maxProduceInFlight produce
 	// requests at once, for the producers.
 	produce kafkago.RoundTripper
@@ -319,11 +319,11 @@ func NewSink(cfg Config) (*Sink, error) {
 		return nil, err
 	}
 	s := &Sink{
-		cfg:       cfg,
-		transport: cfg.transport(),
-		log:       cfg.Logger.With(zap.String("component", "kafka-sink")),
-		m:         cfg.Metrics,
+		cfg: cfg,
+		log: cfg.Logger.With(zap.String("component", "kafka-sink")),
+		m:   cfg.Metrics,
 	}
+	s.transport = newScopedTransport(&s.cfg, s.log)
 	s.produce = limitInFlight(s.transport, maxProduceInFlight)
 	s.probeCtx, s.stopProbe = context.WithCancel(context.Background())
 	s.addr = kafkago.TCP(cfg.Brokers...)
@@ -504,6 +504,7 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 	msgs := make([]kafkago.Message, len(batch))
 	errs := make([]error, len(batch))
 	idx := make([]int, 0, len(batch))
+	var topics []string // distinct: a fire batch names few topics
 	for i, t := range batch {
 		msgs[i] = toKafkaMessage(t, start)
 		if t.Target == "" {
@@ -511,7 +512,13 @@ func (s *Sink) Deliver(ctx context.Context, batch []*codec.Task) []error {
 			continue
 		}
 		idx = append(idx, i)
+		if len(topics) == 0 || topics[len(topics)-1] != t.Target && !slices.Contains(topics, t.Target) {
+			topics = append(topics, t.Target)
+		}
 	}
+	// One wider metadata scope for all of the batch's new topics, not
+	// one per topic as kafka-go's Writer asks (see scopedTransport).
+	s.transport.cover(topics)
 	g := s.acquire()
 	defer s.release(g, msgs)
 	s.send(ctx, g, msgs, idx, errs)

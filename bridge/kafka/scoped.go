@@ -1,0 +1,172 @@
+package kafka
+
+import (
+	"context"
+	"maps"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	kafkago "github.com/segmentio/kafka-go"
+	metadataapi "github.com/segmentio/kafka-go/protocol/metadata"
+	"go.uber.org/zap"
+)
+
+// maxScopedTopics is how many topics a scopedTransport reads the metadata
+// of before it reads the whole cluster's instead (a variable for tests).
+// It is maxWriterTopics: a sink that publishes to more topics than that
+// turns its producers over anyway.
+var maxScopedTopics = 1024
+
+// scopedTransport is the Sink's kafka-go RoundTripper. It reads the
+// metadata of the topics the sink publishes to, not the whole cluster's.
+//
+// kafka-go's Transport reads the metadata of its MetadataTopics, or of
+// every topic of the cluster when that is empty, at start and every
+// MetadataTTL (6 s), on every pool (one per connection reset, see
+// poolDrops). The target topics are not configured (any topic
+// targets.allow matches), so the sink read the whole cluster's: on a
+// shared cluster of thousands of topics a metadata answer of megabytes
+// every 6 s (kafka-go's issue #963 and xk6-kafka's #202 report about 1 MB),
+// 637 KB held by each dropped pool against 9 KB for one topic (hunt F211),
+// and, on a cluster with ACLs, a "Denied Operation = Describe" audit
+// record for every topic the bridge's principal may not describe, every
+// 6 s (kafka-go #963).
+//
+// A kafka-go pool's topics are fixed when it is made, so widening the set
+// takes a new Transport: the next requests go through it (its first one
+// waits for its first metadata answer, as a new pool's always does) and
+// the old one's pools are dropped, closing their connections once the
+// requests in flight on them end. Deliver widens once for all the topics
+// of a fire batch (cover); RoundTrip widens for a metadata request naming
+// a topic not covered, which kafka-go's Writer makes before producing to
+// it, so no produce reaches a pool that does not know its topic. Topics
+// are not forgotten: a missing topic stays, and is asked about every
+// MetadataTTL (how the sink finds it created). Past maxScopedTopics the
+// transport reads the whole cluster's metadata, as kafka-go does by
+// default, rather than renew its connections at every new topic.
+type scopedTransport struct {
+	cfg *Config
+	log *zap.Logger
+
+	mu  sync.Mutex // serializes widening
+	cur atomic.Pointer[scope]
+	// widened counts the Transports made after the first (tests).
+	widened atomic.Int64
+}
+
+// scope is one Transport and the topics it reads the metadata of; topics
+// is nil when it reads the whole cluster's.
+type scope struct {
+	t      *kafkago.Transport
+	topics map[string]struct{}
+}
+
+var _ kafkago.RoundTripper = (*scopedTransport)(nil)
+
+// newScopedTransport returns a transport with cfg's settings that reads
+// the metadata of topics (none yet: the first publish names them).
+func newScopedTransport(cfg *Config, log *zap.Logger, topics ...string) *scopedTransport {
+	s := &scopedTransport{cfg: cfg, log: log}
+	set := make(map[string]struct{}, len(topics))
+	for _, t := range topics {
+		set[t] = struct{}{}
+	}
+	s.cur.Store(s.scopeOf(set))
+	return s
+}
+
+// scopeOf makes the Transport that reads the metadata of topics (of the
+// whole cluster when topics is nil).
+func (s *scopedTransport) scopeOf(topics map[string]struct{}) *scope {
+	t := s.cfg.transport()
+	if topics != nil {
+		// Never empty: kafka-go reads every topic's metadata for an
+		// empty MetadataTopics. A name no topic can have (Kafka topic
+		// names are [a-zA-Z0-9._-]) stands in before the first publish.
+		t.MetadataTopics = slices.Sorted(maps.Keys(topics))
+		if len(t.MetadataTopics) == 0 {
+			t.MetadataTopics = []string{noTopic}
+		}
+	}
+	return &scope{t: t, topics: topics}
+}
+
+// noTopic is the one topic of a scope that covers none yet: a name Kafka
+// refuses for a topic, so its metadata answer is one error entry.
+const noTopic = "delaybridge:none"
+
+// covers reports whether sc reads the metadata of every one of topics.
+func (sc *scope) covers(topics []string) bool {
+	if sc.topics == nil {
+		return true
+	}
+	for _, t := range topics {
+		if _, ok := sc.topics[t]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// cover makes the transport read the metadata of topics too (empty names
+// are left out), unless it does already.
+func (s *scopedTransport) cover(topics []string) {
+	if s.cur.Load().covers(topics) {
+		return
+	}
+	s.mu.Lock()
+	cur := s.cur.Load()
+	if cur.covers(topics) {
+		s.mu.Unlock()
+		return
+	}
+	set := maps.Clone(cur.topics)
+	for _, t := range topics {
+		if t != "" {
+			set[t] = struct{}{}
+		}
+	}
+	whole := len(set) > maxScopedTopics
+	if whole {
+		set = nil
+	}
+	next := s.scopeOf(set)
+	s.cur.Store(next)
+	s.widened.Add(1)
+	s.mu.Unlock()
+	// Requests in flight on the old pools hold them until they end.
+	cur.t.CloseIdleConnections()
+	if whole {
+		s.log.Info("kafka: the sink publishes to more topics than it reads the metadata of one by one; it reads the whole cluster's metadata from now on",
+			zap.Int("topics", maxScopedTopics))
+		return
+	}
+	s.log.Debug("kafka: the sink reads the metadata of more target topics", zap.Int("topics", len(set)))
+}
+
+// RoundTrip sends req through the current Transport, after widening it
+// to the topics of a metadata request that names some it does not cover.
+func (s *scopedTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafkago.Request) (kafkago.Response, error) {
+	if m, ok := req.(*metadataapi.Request); ok && m.TopicNames != nil {
+		s.cover(m.TopicNames)
+	}
+	return s.cur.Load().t.RoundTrip(ctx, addr, req)
+}
+
+// CloseIdleConnections drops the current Transport's pools (see
+// poolDrops): the next request reads the metadata anew.
+func (s *scopedTransport) CloseIdleConnections() {
+	s.cur.Load().t.CloseIdleConnections()
+}
+
+// topics is what the transport reads the metadata of, sorted; nil when
+// it reads the whole cluster's (tests).
+func (s *scopedTransport) topics() []string {
+	sc := s.cur.Load()
+	if sc.topics == nil {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(sc.topics))
+}
