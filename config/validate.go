@@ -483,10 +483,12 @@ func checkCreds(v *validator, key, path string) {
 	problem := func(err error) {
 		v.add(key, "%s is not a NATS .creds file (a user JWT and its nkey seed): %v", path, err)
 	}
-	if _, err := nkeys.ParseDecoratedNKey(b); err != nil {
+	kp, err := nkeys.ParseDecoratedNKey(b)
+	if err != nil {
 		problem(err)
 		return
 	}
+	kp.Wipe() // its copy of the seed (nats.go reads the file again to connect)
 	tok, err := nkeys.ParseDecoratedJWT(b)
 	if err == nil {
 		_, err = jwt.DecodeGeneric(tok)
