@@ -61,6 +61,10 @@ type scopedTransport struct {
 type scope struct {
 	t      *kafkago.Transport
 	topics map[string]struct{}
+	// retired: a wider scope replaced this one and dropped t's pools. A
+	// request that took this scope before then may still reach t and
+	// make it a new pool; it drops t's pools again when it ends.
+	retired atomic.Bool
 }
 
 var _ kafkago.RoundTripper = (*scopedTransport)(nil)
@@ -137,6 +141,9 @@ func (s *scopedTransport) cover(topics []string) {
 	s.widened.Add(1)
 	s.mu.Unlock()
 	// Requests in flight on the old pools hold them until they end.
+	// Retired first: a request that took cur and reaches its Transport
+	// after this drop drops the pool it made there (see RoundTrip).
+	cur.retired.Store(true)
 	cur.t.CloseIdleConnections()
 	if whole {
 		s.log.Info("kafka: the sink publishes to more topics than it reads the metadata of one by one; it reads the whole cluster's metadata from now on",
@@ -148,12 +155,31 @@ func (s *scopedTransport) cover(topics []string) {
 
 // RoundTrip sends req through the current Transport, after widening it
 // to the topics of a metadata request that names some it does not cover.
+//
+// A request that took a scope a widening then retired may have reached
+// its Transport after the widening dropped its pools: kafka-go made it a
+// new pool there, which nothing else would drop, its discover goroutine
+// and control connection kept for the life of the process and the
+// metadata read every MetadataTTL (review R218). So a request on a
+// retired scope drops its Transport's pools when it ends (in-flight
+// requests hold theirs until they end).
 func (s *scopedTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafkago.Request) (kafkago.Response, error) {
-	if m, ok := req.(*metadataapi.Request); ok && m.TopicNames != nil {
+	m, meta := req.(*metadataapi.Request)
+	if meta && m.TopicNames != nil {
 		s.cover(m.TopicNames)
 	}
-	return s.cur.Load().t.RoundTrip(ctx, addr, req)
+	sc := s.cur.Load()
+	scopeLoaded()
+	res, err := sc.t.RoundTrip(ctx, addr, req)
+	if sc.retired.Load() {
+		sc.t.CloseIdleConnections()
+	}
+	return res, err
 }
+
+// scopeLoaded runs between RoundTrip's taking the scope and its request
+// (tests: a widening retires the scope meanwhile).
+var scopeLoaded = func() {}
 
 // CloseIdleConnections drops the current Transport's pools (see
 // poolDrops): the next request reads the metadata anew.

@@ -1,0 +1,215 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	metadataapi "github.com/segmentio/kafka-go/protocol/metadata"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/delaybridge/delaybridge/codec"
+)
+
+// Review R218: eight lanes deliver at once, each to topics of its own that
+// the sink has not published to: every widening builds on the scope the
+// last one stored (none drops a topic another added), every task is
+// delivered once and without error, and the scope ends as the union.
+func TestScopedReviewLanesWidenAtOnce(t *testing.T) {
+	const lanes, rounds = 8, 4
+	var all []string
+	for l := range lanes {
+		for r := range rounds {
+			all = append(all, fmt.Sprintf("lane%d-round%d", l, r))
+		}
+	}
+	c := newCluster(t, kfake.SeedTopics(2, all...))
+	s, err := NewSink(testConfig(t, c.ListenAddrs(), ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errc := make(chan error, lanes*rounds)
+	for l := range lanes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range rounds {
+				tp := fmt.Sprintf("lane%d-round%d", l, r)
+				if errs := s.Deliver(ctx, []*codec.Task{task(tp, "k1", tp+"/1"), task(tp, "k2", tp+"/2")}); errs != nil {
+					errc <- fmt.Errorf("%s: %w", tp, errors.Join(errs...))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Error(err)
+	}
+	slices.Sort(all)
+	if got := s.transport.topics(); !slices.Equal(got, all) {
+		t.Fatalf("scope %v, want the %d topics the lanes published to", got, len(all))
+	}
+	if n := s.transport.widened.Load(); n > lanes*rounds {
+		t.Errorf("widened %d times for %d new topics", n, lanes*rounds)
+	}
+	for _, tp := range all {
+		if recs := consumeAll(t, c, tp, 2); len(recs) != 2 {
+			t.Fatalf("%s holds %d records, want 2", tp, len(recs))
+		}
+	}
+}
+
+// Review R218: a request that took the scope just before a widening
+// retired its Transport reaches that Transport after its pools were
+// dropped, and kafka-go makes it a new pool there. Nothing dropped that
+// pool again: its discover goroutine read the metadata every MetadataTTL
+// and held a connection to the brokers for the life of the process, past
+// the sink's Close. A request on a retired Transport now drops its pools
+// when it ends.
+func TestScopedReviewRetiredTransportKeepsNoPool(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "a", "b"))
+	cfg := testConfig(t, c.ListenAddrs(), "")
+	cfg.MetadataTTL = 50 * time.Millisecond // a leaked pool asks often
+	loaded, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	old := scopeLoaded
+	t.Cleanup(func() { scopeLoaded = old })
+	scopeLoaded = func() {
+		once.Do(func() {
+			close(loaded)
+			<-release
+		})
+	}
+	s, err := NewSink(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	// The first request takes the first scope and waits before using it.
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.transport.RoundTrip(ctx, s.addr, &metadataapi.Request{TopicNames: []string{}})
+		done <- err
+	}()
+	<-loaded
+	s.transport.cover([]string{"a"}) // retires the scope the request holds
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if errs := s.Deliver(ctx, []*codec.Task{task("a", "k", "v")}); errs != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	asks := metadataAsks(c)
+	deadline := time.Now().Add(10 * time.Second)
+	for connsTo(t, c.ListenAddrs()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections to the brokers after Close (metadata requests since: %d): a pool of a retired transport",
+				connsTo(t, c.ListenAddrs()), len(asks()))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Review R218: a produce in flight on the old Transport's pool when a
+// widening drops it (held by the broker) completes; the delivery that
+// widened goes out through the new Transport meanwhile.
+func TestScopedReviewWidenDuringHeldProduce(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "a", "b"))
+	s, err := NewSink(testConfig(t, c.ListenAddrs(), ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	if errs := s.Deliver(ctx, []*codec.Task{task("a", "k", "warm")}); errs != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	held, wake := make(chan struct{}), make(chan struct{})
+	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		req := kreq.(*kmsg.ProduceRequest)
+		if len(req.Topics) != 1 || req.Topics[0].Topic != "a" {
+			c.KeepControl()
+			return nil, nil, false
+		}
+		close(held)
+		c.SleepControl(func() { <-wake })
+		return nil, nil, false // then the cluster writes it
+	})
+	done := make(chan []error, 1)
+	go func() { done <- s.Deliver(ctx, []*codec.Task{task("a", "k", "held")}) }()
+	<-held
+	before := s.transport.widened.Load()
+	if errs := s.Deliver(ctx, []*codec.Task{task("b", "k", "new")}); errs != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	if s.transport.widened.Load() != before+1 {
+		t.Fatal("no widening while the produce was held")
+	}
+	close(wake)
+	if errs := <-done; errs != nil {
+		t.Fatalf("the produce held across the widening: %v", errors.Join(errs...))
+	}
+	if recs := consumeAll(t, c, "a", 2); len(recs) != 2 {
+		t.Fatalf("a holds %d records, want 2 (warm, held)", len(recs))
+	}
+	if recs := consumeAll(t, c, "b", 1); len(recs) != 1 {
+		t.Fatalf("b holds %d records, want 1", len(recs))
+	}
+}
+
+// Review R218: many widenings leave open the connections of the last
+// Transport only: each retired one's pools close (at once when idle).
+// The whole-cluster fallback past maxScopedTopics takes no further
+// Transport.
+func TestScopedReviewWideningsLeaveNoConnections(t *testing.T) {
+	old := maxScopedTopics
+	maxScopedTopics = 30
+	t.Cleanup(func() { maxScopedTopics = old })
+	var topics []string
+	for i := range 40 {
+		topics = append(topics, fmt.Sprintf("t%02d", i))
+	}
+	c := newCluster(t, kfake.NumBrokers(3), kfake.SeedTopics(3, topics...))
+	s, err := NewSink(testConfig(t, c.ListenAddrs(), ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	for _, tp := range topics {
+		if errs := s.Deliver(ctx, []*codec.Task{task(tp, "k1", "1"), task(tp, "k2", "2"), task(tp, "k3", "3")}); errs != nil {
+			t.Fatal(errors.Join(errs...))
+		}
+	}
+	if got := s.transport.topics(); got != nil {
+		t.Fatalf("scope %v after %d topics, want the whole cluster", got, len(topics))
+	}
+	if n := s.transport.widened.Load(); n != int64(maxScopedTopics)+1 {
+		t.Errorf("widened %d times, want %d (one per topic, then the whole cluster)", n, maxScopedTopics+1)
+	}
+	// One Transport's pool: a control connection and one per broker
+	// (kafka-go), a few more for produces that overlapped.
+	deadline := time.Now().Add(10 * time.Second)
+	for n := connsTo(t, c.ListenAddrs()); n > 8; n = connsTo(t, c.ListenAddrs()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections to 3 brokers after %d widenings", n, s.transport.widened.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var _ kafkago.RoundTripper = s.transport
+}
