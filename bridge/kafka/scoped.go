@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
 	metadataapi "github.com/segmentio/kafka-go/protocol/metadata"
@@ -54,6 +55,10 @@ type scopedTransport struct {
 	cur atomic.Pointer[scope]
 	// widened counts the Transports made after the first (tests).
 	widened atomic.Int64
+	// failedReads drops the current Transport's pools after a metadata
+	// request failed on a pool that never read the metadata (see
+	// RoundTrip), once for the requests that began before the drop.
+	failedReads poolDrops
 }
 
 // scope is one Transport and the topics it reads the metadata of; topics
@@ -163,16 +168,30 @@ func (s *scopedTransport) cover(topics []string) {
 // metadata read every MetadataTTL (review R218). So a request on a
 // retired scope drops its Transport's pools when it ends (in-flight
 // requests hold theirs until they end).
+//
+// kafka-go answers a metadata request from its pool's cache, and fails
+// it only when the pool never read the metadata (its first read failed)
+// or ctx ended. The pool keeps that error until its next read, a random
+// time up to MetadataTTL later, even once the brokers answer again; a
+// widening during a blip (a broker restarting) failed the publishes to
+// every topic, the old ones too, where the old pool would have sent them
+// from its cache (review R218). Such a failure drops the pools (once for
+// the requests that began before the drop), so the next request reads
+// the metadata anew.
 func (s *scopedTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafkago.Request) (kafkago.Response, error) {
 	m, meta := req.(*metadataapi.Request)
 	if meta && m.TopicNames != nil {
 		s.cover(m.TopicNames)
 	}
+	start := time.Now()
 	sc := s.cur.Load()
 	scopeLoaded()
 	res, err := sc.t.RoundTrip(ctx, addr, req)
-	if sc.retired.Load() {
+	switch {
+	case sc.retired.Load():
 		sc.t.CloseIdleConnections()
+	case meta && err != nil && ctx.Err() == nil:
+		s.failedReads.once(sc.t, start)
 	}
 	return res, err
 }
