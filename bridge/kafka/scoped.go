@@ -112,7 +112,7 @@ func (sc *scope) covers(topics []string) bool {
 		return true
 	}
 	for _, t := range topics {
-		if _, ok := sc.topics[t]; !ok {
+		if _, ok := sc.topics[t]; !ok && t != "" {
 			return false
 		}
 	}

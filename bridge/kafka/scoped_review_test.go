@@ -125,6 +125,47 @@ func TestScopedReviewRetiredTransportKeepsNoPool(t *testing.T) {
 	}
 }
 
+// Review R218: a widening while the brokers do not answer metadata (here
+// one refused request: the new Transport's first read) left the new
+// Transport's pool with that error, and kafka-go answers every metadata
+// request of a pool that never read the metadata with it until its next
+// read, a random time up to MetadataTTL away: the publishes to the topics
+// the old pool knew failed meanwhile, where they would have gone out from
+// the old pool's cache. A metadata request that fails so now drops the
+// pool, and the next request reads the metadata anew.
+func TestScopedReviewWidenDuringMetadataOutage(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "a", "b"))
+	cfg := testConfig(t, c.ListenAddrs(), "")
+	cfg.MetadataTTL = time.Hour // no refresh within the test
+	s, err := NewSink(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	if errs := s.Deliver(ctx, []*codec.Task{task("a", "k", "1")}); errs != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	// The next metadata request, the widened Transport's first read, is
+	// refused (the connection closed), as by a broker going away.
+	refused := make(chan struct{})
+	c.ControlKey(int16(kmsg.Metadata), func(kmsg.Request) (kmsg.Response, error, bool) {
+		close(refused)
+		return nil, errors.New("down"), true
+	})
+	errs := s.Deliver(ctx, []*codec.Task{task("b", "k", "2")})
+	<-refused
+	t.Logf("the delivery to b that widened the scope: %v", errs) // may fail: its metadata was refused
+	for _, tp := range []string{"a", "b"} {
+		if errs := s.Deliver(ctx, []*codec.Task{task(tp, "k", "after")}); errs != nil {
+			t.Fatalf("deliver to %s after one refused metadata read: %v", tp, errors.Join(errs...))
+		}
+	}
+	if err := s.Health(); err != nil {
+		t.Errorf("health after deliveries to a and b succeeded: %v", err)
+	}
+}
+
 // Review R218: a produce in flight on the old Transport's pool when a
 // widening drops it (held by the broker) completes; the delivery that
 // widened goes out through the new Transport meanwhile.
@@ -214,43 +255,22 @@ func TestScopedReviewWideningsLeaveNoConnections(t *testing.T) {
 	var _ kafkago.RoundTripper = s.transport
 }
 
-// Review R218: a widening while the brokers do not answer metadata (here
-// one refused request: the new Transport's first read) left the new
-// Transport's pool with that error, and kafka-go answers every metadata
-// request of a pool that never read the metadata with it until its next
-// read, a random time up to MetadataTTL away: the publishes to the topics
-// the old pool knew failed meanwhile, where they would have gone out from
-// the old pool's cache. A metadata request that fails so now drops the
-// pool, and the next request reads the metadata anew.
-func TestScopedReviewWidenDuringMetadataOutage(t *testing.T) {
-	c := newCluster(t, kfake.SeedTopics(1, "a", "b"))
-	cfg := testConfig(t, c.ListenAddrs(), "")
-	cfg.MetadataTTL = time.Hour // no refresh within the test
-	s, err := NewSink(cfg)
+// Review R218: an empty topic name (no topic has it; cover leaves it out
+// of the set) does not count as uncovered: a metadata request naming ""
+// beside covered topics took a new Transport, with its connections and
+// first metadata read, every time.
+func TestScopedReviewEmptyNameTakesNoTransport(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "a"))
+	s, err := NewSink(testConfig(t, c.ListenAddrs(), ""))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	ctx := context.Background()
-	if errs := s.Deliver(ctx, []*codec.Task{task("a", "k", "1")}); errs != nil {
-		t.Fatal(errors.Join(errs...))
+	s.transport.cover([]string{"a"})
+	for range 3 {
+		s.transport.cover([]string{"a", ""})
 	}
-	// The next metadata request, the widened Transport's first read, is
-	// refused (the connection closed), as by a broker going away.
-	refused := make(chan struct{})
-	c.ControlKey(int16(kmsg.Metadata), func(kmsg.Request) (kmsg.Response, error, bool) {
-		close(refused)
-		return nil, errors.New("down"), true
-	})
-	errs := s.Deliver(ctx, []*codec.Task{task("b", "k", "2")})
-	<-refused
-	t.Logf("the delivery to b that widened the scope: %v", errs) // may fail: its metadata was refused
-	for _, tp := range []string{"a", "b"} {
-		if errs := s.Deliver(ctx, []*codec.Task{task(tp, "k", "after")}); errs != nil {
-			t.Fatalf("deliver to %s after one refused metadata read: %v", tp, errors.Join(errs...))
-		}
-	}
-	if err := s.Health(); err != nil {
-		t.Errorf("health after deliveries to a and b succeeded: %v", err)
+	if n := s.transport.widened.Load(); n != 1 {
+		t.Fatalf("widened %d times, want 1 (to a)", n)
 	}
 }
