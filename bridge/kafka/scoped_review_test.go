@@ -274,3 +274,82 @@ func TestScopedReviewEmptyNameTakesNoTransport(t *testing.T) {
 		t.Fatalf("widened %d times, want 1 (to a)", n)
 	}
 }
+
+// Review R218: a leader move after widenings still reloads the metadata
+// (pools.once drops the current Transport's pools), one drop for the
+// batch, and the publishes go to the new leaders.
+func TestScopedReviewLeaderMoveAfterWiden(t *testing.T) {
+	c := newCluster(t, kfake.NumBrokers(3), kfake.SeedTopics(1, "a", "b"))
+	cfg := testConfig(t, c.ListenAddrs(), "")
+	cfg.MetadataTTL = time.Hour
+	s, err := NewSink(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	for _, tp := range []string{"a", "b"} {
+		if errs := s.Deliver(ctx, []*codec.Task{task(tp, "k", "before")}); errs != nil {
+			t.Fatal(errors.Join(errs...))
+		}
+	}
+	for _, tp := range []string{"a", "b"} {
+		if err := c.MoveTopicPartition(tp, 0, (c.LeaderFor(tp, 0)+1)%3); err != nil {
+			t.Fatal(err)
+		}
+	}
+	drops := s.pools.count()
+	if errs := s.Deliver(ctx, []*codec.Task{task("a", "k", "after"), task("b", "k", "after")}); errs != nil {
+		t.Fatalf("deliver after the move: %v", errors.Join(errs...))
+	}
+	if n := s.pools.count() - drops; n != 1 {
+		t.Errorf("%d pool drops for one batch after the move, want 1", n)
+	}
+	for _, tp := range []string{"a", "b"} {
+		if recs := consumeAll(t, c, tp, 2); len(recs) != 2 {
+			t.Fatalf("%s holds %d records, want 2", tp, len(recs))
+		}
+	}
+}
+
+// Review R218: a target topic deleted and created again stays in the
+// scope: the publishes between fail alone (the topic is missing), and
+// once the metadata is read again (here a drop, as after MetadataTTL) the
+// topic created again is delivered to. Before that read it still fails:
+// recheckUnknown asked about it when it was missing and asks again only
+// after MetadataTTL (by design, as before scopedTransport).
+func TestScopedReviewTopicDeletedAndCreatedAgain(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "x", "y"))
+	cfg := testConfig(t, c.ListenAddrs(), "")
+	cfg.MetadataTTL = time.Hour
+	s, err := NewSink(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	if errs := s.Deliver(ctx, []*codec.Task{task("x", "k", "1"), task("y", "k", "1")}); errs != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	req := kmsg.NewPtrDeleteTopicsRequest()
+	rt := kmsg.NewDeleteTopicsRequestTopic()
+	rt.Topic = kmsg.StringPtr("x")
+	req.Topics = append(req.Topics, rt)
+	req.TopicNames = []string{"x"}
+	if _, err := req.RequestWith(ctx, producer(t, c)); err != nil {
+		t.Fatal(err)
+	}
+	s.pools.drop(s.transport) // the cache learns x is gone (as after MetadataTTL)
+	errs := s.Deliver(ctx, []*codec.Task{task("x", "k", "gone"), task("y", "k", "2")})
+	if errs == nil || errs[0] == nil || errs[1] != nil {
+		t.Fatalf("deliver to a deleted x and to y: %v, want x's to fail alone", errs)
+	}
+	createTopic(t, c, "x")
+	s.pools.drop(s.transport)
+	if errs := s.Deliver(ctx, []*codec.Task{task("x", "k", "again"), task("y", "k", "3")}); errs != nil {
+		t.Fatalf("deliver to x created again: %v", errors.Join(errs...))
+	}
+	if recs := consumeAll(t, c, "x", 1); len(recs) != 1 || string(recs[0].Value) != "again" {
+		t.Fatalf("x created again holds %d records, want [again]", len(recs))
+	}
+}
