@@ -1,7 +1,8 @@
 // Package admin serves delaybridge's operator HTTP API (CONTRACT §7):
 // liveness and readiness probes, Prometheus metrics, task lookup, cancel
-// and engine statistics, and (an extension of the contract) the stuck
-// entries of the store with a way to drop one. Handlers are thin: each
+// and engine statistics, and (extensions of the contract) the listing of
+// a source's pending tasks and the stuck entries of the store with a way
+// to drop one. Handlers are thin: each
 // calls one typed method of the engine and only encodes its result, so the
 // same data is available to Go callers and tests without HTTP.
 //
@@ -11,6 +12,9 @@
 //	GET    /readyz                   200 "ok" when Options.Ready returns nil, else 503 and the reason
 //	                                 (the reason only with the token, when one is configured)
 //	GET    /metrics                  Prometheus exposition of Options.Gatherer
+//	GET    /v1/tasks/{source}?prefix=P&after=ID&limit=N
+//	                                 JSON {"tasks": [shard.TaskInfo...], "next": ID}: a page of the
+//	                                 source's pending tasks (see listTasks)
 //	GET    /v1/tasks/{source}/{id}   JSON shard.TaskInfo; 404 if no task is pending
 //	DELETE /v1/tasks/{source}/{id}   204 after cancelling; 404 if no task is pending
 //	GET    /v1/stats                 JSON shard.Stats
@@ -23,6 +27,19 @@
 // raw ("a/b"): everything after the source segment is the id. Ids with
 // empty, "." or ".." segments ("a//b", "a/../b") must be escaped; sent raw
 // they are refused with 400 rather than redirected to another id.
+//
+// GET /v1/tasks/{source} lists the pending tasks of {source} whose id
+// starts with prefix, in id (byte) order, after the id after (excluded),
+// at most limit (1..1000, default 100; anything else is 400), as
+// shard.Engine.ListTasks reads them: each page is a point-in-time view of
+// the store, cancel markers left out. next, present when there may be
+// more, is the after of the next page. The query is form-encoded ("+" is
+// a space: send "%2B"); an unknown, repeated or badly escaped parameter
+// is 400 naming it. Ids that are not valid UTF-8 (Kafka keys are bytes)
+// cannot be JSON strings: their "id" (and "next") carry U+FFFD for the
+// bad bytes, so the task (and the page) also carries "id_escaped"
+// ("next_escaped"), every byte but [A-Za-z0-9-._~] percent-encoded, to
+// use as is in a path or query.
 //
 // /v1/stuck lists what will not leave the store by itself (see
 // shard.StuckState): dead letters whose DLQ fails (held: their source
@@ -52,6 +69,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/url"
 	"path"
 	"slices"
 	"strconv"
@@ -59,6 +77,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -73,6 +92,8 @@ import (
 type Engine interface {
 	// Lookup returns the pending task (source, id), or shard.ErrNotFound.
 	Lookup(source, id string) (shard.TaskInfo, error)
+	// ListTasks returns a page of source's pending tasks.
+	ListTasks(source string, q shard.ListQuery) (shard.TaskList, error)
 	// Cancel removes the pending task (source, id), or returns
 	// shard.ErrNotFound.
 	Cancel(source, id string) error
@@ -180,6 +201,10 @@ func NewHandler(o Options) http.Handler {
 		ErrorHandling: promhttp.ContinueOnError,
 	})
 	route("/metrics", metricsAccess, map[string]http.HandlerFunc{http.MethodGet: metricsH.ServeHTTP})
+	// "/v1/tasks/x" has a pattern of its own, so the mux does not answer
+	// it with a redirect to "/v1/tasks/x/" (where the {id...} pattern
+	// matches an empty id).
+	route("/v1/tasks/{source}", adminAccess, map[string]http.HandlerFunc{http.MethodGet: s.listTasks})
 	route("/v1/tasks/{source}/{id...}", adminAccess, map[string]http.HandlerFunc{
 		http.MethodGet:    s.getTask,
 		http.MethodDelete: s.deleteTask,
@@ -198,12 +223,6 @@ func NewHandler(o Options) http.Handler {
 	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)
 	}))
-	// Without this the mux answers "/v1/tasks/x" with a redirect to
-	// "/v1/tasks/x/" (the {id...} pattern matches an empty rest there),
-	// whatever the method: a task without an id, as taskKey says.
-	mux.Handle("/v1/tasks/{source}", s.authorize(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		taskKey(w, r)
-	})))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The mux redirects a path with an empty, "." or ".." segment to
 		// its cleaned form; for a task that is another id ("a//b" becomes
@@ -474,6 +493,122 @@ func (s *server) deleteTask(w http.ResponseWriter, r *http.Request) {
 		zap.String("remote", r.RemoteAddr))
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *server) listTasks(w http.ResponseWriter, r *http.Request) {
+	source := r.PathValue("source")
+	if source == "" || strings.IndexByte(source, 0) >= 0 {
+		writeError(w, http.StatusBadRequest, "want /v1/tasks/{source} with a non-empty source without NUL bytes")
+		return
+	}
+	q, err := parseListQuery(r.URL.RawQuery)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if !s.haveEngine(w) {
+		return
+	}
+	list, err := s.o.Engine.ListTasks(source, q)
+	if err != nil {
+		if errors.Is(err, shard.ErrBadListQuery) {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		s.engineError(w, "list", source, "", err)
+		return
+	}
+	body := taskListBody{Tasks: make([]listedTask, len(list.Tasks)), Next: list.Next, NextEscaped: escapedID(list.Next)}
+	for i, t := range list.Tasks {
+		body.Tasks[i] = listedTask{TaskInfo: t, IDEscaped: escapedID(t.ID)}
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+// taskListBody is the JSON of GET /v1/tasks/{source}.
+type taskListBody struct {
+	Tasks []listedTask `json:"tasks"`
+	Next  string       `json:"next,omitempty"`
+	// NextEscaped: Next percent-encoded, when it is not valid UTF-8.
+	NextEscaped string `json:"next_escaped,omitempty"`
+}
+
+// listedTask is a task of a list: what GET /v1/tasks/{source}/{id} says
+// of it, and its id percent-encoded when that is not valid UTF-8.
+type listedTask struct {
+	shard.TaskInfo
+	IDEscaped string `json:"id_escaped,omitempty"`
+}
+
+// escapedID is id with every byte but [A-Za-z0-9-._~] percent-encoded
+// (good as is in a path segment and in a query) when id is not valid
+// UTF-8, which a JSON string cannot carry; else "".
+func escapedID(id string) string {
+	if utf8.ValidString(id) {
+		return ""
+	}
+	return escapeAll(id)
+}
+
+// escapeAll percent-encodes every byte of s but the unreserved ones.
+func escapeAll(s string) string {
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~' {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hex[c>>4])
+		b.WriteByte(hex[c&15])
+	}
+	return b.String()
+}
+
+// parseListQuery reads the query of GET /v1/tasks/{source}: prefix, after
+// and limit, each at most once, form-encoded. An error names the
+// parameter.
+func parseListQuery(raw string) (shard.ListQuery, error) {
+	q := shard.ListQuery{Limit: shard.DefaultListLimit}
+	seen := make(map[string]bool, 3)
+	for part := range strings.SplitSeq(raw, "&") {
+		if part == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(part, "=")
+		key, err := url.QueryUnescape(k)
+		if err != nil || strings.Contains(k, ";") {
+			return shard.ListQuery{}, fmt.Errorf("query parameter %q: not a parameter name (percent-encode its bytes; \";\" does not separate parameters)", shard.LogCut(k, 64))
+		}
+		switch key {
+		case "prefix", "after", "limit":
+		default:
+			return shard.ListQuery{}, fmt.Errorf("unknown query parameter %q; want prefix, after or limit", shard.LogCut(key, 64))
+		}
+		if seen[key] {
+			return shard.ListQuery{}, fmt.Errorf("query parameter %s given twice", key)
+		}
+		seen[key] = true
+		val, err := url.QueryUnescape(v)
+		if err != nil {
+			return shard.ListQuery{}, fmt.Errorf("%s: %v (percent-encode the value's bytes, \"+\" as %%2B)", key, err)
+		}
+		switch key {
+		case "prefix":
+			q.Prefix = val
+		case "after":
+			q.After = val
+		case "limit":
+			n, err := strconv.ParseUint(val, 10, 64)
+			if err != nil || n < 1 || n > shard.MaxListLimit {
+				return shard.ListQuery{}, fmt.Errorf("limit %q: want a whole number from 1 to %d", shard.LogCut(val, 64), shard.MaxListLimit)
+			}
+			q.Limit = int(n)
+		}
+	}
+	return q, nil
 }
 
 func (s *server) stats(w http.ResponseWriter, _ *http.Request) {

@@ -241,7 +241,6 @@ func TestLookup(t *testing.T) {
 		{"unknown id", "/v1/tasks/delay/nope", 404, ""},
 		{"other source", "/v1/tasks/other/order-1", 404, ""},
 		{"empty id", "/v1/tasks/delay/", 400, ""},
-		{"no id", "/v1/tasks/delay", 400, ""}, // answered, not redirected to .../delay/
 		// A raw empty or dot segment would be redirected to another id.
 		{"raw double slash", "/v1/tasks/delay/tenant//42", 400, ""},
 		{"raw dot dot", "/v1/tasks/delay/x/../order-1", 400, ""},
@@ -420,6 +419,8 @@ func TestMethodsAndPaths(t *testing.T) {
 		{"GET", "/v1/stuck/0/1", 405, "DELETE"},
 		{"PUT", "/v1/stuck/0/1", 405, "DELETE"},
 		{"PUT", "/v1/tasks/delay/order-1", 405, "DELETE, GET, HEAD"},
+		{"POST", "/v1/tasks/delay", 405, "GET, HEAD"},
+		{"DELETE", "/v1/tasks/delay", 405, "GET, HEAD"},
 		{"POST", "/healthz", 405, "GET, HEAD"},
 		{"DELETE", "/readyz", 405, "GET, HEAD"},
 		{"POST", "/metrics", 405, "GET, HEAD"},
@@ -447,7 +448,10 @@ type errEngine struct{ err error }
 
 func (e errEngine) Lookup(string, string) (shard.TaskInfo, error) { return shard.TaskInfo{}, e.err }
 func (e errEngine) Cancel(string, string) error                   { return e.err }
-func (e errEngine) Stats() shard.Stats                            { return shard.Stats{} }
+func (e errEngine) ListTasks(string, shard.ListQuery) (shard.TaskList, error) {
+	return shard.TaskList{}, e.err
+}
+func (e errEngine) Stats() shard.Stats { return shard.Stats{} }
 func (e errEngine) StuckEntries(int) (shard.StuckList, error) {
 	return shard.StuckList{}, e.err
 }
