@@ -1437,22 +1437,7 @@ func (e *Engine) Lookup(source, id string) (TaskInfo, error) {
 	if err := codec.DecodeTask(v, &t); err != nil {
 		return TaskInfo{}, fmt.Errorf("shard: lookup %s/%s: %w", source, id, err)
 	}
-	var nextFire Time
-	held := isHeld(ex.Fire)
-	if !held {
-		nextFire = msTime(ex.Fire)
-	}
-	return TaskInfo{
-		Source:   source,
-		ID:       id,
-		Due:      msTime(t.Due),
-		NextFire: nextFire,
-		Held:     held,
-		Target:   t.Destination(),
-		Origin:   t.Origin,
-		Attempts: t.Attempts,
-		Shard:    s.id,
-	}, nil
+	return taskInfo(source, id, s.id, &ex, &t), nil
 }
 
 // lookupTask reads the index entry of key into ex and its task envelope

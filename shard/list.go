@@ -180,7 +180,7 @@ func (e *Engine) ListTasks(source string, q ListQuery) (TaskList, error) {
 			}
 			continue
 		}
-		list.Tasks = append(list.Tasks, listedInfo(source, id, sh, &ex, &t))
+		list.Tasks = append(list.Tasks, taskInfo(source, id, sh, &ex, &t))
 	}
 	if err := idx.Error(); err != nil {
 		return TaskList{}, fmt.Errorf("shard: list %s: read index: %w", source, err)
@@ -192,9 +192,9 @@ func (e *Engine) ListTasks(source string, q ListQuery) (TaskList, error) {
 	return list, nil
 }
 
-// listedInfo is what Lookup reports of the task t, pending in shard sh
-// at ex.
-func listedInfo(source, id string, sh int, ex *indexEntry, t *codec.Task) TaskInfo {
+// taskInfo is what Lookup and ListTasks report of the task t, pending in
+// shard sh at ex.
+func taskInfo(source, id string, sh int, ex *indexEntry, t *codec.Task) TaskInfo {
 	var nextFire Time
 	held := isHeld(ex.Fire)
 	if !held {
