@@ -518,6 +518,16 @@ func (s *server) listTasks(w http.ResponseWriter, r *http.Request) {
 		s.engineError(w, "list", source, "", err)
 		return
 	}
+	if len(list.Tasks) == 0 && list.Next == "" && q.After == "" {
+		// Nothing stored under a source the config does not name either
+		// (a subject or "kafka:delay" for the topic "delay"): say so, as
+		// a lookup does, rather than an empty list that reads as
+		// "nothing pending". A removed source's stored tasks are listed.
+		if hint := s.unknownSource(source); hint != "" {
+			writeError(w, http.StatusNotFound, fmt.Sprintf("no pending task in source %q", source)+hint)
+			return
+		}
+	}
 	body := taskListBody{Tasks: make([]listedTask, len(list.Tasks)), Next: list.Next, NextEscaped: escapedID(list.Next)}
 	for i, t := range list.Tasks {
 		body.Tasks[i] = listedTask{TaskInfo: t, IDEscaped: escapedID(t.ID)}
@@ -678,19 +688,25 @@ func (s *server) haveEngine(w http.ResponseWriter) bool {
 	return true
 }
 
+// unknownSource is what a "not found" answer adds for a source that is
+// none of the running config's: "" when it is one (or the config names
+// none).
+func (s *server) unknownSource(source string) string {
+	if len(s.o.Sources) == 0 || slices.Contains(s.o.Sources, source) {
+		return ""
+	}
+	quoted := make([]string, len(s.o.Sources))
+	for i, src := range s.o.Sources {
+		quoted[i] = strconv.Quote(src)
+	}
+	return fmt.Sprintf("; %q is not a delay source of the running config (%s): {source} is the Kafka delay topic or the NATS stream, not a subject",
+		source, strings.Join(quoted, ", "))
+}
+
 func (s *server) engineError(w http.ResponseWriter, op, source, id string, err error) {
 	switch {
 	case errors.Is(err, shard.ErrNotFound):
-		msg := fmt.Sprintf("no pending task %q in source %q", id, source)
-		if len(s.o.Sources) > 0 && !slices.Contains(s.o.Sources, source) {
-			quoted := make([]string, len(s.o.Sources))
-			for i, src := range s.o.Sources {
-				quoted[i] = strconv.Quote(src)
-			}
-			msg += fmt.Sprintf("; %q is not a delay source of the running config (%s): {source} is the Kafka delay topic or the NATS stream, not a subject",
-				source, strings.Join(quoted, ", "))
-		}
-		writeError(w, http.StatusNotFound, msg)
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no pending task %q in source %q", id, source)+s.unknownSource(source))
 	case errors.Is(err, shard.ErrClosed), errors.Is(err, shard.ErrStoreFailed):
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 	default:

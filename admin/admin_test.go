@@ -866,6 +866,19 @@ func TestNotFoundNamesSources(t *testing.T) {
 	if r := do(t, "GET", srv.URL+"/v1/tasks/delay/order-1", ""); r.code != 200 {
 		t.Fatalf("task of a source no longer configured = %d %q, want 200", r.code, r.body)
 	}
+	// The list, likewise: a subject is a 404 that says so, not an empty
+	// list that reads as nothing pending; an empty list of a configured
+	// source, and the tasks of one taken out of the config, are a 200.
+	r := do(t, "GET", srv.URL+"/v1/tasks/delay.orders", "")
+	if msg := jsonError(t, r); r.code != 404 || !strings.Contains(msg, `"delay.orders" `+hint) {
+		t.Errorf("list of a subject = %d %q, want a 404 that says %q", r.code, msg, hint)
+	}
+	if r := do(t, "GET", srv.URL+"/v1/tasks/DELAY", ""); r.code != 200 || !strings.Contains(r.body, `"tasks":[]`) {
+		t.Errorf("list of a configured source with nothing pending = %d %q, want 200 and no task", r.code, r.body)
+	}
+	if r := do(t, "GET", srv.URL+"/v1/tasks/delay", ""); r.code != 200 || !strings.Contains(r.body, `"order-1"`) {
+		t.Errorf("list of a source no longer configured = %d %q, want 200 with order-1", r.code, r.body)
+	}
 }
 
 // TestServeShutdownClosesFreshConns: a client that connected and sent
