@@ -49,7 +49,15 @@ type Metrics struct {
 	SourceLag           *prometheus.GaugeVec     // source, partition
 	SourceUnstable      *prometheus.GaugeVec     // source, partition (Kafka)
 	SourceStableStalled *prometheus.GaugeVec     // source, partition (Kafka)
-	Ready               prometheus.Gauge
+	// SourceFetchMemory is what the Kafka source fetched and the store has
+	// not taken yet, by state: counted against kafka.fetch_memory_mb, or
+	// stuck (held by partitions whose batch is being retried, not
+	// counted). SourceFetchMemoryLimit is the budget, and
+	// SourceFetchMemoryWaits counts fetches that waited for it.
+	SourceFetchMemory      *prometheus.GaugeVec // state (counted|stuck)
+	SourceFetchMemoryLimit prometheus.Gauge
+	SourceFetchMemoryWaits prometheus.Counter
+	Ready                  prometheus.Gauge
 	// FiringPaused is 1 while the fire loops wait for the sources to read
 	// their backlog at start (catch_up_wait): due tasks wait meanwhile.
 	FiringPaused prometheus.Gauge
@@ -149,6 +157,15 @@ func New(r prometheus.Registerer) *Metrics {
 		SourceStableStalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "delaybridge_source_stable_offset_stalled_seconds", Help: "Kafka: how long a delay partition's last stable offset has not moved while records lie beyond it (an open transaction holds the partition), timed from when this member first saw it (it holds its last value while fetches fail); 0 when nothing is held. Longer than the broker's transaction.max.timeout.ms means a hanging transaction: the partition's delays after it are not taken in.",
 		}, []string{"source", "partition"}),
+		SourceFetchMemory: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "delaybridge_source_fetch_memory_bytes", Help: "Kafka: bytes of records the source fetched (and reserved for fetches in flight) that the store has not taken yet, by state: counted against kafka.fetch_memory_mb, or stuck (held by partitions whose batch the store or a dead-letter topic refuses and that is being retried; not counted, up to one more budget's worth). Counted may pass the budget by one fetch: the broker returns a fetch's first batch whole.",
+		}, []string{"state"}),
+		SourceFetchMemoryLimit: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "delaybridge_source_fetch_memory_limit_bytes", Help: "Kafka: the source's fetch memory budget (kafka.fetch_memory_mb) in bytes.",
+		}),
+		SourceFetchMemoryWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "delaybridge_source_fetch_memory_waits_total", Help: "Kafka: fetches that waited for room in the source's fetch memory budget (kafka.fetch_memory_mb). A rate that stays up while partitions lag: the budget, not the store, paces the intake.",
+		}),
 		Ready: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "delaybridge_ready", Help: "1 when the bridge is ready (recovered, store and sources healthy).",
 		}),
@@ -169,7 +186,8 @@ func New(r prometheus.Registerer) *Metrics {
 	if r != nil {
 		r.MustRegister(m.Ingested, m.Fired, m.DeadLettered, m.DeadLettersParked, m.DeadLettersParkedNow, m.DeadLettersFailing, m.StuckDropped, m.Undecodable, m.Cancelled, m.Replaced, m.Dropped,
 			m.Pending, m.InWheel, m.Held, m.FireLateness, m.Overdue, m.StoreCommit, m.StoreErrors,
-			m.PublishRetries, m.PublishSeconds, m.BestEffort, m.SourceErrors, m.SourceLag, m.SourceUnstable, m.SourceStableStalled, m.Ready, m.FiringPaused, m.StoreDisk)
+			m.PublishRetries, m.PublishSeconds, m.BestEffort, m.SourceErrors, m.SourceLag, m.SourceUnstable, m.SourceStableStalled,
+			m.SourceFetchMemory, m.SourceFetchMemoryLimit, m.SourceFetchMemoryWaits, m.Ready, m.FiringPaused, m.StoreDisk)
 	}
 	return m
 }

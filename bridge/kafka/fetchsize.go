@@ -68,6 +68,13 @@ func (f *fetchSizer) limit() int { return f.cur }
 // decoded nothing else (empty, or only markers and aborted records)
 // leaves the limit as it is.
 func (f *fetchSizer) next(decoded int, stepped, caughtUp bool) {
+	f.nextAt(f.cur, decoded, stepped, caughtUp)
+}
+
+// nextAt is next after a fetch sent with limit rather than limit(): the
+// source's fetch memory budget shrinks a fetch's limit when it grants less
+// than a full fetch (memSizer.limitFor), and the ratio is that limit's.
+func (f *fetchSizer) nextAt(limit, decoded int, stepped, caughtUp bool) {
 	if stepped {
 		if f.beforeSteps == 0 {
 			f.beforeSteps = f.cur
@@ -83,14 +90,17 @@ func (f *fetchSizer) next(decoded int, stepped, caughtUp bool) {
 	if decoded <= 0 {
 		return
 	}
-	// cur stored bytes decoded to decoded: ask for what decodes to about
-	// target. Integer math in int64: cur*target may pass 2^31.
-	want := int64(f.cur) * int64(f.target) / int64(decoded)
+	// limit stored bytes decoded to decoded: ask for what decodes to about
+	// target. Integer math in int64: limit*target may pass 2^31.
+	want := int64(limit) * int64(f.target) / int64(decoded)
 	if caughtUp {
 		want = min(want, int64(f.cur))
 	}
 	f.cur = int(min(max(want, int64(min(minFetchBytes, f.target))), int64(f.target)))
 }
+
+// stepping says the last fetch was a step past a compacted tail.
+func (f *fetchSizer) stepping() bool { return f.beforeSteps != 0 }
 
 // decodedBytes is what items hold of their records: keys, values and
 // headers, each header with its codec.Header (a record of many empty

@@ -77,6 +77,10 @@ type Source struct {
 	caughtUpWant []string
 	caughtUpHad  map[string]bool
 
+	// mem is the budget of fetched records not yet stored, shared by
+	// every partition of every delay topic (fetchmem.go).
+	mem *fetchMem
+
 	// testHookFetched, when set, sees each fetch of a partition worker:
 	// the byte limit it asked for and the bytes of records it decoded.
 	testHookFetched func(limit, decoded int)
@@ -181,6 +185,9 @@ func NewSource(cfg Config) (*Source, error) {
 	// H208), now a few KB.
 	s.transport.MetadataTopics = slices.Clone(s.topics)
 	s.client = &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: s.transport}
+	s.mem = newFetchMem(cfg.FetchMemory, cfg.Metrics.SourceFetchMemory.WithLabelValues("counted"),
+		cfg.Metrics.SourceFetchMemory.WithLabelValues("stuck"), cfg.Metrics.SourceFetchMemoryWaits)
+	cfg.Metrics.SourceFetchMemoryLimit.Set(float64(s.mem.limit))
 	return s, nil
 }
 
@@ -768,6 +775,7 @@ type fetched struct {
 	batch  *bridge.Batch
 	next   int64 // last offset + 1
 	rewind bool
+	mem    int64 // the batch's share of the fetch memory budget
 }
 
 // runPartition owns one partition for one generation. It returns when the
@@ -831,16 +839,21 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 	lag.hw.Store(-1)
 	lag.stored.Store(start)
 	out := make(chan fetched, 1)
+	pm := &partMem{m: s.mem}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		defer close(out)
-		s.fetchLoop(wctx, topic, pa.ID, start, st.known, st.incarnation, out, lag, log)
+		s.fetchLoop(wctx, topic, pa.ID, start, st.known, st.incarnation, out, lag, pm, log)
 	}()
 	defer func() {
 		cancel()
 		wg.Wait()
+		// What was fetched and not stored (queued, being handed over,
+		// a batch whose store the end cut short) is dropped: its share
+		// of the budget goes back, whichever way the worker ended.
+		pm.releaseAll()
 		s.setHealth(key, nil)
 		// This member no longer reads the partition: its lag is the next
 		// owner's to report (a sum over members stays right).
@@ -856,9 +869,10 @@ func (s *Source) runPartition(ctx, gctx context.Context, gen *kafkago.Generation
 			lag.update()
 			continue
 		}
-		if f.batch != nil && !s.handle(wctx, h, f.batch, p, log) {
+		if f.batch != nil && !s.handle(wctx, h, f.batch, p, pm, log) {
 			return // ctx or generation ended before the batch was stored
 		}
+		pm.stored(f.mem)
 		lag.stored.Store(f.next)
 		lag.update()
 		// The batch is durable: its offset goes to the generation's
@@ -1032,17 +1046,25 @@ func (s *Source) logUnstored(topic string, partition int, committed int64, log *
 
 // handle calls Handle with partition p's batch b until it succeeds; false
 // means ctx ended first.
-func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, p part, log *zap.Logger) bool {
+//
+// While the batch is retried (a store that refuses writes, a dead-letter
+// topic that cannot be written: CONTRACT §3), the partition's fetched
+// records are moved out of the fetch memory budget (partMem.stall), so
+// that partitions held this way do not stop the others, and counted again
+// once it is stored.
+func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, p part, pm *partMem, log *zap.Logger) bool {
 	wait := s.cfg.RetryMin
 	for {
 		err := h.Handle(ctx, b)
 		if err == nil {
+			pm.unstall()
 			s.handleFails.ok(log, p, true)
 			return true
 		}
 		if ctx.Err() != nil {
 			return false
 		}
+		pm.stall()
 		cp := b.Checkpoints[0]
 		s.cfg.Metrics.SourceErrors.WithLabelValues(b.Items[0].Msg.Source).Inc()
 		s.handleFails.failed(log, zapcore.WarnLevel, p, "handle failed; retrying the same batch", err,
@@ -1070,7 +1092,7 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 // store orders a new log's messages against the old one's by broker time,
 // not by their offsets, which start again from 0.
 func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, offset int64, known shard.Checkpoint,
-	inc uint32, out chan<- fetched, lag *lagGauge, log *zap.Logger) {
+	inc uint32, out chan<- fetched, lag *lagGauge, pm *partMem, log *zap.Logger) {
 	key, p := CheckpointKey(topic, partition), part{topic, partition}
 	rules := s.rules[topic]
 	wait := s.cfg.RetryMin
@@ -1079,6 +1101,12 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 	stall := newStallGauge(s.cfg.Metrics, topic, partition)
 	defer stall.reset()
 	size := newFetchSizer(s.cfg.FetchMaxBytes)
+	msize := newMemSizer(s.cfg.FetchMaxBytes)
+	// reserved is the budget this worker reserved for a fetch it has not
+	// settled yet (a linger fetch's is taken before it loops back):
+	// given back when the loop ends in between.
+	var reserved int64
+	defer func() { s.mem.release(reserved) }()
 	warnedLAT, warnedNoTS := false, false
 	sent := offset   // the offset after the last batch handed over
 	recheck := false // a fetch failed: check the log before reading on
@@ -1148,13 +1176,30 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 		}
 		var hw int64
 		var err error
-		before, limit := len(pending), size.limit()
+		if reserved == 0 {
+			// A full fetch when the budget has room for it now; else the
+			// worker waits its turn, for less when it had caught up (a
+			// long poll on an idle partition). One lingering (records in
+			// hand) reserved before it looped back, or it would hold
+			// them while waiting for others.
+			if reserved = s.mem.tryReserve(msize.full()); reserved == 0 {
+				if reserved, err = s.mem.reserve(ctx, msize.want()); err != nil {
+					return
+				}
+			}
+		}
+		before, limit := len(pending), msize.limitFor(reserved, size.limit(), size.stepping())
 		began := time.Now()
 		pending, offset, hw, err = s.fetch(ctx, topic, partition, offset, maxWait, limit, rules, pending, &notes)
 		decoded := decodedBytes(pending[before:])
+		mem := itemsMemory(pending[before:])
+		s.mem.settle(reserved, mem)
+		reserved = 0
+		pm.fetched(mem)
 		caughtUp := err == nil && hw >= 0 && offset >= hw
+		msize.observe(mem, decoded, caughtUp)
 		// A step that reached the end of the log left no batch out.
-		size.next(decoded, notes.stepped && len(pending) == before && !caughtUp, caughtUp)
+		size.nextAt(limit, decoded, notes.stepped && len(pending) == before && !caughtUp, caughtUp)
 		if s.testHookFetched != nil {
 			s.testHookFetched(limit, decoded)
 		}
@@ -1235,7 +1280,12 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 			continue
 		}
 		if !lingered && caughtUp && s.cfg.Linger > 0 && len(pending) < s.cfg.MaxBatch {
-			continue
+			// Linger only with budget to spare now: waiting for it with
+			// records in hand could hold them while every other worker
+			// does the same.
+			if reserved = s.mem.tryReserve(msize.full()); reserved > 0 {
+				continue
+			}
 		}
 		for len(pending) > 0 {
 			n := min(len(pending), s.cfg.MaxBatch)
@@ -1251,6 +1301,7 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 			f := fetched{
 				batch: &bridge.Batch{Items: items, Checkpoints: []shard.Checkpoint{cp}},
 				next:  cp.Offset + 1,
+				mem:   itemsMemory(items),
 			}
 			if !s.sendRefreshingLag(ctx, out, f, topic, partition, lag) {
 				return

@@ -1,0 +1,332 @@
+package kafka
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"unsafe"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/delaybridge/delaybridge/bridge"
+)
+
+// Fetch memory. Each partition worker holds what it fetched until the
+// store took it: the fetch being filled, a batch queued, a batch being
+// stored, about three fetches of about Config.FetchMaxBytes decoded while
+// it catches up. Over hundreds of partitions that has no bound (hunt H193:
+// 420-590 MB of Go heap over 256 partitions), so the source's partitions
+// share one budget, Config.FetchMemory: a worker reserves what it expects
+// its next fetch to decode to before it sends it, the reservation becomes
+// the fetch's actual size once it is decoded (more or less than reserved:
+// the broker returns a fetch's first batch whole whatever its limit, and
+// that batch must come through), and each batch gives its share back once
+// it is stored. Waiting workers are served in order (FIFO): none starves.
+// A reservation is at most the whole budget, and one is granted whenever
+// nothing is held, so one partition always progresses, however small the
+// budget.
+//
+// A worker whose batch the store or a dead-letter topic refuses (CONTRACT
+// §3: the batch is held and retried) would keep its shares for as long,
+// and enough such workers would stop every other partition (review R195).
+// Its holdings are moved out of the budget ("stuck") while it retries, up
+// to one more budget's worth over all workers (or one worker's, when
+// larger): beyond that they stay counted, so memory stays within about
+// twice the budget while every partition is stuck (a store outage), and
+// healthy partitions go on while fewer are.
+
+// itemMemory is what a fetched record costs besides its key, value and
+// headers (decodedBytes): its bridge.Item.
+const itemMemory = int64(unsafe.Sizeof(bridge.Item{}))
+
+// itemsMemory is what items hold in memory, as the budget counts it.
+func itemsMemory(items []bridge.Item) int64 {
+	return int64(decodedBytes(items)) + int64(len(items))*itemMemory
+}
+
+// idleFetchMemory is what a caught-up partition waits for when the budget
+// has no room for a full fetch now and its last fetch held less: a long
+// poll on an idle partition holds its reservation for up to MaxWait, and a
+// full fetch's worth each would keep busy partitions waiting behind idle
+// ones (review R195). The fetch's limit shrinks to match; a burst that
+// fills it is fetched at full size next.
+const idleFetchMemory = 64 << 10
+
+// fetchMem is the budget of fetched-but-not-yet-stored bytes of a Source.
+type fetchMem struct {
+	limit int64
+
+	mu      sync.Mutex
+	held    int64 // counted against limit: reservations and fetched records
+	stuck   int64 // held by workers whose batch is being retried, not counted
+	peak    int64 // the highest held seen (tests)
+	waiters []*memWaiter
+
+	heldG, stuckG prometheus.Gauge
+	waits         prometheus.Counter
+}
+
+type memWaiter struct {
+	n     int64
+	ready chan struct{} // closed once granted
+}
+
+// newFetchMem returns a budget of limit bytes (at least 1). The gauges and
+// counter may be nil.
+func newFetchMem(limit int64, held, stuck prometheus.Gauge, waits prometheus.Counter) *fetchMem {
+	return &fetchMem{limit: max(limit, 1), heldG: held, stuckG: stuck, waits: waits}
+}
+
+// clamp is n as a reservation: at least 1, at most the whole budget.
+func (m *fetchMem) clamp(n int64) int64 { return min(max(n, 1), m.limit) }
+
+// reserve takes n bytes (clamped to [1, limit]) once they fit, after every
+// reservation that waited before it. It returns what it took, or an error
+// when ctx ended first (then it holds nothing).
+func (m *fetchMem) reserve(ctx context.Context, n int64) (int64, error) {
+	n = m.clamp(n)
+	m.mu.Lock()
+	if len(m.waiters) == 0 && m.fitsLocked(n) {
+		m.addLocked(n)
+		m.mu.Unlock()
+		return n, nil
+	}
+	w := &memWaiter{n: n, ready: make(chan struct{})}
+	m.waiters = append(m.waiters, w)
+	if m.waits != nil {
+		m.waits.Inc()
+	}
+	m.mu.Unlock()
+	select {
+	case <-w.ready:
+		return n, nil
+	case <-ctx.Done():
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if i := slices.Index(m.waiters, w); i >= 0 {
+		m.waiters = slices.Delete(m.waiters, i, i+1)
+		m.grantLocked() // those behind it may fit now
+	} else {
+		// Granted while ctx ended: give it back.
+		m.addLocked(-n)
+		m.grantLocked()
+	}
+	return 0, fmt.Errorf("kafka: waiting for %d bytes of fetch memory: %w", n, ctx.Err())
+}
+
+// tryReserve takes n bytes (clamped) only if nobody waits and they fit
+// now; 0 when not.
+func (m *fetchMem) tryReserve(n int64) int64 {
+	n = m.clamp(n)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.waiters) > 0 || !m.fitsLocked(n) {
+		return 0
+	}
+	m.addLocked(n)
+	return n
+}
+
+// settle turns a reservation of reserved bytes into used: it gives back
+// what the fetch did not use, or takes what it used beyond (a first batch
+// larger than the fetch's limit comes through whatever the budget).
+func (m *fetchMem) settle(reserved, used int64) {
+	if reserved == used {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.addLocked(used - reserved)
+	if used < reserved {
+		m.grantLocked()
+	}
+}
+
+// release gives back n counted bytes.
+func (m *fetchMem) release(n int64) {
+	if n == 0 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.addLocked(-n)
+	m.grantLocked()
+}
+
+// fitsLocked: n more fit in the budget, or nothing is held (one
+// reservation always proceeds).
+func (m *fetchMem) fitsLocked(n int64) bool { return m.held+n <= m.limit || m.held <= 0 }
+
+func (m *fetchMem) addLocked(n int64) {
+	m.held += n
+	m.peak = max(m.peak, m.held)
+	if m.heldG != nil {
+		m.heldG.Set(float64(m.held))
+	}
+}
+
+func (m *fetchMem) addStuckLocked(n int64) {
+	m.stuck += n
+	if m.stuckG != nil {
+		m.stuckG.Set(float64(m.stuck))
+	}
+}
+
+// grantLocked grants the waiters at the head of the queue that fit, in
+// order.
+func (m *fetchMem) grantLocked() {
+	for len(m.waiters) > 0 && m.fitsLocked(m.waiters[0].n) {
+		w := m.waiters[0]
+		m.waiters = m.waiters[1:]
+		m.addLocked(w.n)
+		close(w.ready)
+	}
+}
+
+// state returns the bytes held, held by stuck workers, and the peak held.
+func (m *fetchMem) state() (held, stuck, peak int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.held, m.stuck, m.peak
+}
+
+// partMem is one partition worker's share of the budget: what its fetches
+// took and its handler has not stored yet, counted or (while its batch is
+// retried) stuck.
+type partMem struct {
+	m              *fetchMem
+	mu             sync.Mutex
+	counted, stuck int64
+}
+
+// fetched records n bytes a fetch decoded, reserved (and settled) already.
+func (p *partMem) fetched(n int64) {
+	p.mu.Lock()
+	p.counted += n
+	p.mu.Unlock()
+}
+
+// stored gives back the n bytes of a batch the store took.
+func (p *partMem) stored(n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fromStuck := min(n, p.stuck)
+	p.stuck -= fromStuck
+	n -= fromStuck
+	n = min(n, p.counted) // never more than was taken
+	p.counted -= n
+	p.m.mu.Lock()
+	defer p.m.mu.Unlock()
+	p.m.addStuckLocked(-fromStuck)
+	if n > 0 {
+		p.m.addLocked(-n)
+		p.m.grantLocked()
+	}
+}
+
+// stall moves the worker's counted bytes out of the budget while its batch
+// is retried, as far as the stuck bytes of all workers stay within one
+// budget; all of them when no other worker is stuck (a batch larger than
+// the budget, held, must not stop the others either).
+func (p *partMem) stall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.m.mu.Lock()
+	defer p.m.mu.Unlock()
+	n := min(p.counted, max(p.m.limit-p.m.stuck, 0))
+	if p.m.stuck == 0 {
+		n = p.counted
+	}
+	if n <= 0 {
+		return
+	}
+	p.counted -= n
+	p.stuck += n
+	p.m.addLocked(-n)
+	p.m.addStuckLocked(n)
+	p.m.grantLocked()
+}
+
+// unstall counts the worker's bytes again: its batch was stored.
+func (p *partMem) unstall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stuck == 0 {
+		return
+	}
+	p.m.mu.Lock()
+	defer p.m.mu.Unlock()
+	p.m.addStuckLocked(-p.stuck)
+	p.m.addLocked(p.stuck)
+	p.counted += p.stuck
+	p.stuck = 0
+}
+
+// releaseAll gives back everything the worker holds: it stopped, and what
+// it fetched and did not store is dropped.
+func (p *partMem) releaseAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.m.mu.Lock()
+	defer p.m.mu.Unlock()
+	p.m.addStuckLocked(-p.stuck)
+	p.m.addLocked(-p.counted)
+	p.counted, p.stuck = 0, 0
+	p.m.grantLocked()
+}
+
+// memSizer predicts the memory of a partition's next fetch. The fetch
+// sizer aims each fetch at Config.FetchMaxBytes decoded (keys, values,
+// headers); what that holds in memory depends on the records' sizes (a
+// bridge.Item each), which memSizer learns from the partition's fetches.
+type memSizer struct {
+	target     int64   // decoded bytes a fetch aims at (Config.FetchMaxBytes)
+	perDecoded float64 // memory per decoded byte; 0 until learned
+	last       int64   // the memory of the last fetch
+	caughtUp   bool    // the last fetch reached the end of the log
+}
+
+func newMemSizer(target int) memSizer { return memSizer{target: int64(max(target, 1))} }
+
+// full is the memory of a fetch at the fetch sizer's limit.
+func (e *memSizer) full() int64 {
+	f := e.perDecoded
+	if f <= 0 {
+		f = 1
+	}
+	return int64(math.Ceil(float64(e.target) * f))
+}
+
+// want is what to reserve for the next fetch.
+func (e *memSizer) want() int64 {
+	w := e.full()
+	if e.caughtUp {
+		w = min(w, max(idleFetchMemory, 2*e.last))
+	}
+	return max(w, 1)
+}
+
+// limitFor is the byte limit of a fetch granted grant bytes when the fetch
+// sizer asks for limit: limit shrunk in proportion when grant is less than
+// a full fetch, never under minFetchBytes (the broker returns the first
+// batch whole anyway). A run of steps past a compacted tail (stepping)
+// keeps its limit: only a larger one gets the next batch.
+func (e *memSizer) limitFor(grant int64, limit int, stepping bool) int {
+	full := e.full()
+	if stepping || grant >= full {
+		return limit
+	}
+	return max(int(int64(limit)*grant/full), min(minFetchBytes, limit))
+}
+
+// observe learns from a fetch that decoded decoded bytes into mem bytes of
+// memory.
+func (e *memSizer) observe(mem int64, decoded int, caughtUp bool) {
+	e.last, e.caughtUp = mem, caughtUp
+	if decoded > 0 && mem > 0 {
+		e.perDecoded = float64(mem) / float64(decoded)
+	}
+}
