@@ -180,6 +180,10 @@ type Kafka struct {
 	TLS      TLS           `yaml:"tls"`
 	SASL     SASL          `yaml:"sasl"`
 	Sources  []KafkaSource `yaml:"sources"` // at least one
+	// FetchMemoryMB bounds what the source fetched and the store has not
+	// taken yet, over all its partitions (MiB, 1..65536). Default
+	// DefaultKafkaFetchMemoryMB.
+	FetchMemoryMB int `yaml:"fetch_memory_mb"`
 }
 
 // KafkaSource is one delay topic.
@@ -304,6 +308,10 @@ const (
 	DefaultNATSConsumer  = "delaybridge"
 )
 
+// DefaultKafkaFetchMemoryMB is kafka.fetch_memory_mb's default (the Kafka
+// adapter's DefaultFetchMemory).
+const DefaultKafkaFetchMemoryMB = 32
+
 // Default returns a Config holding every default and no transport.
 func Default() *Config {
 	return &Config{
@@ -389,6 +397,10 @@ func LoadBytes(data []byte, environ []string) (*Config, error) {
 		// The default memtable follows a smaller cache, so that cache_mb
 		// alone is a valid config; a memtable_mb that is set is checked.
 		c.Store.MemtableMB = min(DefaultStoreMemtableMB, c.Store.CacheMB/2)
+	}
+	if _, env := fromEnv["kafka.fetch_memory_mb"]; c.Kafka != nil && !env && !inYAML["kafka.fetch_memory_mb"] {
+		// An int whose zero is refused: a default, not "set to 0".
+		c.Kafka.FetchMemoryMB = DefaultKafkaFetchMemoryMB
 	}
 	if _, env := fromEnv["store.reserve_mb"]; !env && !inYAML["store.reserve_mb"] {
 		// The default reserve follows the memtable: two write-ahead logs.

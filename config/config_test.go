@@ -58,7 +58,8 @@ func TestLoadContractExample(t *testing.T) {
 	want.DataDir = "/var/lib/delaybridge"
 	want.Kafka = &Kafka{
 		Brokers: []string{"localhost:9092"}, Group: "delaybridge", ClientID: "delaybridge",
-		Sources: []KafkaSource{{Topic: "delay", DLQ: "delay.dlq"}},
+		Sources:       []KafkaSource{{Topic: "delay", DLQ: "delay.dlq"}},
+		FetchMemoryMB: DefaultKafkaFetchMemoryMB,
 	}
 	want.NATS = &NATS{
 		URL: "nats://localhost:4222", Stream: "DELAY", Consumer: "delaybridge",

@@ -206,6 +206,10 @@ func (r *Retry) validate(v *validator) {
 	}
 }
 
+// maxKafkaFetchMemoryMB bounds kafka.fetch_memory_mb: 64 GiB, far past any
+// pod, and far from overflowing its bytes.
+const maxKafkaFetchMemoryMB = 1 << 16
+
 // SASL mechanisms the Kafka adapter supports.
 var saslMechanisms = []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}
 
@@ -237,6 +241,9 @@ func (c *Config) validateKafka(v *validator, k *Kafka) {
 		if s.Password == "" && s.PasswordFile == "" {
 			v.add("kafka.sasl.password", "required with mechanism %s (or kafka.sasl.password_file)", s.Mechanism)
 		}
+	}
+	if k.FetchMemoryMB < 1 || k.FetchMemoryMB > maxKafkaFetchMemoryMB {
+		v.add("kafka.fetch_memory_mb", "must be between 1 and %d (MiB), got %d", maxKafkaFetchMemoryMB, k.FetchMemoryMB)
 	}
 	if len(k.Sources) == 0 {
 		v.add("kafka.sources", "required: at least one delay topic")

@@ -561,6 +561,8 @@ func (s *Service) setupKafka(ctx context.Context, o Options, b *built) error {
 		// Beside the store (Pebble ignores the names it does not use),
 		// with the tasks of the process it belongs to.
 		MemberFile: filepath.Join(s.cfg.DataDir, "kafka-member"),
+		// Fetched records not stored yet, over all partitions.
+		FetchMemory: int64(k.FetchMemoryMB) << 20,
 	}
 	ct, err := clientTLS(k.TLS, s.log.Named("kafka"))
 	if err != nil {
