@@ -46,13 +46,13 @@ func itemsMemory(items []bridge.Item) int64 {
 	return int64(decodedBytes(items)) + int64(len(items))*itemMemory
 }
 
-// idleFetchMemory is what a caught-up partition waits for when the budget
-// has no room for a full fetch now and its last fetch held less: a long
-// poll on an idle partition holds its reservation for up to MaxWait, and a
-// full fetch's worth each would keep busy partitions waiting behind idle
-// ones (review R195). The fetch's limit shrinks to match; a burst that
-// fills it is fetched at full size next.
-const idleFetchMemory = 64 << 10
+// idleFetchMemory is what a caught-up partition waits for when its last
+// fetch held less and the budget is half used or more (else it takes a
+// full fetch): a long poll on an idle partition holds its reservation for
+// up to MaxWait, and a full fetch's worth each would keep busy partitions
+// waiting behind idle ones (review R195). The fetch's limit shrinks to
+// match; a burst that fills it is fetched at full size next.
+const idleFetchMemory = 16 << 10
 
 // fetchMem is the budget of fetched-but-not-yet-stored bytes of a Source.
 type fetchMem struct {
@@ -119,11 +119,15 @@ func (m *fetchMem) reserve(ctx context.Context, n int64) (int64, error) {
 
 // tryReserve takes n bytes (clamped) only if nobody waits and they fit
 // now; 0 when not.
-func (m *fetchMem) tryReserve(n int64) int64 {
+func (m *fetchMem) tryReserve(n int64) int64 { return m.tryReserveWithin(n, m.limit) }
+
+// tryReserveWithin is tryReserve with the bytes held kept within ceiling
+// (at most the limit).
+func (m *fetchMem) tryReserveWithin(n, ceiling int64) int64 {
 	n = m.clamp(n)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(m.waiters) > 0 || !m.fitsLocked(n) {
+	if len(m.waiters) > 0 || !m.fitsLocked(n) || m.held+n > min(ceiling, m.limit) {
 		return 0
 	}
 	m.addLocked(n)

@@ -292,3 +292,18 @@ func TestMemSizer(t *testing.T) {
 		t.Fatalf("caught-up want %d, want twice the last", w)
 	}
 }
+
+// tryReserveWithin keeps what is held within its ceiling: idle partitions'
+// long polls take full fetches only while the budget is less than half used.
+func TestFetchMemTryReserveWithin(t *testing.T) {
+	m := newFetchMem(100, nil, nil, nil)
+	if g := m.tryReserveWithin(40, 50); g != 40 {
+		t.Fatalf("granted %d, want 40", g)
+	}
+	if g := m.tryReserveWithin(20, 50); g != 0 {
+		t.Fatalf("granted %d past the ceiling", g)
+	}
+	if g := m.tryReserve(20); g != 20 {
+		t.Fatalf("tryReserve granted %d, want 20", g)
+	}
+}

@@ -1177,12 +1177,16 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 		var hw int64
 		var err error
 		if reserved == 0 {
-			// A full fetch when the budget has room for it now; else the
-			// worker waits its turn, for less when it had caught up (a
-			// long poll on an idle partition). One lingering (records in
-			// hand) reserved before it looped back, or it would hold
-			// them while waiting for others.
-			if reserved = s.mem.tryReserve(msize.full()); reserved == 0 {
+			// The worker waits its turn for a full fetch, or for less
+			// when it had caught up (a long poll on an idle partition),
+			// unless the budget is less than half used: idle partitions
+			// never hold more than half of it for their long polls. One
+			// lingering (records in hand) reserved before it looped back,
+			// or it would hold them while waiting for others.
+			if msize.caughtUp {
+				reserved = s.mem.tryReserveWithin(msize.full(), s.mem.limit/2)
+			}
+			if reserved == 0 {
 				if reserved, err = s.mem.reserve(ctx, msize.want()); err != nil {
 					return
 				}
@@ -1192,7 +1196,7 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 		began := time.Now()
 		pending, offset, hw, err = s.fetch(ctx, topic, partition, offset, maxWait, limit, rules, pending, &notes)
 		decoded := decodedBytes(pending[before:])
-		mem := itemsMemory(pending[before:])
+		mem := int64(decoded) + int64(len(pending)-before)*itemMemory // itemsMemory
 		s.mem.settle(reserved, mem)
 		reserved = 0
 		pm.fetched(mem)
