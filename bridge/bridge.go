@@ -75,6 +75,13 @@ type Item struct {
 type Batch struct {
 	Items       []Item
 	Checkpoints []shard.Checkpoint
+	// DeadLetterWait, when set, is called by Pipeline.Handle before it
+	// waits for the batch's dead letters to be acknowledged by their DLQ:
+	// a wait as long as the DLQ cannot be written (CONTRACT §3). The Kafka
+	// source moves the partition's fetched records out of its fetch
+	// memory budget then, so that such a wait does not stop its other
+	// partitions, or other sources'.
+	DeadLetterWait func()
 }
 
 // Healther is implemented by sources and sinks that can report their own

@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -68,5 +69,60 @@ func TestPipelineAwaitDeadLettersWithoutSupport(t *testing.T) {
 	}
 	if err := p.AwaitDeadLetters(context.Background(), "k"); err != nil {
 		t.Fatalf("AwaitDeadLetters = %v, want nil", err)
+	}
+}
+
+// Handle calls the batch's DeadLetterWait before it waits for the DLQ to
+// take the batch's dead letters (the Kafka source moves the partition's
+// fetched records out of its memory budget then), and not for a batch
+// without dead letters.
+func TestPipelineCallsDeadLetterWait(t *testing.T) {
+	clk, eng, sink := runDLQEngine(t)
+	p := NewPipeline(eng, nil)
+	rules := &codec.Rules{DLQ: "delay.dlq"}
+	good := Item{Msg: codec.Message{Transport: codec.TransportKafka, Source: "delay", Offset: 6, Value: []byte("v"), Time: clk.Now(),
+		Headers: []codec.Header{{Key: "delay-after", Value: []byte("1h")}, {Key: "delay-target", Value: []byte("t")}}}, Rules: rules}
+	var calls atomic.Int32
+	wait := func() { calls.Add(1) }
+	if err := p.Handle(context.Background(), &Batch{Items: []Item{good}, DeadLetterWait: wait,
+		Checkpoints: []shard.Checkpoint{{Key: "kafka|delay|0", Offset: 6}}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := calls.Load(); n != 0 {
+		t.Fatalf("DeadLetterWait called %d times for a batch without dead letters", n)
+	}
+	bad := good
+	bad.Msg.Offset = 7
+	bad.Msg.Headers = []codec.Header{{Key: "delay-after", Value: []byte("soon")}, {Key: "delay-target", Value: []byte("t")}}
+	handled := make(chan error, 1)
+	go func() {
+		handled <- p.Handle(context.Background(), &Batch{Items: []Item{bad}, DeadLetterWait: wait,
+			Checkpoints: []shard.Checkpoint{{Key: "kafka|delay|0", Offset: 7}}})
+	}()
+	<-sink.tries // the DLQ failed once: Handle waits (or is about to)
+	for deadline := time.Now().Add(10 * time.Second); calls.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("DeadLetterWait not called while Handle waits for the DLQ")
+		}
+	}
+	select {
+	case err := <-handled:
+		t.Fatalf("Handle returned %v while the DLQ fails", err)
+	default:
+	}
+	close(sink.ok)
+	for {
+		select {
+		case err := <-handled:
+			if err != nil {
+				t.Fatalf("Handle after the DLQ took the dead letter = %v", err)
+			}
+			if n := calls.Load(); n != 1 {
+				t.Fatalf("DeadLetterWait called %d times, want 1", n)
+			}
+			return
+		case <-time.After(10 * time.Millisecond):
+			clk.Advance(time.Second) // the retry after the failure
+		}
 	}
 }

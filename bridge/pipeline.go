@@ -133,6 +133,9 @@ func (p *Pipeline) Handle(ctx context.Context, b *Batch) error {
 	// have stopped, so a working DLQ still acknowledges within moments, and
 	// waiting that long keeps the in-flight batch's commit (and its dead
 	// letters out of the DLQ a second time after the restart).
+	if b.DeadLetterWait != nil {
+		b.DeadLetterWait()
+	}
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() {

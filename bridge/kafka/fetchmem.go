@@ -28,14 +28,18 @@ import (
 // nothing is held, so one partition always progresses, however small the
 // budget.
 //
-// A worker whose batch the store or a dead-letter topic refuses (CONTRACT
-// §3: the batch is held and retried) would keep its shares for as long,
-// and enough such workers would stop every other partition (review R195).
-// Its holdings are moved out of the budget ("stuck") while it retries, up
-// to one more budget's worth over all workers (or one worker's, when
-// larger): beyond that they stay counted, so memory stays within about
-// twice the budget while every partition is stuck (a store outage), and
-// healthy partitions go on while fewer are.
+// A worker whose batch is refused for its own source's sake (a dead-letter
+// topic that cannot be written; CONTRACT §3: the batch is held and
+// retried) would keep its shares for as long, and enough such workers
+// would stop every other partition, other sources' too (review R195).
+// Its holdings, at most about three fetches (it fetches one batch ahead
+// of its handler), are moved out of the budget ("stuck") while it
+// retries, however many such workers there are: a cap on them (one more
+// budget, tried first) let a DLQ outage over a dozen busy partitions stop
+// every other source's. A worker whose batch the store refuses keeps
+// them counted instead: the store refuses every partition's, so none
+// would go on with the room, and memory stays within the budget however
+// long the store outage lasts.
 
 // itemMemory is what a fetched record costs besides its key, value and
 // headers (decodedBytes): its bridge.Item.
@@ -204,13 +208,26 @@ type partMem struct {
 	m              *fetchMem
 	mu             sync.Mutex
 	counted, stuck int64
+	// stalled: its batch waits (stall(false)) until unstall; what it
+	// fetches meanwhile (the fetch loop runs one batch ahead) is stuck
+	// too, or its read-ahead would hold the budget while it waits.
+	stalled bool
 }
 
 // fetched records n bytes a fetch decoded, reserved (and settled) already.
 func (p *partMem) fetched(n int64) {
 	p.mu.Lock()
-	p.counted += n
-	p.mu.Unlock()
+	defer p.mu.Unlock()
+	if !p.stalled {
+		p.counted += n
+		return
+	}
+	p.stuck += n
+	p.m.mu.Lock()
+	defer p.m.mu.Unlock()
+	p.m.addLocked(-n)
+	p.m.addStuckLocked(n)
+	p.m.grantLocked()
 }
 
 // stored gives back the n bytes of a batch the store took.
@@ -232,18 +249,18 @@ func (p *partMem) stored(n int64) {
 }
 
 // stall moves the worker's counted bytes out of the budget while its batch
-// is retried, as far as the stuck bytes of all workers stay within one
-// budget; all of them when no other worker is stuck (a batch larger than
-// the budget, held, must not stop the others either).
-func (p *partMem) stall() {
+// is retried (see fetchMem). storeWide: the store refused it, as it does
+// every partition's; the bytes stay counted.
+func (p *partMem) stall(storeWide bool) {
+	if storeWide {
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.stalled = true
 	p.m.mu.Lock()
 	defer p.m.mu.Unlock()
-	n := min(p.counted, max(p.m.limit-p.m.stuck, 0))
-	if p.m.stuck == 0 {
-		n = p.counted
-	}
+	n := p.counted
 	if n <= 0 {
 		return
 	}
@@ -258,6 +275,7 @@ func (p *partMem) stall() {
 func (p *partMem) unstall() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.stalled = false
 	if p.stuck == 0 {
 		return
 	}

@@ -153,7 +153,14 @@ func TestFetchMemoryNoLeakOnRevokeAndStop(t *testing.T) {
 		return held > 0 && stuck > 0 && len(a.mem.waiters) > 0
 	})
 	stopB := runSource(t, b, hB) // a rebalance revokes A's partitions under it
-	waitFor(t, "both members hold partitions", func() bool { return hB.count() > 0 })
+	// B handles a batch: one of the refused partitions A held, whose
+	// records A never stored (A may have stored all of the others by
+	// now, so B may have nothing else to handle).
+	waitFor(t, "both members hold partitions", func() bool {
+		hB.mu.Lock()
+		defer hB.mu.Unlock()
+		return hB.attempts > 0
+	})
 	refusing.Store(false)
 	stored := func() int {
 		seen := map[string]bool{}
@@ -238,5 +245,86 @@ func TestFetchMemoryStuckPartitionDoesNotStopOthers(t *testing.T) {
 	if !budgetIdle(s) {
 		held, stuck, _ := s.mem.state()
 		t.Errorf("after the source stopped: held %d stuck %d, want nothing", held, stuck)
+	}
+}
+
+// A DLQ that cannot be written holds Handle in its wait for the batch's
+// dead letters (bridge.Pipeline), with no error: the source moves the
+// partition's records out of the budget when Handle says it waits
+// (Batch.DeadLetterWait), so the other partitions go on however many wait
+// so, here six holding a budget's worth each. Without the hook they stayed
+// counted and every other partition waited for the DLQ (checked: times
+// out), and so they did while what the waiting partitions fetched ahead
+// after it stayed counted (checked: times out).
+func TestFetchMemoryDeadLetterWaitDoesNotStopOthers(t *testing.T) {
+	const (
+		parts   = 16
+		stuck   = 6
+		perPart = 60
+		budget  = 128 << 10
+	)
+	c := newCluster(t, kfake.SeedTopics(parts, "delay"))
+	big := make([]byte, budget)
+	for p := range int32(stuck) {
+		produce(t, producer(t, c), &kgo.Record{Topic: "delay", Partition: p, Key: []byte("big"), Value: big})
+	}
+	produceBacklog(t, c, "delay", parts, perPart, 1000)
+	dlqDown := make(chan struct{})
+	h := newMemHandler()
+	h.setFail(func(ctx context.Context, b *bridge.Batch) error {
+		if b.Items[0].Msg.Partition >= stuck {
+			return nil
+		}
+		if b.DeadLetterWait != nil {
+			b.DeadLetterWait()
+		}
+		select { // as dls.Wait: until the DLQ takes the dead letters
+		case <-dlqDown:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
+	cfg.Logger = testlog.New(t, zaptest.Level(zapcore.ErrorLevel))
+	cfg.FetchMaxBytes, cfg.FetchMemory, cfg.MaxBatch = 32<<10, budget, 64
+	s, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runSource(t, s, h)
+	waitFor(t, "every other partition stored while six wait for their DLQ", func() bool {
+		offs := h.offsets("delay")
+		for p := int32(stuck); p < parts; p++ {
+			if len(offs[p]) != perPart {
+				return false
+			}
+		}
+		return true
+	})
+	close(dlqDown)
+	waitFor(t, "the waiting partitions stored", func() bool {
+		offs := h.offsets("delay")
+		for p := range int32(stuck) {
+			if len(offs[p]) != perPart+1 {
+				return false
+			}
+		}
+		return true
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[int32]int64{}
+	for p := range int32(parts) {
+		want[p] = perPart
+		if p < stuck {
+			want[p] = perPart + 1
+		}
+	}
+	checkAllOnce(t, h, c, "delay", parts, want)
+	if !budgetIdle(s) {
+		held, st, _ := s.mem.state()
+		t.Errorf("after the source stopped: held %d stuck %d, want nothing", held, st)
 	}
 }

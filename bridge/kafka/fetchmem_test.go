@@ -209,14 +209,16 @@ func TestFetchMemConcurrent(t *testing.T) {
 	}
 }
 
-// A partition whose batch is retried has its bytes moved out of the budget
-// (up to one budget's worth over all), so others go on; they count again
-// once stored, and releaseAll gives everything back.
+// A partition whose batch waits for its DLQ (or is retried after an error
+// other than the store's) has all its bytes moved out of the budget, so
+// others go on, however many such partitions there are; they count again
+// once stored. One the store refuses keeps them counted (the store refuses
+// every partition alike). releaseAll gives everything back.
 func TestPartMemStall(t *testing.T) {
 	stuckG := prometheus.NewGauge(prometheus.GaugeOpts{Name: "stuck"})
 	m := newFetchMem(100, nil, stuckG, nil)
 	ctx := context.Background()
-	a, b := &partMem{m: m}, &partMem{m: m}
+	a, b, c := &partMem{m: m}, &partMem{m: m}, &partMem{m: m}
 	take := func(p *partMem, n int64) {
 		t.Helper()
 		g, err := m.reserve(ctx, n)
@@ -226,38 +228,37 @@ func TestPartMemStall(t *testing.T) {
 		m.settle(g, n)
 		p.fetched(n)
 	}
+	want := func(held, stuck int64) {
+		t.Helper()
+		if h, st, _ := m.state(); h != held || st != stuck {
+			t.Fatalf("held %d stuck %d, want %d %d", h, st, held, stuck)
+		}
+		if got := testutil.ToFloat64(stuckG); got != float64(stuck) {
+			t.Fatalf("stuck gauge %v, want %d", got, stuck)
+		}
+	}
 	take(a, 70)
 	take(b, 30)
 	waiting := reserveAsync(t, m, ctx, 50)
-	a.stall() // a's 70 out of the budget: 30 held, 50 fits
+	a.stall(false) // a's 70 out of the budget: 30 held, 50 fits
 	if g := <-waiting; g != 50 {
 		t.Fatalf("granted %d", g)
 	}
 	m.settle(50, 50)
 	b.fetched(50)
-	if h, st, _ := m.state(); h != 80 || st != 70 {
-		t.Fatalf("held %d stuck %d, want 80 70", h, st)
-	}
-	if got := testutil.ToFloat64(stuckG); got != 70 {
-		t.Fatalf("stuck gauge %v", got)
-	}
-	b.stall() // only 30 more fit in the stuck allowance (one budget)
-	if h, st, _ := m.state(); h != 50 || st != 100 {
-		t.Fatalf("held %d stuck %d, want 50 100", h, st)
-	}
+	want(80, 70)
+	b.stall(false) // all of b's 80 too: stuck bytes are not capped
+	want(0, 150)
+	take(c, 60)
+	c.stall(true) // the store refused it: stays counted
+	want(60, 150)
 	a.stored(40) // part of a's retried batch stored
 	a.unstall()  // the rest counts again
-	if h, st, _ := m.state(); h != 80 || st != 30 {
-		t.Fatalf("held %d stuck %d, want 80 30", h, st)
-	}
+	want(90, 80)
 	a.releaseAll()
 	b.releaseAll()
-	if h, st, _ := m.state(); h != 0 || st != 0 {
-		t.Fatalf("held %d stuck %d after releaseAll, want 0 0", h, st)
-	}
-	if got := testutil.ToFloat64(stuckG); got != 0 {
-		t.Fatalf("stuck gauge %v", got)
-	}
+	c.releaseAll()
+	want(0, 0)
 }
 
 func TestMemSizer(t *testing.T) {

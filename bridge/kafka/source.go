@@ -1047,13 +1047,19 @@ func (s *Source) logUnstored(topic string, partition int, committed int64, log *
 // handle calls Handle with partition p's batch b until it succeeds; false
 // means ctx ended first.
 //
-// While the batch is retried (a store that refuses writes, a dead-letter
-// topic that cannot be written: CONTRACT §3), the partition's fetched
-// records are moved out of the fetch memory budget (partMem.stall), so
-// that partitions held this way do not stop the others, and counted again
-// once it is stored.
+// While the batch waits for its dead letters (a dead-letter topic that
+// cannot be written holds it there: CONTRACT §3; Batch.DeadLetterWait),
+// or is retried after another error, the partition's fetched records are
+// moved out of the fetch memory budget (partMem.stall), so that
+// partitions held this way do not stop the others, and counted again
+// once it is stored. A
+// store that refuses writes refuses every partition's: their records stay
+// counted, and memory within the budget.
 func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, p part, pm *partMem, log *zap.Logger) bool {
 	wait := s.cfg.RetryMin
+	// A DLQ that cannot be written holds Handle in its wait for the
+	// batch's dead letters, with no error to retry on.
+	b.DeadLetterWait = func() { pm.stall(false) }
 	for {
 		err := h.Handle(ctx, b)
 		if err == nil {
@@ -1064,7 +1070,7 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 		if ctx.Err() != nil {
 			return false
 		}
-		pm.stall()
+		pm.stall(storeWide(err))
 		cp := b.Checkpoints[0]
 		s.cfg.Metrics.SourceErrors.WithLabelValues(b.Items[0].Msg.Source).Inc()
 		s.handleFails.failed(log, zapcore.WarnLevel, p, "handle failed; retrying the same batch", err,
@@ -1074,6 +1080,13 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 		}
 		wait = backoff(wait, s.cfg.RetryMax)
 	}
+}
+
+// storeWide reports whether err is the store refusing writes, which it
+// does for every partition alike (see Source.handle).
+func storeWide(err error) bool {
+	return errors.Is(err, shard.ErrStoreFailed) || errors.Is(err, shard.ErrStoreLowSpace) ||
+		errors.Is(err, shard.ErrStoreStalled) || errors.Is(err, shard.ErrClosed)
 }
 
 // fetchLoop reads the partition from offset and sends batches of at most
