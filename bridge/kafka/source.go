@@ -1052,9 +1052,8 @@ func (s *Source) logUnstored(topic string, partition int, committed int64, log *
 // or is retried after another error, the partition's fetched records are
 // moved out of the fetch memory budget (partMem.stall), so that
 // partitions held this way do not stop the others, and counted again
-// once it is stored. A
-// store that refuses writes refuses every partition's: their records stay
-// counted, and memory within the budget.
+// once it is stored. A store that refuses writes refuses every
+// partition's: their records stay counted, and memory within the budget.
 func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, p part, pm *partMem, log *zap.Logger) bool {
 	wait := s.cfg.RetryMin
 	// A DLQ that cannot be written holds Handle in its wait for the
