@@ -214,9 +214,13 @@ func TestScopedReviewWidenDuringHeldProduce(t *testing.T) {
 }
 
 // Review R218: many widenings leave open the connections of the last
-// Transport only: each retired one's pools close (at once when idle).
-// The whole-cluster fallback past maxScopedTopics takes no further
-// Transport.
+// Transport only: each retired one's pools close (at once when idle), so
+// once the sink is closed no connection is left, where a retired pool
+// nothing dropped would keep its own. The whole-cluster fallback past
+// maxScopedTopics takes no further Transport. (A bound on the open
+// connections before Close failed 2 runs in 20 under load: the last
+// Transport's produces that overlap open more than one connection a
+// broker, each kept up to transportIdle.)
 func TestScopedReviewWideningsLeaveNoConnections(t *testing.T) {
 	old := maxScopedTopics
 	maxScopedTopics = 30
@@ -230,7 +234,12 @@ func TestScopedReviewWideningsLeaveNoConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.Close() })
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			s.Close()
+		}
+	})
 	ctx := context.Background()
 	for _, tp := range topics {
 		if errs := s.Deliver(ctx, []*codec.Task{task(tp, "k1", "1"), task(tp, "k2", "2"), task(tp, "k3", "3")}); errs != nil {
@@ -243,12 +252,15 @@ func TestScopedReviewWideningsLeaveNoConnections(t *testing.T) {
 	if n := s.transport.widened.Load(); n != int64(maxScopedTopics)+1 {
 		t.Errorf("widened %d times, want %d (one per topic, then the whole cluster)", n, maxScopedTopics+1)
 	}
-	// One Transport's pool: a control connection and one per broker
-	// (kafka-go), a few more for produces that overlapped.
+	t.Logf("%d connections to 3 brokers after %d widenings", connsTo(t, c.ListenAddrs()), s.transport.widened.Load())
+	closed = true
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(10 * time.Second)
-	for n := connsTo(t, c.ListenAddrs()); n > 8; n = connsTo(t, c.ListenAddrs()) {
+	for n := connsTo(t, c.ListenAddrs()); n > 0; n = connsTo(t, c.ListenAddrs()) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d connections to 3 brokers after %d widenings", n, s.transport.widened.Load())
+			t.Fatalf("%d connections to the brokers left after the sink closed: a retired Transport's pool", n)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
