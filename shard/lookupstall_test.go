@@ -24,6 +24,31 @@ import (
 // ingestMu (every other Ingest) and the locks of the shards before it
 // (their fire loops), and so did this shard's fire loop.
 func TestLookupStalledReadHoldsNoShard(t *testing.T) {
+	stalledReadHoldsNoShard(t, "Lookup", func(e *Engine) (any, error) { return e.Lookup("src", "a") },
+		func(got any, a *codec.Task, sh int) bool {
+			info := got.(TaskInfo)
+			return info.Due.Equal(t0.Add(time.Hour)) && info.Shard == sh && info.Target == a.Destination()
+		})
+}
+
+// TestListStalledReadHoldsNoShard: ListTasks reads the store without any
+// shard lock, as Lookup does; once the read goes on, the page lists the
+// task.
+func TestListStalledReadHoldsNoShard(t *testing.T) {
+	stalledReadHoldsNoShard(t, "ListTasks", func(e *Engine) (any, error) { return e.ListTasks("src", ListQuery{Prefix: "a"}) },
+		func(got any, a *codec.Task, sh int) bool {
+			l := got.(TaskList)
+			return len(l.Tasks) == 1 && l.Tasks[0].ID == "a" && l.Tasks[0].Shard == sh && l.Tasks[0].Target == a.Destination()
+		})
+}
+
+// stalledReadHoldsNoShard runs read (named op) of task "a" of source
+// "src", due in an hour, while the disk holds its read of the task's
+// envelope: an Ingest into a's shard must return and the shard's fire
+// loop deliver a due task meanwhile, and once the read goes on, ok must
+// accept what read returned.
+func stalledReadHoldsNoShard(t *testing.T, op string, read func(*Engine) (any, error), ok func(got any, a *codec.Task, sh int) bool) {
+	t.Helper()
 	st := faultfs.StallReads(".blob")
 	h := newHarness(t, func(o *Options) { o.FS = errorfs.Wrap(vfs.Default, st) })
 	t.Cleanup(st.Release) // before the harness closes
@@ -44,22 +69,22 @@ func TestLookupStalledReadHoldsNoShard(t *testing.T) {
 
 	st.On()
 	type result struct {
-		info TaskInfo
-		err  error
+		got any
+		err error
 	}
-	looked := make(chan result, 1)
+	done := make(chan result, 1)
 	go func() {
-		info, err := h.e.Lookup("src", "a")
-		looked <- result{info, err}
+		got, err := read(h.e)
+		done <- result{got, err}
 	}()
 	// The deadlines only turn a hang into a failure.
 	deadline := time.After(10 * time.Second)
 	select {
 	case <-st.Held():
-	case r := <-looked:
-		t.Fatalf("Lookup returned (%+v, %v) without reading the blob file", r.info, r.err)
+	case r := <-done:
+		t.Fatalf("%s returned (%+v, %v) without reading the blob file", op, r.got, r.err)
 	case <-deadline:
-		t.Fatal("Lookup did not read the blob file")
+		t.Fatalf("%s did not read the blob file", op)
 	}
 	ingested := make(chan error, 1)
 	go func() { ingested <- h.e.Ingest(context.Background(), []codec.Task{sched(id, t0, 2)}, nil) }()
@@ -69,26 +94,26 @@ func TestLookupStalledReadHoldsNoShard(t *testing.T) {
 			t.Fatal(err)
 		}
 	case <-deadline:
-		t.Fatalf("Ingest into shard %d did not return while a Lookup's read was stalled", sh)
+		t.Fatalf("Ingest into shard %d did not return while a %s read was stalled", sh, op)
 	}
 	for !slices.Contains(h.sink.acked(), id) {
 		select {
 		case <-deadline:
-			t.Fatalf("shard %d's fire loop did not deliver a due task while a Lookup's read was stalled", sh)
+			t.Fatalf("shard %d's fire loop did not deliver a due task while a %s read was stalled", sh, op)
 		case <-time.After(time.Millisecond):
 		}
 	}
 	select {
-	case r := <-looked:
-		t.Fatalf("Lookup returned (%+v, %v) while its read was held", r.info, r.err)
+	case r := <-done:
+		t.Fatalf("%s returned (%+v, %v) while its read was held", op, r.got, r.err)
 	default:
 	}
 	st.Release()
-	r := <-looked
+	r := <-done
 	if r.err != nil {
-		t.Fatalf("Lookup: %v", r.err)
+		t.Fatalf("%s: %v", op, r.err)
 	}
-	if !r.info.Due.Equal(t0.Add(time.Hour)) || r.info.Shard != sh || r.info.Target != a.Destination() {
-		t.Fatalf("Lookup = %+v", r.info)
+	if !ok(r.got, &a, sh) {
+		t.Fatalf("%s = %+v", op, r.got)
 	}
 }
