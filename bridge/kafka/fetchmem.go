@@ -66,6 +66,7 @@ type fetchMem struct {
 	held    int64 // counted against limit: reservations and fetched records
 	stuck   int64 // held by workers whose batch is being retried, not counted
 	peak    int64 // the highest held seen (tests)
+	peakAll int64 // the highest held+stuck seen (tests)
 	waiters []*memWaiter
 
 	heldG, stuckG prometheus.Gauge
@@ -171,6 +172,7 @@ func (m *fetchMem) fitsLocked(n int64) bool { return m.held+n <= m.limit || m.he
 func (m *fetchMem) addLocked(n int64) {
 	m.held += n
 	m.peak = max(m.peak, m.held)
+	m.peakAll = max(m.peakAll, m.held+m.stuck)
 	if m.heldG != nil {
 		m.heldG.Set(float64(m.held))
 	}
@@ -178,6 +180,7 @@ func (m *fetchMem) addLocked(n int64) {
 
 func (m *fetchMem) addStuckLocked(n int64) {
 	m.stuck += n
+	m.peakAll = max(m.peakAll, m.held+m.stuck)
 	if m.stuckG != nil {
 		m.stuckG.Set(float64(m.stuck))
 	}

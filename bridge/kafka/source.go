@@ -1047,20 +1047,46 @@ func (s *Source) logUnstored(topic string, partition int, committed int64, log *
 // handle calls Handle with partition p's batch b until it succeeds; false
 // means ctx ended first.
 //
-// While the batch waits for its dead letters (a dead-letter topic that
-// cannot be written holds it there: CONTRACT §3; Batch.DeadLetterWait),
-// or is retried after another error, the partition's fetched records are
-// moved out of the fetch memory budget (partMem.stall), so that
-// partitions held this way do not stop the others, and counted again
-// once it is stored. A store that refuses writes refuses every
-// partition's: their records stay counted, and memory within the budget.
+// While the batch waits for its dead letters longer than
+// deadLetterStallAfter (a dead-letter topic that cannot be written holds
+// it there: CONTRACT §3; Batch.DeadLetterWait), or is retried after
+// another error, the partition's fetched records are moved out of the
+// fetch memory budget (partMem.stall), so that partitions held this way
+// do not stop the others, and counted again once it is stored. A store
+// that refuses writes refuses every partition's: their records stay
+// counted, and memory within the budget.
 func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, p part, pm *partMem, log *zap.Logger) bool {
 	wait := s.cfg.RetryMin
 	// A DLQ that cannot be written holds Handle in its wait for the
-	// batch's dead letters, with no error to retry on.
-	b.DeadLetterWait = func() { pm.stall(false) }
+	// batch's dead letters, with no error to retry on. Every batch with a
+	// dead letter waits there, mostly for moments: only a wait that lasts
+	// stalls the partition, or a backlog of dead letters (every record
+	// of a misconfigured producer) would take each partition's records
+	// out of the budget while others fill it, and count them again past
+	// it once stored (review R220: several budgets held).
+	var dlTimer *time.Timer
+	var dlStalled chan struct{}
+	b.DeadLetterWait = func() {
+		if dlTimer != nil {
+			return
+		}
+		done := make(chan struct{})
+		dlStalled = done
+		dlTimer = time.AfterFunc(deadLetterStallAfter, func() {
+			defer close(done)
+			pm.stall(false)
+		})
+	}
+	// dlEnd ends the attempt's DLQ wait: no stall after it.
+	dlEnd := func() {
+		if dlTimer != nil && !dlTimer.Stop() {
+			<-dlStalled // the stall ran or runs: let it finish first
+		}
+		dlTimer = nil
+	}
 	for {
 		err := h.Handle(ctx, b)
+		dlEnd()
 		if err == nil {
 			pm.unstall()
 			s.handleFails.ok(log, p, true)
@@ -1080,6 +1106,12 @@ func (s *Source) handle(ctx context.Context, h bridge.Handler, b *bridge.Batch, 
 		wait = backoff(wait, s.cfg.RetryMax)
 	}
 }
+
+// deadLetterStallAfter is how long a batch waits for its dead letters
+// before its partition's fetched records leave the fetch memory budget
+// (see Source.handle). A DLQ that works acknowledges within a produce's
+// round trip.
+var deadLetterStallAfter = time.Second
 
 // storeWide reports whether err is the store refusing writes, which it
 // does for every partition alike (see Source.handle).
