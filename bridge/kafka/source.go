@@ -1151,6 +1151,10 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 	// given back when the loop ends in between.
 	var reserved int64
 	defer func() { s.mem.release(reserved) }()
+	// polled is the long poll outside the budget (fetchMem.poll) of the
+	// fetch in flight, in place of reserved.
+	var polled int64
+	defer func() { s.mem.settlePoll(polled, 0) }()
 	warnedLAT, warnedNoTS := false, false
 	sent := offset   // the offset after the last batch handed over
 	recheck := false // a fetch failed: check the log before reading on
@@ -1227,22 +1231,32 @@ func (s *Source) fetchLoop(ctx context.Context, topic string, partition int, off
 			// never hold more than half of it for their long polls. One
 			// lingering (records in hand) reserved before it looped back,
 			// or it would hold them while waiting for others.
+			// A partition idle since (its last fetch held little) polls
+			// outside the budget, for idleFetchMemory at most: its
+			// long poll never holds busy partitions back.
 			if msize.caughtUp {
 				reserved = s.mem.tryReserveWithin(msize.full(), s.mem.limit/2)
+				if want := msize.want(); reserved == 0 && want <= idleFetchMemory {
+					polled = s.mem.poll(want)
+				}
 			}
-			if reserved == 0 {
+			if reserved == 0 && polled == 0 {
 				if reserved, err = s.mem.reserve(ctx, msize.want()); err != nil {
 					return
 				}
 			}
 		}
-		before, limit := len(pending), msize.limitFor(reserved, size.limit(), size.stepping())
+		before, limit := len(pending), msize.limitFor(max(reserved, polled), size.limit(), size.stepping())
 		began := time.Now()
 		pending, offset, hw, err = s.fetch(ctx, topic, partition, offset, maxWait, limit, rules, pending, &notes)
 		decoded := decodedBytes(pending[before:])
 		mem := int64(decoded) + int64(len(pending)-before)*itemMemory // itemsMemory
-		s.mem.settle(reserved, mem)
-		reserved = 0
+		if polled > 0 {
+			s.mem.settlePoll(polled, mem)
+		} else {
+			s.mem.settle(reserved, mem)
+		}
+		reserved, polled = 0, 0
 		pm.fetched(mem)
 		caughtUp := err == nil && hw >= 0 && offset >= hw
 		msize.observe(mem, decoded, caughtUp)
