@@ -79,8 +79,8 @@ type Batch struct {
 	// waits for the batch's dead letters to be acknowledged by their DLQ:
 	// a wait as long as the DLQ cannot be written (CONTRACT §3). The Kafka
 	// source moves the partition's fetched records out of its fetch
-	// memory budget then, so that such a wait does not stop its other
-	// partitions, or other sources'.
+	// memory budget once such a wait has lasted a second, so that it does
+	// not stop its other partitions, or other sources'.
 	DeadLetterWait func()
 }
 

@@ -51,8 +51,8 @@ type Metrics struct {
 	SourceStableStalled *prometheus.GaugeVec     // source, partition (Kafka)
 	// SourceFetchMemory is what the Kafka source fetched and the store has
 	// not taken yet, by state: counted against kafka.fetch_memory_mb, or
-	// stuck (held by partitions whose batch is being retried, not
-	// counted). SourceFetchMemoryLimit is the budget, and
+	// stuck (held by partitions whose batch waits for its DLQ or is
+	// retried after a non-store error, not counted). SourceFetchMemoryLimit is the budget, and
 	// SourceFetchMemoryWaits counts fetches that waited for it.
 	SourceFetchMemory      *prometheus.GaugeVec // state (counted|stuck)
 	SourceFetchMemoryLimit prometheus.Gauge
@@ -158,7 +158,7 @@ func New(r prometheus.Registerer) *Metrics {
 			Name: "delaybridge_source_stable_offset_stalled_seconds", Help: "Kafka: how long a delay partition's last stable offset has not moved while records lie beyond it (an open transaction holds the partition), timed from when this member first saw it (it holds its last value while fetches fail); 0 when nothing is held. Longer than the broker's transaction.max.timeout.ms means a hanging transaction: the partition's delays after it are not taken in.",
 		}, []string{"source", "partition"}),
 		SourceFetchMemory: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "delaybridge_source_fetch_memory_bytes", Help: "Kafka: bytes of records the source fetched (and reserved for fetches in flight) that the store has not taken yet, by state: counted against kafka.fetch_memory_mb, or stuck (held by partitions whose batch the store or a dead-letter topic refuses and that is being retried; not counted, up to one more budget's worth). Counted may pass the budget by one fetch: the broker returns a fetch's first batch whole.",
+			Name: "delaybridge_source_fetch_memory_bytes", Help: "Kafka: bytes of records the source fetched (and reserved for fetches in flight) that the store has not taken yet, by state: counted against kafka.fetch_memory_mb, or stuck (held by partitions whose batch has waited over a second for its dead-letter topic, or is retried after an error other than the store's; not counted, so they hold no other partition back). Counted may pass the budget by about a fetch (the broker returns a fetch's first batch whole; a stuck partition's bytes count again once its batch is stored) and by idle partitions' long polls past half the budget, 16 KiB each.",
 		}, []string{"state"}),
 		SourceFetchMemoryLimit: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "delaybridge_source_fetch_memory_limit_bytes", Help: "Kafka: the source's fetch memory budget (kafka.fetch_memory_mb) in bytes.",
