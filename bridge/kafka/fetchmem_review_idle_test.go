@@ -9,9 +9,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest"
-
-	"github.com/delaybridge/delaybridge/internal/testlog"
 )
 
 // TestFetchMemoryIdlePollsDoNotHoldBackABusyPartition (review R220): 128
@@ -30,13 +27,7 @@ func TestFetchMemoryIdlePollsDoNotHoldBackABusyPartition(t *testing.T) {
 	)
 	c := newCluster(t, kfake.SeedTopics(idle+1, "delay"))
 	h := newMemHandler()
-	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
-	cfg.Logger = testlog.New(t, zaptest.Level(zapcore.WarnLevel))
-	cfg.FetchMaxBytes, cfg.FetchMemory, cfg.MaxBatch = 64<<10, 1<<20, 64
-	s, err := NewSource(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := budgetSource(t, c, zapcore.WarnLevel, 64<<10, 1<<20, 64)
 	var busyFetches atomic.Int64 // fetches that decoded records: the busy partition's
 	s.testHookFetched = func(_, decoded int) {
 		if decoded > 0 {

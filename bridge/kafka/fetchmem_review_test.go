@@ -7,10 +7,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/delaybridge/delaybridge/bridge"
-	"github.com/delaybridge/delaybridge/internal/testlog"
 )
 
 // TestFetchMemoryDeadLettersWithHealthyDLQStayWithinBudget (review R220):
@@ -44,13 +42,7 @@ func TestFetchMemoryDeadLettersWithHealthyDLQStayWithinBudget(t *testing.T) {
 		time.Sleep(time.Millisecond) // the DLQ's acknowledgement
 		return nil
 	})
-	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
-	cfg.Logger = testlog.New(t, zaptest.Level(zapcore.WarnLevel))
-	cfg.FetchMaxBytes, cfg.FetchMemory, cfg.MaxBatch = fetch, budget, 32
-	s, err := NewSource(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := budgetSource(t, c, zapcore.WarnLevel, fetch, budget, 32)
 	stop := runSource(t, s, h)
 	waitFor(t, "the backlog stored", func() bool { return h.count() >= parts*perPart })
 	if err := stop(); err != nil {

@@ -37,6 +37,21 @@ func produceBacklog(t testing.TB, c *kfake.Cluster, topic string, parts int32, p
 }
 
 // budgetIdle reports whether s's budget holds nothing and nobody waits.
+// budgetSource is a Source of group "g" over topic "delay" of c that
+// fetches fetch decoded bytes at most, within a fetch memory budget of
+// budget bytes, in batches of at most maxBatch, logging from level up.
+func budgetSource(t *testing.T, c *kfake.Cluster, level zapcore.Level, fetch int, budget int64, maxBatch int) *Source {
+	t.Helper()
+	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
+	cfg.Logger = testlog.New(t, zaptest.Level(level))
+	cfg.FetchMaxBytes, cfg.FetchMemory, cfg.MaxBatch = fetch, budget, maxBatch
+	s, err := NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 func budgetIdle(s *Source) bool {
 	held, stuck, _ := s.mem.state()
 	s.mem.mu.Lock()
@@ -63,13 +78,7 @@ func TestFetchMemoryBoundsManyPartitions(t *testing.T) {
 		time.Sleep(time.Millisecond) // a store commit: the backlog piles up in the source
 		return nil
 	})
-	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
-	cfg.Logger = testlog.New(t, zaptest.Level(zapcore.WarnLevel))
-	cfg.FetchMaxBytes, cfg.FetchMemory, cfg.MaxBatch = fetch, budget, 32
-	s, err := NewSource(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := budgetSource(t, c, zapcore.WarnLevel, fetch, budget, 32)
 	stop := runSource(t, s, h)
 	waitFor(t, "the backlog stored", func() bool { return h.count() >= parts*perPart })
 	waitFor(t, "commits", func() bool {
@@ -135,13 +144,7 @@ func TestFetchMemoryNoLeakOnRevokeAndStop(t *testing.T) {
 	hA.setFail(slow)
 	hB.setFail(slow)
 	mk := func() *Source {
-		cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
-		cfg.Logger = testlog.New(t, zaptest.Level(zapcore.ErrorLevel))
-		cfg.FetchMaxBytes, cfg.FetchMemory, cfg.MaxBatch = 32<<10, 128<<10, 16
-		s, err := NewSource(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := budgetSource(t, c, zapcore.ErrorLevel, 32<<10, 128<<10, 16)
 		return s
 	}
 	a, b := mk(), mk()
@@ -214,13 +217,7 @@ func TestFetchMemoryStuckPartitionDoesNotStopOthers(t *testing.T) {
 		}
 		return nil
 	})
-	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
-	cfg.Logger = testlog.New(t, zaptest.Level(zapcore.ErrorLevel))
-	cfg.FetchMaxBytes, cfg.FetchMemory, cfg.MaxBatch = 32<<10, budget, 64
-	s, err := NewSource(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := budgetSource(t, c, zapcore.ErrorLevel, 32<<10, budget, 64)
 	stop := runSource(t, s, h)
 	others := func() bool {
 		offs := h.offsets("delay")
@@ -285,13 +282,7 @@ func TestFetchMemoryDeadLetterWaitDoesNotStopOthers(t *testing.T) {
 			return ctx.Err()
 		}
 	})
-	cfg := testConfig(t, c.ListenAddrs(), "g", "delay")
-	cfg.Logger = testlog.New(t, zaptest.Level(zapcore.ErrorLevel))
-	cfg.FetchMaxBytes, cfg.FetchMemory, cfg.MaxBatch = 32<<10, budget, 64
-	s, err := NewSource(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := budgetSource(t, c, zapcore.ErrorLevel, 32<<10, budget, 64)
 	stop := runSource(t, s, h)
 	waitFor(t, "every other partition stored while six wait for their DLQ", func() bool {
 		offs := h.offsets("delay")
