@@ -463,6 +463,13 @@ func taskKey(w http.ResponseWriter, r *http.Request) (source, id string, ok bool
 		writeError(w, http.StatusBadRequest, "want /v1/tasks/{source}/{id} with a non-empty source and id")
 		return "", "", false
 	}
+	if strings.IndexByte(source, 0) >= 0 {
+		// The store keys a task by source, 0, id: a source with a NUL
+		// would name another source's task ("a\x00b"/"c" is "a"/"b\x00c").
+		// No topic or stream name holds one.
+		writeError(w, http.StatusBadRequest, "want /v1/tasks/{source}/{id} with a source without NUL bytes")
+		return "", "", false
+	}
 	return source, id, true
 }
 
@@ -630,7 +637,14 @@ func (s *server) stats(w http.ResponseWriter, _ *http.Request) {
 
 func (s *server) listStuck(w http.ResponseWriter, r *http.Request) {
 	limit := shard.DefaultStuckLimit
-	if v := r.URL.Query().Get("limit"); v != "" {
+	// Not r.URL.Query: it drops a pair it cannot unescape, so
+	// "limit=%zz" listed the default limit as if none was given.
+	query, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("query: %v", err))
+		return
+	}
+	if v := query.Get("limit"); v != "" {
 		// Digits only: a number above the maximum (however large) is cut
 		// to it, as the route's doc says.
 		n, err := strconv.ParseUint(v, 10, 64)

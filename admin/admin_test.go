@@ -943,3 +943,24 @@ func serveLoopback(t *testing.T) (ln net.Listener, h http.Handler, cancel contex
 	go func() { errc <- ServeListener(ctx, ln, h, zaptest.NewLogger(t)) }()
 	return ln, h, cancel, errc
 }
+
+// A source with a NUL byte is refused for a lookup or a cancel: the store
+// keys a task by source, 0, id, so source "a\x00b" with id "c" named
+// source "a"'s task "b\x00c" (review A219), and a DELETE cancelled it.
+func TestTaskSourceWithNULRefused(t *testing.T) {
+	f := newFixture(t, "", nil)
+	other := task("b\x00c", 30, time.Hour)
+	other.Source = "a"
+	if err := f.e.Ingest(context.Background(), []codec.Task{other}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, method := range []string{"GET", "DELETE"} {
+		r := do(t, method, f.srv.URL+"/v1/tasks/a%00b/c", "")
+		if msg := jsonError(t, r); r.code != 400 || !strings.Contains(msg, "NUL") {
+			t.Fatalf("%s of source a\\x00b, id c = %d %q, want 400 naming NUL", method, r.code, msg)
+		}
+	}
+	if r := do(t, "GET", f.srv.URL+"/v1/tasks/a/b%00c", ""); r.code != 200 {
+		t.Fatalf("the task of source a, id b\\x00c = %d %q, want 200 (still pending)", r.code, r.body)
+	}
+}

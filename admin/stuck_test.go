@@ -120,6 +120,7 @@ func TestStuck(t *testing.T) {
 		{"list limit 0", "GET", "/v1/stuck?limit=0", auth, 400, nil},
 		{"list limit negative", "GET", "/v1/stuck?limit=-3", auth, 400, nil},
 		{"list limit not a number", "GET", "/v1/stuck?limit=ten", auth, 400, nil},
+		{"list limit badly escaped", "GET", "/v1/stuck?limit=%zz", auth, 400, nil},
 		{"drop shard not a number", "DELETE", fmt.Sprintf("/v1/stuck/x/%d", ent.Seq), auth, 400, nil},
 		{"drop seq not a number", "DELETE", fmt.Sprintf("/v1/stuck/%d/abc", ent.Shard), auth, 400, nil},
 		{"drop seq negative", "DELETE", fmt.Sprintf("/v1/stuck/%d/-1", ent.Shard), auth, 400, nil},
