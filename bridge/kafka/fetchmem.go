@@ -215,6 +215,20 @@ func (m *fetchMem) settlePoll(polled, used int64) {
 	m.addLocked(used)
 }
 
+// toStuckLocked moves n counted bytes out of the budget to stuck (n < 0:
+// back), granting the waiters the room it frees.
+func (m *fetchMem) toStuckLocked(n int64) {
+	// The side that shrinks first: peakAll never counts n twice.
+	if n > 0 {
+		m.addLocked(-n)
+		m.addStuckLocked(n)
+		m.grantLocked()
+		return
+	}
+	m.addStuckLocked(n)
+	m.addLocked(-n)
+}
+
 func (m *fetchMem) addStuckLocked(n int64) {
 	m.stuck += n
 	m.peakAll = max(m.peakAll, m.held+m.stuck+m.polling)
@@ -266,9 +280,7 @@ func (p *partMem) fetched(n int64) {
 	p.stuck += n
 	p.m.mu.Lock()
 	defer p.m.mu.Unlock()
-	p.m.addLocked(-n)
-	p.m.addStuckLocked(n)
-	p.m.grantLocked()
+	p.m.toStuckLocked(n)
 }
 
 // stored gives back the n bytes of a batch the store took.
@@ -307,9 +319,7 @@ func (p *partMem) stall(storeWide bool) {
 	}
 	p.counted -= n
 	p.stuck += n
-	p.m.addLocked(-n)
-	p.m.addStuckLocked(n)
-	p.m.grantLocked()
+	p.m.toStuckLocked(n)
 }
 
 // unstall counts the worker's bytes again: its batch was stored.
@@ -322,8 +332,7 @@ func (p *partMem) unstall() {
 	}
 	p.m.mu.Lock()
 	defer p.m.mu.Unlock()
-	p.m.addStuckLocked(-p.stuck)
-	p.m.addLocked(p.stuck)
+	p.m.toStuckLocked(-p.stuck)
 	p.counted += p.stuck
 	p.stuck = 0
 }

@@ -183,7 +183,10 @@ func (s *scopedTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafk
 	if meta && m.TopicNames != nil {
 		s.cover(m.TopicNames)
 	}
-	start := time.Now()
+	var start time.Time // for failedReads: only a metadata request's failure drops
+	if meta {
+		start = time.Now()
+	}
 	sc := s.cur.Load()
 	scopeLoaded()
 	res, err := sc.t.RoundTrip(ctx, addr, req)
