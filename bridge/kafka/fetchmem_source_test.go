@@ -52,6 +52,18 @@ func budgetSource(t *testing.T, c *kfake.Cluster, level zapcore.Level, fetch int
 	return s
 }
 
+// partsStored reports whether h took n records of each partition from up to
+// (not including) to of topic "delay".
+func partsStored(h *memHandler, from, to int32, n int) bool {
+	offs := h.offsets("delay")
+	for p := from; p < to; p++ {
+		if len(offs[p]) != n {
+			return false
+		}
+	}
+	return true
+}
+
 func budgetIdle(s *Source) bool {
 	held, stuck, _ := s.mem.state()
 	s.mem.mu.Lock()
@@ -219,16 +231,7 @@ func TestFetchMemoryStuckPartitionDoesNotStopOthers(t *testing.T) {
 	})
 	s := budgetSource(t, c, zapcore.ErrorLevel, 32<<10, budget, 64)
 	stop := runSource(t, s, h)
-	others := func() bool {
-		offs := h.offsets("delay")
-		for p := int32(1); p < parts; p++ {
-			if len(offs[p]) != perPart {
-				return false
-			}
-		}
-		return true
-	}
-	waitFor(t, "every other partition stored while partition 0 is stuck", others)
+	waitFor(t, "every other partition stored while partition 0 is stuck", func() bool { return partsStored(h, 1, parts, perPart) })
 	refusing.Store(false)
 	waitFor(t, "partition 0 stored", func() bool { return len(h.offsets("delay")[0]) == perPart+1 })
 	if err := stop(); err != nil {
@@ -284,25 +287,9 @@ func TestFetchMemoryDeadLetterWaitDoesNotStopOthers(t *testing.T) {
 	})
 	s := budgetSource(t, c, zapcore.ErrorLevel, 32<<10, budget, 64)
 	stop := runSource(t, s, h)
-	waitFor(t, "every other partition stored while six wait for their DLQ", func() bool {
-		offs := h.offsets("delay")
-		for p := int32(stuck); p < parts; p++ {
-			if len(offs[p]) != perPart {
-				return false
-			}
-		}
-		return true
-	})
+	waitFor(t, "every other partition stored while six wait for their DLQ", func() bool { return partsStored(h, stuck, parts, perPart) })
 	close(dlqDown)
-	waitFor(t, "the waiting partitions stored", func() bool {
-		offs := h.offsets("delay")
-		for p := range int32(stuck) {
-			if len(offs[p]) != perPart+1 {
-				return false
-			}
-		}
-		return true
-	})
+	waitFor(t, "the waiting partitions stored", func() bool { return partsStored(h, 0, stuck, perPart+1) })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

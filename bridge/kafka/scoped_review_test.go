@@ -135,13 +135,7 @@ func TestScopedReviewRetiredTransportKeepsNoPool(t *testing.T) {
 // pool, and the next request reads the metadata anew.
 func TestScopedReviewWidenDuringMetadataOutage(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(1, "a", "b"))
-	cfg := testConfig(t, c.ListenAddrs(), "")
-	cfg.MetadataTTL = time.Hour // no refresh within the test
-	s, err := NewSink(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := hourSink(t, c)
 	ctx := context.Background()
 	if errs := s.Deliver(ctx, []*codec.Task{task("a", "k", "1")}); errs != nil {
 		t.Fatal(errors.Join(errs...))
@@ -292,13 +286,7 @@ func TestScopedReviewEmptyNameTakesNoTransport(t *testing.T) {
 // batch, and the publishes go to the new leaders.
 func TestScopedReviewLeaderMoveAfterWiden(t *testing.T) {
 	c := newCluster(t, kfake.NumBrokers(3), kfake.SeedTopics(1, "a", "b"))
-	cfg := testConfig(t, c.ListenAddrs(), "")
-	cfg.MetadataTTL = time.Hour
-	s, err := NewSink(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := hourSink(t, c)
 	ctx := context.Background()
 	for _, tp := range []string{"a", "b"} {
 		if errs := s.Deliver(ctx, []*codec.Task{task(tp, "k", "before")}); errs != nil {
@@ -332,13 +320,7 @@ func TestScopedReviewLeaderMoveAfterWiden(t *testing.T) {
 // after MetadataTTL (by design, as before scopedTransport).
 func TestScopedReviewTopicDeletedAndCreatedAgain(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(1, "x", "y"))
-	cfg := testConfig(t, c.ListenAddrs(), "")
-	cfg.MetadataTTL = time.Hour
-	s, err := NewSink(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := hourSink(t, c)
 	ctx := context.Background()
 	if errs := s.Deliver(ctx, []*codec.Task{task("x", "k", "1"), task("y", "k", "1")}); errs != nil {
 		t.Fatal(errors.Join(errs...))
@@ -364,4 +346,18 @@ func TestScopedReviewTopicDeletedAndCreatedAgain(t *testing.T) {
 	if recs := consumeAll(t, c, "x", 1); len(recs) != 1 || string(recs[0].Value) != "again" {
 		t.Fatalf("x created again holds %d records, want [again]", len(recs))
 	}
+}
+
+// hourSink is a sink on c whose metadata is not refreshed within a test
+// (MetadataTTL an hour), closed at the test's end.
+func hourSink(t *testing.T, c *kfake.Cluster) *Sink {
+	t.Helper()
+	cfg := testConfig(t, c.ListenAddrs(), "")
+	cfg.MetadataTTL = time.Hour
+	s, err := NewSink(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }
