@@ -115,18 +115,18 @@ func parseDelay(s string) (time.Duration, error) {
 		return 0, err
 	case isMs:
 		if n > int64(math.MaxInt64/time.Millisecond) {
-			return 0, badDelay("%s overflows", short(s))
+			return 0, overflowDelay(s)
 		}
 		return time.Duration(n) * time.Millisecond, nil
 	case !isDays:
 		return rest, nil
 	}
 	if n > int64(math.MaxInt64/(24*time.Hour)) {
-		return 0, badDelay("%s overflows", short(s))
+		return 0, overflowDelay(s)
 	}
 	d := time.Duration(n) * 24 * time.Hour
 	if d > math.MaxInt64-rest {
-		return 0, badDelay("%s overflows", short(s))
+		return 0, overflowDelay(s)
 	}
 	return d + rest, nil
 }
@@ -148,7 +148,7 @@ func delayMs(s string) (int64, error) {
 		return restMs, nil
 	}
 	if n > (math.MaxInt64-restMs)/msPerDay {
-		return 0, badDelay("%s overflows", short(s))
+		return 0, overflowDelay(s)
 	}
 	return n*msPerDay + restMs, nil
 }
@@ -175,13 +175,13 @@ func splitDelay(s string) (n int64, rest time.Duration, isDays, isMs bool, err e
 	case digits == len(s):
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
-			return 0, 0, false, false, badDelay("%s overflows", short(s))
+			return 0, 0, false, false, overflowDelay(s)
 		}
 		return n, 0, false, true, nil
 	case digits > 0 && s[digits] == 'd':
 		n, err := strconv.ParseInt(s[:digits], 10, 64)
 		if err != nil {
-			return 0, 0, false, false, badDelay("%s overflows", short(s))
+			return 0, 0, false, false, overflowDelay(s)
 		}
 		tail := s[digits+1:]
 		if tail == "" {
@@ -427,11 +427,27 @@ func short(s string) string {
 // delayError is a due-time parse failure. Its message is a phrase about the
 // value ("\"-5s\" is negative") so that Parse can put it in a dead letter's
 // detail after the header name; errors.Is matches ErrBadDelay.
-type delayError struct{ msg string }
+type delayError struct {
+	msg string
+	// overflow: the value is a well-formed delay too long for any due
+	// time (or for time.Duration), not a malformed one.
+	overflow bool
+}
 
 func (e *delayError) Error() string { return e.msg }
 func (e *delayError) Unwrap() error { return ErrBadDelay }
 
 func badDelay(format string, args ...any) error {
 	return &delayError{msg: fmt.Sprintf(format, args...)}
+}
+
+// overflowDelay is the error of a well-formed delay s that overflows.
+func overflowDelay(s string) error {
+	return &delayError{msg: short(s) + " overflows", overflow: true}
+}
+
+// isOverflow reports whether err is overflowDelay's.
+func isOverflow(err error) bool {
+	var de *delayError
+	return errors.As(err, &de) && de.overflow
 }

@@ -170,10 +170,21 @@ func Parse(m *Message, r *Rules) Task {
 		if !ok {
 			var err error
 			if d, err = delayMs(string(v)); err != nil {
+				if isOverflow(err) && r.MaxDelay > 0 {
+					// Well formed, and longer than any max_delay: say
+					// that, not that the due time cannot be written.
+					return p.deadLetter(CodeDelayTooLong, "delay-after "+short(string(v))+" is more than max_delay "+FormatDelay(r.MaxDelay))
+				}
 				return p.deadLetter(CodeBadDue, "delay-after "+err.Error())
 			}
 		}
 		ms, ok := addMs(p.stamp, d)
+		if (!ok || ms > MaxDue) && r.MaxDelay > 0 && d > r.MaxDelay.Milliseconds() {
+			// Past year 9999 because the delay is too long (not because
+			// the message time is): delay-too-long, as a shorter delay
+			// over max_delay would be.
+			return p.deadLetter(CodeDelayTooLong, "delay-after "+short(string(v))+" is more than max_delay "+FormatDelay(r.MaxDelay))
+		}
 		if !ok {
 			return p.deadLetter(CodeBadDue, "delay-after "+short(string(after))+" overflows the due time")
 		}

@@ -166,7 +166,17 @@ func TestParseDue(t *testing.T) {
 		{name: "max delay exceeded", rules: Rules{MaxDelay: 365 * 24 * time.Hour}, hs: []Header{h("delay-after", "365d1ms")}, code: CodeDelayTooLong},
 		{name: "max delay at", rules: Rules{MaxDelay: time.Hour}, hs: []Header{h("delay-at", "2026-11-22T16:04:05.124Z")}, code: CodeDelayTooLong},
 		{name: "max delay at past ok", rules: Rules{MaxDelay: time.Hour}, hs: []Header{h("delay-at", "2000-01-01T00:00:00Z")}, due: mustMs("2000-01-01T00:00:00Z")},
-		{name: "bad due beats max delay", rules: Rules{MaxDelay: time.Hour}, hs: []Header{h("delay-after", "99999999999d")}, code: CodeBadDue},
+		// A well-formed delay-after too long for any due time is
+		// delay-too-long under a max_delay (bad-due without one, above).
+		{name: "overflowing days over max delay", rules: Rules{MaxDelay: time.Hour}, hs: []Header{h("delay-after", "99999999999d")}, code: CodeDelayTooLong},
+		{name: "days past year 9999 over max delay", rules: Rules{MaxDelay: 365 * 24 * time.Hour}, hs: []Header{h("delay-after", "3000000d")}, code: CodeDelayTooLong},
+		{name: "ms beyond int64 over max delay", rules: Rules{MaxDelay: time.Hour}, hs: []Header{h("delay-after", "99999999999999999999")}, code: CodeDelayTooLong},
+		{name: "ms overflowing the due over max delay", rules: Rules{MaxDelay: time.Hour}, hs: []Header{h("delay-after", "9223372036854775807")}, code: CodeDelayTooLong},
+		// time.ParseDuration does not tell an overflow from a malformed
+		// value: a Go duration past 292 years stays bad-due.
+		{name: "duration overflow stays bad due", rules: Rules{MaxDelay: time.Hour}, hs: []Header{h("delay-after", "9999999999999h")}, code: CodeBadDue},
+		{name: "malformed stays bad due under max delay", rules: Rules{MaxDelay: time.Hour}, hs: []Header{h("delay-after", "99999999999x")}, code: CodeBadDue},
+		{name: "negative stays bad due under max delay", rules: Rules{MaxDelay: time.Hour}, hs: []Header{h("delay-after", "-99999999999d")}, code: CodeBadDue},
 		// max_delay with the bridge's clock: a message time ahead of it (a
 		// producer's CreateTime) does not stretch how long a task is held.
 		{name: "message time ahead: after bounded from now", rules: Rules{MaxDelay: 30 * 24 * time.Hour, Now: at(now.Add(-10 * 24 * time.Hour))},
