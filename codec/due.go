@@ -192,6 +192,12 @@ func splitDelay(s string) (n int64, rest time.Duration, isDays, isMs bool, err e
 		if tail[0] < '0' || tail[0] > '9' {
 			return 0, 0, false, false, badDelay("%s: expected a duration after the days", short(s))
 		}
+		// time.ParseDuration takes a bare "0" (and only that) without a
+		// unit; after the days it would be a number without one, as the
+		// "5" of "1d5", which it refuses.
+		if tail == "0" {
+			return 0, 0, false, false, badDelay("%s: expected a Go duration after the days", short(s))
+		}
 		d, err := time.ParseDuration(tail)
 		if err != nil {
 			return 0, 0, false, false, badDelay("%s: expected a Go duration after the days", short(s))
@@ -230,6 +236,9 @@ func fastDelayMs(b []byte) (ms int64, ok bool) {
 	case digits == len(b):
 		return n, true
 	case b[digits] == 'd':
+		if string(b[digits+1:]) == "0" { // "1d0": refused, by splitDelay
+			return 0, false
+		}
 		rest, ok := fastDuration(b[digits+1:])
 		if !ok || n > (math.MaxInt64-rest.Milliseconds())/msPerDay {
 			return 0, false

@@ -141,6 +141,9 @@ func TestParseDue(t *testing.T) {
 		{name: "after fractional days", hs: []Header{h("delay-after", "1.5d")}, code: CodeBadDue},
 		{name: "after bare d", hs: []Header{h("delay-after", "d")}, code: CodeBadDue},
 		{name: "after days then junk", hs: []Header{h("delay-after", "2dx")}, code: CodeBadDue},
+		{name: "after days then bare zero", hs: []Header{h("delay-after", "1d0")}, code: CodeBadDue},
+		{name: "after days then bare digit", hs: []Header{h("delay-after", "1d5")}, code: CodeBadDue},
+		{name: "after days then zero with unit", hs: []Header{h("delay-after", "1d0s")}, due: nowMs + day},
 		{name: "after huge days", hs: []Header{h("delay-after", "99999999999d")}, code: CodeBadDue},
 		{name: "after int64 days", hs: []Header{h("delay-after", "9223372036854775807d")}, code: CodeBadDue},
 		{name: "after too many days", hs: []Header{h("delay-after", "99999999999999999999d")}, code: CodeBadDue},
@@ -854,6 +857,8 @@ func TestParseDelay(t *testing.T) {
 		{in: "d", err: true},
 		{in: "1w", err: true},
 		{in: "1d-1h", err: true},
+		{in: "1d0", err: true},
+		{in: "1d0s", want: 24 * time.Hour},
 		// One leading "+" in every form, as Go durations take it.
 		{in: "+90s", want: 90 * time.Second},
 		{in: "+1500", want: 1500 * time.Millisecond},
