@@ -29,6 +29,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -1398,6 +1399,9 @@ func (e *Engine) Checkpoint(key string) (offset int64, ok bool, err error) {
 
 // Lookup reports the pending task (source, id); ErrNotFound if none.
 func (e *Engine) Lookup(source, id string) (TaskInfo, error) {
+	if err := checkSource(source); err != nil {
+		return TaskInfo{}, err
+	}
 	e.closeMu.RLock()
 	defer e.closeMu.RUnlock()
 	if e.closed {
@@ -1492,10 +1496,24 @@ func (s *shard) lookupTask(key []byte, ex *indexEntry, tk *commitTicket) (found,
 	return true, true, slices.Clone(val), nil
 }
 
+// checkSource refuses a source that holds a NUL byte with ErrNotFound:
+// the store keys a task by source, 0, id, so source "a\x00b" with id "c"
+// would name source "a"'s task "b\x00c", and no source of a
+// configuration holds one.
+func checkSource(source string) error {
+	if strings.IndexByte(source, 0) >= 0 {
+		return fmt.Errorf("%w: source %q holds a NUL byte", ErrNotFound, source)
+	}
+	return nil
+}
+
 // Cancel removes the pending task (source, id) like a delay-cancel stamped
 // with the current clock, so an older schedule arriving later is dropped.
 // ErrNotFound if no task is pending.
 func (e *Engine) Cancel(source, id string) error {
+	if err := checkSource(source); err != nil {
+		return err
+	}
 	e.closeMu.RLock()
 	defer e.closeMu.RUnlock()
 	if e.closed {

@@ -313,6 +313,25 @@ func TestAdminCancelAndLookup(t *testing.T) {
 	h.checkPending()
 }
 
+// TestLookupCancelSourceWithNUL: the store keys a task by source, 0, id,
+// so source "src\x00b" with id "c" would name source "src"'s task
+// "b\x00c". Lookup and Cancel refuse such a source as not found and
+// leave that task alone.
+func TestLookupCancelSourceWithNUL(t *testing.T) {
+	h := newHarness(t, nil)
+	h.run()
+	h.ingest([]codec.Task{sched("b\x00c", t0.Add(time.Hour), 1)})
+	if _, err := h.e.Lookup("src\x00b", "c"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Lookup(src\\x00b, c) = %v, want ErrNotFound", err)
+	}
+	if err := h.e.Cancel("src\x00b", "c"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Cancel(src\\x00b, c) = %v, want ErrNotFound", err)
+	}
+	if _, err := h.e.Lookup("src", "b\x00c"); err != nil {
+		t.Fatalf("the task the NUL source named is gone: %v", err)
+	}
+}
+
 func TestDeadLettersDeliveredAtOnce(t *testing.T) {
 	h := newHarness(t, nil)
 	h.run()
