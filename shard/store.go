@@ -117,7 +117,9 @@ func taskBound(shard int, fire int64) []byte {
 }
 
 func parseTaskKey(k []byte) (shard int, fire int64, seq uint64, ok bool) {
-	if len(k) != taskKeyLen || k[0] != prefixTask {
+	// A fire time with the top bit set would read as negative: no encoder
+	// writes one (fireU64 clamps at 0, held times stay below 2^63).
+	if len(k) != taskKeyLen || k[0] != prefixTask || k[3]&0x80 != 0 {
 		return 0, 0, 0, false
 	}
 	return int(binary.BigEndian.Uint16(k[1:3])), int64(binary.BigEndian.Uint64(k[3:11])), binary.BigEndian.Uint64(k[11:19]), true
@@ -149,7 +151,7 @@ func expiryBound(shard int, expiry int64) []byte {
 // A key without the 0 between source and id is not one appendExpiryKey
 // wrote, and names no index key: ok is false.
 func parseExpiryKey(k []byte) (expiry int64, indexKey []byte, ok bool) {
-	if len(k) < 11 || k[0] != prefixExpiry || bytes.IndexByte(k[11:], 0) < 0 {
+	if len(k) < 11 || k[0] != prefixExpiry || k[3]&0x80 != 0 || bytes.IndexByte(k[11:], 0) < 0 {
 		return 0, nil, false
 	}
 	ik := make([]byte, 0, 1+len(k)-11)
