@@ -337,7 +337,7 @@ func FuzzFormatDue(f *testing.F) {
 // FuzzParseTarget: the string and byte forms agree, and an accepted target
 // written with its explicit prefix resolves to itself.
 func FuzzParseTarget(f *testing.F) {
-	for _, s := range []string{"orders", "kafka:orders", "nats:a.b", "nats:a.*", "foo:bar", "..", "a..b", "nats:a:b", ""} {
+	for _, s := range []string{"orders", "kafka:orders", "nats:a.b", "nats:a.*", "foo:bar", "..", "a..b", "nats:a:b", "", "Kafka:orders", "NATS:a.b", "kAfKa:x"} {
 		f.Add(s, uint8(1))
 	}
 	f.Fuzz(func(t *testing.T, s string, own uint8) {
@@ -351,6 +351,10 @@ func FuzzParseTarget(f *testing.F) {
 				t.Fatalf("error %v does not wrap ErrBadTarget", err)
 			}
 			return
+		}
+		// targets.allow reads a pattern's prefix as ParseTarget does.
+		if pt, rest, ok := CutTransportPrefix(s); ok && (pt != tr || rest != name) {
+			t.Fatalf("%q resolved to %v:%q, but CutTransportPrefix gives %v:%q", s, tr, name, pt, rest)
 		}
 		tr2, name2, err := ParseTarget(targetString(tr, name), 0)
 		if err != nil || tr2 != tr || name2 != name {

@@ -21,7 +21,8 @@ const MaxSubjectLen = 1024
 
 // ParseTarget resolves a delay-target value. A bare name is a topic or
 // subject on own, the source's transport; "kafka:NAME" and "nats:SUBJECT"
-// name a transport explicitly. The text before the first ':' is always read
+// name a transport explicitly, the prefix in any ASCII case ("Kafka:",
+// "NATS:", as header names are). The text before the first ':' is always read
 // as a prefix, so an unknown prefix ("foo:bar") is an error on both
 // transports even though "foo:bar" would be a legal NATS subject: one rule
 // for every source is easier to explain than one per transport, and
@@ -39,6 +40,37 @@ func ParseTarget(s string, own Transport) (Transport, string, error) {
 	return t, name, nil
 }
 
+// CutTransportPrefix splits a "kafka:" or "nats:" prefix, in any ASCII
+// case, off s, as ParseTarget reads one: ok is false when s has neither
+// (targets.allow patterns use it, so that they read prefixes as targets do).
+func CutTransportPrefix(s string) (t Transport, rest string, ok bool) {
+	before, after, found := strings.Cut(s, ":")
+	switch {
+	case !found:
+		return 0, s, false
+	case foldASCII(before, "kafka"):
+		return TransportKafka, after, true
+	case foldASCII(before, "nats"):
+		return TransportNATS, after, true
+	}
+	return 0, s, false
+}
+
+// foldASCII reports whether s is lower, a lower-case ASCII word, in any
+// ASCII case ("Kafka", "NATS"). Not strings.EqualFold: that folds the
+// Kelvin sign to "k".
+func foldASCII[S ~string | ~[]byte](s S, lower string) bool {
+	if len(s) != len(lower) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c != lower[i] && c+('a'-'A') != lower[i] {
+			return false
+		}
+	}
+	return true
+}
+
 // parseTarget is ParseTarget for header bytes as well as strings, so Parse
 // validates a target without first copying it into a string. Its errors
 // read as a phrase after the header name and match ErrBadTarget.
@@ -50,9 +82,9 @@ func parseTarget[S ~string | ~[]byte](s S, own Transport) (Transport, S, error) 
 			continue
 		}
 		switch {
-		case string(s[:i]) == "kafka":
+		case foldASCII(s[:i], "kafka"):
 			t = TransportKafka
-		case string(s[:i]) == "nats":
+		case foldASCII(s[:i], "nats"):
 			t = TransportNATS
 		default:
 			return 0, zero, &targetError{fmt.Sprintf("%s: unknown transport prefix %s (want kafka: or nats:)", short(string(s)), short(string(s[:i])))}

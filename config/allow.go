@@ -12,8 +12,8 @@ import (
 // AllowTarget reports whether targets.allow lets a publisher name the target
 // name on transport t. An empty allow list denies everything.
 //
-// Pattern syntax. A pattern may start with "kafka:" or "nats:" to apply to
-// that transport only; without a prefix it applies to both. The rest is
+// Pattern syntax. A pattern may start with "kafka:" or "nats:" (in any
+// ASCII case, as a delay-target's prefix) to apply to that transport only; without a prefix it applies to both. The rest is
 // matched against the name token by token, tokens being separated by dots
 // (NATS subjects, and the usual Kafka naming "orders.eu.created"):
 //
@@ -78,13 +78,8 @@ func matchTarget(pattern string, t codec.Transport, name string) bool {
 	if pattern == "*" {
 		return name != "" && !systemSubject(t, name)
 	}
-	if rest, ok := strings.CutPrefix(pattern, "kafka:"); ok {
-		if t != codec.TransportKafka {
-			return false
-		}
-		pattern = rest
-	} else if rest, ok := strings.CutPrefix(pattern, "nats:"); ok {
-		if t != codec.TransportNATS {
+	if pt, rest, ok := codec.CutTransportPrefix(pattern); ok {
+		if t != pt {
 			return false
 		}
 		pattern = rest
@@ -270,10 +265,8 @@ func checkPattern(p string) error {
 	}
 	name := p
 	kafka := false
-	if rest, ok := strings.CutPrefix(p, "kafka:"); ok {
-		name, kafka = rest, true
-	} else if rest, ok := strings.CutPrefix(p, "nats:"); ok {
-		name = rest
+	if pt, rest, ok := codec.CutTransportPrefix(p); ok {
+		name, kafka = rest, pt == codec.TransportKafka
 	}
 	if name == "" {
 		return fmt.Errorf("%w %q: empty name pattern", errBadPattern, p)

@@ -29,6 +29,12 @@ func TestAllowTarget(t *testing.T) {
 		{[]string{"orders"}, N, "orders", true},
 		{[]string{"orders"}, K, "orders2", false},
 
+		// The transport prefix in any ASCII case, as a delay-target's.
+		{[]string{"KAFKA:orders"}, K, "orders", true},
+		{[]string{"Kafka:orders"}, N, "orders", false},
+		{[]string{"Nats:a.*"}, N, "a.b", true},
+		{[]string{"NATS:a.*"}, K, "a.b", false},
+
 		// "*" within a token never crosses a dot.
 		{[]string{"orders.*"}, K, "orders.created", true},
 		{[]string{"orders.*"}, K, "orders.eu.created", false},
@@ -120,7 +126,7 @@ func TestAllowTargetLinear(t *testing.T) {
 func TestCheckPattern(t *testing.T) {
 	// A comma: a NATS subject may have one, a Kafka topic never.
 	good := []string{"*", ">", "orders", "orders.*", "kafka:*", "nats:events.>", "v[0-9]", `a\*`, "nats:a,b", `nats:a\,b`, "a,b", "kafka:[,a]"}
-	bad := []string{"", "kafka:", "nats:", "a..b", ".a", "a.", "a.>.b", "a>", "[", "[a", "a]", `a\`, "a b", "[]", "[^.x]", "kafka:a,b", `kafka:a\,b`}
+	bad := []string{"", "kafka:", "nats:", "a..b", ".a", "a.", "a.>.b", "a>", "[", "[a", "a]", `a\`, "a b", "[]", "[^.x]", "kafka:a,b", `kafka:a\,b`, "KAFKA:", "Kafka:a,b"}
 	for _, p := range good {
 		if err := checkPattern(p); err != nil {
 			t.Errorf("checkPattern(%q) = %v", p, err)
