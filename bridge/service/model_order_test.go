@@ -222,18 +222,22 @@ func (m *orderModel) now() int64 { return m.e.clk.Now().UnixMilli() }
 
 // nextStamp is an id's next record timestamp: mostly later than its last
 // one, sometimes equal, sometimes older (a client whose clock is behind,
-// sometimes by more than a round).
+// sometimes by more than a round), sometimes well ahead of the bridge's
+// clock.
 func (m *orderModel) nextStamp(id string) int64 {
 	last := m.stamp[id]
 	var ts int64
 	switch r := m.rng.IntN(100); {
 	case r < 20:
 		ts = last
-	case r < 30:
+	case r < 25:
+		// A client whose clock is ahead of the bridge's.
+		ts = max(last, m.now()) + 10_000 + int64(m.rng.IntN(50_000))
+	case r < 32:
 		// Far behind: older than what an earlier round's cancel left,
 		// which is remembered for cancel_retention only.
 		ts = last - 10_000 - int64(m.rng.IntN(60_000))
-	case r < 45:
+	case r < 47:
 		ts = last - 1 - int64(m.rng.IntN(3000))
 	default:
 		ts = last + 1 + int64(m.rng.IntN(3000))
@@ -443,8 +447,20 @@ func (m *orderModel) round(r, ops int, drain bool) {
 			m.stale[id] = sts[0].ord.stamp
 		}
 	}
+	burst := ops > 0 && m.rng.IntN(5) == 0
+	if burst && !m.down {
+		// The whole round is published while the bridge is down: the
+		// next one reads it in large batches, many messages of an id in
+		// one.
+		m.stop()
+		m.down = true
+		m.restarts++
+	}
 	for range ops {
 		m.publish(r, seg, active)
+		if burst {
+			continue
+		}
 		switch x := m.rng.IntN(100); {
 		case x < 20:
 			m.barrier()
@@ -661,7 +677,10 @@ func (m *orderModel) checkDelivery(msg *moMsg, d delivery) {
 	}
 	if msg.kind == moBad {
 		if d.dest != kafkaDLQ || d.header(codec.HeaderError) != string(codec.CodeBadDue) || d.header(codec.HeaderOrigin) != msg.origin ||
-			d.header(codec.HeaderErrorDetail) == "" || d.key != msg.key {
+			d.header(codec.HeaderErrorDetail) == "" || d.key != msg.key || !slices.ContainsFunc(d.headers, func(h codec.Header) bool {
+			// Unchanged: its control headers too.
+			return strings.EqualFold(h.Key, "delay-after") && string(h.Value) == "soon"
+		}) {
 			t.Errorf("%s: dead letter to %s key %q headers %v", msg, d.dest, d.key, gotH)
 		}
 		return
