@@ -52,11 +52,22 @@ import (
 // it must be one the model allows, and the ids' states (nothing held, or a
 // cancel remembered) that the matching interleavings leave carry into the
 // next round, so cancels of one round drop older schedules of the next.
-// Keyless schedules (id = origin) must arrive once; a bad due with an id
-// goes to the DLQ and leaves the id alone.
+// Keyless schedules (id = origin) must arrive; a bad due with an id goes
+// to the DLQ, unchanged, and leaves the id alone.
 //
-// The seed is logged; DELAYBRIDGE_MODEL_SEED=N replays one. The short form
-// runs 4 rounds; DELAYBRIDGE_LONG=1 runs 20 rounds of more operations.
+// The history: each round talks of two to five of the five ids, so the
+// others keep a pending task or a cancel into later rounds; a sixth of the
+// schedules are due in the past, a sixth beyond the round and the
+// horizon; timestamps are mostly later than the id's last, sometimes
+// equal, older, far older (by more than cancel_retention, which is 15 to
+// 60 s by seed), ahead of the bridge's clock, or just below the id's last
+// cancel; a fifth of the rounds are published while the bridge is down;
+// it is stopped and started between messages, and in a quarter of the
+// rounds while tasks come due.
+//
+// The seed is logged; DELAYBRIDGE_MODEL_SEED=N replays its history (the
+// messages depend on the seed alone). The short form runs 12 rounds of 16
+// messages (about 2 s); DELAYBRIDGE_LONG=1 runs 60 of 30 (about 16 s).
 func TestKafkaOrderModel(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv("DELAYBRIDGE_MODEL_SEED"); v != "" {
@@ -182,19 +193,19 @@ type orderModel struct {
 	down    bool
 	nextOff [moParts]int64
 	stamp   map[string]int64 // per id: the last timestamp its publishers used
-	// stale holds, for some of the ids that only a cancel held at the
-	// start of the round, that cancel's timestamp.
-	stale     map[string]int64
-	states    map[string][]moState // per id: the states the history so far allows
-	msgs      []*moMsg             // every message, in publish order
-	byValue   map[string]*moMsg
-	read      int             // deliveries checked so far
-	delivered map[string]bool // values delivered so far
-	retention int64           // cancel_retention, ms
-	nmsgs     int
-	checked   int
-	dups      int
-	restarts  int
+	// stale holds, for some of the ids whose last message was a cancel,
+	// that cancel's timestamp; lastCancel all of them.
+	stale, lastCancel map[string]int64
+	states            map[string][]moState // per id: the states the history so far allows
+	msgs              []*moMsg             // every message, in publish order
+	byValue           map[string]*moMsg
+	read              int             // deliveries checked so far
+	delivered         map[string]bool // values delivered so far
+	retention         int64           // cancel_retention, ms
+	nmsgs             int
+	checked           int
+	dups              int
+	restarts          int
 	// ambiguous counts id-rounds whose interleavings allowed more than
 	// one outcome.
 	ambiguous int
@@ -208,7 +219,7 @@ func newOrderModel(t *testing.T, seed uint64) *orderModel {
 	// the next round, or after a few.
 	secs := 15 + rng.IntN(45)
 	m := &orderModel{t: t, e: newEnv(t, fmt.Sprintf("cancel_retention: %ds\n", secs)), retention: int64(secs) * 1000,
-		delivered: map[string]bool{}, rng: rng, stamp: map[string]int64{}, stale: map[string]int64{}, states: map[string][]moState{}, byValue: map[string]*moMsg{}}
+		delivered: map[string]bool{}, rng: rng, stamp: map[string]int64{}, stale: map[string]int64{}, lastCancel: map[string]int64{}, states: map[string][]moState{}, byValue: map[string]*moMsg{}}
 	for i := range moIDs {
 		id := "id" + strconv.Itoa(i)
 		m.states[id] = []moState{{}}
@@ -332,23 +343,24 @@ func (m *orderModel) dueHeader(msg *moMsg) codec.Header {
 	return m.ctl("delay-at", codec.FormatDue(msg.due))
 }
 
-// publish makes and publishes one random message of the round.
-func (m *orderModel) publish(round, seg int, active []string) *moMsg {
-	n := len(m.msgs) + 1
-	msg := &moMsg{n: n, round: round, seg: seg, ord: moOrder{part: int32(m.rng.IntN(moParts))}}
-	id := active[m.rng.IntN(len(active))]
+func (m *orderModel) randomKind() moKind {
 	switch r := m.rng.IntN(100); {
 	case r < 50:
-		msg.kind = moSchedule
+		return moSchedule
 	case r < 67:
-		msg.kind = moCancel
+		return moCancel
 	case r < 84:
-		msg.kind = moTombstone
+		return moTombstone
 	case r < 92:
-		msg.kind = moAnon
-	default:
-		msg.kind = moBad
+		return moAnon
 	}
+	return moBad
+}
+
+// publish makes and publishes one message of the round.
+func (m *orderModel) publish(round, seg int, id string, kind moKind) *moMsg {
+	n := len(m.msgs) + 1
+	msg := &moMsg{n: n, round: round, seg: seg, kind: kind, ord: moOrder{part: int32(m.rng.IntN(moParts))}}
 	if msg.kind == moAnon {
 		msg.ord.stamp = m.now() - int64(m.rng.IntN(3000))
 	} else {
@@ -360,6 +372,12 @@ func (m *orderModel) publish(round, seg int, active []string) *moMsg {
 			// remembered, scheduled once it is forgotten.
 			msg.ord.stamp = c - int64(m.rng.IntN(2000))
 			delete(m.stale, id)
+		}
+		switch msg.kind {
+		case moCancel, moTombstone:
+			m.lastCancel[id] = msg.ord.stamp
+		case moSchedule:
+			delete(m.lastCancel, id)
 		}
 	}
 	var src, ctl []codec.Header
@@ -442,9 +460,20 @@ func (m *orderModel) round(r, ops int, drain bool) {
 		active = append(active, "id"+strconv.Itoa(i))
 	}
 	clear(m.stale)
-	for _, id := range active {
-		if sts := m.states[id]; m.rng.IntN(2) == 0 && !slices.ContainsFunc(sts, func(s moState) bool { return s.kind != moMarker }) {
-			m.stale[id] = sts[0].ord.stamp
+	var staleOnly []string
+	for i := 0; i < len(active); i++ {
+		id := active[i]
+		// The history depends on the seed alone, not on what the bridge
+		// did: a replay publishes the same messages.
+		if c, ok := m.lastCancel[id]; ok && m.rng.IntN(2) == 0 {
+			m.stale[id] = c
+			if len(active) > 1 && m.rng.IntN(2) == 0 {
+				// Nothing else of the id this round: whether the cancel
+				// is still remembered decides its outcome.
+				staleOnly = append(staleOnly, id)
+				active = slices.Delete(active, i, i+1)
+				i--
+			}
 		}
 	}
 	burst := ops > 0 && m.rng.IntN(5) == 0
@@ -456,8 +485,13 @@ func (m *orderModel) round(r, ops int, drain bool) {
 		m.down = true
 		m.restarts++
 	}
+	for _, id := range staleOnly {
+		if ops > 0 {
+			m.publish(r, seg, id, moSchedule)
+		}
+	}
 	for range ops {
-		m.publish(r, seg, active)
+		m.publish(r, seg, active[m.rng.IntN(len(active))], m.randomKind())
 		if burst {
 			continue
 		}
