@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -697,6 +698,34 @@ func (m *orderModel) check(r int, msgs []*moMsg, now, end int64) {
 			}
 		}
 		m.states[id] = next
+		m.checkStored(r, id)
+	}
+}
+
+// checkStored compares what the store holds for id (the admin API's
+// lookup) with the model, where the model allows one pending task or none.
+func (m *orderModel) checkStored(r int, id string) {
+	sts := m.states[id]
+	if len(sts) == 0 {
+		return
+	}
+	pending := sts[0].kind == moPending
+	for _, st := range sts[1:] {
+		if (st.kind == moPending) != pending || pending && st.value != sts[0].value {
+			return // the model allows more than one
+		}
+	}
+	ti, err := m.svc.Engine().Lookup(kafkaDelay, id)
+	switch {
+	case !pending && !errors.Is(err, shard.ErrNotFound):
+		m.t.Errorf("round %d, %s: the store holds %+v (err %v); the model holds %v", r, id, ti, err, sts)
+	case pending && err != nil:
+		m.t.Errorf("round %d, %s: lookup: %v; the model holds %v", r, id, err, sts)
+	case pending:
+		msg := m.byValue[sts[0].value]
+		if ti.Origin != msg.origin || ti.Due.UnixMilli() != msg.due || ti.Target != "kafka:"+kafkaOut {
+			m.t.Errorf("round %d, %s: the store holds %+v; the model holds %s", r, id, ti, msg)
+		}
 	}
 }
 
