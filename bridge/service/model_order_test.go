@@ -650,51 +650,18 @@ func (m *orderModel) check(r int, msgs []*moMsg, now, end int64) {
 		}
 		sort.Strings(seen)
 		observed := strings.Join(seen, ",")
-		outcomes := map[moOutcome]bool{}
-		for _, st := range m.states[id] {
-			for o := range moEnumerate(st, mine, now, end, m.retention) {
-				outcomes[o] = true
-			}
-		}
-		forever := map[string]bool{} // the outcomes were cancels never forgotten
-		for _, st := range m.states[id] {
-			if st.kind == moMarker {
-				st.expiry = math.MaxInt64
-			}
-			for o := range moEnumerate(st, mine, now, end, math.MaxInt64/2) {
-				forever[o.delivered] = true
-			}
-		}
-		dls := map[string]bool{}
-		var next []moState
-		for o := range outcomes {
-			dls[o.delivered] = true
-			if o.delivered == observed && !slices.Contains(next, o.end) {
-				next = append(next, o.end)
-			}
-		}
-		if len(dls) > 1 {
+		next, allowed, ok, expired := moJudge(m.states[id], mine, observed, now, end, m.retention)
+		if len(allowed) > 1 {
 			m.ambiguous++
 		}
-		if !maps.Equal(dls, forever) {
+		if expired {
 			m.expired++
 		}
-		if len(next) == 0 {
-			var allowed []string
-			for d := range dls {
-				allowed = append(allowed, "{"+d+"}")
-			}
-			sort.Strings(allowed)
+		if !ok {
 			t.Errorf("round %d, %s: delivered {%s}; the model allows only %v", r, id, observed, allowed)
 			t.Logf("  clock %d while ingesting, then %d; states at the round's start: %v", now, end, m.states[id])
 			for _, msg := range mine {
 				t.Logf("  %s", msg)
-			}
-			// Go on from every state the model allows.
-			for o := range outcomes {
-				if !slices.Contains(next, o.end) {
-					next = append(next, o.end)
-				}
 			}
 		}
 		m.states[id] = next
@@ -777,6 +744,52 @@ func (m *orderModel) checkDelivery(msg *moMsg, d delivery) {
 	if strings.Join(gotH, ",") != strings.Join(want, ",") {
 		t.Errorf("%s delivered with headers\n got  %v\n want %v", msg, gotH, want)
 	}
+}
+
+// moJudge judges an id-round: from any of states, the id's messages mine
+// read at the clock's now, the clock then moved to end, delivered the
+// values observed (sorted, comma-separated). It returns the states that
+// outcome may leave (ok false: the model does not allow it, and next is
+// every state the model allows, to go on from), the outcomes allowed (as
+// "{v1,v2}", sorted) and whether cancel_retention changed them (with
+// cancels never forgotten they would differ).
+func moJudge(states []moState, mine []*moMsg, observed string, now, end, retention int64) (next []moState, allowed []string, ok, expired bool) {
+	outcomes := map[moOutcome]bool{}
+	for _, st := range states {
+		for o := range moEnumerate(st, mine, now, end, retention) {
+			outcomes[o] = true
+		}
+	}
+	forever := map[string]bool{} // the outcomes were cancels never forgotten
+	for _, st := range states {
+		if st.kind == moMarker {
+			st.expiry = math.MaxInt64
+		}
+		for o := range moEnumerate(st, mine, now, end, math.MaxInt64/2) {
+			forever[o.delivered] = true
+		}
+	}
+	dls := map[string]bool{}
+	for o := range outcomes {
+		dls[o.delivered] = true
+		if o.delivered == observed && !slices.Contains(next, o.end) {
+			next = append(next, o.end)
+		}
+	}
+	for d := range dls {
+		allowed = append(allowed, "{"+d+"}")
+	}
+	sort.Strings(allowed)
+	ok = len(next) > 0
+	if !ok {
+		// Go on from every state the model allows.
+		for o := range outcomes {
+			if !slices.Contains(next, o.end) {
+				next = append(next, o.end)
+			}
+		}
+	}
+	return next, allowed, ok, !maps.Equal(dls, forever)
 }
 
 // moOutcome is what one interleaving of a round does to an id: the values
