@@ -25,8 +25,8 @@ import (
 // TestNATSOrderModel is TestKafkaOrderModel's approach on the NATS source:
 // random histories of schedules, replaces and cancels of a small id space
 // published to several subjects under the delay stream's delay.>, across
-// graceful restarts of the bridge (also right after a publish, while the
-// bridge holds messages it pulled and has not acked), with every id's
+// graceful restarts of the bridge (also as soon as the server delivered it
+// a message, mostly before the bridge acked it), with every id's
 // deliveries checked against the same model of CONTRACT §1 (moEnumerate)
 // and every delivery's headers against §2 and §3, and the store's lookup
 // of every id against the model after each round.
@@ -50,6 +50,15 @@ import (
 // bridge's SOURCE|id|due, a Kafka one's headers are the source's sorted by
 // name (the source's Nats-Msg-Id among them) and then the three the
 // bridge adds.
+//
+// A quarter of the rounds are published while the bridge is down; the
+// next run reads them in its catch-up pause (README "After an outage:
+// catching up"), so the model lets none of their past dues fire before
+// the whole round is read. In half of those the outage lasts until every
+// task the store holds is due, and the backlog cancels or replaces each
+// first thing: none of them may fire. Half the seeds run the bridge
+// without Kafka (and kafka: targets), whose group join would otherwise
+// outlast the NATS source's catch-up.
 //
 // The seed is logged; DELAYBRIDGE_MODEL_SEED=N replays its history (the
 // messages published depend on the seed alone; which of those that repeat
