@@ -1,0 +1,947 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/delaybridge/delaybridge/codec"
+	"github.com/delaybridge/delaybridge/internal/clock"
+)
+
+// TestModelContract drives the engine with random long histories (a few
+// sources, a small id space, random stamps, partitions and dues, admin
+// cancels, clock jumps, restarts, sink failure phases and publishes held in
+// flight while replaces and cancels arrive) and checks every outcome
+// against an independent model of CONTRACT §1-§4 and README "Publishing a
+// delayed message":
+//   - per (source, id) one entry: the pending schedule or a cancel marker;
+//     a message replaces it when order.newerThan says so (same log: later
+//     offset; else later stamp, a tie keeps what is held); a marker lives
+//     CancelRetention, then is forgotten; a delivered or dead-lettered
+//     task's id is free again;
+//   - nothing is delivered before its due by the injected clock, nor after
+//     an Ingest or Cancel that superseded it returned (unless the sink was
+//     called for it before), nor twice once acknowledged (the engine is
+//     closed cleanly, never killed, so nothing is redelivered);
+//   - transient failures count attempts and end publish-failed after
+//     Retry.MaxAttempts, a RejectedError at once, ErrUnavailable never;
+//   - whenever it settles: Lookup, Stats.Pending agree with the model, and
+//     (no outage since the last drain) every task due by now that never
+//     failed was delivered;
+//   - at the end everything was delivered or superseded.
+//
+// DELAYBRIDGE_MODEL_SEED replays one seed; DELAYBRIDGE_LONG=1 runs more
+// and longer histories.
+func TestModelContract(t *testing.T) {
+	seeds, steps := []uint64{uint64(time.Now().UnixNano())}, 120
+	if longTests() {
+		seeds, steps = nil, 1500
+		base := uint64(time.Now().UnixNano())
+		for i := range 6 {
+			seeds = append(seeds, base+uint64(i))
+		}
+	}
+	if v := os.Getenv("DELAYBRIDGE_MODEL_SEED"); v != "" {
+		s, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("DELAYBRIDGE_MODEL_SEED=%q: %v", v, err)
+		}
+		seeds = []uint64{s}
+	}
+	if v := os.Getenv("DELAYBRIDGE_MODEL_STEPS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("DELAYBRIDGE_MODEL_STEPS=%q: %v", v, err)
+		}
+		steps = n
+	}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Logf("seed %d (DELAYBRIDGE_MODEL_SEED=%d replays it), %d steps", seed, seed, steps)
+			runModel(t, seed, steps)
+		})
+	}
+}
+
+// modelRegressionSeeds are seeds that once found an engine bug.
+var modelRegressionSeeds = []uint64{}
+
+func TestModelContractRegressions(t *testing.T) {
+	for _, seed := range modelRegressionSeeds {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { runModel(t, seed, 120) })
+	}
+}
+
+const (
+	mRetention   = 2 * time.Hour
+	mHorizon     = time.Minute
+	mMaxAttempts = 3
+)
+
+// mMsg is one schedule or cancel message the test ingested.
+type mMsg struct {
+	n      int
+	cancel bool
+	src    string
+	id     string
+	ord    order
+	due    int64
+	tr     codec.Transport
+	// scheduled: the model took it in as the id's pending task.
+	scheduled bool
+	// supersededAt: the event ticket after the Ingest or Cancel that
+	// replaced or cancelled it returned (0: not superseded).
+	supersededAt int64
+	attempts     uint32
+	failed       bool // a delivery of it failed at least once
+	done         bool // acknowledged or dead-lettered
+	acked        int  // acknowledged deliveries
+	wantDL       codec.Code
+	dlDelivered  bool
+	// mayDL: a dead letter the engine may or may not write (the task
+	// failed for good in flight while a later message superseded it: which
+	// came first decides).
+	mayDL codec.Code
+}
+
+// mEntry is the model's index entry of one (source, id).
+type mEntry struct {
+	cancel bool
+	ord    order
+	expiry int64 // cancel markers
+	msg    *mMsg // the pending schedule
+}
+
+type mKey struct{ src, id string }
+
+type mDueKey struct {
+	k   mKey
+	due int64
+}
+
+// sinkMode is how the model sink answers a schedule's delivery.
+type sinkMode struct {
+	transient, outage, rejected float64 // probabilities, by a hash of (seed, n, try)
+}
+
+// mRecord is one task of a Deliver call.
+type mRecord struct {
+	ticket int64
+	n      int
+	kind   codec.Kind
+	code   codec.Code
+	due    int64
+	at     int64
+	err    error
+}
+
+// modelSink records every Deliver with an event ticket, answers by mode,
+// and can hold every call at a gate.
+type modelSink struct {
+	clk     clock.Clock
+	events  *atomic.Int64
+	seed    uint64
+	mu      sync.Mutex
+	mode    sinkMode
+	tries   map[int]int
+	log     []mRecord
+	gate    chan struct{} // nil: open
+	blocked int
+}
+
+func (s *modelSink) Deliver(_ context.Context, batch []*codec.Task) []error {
+	ticket := s.events.Add(1)
+	at := s.clk.Now().UnixMilli()
+	s.mu.Lock()
+	gate := s.gate
+	if gate != nil {
+		s.blocked++
+	}
+	s.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if gate != nil {
+		s.blocked--
+	}
+	var errs []error
+	for i, t := range batch {
+		n, err := strconv.Atoi(string(t.Value))
+		if err != nil {
+			n = -1
+		}
+		var derr error
+		if t.Kind == codec.KindSchedule {
+			try := s.tries[n]
+			s.tries[n]++
+			u := float64(mix(s.seed, uint64(n), uint64(try))>>11) / (1 << 53)
+			m := s.mode
+			switch {
+			case u < m.transient:
+				derr = errors.New("model: transient failure")
+			case u < m.transient+m.outage:
+				derr = fmt.Errorf("model: down: %w", ErrUnavailable)
+			case u < m.transient+m.outage+m.rejected:
+				derr = &RejectedError{Code: codec.CodeTargetNotAllowed, Err: errors.New("model: rejected")}
+			}
+		}
+		if derr != nil && errs == nil {
+			errs = make([]error, len(batch))
+		}
+		if errs != nil {
+			errs[i] = derr
+		}
+		s.log = append(s.log, mRecord{ticket: ticket, n: n, kind: t.Kind, code: t.Code, due: t.Due, at: at, err: derr})
+	}
+	return errs
+}
+
+// mix is splitmix64 over a, b, c.
+func mix(a, b, c uint64) uint64 {
+	z := a ^ b*0x9e3779b97f4a7c15 ^ c*0xbf58476d1ce4e5b9
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
+}
+
+func (s *modelSink) setMode(m sinkMode) {
+	s.mu.Lock()
+	s.mode = m
+	s.mu.Unlock()
+}
+
+func (s *modelSink) take() []mRecord {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.log
+	s.log = nil
+	return l
+}
+
+// modelRun is the engine under test with the model beside it.
+type modelRun struct {
+	t      *testing.T
+	rng    *rand.Rand
+	clk    *clock.Fake
+	opts   Options
+	e      *Engine
+	sink   *modelSink
+	events atomic.Int64
+	cancel context.CancelFunc
+	done   chan error
+
+	msgs    []*mMsg
+	state   map[mKey]*mEntry
+	keys    []mKey
+	offsets map[string]int64 // next offset per source/partition
+	incs    map[string]uint32
+	stamp   int64 // producers' clock, ms
+	// outageDirty: an outage was answered since the last drain (a down
+	// target may hold back tasks that never failed themselves).
+	outageDirty bool
+	// hist is a short history of the steps, printed on a failure.
+	hist []string
+	step int
+	// lastSameDue: the last message delivered per id and due.
+	lastSameDue map[mDueKey]int
+	// newer: messages are built later than every one before (concurrent
+	// steps); maxStamp is the latest stamp built.
+	newer    bool
+	maxStamp int64
+	// cov counts the cases a run met, logged at its end.
+	cov map[string]int
+}
+
+func runModel(t *testing.T, seed uint64, steps int) {
+	rng := rand.New(rand.NewPCG(seed, 0x6d6f64656c))
+	clk := clock.NewFake(t0)
+	r := &modelRun{t: t, rng: rng, clk: clk, state: map[mKey]*mEntry{},
+		offsets: map[string]int64{}, incs: map[string]uint32{}, stamp: ms(t0), lastSameDue: map[mDueKey]int{}, cov: map[string]int{}}
+	r.sink = &modelSink{clk: clk, events: &r.events, seed: seed, tries: map[int]int{}}
+	r.opts = Options{
+		Dir:             t.TempDir(),
+		Shards:          1 + rng.IntN(4),
+		Clock:           clk,
+		Logger:          zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)),
+		Horizon:         mHorizon,
+		FireBatch:       1 + rng.IntN(40),
+		CancelRetention: mRetention,
+		OutageMemory:    []int{-1, 2, 1000}[rng.IntN(3)],
+		Retry:           RetryPolicy{Initial: time.Second, Max: time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: mMaxAttempts},
+		LaneGrace:       laneGraceForTests(t),
+	}
+	for _, src := range []string{"a", "b", "c"}[:1+rng.IntN(3)] {
+		for i := range 3 + rng.IntN(6) {
+			r.keys = append(r.keys, mKey{src, fmt.Sprintf("k%d", i)})
+		}
+	}
+	t.Logf("options: shards %d, fire batch %d, outage memory %d, %d keys", r.opts.Shards, r.opts.FireBatch, r.opts.OutageMemory, len(r.keys))
+	r.open()
+	t.Cleanup(r.close)
+	defer func() {
+		if t.Failed() {
+			t.Logf("seed %d, last steps:\n%s", seed, strings.Join(r.hist, "\n"))
+		}
+	}()
+	for r.step = 0; r.step < steps && !t.Failed(); r.step++ {
+		switch x := rng.IntN(100); {
+		case x < 40:
+			r.ingestStep()
+		case x < 55:
+			r.advanceStep()
+		case x < 63:
+			r.adminCancelStep()
+		case x < 71:
+			r.inFlightStep()
+		case x < 75:
+			r.concurrentStep()
+		case x < 80:
+			r.failPhase()
+		case x < 84:
+			r.note("restart")
+			r.close()
+			r.open()
+			r.settleAndCheck()
+		case x < 88:
+			r.drain()
+		default:
+			r.lookupAll()
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	// The end: everything due is delivered.
+	r.sink.setMode(sinkMode{})
+	r.note("final")
+	r.setClock(t0.Add(10 * 24 * time.Hour).Add(time.Duration(r.step) * 24 * time.Hour))
+	r.drain()
+	for k, en := range r.state {
+		if !en.cancel {
+			r.t.Errorf("end: %s/%s still pending in the model: msg %d due %d (now %d)", k.src, k.id, en.msg.n, en.msg.due, r.now())
+		}
+	}
+	for _, m := range r.msgs {
+		if m.wantDL != "" && !m.dlDelivered {
+			r.t.Errorf("end: dead letter %s of msg %d never delivered", m.wantDL, m.n)
+		}
+	}
+	st := r.e.Stats()
+	if st.Pending != 0 {
+		r.t.Errorf("end: Stats.Pending %d, want 0", st.Pending)
+	}
+	var sched, acked, superseded, dls, failed int
+	for _, m := range r.msgs {
+		if m.scheduled {
+			sched++
+		}
+		if m.acked > 0 {
+			acked++
+		}
+		if m.supersededAt != 0 {
+			superseded++
+		}
+		if m.wantDL != "" {
+			dls++
+		}
+		if m.failed {
+			failed++
+		}
+	}
+	var cov []string
+	for k, v := range r.cov {
+		cov = append(cov, fmt.Sprintf("%s %d", k, v))
+	}
+	sort.Strings(cov)
+	r.t.Logf("met: %s", strings.Join(cov, ", "))
+	r.t.Logf("%d messages: %d scheduled, %d delivered, %d superseded, %d failed at least once, %d dead-lettered; clock at +%v",
+		len(r.msgs), sched, acked, superseded, failed, dls, r.clk.Now().Sub(t0))
+}
+
+func (r *modelRun) note(format string, args ...any) {
+	s := fmt.Sprintf("step %d @%d: ", r.step, r.now()-ms(t0)) + fmt.Sprintf(format, args...)
+	r.hist = append(r.hist, s)
+	if len(r.hist) > 60 {
+		r.hist = r.hist[len(r.hist)-60:]
+	}
+}
+
+func (r *modelRun) now() int64 { return r.clk.Now().UnixMilli() }
+
+func (r *modelRun) open() {
+	r.t.Helper()
+	e, err := Open(r.opts)
+	if err != nil {
+		r.t.Fatalf("Open: %v", err)
+	}
+	r.e = e
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	r.done = make(chan error, 1)
+	go func() { r.done <- e.Run(ctx, r.sink) }()
+}
+
+func (r *modelRun) close() {
+	if r.e == nil {
+		return
+	}
+	r.openGate()
+	r.cancel()
+	if err := <-r.done; err != nil {
+		r.t.Errorf("Run: %v", err)
+	}
+	if err := r.e.Close(); err != nil {
+		r.t.Errorf("Close: %v", err)
+	}
+	r.e = nil
+}
+
+func (r *modelRun) settle() {
+	r.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !r.e.settled() {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("fire loops did not settle: %s", r.e.loopStates())
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+func (r *modelRun) closeGate() {
+	r.sink.mu.Lock()
+	r.sink.gate = make(chan struct{})
+	r.sink.mu.Unlock()
+}
+
+func (r *modelRun) openGate() {
+	r.sink.mu.Lock()
+	if r.sink.gate != nil {
+		close(r.sink.gate)
+		r.sink.gate = nil
+	}
+	r.sink.mu.Unlock()
+}
+
+// newMsg builds a random message for key k.
+func (r *modelRun) newMsg(k mKey, cancel bool) (*mMsg, codec.Task) {
+	rng := r.rng
+	// Producers' clocks: mostly forward, sometimes equal, sometimes back.
+	switch x := rng.IntN(10); {
+	case x < 4:
+		r.stamp += int64(rng.IntN(3))
+	case x < 7:
+		r.stamp += int64(rng.IntN(2000))
+	case x < 9:
+		r.stamp -= int64(rng.IntN(50))
+	}
+	stamp := max(r.stamp, ms(t0))
+	if rng.IntN(4) == 0 {
+		stamp = r.now() - int64(rng.IntN(100))
+	}
+	if r.newer {
+		// Later than anything before it: its outcome does not depend on
+		// whether a publish of the id ends before or after it.
+		stamp = r.maxStamp + 1
+	}
+	r.maxStamp = max(r.maxStamp, stamp)
+	p := int32(rng.IntN(3))
+	pk := fmt.Sprintf("%s/%d", k.src, p)
+	if !r.newer && rng.IntN(200) == 0 { // the partition's log re-created
+		r.incs[pk]++
+		r.offsets[pk] = 0
+	}
+	off := r.offsets[pk]
+	r.offsets[pk] += 1 + int64(rng.IntN(2))
+	m := &mMsg{n: len(r.msgs), cancel: cancel, src: k.src, id: k.id,
+		ord: order{Stamp: stamp, Partition: p, Incarnation: r.incs[pk], Offset: off}}
+	r.msgs = append(r.msgs, m)
+	tr := codec.TransportKafka
+	if rng.IntN(3) == 0 {
+		tr = codec.TransportNATS
+	}
+	m.tr = tr
+	task := codec.Task{
+		Kind: codec.KindSchedule, ID: k.id, Source: k.src, Origin: fmt.Sprintf("m%d", m.n),
+		Stamp: stamp, Partition: p, Incarnation: m.ord.Incarnation, Offset: off,
+		Transport: tr, Target: "out", Value: []byte(strconv.Itoa(m.n)),
+		DLQTransport: tr, DLQ: "dlq",
+	}
+	if cancel {
+		task.Kind = codec.KindCancel
+		task.Value = nil
+		return m, task
+	}
+	now := r.now()
+	var due int64
+	x := rng.IntN(12)
+	if r.newer && x >= 3 && rng.IntN(3) > 0 {
+		x = rng.IntN(3) // mostly due now: fires race the next batches
+	}
+	switch {
+	case x < 2:
+		due = now - int64(rng.IntN(int(time.Hour/time.Millisecond)))
+	case x < 3:
+		due = now
+	case x < 6:
+		due = now + int64(rng.IntN(int(2*mHorizon/time.Millisecond)))
+	case x < 8:
+		due = now + int64(rng.IntN(int(3*24*time.Hour/time.Millisecond)))
+	default: // same-due groups
+		due = ms(t0) + int64(rng.IntN(40))*int64(10*time.Minute/time.Millisecond)
+	}
+	m.due = max(due, 1)
+	task.Due = m.due
+	return m, task
+}
+
+// modelNewer is the model's own reading of CONTRACT §1 and README
+// "Publishing a delayed message" (not order.newerThan): in one log (same
+// partition, same incarnation) the later offset wins; otherwise the later
+// broker timestamp, and on a tie the one read first stays.
+func modelNewer(in, held order) bool {
+	sameLog := in.Partition == held.Partition && in.Incarnation == held.Incarnation
+	switch {
+	case sameLog:
+		return in.Offset > held.Offset
+	case in.Stamp != held.Stamp:
+		return in.Stamp > held.Stamp
+	default:
+		return false
+	}
+}
+
+// randomKey picks a key, often one the model holds something for.
+func (r *modelRun) randomKey() mKey { return r.keys[r.rng.IntN(len(r.keys))] }
+
+// applyIngest is the model's decision for m, ingested at now.
+func (r *modelRun) applyIngest(m *mMsg, now int64, ret *[]*mMsg) string {
+	k := mKey{m.src, m.id}
+	ex := r.state[k]
+	if ex != nil && ex.cancel && ex.expiry <= now {
+		r.cov["expired marker met"]++
+		ex = nil
+	}
+	if ex != nil && !modelNewer(m.ord, ex.ord) {
+		switch {
+		case ex.cancel && !m.cancel:
+			r.cov["schedule dropped by a cancel marker"]++
+		case ex.ord.Partition != m.ord.Partition && ex.ord.Stamp == m.ord.Stamp:
+			r.cov["stamp tie across partitions kept the held"]++
+		default:
+			r.cov["older message dropped"]++
+		}
+		return "dropped"
+	}
+	if ex != nil && ex.ord.Partition == m.ord.Partition && ex.ord.Incarnation == m.ord.Incarnation && m.ord.Stamp < ex.ord.Stamp {
+		r.cov["later offset with an older stamp won"]++
+	}
+	if ex != nil && !ex.cancel {
+		*ret = append(*ret, ex.msg)
+	}
+	if m.cancel {
+		r.state[k] = &mEntry{cancel: true, ord: m.ord, expiry: now + mRetention.Milliseconds()}
+		if ex != nil && !ex.cancel {
+			return fmt.Sprintf("cancels %d", ex.msg.n)
+		}
+		return "marker"
+	}
+	m.scheduled = true
+	r.state[k] = &mEntry{ord: m.ord, msg: m}
+	if ex != nil && !ex.cancel {
+		return fmt.Sprintf("replaces %d", ex.msg.n)
+	}
+	return "new"
+}
+
+// ingestBatch ingests a random batch of 1-max ops, focused on keys when
+// given, and updates the model.
+func (r *modelRun) ingestBatch(maxOps int, focus []mKey) {
+	n := 1 + r.rng.IntN(maxOps)
+	tasks := make([]codec.Task, 0, n)
+	var batch []*mMsg
+	for range n {
+		k := r.randomKey()
+		if len(focus) > 0 && r.rng.IntN(3) > 0 {
+			k = focus[r.rng.IntN(len(focus))]
+		}
+		m, task := r.newMsg(k, r.rng.IntN(4) == 0)
+		tasks = append(tasks, task)
+		batch = append(batch, m)
+	}
+	now := r.now()
+	if err := r.e.Ingest(context.Background(), tasks, nil); err != nil {
+		r.t.Fatalf("Ingest: %v", err)
+	}
+	ret := r.events.Add(1)
+	var superseded []*mMsg
+	var desc []string
+	for _, m := range batch {
+		what := r.applyIngest(m, now, &superseded)
+		kind := "S"
+		if m.cancel {
+			kind = "C"
+		}
+		desc = append(desc, fmt.Sprintf("%s%d %s/%s p%d/i%d@%d st%d due%d: %s", kind, m.n, m.src, m.id,
+			m.ord.Partition, m.ord.Incarnation, m.ord.Offset, m.ord.Stamp-ms(t0), m.due-ms(t0), what))
+	}
+	for _, m := range superseded {
+		m.supersededAt = ret
+	}
+	r.note("ingest [%s]", strings.Join(desc, "; "))
+}
+
+func (r *modelRun) ingestStep() {
+	r.ingestBatch(50, nil)
+	r.settleAndCheck()
+}
+
+func (r *modelRun) advanceStep() {
+	var d time.Duration
+	switch x := r.rng.IntN(10); {
+	case x < 5:
+		d = time.Duration(1+r.rng.IntN(int(2*mHorizon/time.Millisecond))) * time.Millisecond
+	case x < 8:
+		d = time.Duration(1+r.rng.IntN(6*3600)) * time.Second
+	default:
+		d = time.Duration(1+r.rng.IntN(3)) * 24 * time.Hour
+	}
+	r.note("advance %v", d)
+	r.clk.Advance(d)
+	r.settleAndCheck()
+}
+
+func (r *modelRun) setClock(at time.Time) {
+	r.clk.Set(at)
+	r.settleAndCheck()
+}
+
+// adminCancel cancels k through Engine.Cancel and checks the answer.
+func (r *modelRun) adminCancel(k mKey) {
+	now := r.now()
+	err := r.e.Cancel(k.src, k.id)
+	ret := r.events.Add(1)
+	ex := r.state[k]
+	if ex == nil || ex.cancel {
+		r.note("admin cancel %s/%s: want not found, got %v", k.src, k.id, err)
+		if !errors.Is(err, ErrNotFound) {
+			r.t.Errorf("step %d: Cancel(%s, %s) = %v, the model holds nothing pending: want ErrNotFound", r.step, k.src, k.id, err)
+		}
+		return
+	}
+	r.note("admin cancel %s/%s of %d: %v", k.src, k.id, ex.msg.n, err)
+	if err != nil {
+		r.t.Errorf("step %d: Cancel(%s, %s) = %v, the model holds msg %d pending", r.step, k.src, k.id, err, ex.msg.n)
+		return
+	}
+	ex.msg.supersededAt = ret
+	r.state[k] = &mEntry{cancel: true, ord: order{Stamp: max(now, ex.ord.Stamp), Partition: -1, Offset: -1}, expiry: now + mRetention.Milliseconds()}
+}
+
+func (r *modelRun) adminCancelStep() {
+	r.adminCancel(r.pickKey())
+	r.settleAndCheck()
+}
+
+// pickKey picks a key the model holds a pending task for, if any, most of
+// the time.
+func (r *modelRun) pickKey() mKey {
+	if r.rng.IntN(4) > 0 {
+		var pend []mKey
+		for _, k := range r.keys {
+			if en := r.state[k]; en != nil && !en.cancel {
+				pend = append(pend, k)
+			}
+		}
+		if len(pend) > 0 {
+			return pend[r.rng.IntN(len(pend))]
+		}
+	}
+	return r.randomKey()
+}
+
+// inFlightStep holds every publish at the gate, brings tasks due (by an
+// ingest or a clock move), and while their publish hangs ingests replaces
+// and cancels of them (and admin cancels), then lets the publishes end.
+func (r *modelRun) inFlightStep() {
+	r.closeGate()
+	if r.rng.IntN(2) == 0 {
+		r.note("in flight: trigger by ingest")
+		r.ingestBatch(10, nil)
+	} else {
+		d := time.Duration(1+r.rng.IntN(int(2*mHorizon/time.Millisecond))) * time.Millisecond
+		r.note("in flight: trigger by advance %v", d)
+		r.clk.Advance(d)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r.sink.mu.Lock()
+		blocked := r.sink.blocked
+		var inFlight []mKey
+		for _, rec := range r.sink.log {
+			if rec.n >= 0 && rec.n < len(r.msgs) {
+				m := r.msgs[rec.n]
+				inFlight = append(inFlight, mKey{m.src, m.id})
+			}
+		}
+		r.sink.mu.Unlock()
+		if blocked > 0 {
+			for range 1 + r.rng.IntN(3) {
+				if r.rng.IntN(4) == 0 {
+					k := r.randomKey()
+					if len(inFlight) > 0 {
+						k = inFlight[r.rng.IntN(len(inFlight))]
+					}
+					r.adminCancel(k)
+				} else {
+					r.ingestBatch(8, inFlight)
+				}
+			}
+			break
+		}
+		if r.e.settled() {
+			break // nothing came due
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("in flight: no publish began and no settle: %s", r.e.loopStates())
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+	r.openGate()
+	r.settleAndCheck()
+}
+
+// concurrentStep ingests batches back to back while the tasks they bring
+// due are published (and may fail), without waiting for the engine in
+// between. Every message is later than all before it, so the model's
+// outcome does not depend on how the publishes interleave with them.
+func (r *modelRun) concurrentStep() {
+	if r.rng.IntN(2) == 0 {
+		r.sink.setMode(sinkMode{transient: r.rng.Float64() * 0.5, outage: r.rng.Float64() * 0.3, rejected: r.rng.Float64() * 0.1})
+	}
+	r.newer = true
+	n := 2 + r.rng.IntN(6)
+	r.note("concurrent: %d batches", n)
+	for range n {
+		r.ingestBatch(20, nil)
+	}
+	r.newer = false
+	r.sink.setMode(sinkMode{})
+	r.settleAndCheck()
+}
+
+// failPhase sets a random failure mode, moves the clock through a few
+// retries, and sets success again.
+func (r *modelRun) failPhase() {
+	m := sinkMode{transient: r.rng.Float64() * 0.6, outage: r.rng.Float64() * 0.6, rejected: r.rng.Float64() * 0.1}
+	if r.rng.IntN(3) == 0 {
+		m = sinkMode{outage: 1}
+	}
+	r.note("fail phase %+v", m)
+	r.sink.setMode(m)
+	for range 1 + r.rng.IntN(6) {
+		if r.rng.IntN(2) == 0 {
+			r.ingestBatch(20, nil)
+			r.settleAndCheck()
+		}
+		r.clk.Advance(time.Duration(1+r.rng.IntN(90)) * time.Second)
+		r.settleAndCheck()
+	}
+	r.sink.setMode(sinkMode{})
+	r.note("fail phase over")
+}
+
+// drain moves the clock past every retry and held-task probe with the sink
+// succeeding, then checks that nothing overdue remains.
+func (r *modelRun) drain() {
+	r.sink.setMode(sinkMode{})
+	r.note("drain")
+	for range 4 {
+		r.clk.Advance(2 * time.Minute)
+		r.settleAndCheck()
+	}
+	r.outageDirty = false
+	now := r.now()
+	for k, en := range r.state {
+		if !en.cancel && en.msg.due <= now {
+			r.t.Errorf("step %d: after a drain %s/%s msg %d (due %d, attempts %d, failed %v) is still pending at %d",
+				r.step, k.src, k.id, en.msg.n, en.msg.due-ms(t0), en.msg.attempts, en.msg.failed, now-ms(t0))
+		}
+	}
+	if st := r.e.Stats(); !st.OldestOverdue.IsZero() {
+		r.t.Errorf("step %d: after a drain Stats.OldestOverdue = %v", r.step, st.OldestOverdue)
+	}
+	r.checkState()
+}
+
+// settleAndCheck waits for the engine to settle, feeds the deliveries to
+// the model and checks them.
+func (r *modelRun) settleAndCheck() {
+	r.settle()
+	recs := r.sink.take()
+	sort.SliceStable(recs, func(i, j int) bool { return recs[i].ticket < recs[j].ticket })
+	for _, rec := range recs {
+		r.observe(rec)
+	}
+	r.checkState()
+}
+
+// observe applies one delivery to the model and checks it.
+func (r *modelRun) observe(rec mRecord) {
+	if rec.n < 0 || rec.n >= len(r.msgs) {
+		r.t.Errorf("step %d: delivery of an unknown task %+v", r.step, rec)
+		return
+	}
+	m := r.msgs[rec.n]
+	k := mKey{m.src, m.id}
+	res := "ok"
+	if rec.err != nil {
+		res = rec.err.Error()
+	}
+	r.note("  deliver %v %d (%s/%s) ticket %d: %s", rec.kind, m.n, m.src, m.id, rec.ticket, res)
+	if rec.kind == codec.KindDeadLetter {
+		switch {
+		case m.wantDL == "" && m.mayDL == rec.code:
+			r.cov["dead letter of a task superseded in flight"]++
+		case m.wantDL == "":
+			r.t.Errorf("step %d: dead letter %s of msg %d, which the model did not dead-letter", r.step, rec.code, m.n)
+		case rec.code != m.wantDL:
+			r.t.Errorf("step %d: dead letter of msg %d has code %s, want %s", r.step, m.n, rec.code, m.wantDL)
+		case m.dlDelivered:
+			r.t.Errorf("step %d: dead letter of msg %d delivered twice", r.step, m.n)
+		}
+		m.dlDelivered = true
+		return
+	}
+	if !m.scheduled || m.cancel {
+		r.t.Errorf("step %d: msg %d delivered, which the model never scheduled", r.step, m.n)
+		return
+	}
+	if m.done {
+		r.t.Errorf("step %d: msg %d delivered again after it was acknowledged or dead-lettered", r.step, m.n)
+		return
+	}
+	if rec.at < m.due {
+		r.t.Errorf("step %d: msg %d delivered at %d, before its due %d", r.step, m.n, rec.at-ms(t0), m.due-ms(t0))
+	}
+	if m.supersededAt != 0 && rec.ticket < m.supersededAt {
+		r.cov["superseded while in flight"]++
+	}
+	if m.supersededAt != 0 && rec.ticket > m.supersededAt {
+		r.t.Errorf("step %d: msg %d handed to the sink (ticket %d) after the message superseding it was acknowledged (ticket %d)",
+			r.step, m.n, rec.ticket, m.supersededAt)
+	}
+	cur := r.state[k]
+	current := cur != nil && !cur.cancel && cur.msg == m
+	if !current && m.supersededAt == 0 {
+		r.t.Errorf("step %d: msg %d delivered, not the pending task of %s/%s in the model nor superseded", r.step, m.n, k.src, k.id)
+		return
+	}
+	var rejected *RejectedError
+	switch {
+	case rec.err == nil:
+		m.done = true
+		m.acked++
+		// Same due, same id: delivered in ingest order (README "What the
+		// target receives").
+		dk := mDueKey{k, m.due}
+		if prev, ok := r.lastSameDue[dk]; ok && prev > m.n {
+			r.t.Errorf("step %d: msg %d of %s/%s due %d delivered after msg %d with the same id and due, ingested later",
+				r.step, m.n, k.src, k.id, m.due-ms(t0), prev)
+		}
+		r.lastSameDue[dk] = max(r.lastSameDue[dk], m.n)
+		if current {
+			delete(r.state, k)
+		}
+	case !current:
+		// Superseded, and the sink called before that: its failure may
+		// have been committed before the superseding message was
+		// decided (then it was retried, a release may even have
+		// delivered it at once, or dead-lettered: the message then found
+		// the id free) or after (then it is gone).
+		m.failed = true
+		switch {
+		case errors.As(rec.err, &rejected):
+			m.mayDL = rejected.Code
+		case errors.Is(rec.err, ErrUnavailable):
+		default:
+			m.attempts++
+			if m.attempts >= mMaxAttempts {
+				m.mayDL = codec.CodePublishFailed
+			}
+		}
+	case errors.As(rec.err, &rejected):
+		m.done, m.failed = true, true
+		m.wantDL = rejected.Code
+		delete(r.state, k)
+	case errors.Is(rec.err, ErrUnavailable):
+		m.failed = true
+		r.outageDirty = true
+	default:
+		m.failed = true
+		m.attempts++
+		if m.attempts >= mMaxAttempts {
+			m.done = true
+			m.wantDL = codec.CodePublishFailed
+			delete(r.state, k)
+		}
+	}
+}
+
+// checkState compares Lookup and Stats with the model, and that every
+// task due that never failed was delivered (when no outage may hold it).
+func (r *modelRun) checkState() {
+	now := r.now()
+	var pending int64
+	for _, k := range r.keys {
+		en := r.state[k]
+		info, err := r.e.Lookup(k.src, k.id)
+		if en == nil || en.cancel {
+			if !errors.Is(err, ErrNotFound) {
+				r.t.Errorf("step %d: Lookup(%s, %s) = %+v, %v; the model holds nothing pending", r.step, k.src, k.id, info, err)
+			}
+			continue
+		}
+		pending++
+		m := en.msg
+		if err != nil {
+			r.t.Errorf("step %d: Lookup(%s, %s): %v; the model holds msg %d (due %d, attempts %d)", r.step, k.src, k.id, err, m.n, m.due-ms(t0), m.attempts)
+			continue
+		}
+		if info.Held {
+			r.cov["held on disk (Lookup)"]++
+		}
+		if m.due > now+mHorizon.Milliseconds() {
+			r.cov["pending beyond the horizon"]++
+		}
+		if info.Due.UnixMilli() != m.due || info.Attempts != m.attempts || info.Origin != fmt.Sprintf("m%d", m.n) {
+			r.t.Errorf("step %d: Lookup(%s, %s) = origin %s due %d attempts %d; the model holds msg %d due %d attempts %d",
+				r.step, k.src, k.id, info.Origin, info.Due.UnixMilli()-ms(t0), info.Attempts, m.n, m.due-ms(t0), m.attempts)
+		}
+		if !r.outageDirty && !m.failed && m.due <= now {
+			r.t.Errorf("step %d: msg %d (%s/%s) due %d, never failed, not delivered at %d", r.step, m.n, k.src, k.id, m.due-ms(t0), now-ms(t0))
+		}
+	}
+	if st := r.e.Stats(); st.Pending != pending {
+		r.t.Errorf("step %d: Stats.Pending = %d, the model holds %d", r.step, st.Pending, pending)
+	}
+}
+
+func (r *modelRun) lookupAll() {
+	r.note("lookups")
+	r.checkState()
+}
