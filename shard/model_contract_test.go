@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -263,6 +264,9 @@ type modelRun struct {
 	// steps); maxStamp is the latest stamp built.
 	newer    bool
 	maxStamp int64
+	mem      *vfs.MemFS // nil: the OS file system
+	// cps is the last checkpoint offset ingested per key.
+	cps map[string]int64
 	// cov counts the cases a run met, logged at its end.
 	cov map[string]int
 }
@@ -271,7 +275,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 	rng := rand.New(rand.NewPCG(seed, 0x6d6f64656c))
 	clk := clock.NewFake(t0)
 	r := &modelRun{t: t, rng: rng, clk: clk, state: map[mKey]*mEntry{},
-		offsets: map[string]int64{}, incs: map[string]uint32{}, stamp: ms(t0), lastSameDue: map[mDueKey]int{}, cov: map[string]int{}}
+		offsets: map[string]int64{}, incs: map[string]uint32{}, stamp: ms(t0), lastSameDue: map[mDueKey]int{}, cov: map[string]int{}, cps: map[string]int64{}}
 	r.sink = &modelSink{clk: clk, events: &r.events, seed: seed, tries: map[int]int{}}
 	r.opts = Options{
 		Dir:             t.TempDir(),
@@ -285,12 +289,23 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		Retry:           RetryPolicy{Initial: time.Second, Max: time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: mMaxAttempts},
 		LaneGrace:       laneGraceForTests(t),
 	}
+	if rng.IntN(3) == 0 {
+		r.opts.LaneGrace = time.Millisecond // lanes go stuck at the gate
+	}
+	if rng.IntN(2) == 0 {
+		// Pebble on a MemFS: restarts may be crashes (what was synced
+		// survives); at a settled point nothing is in flight, so a crash
+		// must lose and repeat nothing.
+		r.mem = vfs.NewCrashableMem()
+		r.opts.FS = r.mem
+	}
 	for _, src := range []string{"a", "b", "c"}[:1+rng.IntN(3)] {
 		for i := range 3 + rng.IntN(6) {
 			r.keys = append(r.keys, mKey{src, fmt.Sprintf("k%d", i)})
 		}
 	}
-	t.Logf("options: shards %d, fire batch %d, outage memory %d, %d keys", r.opts.Shards, r.opts.FireBatch, r.opts.OutageMemory, len(r.keys))
+	t.Logf("options: shards %d, fire batch %d, outage memory %d, lane grace %v, memfs %v, %d keys",
+		r.opts.Shards, r.opts.FireBatch, r.opts.OutageMemory, r.opts.LaneGrace, r.mem != nil, len(r.keys))
 	r.open()
 	t.Cleanup(r.close)
 	defer func() {
@@ -313,10 +328,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		case x < 80:
 			r.failPhase()
 		case x < 84:
-			r.note("restart")
-			r.close()
-			r.open()
-			r.settleAndCheck()
+			r.restart()
 		case x < 88:
 			r.drain()
 		default:
@@ -400,15 +412,63 @@ func (r *modelRun) close() {
 	if r.e == nil {
 		return
 	}
-	r.openGate()
-	r.cancel()
-	if err := <-r.done; err != nil {
-		r.t.Errorf("Run: %v", err)
-	}
+	r.stopRun()
 	if err := r.e.Close(); err != nil {
 		r.t.Errorf("Close: %v", err)
 	}
 	r.e = nil
+}
+
+// crashClone is the MemFS as a crash now could leave it: what was synced,
+// and some of what was not.
+func (r *modelRun) crashClone() *vfs.MemFS {
+	cfg := vfs.CrashCloneCfg{}
+	if r.rng.IntN(2) == 0 {
+		cfg = vfs.CrashCloneCfg{UnsyncedDataPercent: r.rng.IntN(100), RNG: rand.New(rand.NewPCG(r.rng.Uint64(), 0))}
+	}
+	return r.mem.CrashClone(cfg)
+}
+
+// stopRun ends Run.
+func (r *modelRun) stopRun() {
+	r.openGate()
+	if r.done == nil {
+		return
+	}
+	r.cancel()
+	if err := <-r.done; err != nil {
+		r.t.Errorf("Run: %v", err)
+	}
+	r.done = nil
+}
+
+// restart closes and opens the engine again at a settled point, on a
+// MemFS sometimes as after a crash, and checks the checkpoints.
+func (r *modelRun) restart() {
+	r.t.Helper()
+	if r.mem != nil && r.rng.IntN(2) == 0 {
+		r.note("crash restart")
+		r.stopRun()
+		clone := r.crashClone()
+		if err := r.e.CloseNoFlush(); err != nil {
+			r.t.Errorf("Close: %v", err)
+		}
+		r.e = nil
+		r.mem = clone
+		r.opts.FS = clone
+	} else {
+		r.note("restart")
+		r.close()
+	}
+	r.open()
+	r.cov["restart"]++
+	for key, want := range r.cps {
+		got, ok, err := r.e.Checkpoint(key)
+		if err != nil || !ok || got != want {
+			r.t.Errorf("step %d: after a restart Checkpoint(%s) = %d, %v, %v; want %d", r.step, key, got, ok, err, want)
+		}
+	}
+	r.settleAndCheck()
 }
 
 func (r *modelRun) settle() {
@@ -574,18 +634,43 @@ func (r *modelRun) ingestBatch(maxOps int, focus []mKey) {
 	n := 1 + r.rng.IntN(maxOps)
 	tasks := make([]codec.Task, 0, n)
 	var batch []*mMsg
+	var dls []*mMsg
+	cps := map[string]int64{}
 	for range n {
 		k := r.randomKey()
 		if len(focus) > 0 && r.rng.IntN(3) > 0 {
 			k = focus[r.rng.IntN(len(focus))]
 		}
 		m, task := r.newMsg(k, r.rng.IntN(4) == 0)
+		if r.rng.IntN(30) == 0 {
+			// A message codec.Parse refused: a dead letter due now.
+			task.Kind, task.Code, task.Detail, task.Due = codec.KindDeadLetter, codec.CodeBadDue, "model: bad", r.now()
+			task.Value = []byte(strconv.Itoa(m.n))
+			m.cancel = false
+			m.wantDL = codec.CodeBadDue
+			m.done = true
+			dls = append(dls, m)
+		} else {
+			batch = append(batch, m)
+		}
 		tasks = append(tasks, task)
-		batch = append(batch, m)
+		cps[fmt.Sprintf("%s|%d|%d", k.src, m.ord.Partition, m.ord.Incarnation)] = m.ord.Offset
+	}
+	var cpl []Checkpoint
+	if r.rng.IntN(2) == 0 {
+		for key, off := range cps {
+			cpl = append(cpl, Checkpoint{Key: key, Offset: off})
+		}
 	}
 	now := r.now()
-	if err := r.e.Ingest(context.Background(), tasks, nil); err != nil {
+	if err := r.e.Ingest(context.Background(), tasks, cpl); err != nil {
 		r.t.Fatalf("Ingest: %v", err)
+	}
+	for _, cp := range cpl {
+		r.cps[cp.Key] = cp.Offset
+	}
+	for _, m := range dls {
+		r.note("ingest dead letter %d", m.n)
 	}
 	ret := r.events.Add(1)
 	var superseded []*mMsg
@@ -721,8 +806,57 @@ func (r *modelRun) inFlightStep() {
 		}
 		time.Sleep(50 * time.Microsecond)
 	}
+	if r.mem != nil && r.rng.IntN(3) == 0 {
+		// kill -9 while the publishes hang: what they deliver is
+		// delivered, but the store does not learn it (CONTRACT §4: it
+		// may be delivered again, nothing acknowledged is lost).
+		r.note("crash while publishing")
+		clone := r.crashClone()
+		r.stopRun()
+		if err := r.e.CloseNoFlush(); err != nil {
+			r.t.Errorf("Close: %v", err)
+		}
+		r.e = nil
+		r.mem = clone
+		r.opts.FS = clone
+		recs := r.sink.take()
+		sort.SliceStable(recs, func(i, j int) bool { return recs[i].ticket < recs[j].ticket })
+		for _, rec := range recs {
+			r.observeGhost(rec)
+		}
+		r.open()
+		r.cov["crash while publishing"]++
+	}
 	r.openGate()
 	r.settleAndCheck()
+}
+
+// observeGhost checks a delivery of an engine that crashed while it was
+// under way: it happened, but leaves the model as it was.
+func (r *modelRun) observeGhost(rec mRecord) {
+	if rec.n < 0 || rec.n >= len(r.msgs) {
+		r.t.Errorf("step %d: delivery of an unknown task %+v", r.step, rec)
+		return
+	}
+	m := r.msgs[rec.n]
+	r.note("  ghost deliver %v %d (%s/%s) ticket %d: %v", rec.kind, m.n, m.src, m.id, rec.ticket, rec.err)
+	if rec.kind == codec.KindDeadLetter {
+		if m.wantDL == "" && m.mayDL == "" {
+			r.t.Errorf("step %d: dead letter %s of msg %d, which the model did not dead-letter", r.step, rec.code, m.n)
+		}
+		return
+	}
+	switch {
+	case !m.scheduled || m.cancel:
+		r.t.Errorf("step %d: msg %d delivered, which the model never scheduled", r.step, m.n)
+	case m.done:
+		r.t.Errorf("step %d: msg %d delivered again after it was acknowledged or dead-lettered", r.step, m.n)
+	case rec.at < m.due:
+		r.t.Errorf("step %d: msg %d delivered at %d, before its due %d", r.step, m.n, rec.at-ms(t0), m.due-ms(t0))
+	case m.supersededAt != 0 && rec.ticket > m.supersededAt:
+		r.t.Errorf("step %d: msg %d handed to the sink (ticket %d) after the message superseding it was acknowledged (ticket %d)",
+			r.step, m.n, rec.ticket, m.supersededAt)
+	}
 }
 
 // concurrentStep ingests batches back to back while the tasks they bring
@@ -760,6 +894,9 @@ func (r *modelRun) failPhase() {
 		}
 		r.clk.Advance(time.Duration(1+r.rng.IntN(90)) * time.Second)
 		r.settleAndCheck()
+		if r.rng.IntN(4) == 0 {
+			r.restart()
+		}
 	}
 	r.sink.setMode(sinkMode{})
 	r.note("fail phase over")
