@@ -136,6 +136,8 @@ type mDueKey struct {
 // sinkMode is how the model sink answers a schedule's delivery.
 type sinkMode struct {
 	transient, outage, rejected float64 // probabilities, by a hash of (seed, n, try)
+	// only: the mode applies to this transport's tasks (0: both).
+	only codec.Transport
 }
 
 // mRecord is one task of a Deliver call.
@@ -192,6 +194,9 @@ func (s *modelSink) Deliver(_ context.Context, batch []*codec.Task) []error {
 			s.tries[n]++
 			u := float64(mix(s.seed, uint64(n), uint64(try))>>11) / (1 << 53)
 			m := s.mode
+			if m.only != 0 && t.Transport != m.only {
+				m = sinkMode{}
+			}
 			switch {
 			case u < m.transient:
 				derr = errors.New("model: transient failure")
@@ -254,7 +259,7 @@ type modelRun struct {
 	stamp   int64 // producers' clock, ms
 	// outageDirty: an outage was answered since the last drain (a down
 	// target may hold back tasks that never failed themselves).
-	outageDirty bool
+	outageDirty [3]bool // by transport
 	// hist is a short history of the steps, printed on a failure.
 	hist []string
 	step int
@@ -397,11 +402,20 @@ func (r *modelRun) now() int64 { return r.clk.Now().UnixMilli() }
 
 func (r *modelRun) open() {
 	r.t.Helper()
+	if r.rng.IntN(3) == 0 {
+		// A restart with another config: the horizon, the fire batch and
+		// the cancel retention of new markers may change.
+		r.opts.Horizon = []time.Duration{2 * time.Millisecond, time.Second, mHorizon, 10 * time.Minute}[r.rng.IntN(4)]
+		r.opts.FireBatch = 1 + r.rng.IntN(40)
+		r.opts.FireBatchBytes = []int{0, 1, 300}[r.rng.IntN(3)]
+		r.opts.CancelRetention = []time.Duration{time.Hour, mRetention, 24 * time.Hour}[r.rng.IntN(3)]
+	}
 	e, err := Open(r.opts)
 	if err != nil {
 		r.t.Fatalf("Open: %v", err)
 	}
 	r.e = e
+	r.cov[fmt.Sprintf("opened with horizon %v", r.opts.Horizon)]++
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	r.done = make(chan error, 1)
@@ -614,7 +628,7 @@ func (r *modelRun) applyIngest(m *mMsg, now int64, ret *[]*mMsg) string {
 		*ret = append(*ret, ex.msg)
 	}
 	if m.cancel {
-		r.state[k] = &mEntry{cancel: true, ord: m.ord, expiry: now + mRetention.Milliseconds()}
+		r.state[k] = &mEntry{cancel: true, ord: m.ord, expiry: now + r.opts.CancelRetention.Milliseconds()}
 		if ex != nil && !ex.cancel {
 			return fmt.Sprintf("cancels %d", ex.msg.n)
 		}
@@ -734,7 +748,7 @@ func (r *modelRun) adminCancel(k mKey) {
 		return
 	}
 	ex.msg.supersededAt = ret
-	r.state[k] = &mEntry{cancel: true, ord: order{Stamp: max(now, ex.ord.Stamp), Partition: -1, Offset: -1}, expiry: now + mRetention.Milliseconds()}
+	r.state[k] = &mEntry{cancel: true, ord: order{Stamp: max(now, ex.ord.Stamp), Partition: -1, Offset: -1}, expiry: now + r.opts.CancelRetention.Milliseconds()}
 }
 
 func (r *modelRun) adminCancelStep() {
@@ -796,6 +810,7 @@ func (r *modelRun) inFlightStep() {
 					r.ingestBatch(8, inFlight)
 				}
 			}
+			r.check(false)
 			break
 		}
 		if r.e.settled() {
@@ -885,6 +900,9 @@ func (r *modelRun) failPhase() {
 	if r.rng.IntN(3) == 0 {
 		m = sinkMode{outage: 1}
 	}
+	if r.rng.IntN(3) == 0 {
+		m.only = codec.Transport(1 + r.rng.IntN(2))
+	}
 	r.note("fail phase %+v", m)
 	r.sink.setMode(m)
 	for range 1 + r.rng.IntN(6) {
@@ -911,7 +929,7 @@ func (r *modelRun) drain() {
 		r.clk.Advance(2 * time.Minute)
 		r.settleAndCheck()
 	}
-	r.outageDirty = false
+	r.outageDirty = [3]bool{}
 	now := r.now()
 	for k, en := range r.state {
 		if !en.cancel && en.msg.due <= now {
@@ -1027,7 +1045,7 @@ func (r *modelRun) observe(rec mRecord) {
 		delete(r.state, k)
 	case errors.Is(rec.err, ErrUnavailable):
 		m.failed = true
-		r.outageDirty = true
+		r.outageDirty[m.tr] = true
 	default:
 		m.failed = true
 		m.attempts++
@@ -1041,9 +1059,14 @@ func (r *modelRun) observe(rec mRecord) {
 
 // checkState compares Lookup and Stats with the model, and that every
 // task due that never failed was delivered (when no outage may hold it).
-func (r *modelRun) checkState() {
+func (r *modelRun) checkState() { r.check(true) }
+
+// check is checkState; settled false (publishes held at the gate) leaves
+// out what the held publishes may not have done yet.
+func (r *modelRun) check(settled bool) {
 	now := r.now()
 	var pending int64
+	minDue, anyFailed := int64(noDue), r.outageDirty != [3]bool{}
 	for _, k := range r.keys {
 		en := r.state[k]
 		info, err := r.e.Lookup(k.src, k.id)
@@ -1055,6 +1078,8 @@ func (r *modelRun) checkState() {
 		}
 		pending++
 		m := en.msg
+		minDue = min(minDue, m.due)
+		anyFailed = anyFailed || m.failed
 		if err != nil {
 			r.t.Errorf("step %d: Lookup(%s, %s): %v; the model holds msg %d (due %d, attempts %d)", r.step, k.src, k.id, err, m.n, m.due-ms(t0), m.attempts)
 			continue
@@ -1062,19 +1087,33 @@ func (r *modelRun) checkState() {
 		if info.Held {
 			r.cov["held on disk (Lookup)"]++
 		}
-		if m.due > now+mHorizon.Milliseconds() {
+		if m.due > now+r.opts.Horizon.Milliseconds() {
 			r.cov["pending beyond the horizon"]++
 		}
 		if info.Due.UnixMilli() != m.due || info.Attempts != m.attempts || info.Origin != fmt.Sprintf("m%d", m.n) {
 			r.t.Errorf("step %d: Lookup(%s, %s) = origin %s due %d attempts %d; the model holds msg %d due %d attempts %d",
 				r.step, k.src, k.id, info.Origin, info.Due.UnixMilli()-ms(t0), info.Attempts, m.n, m.due-ms(t0), m.attempts)
 		}
-		if !r.outageDirty && !m.failed && m.due <= now {
+		if settled && !r.outageDirty[m.tr] && !m.failed && m.due <= now {
 			r.t.Errorf("step %d: msg %d (%s/%s) due %d, never failed, not delivered at %d", r.step, m.n, k.src, k.id, m.due-ms(t0), now-ms(t0))
 		}
 	}
-	if st := r.e.Stats(); st.Pending != pending {
+	st := r.e.Stats()
+	// Dead letters held at the gate count too: only when settled.
+	if settled && st.Pending != pending {
 		r.t.Errorf("step %d: Stats.Pending = %d, the model holds %d", r.step, st.Pending, pending)
+	}
+	if settled && !anyFailed {
+		// Nothing waits for a retry: the next fire time is the earliest
+		// due, and nothing is overdue.
+		want := Time{}
+		if minDue != noDue {
+			want = msTime(minDue)
+		}
+		if !st.NextDue.Equal(want.Time) || !st.OldestOverdue.IsZero() {
+			r.t.Errorf("step %d: Stats.NextDue = %v, OldestOverdue = %v; the model's earliest due is %v and nothing overdue",
+				r.step, st.NextDue, st.OldestOverdue, want)
+		}
 	}
 }
 
