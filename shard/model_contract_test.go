@@ -116,6 +116,8 @@ type mMsg struct {
 	// failed for good in flight while a later message superseded it: which
 	// came first decides).
 	mayDL codec.Code
+	// dlSeen: its dead letter was handed to the sink (so it exists).
+	dlSeen bool
 }
 
 // mEntry is the model's index entry of one (source, id).
@@ -161,14 +163,34 @@ type modelSink struct {
 	mode    sinkMode
 	tries   map[int]int
 	log     []mRecord
-	gate    chan struct{} // nil: open
+	begun   map[*codec.Task]int64 // event ticket of each publish begun
+	unbegun int                   // Deliver calls without a begin
+	gate    chan struct{}         // nil: open
 	blocked int
 }
 
+// begin numbers a publish where it begins: under its shard's lock, right
+// after the engine's last check that no replace or cancel met its tasks
+// (Engine.testHookBeginPublish). A replace or cancel that returns after
+// it may come before the Deliver call, which follows a moment later: the
+// publish was in flight (docs/design.md "a cancel that returned before
+// the publish began always holds"; lane_stress_test.go reads it so too).
+func (s *modelSink) begin(batch []*codec.Task) {
+	n := s.events.Add(1)
+	s.mu.Lock()
+	s.begun[batch[0]] = n
+	s.mu.Unlock()
+}
+
 func (s *modelSink) Deliver(_ context.Context, batch []*codec.Task) []error {
-	ticket := s.events.Add(1)
 	at := s.clk.Now().UnixMilli()
 	s.mu.Lock()
+	ticket, ok := s.begun[batch[0]]
+	delete(s.begun, batch[0])
+	if !ok {
+		ticket = s.events.Add(1)
+		s.unbegun++
+	}
 	gate := s.gate
 	if gate != nil {
 		s.blocked++
@@ -189,10 +211,23 @@ func (s *modelSink) Deliver(_ context.Context, batch []*codec.Task) []error {
 			n = -1
 		}
 		var derr error
+		try := s.tries[n]
+		s.tries[n]++
+		u := float64(mix(s.seed, uint64(n), uint64(try))>>11) / (1 << 53)
+		if t.Kind == codec.KindDeadLetter {
+			// A DLQ failing as a whole (never RejectedError, which a
+			// Sink must not return for a dead letter; never ErrRefused,
+			// which would park it).
+			if m := s.mode; m.only == 0 || t.Transport == m.only {
+				switch {
+				case u < m.transient:
+					derr = errors.New("model: dlq failure")
+				case u < m.transient+m.outage:
+					derr = fmt.Errorf("model: dlq down: %w", ErrUnavailable)
+				}
+			}
+		}
 		if t.Kind == codec.KindSchedule {
-			try := s.tries[n]
-			s.tries[n]++
-			u := float64(mix(s.seed, uint64(n), uint64(try))>>11) / (1 << 53)
 			m := s.mode
 			if m.only != 0 && t.Transport != m.only {
 				m = sinkMode{}
@@ -281,7 +316,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 	clk := clock.NewFake(t0)
 	r := &modelRun{t: t, rng: rng, clk: clk, state: map[mKey]*mEntry{},
 		offsets: map[string]int64{}, incs: map[string]uint32{}, stamp: ms(t0), lastSameDue: map[mDueKey]int{}, cov: map[string]int{}, cps: map[string]int64{}}
-	r.sink = &modelSink{clk: clk, events: &r.events, seed: seed, tries: map[int]int{}}
+	r.sink = &modelSink{clk: clk, events: &r.events, seed: seed, tries: map[int]int{}, begun: map[*codec.Task]int64{}}
 	r.opts = Options{
 		Dir:             t.TempDir(),
 		Shards:          1 + rng.IntN(4),
@@ -415,6 +450,7 @@ func (r *modelRun) open() {
 		r.t.Fatalf("Open: %v", err)
 	}
 	r.e = e
+	e.testHookBeginPublish = r.sink.begin // before Run starts
 	r.cov[fmt.Sprintf("opened with horizon %v", r.opts.Horizon)]++
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
@@ -937,6 +973,11 @@ func (r *modelRun) drain() {
 				r.step, k.src, k.id, en.msg.n, en.msg.due-ms(t0), en.msg.attempts, en.msg.failed, now-ms(t0))
 		}
 	}
+	for _, m := range r.msgs {
+		if m.wantDL != "" && !m.dlDelivered {
+			r.t.Errorf("step %d: after a drain the dead letter %s of msg %d is not delivered", r.step, m.wantDL, m.n)
+		}
+	}
 	if st := r.e.Stats(); !st.OldestOverdue.IsZero() {
 		r.t.Errorf("step %d: after a drain Stats.OldestOverdue = %v", r.step, st.OldestOverdue)
 	}
@@ -947,6 +988,12 @@ func (r *modelRun) drain() {
 // the model and checks them.
 func (r *modelRun) settleAndCheck() {
 	r.settle()
+	r.sink.mu.Lock()
+	unbegun := r.sink.unbegun
+	r.sink.mu.Unlock()
+	if unbegun != 0 {
+		r.t.Fatalf("step %d: %d Deliver calls without testHookBeginPublish", r.step, unbegun)
+	}
 	recs := r.sink.take()
 	sort.SliceStable(recs, func(i, j int) bool { return recs[i].ticket < recs[j].ticket })
 	for _, rec := range recs {
@@ -969,17 +1016,22 @@ func (r *modelRun) observe(rec mRecord) {
 	}
 	r.note("  deliver %v %d (%s/%s) ticket %d: %s", rec.kind, m.n, m.src, m.id, rec.ticket, res)
 	if rec.kind == codec.KindDeadLetter {
+		m.dlSeen = true
+		if rec.err != nil {
+			r.cov["dead letter failed"]++
+		}
 		switch {
+		case m.dlDelivered:
+			r.t.Errorf("step %d: dead letter of msg %d delivered again after its DLQ took it", r.step, m.n)
+		case rec.err != nil:
 		case m.wantDL == "" && m.mayDL == rec.code:
 			r.cov["dead letter of a task superseded in flight"]++
 		case m.wantDL == "":
 			r.t.Errorf("step %d: dead letter %s of msg %d, which the model did not dead-letter", r.step, rec.code, m.n)
 		case rec.code != m.wantDL:
 			r.t.Errorf("step %d: dead letter of msg %d has code %s, want %s", r.step, m.n, rec.code, m.wantDL)
-		case m.dlDelivered:
-			r.t.Errorf("step %d: dead letter of msg %d delivered twice", r.step, m.n)
 		}
-		m.dlDelivered = true
+		m.dlDelivered = m.dlDelivered || rec.err == nil
 		return
 	}
 	if !m.scheduled || m.cancel {
@@ -1067,6 +1119,7 @@ func (r *modelRun) check(settled bool) {
 	now := r.now()
 	var pending int64
 	minDue, anyFailed := int64(noDue), r.outageDirty != [3]bool{}
+	var held int64
 	for _, k := range r.keys {
 		en := r.state[k]
 		info, err := r.e.Lookup(k.src, k.id)
@@ -1086,6 +1139,12 @@ func (r *modelRun) check(settled bool) {
 		}
 		if info.Held {
 			r.cov["held on disk (Lookup)"]++
+			held++
+		}
+		wantTarget := m.tr.String() + ":out"
+		if info.Target != wantTarget || !m.failed && !info.NextFire.Equal(info.Due.Time) {
+			r.t.Errorf("step %d: Lookup(%s, %s) = target %s next fire %v due %v; want target %s, next fire = due (never failed)",
+				r.step, k.src, k.id, info.Target, info.NextFire, info.Due, wantTarget)
 		}
 		if m.due > now+r.opts.Horizon.Milliseconds() {
 			r.cov["pending beyond the horizon"]++
@@ -1099,9 +1158,20 @@ func (r *modelRun) check(settled bool) {
 		}
 	}
 	st := r.e.Stats()
-	// Dead letters held at the gate count too: only when settled.
+	// Dead letters not yet taken by their DLQ count too (a dead letter is
+	// tried at once, so it was seen if it exists); those held at the gate
+	// were not seen yet: checked only when settled.
+	for _, m := range r.msgs {
+		if m.dlSeen && !m.dlDelivered {
+			pending++
+			anyFailed = true
+		}
+	}
 	if settled && st.Pending != pending {
 		r.t.Errorf("step %d: Stats.Pending = %d, the model holds %d", r.step, st.Pending, pending)
+	}
+	if settled && st.Held != held {
+		r.t.Errorf("step %d: Stats.Held = %d, Lookup found %d held", r.step, st.Held, held)
 	}
 	if settled && !anyFailed {
 		// Nothing waits for a retry: the next fire time is the earliest
