@@ -729,13 +729,29 @@ func (r *modelRun) applyIngest(m *mMsg, now int64, ret *[]*mMsg) string {
 // ingestBatch ingests a random batch of 1-max ops, focused on keys when
 // given, and updates the model.
 func (r *modelRun) ingestBatch(maxOps int, focus []mKey) {
+	b := r.buildBatch(maxOps, focus, r.keys, true)
+	now := r.now()
+	if err := r.e.Ingest(context.Background(), b.tasks, b.cpl); err != nil {
+		r.t.Fatalf("Ingest: %v", err)
+	}
+	r.applyBatch(b, now, r.events.Add(1))
+}
+
+// builtBatch is a batch to ingest and the model's messages of it.
+type builtBatch struct {
+	tasks     []codec.Task
+	msgs, dls []*mMsg
+	cpl       []Checkpoint
+}
+
+// buildBatch builds a random batch of 1-maxOps ops on keys from from,
+// focused on focus when given, with checkpoints at times if withCps.
+func (r *modelRun) buildBatch(maxOps int, focus, from []mKey, withCps bool) builtBatch {
 	n := 1 + r.rng.IntN(maxOps)
-	tasks := make([]codec.Task, 0, n)
-	var batch []*mMsg
-	var dls []*mMsg
+	var b builtBatch
 	cps := map[string]int64{}
 	for range n {
-		k := r.randomKey()
+		k := from[r.rng.IntN(len(from))]
 		if len(focus) > 0 && r.rng.IntN(3) > 0 {
 			k = focus[r.rng.IntN(len(focus))]
 		}
@@ -747,33 +763,33 @@ func (r *modelRun) ingestBatch(maxOps int, focus []mKey) {
 			m.cancel = false
 			m.wantDL = codec.CodeBadDue
 			m.done = true
-			dls = append(dls, m)
+			b.dls = append(b.dls, m)
 		} else {
-			batch = append(batch, m)
+			b.msgs = append(b.msgs, m)
 		}
-		tasks = append(tasks, task)
+		b.tasks = append(b.tasks, task)
 		cps[fmt.Sprintf("%s|%d|%d", k.src, m.ord.Partition, m.ord.Incarnation)] = m.ord.Offset
 	}
-	var cpl []Checkpoint
-	if r.rng.IntN(2) == 0 {
+	if withCps && r.rng.IntN(2) == 0 {
 		for key, off := range cps {
-			cpl = append(cpl, Checkpoint{Key: key, Offset: off})
+			b.cpl = append(b.cpl, Checkpoint{Key: key, Offset: off})
 		}
 	}
-	now := r.now()
-	if err := r.e.Ingest(context.Background(), tasks, cpl); err != nil {
-		r.t.Fatalf("Ingest: %v", err)
-	}
-	for _, cp := range cpl {
+	return b
+}
+
+// applyBatch applies an ingested batch to the model: ingested at now, its
+// Ingest returned before event ticket ret.
+func (r *modelRun) applyBatch(b builtBatch, now, ret int64) {
+	for _, cp := range b.cpl {
 		r.cps[cp.Key] = cp.Offset
 	}
-	for _, m := range dls {
+	for _, m := range b.dls {
 		r.note("ingest dead letter %d", m.n)
 	}
-	ret := r.events.Add(1)
 	var superseded []*mMsg
 	var desc []string
-	for _, m := range batch {
+	for _, m := range b.msgs {
 		what := r.applyIngest(m, now, &superseded)
 		kind := "S"
 		if m.cancel {
@@ -786,6 +802,54 @@ func (r *modelRun) ingestBatch(maxOps int, focus []mKey) {
 		m.supersededAt = ret
 	}
 	r.note("ingest [%s]", strings.Join(desc, "; "))
+}
+
+// ingestParallel ingests batches from 2-3 goroutines at once, each on its
+// own keys (so the model's outcome does not depend on their interleaving),
+// without checkpoints (their keys are shared between ids).
+func (r *modelRun) ingestParallel() {
+	g := 2 + r.rng.IntN(2)
+	groups := make([][]mKey, g)
+	for i, k := range r.keys {
+		groups[i%g] = append(groups[i%g], k)
+	}
+	batches := make([][]builtBatch, g)
+	rets := make([][]int64, g)
+	for i := range g {
+		if len(groups[i]) == 0 {
+			continue
+		}
+		for range 1 + r.rng.IntN(4) {
+			batches[i] = append(batches[i], r.buildBatch(15, nil, groups[i], false))
+		}
+		rets[i] = make([]int64, len(batches[i]))
+	}
+	now := r.now()
+	errs := make([]error, g)
+	var wg sync.WaitGroup
+	for i := range g {
+		wg.Go(func() {
+			for j, b := range batches[i] {
+				if err := r.e.Ingest(context.Background(), b.tasks, nil); err != nil {
+					errs[i] = err
+					return
+				}
+				rets[i][j] = r.events.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			r.t.Fatalf("Ingest: %v", err)
+		}
+	}
+	r.cov["ingests in parallel"]++
+	for i := range g {
+		for j, b := range batches[i] {
+			r.applyBatch(b, now, rets[i][j])
+		}
+	}
 }
 
 func (r *modelRun) ingestStep() {
@@ -998,7 +1062,11 @@ func (r *modelRun) concurrentStep() {
 	n := 2 + r.rng.IntN(6)
 	r.note("concurrent: %d batches", n)
 	for range n {
-		r.ingestBatch(20, nil)
+		if r.rng.IntN(3) == 0 {
+			r.ingestParallel()
+		} else {
+			r.ingestBatch(20, nil)
+		}
 	}
 	r.newer = false
 	r.sink.setMode(sinkMode{})
