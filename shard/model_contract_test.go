@@ -374,7 +374,9 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			r.inFlightStep()
 		case x < 75:
 			r.concurrentStep()
-		case x < 80:
+		case x < 77:
+			r.lookupRaceStep()
+		case x < 81:
 			r.failPhase()
 		case x < 84:
 			r.restart()
@@ -1071,6 +1073,94 @@ func (r *modelRun) concurrentStep() {
 	r.newer = false
 	r.sink.setMode(sinkMode{})
 	r.settleAndCheck()
+}
+
+// lookupRaceStep looks up half of the ids from a goroutine, over and
+// over, while the other half takes ingests and the clock moves, every
+// publish failing as unavailable: nothing leaves the store and an outage
+// changes nothing a Lookup shows, so each lookup must show the model's
+// state of its id however the fire commits (retries moving task keys,
+// holds) interleave with it.
+func (r *modelRun) lookupRaceStep() {
+	r.sink.setMode(sinkMode{outage: 1})
+	var a, b []mKey
+	for i, k := range r.keys {
+		if i%2 == 0 {
+			a = append(a, k)
+		} else {
+			b = append(b, k)
+		}
+	}
+	if len(a) == 0 || len(b) == 0 {
+		r.sink.setMode(sinkMode{})
+		return
+	}
+	type want struct {
+		found    bool
+		origin   string
+		due      int64
+		attempts uint32
+		target   string
+	}
+	wants := make([]want, len(b))
+	for i, k := range b {
+		if en := r.state[k]; en != nil && !en.cancel {
+			m := en.msg
+			wants[i] = want{true, fmt.Sprintf("m%d", m.n), m.due, m.attempts, m.tr.String() + ":out"}
+		}
+	}
+	r.note("lookup race on %v", b)
+	stop := make(chan struct{})
+	var bad []string
+	var looks int
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for i, k := range b {
+				info, err := r.e.Lookup(k.src, k.id)
+				looks++
+				w := wants[i]
+				var got want
+				if err == nil {
+					got = want{true, info.Origin, info.Due.UnixMilli(), info.Attempts, info.Target}
+				} else if !errors.Is(err, ErrNotFound) {
+					bad = append(bad, fmt.Sprintf("%s/%s: %v", k.src, k.id, err))
+					continue
+				}
+				if got != w {
+					bad = append(bad, fmt.Sprintf("%s/%s: got %+v, want %+v", k.src, k.id, got, w))
+				}
+			}
+		}
+	})
+	for range 2 + r.rng.IntN(6) {
+		if r.rng.IntN(2) == 0 {
+			bb := r.buildBatch(15, nil, a, false)
+			now := r.now()
+			if err := r.e.Ingest(context.Background(), bb.tasks, nil); err != nil {
+				r.t.Fatalf("Ingest: %v", err)
+			}
+			r.applyBatch(bb, now, r.events.Add(1))
+		} else {
+			d := time.Duration(1+r.rng.IntN(120000)) * time.Millisecond
+			r.note("advance %v", d)
+			r.clk.Advance(d)
+		}
+		time.Sleep(time.Duration(r.rng.IntN(500)) * time.Microsecond) // let the lookups meet the fires
+	}
+	close(stop)
+	wg.Wait()
+	r.cov["lookups raced"] += looks
+	for _, s := range bad[:min(len(bad), 10)] {
+		r.t.Errorf("step %d: a Lookup racing the fire loops: %s", r.step, s)
+	}
+	r.settleAndCheck()
+	r.sink.setMode(sinkMode{})
 }
 
 // failPhase sets a random failure mode, moves the clock through a few
