@@ -15,11 +15,13 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/internal/clock"
+	"github.com/delaybridge/delaybridge/metrics"
 )
 
 // TestModelContract drives the engine with random long histories (a few
@@ -126,6 +128,9 @@ type mMsg struct {
 	mayDL codec.Code
 	// dlSeen: its dead letter was handed to the sink (so it exists).
 	dlSeen bool
+	// cancelled: superseded by a cancel (else by a replace);
+	// ghostAcked: delivered by an engine that then crashed.
+	cancelled, ghostAcked bool
 }
 
 // mEntry is the model's index entry of one (source, id).
@@ -137,6 +142,14 @@ type mEntry struct {
 }
 
 type mKey struct{ src, id string }
+
+// modelCounts is what the engine's counters should say.
+type modelCounts struct {
+	ingested map[string]int
+	dropped  map[[2]string]int  // source, why
+	fired    map[[2]string]int  // transport, kind
+	deadLtrd map[codec.Code]int // reason
+}
 
 type mDueKey struct {
 	k   mKey
@@ -316,6 +329,8 @@ type modelRun struct {
 	maxNow   int64      // the latest clock time before a step back
 	// cps is the last checkpoint offset ingested per key.
 	cps map[string]int64
+	// mc is what the metrics should say.
+	mc modelCounts
 	// cov counts the cases a run met, logged at its end.
 	cov map[string]int
 }
@@ -324,7 +339,8 @@ func runModel(t *testing.T, seed uint64, steps int) {
 	rng := rand.New(rand.NewPCG(seed, 0x6d6f64656c))
 	clk := clock.NewFake(t0)
 	r := &modelRun{t: t, rng: rng, clk: clk, state: map[mKey]*mEntry{},
-		offsets: map[string]int64{}, incs: map[string]uint32{}, stamp: ms(t0), lastSameDue: map[mDueKey]int{}, cov: map[string]int{}, cps: map[string]int64{}}
+		offsets: map[string]int64{}, incs: map[string]uint32{}, stamp: ms(t0), lastSameDue: map[mDueKey]int{}, cov: map[string]int{}, cps: map[string]int64{},
+		mc: modelCounts{ingested: map[string]int{}, dropped: map[[2]string]int{}, fired: map[[2]string]int{}, deadLtrd: map[codec.Code]int{}}}
 	r.sink = &modelSink{clk: clk, events: &r.events, seed: seed, tries: map[int]int{}, begun: map[*codec.Task]int64{}}
 	r.opts = Options{
 		Dir:             t.TempDir(),
@@ -337,6 +353,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		OutageMemory:    []int{-1, 2, 1000}[rng.IntN(3)],
 		Retry:           RetryPolicy{Initial: time.Second, Max: time.Minute, Multiplier: 2, Jitter: -1, MaxAttempts: mMaxAttempts},
 		LaneGrace:       laneGraceForTests(t),
+		Metrics:         metrics.New(nil), // one for every Open: the counters add up over restarts
 	}
 	if rng.IntN(3) == 0 {
 		r.opts.LaneGrace = time.Millisecond // lanes go stuck at the gate
@@ -414,6 +431,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 	if st.Pending != 0 {
 		r.t.Errorf("end: Stats.Pending %d, want 0", st.Pending)
 	}
+	r.checkCounts()
 	var sched, acked, superseded, dls, failed int
 	for _, m := range r.msgs {
 		if m.scheduled {
@@ -697,6 +715,13 @@ func (r *modelRun) applyIngest(m *mMsg, now int64, ret *[]*mMsg) string {
 		ex = nil
 	}
 	if ex != nil && !modelNewer(m.ord, ex.ord) {
+		if !m.cancel {
+			why := "older"
+			if ex.cancel {
+				why = "cancelled"
+			}
+			r.mc.dropped[[2]string{m.src, why}]++
+		}
 		switch {
 		case ex.cancel && !m.cancel:
 			r.cov["schedule dropped by a cancel marker"]++
@@ -712,6 +737,7 @@ func (r *modelRun) applyIngest(m *mMsg, now int64, ret *[]*mMsg) string {
 	}
 	if ex != nil && !ex.cancel {
 		*ret = append(*ret, ex.msg)
+		ex.msg.cancelled = m.cancel
 	}
 	if m.cancel {
 		r.state[k] = &mEntry{cancel: true, ord: m.ord, expiry: now + r.opts.CancelRetention.Milliseconds()}
@@ -783,6 +809,9 @@ func (r *modelRun) buildBatch(maxOps int, focus, from []mKey, withCps bool) buil
 // applyBatch applies an ingested batch to the model: ingested at now, its
 // Ingest returned before event ticket ret.
 func (r *modelRun) applyBatch(b builtBatch, now, ret int64) {
+	for _, t := range b.tasks {
+		r.mc.ingested[t.Source]++
+	}
 	for _, cp := range b.cpl {
 		r.cps[cp.Key] = cp.Offset
 	}
@@ -925,6 +954,7 @@ func (r *modelRun) adminCancel(k mKey) {
 		return
 	}
 	ex.msg.supersededAt = ret
+	ex.msg.cancelled = true
 	r.state[k] = &mEntry{cancel: true, ord: order{Stamp: max(now, ex.ord.Stamp), Partition: -1, Offset: -1}, expiry: now + r.opts.CancelRetention.Milliseconds()}
 }
 
@@ -1023,6 +1053,67 @@ func (r *modelRun) inFlightStep() {
 	r.settleAndCheck()
 }
 
+// countFired counts an acknowledged delivery as the engine's counters
+// should.
+func (r *modelRun) countFired(m *mMsg, rec mRecord) {
+	if rec.kind == codec.KindDeadLetter {
+		r.mc.fired[[2]string{m.tr.String(), "dlq"}]++
+		r.mc.deadLtrd[rec.code]++
+		return
+	}
+	r.mc.fired[[2]string{m.tr.String(), "task"}]++
+}
+
+// checkCounts compares the engine's counters with the model's (at the end,
+// everything delivered): ingested, dropped, fired, dead-lettered,
+// cancelled and replaced (a task superseded while being published counts
+// as fired if the broker took it, else as cancelled or replaced; one that
+// was dead-lettered before the superseding message was decided counts as
+// a dead letter only).
+func (r *modelRun) checkCounts() {
+	m := r.opts.Metrics
+	cancelled, replaced := map[string]int{}, map[string]int{}
+	for _, x := range r.msgs {
+		if x.supersededAt == 0 || x.acked > 0 || x.ghostAcked || x.mayDL != "" && x.dlSeen {
+			continue
+		}
+		if x.cancelled {
+			cancelled[x.src]++
+		} else {
+			replaced[x.src]++
+		}
+	}
+	for _, src := range []string{"a", "b", "c"} {
+		checks := []struct {
+			name      string
+			got, want float64
+		}{
+			{"ingested", testutil.ToFloat64(m.Ingested.WithLabelValues(src)), float64(r.mc.ingested[src])},
+			{"cancelled", testutil.ToFloat64(m.Cancelled.WithLabelValues(src)), float64(cancelled[src])},
+			{"replaced", testutil.ToFloat64(m.Replaced.WithLabelValues(src)), float64(replaced[src])},
+			{"dropped older", testutil.ToFloat64(m.Dropped.WithLabelValues(src, "older")), float64(r.mc.dropped[[2]string{src, "older"}])},
+			{"dropped cancelled", testutil.ToFloat64(m.Dropped.WithLabelValues(src, "cancelled")), float64(r.mc.dropped[[2]string{src, "cancelled"}])},
+		}
+		for _, c := range checks {
+			if c.got != c.want {
+				r.t.Errorf("end: source %s: %s counter %v, the model counts %v", src, c.name, c.got, c.want)
+			}
+		}
+	}
+	for _, tr := range []string{"kafka", "nats"} {
+		for _, kind := range []string{"task", "dlq"} {
+			if got, want := testutil.ToFloat64(m.Fired.WithLabelValues(tr, kind)), float64(r.mc.fired[[2]string{tr, kind}]); got != want {
+				r.t.Errorf("end: fired{%s, %s} counter %v, the model counts %v", tr, kind, got, want)
+			}
+		}
+	}
+	for _, code := range codec.Codes {
+		if got, want := testutil.ToFloat64(m.DeadLettered.WithLabelValues(string(code))), float64(r.mc.deadLtrd[code]); got != want {
+			r.t.Errorf("end: dead_lettered{%s} counter %v, the model counts %v", code, got, want)
+		}
+	}
+}
+
 // observeGhost checks a delivery of an engine that crashed while it was
 // under way: it happened, but leaves the model as it was.
 func (r *modelRun) observeGhost(rec mRecord) {
@@ -1032,6 +1123,12 @@ func (r *modelRun) observeGhost(rec mRecord) {
 	}
 	m := r.msgs[rec.n]
 	r.note("  ghost deliver %v %d (%s/%s) ticket %d: %v", rec.kind, m.n, m.src, m.id, rec.ticket, rec.err)
+	if rec.err == nil {
+		r.countFired(m, rec)
+		if rec.kind != codec.KindDeadLetter {
+			m.ghostAcked = true
+		}
+	}
 	if rec.kind == codec.KindDeadLetter {
 		if m.wantDL == "" && m.mayDL == "" {
 			r.t.Errorf("step %d: dead letter %s of msg %d, which the model did not dead-letter", r.step, rec.code, m.n)
@@ -1280,6 +1377,9 @@ func (r *modelRun) observe(rec mRecord) {
 			r.t.Errorf("step %d: dead letter of msg %d has code %s, want %s", r.step, m.n, rec.code, m.wantDL)
 		}
 		m.dlDelivered = m.dlDelivered || rec.err == nil
+		if rec.err == nil {
+			r.countFired(m, rec)
+		}
 		return
 	}
 	if !m.scheduled || m.cancel {
@@ -1313,6 +1413,7 @@ func (r *modelRun) observe(rec mRecord) {
 	var rejected *RejectedError
 	switch {
 	case rec.err == nil:
+		r.countFired(m, rec)
 		m.done = true
 		m.acked++
 		// Same due, same id: delivered in ingest order (README "What the
