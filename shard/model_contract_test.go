@@ -49,7 +49,7 @@ import (
 // DELAYBRIDGE_MODEL_SEED replays one seed; DELAYBRIDGE_LONG=1 runs more
 // and longer histories.
 func TestModelContract(t *testing.T) {
-	seeds, steps := []uint64{uint64(time.Now().UnixNano())}, 120
+	seeds, steps := []uint64{uint64(time.Now().UnixNano())}, 200
 	if longTests() {
 		seeds, steps = nil, 1500
 		base := uint64(time.Now().UnixNano())
@@ -76,15 +76,6 @@ func TestModelContract(t *testing.T) {
 			t.Logf("seed %d (DELAYBRIDGE_MODEL_SEED=%d replays it), %d steps", seed, seed, steps)
 			runModel(t, seed, steps)
 		})
-	}
-}
-
-// modelRegressionSeeds are seeds that once found an engine bug.
-var modelRegressionSeeds = []uint64{}
-
-func TestModelContractRegressions(t *testing.T) {
-	for _, seed := range modelRegressionSeeds {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { runModel(t, seed, 120) })
 	}
 }
 
