@@ -320,6 +320,8 @@ type modelRun struct {
 	maxNow   int64      // the latest clock time before a step back
 	// cps is the last checkpoint offset ingested per key.
 	cps map[string]int64
+	// awaits: dead letters a source waits for (IngestAwait).
+	awaits []mAwait
 	// mc is what the metrics should say.
 	mc modelCounts
 	// cov counts the cases a run met, logged at its end.
@@ -463,6 +465,7 @@ func (r *modelRun) now() int64 { return r.clk.Now().UnixMilli() }
 
 func (r *modelRun) open() {
 	r.t.Helper()
+	r.awaits = nil // a restarted source ingests its batch again
 	if r.rng.IntN(3) == 0 {
 		// A restart with another config: the horizon, the fire batch and
 		// the cancel retention of new markers may change.
@@ -750,10 +753,56 @@ func (r *modelRun) applyIngest(m *mMsg, now int64, ret *[]*mMsg) string {
 func (r *modelRun) ingestBatch(maxOps int, focus []mKey) {
 	b := r.buildBatch(maxOps, focus, r.keys, true)
 	now := r.now()
-	if err := r.e.Ingest(context.Background(), b.tasks, b.cpl); err != nil {
+	if len(b.dls) > 0 && len(b.cpl) > 0 {
+		// As a source does: it commits once the DLQ took the batch's
+		// dead letters (CONTRACT §3).
+		dls, err := r.e.IngestAwait(context.Background(), b.tasks, b.cpl)
+		if err != nil {
+			r.t.Fatalf("IngestAwait: %v", err)
+		}
+		if dls.Len() != len(b.dls) {
+			r.t.Errorf("step %d: IngestAwait of %d dead letters awaits %d", r.step, len(b.dls), dls.Len())
+		}
+		r.awaits = append(r.awaits, mAwait{dls, b.dls})
+	} else if err := r.e.Ingest(context.Background(), b.tasks, b.cpl); err != nil {
 		r.t.Fatalf("Ingest: %v", err)
 	}
 	r.applyBatch(b, now, r.events.Add(1))
+}
+
+// mAwait is a batch's dead letters a source waits for.
+type mAwait struct {
+	dls  *DeadLetters
+	msgs []*mMsg
+}
+
+// checkAwaits checks that every DeadLetters done has its dead letters
+// acknowledged by their DLQ; with all set, that every one is done.
+func (r *modelRun) checkAwaits(all bool) {
+	var left []mAwait
+	for _, a := range r.awaits {
+		done := false
+		select {
+		case <-a.dls.done:
+			done = true
+		default:
+		}
+		for _, m := range a.msgs {
+			if done && !m.dlDelivered {
+				r.t.Errorf("step %d: DeadLetters.Wait returns before the DLQ took dead letter %d", r.step, m.n)
+			}
+			if all && !done && !m.dlDelivered {
+				r.t.Errorf("step %d: dead letter %d not delivered after a drain", r.step, m.n)
+			}
+		}
+		if all && !done {
+			r.t.Errorf("step %d: DeadLetters.Wait not done after a drain", r.step)
+		}
+		if !done {
+			left = append(left, a)
+		}
+	}
+	r.awaits = left
 }
 
 // builtBatch is a batch to ingest and the model's messages of it.
@@ -1314,6 +1363,7 @@ func (r *modelRun) drain() {
 			r.t.Errorf("step %d: after a drain the dead letter %s of msg %d is not delivered", r.step, m.wantDL, m.n)
 		}
 	}
+	r.checkAwaits(true)
 	if st := r.e.Stats(); !st.OldestOverdue.IsZero() {
 		r.t.Errorf("step %d: after a drain Stats.OldestOverdue = %v", r.step, st.OldestOverdue)
 	}
@@ -1335,6 +1385,7 @@ func (r *modelRun) settleAndCheck() {
 	for _, rec := range recs {
 		r.observe(rec)
 	}
+	r.checkAwaits(false)
 	r.checkState()
 }
 
