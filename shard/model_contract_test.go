@@ -1273,6 +1273,7 @@ func (r *modelRun) crashIngestStep() {
 	r.mem = clone
 	r.opts.FS = clone
 	ghosts := r.sink.take()
+	retention := r.opts.CancelRetention // the crashed engine's, which wrote the markers
 	r.open()
 	stored := 0
 	for j, key := range keys {
@@ -1294,6 +1295,9 @@ func (r *modelRun) crashIngestStep() {
 		r.cov["batch stored by a crash before its Ingest returned"]++
 	}
 	lost := map[int]bool{}
+	reopened := r.opts.CancelRetention
+	r.opts.CancelRetention = retention
+	defer func() { r.opts.CancelRetention = reopened }()
 	for j, b := range batches {
 		if j < stored {
 			ret := rets[j]
