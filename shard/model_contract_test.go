@@ -25,30 +25,45 @@ import (
 	"github.com/delaybridge/delaybridge/metrics"
 )
 
-// TestModelContract drives the engine with random long histories (a few
-// sources, a small id space, random stamps, partitions and dues, admin
-// cancels, clock jumps, restarts, sink failure phases and publishes held in
-// flight while replaces and cancels arrive) and checks every outcome
-// against an independent model of CONTRACT §1-§4 and README "Publishing a
-// delayed message":
-//   - per (source, id) one entry: the pending schedule or a cancel marker;
-//     a message replaces it when order.newerThan says so (same log: later
-//     offset; else later stamp, a tie keeps what is held); a marker lives
-//     CancelRetention, then is forgotten; a delivered or dead-lettered
-//     task's id is free again;
-//   - nothing is delivered before its due by the injected clock, nor after
-//     an Ingest or Cancel that superseded it returned (unless the sink was
-//     called for it before), nor twice once acknowledged (the engine is
-//     closed cleanly, never killed, so nothing is redelivered);
-//   - transient failures count attempts and end publish-failed after
-//     Retry.MaxAttempts, a RejectedError at once, ErrUnavailable never;
-//   - whenever it settles: Lookup, Stats.Pending agree with the model, and
-//     (no outage since the last drain) every task due by now that never
-//     failed was delivered;
-//   - at the end everything was delivered or superseded.
+// TestModelContract drives the engine with random long histories and
+// checks every outcome against an independent model of CONTRACT §1-§4,
+// README "Publishing a delayed message" and docs/design.md. A history has
+// a few sources and a small id space (replaces, cancels and cancels before
+// their schedule collide often), random stamps, partitions, offsets and
+// re-created logs, dues in the past, now, near, beyond a small horizon, up
+// to codec.MaxDue and in same-due groups, ingest-time dead letters and
+// checkpoints; admin cancels; clock moves of a millisecond to days and
+// steps back; restarts (with another horizon, fire batch or cancel
+// retention), crashes on a crashable MemFS at settled points, while
+// publishes hang and while a goroutine ingests; sink failure phases
+// (transient, outage of one transport or both, rejected; dead letters
+// failing too); publishes held at a gate while replaces and cancels of
+// them arrive; batches ingested back to back and from several goroutines
+// while their due tasks are published; lookups racing the fire loops.
 //
-// DELAYBRIDGE_MODEL_SEED replays one seed; DELAYBRIDGE_LONG=1 runs more
-// and longer histories.
+// The model keeps per (source, id) the pending schedule or a cancel
+// marker: a message supersedes it when it is later (same log: later
+// offset; else later stamp, a tie keeps what is held; modelNewer, not
+// order.newerThan), a marker lives the cancel retention, and a delivered
+// or dead-lettered task's id is free again. Checked at every step: no
+// first publish before the due by the injected clock; none begun after an
+// Ingest or Cancel that superseded it returned (where the engine begins
+// it: testHookBeginPublish); nothing acknowledged delivered again but what
+// a crash had in flight; tries charge attempts and end publish-failed
+// after Retry.MaxAttempts, a RejectedError at once, an outage never;
+// same id and due delivered in ingest order; DeadLetters.Wait done only
+// once the DLQ took its dead letters. Whenever the engine settles: Lookup
+// (due, attempts, origin, target, next fire), Stats (pending, held, next
+// due, oldest overdue) and Engine.Cancel agree with the model, and every
+// task due that never failed was delivered (unless an outage may hold it
+// back); after a drain, everything due was; after a crash, every batch
+// whose Ingest returned is kept, and the checkpoints. At the end the
+// counters (ingested, dropped, fired, dead_lettered, cancelled, replaced)
+// match.
+//
+// Short form: one seed of 200 steps. DELAYBRIDGE_LONG=1: six seeds of 1500.
+// DELAYBRIDGE_MODEL_SEED (and DELAYBRIDGE_MODEL_STEPS) replay a seed's
+// choices; the interleavings of the concurrent steps are the machine's.
 func TestModelContract(t *testing.T) {
 	seeds, steps := []uint64{uint64(time.Now().UnixNano())}, 200
 	if longTests() {
@@ -74,7 +89,7 @@ func TestModelContract(t *testing.T) {
 	}
 	for _, seed := range seeds {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			t.Logf("seed %d (DELAYBRIDGE_MODEL_SEED=%d replays it), %d steps", seed, seed, steps)
+			t.Logf("seed %d, %d steps (DELAYBRIDGE_MODEL_SEED=%d DELAYBRIDGE_MODEL_STEPS=%d replays its choices)", seed, steps, seed, steps)
 			runModel(t, seed, steps)
 		})
 	}
