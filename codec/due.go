@@ -455,8 +455,10 @@ func overflowDelay(s string) error {
 	return &delayError{msg: short(s) + " overflows", overflow: true}
 }
 
-// isOverflow reports whether err is overflowDelay's.
+// isOverflow reports whether err, as delayMs returns it, is
+// overflowDelay's. A type assertion, not errors.As, which would allocate
+// on every refused delay-after.
 func isOverflow(err error) bool {
-	var de *delayError
-	return errors.As(err, &de) && de.overflow
+	de, ok := err.(*delayError)
+	return ok && de.overflow
 }
