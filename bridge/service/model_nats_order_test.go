@@ -591,18 +591,7 @@ func (m *natsModel) round(r, ops int, drain bool) {
 		m.e.advance(m.svc, d, 2*time.Second)
 	}
 	end = m.now()
-	eventually(t, "every task due delivered", func() bool {
-		l, err := m.svc.Engine().ListTasks(nmStream, shard.ListQuery{Limit: shard.MaxListLimit})
-		if err != nil || l.Next != "" {
-			return false
-		}
-		for _, ti := range l.Tasks {
-			if ti.Due.UnixMilli() <= end {
-				return false
-			}
-		}
-		return true
-	})
+	waitNoneDue(t, m.svc, nmStream, end)
 	m.readAll()
 	m.check(r, msgs, now, end)
 }

@@ -544,9 +544,18 @@ func (m *orderModel) round(r, ops int, drain bool) {
 		m.e.advance(m.svc, d, 2*time.Second)
 	}
 	end = m.now()
-	// A task leaves the store once the target acknowledged it (§4).
+	waitNoneDue(t, m.svc, kafkaDelay, end)
+	m.readAll()
+	m.check(r, msgs, now, end)
+}
+
+// waitNoneDue waits until source holds no task due at or before end: a
+// task leaves the store once its target acknowledged it (§4), so every
+// one due by then was delivered (or dead-lettered).
+func waitNoneDue(t *testing.T, svc *Service, source string, end int64) {
+	t.Helper()
 	eventually(t, "every task due delivered", func() bool {
-		l, err := m.svc.Engine().ListTasks(kafkaDelay, shard.ListQuery{Limit: shard.MaxListLimit})
+		l, err := svc.Engine().ListTasks(source, shard.ListQuery{Limit: shard.MaxListLimit})
 		if err != nil || l.Next != "" {
 			return false
 		}
@@ -557,8 +566,6 @@ func (m *orderModel) round(r, ops int, drain bool) {
 		}
 		return true
 	})
-	m.readAll()
-	m.check(r, msgs, now, end)
 }
 
 // readAll waits until the test's consumer has read as many records from
