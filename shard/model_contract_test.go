@@ -521,6 +521,19 @@ func (r *modelRun) close() {
 
 // crashClone is the MemFS as a crash now could leave it: what was synced,
 // and some of what was not.
+// crashTo ends the engine as a kill -9 would have left clone (taken by
+// crashClone): the engine stops without a flush and the next open reads
+// clone.
+func (r *modelRun) crashTo(clone *vfs.MemFS) {
+	r.stopRun()
+	if err := r.e.CloseNoFlush(); err != nil {
+		r.t.Errorf("Close: %v", err)
+	}
+	r.e = nil
+	r.mem = clone
+	r.opts.FS = clone
+}
+
 func (r *modelRun) crashClone() *vfs.MemFS {
 	cfg := vfs.CrashCloneCfg{}
 	if r.rng.IntN(2) == 0 {
@@ -1095,13 +1108,7 @@ func (r *modelRun) inFlightStep() {
 		// may be delivered again, nothing acknowledged is lost).
 		r.note("crash while publishing")
 		clone := r.crashClone()
-		r.stopRun()
-		if err := r.e.CloseNoFlush(); err != nil {
-			r.t.Errorf("Close: %v", err)
-		}
-		r.e = nil
-		r.mem = clone
-		r.opts.FS = clone
+		r.crashTo(clone)
 		recs := r.sink.take()
 		sort.SliceStable(recs, func(i, j int) bool { return recs[i].ticket < recs[j].ticket })
 		for _, rec := range recs {
@@ -1280,13 +1287,7 @@ func (r *modelRun) crashIngestStep() {
 	stop.Store(true)
 	wg.Wait()
 	r.note("crash while ingesting: %d of %d batches returned before it", before, n)
-	r.stopRun()
-	if err := r.e.CloseNoFlush(); err != nil {
-		r.t.Errorf("Close: %v", err)
-	}
-	r.e = nil
-	r.mem = clone
-	r.opts.FS = clone
+	r.crashTo(clone)
 	ghosts := r.sink.take()
 	retention := r.opts.CancelRetention // the crashed engine's, which wrote the markers
 	r.open()
