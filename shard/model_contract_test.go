@@ -561,14 +561,8 @@ func (r *modelRun) restart() {
 	r.t.Helper()
 	if r.mem != nil && r.rng.IntN(2) == 0 {
 		r.note("crash restart")
-		r.stopRun()
-		clone := r.crashClone()
-		if err := r.e.CloseNoFlush(); err != nil {
-			r.t.Errorf("Close: %v", err)
-		}
-		r.e = nil
-		r.mem = clone
-		r.opts.FS = clone
+		r.stopRun() // settled: the clone is taken with nothing running
+		r.crashTo(r.crashClone())
 	} else {
 		r.note("restart")
 		r.close()
