@@ -13,8 +13,9 @@ import (
 // name on transport t. An empty allow list denies everything.
 //
 // Pattern syntax. A pattern may start with "kafka:" or "nats:" (in any
-// ASCII case, as a delay-target's prefix) to apply to that transport only; without a prefix it applies to both. The rest is
-// matched against the name token by token, tokens being separated by dots
+// ASCII case, as a delay-target's prefix) to apply to that transport only;
+// without a prefix it applies to both. The rest is matched against the
+// name token by token, tokens being separated by dots
 // (NATS subjects, and the usual Kafka naming "orders.eu.created"):
 //
 //   - "*" or ">" as the whole name pattern matches any name ("*" alone
