@@ -167,25 +167,23 @@ func Parse(m *Message, r *Rules) Task {
 	case hasAfter:
 		v := bytes.TrimSpace(after)
 		d, ok := fastDelayMs(v)
+		var err error
 		if !ok {
-			var err error
-			if d, err = delayMs(string(v)); err != nil {
-				if isOverflow(err) && r.MaxDelay > 0 {
-					// Well formed, and longer than any max_delay: say
-					// that, not that the due time cannot be written.
-					return p.deadLetter(CodeDelayTooLong, "delay-after "+short(string(v))+" is more than max_delay "+FormatDelay(r.MaxDelay))
-				}
-				return p.deadLetter(CodeBadDue, "delay-after "+err.Error())
-			}
+			d, err = delayMs(string(v))
 		}
-		ms, ok := addMs(p.stamp, d)
-		if (!ok || ms > MaxDue) && r.MaxDelay > 0 && d > r.MaxDelay.Milliseconds() {
-			// Past year 9999 because the delay is too long (not because
-			// the message time is): delay-too-long, as a shorter delay
-			// over max_delay would be.
+		ms, inRange := addMs(p.stamp, d)
+		// A well-formed delay too long for any due before year 10000 (not
+		// a message time that far ahead) is a delay over max_delay, as a
+		// shorter one would be: say that, not that the due cannot be
+		// written.
+		if r.MaxDelay > 0 && (isOverflow(err) ||
+			err == nil && (!inRange || ms > MaxDue) && d > r.MaxDelay.Milliseconds()) {
 			return p.deadLetter(CodeDelayTooLong, "delay-after "+short(string(v))+" is more than max_delay "+FormatDelay(r.MaxDelay))
 		}
-		if !ok {
+		if err != nil {
+			return p.deadLetter(CodeBadDue, "delay-after "+err.Error())
+		}
+		if !inRange {
 			return p.deadLetter(CodeBadDue, "delay-after "+short(string(after))+" overflows the due time")
 		}
 		due = ms
