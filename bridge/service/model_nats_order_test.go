@@ -581,17 +581,10 @@ func (m *natsModel) round(r, ops int, drain bool) {
 			end = msg.dueHi // not within a due's bounds: it came due or not
 		}
 	}
-	if d := time.Duration(end-now) * time.Millisecond; d > 0 && m.rng.IntN(4) == 0 {
-		// A restart while tasks come due.
-		m.e.advance(m.svc, d/2, 2*time.Second)
+	end = passDues(t, m.e, m.rng, func() *Service { return m.svc }, func() {
 		m.stopBridge()
 		m.startBridge()
-		m.e.advance(m.svc, d-d/2, 2*time.Second)
-	} else if d > 0 {
-		m.e.advance(m.svc, d, 2*time.Second)
-	}
-	end = m.now()
-	waitNoneDue(t, m.svc, nmStream, end)
+	}, nmStream, now, end)
 	m.readAll()
 	m.check(r, msgs, now, end)
 }

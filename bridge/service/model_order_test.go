@@ -532,21 +532,32 @@ func (m *orderModel) round(r, ops int, drain bool) {
 	if m.rng.IntN(2) == 0 {
 		end += int64(m.rng.IntN(40_000)) // idle time: cancels are forgotten
 	}
-	if d := time.Duration(end-now) * time.Millisecond; d > 0 && m.rng.IntN(4) == 0 {
-		// A restart while tasks come due: the next bridge finds them
-		// overdue in its store.
-		m.e.advance(m.svc, d/2, 2*time.Second)
+	end = passDues(t, m.e, m.rng, func() *Service { return m.svc }, func() {
 		m.stop()
 		m.restarts++
 		m.startBridge()
-		m.e.advance(m.svc, d-d/2, 2*time.Second)
-	} else if d > 0 {
-		m.e.advance(m.svc, d, 2*time.Second)
-	}
-	end = m.now()
-	waitNoneDue(t, m.svc, kafkaDelay, end)
+	}, kafkaDelay, now, end)
 	m.readAll()
 	m.check(r, msgs, now, end)
+}
+
+// passDues moves the clock from now to end, in a quarter of the rounds
+// with a restart of the bridge halfway (restart; the next bridge finds the
+// tasks that came due meanwhile overdue in its store), and waits until
+// source holds no task due by the clock then, which it returns. svc is
+// the running bridge's service (a restart replaces it).
+func passDues(t *testing.T, e *env, rng *rand.Rand, svc func() *Service, restart func(), source string, now, end int64) int64 {
+	t.Helper()
+	if d := time.Duration(end-now) * time.Millisecond; d > 0 && rng.IntN(4) == 0 {
+		e.advance(svc(), d/2, 2*time.Second)
+		restart()
+		e.advance(svc(), d-d/2, 2*time.Second)
+	} else if d > 0 {
+		e.advance(svc(), d, 2*time.Second)
+	}
+	end = e.clk.Now().UnixMilli()
+	waitNoneDue(t, svc(), source, end)
+	return end
 }
 
 // waitNoneDue waits until source holds no task due at or before end: a
