@@ -136,20 +136,15 @@ func (m *nmMsg) String() string {
 }
 
 type natsModel struct {
-	t       *testing.T
-	e       *env
-	rng     *rand.Rand
-	js      jetstream.JetStream
-	svc     *Service
-	stop    func()
-	down    bool
-	lastSeq uint64
-	msgIDAt map[string]int64 // per Nats-Msg-Id: when the last message with it was stored, at the latest
-	// dues holds, per id, the due bounds of its schedules so far: two
-	// deliveries of one id with one due carry one Nats-Msg-Id
-	// (DELAY|id|due), and the ORDERS stream would drop the second within
-	// its 2 min duplicate window, which the model does not expect.
-	dues      map[string][][2]int64
+	t         *testing.T
+	e         *env
+	rng       *rand.Rand
+	js        jetstream.JetStream
+	svc       *Service
+	stop      func()
+	down      bool
+	lastSeq   uint64
+	msgIDAt   map[string]int64     // per Nats-Msg-Id: when the last message with it was stored, at the latest
 	states    map[string][]moState // per id: the states the history so far allows
 	msgs      []*nmMsg             // every message stored, in stream order
 	byValue   map[string]*nmMsg
@@ -173,7 +168,7 @@ func newNATSModel(t *testing.T, seed uint64) *natsModel {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	secs := 15 + rng.IntN(45)
 	m := &natsModel{t: t, e: newEnv(t, fmt.Sprintf("cancel_retention: %ds\n", secs)), rng: rng, retention: int64(secs) * 1000,
-		msgIDAt: map[string]int64{}, dues: map[string][][2]int64{}, states: map[string][]moState{}, byValue: map[string]*nmMsg{}, delivered: map[string]bool{}}
+		msgIDAt: map[string]int64{}, states: map[string][]moState{}, byValue: map[string]*nmMsg{}, delivered: map[string]bool{}}
 	for i := range moIDs {
 		m.states["id"+strconv.Itoa(i)] = []moState{{}}
 	}
@@ -274,14 +269,17 @@ func (m *natsModel) dueHeader(msg *nmMsg) (codec.Header, int64) {
 	default:
 		msg.due = now + 5000 + int64(m.rng.IntN(25_000))
 	}
-	// A second apart from every due this id had, so that no two of its
-	// deliveries share a Nats-Msg-Id (see dues); a delay-after's due
-	// lies within its publish's round trip of the intended one.
+	// A second apart from every due of this id's schedules so far: two
+	// deliveries of one id with one due carry one Nats-Msg-Id
+	// (DELAY|id|due), and the ORDERS stream would drop the second within
+	// its 2 min duplicate window, which the model does not expect. A
+	// delay-after's due lies within its publish's round trip of the
+	// intended one.
 	for clash := true; clash && msg.id != ""; {
 		clash = false
-		for _, d := range m.dues[msg.id] {
-			if msg.due > d[0]-1000 && msg.due < d[1]+1000 {
-				msg.due, clash = d[1]+1000, true
+		for _, o := range m.msgs {
+			if o.kind == moSchedule && o.id == msg.id && msg.due > o.due-1000 && msg.due < o.dueHi+1000 {
+				msg.due, clash = o.dueHi+1000, true
 			}
 		}
 	}
@@ -419,9 +417,6 @@ func (m *natsModel) stored(msg *nmMsg, seq uint64, lo, hi, after int64) *nmMsg {
 		msg.due, msg.dueHi = lo+after, hi+after
 	}
 	msg.pastDue = (msg.kind == moSchedule || msg.kind == moAnon) && msg.due <= m.now()
-	if msg.kind == moSchedule && msg.id != "" {
-		m.dues[msg.id] = append(m.dues[msg.id], [2]int64{msg.due, msg.dueHi})
-	}
 	m.nmsgs++
 	m.msgs = append(m.msgs, msg)
 	if msg.value != "" {
