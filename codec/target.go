@@ -44,16 +44,29 @@ func ParseTarget(s string, own Transport) (Transport, string, error) {
 // case, off s, as ParseTarget reads one: ok is false when s has neither
 // (targets.allow patterns use it, so that they read prefixes as targets do).
 func CutTransportPrefix(s string) (t Transport, rest string, ok bool) {
-	before, after, found := strings.Cut(s, ":")
-	switch {
-	case !found:
-		return 0, s, false
-	case foldASCII(before, "kafka"):
-		return TransportKafka, after, true
-	case foldASCII(before, "nats"):
-		return TransportNATS, after, true
+	if t, i := transportPrefix(s); t != 0 {
+		return t, s[i+1:], true
 	}
 	return 0, s, false
+}
+
+// transportPrefix reads the text before s's first ':' as a transport
+// prefix: i is that colon's index (-1: none), t the transport the prefix
+// names (0: none, also for an unknown prefix).
+func transportPrefix[S ~string | ~[]byte](s S) (t Transport, i int) {
+	for i := 0; i < len(s); i++ {
+		if s[i] != ':' {
+			continue
+		}
+		switch {
+		case foldASCII(s[:i], "kafka"):
+			return TransportKafka, i
+		case foldASCII(s[:i], "nats"):
+			return TransportNATS, i
+		}
+		return 0, i
+	}
+	return 0, -1
 }
 
 // foldASCII reports whether s is lower, a lower-case ASCII word, in any
@@ -77,20 +90,10 @@ func foldASCII[S ~string | ~[]byte](s S, lower string) bool {
 func parseTarget[S ~string | ~[]byte](s S, own Transport) (Transport, S, error) {
 	var zero S
 	t, name := own, s
-	for i := 0; i < len(s); i++ {
-		if s[i] != ':' {
-			continue
-		}
-		switch {
-		case foldASCII(s[:i], "kafka"):
-			t = TransportKafka
-		case foldASCII(s[:i], "nats"):
-			t = TransportNATS
-		default:
-			return 0, zero, &targetError{fmt.Sprintf("%s: unknown transport prefix %s (want kafka: or nats:)", short(string(s)), short(string(s[:i])))}
-		}
-		name = s[i+1:]
-		break
+	if pt, i := transportPrefix(s); pt != 0 {
+		t, name = pt, s[i+1:]
+	} else if i >= 0 {
+		return 0, zero, &targetError{fmt.Sprintf("%s: unknown transport prefix %s (want kafka: or nats:)", short(string(s)), short(string(s[:i])))}
 	}
 	if len(name) >= 2 && name[0] == '/' && name[1] == '/' {
 		// "nats://orders.x" is a URL written where a target goes. Kafka
