@@ -58,9 +58,14 @@ type Metrics struct {
 	SourceFetchMemoryLimit prometheus.Gauge
 	SourceFetchMemoryWaits prometheus.Counter
 	Ready                  prometheus.Gauge
-	// FiringPaused is 1 while the fire loops wait for the sources to read
-	// their backlog at start (catch_up_wait): due tasks wait meanwhile.
+	// FiringPaused is 1 while firing is paused: the fire loops wait for the
+	// sources to read their backlog at start (catch_up_wait), or an
+	// operator paused firing (FiringPausedByOperator). Due tasks wait
+	// meanwhile.
 	FiringPaused prometheus.Gauge
+	// FiringPausedByOperator is 1 while an operator's pause holds firing
+	// (admin POST /v1/firing/pause), kept across restarts until resumed.
+	FiringPausedByOperator prometheus.Gauge
 
 	// StuckDropped counts the stuck entries an operator removed from the
 	// store (admin DELETE /v1/stuck/...), by their state then: held or
@@ -170,7 +175,10 @@ func New(r prometheus.Registerer) *Metrics {
 			Name: "delaybridge_ready", Help: "1 when the bridge is ready (recovered, store and sources healthy).",
 		}),
 		FiringPaused: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "delaybridge_firing_paused", Help: "1 while firing waits for the sources to read what they held at start (at most catch_up_wait), so a cancel or replace in that backlog stops the task it names before it fires; due tasks wait meanwhile.",
+			Name: "delaybridge_firing_paused", Help: "1 while firing is paused: at start while the sources read what they held (at most catch_up_wait), so a cancel or replace in that backlog stops the task it names before it fires, or by an operator (delaybridge_firing_paused_by_operator); due tasks wait meanwhile.",
+		}),
+		FiringPausedByOperator: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "delaybridge_firing_paused_by_operator", Help: "1 while an operator's pause holds firing (admin POST /v1/firing/pause, kept in the store across restarts until POST /v1/firing/resume); due tasks wait meanwhile.",
 		}),
 		StoreDisk: newStoreDiskCollector(),
 	}
@@ -187,7 +195,7 @@ func New(r prometheus.Registerer) *Metrics {
 		r.MustRegister(m.Ingested, m.Fired, m.DeadLettered, m.DeadLettersParked, m.DeadLettersParkedNow, m.DeadLettersFailing, m.StuckDropped, m.Undecodable, m.Cancelled, m.Replaced, m.Dropped,
 			m.Pending, m.InWheel, m.Held, m.FireLateness, m.Overdue, m.StoreCommit, m.StoreErrors,
 			m.PublishRetries, m.PublishSeconds, m.BestEffort, m.SourceErrors, m.SourceLag, m.SourceUnstable, m.SourceStableStalled,
-			m.SourceFetchMemory, m.SourceFetchMemoryLimit, m.SourceFetchMemoryWaits, m.Ready, m.FiringPaused, m.StoreDisk)
+			m.SourceFetchMemory, m.SourceFetchMemoryLimit, m.SourceFetchMemoryWaits, m.Ready, m.FiringPaused, m.FiringPausedByOperator, m.StoreDisk)
 	}
 	return m
 }

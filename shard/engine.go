@@ -95,8 +95,13 @@ type Engine struct {
 	ingestMu sync.Mutex
 	cpOwner  map[string]*commitTicket // last writer of each checkpoint key; under ingestMu
 
-	// paused: firing paused (PauseFiring, pause.go).
-	paused atomic.Bool
+	// paused: firing paused, for either reason (pause.go): the catch-up at
+	// start (PauseFiring) or an operator (PauseFiringByOperator). pauseMu
+	// orders the changes of the two and the operator's pause record.
+	paused        atomic.Bool
+	pauseMu       sync.Mutex
+	catchUpPaused bool           // under pauseMu
+	opPause       *OperatorPause // under pauseMu; nil: none
 
 	// outages: the target groups in an outage, whose waiting tasks go
 	// at once when one of them is delivered (recover.go).
@@ -517,6 +522,9 @@ func (e *Engine) recover() error {
 		}
 	} else if err := safeCall(func() error { return e.db.Set(shardsKey, []byte{byte(n >> 8), byte(n)}, pebble.Sync) }); err != nil {
 		return fmt.Errorf("shard: recover: write shard count: %w", err)
+	}
+	if err := e.loadOperatorPause(); err != nil {
+		return err
 	}
 	seq, _, err := getU64(e.db, seqKey)
 	if err != nil {
@@ -1827,6 +1835,11 @@ func (e *Engine) close(flush bool) error {
 	if e.paused.Load() {
 		e.m.FiringPaused.Set(0)
 	}
+	e.pauseMu.Lock()
+	if e.opPause != nil {
+		e.m.FiringPausedByOperator.Set(0)
+	}
+	e.pauseMu.Unlock()
 	var errs []error
 	if flush && e.failed() == nil {
 		// Pebble treats a store directory gone from under it as fatal

@@ -3,8 +3,18 @@ package shard
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
 	"slices"
+	"time"
+	"unicode"
+	"unicode/utf8"
 
+	"github.com/cockroachdb/pebble/v2"
+	"go.uber.org/zap"
+
+	"github.com/delaybridge/delaybridge/codec"
 	"github.com/delaybridge/delaybridge/internal/clock"
 )
 
@@ -28,16 +38,36 @@ import (
 // AwaitStored). Tasks that come due meanwhile wait in memory, and fire
 // first, in due order, when firing resumes; a cancel or replace ingested
 // meanwhile stops them. Meant for the start of a run, before the sources
-// have read their backlog.
+// have read their backlog. It is independent of an operator's pause
+// (PauseFiringByOperator): firing resumes when neither holds it.
 func (e *Engine) PauseFiring() {
-	if !e.paused.Swap(true) {
-		e.m.FiringPaused.Set(1)
-	}
+	e.pauseMu.Lock()
+	defer e.pauseMu.Unlock()
+	e.catchUpPaused = true
+	e.setPausedLocked()
 }
 
 // ResumeFiring ends a pause of PauseFiring; without one it does nothing.
+// An operator's pause (PauseFiringByOperator) still holds firing.
 func (e *Engine) ResumeFiring() {
-	if !e.paused.Swap(false) {
+	e.pauseMu.Lock()
+	defer e.pauseMu.Unlock()
+	e.catchUpPaused = false
+	e.setPausedLocked()
+}
+
+// FiringPaused reports whether firing is paused, for either reason.
+func (e *Engine) FiringPaused() bool { return e.paused.Load() }
+
+// setPausedLocked makes e.paused say whether either reason holds firing,
+// and wakes the fire loops when it ends.
+func (e *Engine) setPausedLocked() {
+	want := e.catchUpPaused || e.opPause != nil
+	if e.paused.Swap(want) == want {
+		return
+	}
+	if want {
+		e.m.FiringPaused.Set(1)
 		return
 	}
 	e.m.FiringPaused.Set(0)
@@ -49,8 +79,194 @@ func (e *Engine) ResumeFiring() {
 	}
 }
 
-// FiringPaused reports whether firing is paused (PauseFiring).
-func (e *Engine) FiringPaused() bool { return e.paused.Load() }
+// An operator's pause of firing (admin POST /v1/firing/pause): for an
+// incident downstream, a migration of a target, a deploy of its
+// consumers. It holds firing as the catch-up pause does (due tasks wait,
+// in memory, 16 bytes each; dead letters a source waits for still go to
+// their DLQ so the sources keep reading), and it is kept in the store,
+// so a restart, a crash or a rescheduled pod stays paused until the
+// operator resumes it. A batch being published when the pause comes
+// finishes.
+
+// MaxPauseReason is the longest reason an operator's pause keeps, in bytes.
+const MaxPauseReason = 1024
+
+// ErrPauseReason is returned by PauseFiringByOperator for a reason it does
+// not keep: longer than MaxPauseReason, not UTF-8, or with control
+// characters.
+var ErrPauseReason = errors.New("shard: pause reason must be at most 1024 bytes of UTF-8 text without control characters")
+
+// OperatorPause is an operator's pause of firing.
+type OperatorPause struct {
+	// Since is when the pause began (the engine's clock, to the
+	// millisecond); a pause asked for again keeps it.
+	Since time.Time
+	// Reason is the operator's note, "" if none was given.
+	Reason string
+}
+
+// FiringState says whether firing is paused, and why.
+type FiringState struct {
+	Paused bool // for either reason below
+	// CatchingUp: paused at start until the sources have read their
+	// backlog (PauseFiring).
+	CatchingUp bool
+	// Operator is the operator's pause, nil if none.
+	Operator *OperatorPause
+}
+
+// Firing reports whether firing is paused, and why.
+func (e *Engine) Firing() FiringState {
+	e.pauseMu.Lock()
+	defer e.pauseMu.Unlock()
+	return e.firingLocked()
+}
+
+func (e *Engine) firingLocked() FiringState {
+	st := FiringState{Paused: e.catchUpPaused || e.opPause != nil, CatchingUp: e.catchUpPaused}
+	if e.opPause != nil {
+		p := *e.opPause
+		st.Operator = &p
+	}
+	return st
+}
+
+// PauseFiringByOperator pauses firing until ResumeFiringByOperator, and
+// returns once the pause is durable in the store: from then on no task
+// begins its delivery, after a restart too. A pause asked for while one
+// holds keeps its start; a non-empty reason replaces the one it had. It
+// returns ErrPauseReason for a reason it does not keep, ErrClosed on a
+// closed engine, and the store's error (ErrStoreFailed) when the record
+// cannot be written; firing is not paused then.
+func (e *Engine) PauseFiringByOperator(reason string) (FiringState, error) {
+	if !validPauseReason(reason) {
+		return FiringState{}, ErrPauseReason
+	}
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	if e.closed {
+		return FiringState{}, ErrClosed
+	}
+	e.pauseMu.Lock()
+	defer e.pauseMu.Unlock()
+	p := OperatorPause{Since: time.UnixMilli(e.nowMs()).UTC(), Reason: reason}
+	if old := e.opPause; old != nil {
+		if reason == "" || reason == old.Reason {
+			return e.firingLocked(), nil
+		}
+		p.Since = old.Since
+	}
+	if err := e.failed(); err != nil {
+		return FiringState{}, fmt.Errorf("shard: pause firing: %w", err)
+	}
+	if err := safeCall(func() error { return e.db.Set(pauseKey, appendPause(nil, p), pebble.Sync) }); err != nil {
+		return FiringState{}, fmt.Errorf("shard: pause firing: %w", e.fail("pause", err))
+	}
+	if e.opPause == nil {
+		e.log.Warn("firing paused by the operator: due tasks wait until POST /v1/firing/resume (kept across restarts)",
+			zap.String("reason", reason))
+	} else {
+		e.log.Info("operator's pause of firing: reason changed", zap.String("reason", reason), zap.Time("since", p.Since))
+	}
+	e.opPause = &p
+	e.m.FiringPausedByOperator.Set(1)
+	e.setPausedLocked()
+	return e.firingLocked(), nil
+}
+
+// ResumeFiringByOperator ends an operator's pause (PauseFiringByOperator)
+// once its record is deleted from the store; without one it does
+// nothing. Firing resumes unless the catch-up at start still holds it
+// (FiringState.CatchingUp). It returns the pause it ended, nil if none,
+// ErrClosed on a closed engine, and the store's error (ErrStoreFailed)
+// when the record cannot be deleted; the pause holds then.
+func (e *Engine) ResumeFiringByOperator() (FiringState, *OperatorPause, error) {
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	if e.closed {
+		return FiringState{}, nil, ErrClosed
+	}
+	e.pauseMu.Lock()
+	defer e.pauseMu.Unlock()
+	old := e.opPause
+	if old == nil {
+		return e.firingLocked(), nil, nil
+	}
+	if err := e.failed(); err != nil {
+		return FiringState{}, nil, fmt.Errorf("shard: resume firing: %w", err)
+	}
+	if err := safeCall(func() error { return e.db.Delete(pauseKey, pebble.Sync) }); err != nil {
+		return FiringState{}, nil, fmt.Errorf("shard: resume firing: %w", e.fail("resume", err))
+	}
+	e.opPause = nil
+	e.m.FiringPausedByOperator.Set(0)
+	e.setPausedLocked()
+	e.log.Info("firing resumed by the operator", zap.Time("paused_since", old.Since),
+		zap.Duration("paused_for", time.UnixMilli(e.nowMs()).Sub(old.Since)), zap.String("reason", old.Reason))
+	return e.firingLocked(), old, nil
+}
+
+// validPauseReason reports whether PauseFiringByOperator keeps reason.
+func validPauseReason(reason string) bool {
+	if len(reason) > MaxPauseReason || !utf8.ValidString(reason) {
+		return false
+	}
+	for _, r := range reason {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// appendPause appends the stored form of an operator's pause: its start
+// in ms (u64, big-endian), then its reason.
+func appendPause(dst []byte, p OperatorPause) []byte {
+	dst = binary.BigEndian.AppendUint64(dst, fireU64(p.Since.UnixMilli()))
+	return append(dst, p.Reason...)
+}
+
+// errPauseRecord is returned by decodePause for a record it cannot read.
+var errPauseRecord = errors.New("shard: corrupt operator pause record")
+
+// decodePause reads a record of appendPause.
+func decodePause(v []byte) (OperatorPause, error) {
+	if len(v) < 8 {
+		return OperatorPause{}, fmt.Errorf("%w: %d bytes", errPauseRecord, len(v))
+	}
+	ms := binary.BigEndian.Uint64(v)
+	reason := string(v[8:])
+	if ms > uint64(codec.MaxDue) || !validPauseReason(reason) {
+		return OperatorPause{}, fmt.Errorf("%w: since %d ms, reason %q", errPauseRecord, ms, reason)
+	}
+	return OperatorPause{Since: time.UnixMilli(int64(ms)).UTC(), Reason: reason}, nil
+}
+
+// loadOperatorPause restores an operator's pause at Open. A record it
+// cannot read still pauses (the operator asked for a pause; firing would
+// be the surprise), with the time of this Open and a reason that says so.
+func (e *Engine) loadOperatorPause() error {
+	v, found, err := getCopy(e.db, pauseKey)
+	if err != nil {
+		return fmt.Errorf("shard: recover: read operator pause: %w", err)
+	}
+	if !found {
+		return nil
+	}
+	p, derr := decodePause(v)
+	if derr != nil {
+		p = OperatorPause{Since: time.UnixMilli(e.nowMs()).UTC(), Reason: "(the stored pause record could not be read)"}
+		e.log.Error("operator pause record unreadable: firing stays paused until POST /v1/firing/resume", zap.Error(derr))
+	}
+	e.pauseMu.Lock()
+	defer e.pauseMu.Unlock()
+	e.opPause = &p
+	e.m.FiringPausedByOperator.Set(1)
+	e.setPausedLocked()
+	e.log.Warn("firing paused by the operator (kept in the store): due tasks wait until POST /v1/firing/resume",
+		zap.Time("since", p.Since), zap.String("reason", p.Reason))
+	return nil
+}
 
 // claimPausedLocked is claimLocked while firing is paused: of the entries
 // due by now (at most a fire batch), the dead letters a source waits for

@@ -40,6 +40,8 @@ import (
 //	                                     retry's fire u64, lateTask.dg u64
 //	                                     (appendWaiting; recover.go)
 //	v                                 -> store format u16 (storeFormat)
+//	p                                 -> operator's pause: since_ms u64,
+//	                                     reason (pause.go)
 //
 // A task held on disk for an unreachable target (hold.go) keeps its t key
 // at a fire time past any clock's, heldBase + its transport slot, target
@@ -73,6 +75,9 @@ const (
 	// Binaries before it ignore these keys (they read the store by
 	// prefix): the store format stays 1.
 	prefixWaiting = 'u'
+	// prefixPause: an operator's pause of firing (pause.go), so that it
+	// outlasts a restart. Binaries before it ignore the key and fire.
+	prefixPause = 'p'
 )
 
 // storeFormat is the format of the records this binary writes, kept in
@@ -91,6 +96,7 @@ var (
 	seqKey    = []byte{prefixSeq}
 	shardsKey = []byte{prefixShards}
 	formatKey = []byte{prefixFormat}
+	pauseKey  = []byte{prefixPause}
 )
 
 func fireU64(fire int64) uint64 {
