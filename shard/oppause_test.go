@@ -28,7 +28,7 @@ func TestOperatorPause(t *testing.T) {
 	m := metrics.New(prometheus.NewRegistry())
 	h := newHarness(t, func(o *Options) {
 		o.FS = vfs.NewCrashableMem() // crashReopen moves to its crash clone
-		o.Shards = 1 // one fire loop: delivery order is due order
+		o.Shards = 1                 // one fire loop: delivery order is due order
 		o.Metrics = m
 	})
 	gauges := func(paused, byOperator float64) {
