@@ -20,6 +20,10 @@
 //	GET    /v1/stats                 JSON shard.Stats
 //	GET    /v1/stuck?limit=N         JSON shard.StuckList: held and parked dead letters, undecodable entries
 //	DELETE /v1/stuck/{shard}/{seq}   204 after dropping that entry for good; 404 if it is not listed
+//	GET    /v1/firing                JSON shard.FiringState: whether firing is paused, and why
+//	POST   /v1/firing/pause          JSON shard.FiringState after pausing firing (body: nothing, or
+//	                                 {"reason": "..."}); kept in the store until resumed
+//	POST   /v1/firing/resume         JSON shard.FiringState after ending the operator's pause
 //	GET    /debug/pprof/...          Go runtime profiles, only with Options.Pprof
 //
 // {source} is the delay topic (Kafka) or stream (NATS) the task came from.
@@ -52,6 +56,18 @@
 // 1000); "total" counts them all. Dropping is an operator's decision to
 // lose that message: a held dead letter's source then commits past it.
 //
+// POST /v1/firing/pause is an operator's pause of firing (see
+// shard.Engine.PauseFiringByOperator): no task begins its delivery until
+// POST /v1/firing/resume, across restarts too, since the pause is kept
+// in the store; dead letters a source waits for still go to their DLQ.
+// It answers once the pause is durable. Its body is empty or a JSON
+// object with an optional "reason" (at most shard.MaxPauseReason bytes
+// of text), kept and shown with the pause; a pause asked for again keeps
+// its start and takes a new reason. "catching_up" is the pause at start
+// while the sources read their backlog; firing resumes when neither
+// holds it. The pause is the process's (its store's): with several
+// bridges, pause each.
+//
 // When Options.Token is set, /metrics, /v1/* and /debug/pprof/* require
 // "Authorization: Bearer <token>"; the probes stay open for the kubelet.
 // Options.MetricsToken, set too, is good for /metrics only (a scraper's);
@@ -60,12 +76,14 @@
 package admin
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -103,6 +121,15 @@ type Engine interface {
 	// DropStuck removes a listed stuck entry for good, or returns
 	// shard.ErrNotFound.
 	DropStuck(shard int, seq uint64) error
+	// Firing reports whether firing is paused, and why.
+	Firing() shard.FiringState
+	// PauseFiringByOperator pauses firing, kept in the store, until
+	// ResumeFiringByOperator; shard.ErrPauseReason for a reason it does
+	// not keep.
+	PauseFiringByOperator(reason string) (shard.FiringState, error)
+	// ResumeFiringByOperator ends an operator's pause and returns it (nil
+	// if there was none).
+	ResumeFiringByOperator() (shard.FiringState, *shard.OperatorPause, error)
 }
 
 // Options configure the handler.
@@ -212,6 +239,9 @@ func NewHandler(o Options) http.Handler {
 	route("/v1/stats", adminAccess, map[string]http.HandlerFunc{http.MethodGet: s.stats})
 	route("/v1/stuck", adminAccess, map[string]http.HandlerFunc{http.MethodGet: s.listStuck})
 	route("/v1/stuck/{shard}/{seq}", adminAccess, map[string]http.HandlerFunc{http.MethodDelete: s.dropStuck})
+	route("/v1/firing", adminAccess, map[string]http.HandlerFunc{http.MethodGet: s.firing})
+	route("/v1/firing/pause", adminAccess, map[string]http.HandlerFunc{http.MethodPost: s.pauseFiring})
+	route("/v1/firing/resume", adminAccess, map[string]http.HandlerFunc{http.MethodPost: s.resumeFiring})
 	if o.Pprof {
 		// Index also serves the named profiles (heap, goroutine, ...).
 		for path, h := range map[string]http.HandlerFunc{
@@ -692,6 +722,85 @@ func (s *server) dropStuck(w http.ResponseWriter, r *http.Request) {
 		zap.String("remote", r.RemoteAddr))
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *server) firing(w http.ResponseWriter, _ *http.Request) {
+	if !s.haveEngine(w) {
+		return
+	}
+	writeJSON(w, http.StatusOK, s.o.Engine.Firing())
+}
+
+// maxPauseBody bounds the body of POST /v1/firing/pause: a reason of
+// shard.MaxPauseReason bytes, every one escaped (\u00XX) at worst, and
+// the object around it.
+const maxPauseBody = 6*shard.MaxPauseReason + 64
+
+// pauseRequest is the body of POST /v1/firing/pause.
+type pauseRequest struct {
+	Reason string `json:"reason"`
+}
+
+func (s *server) pauseFiring(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxPauseBody+1))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("read body: %v", err))
+		return
+	}
+	if len(body) > maxPauseBody {
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body over %d bytes: want nothing, or {\"reason\": \"...\"} with a reason of at most %d bytes", maxPauseBody, shard.MaxPauseReason))
+		return
+	}
+	var req pauseRequest
+	if !utf8.Valid(body) {
+		// encoding/json would take the bad bytes as U+FFFD.
+		writeError(w, http.StatusBadRequest, "body: not UTF-8")
+		return
+	}
+	if len(bytes.TrimSpace(body)) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		err := dec.Decode(&req)
+		if err == nil {
+			if _, terr := dec.Token(); terr != io.EOF {
+				err = errors.New("data after the object")
+			}
+		}
+		if err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("body: want nothing, or {\"reason\": \"...\"}: %v", err))
+			return
+		}
+	}
+	if !s.haveEngine(w) {
+		return
+	}
+	st, err := s.o.Engine.PauseFiringByOperator(req.Reason)
+	if errors.Is(err, shard.ErrPauseReason) {
+		writeError(w, http.StatusBadRequest, "reason: "+err.Error())
+		return
+	}
+	if err != nil {
+		s.engineError(w, "pause firing", "", "", err)
+		return
+	}
+	// The engine logs the pause; this says who asked.
+	s.log.Info("admin: firing paused", zap.String("reason", req.Reason), zap.String("remote", r.RemoteAddr))
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *server) resumeFiring(w http.ResponseWriter, r *http.Request) {
+	if !s.haveEngine(w) {
+		return
+	}
+	st, was, err := s.o.Engine.ResumeFiringByOperator()
+	if err != nil {
+		s.engineError(w, "resume firing", "", "", err)
+		return
+	}
+	if was != nil {
+		s.log.Info("admin: firing resumed", zap.String("remote", r.RemoteAddr))
+	}
+	writeJSON(w, http.StatusOK, st)
 }
 
 func (s *server) haveEngine(w http.ResponseWriter) bool {

@@ -456,6 +456,13 @@ func (e errEngine) StuckEntries(int) (shard.StuckList, error) {
 	return shard.StuckList{}, e.err
 }
 func (e errEngine) DropStuck(int, uint64) error { return e.err }
+func (e errEngine) Firing() shard.FiringState   { return shard.FiringState{} }
+func (e errEngine) PauseFiringByOperator(string) (shard.FiringState, error) {
+	return shard.FiringState{}, e.err
+}
+func (e errEngine) ResumeFiringByOperator() (shard.FiringState, *shard.OperatorPause, error) {
+	return shard.FiringState{}, nil, e.err
+}
 
 func TestEngineErrors(t *testing.T) {
 	tests := []struct {
@@ -481,9 +488,11 @@ func TestEngineErrors(t *testing.T) {
 				}
 				jsonError(t, r)
 			}
-			if tt.code != 404 { // listing has nothing to find
-				if r := do(t, "GET", srv.URL+"/v1/stuck", ""); r.code != tt.code {
-					t.Fatalf("GET /v1/stuck = %d %q, want %d", r.code, r.body, tt.code)
+			if tt.code != 404 { // listing has nothing to find, nor has a pause
+				for _, c := range [][2]string{{"GET", "/v1/stuck"}, {"POST", "/v1/firing/pause"}, {"POST", "/v1/firing/resume"}} {
+					if r := do(t, c[0], srv.URL+c[1], ""); r.code != tt.code {
+						t.Fatalf("%s %s = %d %q, want %d", c[0], c[1], r.code, r.body, tt.code)
+					}
 				}
 			}
 		})

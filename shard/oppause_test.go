@@ -48,7 +48,7 @@ func TestOperatorPause(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := OperatorPause{Since: t0, Reason: "orders-svc deploy"}
+	want := OperatorPause{Since: Time{t0}, Reason: "orders-svc deploy"}
 	if !st.Paused || st.CatchingUp || st.Operator == nil || *st.Operator != want {
 		t.Fatalf("PauseFiringByOperator = %+v, want paused by %+v", st, want)
 	}
@@ -240,10 +240,10 @@ func TestOperatorPauseRecord(t *testing.T) {
 	}{
 		{"empty", nil, false},
 		{"short", []byte{0, 0, 1}, false},
-		{"no reason", appendPause(nil, OperatorPause{Since: t0}), true},
-		{"reason", appendPause(nil, OperatorPause{Since: t0, Reason: "why"}), true},
-		{"past MaxDue", appendPause(nil, OperatorPause{Since: time.UnixMilli(codec.MaxDue + 1)}), false},
-		{"bad reason", append(appendPause(nil, OperatorPause{Since: t0}), 0xff), false},
+		{"no reason", appendPause(nil, OperatorPause{Since: Time{t0}}), true},
+		{"reason", appendPause(nil, OperatorPause{Since: Time{t0}, Reason: "why"}), true},
+		{"past MaxDue", appendPause(nil, OperatorPause{Since: Time{time.UnixMilli(codec.MaxDue + 1)}}), false},
+		{"bad reason", append(appendPause(nil, OperatorPause{Since: Time{t0}}), 0xff), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := decodePause(tc.v)
@@ -282,7 +282,7 @@ func TestOperatorPauseRecord(t *testing.T) {
 // FuzzDecodePause: decodePause never panics, and what it accepts encodes
 // back to the same bytes.
 func FuzzDecodePause(f *testing.F) {
-	f.Add(appendPause(nil, OperatorPause{Since: t0, Reason: "deploy"}))
+	f.Add(appendPause(nil, OperatorPause{Since: Time{t0}, Reason: "deploy"}))
 	f.Add([]byte{})
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 'x'})
 	f.Fuzz(func(t *testing.T, v []byte) {

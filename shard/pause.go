@@ -100,19 +100,19 @@ var ErrPauseReason = errors.New("shard: pause reason must be at most 1024 bytes 
 type OperatorPause struct {
 	// Since is when the pause began (the engine's clock, to the
 	// millisecond); a pause asked for again keeps it.
-	Since time.Time
+	Since Time `json:"since"`
 	// Reason is the operator's note, "" if none was given.
-	Reason string
+	Reason string `json:"reason"`
 }
 
 // FiringState says whether firing is paused, and why.
 type FiringState struct {
-	Paused bool // for either reason below
+	Paused bool `json:"paused"` // for either reason below
 	// CatchingUp: paused at start until the sources have read their
 	// backlog (PauseFiring).
-	CatchingUp bool
+	CatchingUp bool `json:"catching_up"`
 	// Operator is the operator's pause, nil if none.
-	Operator *OperatorPause
+	Operator *OperatorPause `json:"operator,omitempty"`
 }
 
 // Firing reports whether firing is paused, and why.
@@ -149,7 +149,7 @@ func (e *Engine) PauseFiringByOperator(reason string) (FiringState, error) {
 	}
 	e.pauseMu.Lock()
 	defer e.pauseMu.Unlock()
-	p := OperatorPause{Since: time.UnixMilli(e.nowMs()).UTC(), Reason: reason}
+	p := OperatorPause{Since: msTime(e.nowMs()), Reason: reason}
 	if old := e.opPause; old != nil {
 		if reason == "" || reason == old.Reason {
 			return e.firingLocked(), nil
@@ -166,7 +166,7 @@ func (e *Engine) PauseFiringByOperator(reason string) (FiringState, error) {
 		e.log.Warn("firing paused by the operator: due tasks wait until POST /v1/firing/resume (kept across restarts)",
 			zap.String("reason", reason))
 	} else {
-		e.log.Info("operator's pause of firing: reason changed", zap.String("reason", reason), zap.Time("since", p.Since))
+		e.log.Info("operator's pause of firing: reason changed", zap.String("reason", reason), zap.Time("since", p.Since.Time))
 	}
 	e.opPause = &p
 	e.m.FiringPausedByOperator.Set(1)
@@ -201,8 +201,8 @@ func (e *Engine) ResumeFiringByOperator() (FiringState, *OperatorPause, error) {
 	e.opPause = nil
 	e.m.FiringPausedByOperator.Set(0)
 	e.setPausedLocked()
-	e.log.Info("firing resumed by the operator", zap.Time("paused_since", old.Since),
-		zap.Duration("paused_for", time.UnixMilli(e.nowMs()).Sub(old.Since)), zap.String("reason", old.Reason))
+	e.log.Info("firing resumed by the operator", zap.Time("paused_since", old.Since.Time),
+		zap.Duration("paused_for", time.UnixMilli(e.nowMs()).Sub(old.Since.Time)), zap.String("reason", old.Reason))
 	return e.firingLocked(), old, nil
 }
 
@@ -239,7 +239,7 @@ func decodePause(v []byte) (OperatorPause, error) {
 	if ms > uint64(codec.MaxDue) || !validPauseReason(reason) {
 		return OperatorPause{}, fmt.Errorf("%w: since %d ms, reason %q", errPauseRecord, ms, reason)
 	}
-	return OperatorPause{Since: time.UnixMilli(int64(ms)).UTC(), Reason: reason}, nil
+	return OperatorPause{Since: msTime(int64(ms)), Reason: reason}, nil
 }
 
 // loadOperatorPause restores an operator's pause at Open. A record it
@@ -255,7 +255,7 @@ func (e *Engine) loadOperatorPause() error {
 	}
 	p, derr := decodePause(v)
 	if derr != nil {
-		p = OperatorPause{Since: time.UnixMilli(e.nowMs()).UTC(), Reason: "(the stored pause record could not be read)"}
+		p = OperatorPause{Since: msTime(e.nowMs()), Reason: "(the stored pause record could not be read)"}
 		e.log.Error("operator pause record unreadable: firing stays paused until POST /v1/firing/resume", zap.Error(derr))
 	}
 	e.pauseMu.Lock()
@@ -264,7 +264,7 @@ func (e *Engine) loadOperatorPause() error {
 	e.m.FiringPausedByOperator.Set(1)
 	e.setPausedLocked()
 	e.log.Warn("firing paused by the operator (kept in the store): due tasks wait until POST /v1/firing/resume",
-		zap.Time("since", p.Since), zap.String("reason", p.Reason))
+		zap.Time("since", p.Since.Time), zap.String("reason", p.Reason))
 	return nil
 }
 
