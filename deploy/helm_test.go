@@ -1151,6 +1151,8 @@ func TestAlertRules(t *testing.T) {
 		"DelaybridgeStoreDiskLow": "delaybridge_store_disk_free_inodes < 0.05 * delaybridge_store_disk_inodes",
 		// Falling behind, not catching up (hunt H170).
 		"DelaybridgeSourceBehind": "offset 15m",
+		// A forgotten pause holds every delivery, across restarts.
+		"DelaybridgeFiringPausedByOperator": "delaybridge_firing_paused_by_operator == 1 for 2h",
 	} {
 		if !strings.Contains(alerts[name], want) {
 			t.Errorf("alert %s = %q, want it to contain %q", name, alerts[name], want)
@@ -1241,7 +1243,7 @@ func TestGrafanaDashboard(t *testing.T) {
 		"delaybridge_ready", "delaybridge_best_effort_deliveries_total",
 		// What keeps the bridge not ready with an alert of its own, and
 		// the catch-up pause (hunt H200: on no panel).
-		"delaybridge_dead_letters_parked", "delaybridge_dead_letters_failing", "delaybridge_undecodable_entries", "delaybridge_firing_paused",
+		"delaybridge_dead_letters_parked", "delaybridge_dead_letters_failing", "delaybridge_undecodable_entries", "delaybridge_firing_paused", "delaybridge_firing_paused_by_operator",
 		"delaybridge_store_disk_free_inodes",
 	} {
 		if !used[want] {

@@ -917,8 +917,13 @@ func (s *Service) catchUp(ctx context.Context, wait time.Duration, caught <-chan
 			return // stopping: the tasks stay stored
 		}
 	}
-	s.log.Info("sources caught up: firing", zap.Duration("after", clk.Now().Sub(start)))
 	s.eng.ResumeFiring()
+	if p := s.eng.Firing().Operator; p != nil {
+		s.log.Info("sources caught up; firing stays paused by the operator until POST /v1/firing/resume",
+			zap.Duration("after", clk.Now().Sub(start)), zap.Time("paused_since", p.Since.Time), zap.String("reason", p.Reason))
+		return
+	}
+	s.log.Info("sources caught up: firing", zap.Duration("after", clk.Now().Sub(start)))
 }
 
 // closeAllBy is closeAll within deadline: the closers but the store's (the
