@@ -63,7 +63,9 @@
 // It answers once the pause is durable. Its body is empty or a JSON
 // object with an optional "reason" (at most shard.MaxPauseReason bytes
 // of text), kept and shown with the pause; a pause asked for again keeps
-// its start and takes a new reason. "catching_up" is the pause at start
+// its start and takes a new reason. The batches the fire loops had taken
+// before the pause still go out: "in_flight" counts what is taken and not
+// settled, 0 once nothing more reaches a target. "catching_up" is the pause at start
 // while the sources read their backlog; firing resumes when neither
 // holds it. The pause is the process's (its store's): with several
 // bridges, pause each.

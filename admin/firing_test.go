@@ -40,6 +40,7 @@ type firingBody struct {
 		Since  string `json:"since"`
 		Reason string `json:"reason"`
 	} `json:"operator"`
+	InFlight *int `json:"in_flight"`
 }
 
 func decodeFiring(t *testing.T, r resp) firingBody {
@@ -52,6 +53,9 @@ func decodeFiring(t *testing.T, r resp) firingBody {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&b); err != nil {
 		t.Fatalf("decode %q: %v", r.body, err)
+	}
+	if b.InFlight == nil || *b.InFlight != 0 { // the engine is not running
+		t.Fatalf("in_flight in %q, want 0", r.body)
 	}
 	return b
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -294,4 +295,46 @@ func FuzzDecodePause(f *testing.F) {
 			t.Fatalf("decodePause(%x) = %+v encodes to %x", v, p, appendPause(nil, p))
 		}
 	})
+}
+
+// TestOperatorPauseInFlight: a batch being published when the pause comes
+// finishes, and Firing's InFlight counts it until then, so an operator
+// knows when nothing more goes out; nothing else fires after it.
+func TestOperatorPauseInFlight(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Shards = 1; o.FireBatch = 2 })
+	g := &gateSink{recSink: h.sink, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	var once sync.Once
+	release := func() { once.Do(func() { close(g.release) }) }
+	t.Cleanup(release) // before the harness stops the loop blocked in the sink
+	gate := "a"
+	g.gate.Store(&gate)
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel, h.done = cancel, make(chan error, 1)
+	go func() { h.done <- h.e.Run(ctx, g) }()
+	h.ingest([]codec.Task{sched("a", t0.Add(time.Second), 1), sched("b", t0.Add(time.Second), 2), sched("c", t0.Add(2*time.Second), 3)})
+	h.clk.Advance(time.Minute)
+	select {
+	case <-g.entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the batch did not reach the sink")
+	}
+	st, err := h.e.PauseFiringByOperator("")
+	if err != nil || st.InFlight != 2 {
+		t.Fatalf("PauseFiringByOperator with a batch of 2 in the sink = %+v, %v; want InFlight 2", st, err)
+	}
+	release()
+	h.settle()
+	if st := h.e.Firing(); st.InFlight != 0 || !st.Paused {
+		t.Fatalf("Firing() after the batch = %+v, want paused, none in flight", st)
+	}
+	if got := h.sink.acked(); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("delivered %v, want the batch in flight (a, b) and not c", got)
+	}
+	if _, _, err := h.e.ResumeFiringByOperator(); err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+	if got := h.sink.acked(); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Fatalf("delivered %v after the resume, want c too", got)
+	}
 }

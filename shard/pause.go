@@ -113,6 +113,12 @@ type FiringState struct {
 	CatchingUp bool `json:"catching_up"`
 	// Operator is the operator's pause, nil if none.
 	Operator *OperatorPause `json:"operator,omitempty"`
+	// InFlight counts the tasks and dead letters the fire loops have
+	// taken for delivery and whose outcome is not settled yet. A pause
+	// does not stop the batches already taken: once it holds, InFlight
+	// falls to 0 as they go out (dead letters a source waits for may
+	// still come and go).
+	InFlight int `json:"in_flight"`
 }
 
 // Firing reports whether firing is paused, and why.
@@ -127,6 +133,11 @@ func (e *Engine) firingLocked() FiringState {
 	if e.opPause != nil {
 		p := *e.opPause
 		st.Operator = &p
+	}
+	for _, s := range e.shards {
+		s.mu.Lock()
+		st.InFlight += len(s.inflight)
+		s.mu.Unlock()
 	}
 	return st
 }
