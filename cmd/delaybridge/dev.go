@@ -341,5 +341,9 @@ NATS, with the nats CLI (go install github.com/nats-io/natscli/nats@latest):
 A message that cannot be scheduled (try one without delay-after) lands in the DLQ with a delay-error header:
   kcat -C -b ` + kafkaAddr + ` -t delay.dlq -f 'key=%k value=%s headers=%h\n'
   nats -s ` + natsURL + ` sub 'dlq.>'
+
+Hold every delivery (messages are still taken in), then let them go:
+  curl -X POST -d '{"reason":"trying it"}' http://` + admin + `/v1/firing/pause
+  curl -X POST http://` + admin + `/v1/firing/resume
 `
 }
