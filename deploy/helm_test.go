@@ -1296,6 +1296,7 @@ func renderNotes(t *testing.T, extra ...string) string {
 func TestHelmNotes(t *testing.T) {
 	all := renderNotes(t, "-f", filepath.Join(chartDir, "ci", "all-features-values.yaml"))
 	for _, want := range []string{
+		"exec db-delaybridge-0 -- /delaybridge firing pause --config /etc/delaybridge/config.yaml",
 		"single-instance per consumer group",
 		"kcat -P -b kafka:9092 -t delay", "-H delay-after=30s", "-H delay-at=", "-H delay-target=orders.expire",
 		"nats --server nats://nats:4222 pub delay.reminder", "-H delay-after:15m", "-H delay-at:", "-H delay-target:reminders.send",

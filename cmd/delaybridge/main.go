@@ -42,6 +42,8 @@ const usage = `usage:
   delaybridge run --config FILE   run the bridge (--check: only validate the config)
   delaybridge dev [flags]         sandbox: embedded NATS + Kafka-protocol broker on localhost
   delaybridge bench [flags]       benchmark report: raw broker pipe vs the bridge (see docs/benchmarks.md)
+  delaybridge firing status|pause|resume --config FILE
+                                  ask a running bridge whether firing is paused, pause or resume it
   delaybridge version             print the version
 `
 
@@ -72,6 +74,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		err = cmdDev(ctx, args[1:], stdout, stderr, cleanups)
 	case "bench":
 		err = cmdBench(ctx, args[1:], stdout, stderr, cleanups)
+	case "firing":
+		err = cmdFiring(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-v":
 		if helpAsked(args) {
 			fmt.Fprint(stdout, usage)
