@@ -246,11 +246,19 @@ func NewHandler(o Options) http.Handler {
 	route("/v1/firing/resume", adminAccess, map[string]http.HandlerFunc{http.MethodPost: s.resumeFiring})
 	if o.Pprof {
 		// Index also serves the named profiles (heap, goroutine, ...).
-		for path, h := range map[string]http.HandlerFunc{
-			"": pprof.Index, "cmdline": pprof.Cmdline, "profile": pprof.Profile, "symbol": pprof.Symbol, "trace": pprof.Trace,
-		} {
-			mux.Handle("GET /debug/pprof/"+path, s.authorize(h))
+		// One route for the subtree, so another method is 405 with
+		// Allow, not the catch-all's 404 (R225): method-less patterns per
+		// profile would conflict with "GET /debug/pprof/".
+		special := map[string]http.HandlerFunc{
+			"cmdline": pprof.Cmdline, "profile": pprof.Profile, "symbol": pprof.Symbol, "trace": pprof.Trace,
 		}
+		route("/debug/pprof/", adminAccess, map[string]http.HandlerFunc{http.MethodGet: func(w http.ResponseWriter, r *http.Request) {
+			if h, ok := special[strings.TrimPrefix(r.URL.Path, "/debug/pprof/")]; ok {
+				h(w, r)
+				return
+			}
+			pprof.Index(w, r)
+		}})
 	}
 	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)
