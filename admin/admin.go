@@ -73,7 +73,11 @@
 // When Options.Token is set, /metrics, /v1/* and /debug/pprof/* require
 // "Authorization: Bearer <token>"; the probes stay open for the kubelet.
 // Options.MetricsToken, set too, is good for /metrics only (a scraper's);
-// elsewhere it is 403.
+// elsewhere it is 403. A request other than GET that a browser marks as
+// cross-origin (Sec-Fetch-Site, or an Origin other than the Host) is 403
+// (http.CrossOriginProtection): without a token, a web page could
+// otherwise POST /v1/firing/pause. Clients without those headers (curl)
+// are not affected.
 // Errors are JSON objects {"error": "..."}; a wrong method is 405 with Allow.
 package admin
 
@@ -196,12 +200,25 @@ func NewHandler(o Options) http.Handler {
 	}
 
 	mux := http.NewServeMux()
+	// A browser's cross-origin request that changes state is refused
+	// (403): POST /v1/firing/pause and /resume are "simple" requests a
+	// web page can send without a preflight, and without a token (the
+	// default on 127.0.0.1) any page the operator opens could pause every
+	// delivery. Clients that send neither Origin nor Sec-Fetch-Site
+	// (curl, scripts) are not affected.
+	csrf := http.NewCrossOriginProtection()
+	csrf.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusForbidden, "cross-origin request from a browser refused")
+	}))
 	// auth: none (the probes), the admin token, or either token
 	// (/metrics).
 	route := func(path string, auth access, methods map[string]http.HandlerFunc) {
 		allow := make([]string, 0, len(methods))
 		for m, h := range methods {
 			var hh http.Handler = h
+			if m != http.MethodGet {
+				hh = csrf.Handler(hh)
+			}
 			if auth != open {
 				hh = s.authorizeFor(auth, hh)
 			}
