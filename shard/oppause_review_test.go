@@ -64,3 +64,62 @@ func TestOperatorPauseLaneParkedTasksWait(t *testing.T) {
 		t.Fatalf("delivered %v, want k1, k2, k3 once each", got)
 	}
 }
+
+// TestOperatorPauseAgainKeepsDueOrder (review R224): tasks set aside by a
+// pause fire in due order after the resume (README "Pausing deliveries").
+// A pause asked for again while the resume is still taking the tasks set
+// aside by the first (a resume that made things worse) sets the newly due
+// ones aside behind the rest, and they must still go in due order: one
+// ingested overdue (x, due before b and c) went last, as the list was
+// marked sorted from the first resume's take (and pausedMin, Stats'
+// oldest overdue, was then read from its unsorted head).
+func TestOperatorPauseAgainKeepsDueOrder(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.Shards = 1
+		o.FireBatch = 1
+		o.LaneGrace = time.Hour // the loop waits for the lane's batch
+	})
+	sink, release := newLaneSink(h)
+	defer release()
+	h.ingest([]codec.Task{sched("a", t0.Add(1*time.Second), 1), sched("b", t0.Add(2*time.Second), 2), sched("c", t0.Add(3*time.Second), 3)})
+	if _, err := h.e.PauseFiringByOperator("first"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.e.Run(ctx, sink) }()
+	defer func() { release(); cancel(); <-done }()
+	h.clk.Advance(5 * time.Second)
+	eventuallyTrue(t, "a, b and c set aside", func() bool {
+		s := h.e.shards[0]
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.paused) == 3
+	})
+	if _, _, err := h.e.ResumeFiringByOperator(); err != nil {
+		t.Fatal(err)
+	}
+	<-sink.entered // a's produce is held; b and c still wait aside
+	if _, err := h.e.PauseFiringByOperator("second"); err != nil {
+		t.Fatal(err)
+	}
+	h.ingest([]codec.Task{sched("x", t0.Add(1500*time.Millisecond), 4)}) // overdue: due before b
+	release()
+	eventuallyTrue(t, "x set aside behind b and c", func() bool {
+		s := h.e.shards[0]
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.paused) == 3
+	})
+	h.settle()
+	if got := h.sink.acked(); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("delivered %v while paused again, want a", got)
+	}
+	if _, _, err := h.e.ResumeFiringByOperator(); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyTrue(t, "all delivered", func() bool { return h.e.Stats().Pending == 0 })
+	if got := h.sink.acked(); !slices.Equal(got, []string{"a", "x", "b", "c"}) {
+		t.Fatalf("delivered %v, want a, x, b, c (due order)", got)
+	}
+}

@@ -299,7 +299,10 @@ func (s *shard) claimPausedLocked(now int64) (claimed []fireItem, more bool) {
 		if len(s.paused) == 0 || fire < s.pausedMin {
 			s.pausedMin = fire
 		}
-		s.paused = append(s.paused, wheelOp{fire: fire, seq: seq})
+		// Not sorted any more: a pause again while the resume was taking
+		// what the first set aside appends behind the rest, and a task
+		// ingested overdue may be due before them.
+		s.paused, s.pausedSorted = append(s.paused, wheelOp{fire: fire, seq: seq}), false
 	})
 	s.e.dl.mu.Unlock()
 	s.inWheelG.Set(float64(s.w.Len()))
