@@ -97,11 +97,15 @@ type Engine struct {
 
 	// paused: firing paused, for either reason (pause.go): the catch-up at
 	// start (PauseFiring) or an operator (PauseFiringByOperator). pauseMu
-	// orders the changes of the two and the operator's pause record.
+	// orders the changes of the two in memory; opMu, taken before it,
+	// orders the operator's pauses and resumes with their store record
+	// (held across the synced write, which pauseMu is not). Lock order:
+	// opMu, pauseMu, shard.mu.
 	paused        atomic.Bool
+	opMu          sync.Mutex
 	pauseMu       sync.Mutex
 	catchUpPaused bool           // under pauseMu
-	opPause       *OperatorPause // under pauseMu; nil: none
+	opPause       *OperatorPause // changed under opMu and pauseMu; nil: none
 
 	// outages: the target groups in an outage, whose waiting tasks go
 	// at once when one of them is delivered (recover.go).

@@ -3,8 +3,14 @@ package shard
 import (
 	"context"
 	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
 	"github.com/delaybridge/delaybridge/codec"
 )
@@ -121,5 +127,63 @@ func TestOperatorPauseAgainKeepsDueOrder(t *testing.T) {
 	eventuallyTrue(t, "all delivered", func() bool { return h.e.Stats().Pending == 0 })
 	if got := h.sink.acked(); !slices.Equal(got, []string{"a", "x", "b", "c"}) {
 		t.Fatalf("delivered %v, want a, x, b, c (due order)", got)
+	}
+}
+
+// TestFiringAnswersWhilePauseWriteStalls (review R224): GET /v1/firing
+// (Firing) and the catch-up's ResumeFiring must not wait for an
+// operator's pause whose record is stuck in the store (a WAL fsync that
+// does not return: a full or hung disk, when an operator is most likely
+// to pause). They took pauseMu, which PauseFiringByOperator held across
+// its synced Set.
+func TestFiringAnswersWhilePauseWriteStalls(t *testing.T) {
+	var stall atomic.Bool
+	entered, unblock := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(unblock) }) }
+	inj := errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if stall.Load() && strings.HasSuffix(op.Path, ".log") &&
+			(op.Kind == errorfs.OpFileSync || op.Kind == errorfs.OpFileSyncData || op.Kind == errorfs.OpFileSyncTo) {
+			select {
+			case entered <- struct{}{}:
+			default:
+			}
+			<-unblock
+		}
+		return nil
+	})
+	h := newHarness(t, func(o *Options) { o.FS = errorfs.Wrap(vfs.Default, inj) })
+	t.Cleanup(release) // before the harness's close, registered earlier, waits for the sync
+	h.e.PauseFiring()  // the catch-up at start
+	stall.Store(true)
+	paused := make(chan error, 1)
+	go func() {
+		_, err := h.e.PauseFiringByOperator("disk full")
+		paused <- err
+	}()
+	<-entered // the pause's record waits for its fsync
+
+	answered := make(chan FiringState, 1)
+	go func() {
+		h.e.ResumeFiring()
+		answered <- h.e.Firing()
+	}()
+	select {
+	case st := <-answered:
+		// The catch-up ended, and the operator's pause holds from when it
+		// is durable (its call returns), not before.
+		if st.Paused || st.CatchingUp || st.Operator != nil {
+			t.Errorf("Firing() while the operator's pause is being written = %+v; want not paused", st)
+		}
+	case <-time.After(20 * time.Second): // turns a hang into a failure
+		t.Error("ResumeFiring and Firing wait for the operator's pause stuck in the store")
+	}
+	stall.Store(false)
+	release()
+	if err := <-paused; err != nil {
+		t.Fatal(err)
+	}
+	if st := h.e.Firing(); !st.Paused || st.Operator == nil || st.Operator.Reason != "disk full" {
+		t.Fatalf("Firing() after the write = %+v, want paused by the operator", st)
 	}
 }

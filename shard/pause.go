@@ -158,12 +158,17 @@ func (e *Engine) PauseFiringByOperator(reason string) (FiringState, error) {
 	if e.closed {
 		return FiringState{}, ErrClosed
 	}
-	e.pauseMu.Lock()
-	defer e.pauseMu.Unlock()
+	// opMu orders the operator's pauses and resumes with their records;
+	// pauseMu is taken only for the change in memory, so Firing and the
+	// catch-up's PauseFiring and ResumeFiring never wait for a store
+	// write (a stalled fsync: a full or hung disk).
+	e.opMu.Lock()
+	defer e.opMu.Unlock()
+	old := e.opPause // changed only under opMu (and pauseMu)
 	p := OperatorPause{Since: msTime(e.nowMs()), Reason: reason}
-	if old := e.opPause; old != nil {
+	if old != nil {
 		if reason == "" || reason == old.Reason {
-			return e.firingLocked(), nil
+			return e.Firing(), nil
 		}
 		p.Since = old.Since
 	}
@@ -173,12 +178,14 @@ func (e *Engine) PauseFiringByOperator(reason string) (FiringState, error) {
 	if err := safeCall(func() error { return e.db.Set(pauseKey, appendPause(nil, p), pebble.Sync) }); err != nil {
 		return FiringState{}, fmt.Errorf("shard: pause firing: %w", e.fail("pause", err))
 	}
-	if e.opPause == nil {
+	if old == nil {
 		e.log.Warn("firing paused by the operator: due tasks wait until POST /v1/firing/resume (kept across restarts)",
 			zap.String("reason", reason))
 	} else {
 		e.log.Info("operator's pause of firing: reason changed", zap.String("reason", reason), zap.Time("since", p.Since.Time))
 	}
+	e.pauseMu.Lock()
+	defer e.pauseMu.Unlock()
 	e.opPause = &p
 	e.m.FiringPausedByOperator.Set(1)
 	e.setPausedLocked()
@@ -197,11 +204,11 @@ func (e *Engine) ResumeFiringByOperator() (FiringState, *OperatorPause, error) {
 	if e.closed {
 		return FiringState{}, nil, ErrClosed
 	}
-	e.pauseMu.Lock()
-	defer e.pauseMu.Unlock()
+	e.opMu.Lock() // see PauseFiringByOperator
+	defer e.opMu.Unlock()
 	old := e.opPause
 	if old == nil {
-		return e.firingLocked(), nil, nil
+		return e.Firing(), nil, nil
 	}
 	if err := e.failed(); err != nil {
 		return FiringState{}, nil, fmt.Errorf("shard: resume firing: %w", err)
@@ -209,6 +216,8 @@ func (e *Engine) ResumeFiringByOperator() (FiringState, *OperatorPause, error) {
 	if err := safeCall(func() error { return e.db.Delete(pauseKey, pebble.Sync) }); err != nil {
 		return FiringState{}, nil, fmt.Errorf("shard: resume firing: %w", e.fail("resume", err))
 	}
+	e.pauseMu.Lock()
+	defer e.pauseMu.Unlock()
 	e.opPause = nil
 	e.m.FiringPausedByOperator.Set(0)
 	e.setPausedLocked()
