@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -185,5 +186,46 @@ func TestFiringAnswersWhilePauseWriteStalls(t *testing.T) {
 	}
 	if st := h.e.Firing(); !st.Paused || st.Operator == nil || st.Operator.Reason != "disk full" {
 		t.Fatalf("Firing() after the write = %+v, want paused by the operator", st)
+	}
+}
+
+// TestOperatorPauseFailedWriteAfterRestart (review R224): a pause refused
+// because its record's fsync failed (ErrStoreFailed, 503) was documented
+// as "firing is not paused then", and a refused resume as "the pause
+// holds then". That is so only until the restart the failed store needs:
+// the record was written to the WAL before its sync failed, and the
+// reopen replays it, so the refused pause holds after the restart (and a
+// refused resume may not). The docs now say so; this pins it.
+func TestOperatorPauseFailedWriteAfterRestart(t *testing.T) {
+	for _, op := range []string{"pause", "resume"} {
+		t.Run(op, func(t *testing.T) {
+			toggle := &errorfs.Toggle{Injector: errorfs.InjectorFunc(func(op errorfs.Op) error {
+				if strings.HasSuffix(op.Path, ".log") && (op.Kind == errorfs.OpFileSync || op.Kind == errorfs.OpFileSyncData || op.Kind == errorfs.OpFileSyncTo) {
+					return errorfs.ErrInjected
+				}
+				return nil
+			})}
+			h := newHarness(t, func(o *Options) { o.FS = errorfs.Wrap(vfs.Default, toggle) })
+			if op == "resume" {
+				if _, err := h.e.PauseFiringByOperator("x"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			toggle.On()
+			var err error
+			if op == "pause" {
+				_, err = h.e.PauseFiringByOperator("x")
+			} else {
+				_, _, err = h.e.ResumeFiringByOperator()
+			}
+			if !errors.Is(err, ErrStoreFailed) {
+				t.Fatalf("%s with a failing WAL sync = %v, want ErrStoreFailed", op, err)
+			}
+			toggle.Off()
+			h.reopen()
+			if got, want := h.e.FiringPaused(), op == "pause"; got != want {
+				t.Fatalf("after the refused %s and a restart: paused %v, want %v (the write reached the WAL)", op, got, want)
+			}
+		})
 	}
 }

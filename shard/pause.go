@@ -148,7 +148,10 @@ func (e *Engine) firingLocked() FiringState {
 // holds keeps its start; a non-empty reason replaces the one it had. It
 // returns ErrPauseReason for a reason it does not keep, ErrClosed on a
 // closed engine, and the store's error (ErrStoreFailed) when the record
-// cannot be written; firing is not paused then.
+// cannot be written; firing is not paused then, but the failed store
+// stops firing until a restart, and the record may have reached the
+// disk before its sync failed: the restart may come back paused
+// (TestOperatorPauseFailedWriteAfterRestart).
 func (e *Engine) PauseFiringByOperator(reason string) (FiringState, error) {
 	if !validPauseReason(reason) {
 		return FiringState{}, ErrPauseReason
@@ -197,7 +200,9 @@ func (e *Engine) PauseFiringByOperator(reason string) (FiringState, error) {
 // nothing. Firing resumes unless the catch-up at start still holds it
 // (FiringState.CatchingUp). It returns the pause it ended, nil if none,
 // ErrClosed on a closed engine, and the store's error (ErrStoreFailed)
-// when the record cannot be deleted; the pause holds then.
+// when the record cannot be deleted; the pause holds then, until the
+// restart the failed store needs, which may come back resumed (the
+// deletion may have reached the disk before its sync failed).
 func (e *Engine) ResumeFiringByOperator() (FiringState, *OperatorPause, error) {
 	e.closeMu.RLock()
 	defer e.closeMu.RUnlock()
