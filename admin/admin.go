@@ -381,9 +381,6 @@ func (s *server) logProbe(probe, reason string) {
 	s.log.Warn("probe fails", zap.String("probe", probe), zap.String("reason", reason))
 }
 
-// authorize requires the admin token when one is configured.
-func (s *server) authorize(next http.Handler) http.Handler { return s.authorizeFor(adminAccess, next) }
-
 // access is what an endpoint asks of a request.
 type access int
 

@@ -933,24 +933,32 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 	s.dlqClearedLocked()
 	var again []releasedTask
 	for _, it := range retry {
-		// A replace, cancel or drop that met it is counted here, as for
-		// a dropped entry: its next claim finds it gone, not superseded.
-		// (With the byte budget, every round of large tasks sends some
-		// back.)
-		s.countUndeliveredLocked(s.endInflightLocked(it.seq))
-		s.addLocked(it.fire, it.seq) // a held one stays out: it is released again from the store
-		if lt, ok := s.late[it.seq]; ok && it.released {
-			// Back in the wheel at its retry time, not due: without
-			// going back to the release queue too, a release of more
-			// than a round's bytes left the rest to wait out their
-			// backoff (up to Retry.Max).
-			again = append(again, releasedTask{due: lt.due(), seq: it.seq})
-		}
+		again = s.sendBackLocked(it.fire, it.seq, it.released, again)
 	}
 	if len(again) > 0 {
 		s.released = append(again, s.released...) // still first, in due order
 	}
 	s.inWheelG.Set(float64(s.w.Len()))
+}
+
+// sendBackLocked returns a claimed task, unread, to where it was claimed
+// from: the wheel (a held one stays out: it is released again from the
+// store), and a released one also to the release queue, through again,
+// which the caller puts at the queue's front.
+func (s *shard) sendBackLocked(fire int64, seq uint64, released bool, again []releasedTask) []releasedTask {
+	// A replace, cancel or drop that met it is counted here, as for a
+	// dropped entry: its next claim finds it gone, not superseded. (With
+	// the byte budget, every round of large tasks sends some back.)
+	s.countUndeliveredLocked(s.endInflightLocked(seq))
+	s.addLocked(fire, seq)
+	if lt, ok := s.late[seq]; ok && released {
+		// Back in the wheel at its retry time, not due: without going
+		// back to the release queue too, a release of more than a
+		// round's bytes left the rest to wait out their backoff (up to
+		// Retry.Max).
+		again = append(again, releasedTask{due: lt.due(), seq: seq})
+	}
+	return again
 }
 
 // shutdownDrain is how long a batch already handed to the sink may go on

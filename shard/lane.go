@@ -183,6 +183,17 @@ func (s *shard) dispatch(ctx context.Context, sink Sink, items []fireItem, commi
 // meanwhile goes back to the wheel as unparkLocked does.
 func (s *shard) takeParkedLocked(max int) []fireItem {
 	var out []fireItem
+	// While firing is paused only the dead letters a source waits for
+	// go; the rest is sent back where it was claimed from (the wheel,
+	// where claimPausedLocked sets the due ones aside, and the release
+	// queue), out of flight, as if never claimed (R224: a stuck lane's
+	// parked tasks reached their target during a pause).
+	paused := s.e.paused.Load()
+	if paused {
+		s.e.dl.mu.Lock()
+		defer s.e.dl.mu.Unlock()
+	}
+	var again []releasedTask
 	for l := range s.lanes {
 		ln := &s.lanes[l]
 		if ln.busy || len(ln.parked) == 0 {
@@ -195,12 +206,19 @@ func (s *shard) takeParkedLocked(max int) []fireItem {
 				s.unparkOneLocked(p)
 				continue
 			}
+			if paused && !s.e.deadLetterAwaitedLocked(p.seq) {
+				again = s.sendBackLocked(p.fire, p.seq, p.released, again)
+				continue
+			}
 			out = append(out, fireItem{fire: p.fire, seq: p.seq, parked: true, released: p.released})
 		}
 		ln.parked = ln.parked[k:]
 		if len(ln.parked) == 0 {
 			ln.parked = nil
 		}
+	}
+	if len(again) > 0 {
+		s.released = append(again, s.released...) // still first, in due order
 	}
 	s.inWheelG.Set(float64(s.w.Len()))
 	return out
