@@ -264,12 +264,19 @@ type Secret string
 
 const redacted = "REDACTED"
 
+// redactedMetrics stands for admin.metrics_token in the effective config
+// (Config.String, run --check): validation refuses a metrics token equal
+// to admin.token, so with both set that output would not load back if
+// both read REDACTED (R225). A Secret holding it prints it as it is.
+const redactedMetrics = "REDACTED-METRICS"
+
 // Value returns the secret.
 func (s Secret) Value() string { return string(s) }
 
 func (s Secret) String() string {
-	if s == "" {
-		return ""
+	switch s {
+	case "", redactedMetrics:
+		return string(s)
 	}
 	return redacted
 }
@@ -452,7 +459,8 @@ func (c *Config) readSecrets(v *validator) {
 	read("admin.metrics_token", c.Admin.MetricsTokenFile, &c.Admin.MetricsToken)
 }
 
-// Redacted returns a deep copy with every secret replaced by "REDACTED".
+// Redacted returns a deep copy with every secret replaced by "REDACTED"
+// (admin.metrics_token by "REDACTED-METRICS", see redactedMetrics).
 func (c *Config) Redacted() *Config {
 	r := *c
 	r.Targets.Allow = append([]string(nil), c.Targets.Allow...)
@@ -478,7 +486,9 @@ func (c *Config) Redacted() *Config {
 		r.NATS = &n
 	}
 	r.Admin.Token = red(r.Admin.Token)
-	r.Admin.MetricsToken = red(r.Admin.MetricsToken)
+	if r.Admin.MetricsToken != "" {
+		r.Admin.MetricsToken = redactedMetrics
+	}
 	return &r
 }
 

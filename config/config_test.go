@@ -373,7 +373,7 @@ func TestSecretsFromFiles(t *testing.T) {
 	if got := c.Admin.MetricsToken.Value(); got != "scrape" {
 		t.Errorf("metrics token %q", got)
 	}
-	if r := c.Redacted(); r.Admin.MetricsToken.Value() != "REDACTED" {
+	if r := c.Redacted(); r.Admin.MetricsToken.Value() != "REDACTED-METRICS" { // not admin.token's REDACTED: R225
 		t.Errorf("redacted metrics token %q", r.Admin.MetricsToken.Value())
 	}
 	tf := writeSecret(t, "nats-token")
