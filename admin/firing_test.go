@@ -121,7 +121,7 @@ func TestFiringPauseBadRequests(t *testing.T) {
 		{"unknown field", `{"why": "x"}`, 400, "why"},
 		{"two objects", `{"reason": "a"} {"reason": "b"}`, 400, "after the object"},
 		{"reason too long", `{"reason": "` + strings.Repeat("x", shard.MaxPauseReason+1) + `"}`, 400, "at most 1024 bytes"},
-		{"control character", `{"reason": "two\nlines"}`, 400, "control characters"},
+		{"control character", `{"reason": "two\nlines"}`, 400, "without control"},
 		{"not UTF-8", "{\"reason\": \"\xff\"}", 400, "UTF-8"},
 		{"body too large", `{"reason": "` + strings.Repeat(" ", maxPauseBody) + `"}`, 413, "body over"},
 	} {

@@ -1152,7 +1152,7 @@ func TestAlertRules(t *testing.T) {
 		// Falling behind, not catching up (hunt H170).
 		"DelaybridgeSourceBehind": "offset 15m",
 		// A forgotten pause holds every delivery, across restarts.
-		"DelaybridgeFiringPausedByOperator": "delaybridge_firing_paused_by_operator == 1 for 2h",
+		"DelaybridgeFiringPausedByOperator": "time() - delaybridge_firing_paused_by_operator_since_seconds > 7200",
 	} {
 		if !strings.Contains(alerts[name], want) {
 			t.Errorf("alert %s = %q, want it to contain %q", name, alerts[name], want)

@@ -66,6 +66,10 @@ type Metrics struct {
 	// FiringPausedByOperator is 1 while an operator's pause holds firing
 	// (admin POST /v1/firing/pause), kept across restarts until resumed.
 	FiringPausedByOperator prometheus.Gauge
+	// FiringPausedByOperatorSince is the start of that pause (Unix
+	// seconds, the bridge's clock), 0 without one: it survives restarts,
+	// so an alert on the pause's age does too.
+	FiringPausedByOperatorSince prometheus.Gauge
 
 	// StuckDropped counts the stuck entries an operator removed from the
 	// store (admin DELETE /v1/stuck/...), by their state then: held or
@@ -180,6 +184,9 @@ func New(r prometheus.Registerer) *Metrics {
 		FiringPausedByOperator: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "delaybridge_firing_paused_by_operator", Help: "1 while an operator's pause holds firing (admin POST /v1/firing/pause, kept in the store across restarts until POST /v1/firing/resume); due tasks wait meanwhile.",
 		}),
+		FiringPausedByOperatorSince: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "delaybridge_firing_paused_by_operator_since_seconds", Help: "When the operator's pause of firing began (Unix seconds, kept across restarts), 0 without one.",
+		}),
 		StoreDisk: newStoreDiskCollector(),
 	}
 	// Every reason exists from the start at 0, so a rate() or increase()
@@ -195,7 +202,7 @@ func New(r prometheus.Registerer) *Metrics {
 		r.MustRegister(m.Ingested, m.Fired, m.DeadLettered, m.DeadLettersParked, m.DeadLettersParkedNow, m.DeadLettersFailing, m.StuckDropped, m.Undecodable, m.Cancelled, m.Replaced, m.Dropped,
 			m.Pending, m.InWheel, m.Held, m.FireLateness, m.Overdue, m.StoreCommit, m.StoreErrors,
 			m.PublishRetries, m.PublishSeconds, m.BestEffort, m.SourceErrors, m.SourceLag, m.SourceUnstable, m.SourceStableStalled,
-			m.SourceFetchMemory, m.SourceFetchMemoryLimit, m.SourceFetchMemoryWaits, m.Ready, m.FiringPaused, m.FiringPausedByOperator, m.StoreDisk)
+			m.SourceFetchMemory, m.SourceFetchMemoryLimit, m.SourceFetchMemoryWaits, m.Ready, m.FiringPaused, m.FiringPausedByOperator, m.FiringPausedByOperatorSince, m.StoreDisk)
 	}
 	return m
 }

@@ -1842,6 +1842,7 @@ func (e *Engine) close(flush bool) error {
 	e.pauseMu.Lock()
 	if e.opPause != nil {
 		e.m.FiringPausedByOperator.Set(0)
+		e.m.FiringPausedByOperatorSince.Set(0)
 	}
 	e.pauseMu.Unlock()
 	var errs []error

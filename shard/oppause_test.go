@@ -37,6 +37,13 @@ func TestOperatorPause(t *testing.T) {
 		if p, o := testutil.ToFloat64(m.FiringPaused), testutil.ToFloat64(m.FiringPausedByOperator); p != paused || o != byOperator {
 			t.Fatalf("delaybridge_firing_paused %v, _by_operator %v; want %v, %v", p, o, paused, byOperator)
 		}
+		since := 0.0
+		if st := h.e.Firing(); st.Operator != nil {
+			since = float64(st.Operator.Since.Unix())
+		}
+		if got := testutil.ToFloat64(m.FiringPausedByOperatorSince); got != since || (byOperator == 1) != (since != 0) {
+			t.Fatalf("delaybridge_firing_paused_by_operator_since_seconds %v, want %v", got, since)
+		}
 	}
 	h.ingest([]codec.Task{sched("b", t0.Add(2*time.Second), 1), sched("a", t0.Add(time.Second), 2)})
 	h.run()
@@ -161,6 +168,11 @@ func TestOperatorPauseReason(t *testing.T) {
 		{"NUL", "nul\x00", false},
 		{"escape", "\x1b[31mred", false},
 		{"C1 control", "next\u0085line", false},
+		{"line separator", "a\u2028b", false},
+		{"paragraph separator", "a\u2029b", false},
+		{"bidi override", "deploy \u202egnirts", false},
+		{"zero-width space", "a\u200bb", false},
+		{"BOM", "\ufeffx", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st, err := h.e.PauseFiringByOperator(tc.reason)

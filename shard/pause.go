@@ -59,6 +59,20 @@ func (e *Engine) ResumeFiring() {
 // FiringPaused reports whether firing is paused, for either reason.
 func (e *Engine) FiringPaused() bool { return e.paused.Load() }
 
+// setOpPauseLocked sets the operator's pause (nil: none), its gauges and
+// e.paused.
+func (e *Engine) setOpPauseLocked(p *OperatorPause) {
+	e.opPause = p
+	if p == nil {
+		e.m.FiringPausedByOperator.Set(0)
+		e.m.FiringPausedByOperatorSince.Set(0)
+	} else {
+		e.m.FiringPausedByOperator.Set(1)
+		e.m.FiringPausedByOperatorSince.Set(float64(p.Since.UnixMilli()) / 1000)
+	}
+	e.setPausedLocked()
+}
+
 // setPausedLocked makes e.paused say whether either reason holds firing,
 // and wakes the fire loops when it ends.
 func (e *Engine) setPausedLocked() {
@@ -92,9 +106,10 @@ func (e *Engine) setPausedLocked() {
 const MaxPauseReason = 1024
 
 // ErrPauseReason is returned by PauseFiringByOperator for a reason it does
-// not keep: longer than MaxPauseReason, not UTF-8, or with control
+// not keep: longer than MaxPauseReason, not UTF-8, or with control,
+// format (bidi overrides, zero-width) or line or paragraph separator
 // characters.
-var ErrPauseReason = errors.New("shard: pause reason must be at most 1024 bytes of UTF-8 text without control characters")
+var ErrPauseReason = errors.New("shard: pause reason must be at most 1024 bytes of UTF-8 text without control, format (bidi, zero-width) or line-separator characters")
 
 // OperatorPause is an operator's pause of firing.
 type OperatorPause struct {
@@ -189,9 +204,7 @@ func (e *Engine) PauseFiringByOperator(reason string) (FiringState, error) {
 	}
 	e.pauseMu.Lock()
 	defer e.pauseMu.Unlock()
-	e.opPause = &p
-	e.m.FiringPausedByOperator.Set(1)
-	e.setPausedLocked()
+	e.setOpPauseLocked(&p)
 	return e.firingLocked(), nil
 }
 
@@ -223,9 +236,7 @@ func (e *Engine) ResumeFiringByOperator() (FiringState, *OperatorPause, error) {
 	}
 	e.pauseMu.Lock()
 	defer e.pauseMu.Unlock()
-	e.opPause = nil
-	e.m.FiringPausedByOperator.Set(0)
-	e.setPausedLocked()
+	e.setOpPauseLocked(nil)
 	e.log.Info("firing resumed by the operator", zap.Time("paused_since", old.Since.Time),
 		zap.Duration("paused_for", time.UnixMilli(e.nowMs()).Sub(old.Since.Time)), zap.String("reason", old.Reason))
 	return e.firingLocked(), old, nil
@@ -237,7 +248,11 @@ func validPauseReason(reason string) bool {
 		return false
 	}
 	for _, r := range reason {
-		if unicode.IsControl(r) {
+		// Control characters, and the line and paragraph separators and
+		// format characters (bidi overrides, zero-width ones) that would
+		// let a reason break or disguise a log line or a terminal's
+		// display of it (R224).
+		if unicode.IsControl(r) || unicode.In(r, unicode.Zl, unicode.Zp, unicode.Cf) {
 			return false
 		}
 	}
@@ -285,9 +300,7 @@ func (e *Engine) loadOperatorPause() error {
 	}
 	e.pauseMu.Lock()
 	defer e.pauseMu.Unlock()
-	e.opPause = &p
-	e.m.FiringPausedByOperator.Set(1)
-	e.setPausedLocked()
+	e.setOpPauseLocked(&p)
 	e.log.Warn("firing paused by the operator (kept in the store): due tasks wait until POST /v1/firing/resume",
 		zap.Time("since", p.Since.Time), zap.String("reason", p.Reason))
 	return nil

@@ -99,7 +99,7 @@ admin:
 		says string
 	}{
 		{[]string{"pause", "--admin", "http://127.0.0.1:" + port}, 1, "401"},
-		{[]string{"pause", "--config", cfg, "--reason", "two\nlines"}, 1, "control characters"},
+		{[]string{"pause", "--config", cfg, "--reason", "two\nlines"}, 1, "without control"},
 		{[]string{"status"}, 2, "--config FILE or --admin URL is required"},
 		{[]string{"stop", "--config", cfg}, 2, `unknown action "stop"`},
 		{[]string{"--config", cfg}, 2, "want an action"},
