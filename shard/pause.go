@@ -158,8 +158,10 @@ func (e *Engine) firingLocked() FiringState {
 }
 
 // PauseFiringByOperator pauses firing until ResumeFiringByOperator, and
-// returns once the pause is durable in the store: from then on no task
-// begins its delivery, after a restart too. A pause asked for while one
+// returns once the pause is durable in the store: from then on the fire
+// loops take no task for delivery, after a restart too (the batches they
+// took before still go out: FiringState.InFlight counts them; dead letters
+// a source waits for go too). A pause asked for while one
 // holds keeps its start; a non-empty reason replaces the one it had. It
 // returns ErrPauseReason for a reason it does not keep, ErrClosed on a
 // closed engine, and the store's error (ErrStoreFailed) when the record
