@@ -100,6 +100,12 @@ func do(t *testing.T, method, url, token string) resp {
 	if token != "" {
 		req.Header.Set("Authorization", token)
 	}
+	return send(t, req)
+}
+
+// send sends req and reads the whole answer.
+func send(t *testing.T, req *http.Request) resp {
+	t.Helper()
 	r, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package admin
 
 import (
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -20,16 +19,7 @@ func browserPost(t *testing.T, url, origin, site string) resp {
 	req.Header.Set("Origin", origin)
 	req.Header.Set("Sec-Fetch-Site", site)
 	req.Header.Set("Sec-Fetch-Mode", "no-cors")
-	r, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Body.Close()
-	b, err := io.ReadAll(r.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp{code: r.StatusCode, hdr: r.Header, body: string(b)}
+	return send(t, req)
 }
 
 // TestFiringCrossSiteRefused (review R224): POST /v1/firing/pause and

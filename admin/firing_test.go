@@ -2,7 +2,6 @@ package admin
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -20,16 +19,7 @@ func doBody(t *testing.T, method, url, token, body string) resp {
 	if token != "" {
 		req.Header.Set("Authorization", token)
 	}
-	r, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Body.Close()
-	b, err := io.ReadAll(r.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp{code: r.StatusCode, hdr: r.Header, body: string(b)}
+	return send(t, req)
 }
 
 // firingBody decodes a shard.FiringState answer as a client would.

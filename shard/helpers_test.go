@@ -367,3 +367,22 @@ func laneGraceForTests(t testing.TB) time.Duration {
 	}
 	return d
 }
+
+// ingestAwaitedDL ingests a dead letter a source waits for (IngestAwait)
+// and waits until its DLQ took it, then for the fire loops to settle: it
+// goes out while firing is paused, as the source's progress needs it.
+func (h *harness) ingestAwaitedDL(id string) {
+	h.t.Helper()
+	dl := codec.Task{Kind: codec.KindDeadLetter, ID: id, Source: "src", Origin: "kafka:src/0@14",
+		Transport: codec.TransportKafka, Target: "dlq", Code: codec.CodeBadDue, Detail: "nope"}
+	d, err := h.e.IngestAwait(context.Background(), []codec.Task{dl}, nil)
+	if err != nil || d.Len() != 1 {
+		h.t.Fatalf("IngestAwait = %d dead letters, %v; want 1", d.Len(), err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := d.Wait(ctx); err != nil {
+		h.t.Fatalf("the awaited dead letter while paused: %v", err)
+	}
+	h.settle()
+}

@@ -2,7 +2,6 @@ package shard
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -19,13 +18,13 @@ import (
 // TestOperatorPauseLaneParkedTasksWait (review R224): tasks a stuck lane
 // set aside (parked: claimed while its batch was in the sink) are not "a
 // batch being published": once the operator's pause has answered, they
-// must not reach the target when the lane's batch returns. They go out
-// today: takeParkedLocked takes every parked task of a free lane whether
-// or not firing is paused (the loop's comment says only awaited dead
-// letters do), so a lane stuck at the pause (a hung broker, or one in an
-// outage: its lane is passed at once and every due task of its transport
-// parks) delivers its whole parked backlog during the pause, well over
-// the "at most fire_batch per shard and transport" the README promises.
+// must not reach the target when the lane's batch returns. They went out
+// before 49cc76a: takeParkedLocked took every parked task of a free lane
+// whether or not firing was paused, so a lane stuck at the pause (a hung
+// broker, or one in an outage: its lane is passed at once and every due
+// task of its transport parks) delivered its whole parked backlog during
+// the pause, well over the "at most fire_batch per shard and transport"
+// the README promises; now they go back to the wheel and wait.
 func TestOperatorPauseLaneParkedTasksWait(t *testing.T) {
 	h := newHarness(t, func(o *Options) {
 		o.Shards = 1
@@ -185,46 +184,5 @@ func TestFiringAnswersWhilePauseWriteStalls(t *testing.T) {
 	}
 	if st := h.e.Firing(); !st.Paused || st.Operator == nil || st.Operator.Reason != "disk full" {
 		t.Fatalf("Firing() after the write = %+v, want paused by the operator", st)
-	}
-}
-
-// TestOperatorPauseFailedWriteAfterRestart (review R224): a pause refused
-// because its record's fsync failed (ErrStoreFailed, 503) was documented
-// as "firing is not paused then", and a refused resume as "the pause
-// holds then". That is so only until the restart the failed store needs:
-// the record was written to the WAL before its sync failed, and the
-// reopen replays it, so the refused pause holds after the restart (and a
-// refused resume may not). The docs now say so; this pins it.
-func TestOperatorPauseFailedWriteAfterRestart(t *testing.T) {
-	for _, op := range []string{"pause", "resume"} {
-		t.Run(op, func(t *testing.T) {
-			toggle := &errorfs.Toggle{Injector: errorfs.InjectorFunc(func(op errorfs.Op) error {
-				if strings.HasSuffix(op.Path, ".log") && (op.Kind == errorfs.OpFileSync || op.Kind == errorfs.OpFileSyncData || op.Kind == errorfs.OpFileSyncTo) {
-					return errorfs.ErrInjected
-				}
-				return nil
-			})}
-			h := newHarness(t, func(o *Options) { o.FS = errorfs.Wrap(vfs.Default, toggle) })
-			if op == "resume" {
-				if _, err := h.e.PauseFiringByOperator("x"); err != nil {
-					t.Fatal(err)
-				}
-			}
-			toggle.On()
-			var err error
-			if op == "pause" {
-				_, err = h.e.PauseFiringByOperator("x")
-			} else {
-				_, _, err = h.e.ResumeFiringByOperator()
-			}
-			if !errors.Is(err, ErrStoreFailed) {
-				t.Fatalf("%s with a failing WAL sync = %v, want ErrStoreFailed", op, err)
-			}
-			toggle.Off()
-			h.reopen()
-			if got, want := h.e.FiringPaused(), op == "pause"; got != want {
-				t.Fatalf("after the refused %s and a restart: paused %v, want %v (the write reached the WAL)", op, got, want)
-			}
-		})
 	}
 }

@@ -63,18 +63,7 @@ func TestOperatorPause(t *testing.T) {
 	gauges(1, 1)
 	h.advance(time.Minute)
 	h.ingest([]codec.Task{sched("c", t0.Add(30*time.Second), 3)}) // overdue when ingested
-	dl := codec.Task{Kind: codec.KindDeadLetter, ID: "bad", Source: "src", Origin: "kafka:src/0@14",
-		Transport: codec.TransportKafka, Target: "dlq", Code: codec.CodeBadDue, Detail: "nope"}
-	d, err := h.e.IngestAwait(context.Background(), []codec.Task{dl}, nil)
-	if err != nil || d.Len() != 1 {
-		t.Fatalf("IngestAwait = %d dead letters, %v; want 1", d.Len(), err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := d.Wait(ctx); err != nil {
-		t.Fatalf("the awaited dead letter while paused: %v", err)
-	}
-	h.settle()
+	h.ingestAwaitedDL("bad")
 	if got := h.sink.acked(); !slices.Equal(got, []string{"bad"}) {
 		t.Fatalf("delivered while paused by the operator: %v; want only the awaited dead letter", got)
 	}
@@ -201,7 +190,8 @@ func TestOperatorPauseReason(t *testing.T) {
 
 // TestOperatorPauseStoreFails: a pause whose record cannot be synced is
 // refused with ErrStoreFailed and does not pause; after a pause, a resume
-// whose delete cannot be synced is refused and the pause holds. On a
+// whose delete cannot be synced is refused and the pause holds; after the
+// restart the failed store needs, each may have reached the disk. On a
 // closed engine both are ErrClosed.
 func TestOperatorPauseStoreFails(t *testing.T) {
 	for _, op := range []string{"pause", "resume"} {
@@ -231,7 +221,15 @@ func TestOperatorPauseStoreFails(t *testing.T) {
 			if got, want := h.e.FiringPaused(), op == "resume"; got != want {
 				t.Fatalf("paused %v after the failed %s, want %v", got, op, want)
 			}
+			// The restart the failed store needs replays what reached
+			// the WAL before its sync failed: the refused pause holds,
+			// the refused resume does not (R224; README says to check
+			// GET /v1/firing after it).
 			toggle.Off()
+			h.reopen()
+			if got, want := h.e.FiringPaused(), op == "pause"; got != want {
+				t.Fatalf("after the refused %s and a restart: paused %v, want %v (the write reached the WAL)", op, got, want)
+			}
 			h.close()
 			if _, err := (&Engine{closed: true}).PauseFiringByOperator(""); !errors.Is(err, ErrClosed) {
 				t.Fatalf("pause on a closed engine = %v", err)

@@ -1,7 +1,6 @@
 package shard
 
 import (
-	"context"
 	"slices"
 	"testing"
 	"time"
@@ -38,18 +37,7 @@ func TestPauseFiring(t *testing.T) {
 		cancelTask("stored-c", 12),
 		sched("stored-r", t0.Add(time.Hour), 13),
 	})
-	dl := codec.Task{Kind: codec.KindDeadLetter, ID: "bad", Source: "src", Origin: "kafka:src/0@14",
-		Transport: codec.TransportKafka, Target: "dlq", Code: codec.CodeBadDue, Detail: "nope"}
-	d, err := h.e.IngestAwait(context.Background(), []codec.Task{dl}, nil)
-	if err != nil || d.Len() != 1 {
-		t.Fatalf("IngestAwait = %d dead letters, %v; want 1", d.Len(), err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := d.Wait(ctx); err != nil {
-		t.Fatalf("the awaited dead letter while paused: %v", err)
-	}
-	h.settle()
+	h.ingestAwaitedDL("bad")
 	if got := h.sink.acked(); !slices.Equal(got, []string{"bad"}) {
 		t.Fatalf("delivered while paused: %v; want only the awaited dead letter", got)
 	}
