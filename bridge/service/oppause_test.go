@@ -2,7 +2,6 @@ package service
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -24,7 +23,7 @@ func TestOperatorPauseEndToEnd(t *testing.T) {
 	svc, stop := e.start()
 	eventually(t, "the catch-up at start over", func() bool { return !svc.Engine().Firing().CatchingUp })
 	srv := httptest.NewServer(svc.AdminHandler())
-	code, body := adminPost(t, srv, "/v1/firing/pause", `{"reason": "orders-svc deploy"}`)
+	code, body := adminSend(t, srv, "POST", "/v1/firing/pause", `{"reason": "orders-svc deploy"}`)
 	var st shard.FiringState
 	if err := json.Unmarshal([]byte(body), &st); code != http.StatusOK || err != nil || !st.Paused || st.Operator == nil || st.Operator.Reason != "orders-svc deploy" {
 		t.Fatalf("POST /v1/firing/pause = %d %q (%v)", code, body, err)
@@ -66,7 +65,7 @@ func TestOperatorPauseEndToEnd(t *testing.T) {
 	if code, body := adminCall(t, srv, "GET", "/v1/firing"); code != http.StatusOK || !strings.Contains(body, `"reason":"orders-svc deploy"`) {
 		t.Fatalf("GET /v1/firing = %d %q", code, body)
 	}
-	if code, body := adminPost(t, srv, "/v1/firing/resume", ""); code != http.StatusOK || !strings.Contains(body, `"paused":false`) {
+	if code, body := adminSend(t, srv, "POST", "/v1/firing/resume", ""); code != http.StatusOK || !strings.Contains(body, `"paused":false`) {
 		t.Fatalf("POST /v1/firing/resume = %d %q", code, body)
 	}
 	e.waitFor("the tasks after the resume", func(ds []delivery) bool {
@@ -109,20 +108,4 @@ func targetDeliveries(e *env) map[string]int {
 		}
 	}
 	return out
-}
-
-// adminPost sends a POST with body to the admin API and returns its
-// status and body.
-func adminPost(t *testing.T, srv *httptest.Server, path, body string) (int, string) {
-	t.Helper()
-	r, err := http.Post(srv.URL+path, "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Body.Close()
-	b, err := io.ReadAll(r.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r.StatusCode, string(b)
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,7 +84,13 @@ func TestDropHeldDeadLetter(t *testing.T) {
 // body.
 func adminCall(t *testing.T, srv *httptest.Server, method, path string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, srv.URL+path, nil)
+	return adminSend(t, srv, method, path, "")
+}
+
+// adminSend is adminCall with a request body.
+func adminSend(t *testing.T, srv *httptest.Server, method, path, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,18 +49,7 @@ func TestFiringCommand(t *testing.T) {
 	if err := os.WriteFile(tokFile, []byte(tok+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(cfg, []byte(`
-data_dir: `+filepath.Join(dir, "data")+`
-kafka:
-  brokers: ["127.0.0.1:1"]
-  sources: [{topic: delay, dlq: delay.dlq}]
-admin:
-  listen: 0.0.0.0:`+port+`
-  token_file: `+tokFile+`
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := firingConfig(t, dir, "listen: 0.0.0.0:"+port+"\n  token_file: "+tokFile)
 	run := func(args ...string) (int, firingAnswer, string) {
 		t.Helper()
 		var out, errOut bytes.Buffer
@@ -117,6 +106,24 @@ admin:
 	}
 }
 
+// firingConfig writes a bridge config (a Kafka source, never dialled)
+// with admin, the lines of its admin block, to dir/config.yaml.
+func firingConfig(t *testing.T, dir, admin string) string {
+	t.Helper()
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, []byte(`
+data_dir: `+filepath.Join(dir, "data")+`
+kafka:
+  brokers: ["127.0.0.1:1"]
+  sources: [{topic: delay, dlq: delay.dlq}]
+admin:
+  `+admin+`
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
 // firingAnswer is the JSON `delaybridge firing` prints.
 type firingAnswer struct {
 	Paused   bool `json:"paused"`
@@ -140,18 +147,7 @@ func TestFiringTarget(t *testing.T) {
 		{"[::1]:9000", "http://[::1]:9000", ""},
 		{"127.0.0.1:0", "", "port 0"},
 	} {
-		cfg := filepath.Join(dir, "config.yaml")
-		if err := os.WriteFile(cfg, []byte(`
-data_dir: `+filepath.Join(dir, "data")+`
-kafka:
-  brokers: ["127.0.0.1:1"]
-  sources: [{topic: delay, dlq: delay.dlq}]
-admin:
-  listen: "`+tc.listen+`"
-  token: t0ken
-`), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		cfg := firingConfig(t, dir, `listen: "`+tc.listen+`"`+"\n  token: t0ken")
 		url, token, err := firingTarget(cfg, "", "")
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
