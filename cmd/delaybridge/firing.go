@@ -46,9 +46,11 @@ func cmdFiring(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	base := fs.String("admin", "", "the admin API's address (http://HOST:PORT or HOST:PORT); wins over the config's admin.listen")
 	tokenFile := fs.String("token-file", "", "a file holding the admin token; wins over the config's")
 	reason := fs.String("reason", "", "pause: why (at most 1024 bytes), kept and shown with the pause")
-	action := ""
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		action, args = args[0], args[1:]
+	// The action first, or after flags ("firing --config F pause"); one
+	// only (parseFlags would call another "no arguments" taken).
+	action, args := firingAction(args)
+	if extra, _ := firingAction(args); extra != "" {
+		return usagef(fs, "firing: unexpected argument %q: one action (status, pause or resume), then flags", extra)
 	}
 	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
@@ -117,6 +119,29 @@ func cmdFiring(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	_, err = stdout.Write(answer)
 	return err
+}
+
+// firingAction takes the action out of args: the first argument that is
+// neither a flag nor a flag's value. Every flag of `delaybridge firing`
+// but -h takes a value, so a flag written without "=" is followed by its
+// value. A "--" ends the flags: what follows is left to parseFlags.
+func firingAction(args []string) (action string, rest []string) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			break
+		}
+		if len(a) > 1 && a[0] == '-' {
+			switch name := strings.TrimLeft(a, "-"); {
+			case strings.Contains(name, "="), name == "h", name == "help":
+			default:
+				i++ // its value
+			}
+			continue
+		}
+		return a, append(args[:i:i], args[i+1:]...)
+	}
+	return "", args
 }
 
 // firingTarget is the admin API's base URL and token for `delaybridge
