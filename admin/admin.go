@@ -76,8 +76,11 @@
 // elsewhere it is 403. A request other than GET that a browser marks as
 // cross-origin (Sec-Fetch-Site, or an Origin other than the Host) is 403
 // (http.CrossOriginProtection): without a token, a web page could
-// otherwise POST /v1/firing/pause. Clients without those headers (curl)
-// are not affected.
+// otherwise POST /v1/firing/pause. Without a token, such a browser
+// request (Origin or Sec-Fetch-Site set) is also 403 unless its Host is
+// an IP address or localhost: a page that rebinds its own name to the
+// loopback (DNS rebinding) is the same origin to the browser. Clients
+// without those headers (curl) are not affected.
 // Errors are JSON objects {"error": "..."}; a wrong method is 405 with Allow.
 package admin
 
@@ -93,6 +96,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/netip"
 	"net/url"
 	"path"
 	"slices"
@@ -218,6 +222,9 @@ func NewHandler(o Options) http.Handler {
 			var hh http.Handler = h
 			if m != http.MethodGet {
 				hh = csrf.Handler(hh)
+				if s.adminToken == nil {
+					hh = rebindingGuard(hh)
+				}
 			}
 			if auth != open {
 				hh = s.authorizeFor(auth, hh)
@@ -379,6 +386,38 @@ func (s *server) logProbe(probe, reason string) {
 		return
 	}
 	s.log.Warn("probe fails", zap.String("probe", probe), zap.String("reason", reason))
+}
+
+// rebindingGuard refuses (403) a browser's request (one with an Origin or
+// Sec-Fetch-Site header) whose Host is not an IP address or localhost:
+// a page of another site that rebinds its own name to 127.0.0.1 (DNS
+// rebinding) sends that name as Host and Origin alike, the same origin
+// for CrossOriginProtection. Only without a token: with one, such a page
+// cannot authenticate. Clients without those headers (curl, scripts) may
+// name the bridge as they like (R226).
+func rebindingGuard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if (r.Header.Get("Origin") != "" || r.Header.Get("Sec-Fetch-Site") != "") && !addressHost(r.Host) {
+			writeError(w, http.StatusForbidden, "a browser's request must name the bridge by its IP address or localhost (no admin token is set, and another name may be a DNS-rebinding page)")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// addressHost reports whether host (a request's Host, with or without a
+// port) is an IP address, "localhost" or a name under ".localhost", which
+// browsers resolve to the loopback themselves.
+func addressHost(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.ToLower(strings.TrimPrefix(strings.TrimSuffix(host, "]"), "["))
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	_, err := netip.ParseAddr(host)
+	return err == nil
 }
 
 // access is what an endpoint asks of a request.
