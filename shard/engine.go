@@ -425,6 +425,7 @@ func OpenContext(ctx context.Context, opts Options) (*Engine, error) {
 				e.m.DeadLettersFailing.Sub(float64(sh.dlHeld))
 			}
 		}
+		e.clearPauseGauges() // an operator's pause recover restored (R226)
 		db.Close()
 		return nil, err
 	}
@@ -1836,15 +1837,7 @@ func (e *Engine) close(flush bool) error {
 		e.m.DeadLettersFailing.Sub(float64(sh.dlHeld))
 		sh.mu.Unlock()
 	}
-	if e.paused.Load() {
-		e.m.FiringPaused.Set(0)
-	}
-	e.pauseMu.Lock()
-	if e.opPause != nil {
-		e.m.FiringPausedByOperator.Set(0)
-		e.m.FiringPausedByOperatorSince.Set(0)
-	}
-	e.pauseMu.Unlock()
+	e.clearPauseGauges()
 	var errs []error
 	if flush && e.failed() == nil {
 		// Pebble treats a store directory gone from under it as fatal

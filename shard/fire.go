@@ -943,14 +943,25 @@ func (s *shard) settleClaimed(dropped, retry []fireItem) {
 
 // sendBackLocked returns a claimed task, unread, to where it was claimed
 // from: the wheel (a held one stays out: it is released again from the
-// store), and a released one also to the release queue, through again,
-// which the caller puts at the queue's front.
+// store, its lane's release cursor moved back to it), and a released one
+// also to the release queue, through again, which the caller puts at the
+// queue's front.
 func (s *shard) sendBackLocked(fire int64, seq uint64, released bool, again []releasedTask) []releasedTask {
 	// A replace, cancel or drop that met it is counted here, as for a
 	// dropped entry: its next claim finds it gone, not superseded. (With
 	// the byte budget, every round of large tasks sends some back.)
 	s.countUndeliveredLocked(s.endInflightLocked(seq))
 	s.addLocked(fire, seq)
+	if isHeld(fire) {
+		// A held one is released again from the store: from its place,
+		// not after the lane's whole held range (R226). The cursor went
+		// past it when it was claimed.
+		if l := heldSlot(fire); l >= 0 && l < len(s.lanes) {
+			if h := &s.lanes[l].hold; fire < h.cursorFire || fire == h.cursorFire && seq < h.cursorSeq {
+				h.cursorFire, h.cursorSeq = fire, seq
+			}
+		}
+	}
 	if lt, ok := s.late[seq]; ok && released {
 		// Back in the wheel at its retry time, not due: without going
 		// back to the release queue too, a release of more than a

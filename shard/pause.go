@@ -73,6 +73,20 @@ func (e *Engine) setOpPauseLocked(p *OperatorPause) {
 	e.setPausedLocked()
 }
 
+// clearPauseGauges takes the engine's pause out of the gauges when it
+// closes or its Open fails (a reopened store counts its own again).
+func (e *Engine) clearPauseGauges() {
+	if e.paused.Load() {
+		e.m.FiringPaused.Set(0)
+	}
+	e.pauseMu.Lock()
+	defer e.pauseMu.Unlock()
+	if e.opPause != nil {
+		e.m.FiringPausedByOperator.Set(0)
+		e.m.FiringPausedByOperatorSince.Set(0)
+	}
+}
+
 // setPausedLocked makes e.paused say whether either reason holds firing,
 // and wakes the fire loops when it ends.
 func (e *Engine) setPausedLocked() {

@@ -31,7 +31,6 @@ import (
 // pause's start, on a metrics object shared with the next engine of the
 // process (the store's test harnesses, a process that opens again).
 func TestR226FailedOpenLeavesNoPauseGauges(t *testing.T) {
-	t.Skip("R226: Open's failure path (engine.go) does not undo the operator pause's gauges; fix in engine.go, outside this review's files")
 	m := metrics.New(prometheus.NewRegistry())
 	// After the pause is restored (its log line), every read of an
 	// sstable fails: the read of the sequence that follows fails Open.
@@ -152,7 +151,6 @@ func TestR226PausedHeldParkedDeliveredOnce(t *testing.T) {
 // goes after h2..h4 (with a held backlog of millions, after all of it),
 // though the release goes in key order (each group's oldest first).
 func TestR226PausedHeldParkedKeepsItsPlace(t *testing.T) {
-	t.Skip("R226: a held task sent back by a pause (shard/fire.go sendBackLocked) does not move the lane's release cursor back to it; fix outside this review's files")
 	if got, want := pausedHeldParked(t), []string{"h1", "h2", "h3", "h4"}; !slices.Equal(got, want) {
 		t.Fatalf("held tasks delivered after the resume in the order %v, want %v (h1 was claimed first, then sent back by the pause)", got, want)
 	}
