@@ -161,6 +161,7 @@ func TestOperatorPauseReason(t *testing.T) {
 		{"paragraph separator", "a\u2029b", false},
 		{"bidi override", "deploy \u202egnirts", false},
 		{"zero-width space", "a\u200bb", false},
+		{"joiners", "می\u200cخواهم 👩\u200d💻", true},
 		{"BOM", "\ufeffx", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

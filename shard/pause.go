@@ -258,6 +258,13 @@ func (e *Engine) ResumeFiringByOperator() (FiringState, *OperatorPause, error) {
 	return e.firingLocked(), old, nil
 }
 
+// The zero-width non-joiner and joiner, format characters that ordinary
+// text needs.
+const (
+	zwnj = '\u200c'
+	zwj  = '\u200d'
+)
+
 // validPauseReason reports whether PauseFiringByOperator keeps reason.
 func validPauseReason(reason string) bool {
 	if len(reason) > MaxPauseReason || !utf8.ValidString(reason) {
@@ -268,6 +275,9 @@ func validPauseReason(reason string) bool {
 		// format characters (bidi overrides, zero-width ones) that would
 		// let a reason break or disguise a log line or a terminal's
 		// display of it (R224).
+		if r == zwnj || r == zwj {
+			continue // joiners of ordinary Persian and Indic text, emoji sequences (R226)
+		}
 		if unicode.IsControl(r) || unicode.In(r, unicode.Zl, unicode.Zp, unicode.Cf) {
 			return false
 		}

@@ -100,6 +100,11 @@ func cmdFiring(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && action != "status" {
+			// A synced write stalled (a full or hung disk): it may still
+			// land after the command gave up.
+			return fmt.Errorf("firing %s: no answer within %v (%w); the %s may still take effect: check with delaybridge firing status", action, firingTimeout, err, action)
+		}
 		return fmt.Errorf("firing %s: %w", action, err)
 	}
 	defer resp.Body.Close()
