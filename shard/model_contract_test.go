@@ -39,7 +39,10 @@ import (
 // (transient, outage of one transport or both, rejected; dead letters
 // failing too); publishes held at a gate while replaces and cancels of
 // them arrive; batches ingested back to back and from several goroutines
-// while their due tasks are published; lookups racing the fire loops.
+// while their due tasks are published; lookups racing the fire loops;
+// pauses of firing, the operator's and the catch-up's, at settled points,
+// while publishes hang, at Open and across restarts and crashes
+// (model_pause_test.go has what they check).
 //
 // The model keeps per (source, id) the pending schedule or a cancel
 // marker: a message supersedes it when it is later (same log: later
@@ -64,6 +67,10 @@ import (
 // Short form: one seed of 200 steps. DELAYBRIDGE_LONG=1: six seeds of 1500.
 // DELAYBRIDGE_MODEL_SEED (and DELAYBRIDGE_MODEL_STEPS) replay a seed's
 // choices; the interleavings of the concurrent steps are the machine's.
+// The pause steps have a generator of their own: up to the first one, a
+// seed's history is what it was before they were modelled, and
+// DELAYBRIDGE_MODEL_NOPAUSE=1 leaves them out (the pre-M227 histories).
+// DELAYBRIDGE_MODEL_HIST=N prints the last N steps of a failure (60).
 func TestModelContract(t *testing.T) {
 	seeds, steps := []uint64{uint64(time.Now().UnixNano())}, 200
 	if longTests() {
@@ -138,6 +145,11 @@ type mMsg struct {
 	// cancelled: superseded by a cancel (else by a replace);
 	// ghostAcked: delivered by an engine that then crashed.
 	cancelled, ghostAcked bool
+	// setAside: came due while firing was paused (model_pause_test.go).
+	setAside bool
+	// ghostAt: the event ticket after the crash of the engine that
+	// delivered it (ghostAcked).
+	ghostAt int64
 }
 
 // mEntry is the model's index entry of one (source, id).
@@ -195,6 +207,8 @@ type modelSink struct {
 	unbegun int                   // Deliver calls without a begin
 	gate    chan struct{}         // nil: open
 	blocked int
+	// pz: what a pause lets the fire loops begin (model_pause_test.go).
+	pz sinkPause
 }
 
 // begin numbers a publish where it begins: under its shard's lock, right
@@ -207,6 +221,7 @@ func (s *modelSink) begin(batch []*codec.Task) {
 	n := s.events.Add(1)
 	s.mu.Lock()
 	s.begun[batch[0]] = n
+	s.checkPausedBeginLocked(batch, n)
 	s.mu.Unlock()
 }
 
@@ -345,6 +360,12 @@ type modelRun struct {
 	mc modelCounts
 	// cov counts the cases a run met, logged at its end.
 	cov map[string]int
+	// prng draws the pause steps (model_pause_test.go), apart from rng so
+	// a seed's other draws stay what they were before pauses were
+	// modelled; nil with DELAYBRIDGE_MODEL_NOPAUSE=1.
+	prng *rand.Rand
+	// pz is the model's pause of firing.
+	pz modelPause
 }
 
 func runModel(t *testing.T, seed uint64, steps int) {
@@ -354,6 +375,10 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		offsets: map[string]int64{}, incs: map[string]uint32{}, stamp: ms(t0), lastSameDue: map[mDueKey]int{}, cov: map[string]int{}, cps: map[string]int64{},
 		mc: modelCounts{ingested: map[string]int{}, dropped: map[[2]string]int{}, fired: map[[2]string]int{}, deadLtrd: map[codec.Code]int{}}}
 	r.sink = &modelSink{clk: clk, events: &r.events, seed: seed, tries: map[int]int{}, begun: map[*codec.Task]int64{}}
+	r.sink.pz.init()
+	if os.Getenv("DELAYBRIDGE_MODEL_NOPAUSE") != "1" {
+		r.prng = rand.New(rand.NewPCG(seed, 0x7061757365))
+	}
 	r.opts = Options{
 		Dir:             t.TempDir(),
 		Shards:          1 + rng.IntN(4),
@@ -392,6 +417,9 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		}
 	}()
 	for r.step = 0; r.step < steps && !t.Failed(); r.step++ {
+		if r.prng != nil && r.prng.IntN(100) < 5 {
+			r.pauseStep(true) // before the step, which then runs paused or not
+		}
 		switch x := rng.IntN(100); {
 		case x < 40:
 			r.ingestStep()
@@ -422,6 +450,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 	}
 	// The end: everything due is delivered.
 	r.sink.setMode(sinkMode{})
+	r.resumeAll()
 	r.note("final")
 	end := r.now() + (24 * time.Hour).Milliseconds()
 	for _, en := range r.state {
@@ -477,8 +506,8 @@ func runModel(t *testing.T, seed uint64, steps int) {
 func (r *modelRun) note(format string, args ...any) {
 	s := fmt.Sprintf("step %d @%d: ", r.step, r.now()-ms(t0)) + fmt.Sprintf(format, args...)
 	r.hist = append(r.hist, s)
-	if len(r.hist) > 60 {
-		r.hist = r.hist[len(r.hist)-60:]
+	if len(r.hist) > histLen {
+		r.hist = r.hist[len(r.hist)-histLen:]
 	}
 }
 
@@ -501,7 +530,9 @@ func (r *modelRun) open() {
 	}
 	r.e = e
 	e.testHookBeginPublish = r.sink.begin // before Run starts
+	e.testHookDispatch = r.sink.dispatched
 	r.cov[fmt.Sprintf("opened with horizon %v", r.opts.Horizon)]++
+	r.openPaused()
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	r.done = make(chan error, 1)
@@ -624,6 +655,7 @@ func (r *modelRun) closeGate() {
 }
 
 func (r *modelRun) openGate() {
+	r.forgetParked()
 	r.sink.mu.Lock()
 	if r.sink.gate != nil {
 		close(r.sink.gate)
@@ -784,6 +816,7 @@ func (r *modelRun) ingestBatch(maxOps int, focus []mKey) {
 	if len(b.dls) > 0 && len(b.cpl) > 0 {
 		// As a source does: it commits once the DLQ took the batch's
 		// dead letters (CONTRACT §3).
+		r.sink.awaited(b.dls) // they may go at once, paused or not
 		dls, err := r.e.IngestAwait(context.Background(), b.tasks, b.cpl)
 		if err != nil {
 			r.t.Fatalf("IngestAwait: %v", err)
@@ -1074,6 +1107,7 @@ func (r *modelRun) inFlightStep() {
 		}
 		r.sink.mu.Unlock()
 		if blocked > 0 {
+			r.pauseInFlight()
 			for range 1 + r.rng.IntN(3) {
 				if r.rng.IntN(4) == 0 {
 					k := r.randomKey()
@@ -1136,7 +1170,10 @@ func (r *modelRun) checkCounts() {
 	m := r.opts.Metrics
 	cancelled, replaced := map[string]int{}, map[string]int{}
 	for _, x := range r.msgs {
-		if x.supersededAt == 0 || x.acked > 0 || x.ghostAcked || x.mayDL != "" && x.dlSeen {
+		// A task delivered by an engine that then crashed is pending in
+		// the next one: superseded there before it went again (a pause
+		// holds it), it counts as cancelled or replaced.
+		if x.supersededAt == 0 || x.acked > 0 || x.ghostAcked && x.supersededAt < x.ghostAt || x.mayDL != "" && x.dlSeen {
 			continue
 		}
 		if x.cancelled {
@@ -1192,6 +1229,7 @@ func (r *modelRun) observeGhost(rec mRecord) {
 		r.countFired(m, rec)
 		if rec.kind != codec.KindDeadLetter {
 			m.ghostAcked = true
+			m.ghostAt = r.events.Add(1)
 		}
 	}
 	if rec.kind == codec.KindDeadLetter {
@@ -1205,7 +1243,7 @@ func (r *modelRun) observeGhost(rec mRecord) {
 		r.t.Errorf("step %d: msg %d delivered, which the model never scheduled", r.step, m.n)
 	case m.done:
 		r.t.Errorf("step %d: msg %d delivered again after it was acknowledged or dead-lettered", r.step, m.n)
-	case rec.at < m.due && !m.tried:
+	case rec.at < m.due && !m.tried && !m.setAside:
 		r.t.Errorf("step %d: msg %d delivered at %d, before its due %d", r.step, m.n, rec.at-ms(t0), m.due-ms(t0))
 	case m.supersededAt != 0 && rec.ticket > m.supersededAt:
 		r.t.Errorf("step %d: msg %d handed to the sink (ticket %d) after the message superseding it was acknowledged (ticket %d)",
@@ -1479,6 +1517,13 @@ func (r *modelRun) drain() {
 		r.clk.Advance(2 * time.Minute)
 		r.settleAndCheck()
 	}
+	if r.pz.paused() {
+		// Nothing due goes but the dead letters a source waits for.
+		r.cov["drain while paused"]++
+		r.checkAwaits(true)
+		r.checkState()
+		return
+	}
 	r.outageDirty = [3]bool{}
 	now := r.now()
 	for k, en := range r.state {
@@ -1514,7 +1559,9 @@ func (r *modelRun) settleAndCheck() {
 	for _, rec := range recs {
 		r.observe(rec)
 	}
+	r.checkPausedBegins()
 	r.checkAwaits(false)
+	r.checkFiring()
 	r.checkState()
 }
 
@@ -1561,7 +1608,12 @@ func (r *modelRun) observe(rec mRecord) {
 		r.t.Errorf("step %d: msg %d delivered again after it was acknowledged or dead-lettered", r.step, m.n)
 		return
 	}
-	if rec.at < m.due && !m.tried {
+	switch {
+	case rec.at < m.due && !m.tried && m.setAside:
+		// TestM227PausedStepBackFiresEarly (skipped): the resume fires
+		// what a pause set aside whatever a step back of the clock says.
+		r.cov["M227: set-aside task first tried before its due after a step back"]++
+	case rec.at < m.due && !m.tried:
 		r.t.Errorf("step %d: msg %d delivered at %d, before its due %d", r.step, m.n, rec.at-ms(t0), m.due-ms(t0))
 	}
 	if rec.at < m.due {
@@ -1677,16 +1729,19 @@ func (r *modelRun) check(settled bool) {
 			r.t.Errorf("step %d: Lookup(%s, %s) = origin %s due %d attempts %d; the model holds msg %d due %d attempts %d",
 				r.step, k.src, k.id, info.Origin, info.Due.UnixMilli()-ms(t0), info.Attempts, m.n, m.due-ms(t0), m.attempts)
 		}
-		if settled && !r.outageDirty[m.tr] && !m.failed && m.due <= now {
+		if settled && !r.pz.paused() && !r.outageDirty[m.tr] && !m.failed && m.due <= now {
 			r.t.Errorf("step %d: msg %d (%s/%s) due %d, never failed, not delivered at %d", r.step, m.n, k.src, k.id, m.due-ms(t0), now-ms(t0))
 		}
 	}
 	st := r.e.Stats()
-	// Dead letters not yet taken by their DLQ count too (a dead letter is
-	// tried at once, so it was seen if it exists); those held at the gate
-	// were not seen yet: checked only when settled.
+	// Dead letters not yet taken by their DLQ count too (those held at the
+	// gate were not seen yet: checked only when settled).
 	for _, m := range r.msgs {
-		if m.dlSeen && !m.dlDelivered {
+		// A dead letter no source waits for is not tried while firing is
+		// paused, nor, set aside by a pause and back in the wheel after a
+		// restart, before its fire time after a step back of the clock:
+		// it exists once the model knows it.
+		if (m.dlSeen || m.wantDL != "") && !m.dlDelivered {
 			pending++
 			anyFailed = true
 		}
@@ -1697,7 +1752,9 @@ func (r *modelRun) check(settled bool) {
 	if settled && st.Held != held {
 		r.t.Errorf("step %d: Stats.Held = %d, Lookup found %d held", r.step, st.Held, held)
 	}
-	if settled && !anyFailed {
+	if settled && r.pz.paused() {
+		r.checkPausedStats(st, minDue, anyFailed)
+	} else if settled && !anyFailed {
 		// Nothing waits for a retry: the next fire time is the earliest
 		// due, and nothing is overdue.
 		want := Time{}
