@@ -196,7 +196,7 @@ func (s *shard) loop(ctx context.Context, sink Sink, commits chan<- *fireCommit)
 				}
 			case len(s.paused) > 0:
 				// What waited for the pause goes first, in due order.
-				claimed = append(claimed, s.takePausedLocked(max(fb-len(claimed), 1))...)
+				claimed = append(claimed, s.takePausedLocked(now, max(fb-len(claimed), 1))...)
 			default:
 				claimed = append(claimed, s.claimLocked(now)...)
 			}

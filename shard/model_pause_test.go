@@ -398,16 +398,6 @@ func (r *modelRun) checkFiringState(what string, st FiringState) {
 // checkFiring checks Firing at a settled point: the model's pause, and
 // nothing in flight.
 func (r *modelRun) checkFiring() {
-	if r.pz.paused() {
-		// What is due now is set aside (a step back of the clock does not
-		// put it back: TestM227PausedStepBackFiresEarly).
-		now := r.now()
-		for _, en := range r.state {
-			if !en.cancel && en.msg.due <= now {
-				en.msg.setAside = true
-			}
-		}
-	}
 	st := r.e.Firing()
 	r.checkFiringState("Firing", st)
 	if st.InFlight != 0 {

@@ -376,8 +376,10 @@ func (s *shard) parkPausedLocked(ctx context.Context, timer clock.Timer, now int
 }
 
 // takePausedLocked claims up to max of the tasks set aside while firing
-// was paused, the earliest due first.
-func (s *shard) takePausedLocked(max int) []fireItem {
+// was paused, the earliest due first, those due by now (ms). The clock
+// may have stepped back during the pause: the ones no longer due go back
+// to the wheel, which fires them at their time (M227: they fired early).
+func (s *shard) takePausedLocked(now int64, max int) []fireItem {
 	if len(s.paused) == 0 {
 		return nil
 	}
@@ -391,6 +393,15 @@ func (s *shard) takePausedLocked(max int) []fireItem {
 	k := 0
 	for ; k < len(s.paused) && len(out) < max; k++ {
 		p := s.paused[k]
+		if p.fire > now {
+			// Sorted: this one and the rest are not due.
+			for _, q := range s.paused[k:] {
+				s.addLocked(q.fire, q.seq)
+			}
+			k = len(s.paused)
+			s.inWheelG.Set(float64(s.w.Len()))
+			break
+		}
 		if _, ok := s.deleting[p.seq]; ok {
 			continue
 		}
