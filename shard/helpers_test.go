@@ -386,3 +386,14 @@ func (h *harness) ingestAwaitedDL(id string) {
 	}
 	h.settle()
 }
+
+// waitSignal waits for a value on ch; the deadline only turns a hang into
+// a failure that says what was awaited.
+func waitSignal(t testing.TB, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}

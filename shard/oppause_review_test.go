@@ -39,7 +39,7 @@ func TestOperatorPauseLaneParkedTasksWait(t *testing.T) {
 	go func() { done <- h.e.Run(ctx, sink) }()
 	defer func() { release(); cancel(); <-done }()
 
-	<-sink.entered // k1's produce is held: the lane goes stuck
+	waitSignal(t, sink.entered, "k1's produce") // held: the lane goes stuck
 	h.clk.Advance(10 * time.Second)
 	eventuallyTrue(t, "k2 and k3 set aside behind the stuck lane", func() bool { return h.e.parkedIn(codec.TransportKafka) == 2 })
 	st, err := h.e.PauseFiringByOperator("target migration")
@@ -104,7 +104,7 @@ func TestOperatorPauseAgainKeepsDueOrder(t *testing.T) {
 	if _, _, err := h.e.ResumeFiringByOperator(); err != nil {
 		t.Fatal(err)
 	}
-	<-sink.entered // a's produce is held; b and c still wait aside
+	waitSignal(t, sink.entered, "a's produce") // held; b and c still wait aside
 	if _, err := h.e.PauseFiringByOperator("second"); err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,13 @@ func TestFiringAnswersWhilePauseWriteStalls(t *testing.T) {
 		_, err := h.e.PauseFiringByOperator("disk full")
 		paused <- err
 	}()
-	<-entered // the pause's record waits for its fsync
+	select { // the pause's record waits for its fsync
+	case <-entered:
+	case err := <-paused:
+		t.Fatalf("PauseFiringByOperator returned (%v) before its record's fsync reached the stalling injector", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the pause's record never reached its fsync")
+	}
 
 	answered := make(chan FiringState, 1)
 	go func() {

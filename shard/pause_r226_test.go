@@ -111,7 +111,7 @@ func pausedHeldParked(t *testing.T) []string {
 	go func() { done <- h.e.Run(ctx, sink) }()
 	defer func() { release(); cancel(); <-done }()
 
-	<-sink.entered // d1 and d2 in the sink
+	waitSignal(t, sink.entered, "d1 and d2 in the sink")
 	eventuallyTrue(t, "h1 parked behind d1 and d2", func() bool { return h.e.parkedIn(codec.TransportKafka) == 1 })
 	if _, err := h.e.PauseFiringByOperator("r226"); err != nil {
 		t.Fatal(err)
