@@ -156,6 +156,9 @@ type Engine struct {
 	// testHookPark: a parking fire loop read the clock and is about to
 	// arm its timer (under the shard lock).
 	testHookPark func()
+	// testHookPausedPark: a paused fire loop decided to park and let go
+	// of its shard's lock, before park takes it again (tests).
+	testHookPausedPark func()
 	// testHookClear: clearFired is about to delete the range up to end
 	// (without the shard lock).
 	testHookClear func(end []byte)

@@ -305,6 +305,17 @@ func (s *shard) park(ctx context.Context, timer clock.Timer, wake int64, hold bo
 			s.mu.Unlock()
 			return
 		}
+		// The drain may have put a due entry in the wheel: a batch that
+		// became durable after the loop looked, whose wake-up was taken
+		// as stale above. An awaited dead letter among it must go now,
+		// not when this park ends (a second later; never on a clock that
+		// does not move: TestPauseFiringStuckDLQLane hung).
+		if next, ok := s.w.Next(); ok {
+			if nowMs := s.e.nowMs(); next <= nowMs && nowMs >= s.w.Now() {
+				s.mu.Unlock()
+				return
+			}
+		}
 	}
 	if !hold && s.lanesReadyLocked() {
 		s.mu.Unlock() // a lane returned: its parked tasks are due

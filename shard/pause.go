@@ -372,6 +372,9 @@ func (s *shard) parkPausedLocked(ctx context.Context, timer clock.Timer, now int
 	}
 	s.pauseParked = true // park returns if firing resumed since
 	s.mu.Unlock()
+	if h := s.e.testHookPausedPark; h != nil {
+		h()
+	}
 	s.park(ctx, timer, wake, true)
 }
 

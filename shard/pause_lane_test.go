@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -61,4 +63,35 @@ func TestPauseFiringStuckDLQLane(t *testing.T) {
 	}
 	h.e.ResumeFiring()
 	eventuallyTrue(t, "stored delivered once resumed", func() bool { return slices.Contains(h.sink.acked(), "stored") })
+}
+
+// TestPauseParkDrainsAwaitedDeadLetter: an awaited dead letter whose batch
+// becomes durable while a paused fire loop is between its decision to park
+// and the park itself goes out at once. The park took the batch's wake-up
+// as stale and drained the batch into the wheel, then slept until its
+// wake time (a second on a real clock, never on this fake one): found as
+// a one-in-a-few-hundred hang of TestPauseFiringStuckDLQLane.
+func TestPauseParkDrainsAwaitedDeadLetter(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Shards = 1 })
+	h.e.PauseFiring()
+	var dls atomic.Pointer[DeadLetters]
+	var once sync.Once
+	h.e.testHookPausedPark = func() {
+		once.Do(func() {
+			d, err := h.e.IngestAwait(context.Background(), []codec.Task{{Kind: codec.KindDeadLetter, ID: "bad", Source: "src",
+				Origin: "kafka:src/0@1", Transport: codec.TransportKafka, Target: "dlq", Code: codec.CodeBadDue, Detail: "nope"}}, nil)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			dls.Store(d)
+		})
+	}
+	t.Cleanup(func() { h.stop(); h.e.testHookPausedPark = nil })
+	h.run()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := dls.Load().Wait(ctx); err != nil {
+		t.Fatalf("the awaited dead letter, durable while the paused loop went to park: %v (delivered %v)", err, h.sink.acked())
+	}
 }
