@@ -1,7 +1,6 @@
 package admin
 
 import (
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -25,16 +24,7 @@ func hostPost(t *testing.T, url, host, origin, site string) resp {
 	if site != "" {
 		req.Header.Set("Sec-Fetch-Site", site)
 	}
-	r, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Body.Close()
-	b, err := io.ReadAll(r.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp{code: r.StatusCode, hdr: r.Header, body: string(b)}
+	return send(t, req)
 }
 
 // TestR226FiringDNSRebindingRefused (review R226): the cross-origin

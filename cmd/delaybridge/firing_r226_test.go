@@ -2,8 +2,6 @@ package main
 
 import (
 	"bytes"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -18,18 +16,7 @@ func TestR226FiringActionAfterFlags(t *testing.T) {
 	const tok = "r226-admin-token"
 	e, port := firingServer(t, tok)
 	dir := t.TempDir()
-	cfg := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(cfg, []byte(`
-data_dir: `+filepath.Join(dir, "data")+`
-kafka:
-  brokers: ["127.0.0.1:1"]
-  sources: [{topic: delay, dlq: delay.dlq}]
-admin:
-  listen: 127.0.0.1:`+port+`
-  token: `+tok+`
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := firingConfig(t, dir, "listen: 127.0.0.1:"+port+"\n  token: "+tok)
 	run := func(args ...string) (int, string, string) {
 		t.Helper()
 		var out, errOut bytes.Buffer
